@@ -1,0 +1,41 @@
+# Set-up on a fresh machine is `make demo` or `make test`; both create .venv and
+# (re)install the project from pyproject.toml with the exact versions in constraints.txt.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+OUT ?= runs/demo
+
+.PHONY: venv install install-dev demo test lint typecheck clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+venv: $(PY)
+
+install: venv
+	$(PIP) install -c constraints.txt -e .
+
+install-dev: venv
+	$(PIP) install -c constraints.txt -e ".[dev]"
+
+demo: install
+	$(VENV)/bin/fl-lbbsp compare --dataset embedded --silos 5 --speeds 16,8,8,4,4 \
+		--partition labels:2 --rounds 25 --local-steps 20 --batch-size 32 --lr 0.05 \
+		--seed 0 --out $(OUT) --json $(OUT)/report.json
+
+lint: install-dev
+	$(VENV)/bin/ruff check fl_lbbsp tests examples benchmarks
+	$(VENV)/bin/ruff format --check fl_lbbsp tests examples benchmarks
+
+typecheck: install-dev
+	$(VENV)/bin/mypy fl_lbbsp/core
+
+test: install-dev
+	$(VENV)/bin/ruff check fl_lbbsp tests examples benchmarks
+	$(VENV)/bin/ruff format --check fl_lbbsp tests examples benchmarks
+	$(VENV)/bin/mypy fl_lbbsp/core
+	$(VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,43 @@
+"""LB-BSP decisions in pure numpy: speed estimators, allocators, rounding, the balancer
+and weighted aggregation. No Flower, no torch."""
+
+from .aggregation import normalised_weights, weighted_average, weighted_sum
+from .allocators import (
+    fit_linear_cost,
+    ideal_round_time,
+    idle_fraction,
+    linear_minmax,
+    linear_minmax_continuous,
+    proportional,
+)
+from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
+from .estimators import (
+    EMAEstimator,
+    LastValueEstimator,
+    SpeedEstimator,
+    estimator_from_state,
+    make_estimator,
+)
+from .rounding import integer_bounds, round_to_total
+
+__all__ = [
+    "BatchSizeBalancer",
+    "EMAEstimator",
+    "InvalidReportError",
+    "LastValueEstimator",
+    "SiloReport",
+    "SpeedEstimator",
+    "estimator_from_state",
+    "fit_linear_cost",
+    "ideal_round_time",
+    "idle_fraction",
+    "integer_bounds",
+    "linear_minmax",
+    "linear_minmax_continuous",
+    "make_estimator",
+    "normalised_weights",
+    "proportional",
+    "round_to_total",
+    "weighted_average",
+    "weighted_sum",
+]

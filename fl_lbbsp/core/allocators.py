@@ -1,0 +1,233 @@
+"""Batch-size allocation: split a fixed total X over silos so they finish together.
+
+The problem (Chen et al., IEEE TCC 2021, Eq. 3): minimise ``max_i t_i(x_i)`` subject to
+``sum_i x_i = X`` and ``x_min_i <= x_i <= x_max_i``.
+
+* :func:`proportional` is Alg. 1 (line 5): ``x_i = v_i / sum_j v_j * X``.
+* :func:`linear_minmax` solves the problem exactly for linear costs
+  ``t_i = a_i * x_i + b_i`` with bounds (SoCC 2020 Sec. 3.3; BOA, Yang et al.).
+
+Proportional allocation is the linear case with ``a_i = 1 / v_i`` and ``b_i = 0``, so
+both go through the same solver and the same rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_total
+
+__all__ = [
+    "fit_linear_cost",
+    "ideal_round_time",
+    "idle_fraction",
+    "linear_minmax",
+    "linear_minmax_continuous",
+    "proportional",
+]
+
+
+def _positive_finite(name: str, values: ArrayLike) -> FloatArray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"{name} must be finite and positive, got {arr.tolist()}")
+    return arr
+
+
+def linear_minmax_continuous(
+    a: ArrayLike,
+    b: ArrayLike,
+    total: float,
+    *,
+    lower: ArrayLike | None = None,
+    upper: ArrayLike | None = None,
+) -> tuple[FloatArray, float]:
+    """Exact real-valued min-max allocation for linear costs within bounds.
+
+    Each silo's share at a common finish time ``T`` is
+    ``x_i(T) = clip((T - b_i) / a_i, lower_i, upper_i)``, non-decreasing and piecewise
+    linear in ``T``. The function walks the breakpoints to the segment where
+    ``sum_i x_i(T) = X`` and solves it in closed form: no iteration, no tolerance.
+
+    Parameters
+    ----------
+    a : sequence of float
+        Per-sample cost of each silo (seconds per unit of batch size), positive.
+    b : sequence of float
+        Fixed cost of each silo (seconds), finite.
+    total : float
+        The total X to split.
+    lower : sequence of float | None (default: None)
+        Per-silo minimum share; ``None`` means 0.
+    upper : sequence of float | None (default: None)
+        Per-silo maximum share (``inf`` allowed); ``None`` means unbounded.
+
+    Returns
+    -------
+    tuple of (numpy.ndarray, float)
+        The shares and the common finish time ``T`` of the silos not held at a bound.
+    """
+    slope = _positive_finite("a", a)
+    n = slope.shape[0]
+    offset = np.asarray(b, dtype=np.float64)
+    if offset.shape != (n,) or not np.all(np.isfinite(offset)):
+        raise ValueError(f"b must be {n} finite numbers, got {np.asarray(b).tolist()}")
+    lo = np.zeros(n) if lower is None else np.asarray(lower, dtype=np.float64)
+    hi = np.full(n, np.inf) if upper is None else np.asarray(upper, dtype=np.float64)
+    if lo.shape != (n,) or hi.shape != (n,) or np.any(lo > hi):
+        raise ValueError("bounds must have one entry per silo with lower <= upper")
+    if not lo.sum() <= total <= hi.sum():
+        raise ValueError(f"total {total} is outside the feasible range [{lo.sum()}, {hi.sum()}]")
+
+    def shares(t: float) -> FloatArray:
+        return np.asarray(np.clip((t - offset) / slope, lo, hi), dtype=np.float64)
+
+    points = np.concatenate([slope * lo + offset, slope * hi[np.isfinite(hi)] + offset])
+    points = np.unique(points)
+    sums = np.array([shares(float(p)).sum() for p in points])
+    # First breakpoint whose sum reaches the total; T lies on the segment just before it.
+    k = int(np.searchsorted(sums, total, side="left"))
+    if k < len(points) and sums[k] == total:
+        t_star = float(points[k])
+    elif k == len(points):
+        # Past the last breakpoint only the silos without an upper bound still grow.
+        rate = float(np.sum(1.0 / slope[np.isinf(hi)]))
+        t_star = float(points[-1] + (total - sums[-1]) / rate)
+    else:
+        t0, s0, t1, s1 = float(points[k - 1]), float(sums[k - 1]), float(points[k]), float(sums[k])
+        t_star = t0 + (total - s0) * (t1 - t0) / (s1 - s0)
+    x = shares(t_star)
+    return x, t_star
+
+
+def linear_minmax(
+    a: ArrayLike,
+    b: ArrayLike,
+    total: int,
+    *,
+    lower: ArrayLike | None = None,
+    upper: ArrayLike | None = None,
+) -> IntArray:
+    """Integer batch sizes minimising the slowest silo's time for linear costs.
+
+    Solves ``min max_i (a_i * x_i + b_i)`` s.t. ``sum x_i = total`` and the bounds
+    exactly over the reals (:func:`linear_minmax_continuous`), then rounds with
+    :func:`~fl_lbbsp.core.rounding.round_to_total`, keeping the total and every bound.
+
+    Parameters
+    ----------
+    a : sequence of float
+        Per-sample cost of each silo, positive.
+    b : sequence of float
+        Fixed cost of each silo.
+    total : int
+        Total batch size X.
+    lower : sequence of float | None (default: None)
+        Per-silo minimum batch size (rounded up); ``None`` means 0.
+    upper : sequence of float | None (default: None)
+        Per-silo maximum batch size (rounded down); ``None`` means unbounded.
+
+    Reference: Chen et al., SoCC 2020, Sec. 3.3; Yang et al., BOA.
+    """
+    n = len(np.asarray(a))
+    lo, hi = integer_bounds(n, lower=lower, upper=upper)
+    x, _ = linear_minmax_continuous(a, b, float(total), lower=lo, upper=hi.astype(np.float64))
+    return round_to_total(x, total, lower=lo, upper=hi)
+
+
+def proportional(
+    speeds: ArrayLike,
+    total: int,
+    *,
+    lower: ArrayLike | None = None,
+    upper: ArrayLike | None = None,
+) -> IntArray:
+    """Batch sizes proportional to predicted speed: ``x_i = v_i / sum_j v_j * X``.
+
+    With bounds, silos held at a bound keep it and the rest is split proportionally,
+    which is the min-max solution for costs ``x_i / v_i``.
+
+    Parameters
+    ----------
+    speeds : sequence of float
+        Predicted sample-processing speed of each silo, positive.
+    total : int
+        Total batch size X.
+    lower : sequence of float | None (default: None)
+        Per-silo minimum batch size; ``None`` means 0.
+    upper : sequence of float | None (default: None)
+        Per-silo maximum batch size (memory cap x_o); ``None`` means unbounded.
+
+    Reference: Chen et al., IEEE TCC 2021, Alg. 1.
+    """
+    v = _positive_finite("speeds", speeds)
+    return linear_minmax(1.0 / v, np.zeros_like(v), total, lower=lower, upper=upper)
+
+
+def ideal_round_time(a: ArrayLike, b: ArrayLike, total: float) -> float:
+    """The ideal round time ``T* = (X + sum_i b_i / a_i) / sum_i (1 / a_i)``.
+
+    The best achievable round time for linear costs ``t_i = a_i * x_i + b_i`` with the
+    total X fixed (shared/DESIGN.md); with ``b_i = 0`` it is ``X / sum_i v_i``.
+    """
+    slope = _positive_finite("a", a)
+    offset = np.asarray(b, dtype=np.float64)
+    return float((total + np.sum(offset / slope)) / np.sum(1.0 / slope))
+
+
+def idle_fraction(times: ArrayLike) -> float:
+    """Barrier waste ``1 - mean_i(t_i) / max_i(t_i)``: 0 when all silos finish together."""
+    t = _positive_finite("times", times)
+    return float(1.0 - t.mean() / t.max())
+
+
+def fit_linear_cost(
+    x: ArrayLike,
+    t: ArrayLike,
+    *,
+    weights: ArrayLike | None = None,
+    min_relative_spread: float = 0.0,
+) -> tuple[float, float] | None:
+    """Weighted least-squares fit of ``t = a * x + b`` with ``a > 0`` and ``b >= 0``.
+
+    Parameters
+    ----------
+    x : sequence of float
+        Observed batch sizes.
+    t : sequence of float
+        Observed times.
+    weights : sequence of float | None (default: None)
+        Non-negative weight of each observation; ``None`` weighs them equally.
+    min_relative_spread : float (default: 0.0)
+        Refuse to fit (return ``None``) unless ``(max(x) - min(x)) / mean(x)`` reaches this:
+        batch sizes only a sample or two apart give a slope made of timing noise.
+
+    Returns
+    -------
+    tuple of (float, float) | None
+        ``(a, b)``, or ``None`` when fewer than two distinct batch sizes were seen, they
+        spread too little, or the fitted slope is not positive. A negative intercept
+        (noise) is refitted through the origin.
+
+    Reference: Yang et al., BOA (profile ``t_i = A_i * b_i + c_i`` by linear regression).
+    """
+    xs = np.asarray(x, dtype=np.float64)
+    ts = np.asarray(t, dtype=np.float64)
+    w = np.ones_like(xs) if weights is None else np.asarray(weights, dtype=np.float64)
+    keep = w > 0
+    xs, ts, w = xs[keep], ts[keep], w[keep]
+    if np.unique(xs).size < 2 or np.ptp(xs) < min_relative_spread * float(np.mean(xs)):
+        return None
+    x_mean = np.average(xs, weights=w)
+    t_mean = np.average(ts, weights=w)
+    var = float(np.sum(w * (xs - x_mean) ** 2))
+    slope = float(np.sum(w * (xs - x_mean) * (ts - t_mean)) / var)
+    intercept = float(t_mean - slope * x_mean)
+    if intercept < 0:
+        slope = float(np.sum(w * xs * ts) / np.sum(w * xs * xs))
+        intercept = 0.0
+    if not np.isfinite(slope) or slope <= 0:
+        return None
+    return slope, intercept

@@ -1,0 +1,333 @@
+"""The balancer: LB-BSP's BatchSizeManager, keyed by a stable silo id.
+
+Each round the strategy passes every silo's report (batch size used, compute time,
+samples processed, CPU and memory, memory cap) to :meth:`BatchSizeBalancer.report` and
+asks :meth:`BatchSizeBalancer.allocate` for the next batch sizes. The total
+``X = n * B_init`` is kept every round, so the global batch (and with it convergence)
+matches plain BSP / FedAvg.
+
+Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
+Environments", IEEE TCC 2021, Sec. 4 (BatchSizeManager, Alg. 3), Alg. 1, Sec. 3.5.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from .allocators import fit_linear_cost, linear_minmax, proportional
+from .estimators import SpeedEstimator, estimator_from_state, make_estimator
+
+__all__ = ["BatchSizeBalancer", "InvalidReportError", "SiloReport"]
+
+Allocator = Literal["proportional", "linear"]
+
+
+class InvalidReportError(ValueError):
+    """A silo report that cannot be used (non-finite time, zero batch size, ...)."""
+
+
+@dataclass(frozen=True)
+class SiloReport:
+    """What a silo tells the server after a round.
+
+    Parameters
+    ----------
+    batch_size : int
+        Batch size the silo actually used.
+    train_time : float
+        Seconds of compute for the round's local steps (no waiting, no transfer).
+    samples : int | None (default: None)
+        Samples processed in the round (``batch_size * local_steps``); ``None`` means
+        ``batch_size``.
+    cpu_percent : float | None (default: None)
+        CPU utilisation of the silo's machine during the round.
+    memory_percent : float | None (default: None)
+        Memory utilisation of the silo's machine.
+    max_batch_size : int | None (default: None)
+        Largest batch size the silo can hold in memory (x_o).
+    """
+
+    batch_size: int
+    train_time: float
+    samples: int | None = None
+    cpu_percent: float | None = None
+    memory_percent: float | None = None
+    max_batch_size: int | None = None
+
+    def validate(self) -> None:
+        """Raise :class:`InvalidReportError` if the report cannot feed the estimators."""
+        if isinstance(self.batch_size, bool) or int(self.batch_size) != self.batch_size:
+            raise InvalidReportError(f"batch size must be an integer, got {self.batch_size!r}")
+        if self.batch_size <= 0:
+            raise InvalidReportError(f"batch size must be positive, got {self.batch_size!r}")
+        if not math.isfinite(self.train_time) or self.train_time <= 0:
+            raise InvalidReportError(
+                f"train time must be finite and positive, got {self.train_time!r}"
+            )
+        if self.samples is not None and self.samples <= 0:
+            raise InvalidReportError(f"samples processed must be positive, got {self.samples!r}")
+        if self.max_batch_size is not None and self.max_batch_size <= 0:
+            raise InvalidReportError(
+                f"max batch size must be positive, got {self.max_batch_size!r}"
+            )
+
+    @property
+    def speed(self) -> float:
+        """Samples processed per second of compute."""
+        samples = self.batch_size if self.samples is None else self.samples
+        return float(samples) / float(self.train_time)
+
+    @property
+    def steps(self) -> float:
+        """Local steps implied by the report (samples / batch size)."""
+        return 1.0 if self.samples is None else float(self.samples) / float(self.batch_size)
+
+
+@dataclass
+class _SiloState:
+    estimator: SpeedEstimator
+    history: deque[tuple[int, float]]
+    max_batch_size: int | None = None
+    steps: float = 1.0
+    last: dict[str, Any] = field(default_factory=dict)
+
+
+class BatchSizeBalancer:
+    """Per-silo speed prediction and batch-size allocation (the BatchSizeManager).
+
+    Parameters
+    ----------
+    initial_batch_size : int
+        B_init: every silo's batch size before any report; the total per round is
+        ``X = n * B_init`` for the n silos of the round.
+    estimator : str (default: "ema")
+        Speed predictor, ``"ema"`` or ``"last"``.
+    alpha : float (default: 0.2)
+        EMA weight of the latest observation, in (0, 1].
+    allocator : {"proportional", "linear"} (default: "proportional")
+        ``"proportional"``: Alg. 1, batch size proportional to predicted speed.
+        ``"linear"``: fit ``t_i = a_i * B + b_i`` per silo from its recent
+        (batch size, time) pairs, weighted ``(1 - alpha)^age`` like the EMA, and solve the
+        min-max exactly; a silo with fewer than two distinct batch sizes in its history
+        uses ``a_i = steps / v_i, b_i = 0`` from its predicted speed. Use it when a fixed
+        per-round cost (per-step overhead, encryption) is large against the
+        per-sample cost, where proportional allocation settles only slowly.
+    min_batch_size : int (default: 1)
+        Smallest batch size handed to any silo.
+    max_batch_size : int | None (default: None)
+        Largest batch size handed to any silo; a silo's reported memory cap lowers it.
+    history : int (default: 20)
+        Number of recent (batch size, time) pairs kept per silo for the linear fit.
+    min_fit_spread : float (default: 0.1)
+        The linear allocator fits a silo only when its recent batch sizes spread by at
+        least this fraction of their mean; otherwise it uses the silo's predicted speed.
+    """
+
+    def __init__(
+        self,
+        *,
+        initial_batch_size: int,
+        estimator: str = "ema",
+        alpha: float = 0.2,
+        allocator: Allocator = "proportional",
+        min_batch_size: int = 1,
+        max_batch_size: int | None = None,
+        history: int = 20,
+        min_fit_spread: float = 0.1,
+    ) -> None:
+        _check_positive_int("initial_batch_size", initial_batch_size)
+        _check_positive_int("min_batch_size", min_batch_size)
+        _check_positive_int("history", history)
+        if max_batch_size is not None:
+            _check_positive_int("max_batch_size", max_batch_size)
+            if max_batch_size < min_batch_size:
+                raise ValueError(
+                    f"max_batch_size {max_batch_size} is below min_batch_size {min_batch_size}"
+                )
+        if allocator not in ("proportional", "linear"):
+            raise ValueError(
+                f"unknown allocator {allocator!r}; expected 'proportional' or 'linear'"
+            )
+        make_estimator(estimator, alpha=alpha)  # validates name and alpha
+        self.initial_batch_size = int(initial_batch_size)
+        self.estimator = estimator
+        self.alpha = float(alpha)
+        self.allocator: Allocator = allocator
+        self.min_batch_size = int(min_batch_size)
+        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
+        self.history = int(history)
+        if not math.isfinite(min_fit_spread) or min_fit_spread < 0:
+            raise ValueError(f"min_fit_spread must be >= 0, got {min_fit_spread!r}")
+        self.min_fit_spread = float(min_fit_spread)
+        self._silos: dict[str, _SiloState] = {}
+
+    # ------------------------------------------------------------------ reports
+    def report(self, silo_id: str, report: SiloReport) -> None:
+        """Feed one silo's round report into its estimator.
+
+        Raises
+        ------
+        InvalidReportError
+            If the report is unusable; the silo's state is then left unchanged.
+        """
+        report.validate()
+        state = self._state(silo_id)
+        state.estimator.update(report.speed)
+        state.history.append((int(report.batch_size), float(report.train_time)))
+        state.steps = report.steps
+        if report.max_batch_size is not None:
+            state.max_batch_size = int(report.max_batch_size)
+        state.last = {k: v for k, v in asdict(report).items() if v is not None}
+
+    def predicted_speed(self, silo_id: str) -> float | None:
+        """Predicted samples per second of a silo, ``None`` if it never reported."""
+        state = self._silos.get(silo_id)
+        return None if state is None else state.estimator.predict()
+
+    @property
+    def silo_ids(self) -> list[str]:
+        """Ids of every silo that has reported at least once."""
+        return list(self._silos)
+
+    # --------------------------------------------------------------- allocation
+    def total_batch_size(self, num_silos: int) -> int:
+        """The fixed total ``X = n * B_init`` for a round with ``num_silos`` silos."""
+        return num_silos * self.initial_batch_size
+
+    def allocate(self, silo_ids: Iterable[str]) -> dict[str, int]:
+        """Next batch size of each silo in ``silo_ids``, summing to ``n * B_init``.
+
+        A silo that never reported is predicted at the mean speed of those that did; when
+        none has, every silo gets ``B_init``. Memory caps bound the result; if the caps
+        make ``n * B_init`` unreachable, each capped silo gets its cap and the total is
+        the sum of the caps.
+        """
+        ids = list(dict.fromkeys(silo_ids))
+        if not ids:
+            return {}
+        n = len(ids)
+        lower = np.full(n, float(self.min_batch_size))
+        upper = np.array([self._upper(i) for i in ids])
+        total = int(np.clip(self.total_batch_size(n), lower.sum(), upper.sum()))
+        speeds = self._speeds(ids)
+        if speeds is None:
+            sizes = proportional(np.ones(n), total, lower=lower, upper=upper)
+        elif self.allocator == "linear":
+            a, b = self._linear_costs(ids, speeds)
+            sizes = linear_minmax(a, b, total, lower=lower, upper=upper)
+        else:
+            sizes = proportional(speeds, total, lower=lower, upper=upper)
+        return {silo: int(size) for silo, size in zip(ids, sizes, strict=True)}
+
+    # ------------------------------------------------------------ serialisation
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state (configuration and every silo's estimator)."""
+        return {
+            "config": {
+                "initial_batch_size": self.initial_batch_size,
+                "estimator": self.estimator,
+                "alpha": self.alpha,
+                "allocator": self.allocator,
+                "min_batch_size": self.min_batch_size,
+                "max_batch_size": self.max_batch_size,
+                "history": self.history,
+                "min_fit_spread": self.min_fit_spread,
+            },
+            "silos": {
+                silo: {
+                    "estimator": state.estimator.state(),
+                    "history": [list(pair) for pair in state.history],
+                    "max_batch_size": state.max_batch_size,
+                    "steps": state.steps,
+                    "last": state.last,
+                }
+                for silo, state in self._silos.items()
+            },
+        }
+
+    def to_json(self) -> str:
+        """Serialise the state to a JSON string."""
+        return json.dumps(self.state_dict(), sort_keys=True)
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> BatchSizeBalancer:
+        """Rebuild a balancer from :meth:`state_dict`."""
+        balancer = cls(**state["config"])
+        for silo, saved in state["silos"].items():
+            balancer._silos[str(silo)] = _SiloState(
+                estimator=estimator_from_state(saved["estimator"]),
+                history=deque(
+                    ((int(x), float(t)) for x, t in saved["history"]), maxlen=balancer.history
+                ),
+                max_batch_size=saved["max_batch_size"],
+                steps=float(saved["steps"]),
+                last=dict(saved.get("last", {})),
+            )
+        return balancer
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchSizeBalancer:
+        """Rebuild a balancer from :meth:`to_json`."""
+        return cls.from_state_dict(json.loads(text))
+
+    # ----------------------------------------------------------------- helpers
+    def _state(self, silo_id: str) -> _SiloState:
+        if silo_id not in self._silos:
+            self._silos[silo_id] = _SiloState(
+                estimator=make_estimator(self.estimator, alpha=self.alpha),
+                history=deque(maxlen=self.history),
+            )
+        return self._silos[silo_id]
+
+    def _upper(self, silo_id: str) -> float:
+        caps = [c for c in (self.max_batch_size, self._cap_of(silo_id)) if c is not None]
+        return float(min(caps)) if caps else math.inf
+
+    def _cap_of(self, silo_id: str) -> int | None:
+        state = self._silos.get(silo_id)
+        return None if state is None else state.max_batch_size
+
+    def _speeds(self, ids: Sequence[str]) -> np.ndarray | None:
+        predicted = [self.predicted_speed(i) for i in ids]
+        known = [v for v in predicted if v is not None]
+        if not known:
+            return None
+        mean = float(np.mean(known))
+        return np.array([mean if v is None else v for v in predicted])
+
+    def _linear_costs(
+        self, ids: Sequence[str], speeds: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        a = np.empty(len(ids))
+        b = np.zeros(len(ids))
+        mean_steps = np.mean([s.steps for s in self._silos.values()])
+        for k, silo in enumerate(ids):
+            state = self._silos.get(silo)
+            fit = None
+            if state is not None and state.history:
+                xs, ts = zip(*state.history, strict=True)
+                ages = np.arange(len(xs))[::-1]
+                fit = fit_linear_cost(
+                    xs,
+                    ts,
+                    weights=(1.0 - self.alpha) ** ages,
+                    min_relative_spread=self.min_fit_spread,
+                )
+            if fit is None:
+                steps = mean_steps if state is None else state.steps
+                a[k] = steps / speeds[k]
+            else:
+                a[k], b[k] = fit
+        return a, b
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
