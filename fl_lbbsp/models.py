@@ -4,9 +4,9 @@ References
 ----------
 .. [1] Y. LeCun, L. Bottou, Y. Bengio and P. Haffner, "Gradient-based learning applied to
    document recognition", Proceedings of the IEEE, 86(11):2278-2324, 1998.
-.. [2] C. Chen, W. Wang and B. Li et al., "Semi-Dynamic Load Balancing: Efficient Distributed
-   Learning in Non-Dedicated Environments" / LB-BSP, IEEE Transactions on Cloud Computing,
-   2021, Sec. 5.5 (LeNet-5 is the model used in the federated-learning experiments).
+.. [2] C. Chen, Q. Weng, W. Wang, B. Li and B. Li, "Accelerating Distributed Learning in
+   Non-Dedicated Environments" (LB-BSP), IEEE Transactions on Cloud Computing, 2021,
+   Sec. 5.5 (LeNet-5 is the model of the federated-learning experiments).
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ class LeNet5(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return logits of shape ``[N, num_classes]`` for images ``[N, C, H, W]``."""
-        return self.classifier(self.features(x))
+        out: torch.Tensor = self.classifier(self.features(x))
+        return out
 
 
 class MLP(nn.Module):
@@ -124,7 +125,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return logits of shape ``[N, num_classes]``."""
-        return self.net(x)
+        out: torch.Tensor = self.net(x)
+        return out
 
 
 MODEL_NAMES = ("lenet5", "mlp")

@@ -151,8 +151,8 @@ def partition_indices(
     ValueError
         Bad arguments, or a partitioning that would leave a silo empty.
     """
-    import datasets
-    from flwr_datasets.partitioner import (
+    import datasets  # type: ignore[import-untyped]
+    from flwr_datasets.partitioner import (  # type: ignore[import-untyped]
         DirichletPartitioner,
         IidPartitioner,
         Partitioner,
@@ -236,8 +236,7 @@ def partition_indices(
         ]
     except ValueError as exc:
         raise ValueError(
-            f"partition spec {str(spec)!r} cannot split {n} samples into {num_silos} silos: "
-            f"{exc}"
+            f"partition spec {str(spec)!r} cannot split {n} samples into {num_silos} silos: {exc}"
         ) from exc
     empty = [i for i, p in enumerate(parts) if p.size == 0]
     if empty:

@@ -107,7 +107,9 @@ class ArrayDataset:
             Same ``num_classes`` and ``name``, selected samples only.
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        return ArrayDataset(x=self.x[idx], y=self.y[idx], num_classes=self.num_classes, name=self.name)
+        return ArrayDataset(
+            x=self.x[idx], y=self.y[idx], num_classes=self.num_classes, name=self.name
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,19 +117,32 @@ class ArrayDataset:
 # --------------------------------------------------------------------------------------------
 
 
-def load_embedded() -> ArrayDataset:
+def load_embedded(*, upscale: int = 4) -> ArrayDataset:
     """Load the UCI handwritten digits bundled with scikit-learn (no network access).
+
+    The real 8x8 images are enlarged ``upscale`` times by pixel repetition, by default to
+    LeNet-5's native 32x32 input: a per-sample cost like MNIST's, so a round's compute
+    time grows with the batch size as on a real silo rather than being all per-step
+    overhead.
+
+    Parameters
+    ----------
+    upscale : int (default: 4)
+        Enlargement factor; 1 keeps the original 8x8 images.
 
     Returns
     -------
     ArrayDataset
-        1797 grey-scale 8x8 images (shape ``[1797, 1, 8, 8]``), 10 classes, pixel values
-        (originally 0..16) divided by 16.
+        1797 grey-scale images (shape ``[1797, 1, 8*upscale, 8*upscale]``), 10 classes,
+        pixel values (originally 0..16) divided by 16.
     """
-    from sklearn.datasets import load_digits
+    if isinstance(upscale, bool) or not isinstance(upscale, int) or upscale < 1:
+        raise ValueError(f"upscale must be a positive integer, got {upscale!r}")
+    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
 
     bunch = load_digits()
     x = (np.asarray(bunch.images, dtype=np.float32) / np.float32(16.0))[:, None, :, :]
+    x = np.repeat(np.repeat(x, upscale, axis=2), upscale, axis=3)
     y = np.asarray(bunch.target, dtype=np.int64)
     return ArrayDataset(x=np.ascontiguousarray(x), y=y, num_classes=10, name="embedded-digits")
 
@@ -230,10 +245,10 @@ def load_mnist_idx(path: str | Path) -> ArrayDataset:
         raise DataSourceError(f"MNIST folder not found: {str(path)!r}")
     chosen: tuple[Path, Path] | None = None
     for prefix in ("train", "t10k"):
-        images = _find_file(folder, f"{prefix}-images-idx3-ubyte")
-        labels = _find_file(folder, f"{prefix}-labels-idx1-ubyte")
-        if images is not None and labels is not None:
-            chosen = (images, labels)
+        img_file = _find_file(folder, f"{prefix}-images-idx3-ubyte")
+        lab_file = _find_file(folder, f"{prefix}-labels-idx1-ubyte")
+        if img_file is not None and lab_file is not None:
+            chosen = (img_file, lab_file)
             break
     if chosen is None:
         raise DataSourceError(
@@ -286,8 +301,7 @@ def _load_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     labels = np.asarray(batch[b"labels"], dtype=np.int64).reshape(-1)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
         raise DataSourceError(
-            f"CIFAR-10 batch {path}: b'data' must be uint8 [N, 3072], "
-            f"got {data.dtype} {data.shape}"
+            f"CIFAR-10 batch {path}: b'data' must be uint8 [N, 3072], got {data.dtype} {data.shape}"
         )
     if data.shape[0] != labels.shape[0]:
         raise DataSourceError(

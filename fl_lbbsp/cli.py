@@ -1,0 +1,187 @@
+"""``fl-lbbsp``: simulate LB-BSP or FedAvg on heterogeneous silos and compare them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+__all__ = ["main"]
+
+
+def _speeds(text: str) -> list[float]:
+    try:
+        return [float(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid --speeds {text!r}: expected comma-separated numbers like 16,8,8,4,4"
+        ) from None
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--silos", type=int, default=5, help="number of silos (default: 5)")
+    parser.add_argument(
+        "--speeds",
+        type=_speeds,
+        default=None,
+        help="emulated relative capacity per silo, e.g. 16,8,8,4,4 (default: all equal)",
+    )
+    parser.add_argument(
+        "--partition",
+        default="labels:2",
+        help="iid | labels:K | dirichlet:ALPHA (default: labels:2)",
+    )
+    parser.add_argument("--rounds", type=int, default=20, help="rounds (default: 20)")
+    parser.add_argument("--local-steps", type=int, default=20, help="tau (default: 20)")
+    parser.add_argument("--batch-size", type=int, default=32, help="B_init (default: 32)")
+    parser.add_argument("--lr", type=float, default=0.05, help="eta (default: 0.05)")
+    parser.add_argument(
+        "--dataset",
+        default="embedded",
+        help="embedded | mnist:PATH | cifar10:PATH (default: embedded)",
+    )
+    parser.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
+    parser.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    parser.add_argument("--estimator", default="ema", help="ema | last (default: ema)")
+    parser.add_argument("--alpha", type=float, default=0.2, help="EMA weight (default: 0.2)")
+    parser.add_argument(
+        "--allocator", default="linear", help="linear | proportional (default: linear)"
+    )
+    parser.add_argument(
+        "--parallel", type=int, default=1, help="silos computing at once (default: 1)"
+    )
+    parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=None,
+        help="accuracy for 'time to target' (default: 90%% of the lower best accuracy)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="output folder")
+    parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
+    parser.add_argument("--quiet", action="store_true", help="only print the summary")
+    parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``fl-lbbsp``."""
+    parser = argparse.ArgumentParser(
+        prog="fl-lbbsp", description="LB-BSP straggler-free federated learning on Flower"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    simulate = sub.add_parser("simulate", help="run one scheme on the Simulation Engine")
+    simulate.add_argument("--scheme", default="lbbsp", help="fedavg | lbbsp (default: lbbsp)")
+    _add_run_flags(simulate)
+    compare = sub.add_parser("compare", help="run FedAvg and LB-BSP on the same setup")
+    _add_run_flags(compare)
+    return parser
+
+
+def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
+    from .simulation import SimulationConfig
+
+    return SimulationConfig(
+        scheme=scheme,
+        silos=args.silos,
+        speeds=None if args.speeds is None else tuple(args.speeds),
+        partition=args.partition,
+        rounds=args.rounds,
+        local_steps=args.local_steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        dataset=args.dataset,
+        model=args.model,
+        seed=args.seed,
+        estimator=args.estimator,
+        alpha=args.alpha,
+        allocator=args.allocator,
+        parallel=args.parallel,
+        out=out,
+    )
+
+
+def _validation_message(err: ValidationError) -> str:
+    parts = []
+    for item in err.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "config"
+        flag = "--" + field.replace("_", "-") if item["loc"] else field
+        parts.append(f"{flag}: {item['msg']} (got {item.get('input')!r})")
+    return "; ".join(parts)
+
+
+class _BelowWarning(logging.Filter):
+    """Drop Flower's INFO chatter (Flower resets its logger's level when it starts)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+def _setup_logging(quiet: bool, verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("fl_lbbsp")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.propagate = False
+    if quiet or not verbose:
+        logging.getLogger("flwr").addFilter(_BelowWarning())
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .report import fit_cost_line, format_table, plot_comparison, summarise
+    from .simulation import run
+
+    schemes = [args.scheme] if args.command == "simulate" else ["fedavg", "lbbsp"]
+    out = args.out or Path("runs") / args.command
+    configs = {scheme: _config(args, scheme, out) for scheme in schemes}  # validate all first
+    events = {scheme: run(config) for scheme, config in configs.items()}
+    cost = fit_cost_line(*events.values())
+    target = args.target_accuracy
+    if target is None:
+        best = [
+            max((e["accuracy"] for e in ev if e.get("event") == "evaluate"), default=0.0)
+            for ev in events.values()
+        ]
+        target = 0.9 * min(best)
+    summaries = {s: summarise(ev, cost=cost, target_accuracy=target) for s, ev in events.items()}
+    print(format_table(summaries))
+    png = plot_comparison(summaries, out / f"{args.command}.png")
+    print(f"plot: {png}")
+    json_path = args.json or out / f"{args.command}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "config": configs[schemes[0]].model_dump(mode="json", exclude={"scheme"}),
+        "cost_line": {"a": cost.a, "b": cost.b},
+        "schemes": summaries,
+    }
+    json_path.write_text(json.dumps(report, indent=2))
+    print(f"report: {json_path}")
+    print(f"telemetry: {', '.join(str(c.telemetry_path()) for c in configs.values())}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fl-lbbsp`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.quiet, args.verbose)
+    if args.command == "simulate" and args.scheme not in ("fedavg", "lbbsp"):
+        parser.error(f"unknown --scheme {args.scheme!r}: expected fedavg or lbbsp")
+    from .datasets import DataSourceError
+
+    try:
+        return _run(args)
+    except ValidationError as err:
+        parser.error(_validation_message(err))
+    except DataSourceError as err:
+        parser.error(str(err))
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,17 @@
+"""The silo side: sampler, trainer, slowdown emulation and the Flower ClientApp."""
+
+from .emulation import SlowdownSchedule, emulate_slowdown
+from .sampler import ResizableBatchSampler, check_batch_size
+from .trainer import TrainerConfig, TrainResult, evaluate, machine_usage, train_local
+
+__all__ = [
+    "ResizableBatchSampler",
+    "SlowdownSchedule",
+    "TrainResult",
+    "TrainerConfig",
+    "check_batch_size",
+    "emulate_slowdown",
+    "evaluate",
+    "machine_usage",
+    "train_local",
+]

@@ -1,0 +1,59 @@
+"""The server-silo contract: record keys shared by the strategy and the silo trainer.
+
+Keys are kebab-case, like Flower's ``weighted_by_key="num-examples"``, and every one can be
+renamed through the strategy's and the trainer's constructor parameters (shared/DESIGN.md,
+"The contract between server and silo").
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["RecordKeys"]
+
+
+class RecordKeys(BaseModel):
+    """Names of the ConfigRecord / MetricRecord entries exchanged each round.
+
+    Parameters
+    ----------
+    batch_size : str (default: "batch-size")
+        Config: the silo's batch size B_i. Metric: the batch size actually used.
+    local_steps : str (default: "local-steps")
+        Config: local steps tau, the same for all silos.
+    lr : str (default: "lr")
+        Config: learning rate eta, the same for all silos.
+    server_round : str (default: "server-round")
+        Config: the round number.
+    num_examples : str (default: "num-examples")
+        Metric: the silo's local dataset size, the FL aggregation weight.
+    train_time : str (default: "train-time")
+        Metric: seconds of compute for the tau steps (emulated when a slowdown is set).
+    samples_processed : str (default: "samples-processed")
+        Metric: samples processed in the round (B_i * tau).
+    cpu_percent : str (default: "cpu-percent")
+        Metric: CPU utilisation during training (psutil).
+    memory_percent : str (default: "memory-percent")
+        Metric: memory utilisation (psutil).
+    max_batch_size : str (default: "max-batch-size")
+        Metric: the silo's memory cap x_o; 0 when unknown.
+    silo_id : str (default: "silo-id")
+        Reply ConfigRecord (and node_config): the silo's stable id.
+    silo_record : str (default: "silo")
+        Key of the reply's ConfigRecord that carries the silo id.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_size: str = "batch-size"
+    local_steps: str = "local-steps"
+    lr: str = "lr"
+    server_round: str = "server-round"
+    num_examples: str = "num-examples"
+    train_time: str = "train-time"
+    samples_processed: str = "samples-processed"
+    cpu_percent: str = "cpu-percent"
+    memory_percent: str = "memory-percent"
+    max_batch_size: str = "max-batch-size"
+    silo_id: str = "silo-id"
+    silo_record: str = "silo"

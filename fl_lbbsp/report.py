@@ -1,0 +1,221 @@
+"""Summaries of simulated runs: steady round time against the ideal T*, idle fraction,
+accuracy and emulated time to a target accuracy; a side-by-side table and a plot."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .core import fit_linear_cost, ideal_round_time, linear_minmax_continuous
+
+__all__ = ["CostLine", "fit_cost_line", "format_table", "plot_comparison", "summarise"]
+
+Events = Sequence[dict[str, Any]]
+
+
+class CostLine:
+    """This machine's measured compute cost of a round: ``t = a * B + b`` (seconds).
+
+    Silo i, emulated ``k_i`` times slower, costs ``k_i * (a * B + b)``.
+    """
+
+    def __init__(self, a: float, b: float) -> None:
+        self.a, self.b = a, b
+
+    def ideal(self, slowdowns: Sequence[float], total: int, *, min_batch_size: int = 1) -> float:
+        """Ideal round time with a_i = k_i a, b_i = k_i b.
+
+        ``T* = (X + sum b_i/a_i) / sum 1/a_i`` (shared/DESIGN.md) when every silo's share
+        at T* is at least ``min_batch_size``; otherwise the exact min-max with that lower
+        bound (a silo cannot run less than one sample per step).
+        """
+        k = np.asarray(slowdowns, dtype=np.float64)
+        a, b = k * self.a, k * self.b
+        t_star = ideal_round_time(a, b, total)
+        if np.all((t_star - b) / a >= min_batch_size):
+            return t_star
+        x, _ = linear_minmax_continuous(a, b, float(total), lower=np.full(len(k), min_batch_size))
+        return float(np.max(a * x + b))
+
+
+def _train_events(events: Events) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("event") == "train"]
+
+
+def fit_cost_line(*runs: Events) -> CostLine:
+    """Fit the unemulated ``compute-time`` against batch size over every silo and round.
+
+    Every silo runs on this same machine, so their real (unemulated) compute times lie on
+    one line. Runs where every silo used one batch size give ``b = 0`` through the
+    origin (nothing tells the fixed cost apart).
+    """
+    xs, ts = [], []
+    for events in runs:
+        for event in _train_events(events):
+            for silo in event["silos"].values():
+                if "compute-time" in silo and "batch-size" in silo:
+                    xs.append(float(silo["batch-size"]))
+                    ts.append(float(silo["compute-time"]))
+    fit = fit_linear_cost(xs, ts)
+    if fit is None:
+        a = float(np.sum(ts) / np.sum(xs))
+        return CostLine(a, 0.0)
+    return CostLine(*fit)
+
+
+def summarise(
+    events: Events,
+    *,
+    cost: CostLine,
+    target_accuracy: float | None = None,
+    steady_from: int = 4,
+) -> dict[str, Any]:
+    """Summarise one run's telemetry.
+
+    Parameters
+    ----------
+    events : sequence of dict
+        The run's telemetry (config, train and evaluate events).
+    cost : CostLine
+        Measured compute cost line of this machine, for T*.
+    target_accuracy : float | None (default: None)
+        Accuracy whose first crossing gives ``time_to_target`` (emulated seconds).
+    steady_from : int (default: 4)
+        First round counted as steady state.
+    """
+    config = next(e for e in events if e.get("event") == "config")
+    train = _train_events(events)
+    accuracy = {e["round"]: e["accuracy"] for e in events if e.get("event") == "evaluate"}
+    slowdowns = _slowdowns(config)
+    total = int(config["batch_size"]) * int(config["silos"])
+    ideal = cost.ideal(slowdowns, total)
+    steady = [e for e in train if e["round"] >= steady_from] or train
+    round_steady = float(np.mean([e["round_time"] for e in steady]))
+    elapsed, rounds, time_to_target = 0.0, [], None
+    for event in train:
+        elapsed += float(event["round_time"])
+        acc = accuracy.get(event["round"])
+        if target_accuracy is not None and time_to_target is None and acc is not None:
+            if acc >= target_accuracy:
+                time_to_target = elapsed
+        rounds.append(
+            {
+                "round": event["round"],
+                "round_time": event["round_time"],
+                "idle_fraction": event["idle_fraction"],
+                "wall_time": event["wall_time"],
+                "elapsed_emulated": elapsed,
+                "accuracy": acc,
+                "batch_sizes": {s: r.get("batch-size") for s, r in event["silos"].items()},
+                "train_times": {s: r.get("train-time") for s, r in event["silos"].items()},
+            }
+        )
+    final = train[-1]["silos"] if train else {}
+    return {
+        "scheme": config["scheme"],
+        "emulated": config.get("speeds") is not None,
+        "speeds_emulated": config.get("speeds"),
+        "round_time_steady": round_steady,
+        "ideal_round_time": ideal,
+        "round_time_over_ideal": round_steady / ideal,
+        "idle_fraction_steady": float(np.mean([e["idle_fraction"] for e in steady])),
+        "final_accuracy": accuracy.get(max(accuracy)) if accuracy else None,
+        "best_accuracy": max(accuracy.values()) if accuracy else None,
+        "target_accuracy": target_accuracy,
+        "time_to_target": time_to_target,
+        "total_time_emulated": elapsed,
+        "batch_sizes_final": {s: r.get("batch-size") for s, r in final.items()},
+        "cost_line": {"a": cost.a, "b": cost.b},
+        "rounds": rounds,
+    }
+
+
+def _slowdowns(config: dict[str, Any]) -> list[float]:
+    speeds = config.get("speeds")
+    if not speeds:
+        return [1.0] * int(config["silos"])
+    fastest = max(speeds)
+    return [fastest / s for s in speeds]
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return pattern.format(value)
+
+
+def format_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """Side-by-side table of the schemes (times in emulated seconds)."""
+    rows = [
+        ("mean round time, steady (s)", "round_time_steady", "{:.3f}"),
+        ("ideal round time T* (s)", "ideal_round_time", "{:.3f}"),
+        ("round time / T*", "round_time_over_ideal", "{:.3f}"),
+        ("idle fraction, steady", "idle_fraction_steady", "{:.1%}"),
+        ("final accuracy", "final_accuracy", "{:.4f}"),
+        ("time to target accuracy (s)", "time_to_target", "{:.2f}"),
+        ("total training time (s)", "total_time_emulated", "{:.2f}"),
+    ]
+    names = list(summaries)
+    width = max(len(r[0]) for r in rows) + 2
+    lines = ["".ljust(width) + "".join(n.rjust(12) for n in names)]
+    for label, key, pattern in rows:
+        cells = "".join(_fmt(summaries[n].get(key), pattern).rjust(12) for n in names)
+        lines.append(label.ljust(width) + cells)
+    first = next(iter(summaries.values()))
+    if first.get("target_accuracy") is not None:
+        lines.append(f"target accuracy: {first['target_accuracy']:.4f}")
+    if any(s.get("emulated") for s in summaries.values()):
+        lines.append(
+            f"times are emulated: silo capacities {first.get('speeds_emulated')} "
+            "(silo i waits (k_i-1)*t after computing for t)"
+        )
+    for name, summary in summaries.items():
+        sizes = " ".join(f"{s}={b}" for s, b in summary["batch_sizes_final"].items())
+        lines.append(f"final batch sizes ({name}): {sizes}")
+    return "\n".join(lines)
+
+
+def plot_comparison(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Per-silo batch size and round time over rounds; accuracy against emulated time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    emulated = " (emulated)" if any(s.get("emulated") for s in summaries.values()) else ""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    styles = {"fedavg": "--", "lbbsp": "-"}
+    for name, summary in summaries.items():
+        rounds = summary["rounds"]
+        r = [x["round"] for x in rounds]
+        silos = sorted(rounds[0]["batch_sizes"]) if rounds else []
+        for silo in silos:
+            axes[0].plot(
+                r,
+                [x["batch_sizes"].get(silo) for x in rounds],
+                styles.get(name, "-"),
+                label=f"{name} silo {silo}",
+            )
+        axes[1].plot(r, [x["round_time"] for x in rounds], styles.get(name, "-"), label=name)
+        axes[1].axhline(summary["ideal_round_time"], color="grey", lw=0.8)
+        axes[2].plot(
+            [x["elapsed_emulated"] for x in rounds],
+            [x["accuracy"] for x in rounds],
+            styles.get(name, "-"),
+            label=name,
+        )
+    axes[0].set(title="batch size per silo", xlabel="round", ylabel="B")
+    axes[1].set(title=f"round time{emulated} (grey: ideal T*)", xlabel="round", ylabel="seconds")
+    axes[2].set(title="test accuracy", xlabel=f"training time{emulated}, s", ylabel="accuracy")
+    axes[0].legend(fontsize=6, ncol=2)
+    axes[1].legend()
+    axes[2].legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

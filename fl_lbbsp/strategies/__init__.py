@@ -1,0 +1,6 @@
+"""Flower strategies over the LB-BSP core."""
+
+from .config import BalancingConfig
+from .fedavg import LBBSPFedAvg
+
+__all__ = ["BalancingConfig", "LBBSPFedAvg"]

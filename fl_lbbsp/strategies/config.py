@@ -1,0 +1,61 @@
+"""Validated configuration of the LB-BSP strategies (errors name the field and value)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["BalancingConfig"]
+
+
+class BalancingConfig(BaseModel):
+    """Round configuration and balancer settings of an LB-BSP strategy.
+
+    Parameters
+    ----------
+    initial_batch_size : int
+        B_init, every silo's batch size in round 1; the total X = n * B_init.
+    local_steps : int
+        Local SGD steps tau, the same for all silos.
+    lr : float
+        Learning rate eta, the same for all silos.
+    balance : bool (default: True)
+        ``False`` keeps B_init for every silo (plain FedAvg), with the same telemetry.
+    estimator : {"ema", "last"} (default: "ema")
+        Speed predictor.
+    alpha : float (default: 0.2)
+        EMA weight of the latest observation, in (0, 1].
+    allocator : {"linear", "proportional"} (default: "linear")
+        ``"proportional"`` is Alg. 1; ``"linear"`` also fits each silo's fixed cost.
+    min_batch_size : int (default: 1)
+        Smallest batch size handed out.
+    max_batch_size : int | None (default: None)
+        Largest batch size handed out (silos may report lower memory caps).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    initial_batch_size: int = Field(gt=0, strict=True)
+    local_steps: int = Field(gt=0, strict=True)
+    lr: float = Field(gt=0, allow_inf_nan=False)
+    balance: bool = True
+    estimator: Literal["ema", "last"] = "ema"
+    alpha: float = Field(default=0.2, gt=0, le=1)
+    allocator: Literal["linear", "proportional"] = "linear"
+    min_batch_size: int = Field(default=1, gt=0, strict=True)
+    max_batch_size: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> BalancingConfig:
+        if self.max_batch_size is not None and self.max_batch_size < self.min_batch_size:
+            raise ValueError(
+                f"max_batch_size ({self.max_batch_size}) is below min_batch_size "
+                f"({self.min_batch_size})"
+            )
+        if self.initial_batch_size < self.min_batch_size:
+            raise ValueError(
+                f"initial_batch_size ({self.initial_batch_size}) is below min_batch_size "
+                f"({self.min_batch_size})"
+            )
+        return self

@@ -1,0 +1,313 @@
+"""LB-BSP on Flower's Message API: FedAvg with a per-silo batch size every round.
+
+Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated Environments",
+IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL: tune B per silo, keep tau and eta).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from ..contract import RecordKeys
+from ..core import BatchSizeBalancer, InvalidReportError, SiloReport, idle_fraction
+from ..core.aggregation import weighted_average
+from ..telemetry import TelemetryWriter
+from .config import BalancingConfig
+
+__all__ = ["LBBSPFedAvg"]
+
+log = logging.getLogger("fl_lbbsp")
+
+
+class LBBSPFedAvg(FedAvg):
+    """FedAvg whose silos get batch sizes proportional to their predicted speed.
+
+    Before each round the balancer predicts every silo's sample-processing speed (EMA by
+    default) and splits the fixed total ``X = n * B_init`` so that all silos finish
+    their tau local steps together; tau and eta stay the same for all, and aggregation is
+    weighted by each silo's local dataset size (``num-examples``), never by the samples
+    it processed, so a faster silo gets a bigger batch and the same say in the model.
+
+    Every train message carries its own ConfigRecord with ``batch-size``,
+    ``local-steps``, ``lr`` and ``server-round`` (the caller's record is copied, never
+    modified). One log line per round gives each silo's batch size and train time, the
+    round time and the idle fraction; the same figures go to ``telemetry_path`` as JSON
+    lines.
+
+    Parameters
+    ----------
+    initial_batch_size : int
+        B_init: every silo's batch size in round 1; X = n * B_init every round.
+    local_steps : int
+        Local SGD steps tau sent to every silo.
+    lr : float
+        Learning rate eta sent to every silo.
+    balance : bool (default: True)
+        ``False`` sends B_init to every silo: plain FedAvg with LB-BSP's telemetry, the
+        baseline to compare against.
+    estimator : str (default: "ema")
+        Speed predictor: ``"ema"`` or ``"last"``.
+    alpha : float (default: 0.2)
+        EMA weight of the latest observation, in (0, 1].
+    allocator : str (default: "linear")
+        ``"proportional"``: B_i proportional to predicted speed (Alg. 1). ``"linear"``:
+        also fits each silo's fixed per-round cost ``t = a*B + b`` once it has seen two
+        batch sizes, which settles in a few rounds where per-step overhead is large; it
+        equals proportional allocation when ``b = 0``.
+    min_batch_size : int (default: 1)
+        Smallest batch size handed to a silo.
+    max_batch_size : int | None (default: None)
+        Largest batch size handed to a silo; a silo's reported ``max-batch-size`` lowers it.
+    keys : RecordKeys | None (default: None)
+        Names of the config and metric entries (``batch-size``, ``train-time``, ...).
+    telemetry_path : str | Path | None (default: None)
+        JSON-lines file the per-round telemetry is appended to.
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
+min_available_nodes, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, \
+evaluate_metrics_aggr_fn :
+        As in :class:`flwr.serverapp.strategy.FedAvg`; the aggregation weight key is
+        ``keys.num_examples``.
+    """
+
+    def __init__(
+        self,
+        *,
+        initial_batch_size: int,
+        local_steps: int,
+        lr: float,
+        balance: bool = True,
+        estimator: str = "ema",
+        alpha: float = 0.2,
+        allocator: str = "linear",
+        min_batch_size: int = 1,
+        max_batch_size: int | None = None,
+        keys: RecordKeys | None = None,
+        telemetry_path: str | Path | None = None,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+    ) -> None:
+        self.keys = keys or RecordKeys()
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=self.keys.num_examples,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+        )
+        self.config = BalancingConfig(
+            initial_batch_size=initial_batch_size,
+            local_steps=local_steps,
+            lr=lr,
+            balance=balance,
+            estimator=estimator,  # type: ignore[arg-type]
+            alpha=alpha,
+            allocator=allocator,  # type: ignore[arg-type]
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+        )
+        self.balancer = BatchSizeBalancer(
+            initial_batch_size=self.config.initial_batch_size,
+            estimator=self.config.estimator,
+            alpha=self.config.alpha,
+            allocator=self.config.allocator,
+            min_batch_size=self.config.min_batch_size,
+            max_batch_size=self.config.max_batch_size,
+        )
+        self.telemetry = TelemetryWriter(telemetry_path)
+        self._silo_of_node: dict[int, str] = {}
+        self._sent: dict[int, int] = {}
+        self._round_started: float | None = None
+
+    @property
+    def scheme(self) -> str:
+        """``"lbbsp"`` when balancing, ``"fedavg"`` otherwise."""
+        return "lbbsp" if self.config.balance else "fedavg"
+
+    def summary(self) -> None:
+        """Log the LB-BSP settings, then FedAvg's."""
+        c = self.config
+        log.info(
+            "LB-BSP settings: scheme=%s B_init=%d tau=%d eta=%g estimator=%s(alpha=%g) "
+            "allocator=%s",
+            self.scheme,
+            c.initial_batch_size,
+            c.local_steps,
+            c.lr,
+            c.estimator,
+            c.alpha,
+            c.allocator,
+        )
+        super().summary()
+
+    # ---------------------------------------------------------------- training
+    def silo_id(self, node_id: int) -> str:
+        """The stable silo id last reported by ``node_id`` (``node-<id>`` before that)."""
+        return self._silo_of_node.get(node_id, f"node-{node_id}")
+
+    def batch_sizes(self, node_ids: Iterable[int]) -> dict[int, int]:
+        """Batch size of each node for the next round (B_init for all when not balancing)."""
+        nodes = list(node_ids)
+        if not self.config.balance:
+            return {node: self.config.initial_batch_size for node in nodes}
+        sizes = self.balancer.allocate(self.silo_id(node) for node in nodes)
+        return {node: sizes[self.silo_id(node)] for node in nodes}
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample nodes like FedAvg, then give each its own ConfigRecord and batch size."""
+        sampled = list(super().configure_train(server_round, arrays, ConfigRecord(config), grid))
+        sizes = self.batch_sizes(msg.metadata.dst_node_id for msg in sampled)
+        messages = []
+        for node_id, batch_size in sizes.items():
+            node_config = ConfigRecord(dict(config))
+            node_config[self.keys.batch_size] = batch_size
+            node_config[self.keys.local_steps] = self.config.local_steps
+            node_config[self.keys.lr] = self.config.lr
+            node_config[self.keys.server_round] = server_round
+            content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
+            messages.append(
+                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
+            )
+        self._sent = sizes
+        self._round_started = time.perf_counter()
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Feed the silos' reports to the balancer and average their parameters.
+
+        Parameters are weighted by ``num-examples`` (the local dataset size), whatever
+        batch size each silo ran with.
+        """
+        wall = None if self._round_started is None else time.perf_counter() - self._round_started
+        valid, _ = self._check_and_log_replies(list(replies), is_train=True)
+        silos: dict[str, dict[str, Any]] = {}
+        for msg in valid:
+            silo, record = self._record_report(msg)
+            silos[silo] = record
+        arrays = metrics = None
+        if valid:
+            contents = [msg.content for msg in valid]
+            arrays = self._average_arrays(contents)
+            metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        self._log_round(server_round, silos, wall)
+        return arrays, metrics
+
+    def _record_report(self, msg: Message) -> tuple[str, dict[str, Any]]:
+        keys = self.keys
+        node_id = msg.metadata.src_node_id
+        silo_record = msg.content.config_records.get(keys.silo_record)
+        if silo_record is not None and keys.silo_id in silo_record:
+            self._silo_of_node[node_id] = str(silo_record[keys.silo_id])
+        silo = self.silo_id(node_id)
+        metrics = next(iter(msg.content.metric_records.values()))
+        record: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+        record["batch-size-sent"] = self._sent.get(node_id)
+        cap = metrics.get(keys.max_batch_size)
+        report = SiloReport(
+            batch_size=int(metrics.get(keys.batch_size, self._sent.get(node_id, 0))),
+            train_time=float(metrics.get(keys.train_time, math.nan)),
+            samples=_optional_int(metrics.get(keys.samples_processed)),
+            cpu_percent=_optional_float(metrics.get(keys.cpu_percent)),
+            memory_percent=_optional_float(metrics.get(keys.memory_percent)),
+            max_batch_size=_optional_int(cap) if cap else None,
+        )
+        try:
+            self.balancer.report(silo, report)
+        except InvalidReportError as err:
+            log.warning("round report of silo %s left out of balancing: %s", silo, err)
+            record["invalid-report"] = str(err)
+        record["predicted-speed"] = self.balancer.predicted_speed(silo)
+        return silo, record
+
+    def _average_arrays(self, contents: list[RecordDict]) -> ArrayRecord:
+        records = [next(iter(c.array_records.values())) for c in contents]
+        names = list(records[0].keys())
+        layers = [[record[name].numpy() for name in names] for record in records]
+        weights = [
+            float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents
+        ]
+        averaged = weighted_average(layers, weights)
+        return ArrayRecord(
+            {name: Array(np.asarray(arr)) for name, arr in zip(names, averaged, strict=True)}
+        )
+
+    def _log_round(
+        self, server_round: int, silos: dict[str, dict[str, Any]], wall: float | None
+    ) -> None:
+        times = [
+            float(r[self.keys.train_time])
+            for r in silos.values()
+            if "invalid-report" not in r and self.keys.train_time in r
+        ]
+        round_time = max(times) if times else None
+        idle = idle_fraction(times) if times else None
+        order = sorted(silos, key=_natural)
+        log.info(
+            "[%s] round %d | B: %s | train-time (s): %s | round time %s s | idle %s | wall %s s",
+            self.scheme,
+            server_round,
+            " ".join(f"{s}={silos[s].get(self.keys.batch_size)}" for s in order),
+            " ".join(
+                f"{s}={float(silos[s].get(self.keys.train_time, math.nan)):.3f}" for s in order
+            ),
+            "n/a" if round_time is None else f"{round_time:.3f}",
+            "n/a" if idle is None else f"{100 * idle:.1f}%",
+            "n/a" if wall is None else f"{wall:.2f}",
+        )
+        self.telemetry.write(
+            {
+                "event": "train",
+                "scheme": self.scheme,
+                "round": server_round,
+                "round_time": round_time,
+                "idle_fraction": idle,
+                "wall_time": wall,
+                "total_batch_size": int(sum(self._sent.values())),
+                "silos": {s: silos[s] for s in order},
+            }
+        )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _natural(silo: str) -> tuple[int, str]:
+    return (int(silo), "") if silo.isdigit() else (1 << 30, silo)

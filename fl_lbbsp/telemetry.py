@@ -1,0 +1,38 @@
+"""Per-round telemetry as JSON lines: one object per event, appended as the run goes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TelemetryWriter", "read_telemetry"]
+
+
+class TelemetryWriter:
+    """Append JSON objects, one per line, to ``path`` (``None`` keeps them in memory only).
+
+    Parameters
+    ----------
+    path : str | Path | None (default: None)
+        JSON-lines file; its folder is created. Existing content is kept (appended to).
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.events: list[dict[str, Any]] = []
+
+    def write(self, event: dict[str, Any]) -> None:
+        """Record one event and append it to the file."""
+        self.events.append(event)
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(event, sort_keys=True) + "\n")
+
+
+def read_telemetry(path: str | Path) -> list[dict[str, Any]]:
+    """Read every event of a JSON-lines telemetry file."""
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,214 @@
+"""Tests for fl_lbbsp.core.estimators: last value, EMA, state round trip."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fl_lbbsp.core import (
+    EMAEstimator,
+    LastValueEstimator,
+    SpeedEstimator,
+    estimator_from_state,
+    make_estimator,
+)
+
+speeds = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+def test_ema_follows_recursion_initialised_by_first_value() -> None:
+    # Prepare
+    estimator = EMAEstimator(alpha=0.2)
+    observed = [10.0, 20.0, 5.0, 5.0, 40.0]
+
+    # Execute
+    predictions = []
+    for speed in observed:
+        estimator.update(speed)
+        predictions.append(estimator.predict())
+
+    # Assert
+    expected = observed[0]
+    assert predictions[0] == pytest.approx(expected)
+    for speed, got in zip(observed[1:], predictions[1:], strict=True):
+        expected = 0.2 * speed + 0.8 * expected
+        assert got == pytest.approx(expected, rel=1e-12)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    observed=st.lists(speeds, min_size=1, max_size=12),
+    alpha=st.floats(min_value=0.01, max_value=1.0),
+)
+def test_ema_matches_reference_recursion(observed: list[float], alpha: float) -> None:
+    # Prepare
+    estimator = EMAEstimator(alpha=alpha)
+
+    # Execute
+    for speed in observed:
+        estimator.update(speed)
+
+    # Assert
+    expected = observed[0]
+    for speed in observed[1:]:
+        expected = alpha * speed + (1.0 - alpha) * expected
+    assert estimator.predict() == pytest.approx(expected, rel=1e-9)
+    assert min(observed) * (1 - 1e-9) <= estimator.predict() <= max(observed) * (1 + 1e-9)
+
+
+def test_ema_with_alpha_one_is_last_value() -> None:
+    # Prepare
+    ema = EMAEstimator(alpha=1.0)
+    last = LastValueEstimator()
+
+    # Execute
+    for speed in [3.0, 7.0, 1.5]:
+        ema.update(speed)
+        last.update(speed)
+
+    # Assert
+    assert ema.predict() == last.predict() == 1.5
+
+
+def test_predict_is_none_before_any_observation() -> None:
+    # Prepare / Execute
+    estimators = [
+        EMAEstimator(),
+        LastValueEstimator(),
+        make_estimator("ema"),
+        make_estimator("last"),
+    ]
+
+    # Assert
+    assert all(e.predict() is None for e in estimators)
+    assert all(isinstance(e, SpeedEstimator) for e in estimators)
+
+
+def test_last_value_returns_latest_observation() -> None:
+    # Prepare
+    estimator = LastValueEstimator()
+
+    # Execute / Assert
+    for speed in [4.0, 100.0, 0.5]:
+        estimator.update(speed)
+        assert estimator.predict() == speed
+
+
+@pytest.mark.parametrize(
+    "alpha",
+    [0, 0.0, -0.1, 1.5, float("nan"), float("inf"), True, False, "0.5", None],
+    ids=["int0", "zero", "negative", "above-one", "nan", "inf", "true", "false", "str", "none"],
+)
+def test_ema_rejects_alpha_outside_unit_interval(alpha: object) -> None:
+    # Prepare / Execute / Assert
+    with pytest.raises(ValueError, match="alpha") as info:
+        EMAEstimator(alpha=alpha)  # type: ignore[arg-type]
+    assert repr(alpha) in str(info.value)
+
+
+@pytest.mark.parametrize("alpha", [0, -0.1, 1.5, float("nan"), True])
+def test_make_estimator_rejects_bad_alpha(alpha: object) -> None:
+    # Prepare / Execute / Assert
+    with pytest.raises(ValueError, match="alpha"):
+        make_estimator("ema", alpha=alpha)  # type: ignore[arg-type]
+
+
+def test_make_estimator_rejects_unknown_name() -> None:
+    # Prepare / Execute / Assert
+    with pytest.raises(ValueError, match="'narx-typo'"):
+        make_estimator("narx-typo")
+
+
+@pytest.mark.parametrize("factory", [EMAEstimator, LastValueEstimator], ids=["ema", "last"])
+@pytest.mark.parametrize(
+    "speed",
+    [0.0, -1.0, -1e-9, float("nan"), float("inf"), float("-inf")],
+    ids=["zero", "negative", "tiny-negative", "nan", "inf", "-inf"],
+)
+def test_update_rejects_non_finite_or_non_positive_speed(factory: type, speed: float) -> None:
+    # Prepare
+    estimator = factory()
+    estimator.update(2.0)
+
+    # Execute
+    with pytest.raises(ValueError, match="speed"):
+        estimator.update(speed)
+
+    # Assert: the rejected observation left the prediction untouched
+    assert estimator.predict() == 2.0
+
+
+@pytest.mark.parametrize("factory", [EMAEstimator, LastValueEstimator], ids=["ema", "last"])
+@pytest.mark.parametrize("value", [0.0, -3.0, float("nan"), float("inf")])
+def test_constructor_rejects_bad_resume_value(factory: type, value: float) -> None:
+    # Prepare / Execute / Assert
+    with pytest.raises(ValueError, match="speed"):
+        factory(value=value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(["ema", "last"]),
+    alpha=st.floats(min_value=0.01, max_value=1.0),
+    observed=st.lists(speeds, max_size=8),
+    following=st.lists(speeds, min_size=1, max_size=4),
+)
+def test_state_round_trip_predicts_the_same(
+    name: str, alpha: float, observed: list[float], following: list[float]
+) -> None:
+    # Prepare
+    original = make_estimator(name, alpha=alpha)
+    for speed in observed:
+        original.update(speed)
+
+    # Execute: through JSON, as the balancer checkpoints it
+    restored = estimator_from_state(json.loads(json.dumps(original.state())))
+
+    # Assert: same prediction now, and after the same further observations
+    assert restored.name == original.name
+    assert restored.predict() == original.predict()
+    for speed in following:
+        original.update(speed)
+        restored.update(speed)
+        assert restored.predict() == original.predict()
+
+
+def test_estimator_from_state_rejects_unknown_name() -> None:
+    # Prepare / Execute / Assert
+    with pytest.raises(ValueError, match="'kalman'"):
+        estimator_from_state({"name": "kalman", "value": 1.0})
+
+
+def test_ema_prediction_is_finite_after_extreme_but_valid_speeds() -> None:
+    # Prepare
+    estimator = EMAEstimator(alpha=0.2)
+
+    # Execute
+    for speed in [1e-300, 1e300, 1e-300]:
+        estimator.update(speed)
+
+    # Assert
+    assert math.isfinite(estimator.predict() or math.nan)
+
+
+def test_core_imports_without_flwr_or_torch() -> None:
+    # Prepare
+    code = (
+        "import sys; import fl_lbbsp.core; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('flwr', 'torch', 'tenseal')); "
+        "print(','.join(bad))"
+    )
+
+    # Execute
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+
+    # Assert
+    assert result.stdout.strip() == ""
