@@ -315,8 +315,6 @@ def small_linear_problem(draw: st.DrawFn) -> dict[str, object]:
     return {"a": np.asarray(a), "b": np.asarray(b), "lower": lower, "upper": upper, "total": total}
 
 
-# total == sum(upper) can hit the zero-rate division documented by the xfail test below
-@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 @settings(max_examples=150, deadline=None)
 @given(problem=small_linear_problem())
 def test_linear_minmax_matches_brute_force(problem: dict[str, object]) -> None:
@@ -335,8 +333,7 @@ def test_linear_minmax_matches_brute_force(problem: dict[str, object]) -> None:
     assert np.all(shares >= np.asarray(lower) - 1e-9)
     assert np.all(shares <= np.asarray(upper) + 1e-9)
     assert float(np.max(a * shares + b)) <= optimum + 1e-9
-    if math.isfinite(t_star):  # T = inf is the bug pinned by an xfail test below
-        assert t_star <= optimum + 1e-9
+    assert t_star <= optimum + 1e-9
     # ... and rounding costs at most one sample of the slowest per-sample cost
     assert sizes.sum() == total
     assert np.all((sizes >= np.asarray(lower)) & (sizes <= np.asarray(upper)))
@@ -411,11 +408,6 @@ def test_linear_minmax_continuous_rejects_bad_input(
         linear_minmax_continuous(a, b, 10.0, **kwargs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: breakpoints built as slope * hi[isfinite(hi)] + offset, which does not "
-    "broadcast when some (or all, the default) upper bounds are infinite and n >= 2",
-)
 @pytest.mark.parametrize(
     "upper", [None, [10.0, 12.0, math.inf]], ids=["default-unbounded", "mixed-inf"]
 )
@@ -434,12 +426,6 @@ def test_linear_minmax_continuous_accepts_infinite_upper_bounds(
     assert t_star == pytest.approx(8.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: when total == sum(upper) and rounding leaves the last breakpoint's sum an "
-    "ulp short, the solver divides by a zero rate (no unbounded silo) and returns T = inf",
-)
-@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 def test_linear_minmax_continuous_finite_time_when_every_silo_is_at_its_cap() -> None:
     # Prepare: (1.088 * 7 + 2 - 2) / 1.088 < 7 in floating point
     a, b = [1.088], [2.0]
@@ -467,11 +453,9 @@ def test_ideal_round_time_is_unbounded_minmax_time(
     b = data.draw(st.lists(st.floats(0.0, 10.0), min_size=n, max_size=n))
     ideal = ideal_round_time(a, b, total)
     assume(ideal > max(b))
-    # finite but non-binding caps (the default upper=None is broken, see the xfail above)
-    upper = [float(total) * 2.0] * n
 
     # Execute
-    shares, t_star = linear_minmax_continuous(a, b, float(total), upper=upper)
+    shares, t_star = linear_minmax_continuous(a, b, float(total))
 
     # Assert
     assert t_star == pytest.approx(ideal, rel=1e-9)

@@ -282,12 +282,6 @@ def test_invalid_optional_fields_raise(report: SiloReport) -> None:
     assert balancer.silo_ids == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: SiloReport.validate checks neither that samples / batch_size are finite "
-    "nor that the resulting speed is; report() registers the silo, then int() or the estimator "
-    "raises a plain ValueError / OverflowError",
-)
 @pytest.mark.parametrize(
     "report",
     [
@@ -311,11 +305,6 @@ def test_report_with_non_finite_speed_is_invalid_and_harmless(report: SiloReport
 
 
 # ----------------------------------------------------------------------------- memory caps
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: a reported max_batch_size below the balancer's min_batch_size is accepted, "
-    "then every allocate() including that silo raises ValueError (lower bound exceeds upper)",
-)
 def test_cap_below_min_batch_size_does_not_break_allocation() -> None:
     # Prepare
     balancer = BatchSizeBalancer(initial_batch_size=8, min_batch_size=4)

@@ -84,13 +84,16 @@ def linear_minmax_continuous(
     def shares(t: float) -> FloatArray:
         return np.asarray(np.clip((t - offset) / slope, lo, hi), dtype=np.float64)
 
-    points = np.concatenate([slope * lo + offset, slope * hi[np.isfinite(hi)] + offset])
+    points = np.concatenate([slope * lo + offset, (slope * hi + offset)[np.isfinite(hi)]])
     points = np.unique(points)
     sums = np.array([shares(float(p)).sum() for p in points])
     # First breakpoint whose sum reaches the total; T lies on the segment just before it.
     k = int(np.searchsorted(sums, total, side="left"))
     if k < len(points) and sums[k] == total:
         t_star = float(points[k])
+    elif k == len(points) and not np.any(np.isinf(hi)):
+        # Every silo at its cap: the total is the sum of the caps (up to float error).
+        return hi.copy(), float(np.max(slope * hi + offset))
     elif k == len(points):
         # Past the last breakpoint only the silos without an upper bound still grow.
         rate = float(np.sum(1.0 / slope[np.isinf(hi)]))

@@ -63,19 +63,18 @@ class SiloReport:
 
     def validate(self) -> None:
         """Raise :class:`InvalidReportError` if the report cannot feed the estimators."""
-        if isinstance(self.batch_size, bool) or int(self.batch_size) != self.batch_size:
-            raise InvalidReportError(f"batch size must be an integer, got {self.batch_size!r}")
-        if self.batch_size <= 0:
-            raise InvalidReportError(f"batch size must be positive, got {self.batch_size!r}")
-        if not math.isfinite(self.train_time) or self.train_time <= 0:
+        _check_count("batch size", self.batch_size)
+        if not _finite(self.train_time) or self.train_time <= 0:
             raise InvalidReportError(
                 f"train time must be finite and positive, got {self.train_time!r}"
             )
-        if self.samples is not None and self.samples <= 0:
-            raise InvalidReportError(f"samples processed must be positive, got {self.samples!r}")
-        if self.max_batch_size is not None and self.max_batch_size <= 0:
+        if self.samples is not None:
+            _check_count("samples processed", self.samples)
+        if self.max_batch_size is not None:
+            _check_count("max batch size", self.max_batch_size)
+        if not math.isfinite(self.speed):
             raise InvalidReportError(
-                f"max batch size must be positive, got {self.max_batch_size!r}"
+                f"speed {self.batch_size!r} samples in {self.train_time!r} s is not finite"
             )
 
     @property
@@ -288,7 +287,8 @@ class BatchSizeBalancer:
 
     def _upper(self, silo_id: str) -> float:
         caps = [c for c in (self.max_batch_size, self._cap_of(silo_id)) if c is not None]
-        return float(min(caps)) if caps else math.inf
+        # A cap below the smallest batch size cannot be honoured: the minimum wins.
+        return float(max(min(caps), self.min_batch_size)) if caps else math.inf
 
     def _cap_of(self, silo_id: str) -> int | None:
         state = self._silos.get(silo_id)
@@ -326,6 +326,16 @@ class BatchSizeBalancer:
             else:
                 a[k], b[k] = fit
         return a, b
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and math.isfinite(float(value))
+
+
+def _check_count(name: str, value: object) -> None:
+    number = float(value) if _finite(value) and not isinstance(value, bool) else math.nan  # type: ignore[arg-type]
+    if not (number > 0 and number.is_integer()):
+        raise InvalidReportError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _check_positive_int(name: str, value: object) -> None:
