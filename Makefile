@@ -21,8 +21,8 @@ install-dev: venv
 
 demo: install
 	$(VENV)/bin/fl-lbbsp compare --dataset embedded --silos 5 --speeds 16,8,8,4,4 \
-		--partition labels:2 --rounds 25 --local-steps 20 --batch-size 32 --lr 0.05 \
-		--seed 0 --out $(OUT) --json $(OUT)/report.json
+		--partition labels:2 --rounds 20 --local-steps 40 --batch-size 48 --lr 0.05 \
+		--seed 0 --quiet --out $(OUT) --json $(OUT)/report.json
 
 lint: install-dev
 	$(VENV)/bin/ruff check fl_lbbsp tests examples benchmarks

@@ -99,9 +99,9 @@ def summarise(
     for event in train:
         elapsed += float(event["round_time"])
         acc = accuracy.get(event["round"])
-        if target_accuracy is not None and time_to_target is None and acc is not None:
-            if acc >= target_accuracy:
-                time_to_target = elapsed
+        reached = acc is not None and target_accuracy is not None and acc >= target_accuracy
+        if reached and time_to_target is None:
+            time_to_target = elapsed
         rounds.append(
             {
                 "round": event["round"],
@@ -117,6 +117,7 @@ def summarise(
     final = train[-1]["silos"] if train else {}
     return {
         "scheme": config["scheme"],
+        "share_deviation_steady": _share_deviation(steady),
         "emulated": config.get("speeds") is not None,
         "speeds_emulated": config.get("speeds"),
         "round_time_steady": round_steady,
@@ -132,6 +133,23 @@ def summarise(
         "cost_line": {"a": cost.a, "b": cost.b},
         "rounds": rounds,
     }
+
+
+def _share_deviation(steady: list[dict[str, Any]]) -> float | None:
+    """Largest relative gap between a silo's mean steady batch size and its proportional
+    share ``X * v_i / sum_j v_j``, with ``v_i`` its mean reported speed over those rounds."""
+    silos = sorted({s for e in steady for s in e["silos"]})
+    sizes, speeds = [], []
+    for silo in silos:
+        rows = [e["silos"][silo] for e in steady if silo in e["silos"]]
+        rows = [r for r in rows if r.get("train-time") and r.get("batch-size")]
+        if not rows:
+            return None
+        sizes.append(np.mean([r["batch-size"] for r in rows]))
+        speeds.append(np.mean([r["batch-size"] / r["train-time"] for r in rows]))
+    x, v = np.asarray(sizes), np.asarray(speeds)
+    share = x.sum() * v / v.sum()
+    return float(np.max(np.abs(x - share) / share))
 
 
 def _slowdowns(config: dict[str, Any]) -> list[float]:
@@ -155,6 +173,7 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
         ("ideal round time T* (s)", "ideal_round_time", "{:.3f}"),
         ("round time / T*", "round_time_over_ideal", "{:.3f}"),
         ("idle fraction, steady", "idle_fraction_steady", "{:.1%}"),
+        ("max |B - proportional share|", "share_deviation_steady", "{:.1%}"),
         ("final accuracy", "final_accuracy", "{:.4f}"),
         ("time to target accuracy (s)", "time_to_target", "{:.2f}"),
         ("total training time (s)", "total_time_emulated", "{:.2f}"),

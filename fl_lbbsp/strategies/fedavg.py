@@ -236,13 +236,14 @@ evaluate_metrics_aggr_fn :
         record: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         record["batch-size-sent"] = self._sent.get(node_id)
         cap = metrics.get(keys.max_batch_size)
+        # Raw values: SiloReport.validate() rejects what cannot be used, with the reason.
         report = SiloReport(
-            batch_size=int(metrics.get(keys.batch_size, self._sent.get(node_id, 0))),
-            train_time=float(metrics.get(keys.train_time, math.nan)),
-            samples=_optional_int(metrics.get(keys.samples_processed)),
-            cpu_percent=_optional_float(metrics.get(keys.cpu_percent)),
-            memory_percent=_optional_float(metrics.get(keys.memory_percent)),
-            max_batch_size=_optional_int(cap) if cap else None,
+            batch_size=metrics.get(keys.batch_size, self._sent.get(node_id, 0)),  # type: ignore[arg-type]
+            train_time=metrics.get(keys.train_time, math.nan),  # type: ignore[arg-type]
+            samples=metrics.get(keys.samples_processed),  # type: ignore[arg-type]
+            cpu_percent=metrics.get(keys.cpu_percent),  # type: ignore[arg-type]
+            memory_percent=metrics.get(keys.memory_percent),  # type: ignore[arg-type]
+            max_batch_size=cap if cap else None,  # type: ignore[arg-type]
         )
         try:
             self.balancer.report(silo, report)
@@ -299,14 +300,6 @@ evaluate_metrics_aggr_fn :
                 "silos": {s: silos[s] for s in order},
             }
         )
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def _natural(silo: str) -> tuple[int, str]:

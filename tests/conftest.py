@@ -1,0 +1,37 @@
+"""Shared fixtures: a Flower task identity so Messages can be built outside a run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture
+def flower_task() -> Iterator[None]:
+    """Set Flower's TaskIdentity (needed to construct Messages) and restore it after."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+
+
+def make_reply(content, *, node_id: int):  # type: ignore[no-untyped-def]
+    """A train reply from ``node_id`` carrying ``content``."""
+    from flwr.app import Message, MessageType, Metadata
+
+    metadata = Metadata(
+        run_id=1,
+        message_id="",
+        src_node_id=node_id,
+        dst_node_id=0,
+        reply_to_message_id="m",
+        group_id="1",
+        created_at=time.time(),
+        ttl=60.0,
+        message_type=MessageType.TRAIN,
+    )
+    return Message(content=content, metadata=metadata)

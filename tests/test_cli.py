@@ -1,0 +1,37 @@
+"""User errors get a clear message and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from fl_lbbsp.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simulate", "--batch-size", "0"], "--batch-size"),
+        (["simulate", "--batch-size", "-4"], "--batch-size"),
+        (["simulate", "--local-steps", "0"], "--local-steps"),
+        (["compare", "--alpha", "0"], "--alpha"),
+        (["compare", "--alpha", "1.5"], "--alpha"),
+        (["simulate", "--scheme", "fedsgd"], "--scheme"),
+        (["simulate", "--silos", "3", "--speeds", "4,2"], "--speeds"),
+        (["simulate", "--speeds", "4,x"], "--speeds"),
+        (["simulate", "--dataset", "mnist:/no/such/folder"], "/no/such/folder"),
+        (["simulate", "--dataset", "imagenet"], "imagenet"),
+        (["simulate", "--partition", "labels:0"], "labels:0"),
+    ],
+)
+def test_user_errors_exit_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # Execute
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--out", str(tmp_path)])
+
+    # Assert
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert message in err
+    assert "Traceback" not in err

@@ -1,0 +1,115 @@
+"""Silo side: resizable sampler, local trainer, slowdown emulation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fl_lbbsp.clients import (
+    ResizableBatchSampler,
+    SlowdownSchedule,
+    TrainerConfig,
+    emulate_slowdown,
+    train_local,
+)
+from fl_lbbsp.models import build_model
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, None, "8"])
+def test_sampler_rejects_bad_batch_sizes_naming_the_value(bad: object) -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match=repr(bad).replace("(", r"\(").replace(")", r"\)")):
+        ResizableBatchSampler(10, batch_size=bad)  # type: ignore[arg-type]
+
+
+def test_sampler_covers_every_sample_once_per_pass_and_reads_size_each_batch() -> None:
+    # Prepare
+    sampler = ResizableBatchSampler(10, batch_size=5, generator=torch.Generator().manual_seed(0))
+    it = iter(sampler)
+
+    # Execute: one pass of 10 in two batches of 5, then the size changes mid-iteration
+    first_pass = next(it) + next(it)
+    sampler.batch_size = 3
+    resized = next(it)
+
+    # Assert
+    assert sorted(first_pass) == list(range(10))
+    assert len(resized) == 3
+
+
+def test_sampler_is_deterministic_for_a_seed_and_stops_after_num_batches() -> None:
+    # Prepare
+    def batches(seed: int) -> list[list[int]]:
+        g = torch.Generator().manual_seed(seed)
+        return list(ResizableBatchSampler(7, batch_size=4, num_batches=5, generator=g))
+
+    # Execute
+    a, b, c = batches(1), batches(1), batches(2)
+
+    # Assert: 5 batches of 4 over 7 samples cycle through reshuffled passes
+    assert a == b and a != c
+    assert len(a) == 5 and all(len(x) == 4 for x in a)
+    flat = [i for batch in a for i in batch]
+    assert sorted(flat[:7]) == list(range(7)) and sorted(flat[7:14]) == list(range(7))
+
+
+def test_train_local_runs_exactly_tau_steps_at_the_given_batch_size() -> None:
+    # Prepare
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 4, 4), num_classes=3)
+    x, y = torch.randn(20, 1, 4, 4), torch.randint(0, 3, (20,))
+    steps: list[int] = []
+    model.register_forward_hook(lambda m, inp, out: steps.append(inp[0].shape[0]))
+    before = [p.detach().clone() for p in model.parameters()]
+
+    # Execute
+    result = train_local(model, x, y, batch_size=6, local_steps=7, lr=0.1)
+
+    # Assert
+    assert steps == [6] * 7
+    assert result.samples == 42
+    assert result.compute_time > 0
+    assert any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("batch_size", 0), ("batch_size", -1), ("local_steps", 0), ("lr", 0.0), ("lr", float("nan"))],
+)
+def test_trainer_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
+    # Prepare
+    settings = {"batch_size": 8, "local_steps": 5, "lr": 0.1, field: value}
+
+    # Execute / Assert
+    with pytest.raises(ValueError, match=field):
+        TrainerConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_slowdown_waits_k_minus_one_times_and_reports_k_times() -> None:
+    # Prepare
+    slept: list[float] = []
+
+    # Execute
+    reported = emulate_slowdown(0.5, 4.0, sleep=slept.append)
+
+    # Assert
+    assert reported == 2.0
+    assert slept == [1.5]
+
+
+def test_slowdown_schedule_changes_k_over_rounds() -> None:
+    # Execute
+    constant = SlowdownSchedule.parse("4")
+    schedule = SlowdownSchedule.parse("1:1,10:4")
+
+    # Assert
+    assert [constant.factor(r) for r in (1, 50)] == [4.0, 4.0]
+    assert [schedule.factor(r) for r in (1, 9, 10, 30)] == [1.0, 1.0, 4.0, 4.0]
+    assert str(schedule) == "1:1,10:4"
+
+
+@pytest.mark.parametrize("bad", ["0.5", "x", "1:2,y", "0:2", "inf"])
+def test_slowdown_schedule_rejects_bad_values(bad: str) -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match="slowdown"):
+        SlowdownSchedule.parse(bad)

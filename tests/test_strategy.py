@@ -1,0 +1,234 @@
+"""LBBSPFedAvg: per-node configs, the fixed total, and aggregation weights."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import make_reply
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from pydantic import ValidationError
+
+from fl_lbbsp.strategies import LBBSPFedAvg
+
+pytestmark = pytest.mark.usefixtures("flower_task")
+
+
+class FakeGrid:
+    """The part of flwr's Grid that node sampling uses."""
+
+    def __init__(self, node_ids: list[int]) -> None:
+        self.node_ids = node_ids
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_ids)
+
+
+def _reply(
+    node_id: int, *, silo: str, batch_size: int, train_time: float, num_examples: int, value: float
+):  # type: ignore[no-untyped-def]
+    arrays = ArrayRecord({"w": Array(np.full(3, value, dtype=np.float32))})
+    metrics = MetricRecord(
+        {
+            "num-examples": num_examples,
+            "train-time": train_time,
+            "batch-size": batch_size,
+            "samples-processed": batch_size * 10,
+            "cpu-percent": 50.0,
+            "memory-percent": 10.0,
+            "max-batch-size": 0,
+        }
+    )
+    content = RecordDict(
+        {"arrays": arrays, "metrics": metrics, "silo": ConfigRecord({"silo-id": silo})}
+    )
+    return make_reply(content, node_id=node_id)
+
+
+def _strategy(tmp_path, **kwargs) -> LBBSPFedAvg:  # type: ignore[no-untyped-def]
+    return LBBSPFedAvg(
+        initial_batch_size=32,
+        local_steps=10,
+        lr=0.01,
+        min_train_nodes=3,
+        min_available_nodes=3,
+        telemetry_path=tmp_path / "t.jsonl",
+        **kwargs,
+    )
+
+
+def _configs(messages) -> dict[int, ConfigRecord]:  # type: ignore[no-untyped-def]
+    return {m.metadata.dst_node_id: m.content["config"] for m in messages}
+
+
+def test_round_one_gives_every_silo_the_initial_batch_size_in_its_own_record(tmp_path) -> None:
+    # Prepare
+    strategy = _strategy(tmp_path)
+    caller_config = ConfigRecord({"extra": 7})
+    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+
+    # Execute
+    messages = list(strategy.configure_train(1, arrays, caller_config, FakeGrid([11, 12, 13])))
+
+    # Assert
+    configs = _configs(messages)
+    assert sorted(configs) == [11, 12, 13]
+    assert len({id(c) for c in configs.values()}) == 3  # one record per node
+    for config in configs.values():
+        assert config["batch-size"] == 32
+        assert config["local-steps"] == 10
+        assert config["lr"] == 0.01
+        assert config["server-round"] == 1
+        assert config["extra"] == 7
+    assert dict(caller_config) == {"extra": 7}  # the caller's record is untouched
+
+
+def test_batch_sizes_follow_speed_and_keep_the_total(tmp_path) -> None:
+    # Prepare: node 11 is 4x as fast as 13, 12 twice as fast
+    strategy = _strategy(tmp_path, allocator="proportional")
+    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    grid = FakeGrid([11, 12, 13])
+    strategy.configure_train(1, arrays, ConfigRecord(), grid)
+    replies = [
+        _reply(11, silo="a", batch_size=32, train_time=1.0, num_examples=100, value=1.0),
+        _reply(12, silo="b", batch_size=32, train_time=2.0, num_examples=100, value=1.0),
+        _reply(13, silo="c", batch_size=32, train_time=4.0, num_examples=100, value=1.0),
+    ]
+
+    # Execute
+    strategy.aggregate_train(1, replies)
+    configs = _configs(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+
+    # Assert: 4:2:1 of X = 3 * 32 = 96 (rounded to integers that keep the total)
+    sizes = [configs[n]["batch-size"] for n in (11, 12, 13)]
+    assert sum(sizes) == 96
+    assert sizes == [55, 27, 14]
+
+
+def test_aggregation_weight_does_not_depend_on_batch_size(tmp_path) -> None:
+    # Prepare: silo a reports a 10x speed; equal dataset sizes
+    strategy = _strategy(tmp_path, allocator="proportional")
+    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    grid = FakeGrid([11, 12, 13])
+    strategy.configure_train(1, arrays, ConfigRecord(), grid)
+    first = [
+        _reply(11, silo="a", batch_size=32, train_time=0.1, num_examples=100, value=1.0),
+        _reply(12, silo="b", batch_size=32, train_time=1.0, num_examples=100, value=1.0),
+        _reply(13, silo="c", batch_size=32, train_time=1.0, num_examples=100, value=1.0),
+    ]
+    strategy.aggregate_train(1, first)
+    configs = _configs(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+    fast = configs[11]["batch-size"]
+    second = [
+        _reply(11, silo="a", batch_size=fast, train_time=0.1, num_examples=100, value=3.0),
+        _reply(
+            12,
+            silo="b",
+            batch_size=configs[12]["batch-size"],
+            train_time=1.0,
+            num_examples=100,
+            value=0.0,
+        ),
+        _reply(
+            13,
+            silo="c",
+            batch_size=configs[13]["batch-size"],
+            train_time=1.0,
+            num_examples=100,
+            value=0.0,
+        ),
+    ]
+
+    # Execute
+    aggregated, _ = strategy.aggregate_train(2, second)
+
+    # Assert: a bigger batch, the same weight (1/3 each: mean of 3, 0, 0)
+    assert fast > 32 * 2
+    assert aggregated is not None
+    np.testing.assert_allclose(aggregated["w"].numpy(), np.full(3, 1.0), rtol=1e-6)
+
+
+def test_aggregation_is_weighted_by_num_examples(tmp_path) -> None:
+    # Prepare
+    strategy = _strategy(tmp_path)
+    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([11, 12, 13]))
+    replies = [
+        _reply(11, silo="a", batch_size=32, train_time=1.0, num_examples=100, value=1.0),
+        _reply(12, silo="b", batch_size=32, train_time=1.0, num_examples=300, value=2.0),
+        _reply(13, silo="c", batch_size=32, train_time=1.0, num_examples=600, value=4.0),
+    ]
+
+    # Execute
+    aggregated, _ = strategy.aggregate_train(1, replies)
+
+    # Assert
+    expected = np.average([1.0, 2.0, 4.0], weights=[100, 300, 600])
+    assert aggregated is not None
+    np.testing.assert_allclose(aggregated["w"].numpy(), np.full(3, expected), rtol=1e-6)
+
+
+def test_fedavg_scheme_keeps_initial_batch_size_and_writes_telemetry(tmp_path) -> None:
+    # Prepare
+    strategy = _strategy(tmp_path, balance=False)
+    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    grid = FakeGrid([11, 12, 13])
+    strategy.configure_train(1, arrays, ConfigRecord(), grid)
+    replies = [
+        _reply(11, silo="a", batch_size=32, train_time=1.0, num_examples=100, value=1.0),
+        _reply(12, silo="b", batch_size=32, train_time=2.0, num_examples=100, value=1.0),
+        _reply(13, silo="c", batch_size=32, train_time=4.0, num_examples=100, value=1.0),
+    ]
+
+    # Execute
+    strategy.aggregate_train(1, replies)
+    configs = _configs(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+
+    # Assert
+    assert [c["batch-size"] for c in configs.values()] == [32, 32, 32]
+    event = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    assert event["scheme"] == "fedavg"
+    assert event["round_time"] == 4.0
+    assert event["idle_fraction"] == pytest.approx(1 - (7 / 3) / 4)
+    assert sorted(event["silos"]) == ["a", "b", "c"]
+
+
+def test_invalid_train_time_is_left_out_of_balancing_but_round_goes_on(tmp_path) -> None:
+    # Prepare
+    strategy = _strategy(tmp_path)
+    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([11, 12, 13]))
+    replies = [
+        _reply(11, silo="a", batch_size=32, train_time=float("nan"), num_examples=100, value=1.0),
+        _reply(12, silo="b", batch_size=32, train_time=2.0, num_examples=100, value=1.0),
+        _reply(13, silo="c", batch_size=32, train_time=-1.0, num_examples=100, value=1.0),
+    ]
+
+    # Execute
+    aggregated, _ = strategy.aggregate_train(1, replies)
+
+    # Assert
+    assert aggregated is not None
+    assert strategy.balancer.predicted_speed("a") is None
+    assert strategy.balancer.predicted_speed("c") is None
+    assert strategy.balancer.predicted_speed("b") == pytest.approx(320 / 2.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"initial_batch_size": 0}, "initial_batch_size"),
+        ({"local_steps": -1}, "local_steps"),
+        ({"lr": 0.0}, "lr"),
+        ({"alpha": 1.5}, "alpha"),
+        ({"allocator": "magic"}, "allocator"),
+    ],
+)
+def test_bad_settings_raise_naming_the_field(kwargs, field) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    settings = {"initial_batch_size": 32, "local_steps": 10, "lr": 0.01, **kwargs}
+
+    # Execute / Assert
+    with pytest.raises(ValidationError, match=field):
+        LBBSPFedAvg(**settings)
