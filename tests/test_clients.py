@@ -113,3 +113,34 @@ def test_slowdown_schedule_rejects_bad_values(bad: str) -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match="slowdown"):
         SlowdownSchedule.parse(bad)
+
+
+@pytest.mark.parametrize(
+    ("node_config", "run_config", "setup_slowdowns", "expected"),
+    [
+        ({"partition-id": 1, "slowdown": "3"}, {}, ("1", "2"), 3.0),
+        ({"partition-id": 1}, {}, ("1", "2"), 2.0),
+        ({"partition-id": 1}, {"slowdowns": "1;5"}, (), 5.0),
+        ({"partition-id": 1}, {}, (), 1.0),
+    ],
+)
+def test_slowdown_comes_from_node_config_then_setup_then_run_config(
+    node_config: dict[str, object],
+    run_config: dict[str, object],
+    setup_slowdowns: tuple[str, ...],
+    expected: float,
+) -> None:
+    # Prepare
+    from flwr.app import Context, RecordDict
+
+    from fl_lbbsp.clients.app import SiloSetup, _slowdown
+
+    context = Context(
+        run_id=1, node_id=1, node_config=node_config, state=RecordDict(), run_config=run_config
+    )
+
+    # Execute
+    schedule = _slowdown(SiloSetup(slowdowns=setup_slowdowns), context, 1)
+
+    # Assert
+    assert schedule.factor(1) == expected

@@ -41,7 +41,8 @@ class SiloSetup(BaseModel):
         ``"lenet5"`` or ``"mlp"``, sized to the input.
     slowdowns : tuple of str (default: ())
         Emulated slowdown of silo i (``"4"`` or a schedule ``"1:1,10:4"``); a silo's
-        ``node_config["slowdown"]`` overrides it. Empty means no emulation.
+        ``node_config["slowdown"]`` overrides it. Empty: the run config's ``slowdowns``
+        (``"1;2;2;4;4"``, one entry per partition) if set, else no emulation.
     test_fraction : float (default: 0.2)
         Share of the data held out for the server's evaluation.
     torch_threads : int (default: 1)
@@ -93,8 +94,11 @@ def test_data(setup: SiloSetup) -> ArrayDataset:
 
 def _slowdown(setup: SiloSetup, context: Context, partition_id: int) -> SlowdownSchedule:
     value = context.node_config.get("slowdown")
-    if value is None and partition_id < len(setup.slowdowns):
-        value = setup.slowdowns[partition_id]
+    slowdowns = setup.slowdowns
+    if not slowdowns and context.run_config.get("slowdowns"):
+        slowdowns = tuple(str(context.run_config["slowdowns"]).split(";"))
+    if value is None and partition_id < len(slowdowns):
+        value = slowdowns[partition_id]
     return SlowdownSchedule.parse(value if value is not None else 1.0)
 
 
