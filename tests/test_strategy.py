@@ -46,6 +46,16 @@ def _reply(
     return make_reply(content, node_id=node_id)
 
 
+def _round(times, *, sizes=(32, 32, 32), examples=(100, 100, 100), values=(1.0, 1.0, 1.0)):  # type: ignore[no-untyped-def]
+    """Replies of silos a, b, c on nodes 11, 12, 13."""
+    return [
+        _reply(node, silo=silo, batch_size=b, train_time=t, num_examples=n, value=v)
+        for node, silo, b, t, n, v in zip(
+            (11, 12, 13), "abc", sizes, times, examples, values, strict=True
+        )
+    ]
+
+
 def _strategy(tmp_path, **kwargs) -> LBBSPFedAvg:  # type: ignore[no-untyped-def]
     return LBBSPFedAvg(
         initial_batch_size=32,
@@ -90,11 +100,7 @@ def test_batch_sizes_follow_speed_and_keep_the_total(tmp_path) -> None:
     arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
     grid = FakeGrid([11, 12, 13])
     strategy.configure_train(1, arrays, ConfigRecord(), grid)
-    replies = [
-        _reply(11, silo="a", batch_size=32, train_time=1.0, num_examples=100, value=1.0),
-        _reply(12, silo="b", batch_size=32, train_time=2.0, num_examples=100, value=1.0),
-        _reply(13, silo="c", batch_size=32, train_time=4.0, num_examples=100, value=1.0),
-    ]
+    replies = _round((1.0, 2.0, 4.0))
 
     # Execute
     strategy.aggregate_train(1, replies)
@@ -112,33 +118,15 @@ def test_aggregation_weight_does_not_depend_on_batch_size(tmp_path) -> None:
     arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
     grid = FakeGrid([11, 12, 13])
     strategy.configure_train(1, arrays, ConfigRecord(), grid)
-    first = [
-        _reply(11, silo="a", batch_size=32, train_time=0.1, num_examples=100, value=1.0),
-        _reply(12, silo="b", batch_size=32, train_time=1.0, num_examples=100, value=1.0),
-        _reply(13, silo="c", batch_size=32, train_time=1.0, num_examples=100, value=1.0),
-    ]
+    first = _round((0.1, 1.0, 1.0))
     strategy.aggregate_train(1, first)
     configs = _configs(strategy.configure_train(2, arrays, ConfigRecord(), grid))
     fast = configs[11]["batch-size"]
-    second = [
-        _reply(11, silo="a", batch_size=fast, train_time=0.1, num_examples=100, value=3.0),
-        _reply(
-            12,
-            silo="b",
-            batch_size=configs[12]["batch-size"],
-            train_time=1.0,
-            num_examples=100,
-            value=0.0,
-        ),
-        _reply(
-            13,
-            silo="c",
-            batch_size=configs[13]["batch-size"],
-            train_time=1.0,
-            num_examples=100,
-            value=0.0,
-        ),
-    ]
+    second = _round(
+        (0.1, 1.0, 1.0),
+        sizes=tuple(configs[n]["batch-size"] for n in (11, 12, 13)),
+        values=(3.0, 0.0, 0.0),
+    )
 
     # Execute
     aggregated, _ = strategy.aggregate_train(2, second)
@@ -154,11 +142,7 @@ def test_aggregation_is_weighted_by_num_examples(tmp_path) -> None:
     strategy = _strategy(tmp_path)
     arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
     strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([11, 12, 13]))
-    replies = [
-        _reply(11, silo="a", batch_size=32, train_time=1.0, num_examples=100, value=1.0),
-        _reply(12, silo="b", batch_size=32, train_time=1.0, num_examples=300, value=2.0),
-        _reply(13, silo="c", batch_size=32, train_time=1.0, num_examples=600, value=4.0),
-    ]
+    replies = _round((1.0, 1.0, 1.0), examples=(100, 300, 600), values=(1.0, 2.0, 4.0))
 
     # Execute
     aggregated, _ = strategy.aggregate_train(1, replies)
@@ -175,11 +159,7 @@ def test_fedavg_scheme_keeps_initial_batch_size_and_writes_telemetry(tmp_path) -
     arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
     grid = FakeGrid([11, 12, 13])
     strategy.configure_train(1, arrays, ConfigRecord(), grid)
-    replies = [
-        _reply(11, silo="a", batch_size=32, train_time=1.0, num_examples=100, value=1.0),
-        _reply(12, silo="b", batch_size=32, train_time=2.0, num_examples=100, value=1.0),
-        _reply(13, silo="c", batch_size=32, train_time=4.0, num_examples=100, value=1.0),
-    ]
+    replies = _round((1.0, 2.0, 4.0))
 
     # Execute
     strategy.aggregate_train(1, replies)
@@ -199,11 +179,7 @@ def test_invalid_train_time_is_left_out_of_balancing_but_round_goes_on(tmp_path)
     strategy = _strategy(tmp_path)
     arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
     strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([11, 12, 13]))
-    replies = [
-        _reply(11, silo="a", batch_size=32, train_time=float("nan"), num_examples=100, value=1.0),
-        _reply(12, silo="b", batch_size=32, train_time=2.0, num_examples=100, value=1.0),
-        _reply(13, silo="c", batch_size=32, train_time=-1.0, num_examples=100, value=1.0),
-    ]
+    replies = _round((float("nan"), 2.0, -1.0))
 
     # Execute
     aggregated, _ = strategy.aggregate_train(1, replies)
