@@ -72,11 +72,23 @@ def _configs(messages) -> dict[int, ConfigRecord]:  # type: ignore[no-untyped-de
     return {m.metadata.dst_node_id: m.content["config"] for m in messages}
 
 
+def _zeros() -> ArrayRecord:
+    return ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+
+
+def _after_first_round(strategy: LBBSPFedAvg, times) -> dict[int, ConfigRecord]:  # type: ignore[no-untyped-def]
+    """Run round 1 with the given train times; return the round-2 config of each node."""
+    grid = FakeGrid([11, 12, 13])
+    strategy.configure_train(1, _zeros(), ConfigRecord(), grid)
+    strategy.aggregate_train(1, _round(times))
+    return _configs(strategy.configure_train(2, _zeros(), ConfigRecord(), grid))
+
+
 def test_round_one_gives_every_silo_the_initial_batch_size_in_its_own_record(tmp_path) -> None:
     # Prepare
     strategy = _strategy(tmp_path)
     caller_config = ConfigRecord({"extra": 7})
-    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    arrays = _zeros()
 
     # Execute
     messages = list(strategy.configure_train(1, arrays, caller_config, FakeGrid([11, 12, 13])))
@@ -97,14 +109,9 @@ def test_round_one_gives_every_silo_the_initial_batch_size_in_its_own_record(tmp
 def test_batch_sizes_follow_speed_and_keep_the_total(tmp_path) -> None:
     # Prepare: node 11 is 4x as fast as 13, 12 twice as fast
     strategy = _strategy(tmp_path, allocator="proportional")
-    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
-    grid = FakeGrid([11, 12, 13])
-    strategy.configure_train(1, arrays, ConfigRecord(), grid)
-    replies = _round((1.0, 2.0, 4.0))
 
     # Execute
-    strategy.aggregate_train(1, replies)
-    configs = _configs(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+    configs = _after_first_round(strategy, (1.0, 2.0, 4.0))
 
     # Assert: 4:2:1 of X = 3 * 32 = 96 (rounded to integers that keep the total)
     sizes = [configs[n]["batch-size"] for n in (11, 12, 13)]
@@ -115,12 +122,7 @@ def test_batch_sizes_follow_speed_and_keep_the_total(tmp_path) -> None:
 def test_aggregation_weight_does_not_depend_on_batch_size(tmp_path) -> None:
     # Prepare: silo a reports a 10x speed; equal dataset sizes
     strategy = _strategy(tmp_path, allocator="proportional")
-    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
-    grid = FakeGrid([11, 12, 13])
-    strategy.configure_train(1, arrays, ConfigRecord(), grid)
-    first = _round((0.1, 1.0, 1.0))
-    strategy.aggregate_train(1, first)
-    configs = _configs(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+    configs = _after_first_round(strategy, (0.1, 1.0, 1.0))
     fast = configs[11]["batch-size"]
     second = _round(
         (0.1, 1.0, 1.0),
@@ -140,8 +142,7 @@ def test_aggregation_weight_does_not_depend_on_batch_size(tmp_path) -> None:
 def test_aggregation_is_weighted_by_num_examples(tmp_path) -> None:
     # Prepare
     strategy = _strategy(tmp_path)
-    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
-    strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([11, 12, 13]))
+    strategy.configure_train(1, _zeros(), ConfigRecord(), FakeGrid([11, 12, 13]))
     replies = _round((1.0, 1.0, 1.0), examples=(100, 300, 600), values=(1.0, 2.0, 4.0))
 
     # Execute
@@ -156,14 +157,9 @@ def test_aggregation_is_weighted_by_num_examples(tmp_path) -> None:
 def test_fedavg_scheme_keeps_initial_batch_size_and_writes_telemetry(tmp_path) -> None:
     # Prepare
     strategy = _strategy(tmp_path, balance=False)
-    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
-    grid = FakeGrid([11, 12, 13])
-    strategy.configure_train(1, arrays, ConfigRecord(), grid)
-    replies = _round((1.0, 2.0, 4.0))
 
     # Execute
-    strategy.aggregate_train(1, replies)
-    configs = _configs(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+    configs = _after_first_round(strategy, (1.0, 2.0, 4.0))
 
     # Assert
     assert [c["batch-size"] for c in configs.values()] == [32, 32, 32]
@@ -177,8 +173,7 @@ def test_fedavg_scheme_keeps_initial_batch_size_and_writes_telemetry(tmp_path) -
 def test_invalid_train_time_is_left_out_of_balancing_but_round_goes_on(tmp_path) -> None:
     # Prepare
     strategy = _strategy(tmp_path)
-    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
-    strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([11, 12, 13]))
+    strategy.configure_train(1, _zeros(), ConfigRecord(), FakeGrid([11, 12, 13]))
     replies = _round((float("nan"), 2.0, -1.0))
 
     # Execute
