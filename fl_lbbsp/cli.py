@@ -79,7 +79,55 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(simulate)
     compare = sub.add_parser("compare", help="run FedAvg and LB-BSP on the same setup")
     _add_run_flags(compare)
+    _add_deploy_local(sub)
     return parser
+
+
+def _add_deploy_local(sub: Any) -> None:
+    deploy = sub.add_parser(
+        "deploy-local",
+        help="start a SuperLink and SuperNodes on 127.0.0.1 (TLS) for `flwr run`",
+        description="Start flower-superlink and one flower-supernode per silo on 127.0.0.1 "
+        "with free ports, TLS with a locally generated CA (unless --insecure), and print "
+        "the `flwr run` command for them. Ctrl-C stops everything.",
+    )
+    deploy.add_argument("--silos", type=int, default=3, help="SuperNodes (default: 3)")
+    deploy.add_argument(
+        "--speeds",
+        type=_speeds,
+        default=None,
+        help="emulated relative capacity per silo, e.g. 4,2,1 (default: all equal)",
+    )
+    deploy.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("runs/deploy"),
+        help="certificates, logs and Flower config (default: runs/deploy)",
+    )
+    deploy.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP on loopback)")
+    deploy.add_argument(
+        "--parallel-compute",
+        action="store_true",
+        help="let silos compute at the same time (default: one at a time on this machine)",
+    )
+
+
+def _deploy_federation(args: argparse.Namespace) -> Any:
+    from .deploy import LocalFederation, slowdowns_from_speeds
+
+    if args.silos <= 0:
+        raise ValueError(f"--silos must be positive, got {args.silos}")
+    if args.speeds is not None and len(args.speeds) != args.silos:
+        raise ValueError(
+            f"--speeds lists {len(args.speeds)} values but there are {args.silos} silos"
+        )
+    return LocalFederation(
+        args.workdir,
+        num_silos=args.silos,
+        slowdowns=None if args.speeds is None else slowdowns_from_speeds(args.speeds),
+        insecure=args.insecure,
+        serialize_compute=not args.parallel_compute,
+    )
 
 
 def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
@@ -169,6 +217,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fl-lbbsp`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "deploy-local":
+        from .deploy import serve
+
+        try:
+            federation = _deploy_federation(args)
+        except ValueError as err:
+            parser.error(str(err))
+        return serve(federation)
     _setup_logging(args.quiet, args.verbose)
     if args.command == "simulate" and args.scheme not in ("fedavg", "lbbsp"):
         parser.error(f"unknown --scheme {args.scheme!r}: expected fedavg or lbbsp")

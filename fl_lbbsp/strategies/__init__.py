@@ -2,5 +2,6 @@
 
 from .config import BalancingConfig
 from .fedavg import LBBSPFedAvg
+from .legacy import LBBSPStrategy
 
-__all__ = ["BalancingConfig", "LBBSPFedAvg"]
+__all__ = ["BalancingConfig", "LBBSPFedAvg", "LBBSPStrategy"]

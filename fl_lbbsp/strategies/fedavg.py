@@ -7,7 +7,6 @@ IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL: tune B per silo, keep tau and
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,13 +23,15 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 
 from ..contract import RecordKeys
-from ..core import BatchSizeBalancer, InvalidReportError, SiloReport, idle_fraction
+from ..core import BatchSizeBalancer
 from ..core.aggregation import weighted_average
 from ..telemetry import TelemetryWriter
 from .config import BalancingConfig
+from .deadline import DeadlineGrid, DeadlinePolicy, OverheadTracker, predicted_compute_time
+from .rounds import allocate_batch_sizes, feed_balancer, log_round, missing
 
 __all__ = ["LBBSPFedAvg"]
 
@@ -80,6 +81,21 @@ class LBBSPFedAvg(FedAvg):
         Names of the config and metric entries (``batch-size``, ``train-time``, ...).
     telemetry_path : str | Path | None (default: None)
         JSON-lines file the per-round telemetry is appended to.
+    deadline_margin : float | None (default: 3.0)
+        Round deadline = ``deadline_margin`` times the predicted round time (the
+        slowest silo's predicted compute ``B_i * tau / v_i`` plus the messaging overhead
+        of recent complete rounds), clipped to ``[deadline_floor, deadline_ceiling]``.
+        Replies that miss it are left out of the round and their silos keep their speed
+        estimates. ``None``: no deadline, every round waits up to ``start``'s ``timeout``.
+    deadline_floor : float (default: 30.0)
+        Shortest round deadline in seconds.
+    deadline_ceiling : float (default: 3600.0)
+        Longest round deadline in seconds, and the deadline of round 1 (nothing
+        predicted yet); ``start``'s ``timeout`` caps it too.
+    poll_interval : float | None (default: 0.1)
+        Seconds between two pulls for replies when the strategy runs through
+        :meth:`start`. ``None`` uses the Grid's own ``send_and_receive``, which polls
+        every 3 s in a deployment and rounds each round up to a multiple of 3 s.
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
 min_available_nodes, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, \
 evaluate_metrics_aggr_fn :
@@ -101,6 +117,10 @@ evaluate_metrics_aggr_fn :
         max_batch_size: int | None = None,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
+        deadline_margin: float | None = 3.0,
+        deadline_floor: float = 30.0,
+        deadline_ceiling: float = 3600.0,
+        poll_interval: float | None = 0.1,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         min_train_nodes: int = 2,
@@ -147,6 +167,17 @@ evaluate_metrics_aggr_fn :
         self._silo_of_node: dict[int, str] = {}
         self._sent: dict[int, int] = {}
         self._round_started: float | None = None
+        self._sent_at: float | None = None
+        # Round deadlines and reply polling (issue 5)
+        self.deadline = DeadlinePolicy(
+            margin=deadline_margin, floor=deadline_floor, ceiling=deadline_ceiling
+        )
+        if poll_interval is not None and not poll_interval > 0:
+            raise ValueError(f"poll_interval must be positive or None, got {poll_interval!r}")
+        self.poll_interval = poll_interval
+        self._overhead = OverheadTracker(self.deadline.overhead_rounds)
+        self._timeout_cap: float | None = None
+        self._round_deadline: float | None = None
 
     @property
     def scheme(self) -> str:
@@ -176,11 +207,8 @@ evaluate_metrics_aggr_fn :
 
     def batch_sizes(self, node_ids: Iterable[int]) -> dict[int, int]:
         """Batch size of each node for the next round (B_init for all when not balancing)."""
-        nodes = list(node_ids)
-        if not self.config.balance:
-            return {node: self.config.initial_batch_size for node in nodes}
-        sizes = self.balancer.allocate(self.silo_id(node) for node in nodes)
-        return {node: sizes[self.silo_id(node)] for node in nodes}
+        silo_of = {node: self.silo_id(node) for node in node_ids}
+        return allocate_batch_sizes(self.balancer, self.config, silo_of)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -200,6 +228,8 @@ evaluate_metrics_aggr_fn :
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
             )
         self._sent = sizes
+        self._round_deadline = self.round_deadline(sizes)
+        self._sent_at = time.time()
         self._round_started = time.perf_counter()
         return messages
 
@@ -212,18 +242,104 @@ evaluate_metrics_aggr_fn :
         batch size each silo ran with.
         """
         wall = None if self._round_started is None else time.perf_counter() - self._round_started
+        received_at = time.time()
         valid, _ = self._check_and_log_replies(list(replies), is_train=True)
         silos: dict[str, dict[str, Any]] = {}
         for msg in valid:
             silo, record = self._record_report(msg)
+            record["replied-at"] = msg.metadata.created_at
             silos[silo] = record
         arrays = metrics = None
         if valid:
             contents = [msg.content for msg in valid]
             arrays = self._average_arrays(contents)
             metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
-        self._log_round(server_round, silos, wall)
+        missed = missing(self._sent, (msg.metadata.src_node_id for msg in valid))
+        if missed:
+            log.warning(
+                "round %d: no usable reply from %s within %s s; left out, estimates kept",
+                server_round,
+                ", ".join(self.silo_id(node) for node in missed),
+                "n/a" if self._round_deadline is None else f"{self._round_deadline:.1f}",
+            )
+        self._observe_overhead(silos, wall, complete=not missed)
+        self._log_round(
+            server_round,
+            silos,
+            wall,
+            extra={
+                "deadline": self._round_deadline,
+                "missed": [self.silo_id(node) for node in missed],
+                "poll_interval": self.poll_interval,
+                # seconds from the last reply's creation (clock of its silo) to here:
+                # what reply transfer and polling add to the round
+                "reply_delay": received_at - max(silos[s]["replied-at"] for s in silos)
+                if silos
+                else None,
+                "sent_at": self._sent_at,
+            },
+        )
         return arrays, metrics
+
+    # ------------------------------------------------------- deadlines (issue 5)
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run the rounds like FedAvg, under per-round deadlines and fine polling.
+
+        As :meth:`flwr.serverapp.strategy.Strategy.start`, except that every
+        ``send_and_receive`` waits until the current round's deadline (see
+        ``deadline_margin``), at most ``timeout`` seconds, and collects replies every
+        ``poll_interval`` seconds. Evaluation messages get the deadline of the round's
+        training.
+        """
+        self._timeout_cap = timeout
+        wrapped = DeadlineGrid(grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval)
+        return super().start(
+            grid=wrapped,
+            initial_arrays=initial_arrays,
+            num_rounds=num_rounds,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=evaluate_fn,
+        )
+
+    def predicted_round_time(self, sizes: dict[int, int]) -> float | None:
+        """Predicted seconds for a round with these batch sizes (None: unknown)."""
+        compute = predicted_compute_time(
+            self.balancer,
+            {self.silo_id(node): size for node, size in sizes.items()},
+            self.config.local_steps,
+        )
+        return None if compute is None else compute + self._overhead.predict()
+
+    def round_deadline(self, sizes: dict[int, int]) -> float | None:
+        """Seconds the round with these batch sizes may take (None: no limit)."""
+        return self.deadline.timeout(self.predicted_round_time(sizes), cap=self._timeout_cap)
+
+    def _timeout_for(self, timeout: float | None) -> float | None:
+        if self.deadline.margin is None or self._round_deadline is None:
+            return timeout
+        return self._round_deadline
+
+    def _observe_overhead(
+        self, silos: dict[str, dict[str, Any]], wall: float | None, *, complete: bool
+    ) -> None:
+        times = [
+            float(r[self.keys.train_time])
+            for r in silos.values()
+            if "invalid-report" not in r and self.keys.train_time in r
+        ]
+        if complete and wall is not None and times:
+            self._overhead.observe(wall, max(times))
 
     def _record_report(self, msg: Message) -> tuple[str, dict[str, Any]]:
         keys = self.keys
@@ -233,24 +349,9 @@ evaluate_metrics_aggr_fn :
             self._silo_of_node[node_id] = str(silo_record[keys.silo_id])
         silo = self.silo_id(node_id)
         metrics = next(iter(msg.content.metric_records.values()))
-        record: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, list)}
-        record["batch-size-sent"] = self._sent.get(node_id)
-        cap = metrics.get(keys.max_batch_size)
-        # Raw values: SiloReport.validate() rejects what cannot be used, with the reason.
-        report = SiloReport(
-            batch_size=metrics.get(keys.batch_size, self._sent.get(node_id, 0)),  # type: ignore[arg-type]
-            train_time=metrics.get(keys.train_time, math.nan),  # type: ignore[arg-type]
-            samples=metrics.get(keys.samples_processed),  # type: ignore[arg-type]
-            cpu_percent=metrics.get(keys.cpu_percent),  # type: ignore[arg-type]
-            memory_percent=metrics.get(keys.memory_percent),  # type: ignore[arg-type]
-            max_batch_size=cap if cap else None,  # type: ignore[arg-type]
+        record = feed_balancer(
+            self.balancer, silo, metrics, keys=keys, sent_batch_size=self._sent.get(node_id)
         )
-        try:
-            self.balancer.report(silo, report)
-        except InvalidReportError as err:
-            log.warning("round report of silo %s left out of balancing: %s", silo, err)
-            record["invalid-report"] = str(err)
-        record["predicted-speed"] = self.balancer.predicted_speed(silo)
         return silo, record
 
     def _average_arrays(self, contents: list[RecordDict]) -> ArrayRecord:
@@ -266,41 +367,19 @@ evaluate_metrics_aggr_fn :
         )
 
     def _log_round(
-        self, server_round: int, silos: dict[str, dict[str, Any]], wall: float | None
+        self,
+        server_round: int,
+        silos: dict[str, dict[str, Any]],
+        wall: float | None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
-        times = [
-            float(r[self.keys.train_time])
-            for r in silos.values()
-            if "invalid-report" not in r and self.keys.train_time in r
-        ]
-        round_time = max(times) if times else None
-        idle = idle_fraction(times) if times else None
-        order = sorted(silos, key=_natural)
-        log.info(
-            "[%s] round %d | B: %s | train-time (s): %s | round time %s s | idle %s | wall %s s",
-            self.scheme,
-            server_round,
-            " ".join(f"{s}={silos[s].get(self.keys.batch_size)}" for s in order),
-            " ".join(
-                f"{s}={float(silos[s].get(self.keys.train_time, math.nan)):.3f}" for s in order
-            ),
-            "n/a" if round_time is None else f"{round_time:.3f}",
-            "n/a" if idle is None else f"{100 * idle:.1f}%",
-            "n/a" if wall is None else f"{wall:.2f}",
+        log_round(
+            scheme=self.scheme,
+            server_round=server_round,
+            silos=silos,
+            keys=self.keys,
+            total_batch_size=sum(self._sent.values()),
+            wall=wall,
+            telemetry=self.telemetry,
+            extra=extra,
         )
-        self.telemetry.write(
-            {
-                "event": "train",
-                "scheme": self.scheme,
-                "round": server_round,
-                "round_time": round_time,
-                "idle_fraction": idle,
-                "wall_time": wall,
-                "total_batch_size": int(sum(self._sent.values())),
-                "silos": {s: silos[s] for s in order},
-            }
-        )
-
-
-def _natural(silo: str) -> tuple[int, str]:
-    return (int(silo), "") if silo.isdigit() else (1 << 30, silo)

@@ -1,0 +1,1 @@
+"""lbbsp_quickstart: a Flower app with LB-BSP batch-size balancing."""

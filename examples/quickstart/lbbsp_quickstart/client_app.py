@@ -1,0 +1,132 @@
+"""The silo: train exactly tau steps with the batch size the server sent, time them, report.
+
+What LB-BSP needs from a silo, on top of a plain FedAvg ClientApp, is three things: use
+the ``batch-size`` of the train message, measure the compute time of the local steps and
+send it back as ``train-time`` with a stable ``silo-id``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import zlib
+from collections.abc import Iterator
+
+import psutil
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fl_lbbsp.clients import (
+    SlowdownSchedule,
+    emulate_slowdown,
+    evaluate,
+    machine_usage,
+    train_local,
+)
+
+from .task import build_model_for, local_train_set
+
+app = ClientApp()
+
+
+def _slowdown(context: Context, server_round: int) -> float:
+    """Emulated slowdown k of this silo: node-config ``slowdown``, else run-config list."""
+    value = context.node_config.get("slowdown")
+    if value is None:
+        slowdowns = [s for s in str(context.run_config.get("slowdowns", "")).split(";") if s]
+        partition_id = int(context.node_config["partition-id"])
+        value = slowdowns[partition_id] if partition_id < len(slowdowns) else 1.0
+    return SlowdownSchedule.parse(value).factor(server_round)
+
+
+@contextlib.contextmanager
+def _compute_slot(context: Context) -> Iterator[None]:
+    """Take turns computing with the other silos of this machine, if asked to.
+
+    Silos emulated on one machine would slow each other down and the emulation multiplies
+    that noise by k; with node-config ``compute-lock`` (a file path, set by
+    ``fl-lbbsp deploy-local``) only one silo computes at a time, like the simulation's
+    ``--parallel 1``. The emulated wait happens outside the lock.
+    """
+    path = str(context.node_config.get("compute-lock", ""))
+    if not path:
+        yield
+        return
+    import fcntl  # POSIX only; the lock is for several silos on one test machine
+
+    with open(path, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Run tau local steps at this silo's batch size and report the compute time."""
+    torch.set_num_threads(1)
+    started = psutil.Process().create_time()  # this ClientApp process's start
+    config = msg.content["config"]
+    batch_size = int(config["batch-size"])  # B_i, chosen by the server for this silo
+    local_steps = int(config["local-steps"])  # tau, the same for every silo
+    lr = float(config["lr"])  # eta, the same for every silo
+    server_round = int(config["server-round"])
+    silo_id = str(context.node_config.get("silo-id", context.node_config["partition-id"]))
+
+    data = local_train_set(context)
+    model = build_model_for(context, data)
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    seed = zlib.crc32(f"{context.run_config['seed']}:{silo_id}:{server_round}".encode())
+    generator = torch.Generator().manual_seed(seed)  # reshuffling, reproducible
+    startup = time.time() - started  # process start, imports, message, data and model
+    machine_usage()  # start psutil's CPU window
+    with _compute_slot(context):
+        result = train_local(
+            model,
+            torch.from_numpy(data.x),
+            torch.from_numpy(data.y),
+            batch_size=batch_size,
+            local_steps=local_steps,
+            lr=lr,
+            generator=generator,
+        )
+    cpu, memory = machine_usage()
+    # Emulated heterogeneity: a silo k times slower waits (k - 1) t and reports k t.
+    factor = _slowdown(context, server_round)
+    train_time = emulate_slowdown(result.compute_time, factor)
+
+    metrics = MetricRecord(
+        {
+            "num-examples": len(data),  # aggregation weight: the local dataset size
+            "train-time": train_time,  # seconds of compute for the tau steps
+            "batch-size": batch_size,
+            "samples-processed": result.samples,
+            "cpu-percent": cpu,
+            "memory-percent": memory,
+            "compute-time": result.compute_time,  # real, unemulated seconds
+            "startup-time": startup,  # not part of train-time: Flower's per-message launch
+            "slowdown": factor,
+            "train-loss": result.loss,
+        }
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(model.state_dict()),
+            "metrics": metrics,
+            "silo": ConfigRecord({"silo-id": silo_id}),
+        }
+    )
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate_local(msg: Message, context: Context) -> Message:
+    """Loss and accuracy of the global model on this silo's data."""
+    data = local_train_set(context)
+    model = build_model_for(context, data)
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    loss, accuracy = evaluate(model, torch.from_numpy(data.x), torch.from_numpy(data.y))
+    metrics = MetricRecord({"num-examples": len(data), "eval-loss": loss, "eval-acc": accuracy})
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)

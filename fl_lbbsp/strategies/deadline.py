@@ -1,0 +1,228 @@
+"""Round deadlines and reply collection at a chosen polling interval.
+
+A round's deadline is the predicted round time times a margin, clipped to
+``[floor, ceiling]``. The predicted round time is the slowest silo's predicted compute
+time (``B_i * tau / v_i`` from the balancer's speed predictions) plus the messaging
+overhead seen in recent complete rounds (wall time minus the slowest reported compute).
+Replies that miss the deadline are left out of the round; their silos keep their estimates.
+
+Flower's gRPC/HTTP Grid polls the SuperLink for replies every 3 s inside
+``send_and_receive``, which rounds every deployed round up to the next multiple of 3 s.
+:class:`DeadlineGrid` wraps any Grid and collects replies with ``push_messages`` /
+``pull_messages`` at ``poll_interval`` instead, under the round's deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+
+from flwr.app import Message, RecordDict
+from flwr.proto.node_pb2 import NodeInfo
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..core import BatchSizeBalancer
+
+__all__ = ["DeadlineGrid", "DeadlinePolicy", "predicted_compute_time"]
+
+
+class DeadlinePolicy(BaseModel):
+    """How long a round may take: ``clip(margin * predicted, floor, ceiling)``.
+
+    Parameters
+    ----------
+    margin : float | None (default: 3.0)
+        Multiple of the predicted round time granted; ``None`` switches deadlines off
+        (every round waits up to the ``timeout`` given to ``start``).
+    floor : float (default: 30.0)
+        Shortest deadline in seconds.
+    ceiling : float (default: 3600.0)
+        Longest deadline in seconds; also the deadline while nothing can be predicted
+        (round 1). The ``timeout`` given to ``start`` caps it too.
+    overhead_rounds : int (default: 3)
+        The messaging overhead is the largest seen in this many recent complete rounds.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    margin: float | None = Field(default=3.0, ge=1.0, allow_inf_nan=False)
+    floor: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    ceiling: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
+    overhead_rounds: int = Field(default=3, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DeadlinePolicy:
+        if self.ceiling < self.floor:
+            raise ValueError(f"deadline ceiling ({self.ceiling}) is below the floor ({self.floor})")
+        return self
+
+    def timeout(self, predicted: float | None, *, cap: float | None = None) -> float | None:
+        """Deadline for a round predicted to take ``predicted`` seconds.
+
+        Parameters
+        ----------
+        predicted : float | None
+            Predicted round time; ``None`` when unknown (the ceiling applies).
+        cap : float | None (default: None)
+            Upper bound from the caller (``start``'s ``timeout``).
+
+        Returns
+        -------
+        float | None
+            Seconds to wait for replies; ``cap`` when deadlines are off.
+        """
+        if self.margin is None:
+            return cap
+        ceiling = self.ceiling if cap is None else min(self.ceiling, cap)
+        if predicted is None:
+            return ceiling
+        return min(max(self.margin * predicted, self.floor), ceiling)
+
+
+class OverheadTracker:
+    """Messaging overhead of recent complete rounds (wall time minus slowest compute).
+
+    Parameters
+    ----------
+    rounds : int
+        How many recent observations are kept; the prediction is their maximum.
+    """
+
+    def __init__(self, rounds: int) -> None:
+        self._seen: deque[float] = deque(maxlen=rounds)
+
+    def observe(self, wall: float, slowest_compute: float) -> None:
+        """Record one complete round."""
+        self._seen.append(max(0.0, wall - slowest_compute))
+
+    def predict(self) -> float:
+        """Overhead to add to the predicted compute time (0 before any observation)."""
+        return max(self._seen, default=0.0)
+
+
+def predicted_compute_time(
+    balancer: BatchSizeBalancer, sizes: Mapping[str, int], local_steps: int
+) -> float | None:
+    """Slowest predicted compute time of a round: ``max_i B_i * tau / v_i``.
+
+    A silo without a prediction counts at the mean predicted speed of the others;
+    ``None`` when no silo has one.
+    """
+    speeds = {silo: balancer.predicted_speed(silo) for silo in sizes}
+    known = [v for v in speeds.values() if v is not None and v > 0]
+    if not known:
+        return None
+    mean = sum(known) / len(known)
+    return max(
+        sizes[silo] * local_steps / (v if v is not None and v > 0 else mean)
+        for silo, v in speeds.items()
+    )
+
+
+class DeadlineGrid(Grid):
+    """A Grid that waits for replies until the strategy's deadline, polling finely.
+
+    Every call is passed to the wrapped grid except ``send_and_receive``: it pushes the
+    messages, then pulls replies every ``poll_interval`` seconds until all arrived or the
+    deadline given by ``timeout_fn`` passed. With ``poll_interval=None`` it calls the
+    wrapped grid's own ``send_and_receive`` with that deadline.
+
+    Parameters
+    ----------
+    grid : Grid
+        The grid Flower handed to the ServerApp.
+    timeout_fn : Callable[[float | None], float | None]
+        Gets the ``timeout`` the caller passed, returns the one to use.
+    poll_interval : float | None (default: 0.1)
+        Seconds between two pulls; ``None`` uses the wrapped grid's own loop.
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        *,
+        timeout_fn: Callable[[float | None], float | None],
+        poll_interval: float | None = 0.1,
+    ) -> None:
+        if poll_interval is not None and not poll_interval > 0:
+            raise ValueError(f"poll_interval must be positive or None, got {poll_interval!r}")
+        self.grid = grid
+        self.timeout_fn = timeout_fn
+        self.poll_interval = poll_interval
+        self.last_timeout: float | None = None
+        self.last_wait: float | None = None
+
+    # Plain delegation ---------------------------------------------------------
+    def set_run(self, run: Run) -> None:
+        """Set the run on the wrapped grid."""
+        self.grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        """The wrapped grid's run."""
+        return self.grid.run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        """Create a message through the wrapped grid."""
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        """Node ids of the wrapped grid."""
+        return self.grid.get_node_ids()
+
+    def get_nodes(self) -> Iterable[NodeInfo]:
+        """Nodes of the wrapped grid."""
+        return self.grid.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Push through the wrapped grid."""
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Pull through the wrapped grid."""
+        return self.grid.pull_messages(message_ids)
+
+    # Deadline and polling -----------------------------------------------------
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """Push ``messages``; return the replies that arrive before the deadline."""
+        timeout = self.timeout_fn(timeout)
+        self.last_timeout = timeout
+        start = time.monotonic()
+        try:
+            if self.poll_interval is None:
+                return self.grid.send_and_receive(messages, timeout=timeout)
+            return self._collect(list(messages), timeout, self.poll_interval)
+        finally:
+            self.last_wait = time.monotonic() - start
+
+    def _collect(
+        self, messages: list[Message], timeout: float | None, interval: float
+    ) -> list[Message]:
+        if not messages:
+            return []
+        pending = {mid for mid in self.grid.push_messages(messages) if mid}
+        end = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while pending:
+            got = list(self.grid.pull_messages(list(pending)))
+            replies.extend(got)
+            pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            if not pending:
+                break
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            time.sleep(interval if left is None else min(interval, left))
+        return replies

@@ -1,0 +1,169 @@
+"""Round logic shared by the Message-API strategy and the legacy-API adapter.
+
+Both strategies turn a silo's reply metrics into a :class:`~fl_lbbsp.core.SiloReport`, feed
+it to the same :class:`~fl_lbbsp.core.BatchSizeBalancer`, ask it for the next batch sizes
+and log / record the round the same way; only the Flower types around them differ.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+from ..contract import RecordKeys
+from ..core import BatchSizeBalancer, InvalidReportError, SiloReport, idle_fraction
+from ..telemetry import TelemetryWriter
+from .config import BalancingConfig
+
+__all__ = ["allocate_batch_sizes", "feed_balancer", "log_round", "silo_report"]
+
+log = logging.getLogger("fl_lbbsp")
+
+K = TypeVar("K")
+
+
+def allocate_batch_sizes(
+    balancer: BatchSizeBalancer, config: BalancingConfig, silo_of: Mapping[K, str]
+) -> dict[K, int]:
+    """Next batch size of each client key (node id, cid) from its silo's prediction.
+
+    Parameters
+    ----------
+    balancer : BatchSizeBalancer
+        The strategy's balancer.
+    config : BalancingConfig
+        The strategy's settings; ``balance=False`` gives B_init to everyone.
+    silo_of : Mapping
+        Client key (a node id or a legacy cid) -> stable silo id.
+    """
+    if not config.balance:
+        return {key: config.initial_batch_size for key in silo_of}
+    sizes = balancer.allocate(silo_of.values())
+    return {key: sizes[silo] for key, silo in silo_of.items()}
+
+
+def silo_report(
+    metrics: Mapping[str, Any], *, keys: RecordKeys, sent_batch_size: int | None
+) -> SiloReport:
+    """The balancer report in a silo's reply metrics, values as sent (validated later).
+
+    Parameters
+    ----------
+    metrics : Mapping[str, Any]
+        The reply's MetricRecord (Message API) or FitRes metrics (legacy API).
+    keys : RecordKeys
+        Names of the metric entries.
+    sent_batch_size : int | None
+        Batch size the server sent, used when the silo does not report one.
+    """
+    cap = metrics.get(keys.max_batch_size)
+    return SiloReport(
+        batch_size=metrics.get(keys.batch_size, sent_batch_size or 0),
+        train_time=metrics.get(keys.train_time, math.nan),
+        samples=metrics.get(keys.samples_processed),
+        cpu_percent=metrics.get(keys.cpu_percent),
+        memory_percent=metrics.get(keys.memory_percent),
+        max_batch_size=cap if cap else None,
+    )
+
+
+def feed_balancer(
+    balancer: BatchSizeBalancer,
+    silo: str,
+    metrics: Mapping[str, Any],
+    *,
+    keys: RecordKeys,
+    sent_batch_size: int | None,
+) -> dict[str, Any]:
+    """Report one silo's round to the balancer; return its telemetry record.
+
+    An unusable report (non-finite time, zero batch size, ...) is left out of balancing
+    with a warning and ``invalid-report`` in the record; the silo keeps its estimate.
+    """
+    record: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+    record["batch-size-sent"] = sent_batch_size
+    try:
+        balancer.report(silo, silo_report(metrics, keys=keys, sent_batch_size=sent_batch_size))
+    except InvalidReportError as err:
+        log.warning("round report of silo %s left out of balancing: %s", silo, err)
+        record["invalid-report"] = str(err)
+    record["predicted-speed"] = balancer.predicted_speed(silo)
+    return record
+
+
+def log_round(
+    *,
+    scheme: str,
+    server_round: int,
+    silos: Mapping[str, Mapping[str, Any]],
+    keys: RecordKeys,
+    total_batch_size: int,
+    wall: float | None,
+    telemetry: TelemetryWriter,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """One log line and one telemetry ``train`` event for a finished round.
+
+    Parameters
+    ----------
+    scheme : str
+        ``"lbbsp"`` or ``"fedavg"``.
+    server_round : int
+        The round.
+    silos : Mapping[str, Mapping[str, Any]]
+        Silo id -> telemetry record (from :func:`feed_balancer`).
+    keys : RecordKeys
+        Names of the metric entries.
+    total_batch_size : int
+        Sum of the batch sizes sent this round.
+    wall : float | None
+        Seconds from sending the round to aggregating it, if measured.
+    telemetry : TelemetryWriter
+        Where the event goes.
+    extra : Mapping[str, Any] | None (default: None)
+        More fields for the telemetry event (deadline, silos that missed it, ...).
+    """
+    times = [
+        float(r[keys.train_time])
+        for r in silos.values()
+        if "invalid-report" not in r and keys.train_time in r
+    ]
+    round_time = max(times) if times else None
+    idle = idle_fraction(times) if times else None
+    order = sorted(silos, key=natural_key)
+    log.info(
+        "[%s] round %d | B: %s | train-time (s): %s | round time %s s | idle %s | wall %s s",
+        scheme,
+        server_round,
+        " ".join(f"{s}={silos[s].get(keys.batch_size)}" for s in order),
+        " ".join(f"{s}={float(silos[s].get(keys.train_time, math.nan)):.3f}" for s in order),
+        "n/a" if round_time is None else f"{round_time:.3f}",
+        "n/a" if idle is None else f"{100 * idle:.1f}%",
+        "n/a" if wall is None else f"{wall:.2f}",
+    )
+    telemetry.write(
+        {
+            "event": "train",
+            "scheme": scheme,
+            "round": server_round,
+            "round_time": round_time,
+            "idle_fraction": idle,
+            "wall_time": wall,
+            "total_batch_size": int(total_batch_size),
+            "silos": {s: dict(silos[s]) for s in order},
+            **(extra or {}),
+        }
+    )
+
+
+def natural_key(silo: str) -> tuple[int, str]:
+    """Sort key putting numeric silo ids first, in numeric order."""
+    return (int(silo), "") if silo.isdigit() else (1 << 30, silo)
+
+
+def missing(sent: Iterable[K], replied: Iterable[K]) -> list[K]:
+    """Keys that were sent a message but gave no usable reply, in sending order."""
+    got = set(replied)
+    return [key for key in sent if key not in got]

@@ -1,0 +1,288 @@
+"""LBBSPStrategy on Flower's legacy API: the legacy Server loop, and parity with LBBSPFedAvg."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_reply
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.client import NumPyClient
+from flwr.common import (
+    Code,
+    DisconnectRes,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetParametersRes,
+    GetPropertiesRes,
+    Parameters,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server import Server, SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from fl_lbbsp.clients import emulate_slowdown, train_local
+from fl_lbbsp.models import build_model
+from fl_lbbsp.strategies import LBBSPFedAvg, LBBSPStrategy
+
+
+class InProcessProxy(ClientProxy):
+    """A legacy ClientProxy that calls a NumPyClient in this process."""
+
+    def __init__(self, cid: str, client: NumPyClient) -> None:
+        super().__init__(cid)
+        self.client = client.to_client()
+        self.fit_configs: list[dict] = []  # type: ignore[type-arg]
+
+    def fit(self, ins: FitIns, timeout, group_id) -> FitRes:  # type: ignore[no-untyped-def]
+        self.fit_configs.append(dict(ins.config))
+        return self.client.fit(ins)
+
+    def get_properties(self, ins, timeout, group_id) -> GetPropertiesRes:  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def get_parameters(self, ins, timeout, group_id) -> GetParametersRes:  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def evaluate(self, ins, timeout, group_id) -> EvaluateRes:  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id) -> DisconnectRes:  # type: ignore[no-untyped-def]
+        return DisconnectRes(reason="")
+
+
+class CostModelClient(NumPyClient):
+    """Reports the compute time of a silo processing ``speed`` samples per second."""
+
+    def __init__(self, silo_id: str, speed: float, num_examples: int, value: float) -> None:
+        self.silo_id, self.speed, self.num_examples, self.value = (
+            silo_id,
+            speed,
+            num_examples,
+            value,
+        )
+
+    def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+        b, tau = int(config["batch-size"]), int(config["local-steps"])
+        metrics = {
+            "train-time": b * tau / self.speed,
+            "batch-size": b,
+            "samples-processed": b * tau,
+            "silo-id": self.silo_id,
+        }
+        return [np.full(3, self.value, dtype=np.float32)], self.num_examples, metrics
+
+
+def _server(strategy: LBBSPStrategy, clients: dict[str, NumPyClient]) -> tuple[Server, dict]:  # type: ignore[type-arg]
+    manager = SimpleClientManager()
+    proxies = {cid: InProcessProxy(cid, client) for cid, client in clients.items()}
+    for proxy in proxies.values():
+        manager.register(proxy)
+    return Server(client_manager=manager, strategy=strategy), proxies
+
+
+def test_legacy_server_loop_sends_each_client_its_own_batch_size(tmp_path) -> None:
+    # Prepare: three silos of 4:2:1 speed behind node-style cids; unequal dataset sizes
+    strategy = LBBSPStrategy(
+        initial_batch_size=32,
+        local_steps=10,
+        lr=0.05,
+        allocator="proportional",
+        estimator="last",
+        telemetry_path=tmp_path / "legacy.jsonl",
+        fraction_evaluate=0.0,
+        min_fit_clients=3,
+        min_available_clients=3,
+        initial_parameters=ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]),
+        on_fit_config_fn=lambda rnd: {"extra": rnd},
+    )
+    server, proxies = _server(
+        strategy,
+        {
+            "101": CostModelClient("a", 400.0, 100, 1.0),
+            "102": CostModelClient("b", 200.0, 300, 2.0),
+            "103": CostModelClient("c", 100.0, 600, 4.0),
+        },
+    )
+
+    # Execute
+    server.fit(num_rounds=3, timeout=None)
+
+    # Assert: round 1 at B_init, then 4:2:1 of X = 96; tau, eta and the caller's
+    # config on every FitIns
+    sizes = {cid: [c["batch-size"] for c in p.fit_configs] for cid, p in proxies.items()}
+    assert sizes == {"101": [32, 55, 55], "102": [32, 27, 27], "103": [32, 14, 14]}
+    for proxy in proxies.values():
+        assert [c["server-round"] for c in proxy.fit_configs] == [1, 2, 3]
+        assert [c["extra"] for c in proxy.fit_configs] == [1, 2, 3]
+        assert {c["local-steps"] for c in proxy.fit_configs} == {10}
+        assert {c["lr"] for c in proxy.fit_configs} == {0.05}
+    # FedAvg's average, weighted by the local dataset sizes, not by batch size
+    (weights,) = parameters_to_ndarrays(server.parameters)
+    expected = np.average([1.0, 2.0, 4.0], weights=[100, 300, 600])
+    np.testing.assert_allclose(weights, np.full(3, expected), rtol=1e-6)
+    events = [json.loads(line) for line in (tmp_path / "legacy.jsonl").read_text().splitlines()]
+    assert [e["round"] for e in events] == [1, 2, 3]
+    assert sorted(events[-1]["silos"]) == ["a", "b", "c"]
+    assert events[-1]["idle_fraction"] < events[0]["idle_fraction"]
+
+
+class ReadmeSilo(NumPyClient):
+    """The silo side of README's "Plug LB-BSP into an existing Flower app", verbatim."""
+
+    def __init__(self, silo_id: str, slowdown: float) -> None:
+        generator = torch.Generator().manual_seed(len(silo_id))
+        self.x = torch.rand(64, 1, 8, 8, generator=generator)
+        self.y = torch.randint(0, 10, (64,), generator=generator)
+        self.net = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+        self.silo_id, self.slowdown = silo_id, slowdown
+
+    def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+        state = dict(zip(self.net.state_dict(), map(torch.from_numpy, parameters), strict=True))
+        self.net.load_state_dict(state)
+        result = train_local(
+            self.net,
+            self.x,
+            self.y,
+            batch_size=int(config["batch-size"]),
+            local_steps=int(config["local-steps"]),
+            lr=float(config["lr"]),
+        )
+        train_time = emulate_slowdown(result.compute_time, self.slowdown)
+        metrics = {
+            "train-time": train_time,
+            "batch-size": int(config["batch-size"]),
+            "samples-processed": result.samples,
+            "silo-id": self.silo_id,
+        }
+        weights = [v.detach().numpy() for v in self.net.state_dict().values()]
+        return weights, len(self.x), metrics
+
+
+def test_readme_silo_trains_through_the_legacy_server(tmp_path) -> None:
+    # Prepare
+    net = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+    initial = [v.detach().numpy() for v in net.state_dict().values()]
+    strategy = LBBSPStrategy(
+        initial_batch_size=16,
+        local_steps=5,
+        lr=0.05,
+        fraction_evaluate=0.0,
+        min_fit_clients=2,
+        min_available_clients=2,
+        initial_parameters=ndarrays_to_parameters(initial),
+    )
+    server, proxies = _server(strategy, {"7": ReadmeSilo("x", 1.0), "8": ReadmeSilo("y", 2.0)})
+
+    # Execute
+    server.fit(num_rounds=2, timeout=None)
+
+    # Assert: the balancer knows both silos by their ids; the model moved
+    assert sorted(strategy.balancer.silo_ids) == ["x", "y"]
+    assert all(v is not None for v in map(strategy.balancer.predicted_speed, "xy"))
+    second = [p.fit_configs[1]["batch-size"] for p in proxies.values()]
+    assert sum(second) == 32
+    final = parameters_to_ndarrays(server.parameters)
+    assert any(not np.allclose(a, b) for a, b in zip(final, initial, strict=True))
+
+
+# ------------------------------------------------------------------------ parity
+class _Client:
+    def __init__(self, cid: str) -> None:
+        self.cid = cid
+
+
+class _Manager:
+    """The part of a legacy ClientManager that FedAvg.configure_fit uses."""
+
+    def __init__(self, cids: list[str]) -> None:
+        self.clients = [_Client(c) for c in cids]
+
+    def num_available(self) -> int:
+        return len(self.clients)
+
+    def sample(self, num_clients: int, min_num_clients: int | None = None) -> list[_Client]:
+        return self.clients[:num_clients]
+
+
+class _Grid:
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+
+@pytest.mark.usefixtures("flower_task")
+@pytest.mark.parametrize("allocator", ["proportional", "linear"])
+def test_legacy_adapter_and_message_api_strategy_give_the_same_batch_sizes(
+    tmp_path, allocator
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the same settings; the same reports (affine costs that change over rounds)
+    settings = {"initial_batch_size": 40, "local_steps": 8, "lr": 0.1, "allocator": allocator}
+    legacy = LBBSPStrategy(**settings, min_fit_clients=4, min_available_clients=4)
+    message = LBBSPFedAvg(**settings, min_train_nodes=4, min_available_nodes=4)
+    silos = ["s0", "s1", "s2", "s3"]
+    cost = {"s0": (0.002, 0.1), "s1": (0.004, 0.3), "s2": (0.009, 0.2), "s3": (0.003, 0.5)}
+    manager, grid = _Manager(["1", "2", "3", "4"]), _Grid([1, 2, 3, 4])
+    params = Parameters(tensors=[], tensor_type="numpy.ndarray")
+    arrays = ArrayRecord({"w": Array(np.zeros(1, dtype=np.float32))})
+    history: list[tuple[dict[str, int], dict[str, int]]] = []
+
+    def metrics(silo: str, b: int, rnd: int) -> dict:  # type: ignore[type-arg]
+        a, fixed = cost[silo]
+        slow = 3.0 if silo == "s1" and rnd >= 4 else 1.0  # a co-tenant arrives
+        return {
+            "train-time": slow * (a * b * 8 + fixed),
+            "batch-size": b,
+            "samples-processed": b * 8,
+            "cpu-percent": 50.0,
+            "memory-percent": 20.0,
+            "max-batch-size": 70 if silo == "s3" else 0,
+        }
+
+    for rnd in range(1, 8):
+        # Execute: cid "k" and node k are silo s(k-1) in both APIs
+        fit = legacy.configure_fit(rnd, params, manager)  # type: ignore[arg-type]
+        train = list(message.configure_train(rnd, arrays, ConfigRecord(), grid))  # type: ignore[arg-type]
+        legacy_sizes = {silos[int(c.cid) - 1]: int(ins.config["batch-size"]) for c, ins in fit}
+        message_sizes = {
+            silos[m.metadata.dst_node_id - 1]: int(m.content["config"]["batch-size"]) for m in train
+        }
+        history.append((legacy_sizes, message_sizes))
+        results = []
+        for client, _ in fit:
+            silo = silos[int(client.cid) - 1]
+            m = metrics(silo, legacy_sizes[silo], rnd)
+            res = FitRes(Status(Code.OK, ""), params, 100, {**m, "silo-id": silo})
+            results.append((client, res))
+        replies = []
+        for msg in train:
+            silo = silos[msg.metadata.dst_node_id - 1]
+            content = RecordDict(
+                {
+                    "arrays": arrays,
+                    "metrics": MetricRecord(
+                        {**metrics(silo, message_sizes[silo], rnd), "num-examples": 100}
+                    ),
+                    "silo": ConfigRecord({"silo-id": silo}),
+                }
+            )
+            replies.append(make_reply(content, node_id=msg.metadata.dst_node_id))
+        legacy.aggregate_fit(rnd, results, [])
+        message.aggregate_train(rnd, replies)
+
+    # Assert: identical every round, and they did move away from B_init
+    for legacy_sizes, message_sizes in history:
+        assert legacy_sizes == message_sizes
+    last = history[-1][0]
+    assert sum(last.values()) == 160
+    assert len(set(last.values())) == 4  # they moved away from B_init = 40
+    assert last["s3"] <= 70  # the reported memory cap holds in both
+    assert last["s1"] < history[2][0]["s1"]  # s1 slowed down from round 4 and got less
+    assert legacy.balancer.to_json() == message.balancer.to_json()
