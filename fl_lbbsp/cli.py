@@ -54,6 +54,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--allocator", default="linear", help="linear | proportional (default: linear)"
     )
     parser.add_argument(
+        "--max-change-ratio",
+        type=float,
+        default=2.0,
+        help="largest factor a silo's batch size may change by per round (default: 2.0)",
+    )
+    parser.add_argument(
         "--parallel", type=int, default=1, help="silos computing at once (default: 1)"
     )
     parser.add_argument(
@@ -100,6 +106,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         estimator=args.estimator,
         alpha=args.alpha,
         allocator=args.allocator,
+        max_change_ratio=args.max_change_ratio,
         parallel=args.parallel,
         out=out,
     )

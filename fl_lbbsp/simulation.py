@@ -53,7 +53,7 @@ class SimulationConfig(BaseModel):
         ``lenet5`` or ``mlp``.
     seed : int (default: 0)
         Seed of the data split, partitioning, model init and reshuffling.
-    estimator, alpha, allocator :
+    estimator, alpha, allocator, max_change_ratio :
         Balancer settings (see :class:`~fl_lbbsp.strategies.LBBSPFedAvg`).
     parallel : int (default: 1)
         Silos computing at the same time. 1 keeps the measured compute free of
@@ -78,6 +78,7 @@ class SimulationConfig(BaseModel):
     estimator: Literal["ema", "last"] = "ema"
     alpha: float = Field(default=0.2, gt=0, le=1)
     allocator: Literal["linear", "proportional"] = "linear"
+    max_change_ratio: float | None = Field(default=2.0, gt=1, allow_inf_nan=False)
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/simulate")
 
@@ -136,6 +137,7 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         estimator=config.estimator,
         alpha=config.alpha,
         allocator=config.allocator,
+        max_change_ratio=config.max_change_ratio,
         telemetry_path=config.telemetry_path(),
         fraction_evaluate=0.0,
         min_train_nodes=config.silos,

@@ -127,6 +127,12 @@ class BatchSizeBalancer:
     min_fit_spread : float (default: 0.1)
         The linear allocator fits a silo only when its recent batch sizes spread by at
         least this fraction of their mean; otherwise it uses the silo's predicted speed.
+    max_change_ratio : float | None (default: None)
+        If set (> 1), once a silo has reported twice its next batch size stays within
+        ``[B / r, B * r]`` of the batch size it last reported, so one noisy or false
+        report cannot swing it (its first report moves it freely from B_init); the limit
+        is dropped for a round in which it would make the total unreachable. ``None``: no
+        limit.
     """
 
     def __init__(
@@ -140,6 +146,7 @@ class BatchSizeBalancer:
         max_batch_size: int | None = None,
         history: int = 20,
         min_fit_spread: float = 0.1,
+        max_change_ratio: float | None = None,
     ) -> None:
         _check_positive_int("initial_batch_size", initial_batch_size)
         _check_positive_int("min_batch_size", min_batch_size)
@@ -165,6 +172,13 @@ class BatchSizeBalancer:
         if not math.isfinite(min_fit_spread) or min_fit_spread < 0:
             raise ValueError(f"min_fit_spread must be >= 0, got {min_fit_spread!r}")
         self.min_fit_spread = float(min_fit_spread)
+        if max_change_ratio is not None and (
+            isinstance(max_change_ratio, bool)
+            or not math.isfinite(max_change_ratio)
+            or max_change_ratio <= 1
+        ):
+            raise ValueError(f"max_change_ratio must be > 1 or None, got {max_change_ratio!r}")
+        self.max_change_ratio = None if max_change_ratio is None else float(max_change_ratio)
         self._silos: dict[str, _SiloState] = {}
 
     # ------------------------------------------------------------------ reports
@@ -215,6 +229,7 @@ class BatchSizeBalancer:
         lower = np.full(n, float(self.min_batch_size))
         upper = np.array([self._upper(i) for i in ids])
         total = int(np.clip(self.total_batch_size(n), lower.sum(), upper.sum()))
+        lower, upper = self._change_limits(ids, total, lower, upper)
         speeds = self._speeds(ids)
         if speeds is None:
             sizes = proportional(np.ones(n), total, lower=lower, upper=upper)
@@ -238,6 +253,7 @@ class BatchSizeBalancer:
                 "max_batch_size": self.max_batch_size,
                 "history": self.history,
                 "min_fit_spread": self.min_fit_spread,
+                "max_change_ratio": self.max_change_ratio,
             },
             "silos": {
                 silo: {
@@ -289,6 +305,28 @@ class BatchSizeBalancer:
         caps = [c for c in (self.max_batch_size, self._cap_of(silo_id)) if c is not None]
         # A cap below the smallest batch size cannot be honoured: the minimum wins.
         return float(max(min(caps), self.min_batch_size)) if caps else math.inf
+
+    def _change_limits(
+        self, ids: Sequence[str], total: int, lower: np.ndarray, upper: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Narrow the bounds to ``max_change_ratio`` around each silo's last batch size."""
+        ratio = self.max_change_ratio
+        if ratio is None:
+            return lower, upper
+        last = [self._silos[i].history[-1][0] if self._settled(i) else None for i in ids]
+        lo, hi = lower.copy(), upper.copy()
+        for k, b in enumerate(last):
+            if b is not None:
+                # A memory cap still wins over the change limit.
+                lo[k] = min(max(lower[k], math.ceil(b / ratio)), upper[k])
+                hi[k] = max(min(upper[k], math.floor(b * ratio)), lo[k])
+        if lo.sum() > total or hi.sum() < total:
+            return lower, upper
+        return lo, hi
+
+    def _settled(self, silo_id: str) -> bool:
+        state = self._silos.get(silo_id)
+        return state is not None and len(state.history) >= 2
 
     def _cap_of(self, silo_id: str) -> int | None:
         state = self._silos.get(silo_id)

@@ -32,6 +32,9 @@ class BalancingConfig(BaseModel):
         Smallest batch size handed out.
     max_batch_size : int | None (default: None)
         Largest batch size handed out (silos may report lower memory caps).
+    max_change_ratio : float | None (default: 2.0)
+        After its first report, a silo's batch size changes by at most this factor from one
+        round to the next (one noisy or false report cannot swing it); ``None``: no limit.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -45,6 +48,7 @@ class BalancingConfig(BaseModel):
     allocator: Literal["linear", "proportional"] = "linear"
     min_batch_size: int = Field(default=1, gt=0, strict=True)
     max_batch_size: int | None = Field(default=None, gt=0)
+    max_change_ratio: float | None = Field(default=2.0, gt=1, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _bounds(self) -> BalancingConfig:

@@ -76,6 +76,9 @@ class LBBSPFedAvg(FedAvg):
         Smallest batch size handed to a silo.
     max_batch_size : int | None (default: None)
         Largest batch size handed to a silo; a silo's reported ``max-batch-size`` lowers it.
+    max_change_ratio : float | None (default: 2.0)
+        After its first report, a silo's batch size changes by at most this factor per
+        round, so one noisy or false speed report cannot swing it; ``None``: no limit.
     keys : RecordKeys | None (default: None)
         Names of the config and metric entries (``batch-size``, ``train-time``, ...).
     telemetry_path : str | Path | None (default: None)
@@ -99,6 +102,7 @@ evaluate_metrics_aggr_fn :
         allocator: str = "linear",
         min_batch_size: int = 1,
         max_batch_size: int | None = None,
+        max_change_ratio: float | None = 2.0,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
         fraction_train: float = 1.0,
@@ -134,6 +138,7 @@ evaluate_metrics_aggr_fn :
             allocator=allocator,  # type: ignore[arg-type]
             min_batch_size=min_batch_size,
             max_batch_size=max_batch_size,
+            max_change_ratio=max_change_ratio,
         )
         self.balancer = BatchSizeBalancer(
             initial_batch_size=self.config.initial_batch_size,
@@ -142,6 +147,7 @@ evaluate_metrics_aggr_fn :
             allocator=self.config.allocator,
             min_batch_size=self.config.min_batch_size,
             max_batch_size=self.config.max_batch_size,
+            max_change_ratio=self.config.max_change_ratio,
         )
         self.telemetry = TelemetryWriter(telemetry_path)
         self._silo_of_node: dict[int, str] = {}
