@@ -441,7 +441,7 @@ def test_caps_below_total_give_every_capped_silo_its_cap() -> None:
         ({"initial_batch_size": 2.5}, "2.5"),
         ({"initial_batch_size": True}, "True"),
         ({"initial_batch_size": 8, "allocator": "greedy"}, "'greedy'"),
-        ({"initial_batch_size": 8, "estimator": "narx"}, "'narx'"),
+        ({"initial_batch_size": 8, "estimator": "arima"}, "'arima'"),
         ({"initial_batch_size": 8, "alpha": 1.5}, "1.5"),
         ({"initial_batch_size": 8, "min_batch_size": 0}, "0"),
         ({"initial_batch_size": 8, "max_batch_size": 2, "min_batch_size": 4}, "2"),

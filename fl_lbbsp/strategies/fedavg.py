@@ -64,14 +64,14 @@ class LBBSPFedAvg(FedAvg):
         ``False`` sends B_init to every silo: plain FedAvg with LB-BSP's telemetry, the
         baseline to compare against.
     estimator : str (default: "ema")
-        Speed predictor: ``"ema"`` or ``"last"``.
+        Speed predictor: ``"ema"``, ``"last"`` or ``"narx"``.
     alpha : float (default: 0.2)
         EMA weight of the latest observation, in (0, 1].
     allocator : str (default: "linear")
         ``"proportional"``: B_i proportional to predicted speed (Alg. 1). ``"linear"``:
         also fits each silo's fixed per-round cost ``t = a*B + b`` once it has seen two
         batch sizes, which settles in a few rounds where per-step overhead is large; it
-        equals proportional allocation when ``b = 0``.
+        equals proportional allocation when ``b = 0``. ``"iterative"``: Alg. 2.
     min_batch_size : int (default: 1)
         Smallest batch size handed to a silo.
     max_batch_size : int | None (default: None)
@@ -79,6 +79,9 @@ class LBBSPFedAvg(FedAvg):
     max_change_ratio : float | None (default: 2.0)
         After its first report, a silo's batch size changes by at most this factor per
         round, so one noisy or false speed report cannot swing it; ``None``: no limit.
+    estimator_options, allocator_options : dict | None (default: None)
+        Extra arguments of the estimator (NARX ``warmup``, ...) and of the iterative
+        allocator (``step``, ``window``, ...).
     keys : RecordKeys | None (default: None)
         Names of the config and metric entries (``batch-size``, ``train-time``, ...).
     telemetry_path : str | Path | None (default: None)
@@ -89,6 +92,9 @@ evaluate_metrics_aggr_fn :
         As in :class:`flwr.serverapp.strategy.FedAvg`; the aggregation weight key is
         ``keys.num_examples``.
     """
+
+    weight_key = "num_examples"
+    """Field of :class:`RecordKeys` naming the aggregation weight (the dataset size)."""
 
     def __init__(
         self,
@@ -103,6 +109,8 @@ evaluate_metrics_aggr_fn :
         min_batch_size: int = 1,
         max_batch_size: int | None = None,
         max_change_ratio: float | None = 2.0,
+        estimator_options: dict[str, Any] | None = None,
+        allocator_options: dict[str, Any] | None = None,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
         fraction_train: float = 1.0,
@@ -122,7 +130,7 @@ evaluate_metrics_aggr_fn :
             min_train_nodes=min_train_nodes,
             min_evaluate_nodes=min_evaluate_nodes,
             min_available_nodes=min_available_nodes,
-            weighted_by_key=self.keys.num_examples,
+            weighted_by_key=getattr(self.keys, self.weight_key),
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
             train_metrics_aggr_fn=train_metrics_aggr_fn,
@@ -139,6 +147,8 @@ evaluate_metrics_aggr_fn :
             min_batch_size=min_batch_size,
             max_batch_size=max_batch_size,
             max_change_ratio=max_change_ratio,
+            estimator_options=estimator_options or {},
+            allocator_options=allocator_options or {},
         )
         self.balancer = BatchSizeBalancer(
             initial_batch_size=self.config.initial_batch_size,
@@ -148,6 +158,8 @@ evaluate_metrics_aggr_fn :
             min_batch_size=self.config.min_batch_size,
             max_batch_size=self.config.max_batch_size,
             max_change_ratio=self.config.max_change_ratio,
+            estimator_options=self.config.estimator_options,
+            allocator_options=self.config.allocator_options,
         )
         self.telemetry = TelemetryWriter(telemetry_path)
         self._silo_of_node: dict[int, str] = {}
@@ -220,16 +232,28 @@ evaluate_metrics_aggr_fn :
         wall = None if self._round_started is None else time.perf_counter() - self._round_started
         valid, _ = self._check_and_log_replies(list(replies), is_train=True)
         silos: dict[str, dict[str, Any]] = {}
+        accepted = []
         for msg in valid:
             silo, record = self._record_report(msg)
             silos[silo] = record
+            if self._accept(silo, record):
+                accepted.append(msg)
         arrays = metrics = None
-        if valid:
-            contents = [msg.content for msg in valid]
-            arrays = self._average_arrays(contents)
+        if accepted:
+            contents = [msg.content for msg in accepted]
+            arrays = self._combine(server_round, contents)
             metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         self._log_round(server_round, silos, wall)
         return arrays, metrics
+
+    def _accept(self, silo: str, record: dict[str, Any]) -> bool:
+        """Whether a reply enters the aggregate: in FL every reply does, weighted by its
+        dataset size, even if its timing report was unusable for balancing."""
+        return True
+
+    def _combine(self, server_round: int, contents: list[RecordDict]) -> ArrayRecord:
+        """The new global arrays from the accepted replies (FedAvg: their weighted mean)."""
+        return self._average_arrays(contents)
 
     def _record_report(self, msg: Message) -> tuple[str, dict[str, Any]]:
         keys = self.keys
@@ -260,16 +284,23 @@ evaluate_metrics_aggr_fn :
         return silo, record
 
     def _average_arrays(self, contents: list[RecordDict]) -> ArrayRecord:
+        """Average of the replies' arrays weighted by ``weighted_by_key``."""
+        names, averaged = self._weighted_layers(contents)
+        return _array_record(names, averaged)
+
+    def _weighted_layers(
+        self, contents: list[RecordDict], *, equal: bool = False
+    ) -> tuple[list[str], list[np.ndarray]]:
+        """Layer names and the weighted average of every reply's arrays (weights from
+        ``weighted_by_key``, or all equal)."""
         records = [next(iter(c.array_records.values())) for c in contents]
         names = list(records[0].keys())
         layers = [[record[name].numpy() for name in names] for record in records]
         weights = [
-            float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents
+            1.0 if equal else float(next(iter(c.metric_records.values()))[self.weighted_by_key])
+            for c in contents
         ]
-        averaged = weighted_average(layers, weights)
-        return ArrayRecord(
-            {name: Array(np.asarray(arr)) for name, arr in zip(names, averaged, strict=True)}
-        )
+        return names, [np.asarray(a) for a in weighted_average(layers, weights)]
 
     def _log_round(
         self, server_round: int, silos: dict[str, dict[str, Any]], wall: float | None
@@ -281,6 +312,9 @@ evaluate_metrics_aggr_fn :
         ]
         round_time = max(times) if times else None
         idle = idle_fraction(times) if times else None
+        busy = [float(r["busy-time"]) for r in silos.values() if "busy-time" in r]
+        # Server wall time beyond the longest silo's own busy time: messaging, scheduling.
+        overhead = None if wall is None or not busy else max(wall - max(busy), 0.0)
         order = sorted(silos, key=_natural)
         log.info(
             "[%s] round %d | B: %s | train-time (s): %s | round time %s s | idle %s | wall %s s",
@@ -302,10 +336,15 @@ evaluate_metrics_aggr_fn :
                 "round_time": round_time,
                 "idle_fraction": idle,
                 "wall_time": wall,
+                "overhead": overhead,
                 "total_batch_size": int(sum(self._sent.values())),
                 "silos": {s: silos[s] for s in order},
             }
         )
+
+
+def _array_record(names: list[str], arrays: list[np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({name: Array(arr) for name, arr in zip(names, arrays, strict=True)})
 
 
 def _natural(silo: str) -> tuple[int, str]:
