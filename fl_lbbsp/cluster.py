@@ -239,7 +239,9 @@ def summarise_cluster(
         "final_accuracy": accuracy[max(accuracy)] if accuracy else None,
         "target_accuracy": target_accuracy,
         "iterations_to_target": first,
-        "time_to_target": None if first is None else float(elapsed[min(first, len(elapsed)) - 1]),
+        "time_to_target": None
+        if first is None
+        else (0.0 if first == 0 else float(elapsed[min(first, len(elapsed)) - 1])),
         "batch_sizes_final": {s: r.get("batch-size") for s, r in final.items()},
         "accuracy": accuracy,
     }

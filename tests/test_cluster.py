@@ -206,3 +206,31 @@ def test_workers_sample_the_full_set_or_their_own_shard() -> None:
     assert max(len(s) for s in shards) - min(len(s) for s in shards) <= 1
     rows = {tuple(row) for s in shards for row in s.x.reshape(len(s), -1)[:, :64:7].tolist()}
     assert len(rows) > 0.9 * len(everything)
+
+
+@pytest.mark.usefixtures("flower_task")
+def test_workers_split_one_global_batch_by_offset() -> None:
+    # Prepare: the server's configs for three workers with unequal batch sizes
+    from fl_lbbsp.clients.cluster import _batch_indices
+
+    strategy = LBBSPCluster(initial_batch_size=16, lr=0.1, min_train_nodes=3)
+    messages = strategy.configure_train(
+        1, ArrayRecord({"w": Array(np.zeros(2))}), ConfigRecord(), FakeGrid(list(NODES))
+    )
+    configs = [m.content["config"] for m in sorted(messages, key=lambda m: m.metadata.dst_node_id)]
+    setup = WorkerSetup(data="full")
+    data = worker_data(setup, 0)
+
+    # Execute: each worker's indices at its offset, for BSP's sizes and for skewed ones
+    def union(sizes: list[int]) -> list[int]:
+        offset, picked = 0, []
+        for k, size in enumerate(sizes):
+            config = ConfigRecord({"batch-offset": offset, "batch-size": size})
+            picked += _batch_indices(setup, data, str(k), 7, size, config).tolist()
+            offset += size
+        return picked
+
+    # Assert: offsets are cumulative; any split of X draws the same global batch
+    assert [c["batch-offset"] for c in configs] == [0, 16, 32]
+    assert union([16, 16, 16]) == union([40, 5, 3]) == union([1, 1, 46])
+    assert len(set(union([16, 16, 16]))) == 48

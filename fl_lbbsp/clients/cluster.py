@@ -43,7 +43,8 @@ class WorkerSetup(BaseModel):
     dataset : str (default: "embedded")
         ``"embedded"``, ``"mnist:PATH"`` or ``"cifar10:PATH"``.
     data : {"full", "shard"} (default: "full")
-        ``"full"``: every worker samples from the whole training set (shared storage);
+        ``"full"``: the workers share the whole training set (shared storage) and split
+        each round's global batch between them by ``batch-offset``, as BSP draws it;
         ``"shard"``: worker i samples from its own i.i.d. shard.
     num_workers : int (default: 4)
         Number of workers (shards).
@@ -125,6 +126,34 @@ def _cost_model(setup: WorkerSetup, context: Context, worker: int) -> CostModel 
     return None if value is None else CostModel.parse(str(value))
 
 
+def _batch_indices(
+    setup: WorkerSetup,
+    data: ArrayDataset,
+    worker_id: str,
+    server_round: int,
+    batch_size: int,
+    config: ConfigRecord,
+) -> torch.Tensor:
+    """This worker's sample indices for the round.
+
+    ``data="full"``: the round's global batch is one seeded permutation of the whole
+    training set (cycled if X exceeds it), and the worker takes ``batch_size`` entries
+    from its ``batch-offset``: together the workers draw exactly BSP's global batch.
+    ``data="shard"``: a seeded draw from the worker's own shard.
+    """
+    if setup.data == "full" and "batch-offset" in config:
+        offset = int(config["batch-offset"])  # type: ignore[arg-type]
+        generator = torch.Generator().manual_seed(_seed(setup.seed, "global", server_round))
+        order = torch.randperm(len(data), generator=generator)
+        positions = torch.arange(offset, offset + batch_size) % len(data)
+        return order[positions]
+    generator = torch.Generator().manual_seed(_seed(setup.seed, worker_id, server_round))
+    sampler = ResizableBatchSampler(
+        len(data), batch_size=batch_size, num_batches=1, generator=generator
+    )
+    return torch.as_tensor(next(iter(sampler)))
+
+
 def make_worker_app(setup: WorkerSetup) -> ClientApp:
     """Build the cluster worker ClientApp.
 
@@ -155,13 +184,9 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         data = worker_data(setup, worker)
         model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        generator = torch.Generator().manual_seed(_seed(setup.seed, worker_id, server_round))
-        sampler = ResizableBatchSampler(
-            len(data), batch_size=batch_size, num_batches=1, generator=generator
-        )
         machine_usage()
         compute_start = time.perf_counter()
-        index = torch.as_tensor(next(iter(sampler)))
+        index = _batch_indices(setup, data, worker_id, server_round, batch_size, config)
         grads, loss = gradient(
             model, torch.from_numpy(data.x)[index], torch.from_numpy(data.y)[index]
         )

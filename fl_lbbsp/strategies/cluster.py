@@ -34,8 +34,9 @@ log = logging.getLogger("fl_lbbsp")
 class LBBSPCluster(LBBSPFedAvg):
     """Parameter-server LB-BSP: one round = one gradient step, weighted by batch size.
 
-    Workers get ``batch-size`` (their x_i), ``local-steps`` = 1 and ``server-round`` in
-    their ConfigRecord and reply with their gradient arrays (named like the weights)
+    Workers get ``batch-size`` (their x_i), ``batch-offset`` (where their share starts in
+    the round's global batch), ``local-steps`` = 1 and ``server-round`` in their
+    ConfigRecord and reply with their gradient arrays (named like the weights)
     and the contract's MetricRecord; ``batch-size`` there is the weight. A reply whose
     report is unusable (non-finite, zero or negative time, batch size 0, ...) is logged
     and left out of that update; the round goes on with the others.
@@ -66,6 +67,7 @@ keys, telemetry_path :
     """
 
     weight_key = "batch_size"
+    batch_offset_key = "batch-offset"
 
     def __init__(
         self,
@@ -127,9 +129,17 @@ keys, telemetry_path :
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Remember the weights the gradients are taken at, then configure like FL."""
+        """Configure like FL, and give each worker its ``batch-offset``: where its x_i
+        samples start in the round's global batch of X, so workers drawing from a shared
+        dataset split one global batch between them exactly as BSP would draw it."""
         self._weights = arrays
-        return super().configure_train(server_round, arrays, config, grid)
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        offset = 0
+        for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
+            node_config = msg.content[self.configrecord_key]
+            node_config[self.batch_offset_key] = offset
+            offset += int(node_config[self.keys.batch_size])  # type: ignore[arg-type]
+        return messages
 
     def _accept(self, silo: str, record: dict[str, Any]) -> bool:
         if "invalid-report" in record:
