@@ -221,8 +221,10 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
 def _validation_message(err: ValidationError) -> str:
     parts = []
     for item in err.errors():
-        field = ".".join(str(p) for p in item["loc"]) or "config"
-        flag = "--" + field.replace("_", "-") if item["loc"] else field
+        if not item["loc"]:  # a check across fields: its message names them
+            parts.append(str(item["msg"]).removeprefix("Value error, "))
+            continue
+        flag = "--" + ".".join(str(p) for p in item["loc"]).replace("_", "-")
         parts.append(f"{flag}: {item['msg']} (got {item.get('input')!r})")
     return "; ".join(parts)
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .clients.app import SiloSetup, test_data
 from .clients.cluster import WorkerSetup, make_worker_app
-from .clients.emulation import CostModel
+from .clients.emulation import CostModel, check_speeds, slowdowns_from_speeds
 from .datasets import load_source
 from .models import build_model
 from .simulation import central_evaluation, run_engine, start_telemetry
@@ -98,7 +98,6 @@ class ClusterConfig(BaseModel):
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/cluster")
 
-    @field_validator("speeds")
     @classmethod
     def _positive_speeds(cls, speeds: tuple[float, ...] | None) -> tuple[float, ...] | None:
         if speeds is not None and any(not 0 < s < float("inf") for s in speeds):
@@ -114,19 +113,13 @@ class ClusterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _speeds_per_worker(self) -> ClusterConfig:
-        if self.speeds is not None and len(self.speeds) != self.workers:
-            raise ValueError(
-                f"--speeds lists {len(self.speeds)} values but there are {self.workers} workers"
-            )
+        check_speeds(self.speeds, self.workers, "workers")
         return self
 
     @property
     def slowdowns(self) -> tuple[float, ...]:
-        """Emulated slowdown factor of each worker (1 for the fastest)."""
-        if self.speeds is None:
-            return (1.0,) * self.workers
-        fastest = max(self.speeds)
-        return tuple(fastest / s for s in self.speeds)
+        """Emulated slowdown factor of each of the workers (1 for the fastest)."""
+        return slowdowns_from_speeds(self.speeds, self.workers)
 
     def worker_setup(self) -> WorkerSetup:
         """Data/model/emulation setup shared by every worker."""

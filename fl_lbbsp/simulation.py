@@ -16,6 +16,7 @@ from flwr.simulation import run_simulation
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .clients.app import SiloSetup, make_client_app, test_data
+from .clients.emulation import check_speeds, slowdowns_from_speeds
 from .clients.trainer import evaluate
 from .datasets import ArrayDataset, PartitionSpec, load_source
 from .models import build_model
@@ -84,7 +85,6 @@ class SimulationConfig(BaseModel):
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/simulate")
 
-    @field_validator("speeds")
     @classmethod
     def _positive_speeds(cls, speeds: tuple[float, ...] | None) -> tuple[float, ...] | None:
         if speeds is not None and any(not 0 < s < float("inf") for s in speeds):
@@ -99,19 +99,13 @@ class SimulationConfig(BaseModel):
 
     @model_validator(mode="after")
     def _speeds_per_silo(self) -> SimulationConfig:
-        if self.speeds is not None and len(self.speeds) != self.silos:
-            raise ValueError(
-                f"--speeds lists {len(self.speeds)} values but there are {self.silos} silos"
-            )
+        check_speeds(self.speeds, self.silos, "silos")
         return self
 
     @property
     def slowdowns(self) -> tuple[float, ...]:
-        """Emulated slowdown factor of each silo (1 for the fastest)."""
-        if self.speeds is None:
-            return (1.0,) * self.silos
-        fastest = max(self.speeds)
-        return tuple(fastest / s for s in self.speeds)
+        """Emulated slowdown factor of each of the silos (1 for the fastest)."""
+        return slowdowns_from_speeds(self.speeds, self.silos)
 
     def silo_setup(self) -> SiloSetup:
         """The data/model/emulation setup shared by every silo."""

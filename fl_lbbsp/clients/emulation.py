@@ -13,7 +13,14 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CostModel", "OutOfMemoryError", "SlowdownSchedule", "emulate_slowdown"]
+__all__ = [
+    "CostModel",
+    "OutOfMemoryError",
+    "SlowdownSchedule",
+    "check_speeds",
+    "emulate_slowdown",
+    "slowdowns_from_speeds",
+]
 
 
 class SlowdownSchedule:
@@ -148,3 +155,21 @@ class CostModel(BaseModel):
                 f"batch size {batch_size} exceeds this worker's memory cap {self.max_batch_size}"
             )
         return max(self.floor, self.per_sample * batch_size + self.fixed)
+
+
+def check_speeds(speeds: tuple[float, ...] | None, count: int, what: str) -> None:
+    """ValueError unless ``speeds`` is None or ``count`` finite positive capacities."""
+    if speeds is None:
+        return
+    if any(not 0 < s < math.inf for s in speeds):
+        raise ValueError(f"every speed must be a finite positive number, got {list(speeds)}")
+    if len(speeds) != count:
+        raise ValueError(f"--speeds lists {len(speeds)} values but there are {count} {what}")
+
+
+def slowdowns_from_speeds(speeds: tuple[float, ...] | None, count: int) -> tuple[float, ...]:
+    """Emulated slowdown factor of each of ``count`` machines (1 for the fastest)."""
+    if speeds is None:
+        return (1.0,) * count
+    fastest = max(speeds)
+    return tuple(fastest / s for s in speeds)
