@@ -54,6 +54,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--allocator", default="linear", help="linear | proportional (default: linear)"
     )
     parser.add_argument(
+        "--max-change-ratio",
+        type=float,
+        default=2.0,
+        help="largest factor a silo's batch size may change by per round (default: 2.0)",
+    )
+    parser.add_argument(
         "--parallel", type=int, default=1, help="silos computing at once (default: 1)"
     )
     parser.add_argument(
@@ -79,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(simulate)
     compare = sub.add_parser("compare", help="run FedAvg and LB-BSP on the same setup")
     _add_run_flags(compare)
+    _add_cluster_parser(sub)
     _add_deploy_local(sub)
     return parser
 
@@ -130,6 +137,111 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
     )
 
 
+def _add_cluster_parser(sub: Any) -> None:
+    cluster = sub.add_parser(
+        "cluster", help="parameter-server mode: one synchronous iteration per round"
+    )
+    cluster.add_argument(
+        "--schemes",
+        default="bsp,lbbsp,lbbsp-naive",
+        help="comma-separated bsp | lbbsp | lbbsp-naive (default: all three)",
+    )
+    cluster.add_argument("--workers", type=int, default=4, help="workers (default: 4)")
+    cluster.add_argument(
+        "--speeds", type=_speeds, default=None, help="emulated capacity per worker, e.g. 4,2,1,1"
+    )
+    cluster.add_argument(
+        "--dataset", default="embedded", help="embedded | mnist:PATH | cifar10:PATH"
+    )
+    cluster.add_argument(
+        "--data", default="full", help="full | shard: where workers draw samples (default: full)"
+    )
+    cluster.add_argument("--iterations", type=int, default=100, help="iterations (default: 100)")
+    cluster.add_argument(
+        "--batch-size", type=int, default=64, help="initial batch per worker (default: 64)"
+    )
+    cluster.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
+    cluster.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default: 0)")
+    cluster.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
+    cluster.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    cluster.add_argument("--estimator", default="ema", help="ema | last | narx (default: ema)")
+    cluster.add_argument("--alpha", type=float, default=0.2, help="EMA weight (default: 0.2)")
+    cluster.add_argument(
+        "--allocator", default="linear", help="linear | proportional | iterative (default: linear)"
+    )
+    cluster.add_argument(
+        "--cost-model",
+        default=None,
+        help="emulated batch time 'm,b,C,x_max' of the fastest worker (default: real compute)",
+    )
+    cluster.add_argument(
+        "--wait", action="store_true", help="wait out the cost model's time (default: report it)"
+    )
+    cluster.add_argument(
+        "--eval-every", type=int, default=5, help="evaluate every N iterations (default: 5)"
+    )
+    cluster.add_argument(
+        "--parallel", type=int, default=1, help="workers computing at once (default: 1)"
+    )
+    cluster.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=None,
+        help="accuracy for 'iterations to target' (default: 95%% of BSP's final accuracy)",
+    )
+    cluster.add_argument("--out", type=Path, default=Path("runs/cluster"), help="output folder")
+    cluster.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
+    cluster.add_argument("--quiet", action="store_true", help="only print the summary")
+    cluster.add_argument("--verbose", action="store_true", help="also show Flower's own log")
+
+
+def _run_cluster(args: argparse.Namespace) -> int:
+    from .cluster import ClusterConfig, format_cluster_table, run_cluster, summarise_cluster
+
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    configs = {
+        scheme: ClusterConfig(
+            scheme=scheme,
+            workers=args.workers,
+            speeds=None if args.speeds is None else tuple(args.speeds),
+            dataset=args.dataset,
+            data=args.data,
+            iterations=args.iterations,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            momentum=args.momentum,
+            model=args.model,
+            seed=args.seed,
+            estimator=args.estimator,
+            alpha=args.alpha,
+            allocator=args.allocator,
+            cost_model=args.cost_model,
+            wait=args.wait,
+            eval_every=args.eval_every,
+            parallel=args.parallel,
+            out=args.out,
+        )
+        for scheme in schemes
+    }
+    events = {scheme: run_cluster(config) for scheme, config in configs.items()}
+    target = args.target_accuracy
+    if target is None:
+        reference = events.get("bsp") or next(iter(events.values()))
+        final = [e["accuracy"] for e in reference if e.get("event") == "evaluate"]
+        target = 0.95 * final[-1] if final else None
+    summaries = {s: summarise_cluster(ev, target_accuracy=target) for s, ev in events.items()}
+    print(format_cluster_table(summaries))
+    json_path = args.json or args.out / "cluster.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "config": configs[schemes[0]].model_dump(mode="json", exclude={"scheme"}),
+        "schemes": summaries,
+    }
+    json_path.write_text(json.dumps(report, indent=2))
+    print(f"report: {json_path}")
+    return 0
+
+
 def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
     from .simulation import SimulationConfig
 
@@ -148,6 +260,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         estimator=args.estimator,
         alpha=args.alpha,
         allocator=args.allocator,
+        max_change_ratio=args.max_change_ratio,
         parallel=args.parallel,
         out=out,
     )
@@ -156,8 +269,10 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
 def _validation_message(err: ValidationError) -> str:
     parts = []
     for item in err.errors():
-        field = ".".join(str(p) for p in item["loc"]) or "config"
-        flag = "--" + field.replace("_", "-") if item["loc"] else field
+        if not item["loc"]:  # a check across fields: its message names them
+            parts.append(str(item["msg"]).removeprefix("Value error, "))
+            continue
+        flag = "--" + ".".join(str(p) for p in item["loc"]).replace("_", "-")
         parts.append(f"{flag}: {item['msg']} (got {item.get('input')!r})")
     return "; ".join(parts)
 
@@ -231,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .datasets import DataSourceError
 
     try:
-        return _run(args)
+        return _run_cluster(args) if args.command == "cluster" else _run(args)
     except ValidationError as err:
         parser.error(_validation_message(err))
     except DataSourceError as err:

@@ -95,6 +95,7 @@ def summarise(
     ideal = cost.ideal(slowdowns, total)
     steady = [e for e in train if e["round"] >= steady_from] or train
     round_steady = float(np.mean([e["round_time"] for e in steady]))
+    round_median = float(np.median([e["round_time"] for e in steady]))
     elapsed, rounds, time_to_target = 0.0, [], None
     for event in train:
         elapsed += float(event["round_time"])
@@ -123,6 +124,8 @@ def summarise(
         "round_time_steady": round_steady,
         "ideal_round_time": ideal,
         "round_time_over_ideal": round_steady / ideal,
+        "round_time_steady_median": round_median,
+        "round_time_median_over_ideal": round_median / ideal,
         "idle_fraction_steady": float(np.mean([e["idle_fraction"] for e in steady])),
         "final_accuracy": accuracy.get(max(accuracy)) if accuracy else None,
         "best_accuracy": max(accuracy.values()) if accuracy else None,
@@ -172,6 +175,7 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
         ("mean round time, steady (s)", "round_time_steady", "{:.3f}"),
         ("ideal round time T* (s)", "ideal_round_time", "{:.3f}"),
         ("round time / T*", "round_time_over_ideal", "{:.3f}"),
+        ("median round time / T*", "round_time_median_over_ideal", "{:.3f}"),
         ("idle fraction, steady", "idle_fraction_steady", "{:.1%}"),
         ("max |B - proportional share|", "share_deviation_steady", "{:.1%}"),
         ("final accuracy", "final_accuracy", "{:.4f}"),

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .clients.app import SiloSetup, make_client_app, test_data
+from .clients.emulation import check_speeds, slowdowns_from_speeds
 from .clients.trainer import evaluate
-from .datasets import PartitionSpec, load_source
+from .datasets import ArrayDataset, PartitionSpec, load_source
 from .models import build_model
 from .strategies import LBBSPFedAvg
 from .telemetry import TelemetryWriter, read_telemetry
 
-__all__ = ["SimulationConfig", "run"]
+__all__ = ["SimulationConfig", "central_evaluation", "run", "run_engine", "start_telemetry"]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -53,7 +56,7 @@ class SimulationConfig(BaseModel):
         ``lenet5`` or ``mlp``.
     seed : int (default: 0)
         Seed of the data split, partitioning, model init and reshuffling.
-    estimator, alpha, allocator :
+    estimator, alpha, allocator, max_change_ratio :
         Balancer settings (see :class:`~fl_lbbsp.strategies.LBBSPFedAvg`).
     parallel : int (default: 1)
         Silos computing at the same time. 1 keeps the measured compute free of
@@ -78,10 +81,10 @@ class SimulationConfig(BaseModel):
     estimator: Literal["ema", "last"] = "ema"
     alpha: float = Field(default=0.2, gt=0, le=1)
     allocator: Literal["linear", "proportional"] = "linear"
+    max_change_ratio: float | None = Field(default=2.0, gt=1, allow_inf_nan=False)
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/simulate")
 
-    @field_validator("speeds")
     @classmethod
     def _positive_speeds(cls, speeds: tuple[float, ...] | None) -> tuple[float, ...] | None:
         if speeds is not None and any(not 0 < s < float("inf") for s in speeds):
@@ -96,19 +99,13 @@ class SimulationConfig(BaseModel):
 
     @model_validator(mode="after")
     def _speeds_per_silo(self) -> SimulationConfig:
-        if self.speeds is not None and len(self.speeds) != self.silos:
-            raise ValueError(
-                f"--speeds lists {len(self.speeds)} values but there are {self.silos} silos"
-            )
+        check_speeds(self.speeds, self.silos, "silos")
         return self
 
     @property
     def slowdowns(self) -> tuple[float, ...]:
-        """Emulated slowdown factor of each silo (1 for the fastest)."""
-        if self.speeds is None:
-            return (1.0,) * self.silos
-        fastest = max(self.speeds)
-        return tuple(fastest / s for s in self.speeds)
+        """Emulated slowdown factor of each of the silos (1 for the fastest)."""
+        return slowdowns_from_speeds(self.speeds, self.silos)
 
     def silo_setup(self) -> SiloSetup:
         """The data/model/emulation setup shared by every silo."""
@@ -136,6 +133,7 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         estimator=config.estimator,
         alpha=config.alpha,
         allocator=config.allocator,
+        max_change_ratio=config.max_change_ratio,
         telemetry_path=config.telemetry_path(),
         fraction_evaluate=0.0,
         min_train_nodes=config.silos,
@@ -156,32 +154,42 @@ def make_server_app(config: SimulationConfig) -> ServerApp:
             config.model, input_shape=test.input_shape, num_classes=test.num_classes
         )
         strategy = make_strategy(config)
-        x, y = torch.from_numpy(test.x), torch.from_numpy(test.y)
-
-        def evaluate_global(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-            model.load_state_dict(arrays.to_torch_state_dict())
-            loss, accuracy = evaluate(model, x, y)
-            strategy.telemetry.write(
-                {
-                    "event": "evaluate",
-                    "scheme": strategy.scheme,
-                    "round": server_round,
-                    "loss": loss,
-                    "accuracy": accuracy,
-                }
-            )
-            log.info("[%s] round %d | test accuracy %.4f", strategy.scheme, server_round, accuracy)
-            return MetricRecord({"loss": loss, "accuracy": accuracy})
-
         strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(model.state_dict()),
             num_rounds=config.rounds,
             train_config=ConfigRecord(),
-            evaluate_fn=evaluate_global,
+            evaluate_fn=central_evaluation(strategy, model, test),
         )
 
     return app
+
+
+def central_evaluation(
+    strategy: LBBSPFedAvg, model: torch.nn.Module, test: ArrayDataset, *, every: int = 1
+) -> Callable[[int, ArrayRecord], MetricRecord | None]:
+    """``evaluate_fn`` for ``strategy.start``: test accuracy of the global model every
+    ``every`` rounds (and round 0), logged and written to the strategy's telemetry."""
+    x, y = torch.from_numpy(test.x), torch.from_numpy(test.y)
+
+    def evaluate_global(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if server_round % every:
+            return None
+        model.load_state_dict(arrays.to_torch_state_dict())
+        loss, accuracy = evaluate(model, x, y)
+        strategy.telemetry.write(
+            {
+                "event": "evaluate",
+                "scheme": strategy.scheme,
+                "round": server_round,
+                "loss": loss,
+                "accuracy": accuracy,
+            }
+        )
+        log.info("[%s] round %d | test accuracy %.4f", strategy.scheme, server_round, accuracy)
+        return MetricRecord({"loss": loss, "accuracy": accuracy})
+
+    return evaluate_global
 
 
 def run(config: SimulationConfig) -> list[dict[str, object]]:
@@ -192,18 +200,36 @@ def run(config: SimulationConfig) -> list[dict[str, object]]:
     """
     load_source(config.dataset)  # fail fast on a bad dataset spec or path
     path = config.telemetry_path()
+    start_telemetry(path, config)
+    run_engine(
+        make_server_app(config),
+        make_client_app(config.silo_setup()),
+        num_supernodes=config.silos,
+        parallel=config.parallel,
+    )
+    return read_telemetry(path)
+
+
+def start_telemetry(path: Path, config: BaseModel) -> None:
+    """Start a fresh telemetry file at ``path`` with the run's config as first event."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     TelemetryWriter(path).write({"event": "config", **config.model_dump(mode="json")})
+
+
+def run_engine(
+    server_app: ServerApp, client_app: ClientApp, *, num_supernodes: int, parallel: int
+) -> None:
+    """Run a ServerApp and ClientApp on Flower's Simulation Engine (Ray), with
+    ``parallel`` ClientApps computing at once."""
     cpus = os.cpu_count() or 1
     backend_config = {
-        "client_resources": {"num_cpus": max(1, cpus // config.parallel), "num_gpus": 0.0},
+        "client_resources": {"num_cpus": cpus / parallel, "num_gpus": 0.0},
         "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": False},
     }
     run_simulation(
-        server_app=make_server_app(config),
-        client_app=make_client_app(config.silo_setup()),
-        num_supernodes=config.silos,
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=num_supernodes,
         backend_config=backend_config,  # type: ignore[arg-type]
     )
-    return read_telemetry(path)

@@ -35,3 +35,13 @@ def make_reply(content, *, node_id: int):  # type: ignore[no-untyped-def]
         message_type=MessageType.TRAIN,
     )
     return Message(content=content, metadata=metadata)
+
+
+class FakeGrid:
+    """The part of flwr's Grid that node sampling uses."""
+
+    def __init__(self, node_ids: list[int]) -> None:
+        self.node_ids = node_ids
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_ids)

@@ -334,10 +334,32 @@ def test_linear_minmax_matches_brute_force(problem: dict[str, object]) -> None:
     assert np.all(shares <= np.asarray(upper) + 1e-9)
     assert float(np.max(a * shares + b)) <= optimum + 1e-9
     assert t_star <= optimum + 1e-9
-    # ... and rounding costs at most one sample of the slowest per-sample cost
+    # ... and time-aware rounding reaches the integer optimum exactly
     assert sizes.sum() == total
     assert np.all((sizes >= np.asarray(lower)) & (sizes <= np.asarray(upper)))
-    assert float(np.max(a * sizes + b)) <= optimum + float(np.max(a)) + 1e-9
+    assert float(np.max(a * sizes + b)) == pytest.approx(optimum, rel=1e-12, abs=1e-12)
+    # ... while largest-remainder rounding may cost up to one sample of the slowest cost
+    by_remainder = linear_minmax(a, b, total, lower=lower, upper=upper, rounding="remainder")
+    assert by_remainder.sum() == total
+    assert float(np.max(a * by_remainder + b)) <= optimum + float(np.max(a)) + 1e-9
+
+
+def test_time_rounding_gives_leftover_units_to_the_silo_they_slow_least() -> None:
+    # Prepare: shares 0.375, 0.75, 4.875 of 6; the fast silo absorbs a unit at 1/13 s
+    speeds = np.array([1.0, 2.0, 13.0])
+
+    # Execute
+    by_time = linear_minmax(1.0 / speeds, np.zeros(3), 6)
+    by_remainder = linear_minmax(1.0 / speeds, np.zeros(3), 6, rounding="remainder")
+
+    # Assert: 6/13 s beats the largest-remainder split's 1/2 s
+    assert by_time.tolist() == [0, 0, 6]
+    assert by_remainder.tolist() == [0, 1, 5]
+
+
+def test_linear_minmax_rejects_unknown_rounding() -> None:
+    with pytest.raises(ValueError, match="rounding"):
+        linear_minmax([1.0, 1.0], [0.0, 0.0], 4, rounding="nearest")  # type: ignore[arg-type]
 
 
 @settings(max_examples=150, deadline=None)

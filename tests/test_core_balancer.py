@@ -209,6 +209,74 @@ def test_silo_reporting_ten_times_faster_gets_bigger_batch() -> None:
     assert sum(after.values()) == 64
 
 
+@pytest.mark.parametrize(("ratio", "expected"), [(2.0, (48, 16)), (1.5, (42, 22)), (None, (62, 2))])
+def test_change_limit_bounds_a_silo_claiming_a_hundred_times_its_speed(
+    ratio: float | None, expected: tuple[int, int]
+) -> None:
+    # Prepare: two equal silos, two honest rounds each
+    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=ratio)
+    for _ in range(2):
+        for silo in ("a", "b"):
+            balancer.report(silo, SiloReport(batch_size=32, train_time=1.0))
+
+    # Execute: a claims 100x its speed, twice in a row
+    sizes = []
+    for _ in range(2):
+        balancer.report("a", SiloReport(batch_size=32, train_time=0.01))
+        balancer.report("b", SiloReport(batch_size=32, train_time=1.0))
+        sizes.append(balancer.allocate(["a", "b"]))
+
+    # Assert: no batch moves past the ratio from the 32 last reported (b's floor binds a)
+    assert (sizes[-1]["a"], sizes[-1]["b"]) == expected
+    for got in sizes:
+        assert sum(got.values()) == 64
+        if ratio is not None:
+            assert 32 / ratio <= got["b"] and got["a"] <= 32 * ratio
+
+
+def test_first_report_moves_a_silo_freely_despite_the_change_limit() -> None:
+    # Prepare
+    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=1.5)
+
+    # Execute: one report each, a is 7x as fast
+    balancer.report("a", SiloReport(batch_size=32, train_time=1.0))
+    balancer.report("b", SiloReport(batch_size=32, train_time=7.0))
+    sizes = balancer.allocate(["a", "b"])
+
+    # Assert: the proportional 7:1 split of 64
+    assert sizes == {"a": 56, "b": 8}
+
+
+def test_change_limit_is_dropped_when_it_makes_the_total_unreachable() -> None:
+    # Prepare: both silos reported running only 10 samples per step, twice
+    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=2.0)
+    for _ in range(2):
+        for silo in ("a", "b"):
+            balancer.report(silo, SiloReport(batch_size=10, train_time=1.0))
+
+    # Execute: within 2x of 10 the total 64 is out of reach
+    sizes = balancer.allocate(["a", "b"])
+
+    # Assert: the total wins
+    assert sizes == {"a": 32, "b": 32}
+
+
+def test_memory_cap_wins_over_the_change_limit() -> None:
+    # Prepare: a ran 40 per step, then reports a memory cap of 12
+    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=2.0)
+    balancer.report("a", SiloReport(batch_size=40, train_time=1.0))
+    balancer.report("b", SiloReport(batch_size=24, train_time=1.0))
+    balancer.report("a", SiloReport(batch_size=40, train_time=1.0, max_batch_size=12))
+    balancer.report("b", SiloReport(batch_size=24, train_time=1.0))
+
+    # Execute
+    sizes = balancer.allocate(["a", "b", "c"])
+
+    # Assert: a is held at its cap although 40 / 2 = 20 would be the change limit
+    assert sizes["a"] == 12
+    assert sum(sizes.values()) == 96
+
+
 def test_samples_processed_define_speed() -> None:
     # Prepare: same batch size and time, but a ran twice the local steps
     balancer = BatchSizeBalancer(initial_batch_size=30)
@@ -373,12 +441,14 @@ def test_caps_below_total_give_every_capped_silo_its_cap() -> None:
         ({"initial_batch_size": 2.5}, "2.5"),
         ({"initial_batch_size": True}, "True"),
         ({"initial_batch_size": 8, "allocator": "greedy"}, "'greedy'"),
-        ({"initial_batch_size": 8, "estimator": "narx"}, "'narx'"),
+        ({"initial_batch_size": 8, "estimator": "arima"}, "'arima'"),
         ({"initial_batch_size": 8, "alpha": 1.5}, "1.5"),
         ({"initial_batch_size": 8, "min_batch_size": 0}, "0"),
         ({"initial_batch_size": 8, "max_batch_size": 2, "min_batch_size": 4}, "2"),
         ({"initial_batch_size": 8, "history": 0}, "0"),
         ({"initial_batch_size": 8, "min_fit_spread": -0.1}, "-0.1"),
+        ({"initial_batch_size": 8, "max_change_ratio": 1.0}, "1.0"),
+        ({"initial_batch_size": 8, "max_change_ratio": math.nan}, "nan"),
     ],
     ids=[
         "B-zero",
@@ -392,6 +462,8 @@ def test_caps_below_total_give_every_capped_silo_its_cap() -> None:
         "max<min",
         "history",
         "spread",
+        "change-ratio-1",
+        "change-ratio-nan",
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs: dict[str, object], named: str) -> None:

@@ -43,3 +43,37 @@ def test_lbbsp_simulation_balances_emulated_silos(tmp_path) -> None:  # type: ig
     assert summary["emulated"] is True
     assert summary["idle_fraction_steady"] < train[0]["idle_fraction"]
     assert 0.0 <= summary["final_accuracy"] <= 1.0
+
+
+def test_cluster_simulation_balances_cost_model_workers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: 4 workers of emulated capacity 4:2:1:1 on a GPU-shaped cost model
+    from fl_lbbsp.cluster import ClusterConfig, run_cluster, summarise_cluster
+
+    config = ClusterConfig(
+        scheme="lbbsp",
+        workers=4,
+        speeds=(4.0, 2.0, 1.0, 1.0),
+        iterations=5,
+        batch_size=32,
+        lr=0.05,
+        model="mlp",
+        cost_model="0.01,0.05,0.1,200",
+        eval_every=5,
+        out=tmp_path,
+    )
+
+    # Execute
+    events = run_cluster(config)
+    summary = summarise_cluster(events, target_accuracy=0.0)
+
+    # Assert: the global batch stays 128; after the first report the batch sizes follow
+    # the emulated capacities; the messaging overhead is measured every iteration
+    train = [e for e in events if e["event"] == "train"]
+    assert [e["round"] for e in train] == [1, 2, 3, 4, 5]
+    assert all(sum(s["batch-size"] for s in e["silos"].values()) == 128 for e in train)
+    last = train[-1]["silos"]
+    assert last["0"]["batch-size"] > last["1"]["batch-size"] > last["2"]["batch-size"]
+    assert train[-1]["round_time"] < train[0]["round_time"]
+    assert all(e["overhead"] is not None and e["overhead"] >= 0 for e in train)
+    assert summary["iterations_to_target"] == 0 and summary["time_to_target"] == 0.0
+    assert 0 < summary["overhead_share"] < 1

@@ -6,23 +6,13 @@ import json
 
 import numpy as np
 import pytest
-from conftest import make_reply
+from conftest import FakeGrid, make_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from pydantic import ValidationError
 
 from fl_lbbsp.strategies import LBBSPFedAvg
 
 pytestmark = pytest.mark.usefixtures("flower_task")
-
-
-class FakeGrid:
-    """The part of flwr's Grid that node sampling uses."""
-
-    def __init__(self, node_ids: list[int]) -> None:
-        self.node_ids = node_ids
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.node_ids)
 
 
 def _reply(

@@ -1,10 +1,12 @@
 """The silo side: sampler, trainer, slowdown emulation and the Flower ClientApp."""
 
-from .emulation import SlowdownSchedule, emulate_slowdown
+from .emulation import CostModel, OutOfMemoryError, SlowdownSchedule, emulate_slowdown
 from .sampler import ResizableBatchSampler, check_batch_size
 from .trainer import TrainerConfig, TrainResult, evaluate, machine_usage, train_local
 
 __all__ = [
+    "CostModel",
+    "OutOfMemoryError",
     "ResizableBatchSampler",
     "SlowdownSchedule",
     "TrainResult",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from functools import lru_cache
 
 import numpy as np
@@ -114,7 +115,9 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
     ``max-batch-size``) from its node_config, trains exactly tau steps with the batch size
     in the train message, and replies with its parameters and the MetricRecord of the
     contract (:class:`~fl_lbbsp.contract.RecordKeys`), plus ``compute-time`` (the real,
-    unemulated seconds), ``slowdown`` (the emulated factor k) and ``train-loss``.
+    unemulated seconds), ``busy-time`` (real seconds in the handler, emulated wait
+    included: the server's wall time beyond it is messaging), ``slowdown`` (the emulated
+    factor k) and ``train-loss``.
     """
     app = ClientApp()
     keys = setup.keys
@@ -129,6 +132,7 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
+        started = time.perf_counter()
         config = msg.content["config"]
         instructions = TrainerConfig(
             batch_size=int(config[keys.batch_size]),
@@ -165,6 +169,7 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
                 keys.memory_percent: memory,
                 keys.max_batch_size: int(context.node_config.get(keys.max_batch_size, 0)),
                 "compute-time": result.compute_time,
+                "busy-time": time.perf_counter() - started,
                 "slowdown": factor,
                 "train-loss": result.loss,
             }

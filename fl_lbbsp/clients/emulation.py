@@ -11,7 +11,16 @@ import math
 import time
 from collections.abc import Callable
 
-__all__ = ["SlowdownSchedule", "emulate_slowdown"]
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "CostModel",
+    "OutOfMemoryError",
+    "SlowdownSchedule",
+    "check_speeds",
+    "emulate_slowdown",
+    "slowdowns_from_speeds",
+]
 
 
 class SlowdownSchedule:
@@ -77,3 +86,90 @@ def emulate_slowdown(
     if factor > 1.0:
         sleep((factor - 1.0) * compute_time)
     return factor * compute_time
+
+
+class OutOfMemoryError(MemoryError):
+    """A cost-model worker was asked for a batch above its memory cap x_max."""
+
+
+class CostModel(BaseModel):
+    """Emulated batch time of a GPU-like worker: ``t(x) = max(C, m * x + b)``.
+
+    The shape of the paper's Fig. 4: a floor ``C`` while the device is not saturated, a
+    linear cost beyond, and an out-of-memory error above ``x_max``. Alg. 2 and the
+    linear allocator can be tested and demonstrated with it on a CPU-only machine.
+
+    Parameters
+    ----------
+    per_sample : float
+        m, seconds per sample once saturated.
+    fixed : float (default: 0.0)
+        b, seconds per batch (launch overhead).
+    floor : float (default: 0.0)
+        C, the smallest batch time (saturation).
+    max_batch_size : int | None (default: None)
+        x_max; a larger batch raises :class:`OutOfMemoryError`.
+
+    Reference: Chen et al., IEEE TCC 2021, Sec. 3.3.1 and Fig. 4.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    per_sample: float = Field(gt=0, allow_inf_nan=False)
+    fixed: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    floor: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    max_batch_size: int | None = Field(default=None, gt=0)
+
+    @classmethod
+    def parse(cls, text: str) -> CostModel:
+        """Parse ``"m"``, ``"m,b"``, ``"m,b,C"`` or ``"m,b,C,x_max"`` (seconds, samples)."""
+        parts = [p.strip() for p in str(text).split(",")]
+        names = ["per_sample", "fixed", "floor", "max_batch_size"]
+        if not 1 <= len(parts) <= 4 or not all(parts):
+            raise ValueError(f"invalid cost model {text!r}: expected 'm[,b[,C[,x_max]]]'")
+        try:
+            values: dict[str, float | int] = {
+                name: (int(p) if name == "max_batch_size" else float(p))
+                for name, p in zip(names, parts, strict=False)
+            }
+        except ValueError:
+            raise ValueError(
+                f"invalid cost model {text!r}: expected numbers 'm[,b[,C[,x_max]]]'"
+            ) from None
+        return cls(**values)  # type: ignore[arg-type]
+
+    def scaled(self, factor: float) -> CostModel:
+        """The same device ``factor`` times slower (memory cap unchanged)."""
+        return self.model_copy(
+            update={
+                "per_sample": self.per_sample * factor,
+                "fixed": self.fixed * factor,
+                "floor": self.floor * factor,
+            }
+        )
+
+    def time(self, batch_size: int) -> float:
+        """Batch time of ``batch_size`` samples; OutOfMemoryError above x_max."""
+        if self.max_batch_size is not None and batch_size > self.max_batch_size:
+            raise OutOfMemoryError(
+                f"batch size {batch_size} exceeds this worker's memory cap {self.max_batch_size}"
+            )
+        return max(self.floor, self.per_sample * batch_size + self.fixed)
+
+
+def check_speeds(speeds: tuple[float, ...] | None, count: int, what: str) -> None:
+    """ValueError unless ``speeds`` is None or ``count`` finite positive capacities."""
+    if speeds is None:
+        return
+    if any(not 0 < s < math.inf for s in speeds):
+        raise ValueError(f"every speed must be a finite positive number, got {list(speeds)}")
+    if len(speeds) != count:
+        raise ValueError(f"--speeds lists {len(speeds)} values but there are {count} {what}")
+
+
+def slowdowns_from_speeds(speeds: tuple[float, ...] | None, count: int) -> tuple[float, ...]:
+    """Emulated slowdown factor of each of ``count`` machines (1 for the fastest)."""
+    if speeds is None:
+        return (1.0,) * count
+    fastest = max(speeds)
+    return tuple(fastest / s for s in speeds)

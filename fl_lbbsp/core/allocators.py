@@ -13,9 +13,13 @@ both go through the same solver and the same rounding.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_total
+
+Rounding = Literal["time", "remainder"]
 
 __all__ = [
     "fit_linear_cost",
@@ -112,12 +116,16 @@ def linear_minmax(
     *,
     lower: ArrayLike | None = None,
     upper: ArrayLike | None = None,
+    rounding: Rounding = "time",
 ) -> IntArray:
     """Integer batch sizes minimising the slowest silo's time for linear costs.
 
     Solves ``min max_i (a_i * x_i + b_i)`` s.t. ``sum x_i = total`` and the bounds
-    exactly over the reals (:func:`linear_minmax_continuous`), then rounds with
-    :func:`~fl_lbbsp.core.rounding.round_to_total`, keeping the total and every bound.
+    exactly: over the reals (:func:`linear_minmax_continuous`), then rounded by time
+    with :func:`~fl_lbbsp.core.rounding.round_to_total`, which gives each leftover unit to
+    the silo it slows least; the result is the integer min-max, with the total and every
+    bound kept. ``rounding="remainder"`` rounds by largest remainder instead, which keeps
+    every silo within one sample of its real share at a slightly longer round.
 
     Parameters
     ----------
@@ -131,13 +139,21 @@ def linear_minmax(
         Per-silo minimum batch size (rounded up); ``None`` means 0.
     upper : sequence of float | None (default: None)
         Per-silo maximum batch size (rounded down); ``None`` means unbounded.
+    rounding : {"time", "remainder"} (default: "time")
+        How the real solution is made integer (see above).
 
     Reference: Chen et al., SoCC 2020, Sec. 3.3; Yang et al., BOA.
     """
     n = len(np.asarray(a))
     lo, hi = integer_bounds(n, lower=lower, upper=upper)
     x, _ = linear_minmax_continuous(a, b, float(total), lower=lo, upper=hi.astype(np.float64))
-    return round_to_total(x, total, lower=lo, upper=hi)
+    if rounding == "remainder":
+        return round_to_total(x, total, lower=lo, upper=hi)
+    if rounding != "time":
+        raise ValueError(f"unknown rounding {rounding!r}; expected 'time' or 'remainder'")
+    return round_to_total(
+        x, total, lower=lo, upper=hi, slope=a, intercept=np.asarray(b, dtype=np.float64)
+    )
 
 
 def proportional(
@@ -150,7 +166,8 @@ def proportional(
     """Batch sizes proportional to predicted speed: ``x_i = v_i / sum_j v_j * X``.
 
     With bounds, silos held at a bound keep it and the rest is split proportionally,
-    which is the min-max solution for costs ``x_i / v_i``.
+    which is the min-max solution for costs ``x_i / v_i``; the shares are rounded by
+    largest remainder (Alg. 1 line 6), so each is within one sample of ``v_i / sum v * X``.
 
     Parameters
     ----------
@@ -166,7 +183,9 @@ def proportional(
     Reference: Chen et al., IEEE TCC 2021, Alg. 1.
     """
     v = _positive_finite("speeds", speeds)
-    return linear_minmax(1.0 / v, np.zeros_like(v), total, lower=lower, upper=upper)
+    return linear_minmax(
+        1.0 / v, np.zeros_like(v), total, lower=lower, upper=upper, rounding="remainder"
+    )
 
 
 def ideal_round_time(a: ArrayLike, b: ArrayLike, total: float) -> float:

@@ -23,10 +23,12 @@ import numpy as np
 
 from .allocators import fit_linear_cost, linear_minmax, proportional
 from .estimators import SpeedEstimator, estimator_from_state, make_estimator
+from .iterative import IterativeAllocator
 
 __all__ = ["BatchSizeBalancer", "InvalidReportError", "SiloReport"]
 
-Allocator = Literal["proportional", "linear"]
+Allocator = Literal["proportional", "linear", "iterative"]
+ALLOCATORS: tuple[str, ...] = ("proportional", "linear", "iterative")
 
 
 class InvalidReportError(ValueError):
@@ -96,6 +98,7 @@ class _SiloState:
     max_batch_size: int | None = None
     steps: float = 1.0
     last: dict[str, Any] = field(default_factory=dict)
+    reports: int = 0
 
 
 class BatchSizeBalancer:
@@ -107,10 +110,11 @@ class BatchSizeBalancer:
         B_init: every silo's batch size before any report; the total per round is
         ``X = n * B_init`` for the n silos of the round.
     estimator : str (default: "ema")
-        Speed predictor, ``"ema"`` or ``"last"``.
+        Speed predictor, ``"ema"``, ``"last"`` or ``"narx"`` (Sec. 3.2.2; torch is
+        needed to train it).
     alpha : float (default: 0.2)
         EMA weight of the latest observation, in (0, 1].
-    allocator : {"proportional", "linear"} (default: "proportional")
+    allocator : {"proportional", "linear", "iterative"} (default: "proportional")
         ``"proportional"``: Alg. 1, batch size proportional to predicted speed.
         ``"linear"``: fit ``t_i = a_i * B + b_i`` per silo from its recent
         (batch size, time) pairs, weighted ``(1 - alpha)^age`` like the EMA, and solve the
@@ -118,6 +122,9 @@ class BatchSizeBalancer:
         uses ``a_i = steps / v_i, b_i = 0`` from its predicted speed. Use it when a fixed
         per-round cost (per-step overhead, encryption) is large against the
         per-sample cost, where proportional allocation settles only slowly.
+        ``"iterative"``: Alg. 2, moving a few samples per round from the slowest silo
+        to the fastest (:class:`~fl_lbbsp.core.iterative.IterativeAllocator`), for
+        costs of any monotone shape (GPU saturation, launch overhead).
     min_batch_size : int (default: 1)
         Smallest batch size handed to any silo.
     max_batch_size : int | None (default: None)
@@ -127,6 +134,16 @@ class BatchSizeBalancer:
     min_fit_spread : float (default: 0.1)
         The linear allocator fits a silo only when its recent batch sizes spread by at
         least this fraction of their mean; otherwise it uses the silo's predicted speed.
+    max_change_ratio : float | None (default: None)
+        If set (> 1), once a silo has reported twice its next batch size stays within
+        ``[B / r, B * r]`` of the batch size it last reported, so one noisy or false
+        report cannot swing it (its first report moves it freely from B_init); the limit
+        is dropped for a round in which it would make the total unreachable. ``None``: no
+        limit.
+    estimator_options : dict | None (default: None)
+        Extra arguments of each silo's estimator (for ``"narx"``: ``warmup``, ...).
+    allocator_options : dict | None (default: None)
+        Extra arguments of the ``"iterative"`` allocator (``step``, ``window``, ...).
     """
 
     def __init__(
@@ -140,6 +157,9 @@ class BatchSizeBalancer:
         max_batch_size: int | None = None,
         history: int = 20,
         min_fit_spread: float = 0.1,
+        max_change_ratio: float | None = None,
+        estimator_options: dict[str, Any] | None = None,
+        allocator_options: dict[str, Any] | None = None,
     ) -> None:
         _check_positive_int("initial_batch_size", initial_batch_size)
         _check_positive_int("min_batch_size", min_batch_size)
@@ -150,11 +170,14 @@ class BatchSizeBalancer:
                 raise ValueError(
                     f"max_batch_size {max_batch_size} is below min_batch_size {min_batch_size}"
                 )
-        if allocator not in ("proportional", "linear"):
-            raise ValueError(
-                f"unknown allocator {allocator!r}; expected 'proportional' or 'linear'"
-            )
-        make_estimator(estimator, alpha=alpha)  # validates name and alpha
+        if allocator not in ALLOCATORS:
+            raise ValueError(f"unknown allocator {allocator!r}; expected one of {ALLOCATORS}")
+        self.estimator_options = dict(estimator_options or {})
+        self.allocator_options = dict(allocator_options or {})
+        # Validates the names and options.
+        make_estimator(estimator, alpha=alpha, options=self.estimator_options)
+        self._iterative = IterativeAllocator(**self.allocator_options)
+        self._stepped: dict[str, int] = {}
         self.initial_batch_size = int(initial_batch_size)
         self.estimator = estimator
         self.alpha = float(alpha)
@@ -165,6 +188,13 @@ class BatchSizeBalancer:
         if not math.isfinite(min_fit_spread) or min_fit_spread < 0:
             raise ValueError(f"min_fit_spread must be >= 0, got {min_fit_spread!r}")
         self.min_fit_spread = float(min_fit_spread)
+        if max_change_ratio is not None and (
+            isinstance(max_change_ratio, bool)
+            or not math.isfinite(max_change_ratio)
+            or max_change_ratio <= 1
+        ):
+            raise ValueError(f"max_change_ratio must be > 1 or None, got {max_change_ratio!r}")
+        self.max_change_ratio = None if max_change_ratio is None else float(max_change_ratio)
         self._silos: dict[str, _SiloState] = {}
 
     # ------------------------------------------------------------------ reports
@@ -178,7 +208,10 @@ class BatchSizeBalancer:
         """
         report.validate()
         state = self._state(silo_id)
-        state.estimator.update(report.speed)
+        state.estimator.update(
+            report.speed, cpu_percent=report.cpu_percent, memory_percent=report.memory_percent
+        )
+        state.reports += 1
         state.history.append((int(report.batch_size), float(report.train_time)))
         state.steps = report.steps
         if report.max_batch_size is not None:
@@ -215,9 +248,12 @@ class BatchSizeBalancer:
         lower = np.full(n, float(self.min_batch_size))
         upper = np.array([self._upper(i) for i in ids])
         total = int(np.clip(self.total_batch_size(n), lower.sum(), upper.sum()))
+        lower, upper = self._change_limits(ids, total, lower, upper)
         speeds = self._speeds(ids)
         if speeds is None:
             sizes = proportional(np.ones(n), total, lower=lower, upper=upper)
+        elif self.allocator == "iterative":
+            return self._iterate(ids, total, lower, upper, speeds)
         elif self.allocator == "linear":
             a, b = self._linear_costs(ids, speeds)
             sizes = linear_minmax(a, b, total, lower=lower, upper=upper)
@@ -238,7 +274,11 @@ class BatchSizeBalancer:
                 "max_batch_size": self.max_batch_size,
                 "history": self.history,
                 "min_fit_spread": self.min_fit_spread,
+                "max_change_ratio": self.max_change_ratio,
+                "estimator_options": self.estimator_options,
+                "allocator_options": self.allocator_options,
             },
+            "iterative": {"allocator": self._iterative.state(), "stepped": self._stepped},
             "silos": {
                 silo: {
                     "estimator": state.estimator.state(),
@@ -246,6 +286,7 @@ class BatchSizeBalancer:
                     "max_batch_size": state.max_batch_size,
                     "steps": state.steps,
                     "last": state.last,
+                    "reports": state.reports,
                 }
                 for silo, state in self._silos.items()
             },
@@ -268,7 +309,11 @@ class BatchSizeBalancer:
                 max_batch_size=saved["max_batch_size"],
                 steps=float(saved["steps"]),
                 last=dict(saved.get("last", {})),
+                reports=int(saved.get("reports", len(saved["history"]))),
             )
+        if "iterative" in state:
+            balancer._iterative = IterativeAllocator.from_state(state["iterative"]["allocator"])
+            balancer._stepped = {str(k): int(v) for k, v in state["iterative"]["stepped"].items()}
         return balancer
 
     @classmethod
@@ -280,7 +325,9 @@ class BatchSizeBalancer:
     def _state(self, silo_id: str) -> _SiloState:
         if silo_id not in self._silos:
             self._silos[silo_id] = _SiloState(
-                estimator=make_estimator(self.estimator, alpha=self.alpha),
+                estimator=make_estimator(
+                    self.estimator, alpha=self.alpha, options=self.estimator_options
+                ),
                 history=deque(maxlen=self.history),
             )
         return self._silos[silo_id]
@@ -289,6 +336,65 @@ class BatchSizeBalancer:
         caps = [c for c in (self.max_batch_size, self._cap_of(silo_id)) if c is not None]
         # A cap below the smallest batch size cannot be honoured: the minimum wins.
         return float(max(min(caps), self.min_batch_size)) if caps else math.inf
+
+    def _iterate(
+        self,
+        ids: list[str],
+        total: int,
+        lower: np.ndarray,
+        upper: np.ndarray,
+        speeds: np.ndarray | None,
+    ) -> dict[str, int]:
+        """Alg. 2: one leader/straggler step per round of fresh reports from every silo."""
+        allocator = self._iterative
+        if (
+            set(ids) != set(allocator.sizes)
+            or speeds is None
+            or not all(self._reported(i) for i in ids)
+        ):
+            # First round, or silos joined or left: restart from a proportional split.
+            start = proportional(
+                np.ones(len(ids)) if speeds is None else speeds, total, lower=lower, upper=upper
+            )
+            allocator.reset(dict(zip(ids, (int(x) for x in start), strict=True)))
+            self._stepped = {i: self._silos[i].reports for i in ids if i in self._silos}
+            return {i: allocator.sizes[i] for i in ids}
+        fresh = all(self._silos[i].reports > self._stepped.get(i, 0) for i in ids)
+        if fresh:
+            allocator.update(
+                {i: self._silos[i].history[-1][1] for i in ids},
+                memory={i: self._silos[i].last.get("memory_percent") for i in ids},
+                upper=dict(zip(ids, upper.tolist(), strict=True)),
+                lower=dict(zip(ids, lower.tolist(), strict=True)),
+            )
+            self._stepped = {i: self._silos[i].reports for i in ids}
+        return {i: allocator.sizes[i] for i in ids}
+
+    def _reported(self, silo_id: str) -> bool:
+        state = self._silos.get(silo_id)
+        return state is not None and state.reports > 0
+
+    def _change_limits(
+        self, ids: Sequence[str], total: int, lower: np.ndarray, upper: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Narrow the bounds to ``max_change_ratio`` around each silo's last batch size."""
+        ratio = self.max_change_ratio
+        if ratio is None:
+            return lower, upper
+        last = [self._silos[i].history[-1][0] if self._settled(i) else None for i in ids]
+        lo, hi = lower.copy(), upper.copy()
+        for k, b in enumerate(last):
+            if b is not None:
+                # A memory cap still wins over the change limit.
+                lo[k] = min(max(lower[k], math.ceil(b / ratio)), upper[k])
+                hi[k] = max(min(upper[k], math.floor(b * ratio)), lo[k])
+        if lo.sum() > total or hi.sum() < total:
+            return lower, upper
+        return lo, hi
+
+    def _settled(self, silo_id: str) -> bool:
+        state = self._silos.get(silo_id)
+        return state is not None and len(state.history) >= 2
 
     def _cap_of(self, silo_id: str) -> int | None:
         state = self._silos.get(silo_id)

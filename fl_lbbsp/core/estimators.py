@@ -5,7 +5,8 @@ round (samples per second), ``predict`` the speed of the next one. The state of 
 small JSON-able dict so the balancer can checkpoint and resume.
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated Environments",
-IEEE TCC 2021, Sec. 3.2.2 (last value, EMA) and Sec. 3.5 (EMA for cross-silo FL).
+IEEE TCC 2021, Sec. 3.2.2 (last value, EMA, NARX in :mod:`.narx`) and Sec. 3.5 (EMA for
+cross-silo FL).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "ESTIMATORS",
     "EMAEstimator",
     "LastValueEstimator",
     "SpeedEstimator",
@@ -35,8 +37,15 @@ class SpeedEstimator(Protocol):
 
     name: str
 
-    def update(self, speed: float) -> None:
-        """Record the speed (samples per second) observed in the last round."""
+    def update(
+        self,
+        speed: float,
+        *,
+        cpu_percent: float | None = None,
+        memory_percent: float | None = None,
+    ) -> None:
+        """Record the speed (samples per second) observed in the last round, and the
+        machine's CPU and memory use during it (used by predictors that model them)."""
 
     def predict(self) -> float | None:
         """Predicted speed for the next round, ``None`` before any observation."""
@@ -56,8 +65,14 @@ class LastValueEstimator:
     def __init__(self, *, value: float | None = None) -> None:
         self._value = None if value is None else _check_speed(value)
 
-    def update(self, speed: float) -> None:
-        """Record the speed observed in the last round."""
+    def update(
+        self,
+        speed: float,
+        *,
+        cpu_percent: float | None = None,
+        memory_percent: float | None = None,
+    ) -> None:
+        """Record the speed observed in the last round (CPU and memory are ignored)."""
         self._value = _check_speed(speed)
 
     def predict(self) -> float | None:
@@ -92,8 +107,15 @@ class EMAEstimator:
         self.alpha = float(alpha)
         self._value = None if value is None else _check_speed(value)
 
-    def update(self, speed: float) -> None:
-        """Blend the speed observed in the last round into the average."""
+    def update(
+        self,
+        speed: float,
+        *,
+        cpu_percent: float | None = None,
+        memory_percent: float | None = None,
+    ) -> None:
+        """Blend the speed observed in the last round into the average (CPU and memory
+        are ignored)."""
         value = _check_speed(speed)
         if self._value is None:
             self._value = value
@@ -109,21 +131,34 @@ class EMAEstimator:
         return {"name": self.name, "alpha": self.alpha, "value": self._value}
 
 
-def make_estimator(name: str, *, alpha: float = 0.2) -> SpeedEstimator:
+ESTIMATORS = ("ema", "last", "narx")
+
+
+def make_estimator(
+    name: str, *, alpha: float = 0.2, options: dict[str, Any] | None = None
+) -> SpeedEstimator:
     """Build an estimator by name.
 
     Parameters
     ----------
     name : str
-        ``"ema"`` or ``"last"``.
+        ``"ema"``, ``"last"`` or ``"narx"``.
     alpha : float (default: 0.2)
-        EMA weight of the latest observation (ignored by ``"last"``).
+        EMA weight of the latest observation (``"ema"``, and ``"narx"`` before warm-up).
+    options : dict | None (default: None)
+        Extra keyword arguments of the estimator (for ``"narx"``: ``warmup``, ``hidden``,
+        ...; see :class:`~fl_lbbsp.core.narx.NARXEstimator`).
     """
+    extra = dict(options or {})
     if name == "ema":
-        return EMAEstimator(alpha=alpha)
+        return EMAEstimator(alpha=alpha, **extra)
     if name == "last":
-        return LastValueEstimator()
-    raise ValueError(f"unknown speed estimator {name!r}; expected 'ema' or 'last'")
+        return LastValueEstimator(**extra)
+    if name == "narx":
+        from .narx import NARXEstimator
+
+        return NARXEstimator(alpha=alpha, **extra)
+    raise ValueError(f"unknown speed estimator {name!r}; expected one of {ESTIMATORS}")
 
 
 def estimator_from_state(state: dict[str, Any]) -> SpeedEstimator:
@@ -133,4 +168,8 @@ def estimator_from_state(state: dict[str, Any]) -> SpeedEstimator:
         return EMAEstimator(alpha=float(state["alpha"]), value=value)
     if state["name"] == "last":
         return LastValueEstimator(value=value)
+    if state["name"] == "narx":
+        from .narx import NARXEstimator
+
+        return NARXEstimator.from_state(state)
     raise ValueError(f"unknown speed estimator {state['name']!r} in saved state")

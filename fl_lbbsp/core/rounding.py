@@ -6,6 +6,7 @@ sum x_i = X").
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,13 +58,22 @@ def round_to_total(
     *,
     lower: ArrayLike | None = None,
     upper: ArrayLike | None = None,
+    slope: ArrayLike | None = None,
+    intercept: ArrayLike | None = None,
 ) -> IntArray:
     """Round real shares to integers summing exactly to ``total`` within the bounds.
 
-    Largest-remainder rounding: every share is clipped to its bounds and floored, then
-    the missing units go to the silos with the largest fractional parts (or, when
-    clipping left too many, are taken from those with the smallest), never crossing a
-    bound. Ties go to the lower index, so the result is deterministic.
+    Every share is clipped to its bounds and floored; the missing units then go, one at
+    a time, to the silos with the largest fractional parts (largest-remainder rounding),
+    or, when ``slope`` is given, to the silo whose time ``slope_i * (r_i + 1) +
+    intercept_i`` after taking the unit is smallest, so that a unit costs the slowest
+    silo as little time as possible. When clipping left too many units they are taken
+    from the smallest fractional parts (largest times). No bound is ever crossed; ties
+    go to the lower index, so the result is deterministic.
+
+    Time-aware rounding of the continuous min-max optimum is the exact integer min-max:
+    every unit below the floor of the optimum costs at most its round time, every other
+    unit more, so greedily adding the cheapest units picks the cheapest set.
 
     Parameters
     ----------
@@ -75,6 +85,10 @@ def round_to_total(
         Per-silo lower bounds (rounded up); ``None`` means 0.
     upper : sequence of float | None (default: None)
         Per-silo upper bounds (rounded down); ``None`` means unbounded.
+    slope : sequence of float | None (default: None)
+        Per-unit time ``a_i`` of each silo: round by time instead of by remainder.
+    intercept : sequence of float | None (default: None)
+        Fixed time ``b_i`` of each silo (0 when ``None``); used only with ``slope``.
 
     Returns
     -------
@@ -107,24 +121,47 @@ def round_to_total(
         )
     clipped = np.clip(values, lo, hi)
     result = np.clip(np.floor(clipped), lo, hi).astype(np.int64)
-    fraction = clipped - result
     missing = total - int(result.sum())
+    if slope is None:
+        fraction = clipped - result
+        _move_units(result, missing, key=-fraction, lo=lo, hi=hi)
+        return result
+    a = np.asarray(slope, dtype=np.float64)
+    b = np.zeros(n) if intercept is None else np.asarray(intercept, dtype=np.float64)
+    if a.shape != (n,) or b.shape != (n,) or not np.all(np.isfinite(a) & np.isfinite(b)):
+        raise ValueError(f"slope and intercept must be {n} finite values")
     if missing > 0:
-        order = np.argsort(-fraction, kind="stable")
-        while missing > 0:
-            for i in order:
-                if missing == 0:
-                    break
-                if result[i] < hi[i]:
-                    result[i] += 1
-                    missing -= 1
+        # Cheapest next unit first: the heap holds each silo's time after one more unit.
+        heap = [(a[i] * (result[i] + 1) + b[i], i) for i in range(n) if result[i] < hi[i]]
+        heapq.heapify(heap)
+        for _ in range(missing):
+            _, i = heapq.heappop(heap)
+            result[i] += 1
+            if result[i] < hi[i]:
+                heapq.heappush(heap, (a[i] * (result[i] + 1) + b[i], i))
     elif missing < 0:
-        order = np.argsort(fraction, kind="stable")
-        while missing < 0:
-            for i in order:
-                if missing == 0:
-                    break
-                if result[i] > lo[i]:
-                    result[i] -= 1
-                    missing += 1
+        heap = [(-(a[i] * result[i] + b[i]), i) for i in range(n) if result[i] > lo[i]]
+        heapq.heapify(heap)
+        for _ in range(-missing):
+            _, i = heapq.heappop(heap)
+            result[i] -= 1
+            if result[i] > lo[i]:
+                heapq.heappush(heap, (-(a[i] * result[i] + b[i]), i))
     return result
+
+
+def _move_units(
+    result: IntArray, missing: int, *, key: FloatArray, lo: IntArray, hi: IntArray
+) -> None:
+    """Add ``missing`` units (or remove ``-missing``) in ``key`` order, within bounds."""
+    if missing == 0:
+        return
+    step = 1 if missing > 0 else -1
+    order = np.argsort(key if step > 0 else -key, kind="stable")
+    while missing != 0:
+        for i in order:
+            if missing == 0:
+                break
+            if (step > 0 and result[i] < hi[i]) or (step < 0 and result[i] > lo[i]):
+                result[i] += step
+                missing -= step

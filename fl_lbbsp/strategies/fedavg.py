@@ -26,12 +26,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from ..contract import RecordKeys
-from ..core import BatchSizeBalancer
 from ..core.aggregation import weighted_average
 from ..telemetry import TelemetryWriter
 from .config import BalancingConfig
 from .deadline import DeadlineGrid, DeadlinePolicy, OverheadTracker, predicted_compute_time
-from .rounds import allocate_batch_sizes, feed_balancer, log_round, missing
+from .rounds import allocate_batch_sizes, balancer_from_config, feed_balancer, log_round, missing
 
 __all__ = ["LBBSPFedAvg"]
 
@@ -65,18 +64,24 @@ class LBBSPFedAvg(FedAvg):
         ``False`` sends B_init to every silo: plain FedAvg with LB-BSP's telemetry, the
         baseline to compare against.
     estimator : str (default: "ema")
-        Speed predictor: ``"ema"`` or ``"last"``.
+        Speed predictor: ``"ema"``, ``"last"`` or ``"narx"``.
     alpha : float (default: 0.2)
         EMA weight of the latest observation, in (0, 1].
     allocator : str (default: "linear")
         ``"proportional"``: B_i proportional to predicted speed (Alg. 1). ``"linear"``:
         also fits each silo's fixed per-round cost ``t = a*B + b`` once it has seen two
         batch sizes, which settles in a few rounds where per-step overhead is large; it
-        equals proportional allocation when ``b = 0``.
+        equals proportional allocation when ``b = 0``. ``"iterative"``: Alg. 2.
     min_batch_size : int (default: 1)
         Smallest batch size handed to a silo.
     max_batch_size : int | None (default: None)
         Largest batch size handed to a silo; a silo's reported ``max-batch-size`` lowers it.
+    max_change_ratio : float | None (default: 2.0)
+        After its first report, a silo's batch size changes by at most this factor per
+        round, so one noisy or false speed report cannot swing it; ``None``: no limit.
+    estimator_options, allocator_options : dict | None (default: None)
+        Extra arguments of the estimator (NARX ``warmup``, ...) and of the iterative
+        allocator (``step``, ``window``, ...).
     keys : RecordKeys | None (default: None)
         Names of the config and metric entries (``batch-size``, ``train-time``, ...).
     telemetry_path : str | Path | None (default: None)
@@ -103,6 +108,9 @@ evaluate_metrics_aggr_fn :
         ``keys.num_examples``.
     """
 
+    weight_key = "num_examples"
+    """Field of :class:`RecordKeys` naming the aggregation weight (the dataset size)."""
+
     def __init__(
         self,
         *,
@@ -115,6 +123,9 @@ evaluate_metrics_aggr_fn :
         allocator: str = "linear",
         min_batch_size: int = 1,
         max_batch_size: int | None = None,
+        max_change_ratio: float | None = 2.0,
+        estimator_options: dict[str, Any] | None = None,
+        allocator_options: dict[str, Any] | None = None,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
         deadline_margin: float | None = 3.0,
@@ -138,7 +149,7 @@ evaluate_metrics_aggr_fn :
             min_train_nodes=min_train_nodes,
             min_evaluate_nodes=min_evaluate_nodes,
             min_available_nodes=min_available_nodes,
-            weighted_by_key=self.keys.num_examples,
+            weighted_by_key=getattr(self.keys, self.weight_key),
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
             train_metrics_aggr_fn=train_metrics_aggr_fn,
@@ -154,21 +165,17 @@ evaluate_metrics_aggr_fn :
             allocator=allocator,  # type: ignore[arg-type]
             min_batch_size=min_batch_size,
             max_batch_size=max_batch_size,
+            max_change_ratio=max_change_ratio,
+            estimator_options=estimator_options or {},
+            allocator_options=allocator_options or {},
         )
-        self.balancer = BatchSizeBalancer(
-            initial_batch_size=self.config.initial_batch_size,
-            estimator=self.config.estimator,
-            alpha=self.config.alpha,
-            allocator=self.config.allocator,
-            min_batch_size=self.config.min_batch_size,
-            max_batch_size=self.config.max_batch_size,
-        )
+        self.balancer = balancer_from_config(self.config)
         self.telemetry = TelemetryWriter(telemetry_path)
         self._silo_of_node: dict[int, str] = {}
         self._sent: dict[int, int] = {}
         self._round_started: float | None = None
+        # Round deadlines and reply polling
         self._sent_at: float | None = None
-        # Round deadlines and reply polling (issue 5)
         self.deadline = DeadlinePolicy(
             margin=deadline_margin, floor=deadline_floor, ceiling=deadline_ceiling
         )
@@ -245,43 +252,83 @@ evaluate_metrics_aggr_fn :
         received_at = time.time()
         valid, _ = self._check_and_log_replies(list(replies), is_train=True)
         silos: dict[str, dict[str, Any]] = {}
+        accepted = []
         for msg in valid:
             silo, record = self._record_report(msg)
             record["replied-at"] = msg.metadata.created_at
             silos[silo] = record
+            if self._accept(silo, record):
+                accepted.append(msg)
         arrays = metrics = None
-        if valid:
-            contents = [msg.content for msg in valid]
-            arrays = self._average_arrays(contents)
+        if accepted:
+            contents = [msg.content for msg in accepted]
+            arrays = self._combine(server_round, contents)
             metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
-        missed = missing(self._sent, (msg.metadata.src_node_id for msg in valid))
-        if missed:
-            log.warning(
-                "round %d: no usable reply from %s within %s s; left out, estimates kept",
-                server_round,
-                ", ".join(self.silo_id(node) for node in missed),
-                "n/a" if self._round_deadline is None else f"{self._round_deadline:.1f}",
-            )
-        self._observe_overhead(silos, wall, complete=not missed)
         self._log_round(
-            server_round,
-            silos,
-            wall,
-            extra={
-                "deadline": self._round_deadline,
-                "missed": [self.silo_id(node) for node in missed],
-                "poll_interval": self.poll_interval,
-                # seconds from the last reply's creation (clock of its silo) to here:
-                # what reply transfer and polling add to the round
-                "reply_delay": received_at - max(silos[s]["replied-at"] for s in silos)
-                if silos
-                else None,
-                "sent_at": self._sent_at,
-            },
+            server_round, silos, wall, extra=self._deadline_report(valid, silos, wall, received_at)
         )
         return arrays, metrics
 
-    # ------------------------------------------------------- deadlines (issue 5)
+    def _accept(self, silo: str, record: dict[str, Any]) -> bool:
+        """Whether a reply enters the aggregate: in FL every reply does, weighted by its
+        dataset size, even if its timing report was unusable for balancing."""
+        return True
+
+    def _combine(self, server_round: int, contents: list[RecordDict]) -> ArrayRecord:
+        """The new global arrays from the accepted replies (FedAvg: their weighted mean)."""
+        return self._average_arrays(contents)
+
+    def _record_report(self, msg: Message) -> tuple[str, dict[str, Any]]:
+        keys = self.keys
+        node_id = msg.metadata.src_node_id
+        silo_record = msg.content.config_records.get(keys.silo_record)
+        if silo_record is not None and keys.silo_id in silo_record:
+            self._silo_of_node[node_id] = str(silo_record[keys.silo_id])
+        silo = self.silo_id(node_id)
+        metrics = next(iter(msg.content.metric_records.values()))
+        record = feed_balancer(
+            self.balancer, silo, metrics, keys=keys, sent_batch_size=self._sent.get(node_id)
+        )
+        return silo, record
+
+    def _average_arrays(self, contents: list[RecordDict]) -> ArrayRecord:
+        """Average of the replies' arrays weighted by ``weighted_by_key``."""
+        names, averaged = self._weighted_layers(contents)
+        return _array_record(names, averaged)
+
+    def _weighted_layers(
+        self, contents: list[RecordDict], *, equal: bool = False
+    ) -> tuple[list[str], list[np.ndarray]]:
+        """Layer names and the weighted average of every reply's arrays (weights from
+        ``weighted_by_key``, or all equal)."""
+        records = [next(iter(c.array_records.values())) for c in contents]
+        names = list(records[0].keys())
+        layers = [[record[name].numpy() for name in names] for record in records]
+        weights = [
+            1.0 if equal else float(next(iter(c.metric_records.values()))[self.weighted_by_key])
+            for c in contents
+        ]
+        return names, [np.asarray(a) for a in weighted_average(layers, weights)]
+
+    def _log_round(
+        self,
+        server_round: int,
+        silos: dict[str, dict[str, Any]],
+        wall: float | None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        log_round(
+            scheme=self.scheme,
+            server_round=server_round,
+            silos=silos,
+            keys=self.keys,
+            total_batch_size=sum(self._sent.values()),
+            wall=wall,
+            telemetry=self.telemetry,
+            extra=extra,
+        )
+
+    # --------------------------------------------------------- round deadlines
     def start(
         self,
         grid: Grid,
@@ -330,56 +377,40 @@ evaluate_metrics_aggr_fn :
             return timeout
         return self._round_deadline
 
-    def _observe_overhead(
-        self, silos: dict[str, dict[str, Any]], wall: float | None, *, complete: bool
-    ) -> None:
+    def _deadline_report(
+        self,
+        valid: list[Message],
+        silos: dict[str, dict[str, Any]],
+        wall: float | None,
+        received_at: float,
+    ) -> dict[str, Any]:
+        """Note who missed the deadline, learn the messaging overhead; telemetry fields."""
+        missed = missing(self._sent, (msg.metadata.src_node_id for msg in valid))
+        if missed:
+            log.warning(
+                "no usable reply from %s within %s s: left out, estimates kept",
+                ", ".join(self.silo_id(node) for node in missed),
+                "n/a" if self._round_deadline is None else f"{self._round_deadline:.1f}",
+            )
         times = [
             float(r[self.keys.train_time])
             for r in silos.values()
             if "invalid-report" not in r and self.keys.train_time in r
         ]
-        if complete and wall is not None and times:
+        if not missed and wall is not None and times:
             self._overhead.observe(wall, max(times))
+        return {
+            "deadline": self._round_deadline,
+            "missed": [self.silo_id(node) for node in missed],
+            "poll_interval": self.poll_interval,
+            # last reply created (its silo's clock) -> here: reply transfer and polling,
+            # or the wait for a silo that missed the deadline
+            "reply_delay": received_at - max(r["replied-at"] for r in silos.values())
+            if silos
+            else None,
+            "sent_at": self._sent_at,
+        }
 
-    def _record_report(self, msg: Message) -> tuple[str, dict[str, Any]]:
-        keys = self.keys
-        node_id = msg.metadata.src_node_id
-        silo_record = msg.content.config_records.get(keys.silo_record)
-        if silo_record is not None and keys.silo_id in silo_record:
-            self._silo_of_node[node_id] = str(silo_record[keys.silo_id])
-        silo = self.silo_id(node_id)
-        metrics = next(iter(msg.content.metric_records.values()))
-        record = feed_balancer(
-            self.balancer, silo, metrics, keys=keys, sent_batch_size=self._sent.get(node_id)
-        )
-        return silo, record
 
-    def _average_arrays(self, contents: list[RecordDict]) -> ArrayRecord:
-        records = [next(iter(c.array_records.values())) for c in contents]
-        names = list(records[0].keys())
-        layers = [[record[name].numpy() for name in names] for record in records]
-        weights = [
-            float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents
-        ]
-        averaged = weighted_average(layers, weights)
-        return ArrayRecord(
-            {name: Array(np.asarray(arr)) for name, arr in zip(names, averaged, strict=True)}
-        )
-
-    def _log_round(
-        self,
-        server_round: int,
-        silos: dict[str, dict[str, Any]],
-        wall: float | None,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        log_round(
-            scheme=self.scheme,
-            server_round=server_round,
-            silos=silos,
-            keys=self.keys,
-            total_batch_size=sum(self._sent.values()),
-            wall=wall,
-            telemetry=self.telemetry,
-            extra=extra,
-        )
+def _array_record(names: list[str], arrays: list[np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({name: Array(arr) for name, arr in zip(names, arrays, strict=True)})

@@ -25,10 +25,15 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from ..contract import RecordKeys
-from ..core import BatchSizeBalancer
 from ..telemetry import TelemetryWriter
 from .config import BalancingConfig
-from .rounds import allocate_batch_sizes, feed_balancer, log_round, missing
+from .rounds import (
+    allocate_batch_sizes,
+    balancer_from_config,
+    feed_balancer,
+    log_round,
+    missing,
+)
 
 __all__ = ["LBBSPStrategy"]
 
@@ -54,15 +59,21 @@ class LBBSPStrategy(FedAvg):
     balance : bool (default: True)
         ``False`` sends B_init to everybody (plain FedAvg with LB-BSP's telemetry).
     estimator : str (default: "ema")
-        Speed predictor: ``"ema"`` or ``"last"``.
+        Speed predictor: ``"ema"``, ``"last"`` or ``"narx"``.
     alpha : float (default: 0.2)
         EMA weight of the latest observation, in (0, 1].
     allocator : str (default: "linear")
-        ``"proportional"`` (Alg. 1) or ``"linear"`` (also fits a fixed per-round cost).
+        ``"proportional"`` (Alg. 1), ``"linear"`` (also fits a fixed per-round cost) or
+        ``"iterative"`` (Alg. 2).
     min_batch_size : int (default: 1)
         Smallest batch size handed to a client.
     max_batch_size : int | None (default: None)
         Largest batch size handed to a client; a reported ``max-batch-size`` lowers it.
+    max_change_ratio : float | None (default: 2.0)
+        After its first report, a client's batch size changes by at most this factor per
+        round; ``None``: no limit.
+    estimator_options, allocator_options : dict | None (default: None)
+        Extra arguments of the estimator and of the iterative allocator.
     keys : RecordKeys | None (default: None)
         Names of the config and metric entries; the client's stable id is the
         ``keys.silo_id`` (``silo-id``) entry of its fit metrics (else its cid).
@@ -86,6 +97,9 @@ class LBBSPStrategy(FedAvg):
         allocator: str = "linear",
         min_batch_size: int = 1,
         max_batch_size: int | None = None,
+        max_change_ratio: float | None = 2.0,
+        estimator_options: dict[str, Any] | None = None,
+        allocator_options: dict[str, Any] | None = None,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
         **fedavg_kwargs: Any,
@@ -102,15 +116,11 @@ class LBBSPStrategy(FedAvg):
             allocator=allocator,  # type: ignore[arg-type]
             min_batch_size=min_batch_size,
             max_batch_size=max_batch_size,
+            max_change_ratio=max_change_ratio,
+            estimator_options=estimator_options or {},
+            allocator_options=allocator_options or {},
         )
-        self.balancer = BatchSizeBalancer(
-            initial_batch_size=self.config.initial_batch_size,
-            estimator=self.config.estimator,
-            alpha=self.config.alpha,
-            allocator=self.config.allocator,
-            min_batch_size=self.config.min_batch_size,
-            max_batch_size=self.config.max_batch_size,
-        )
+        self.balancer = balancer_from_config(self.config)
         self.telemetry = TelemetryWriter(telemetry_path)
         self._silo_of_cid: dict[str, str] = {}
         self._sent: dict[str, int] = {}

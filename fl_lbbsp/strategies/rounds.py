@@ -17,11 +17,34 @@ from ..core import BatchSizeBalancer, InvalidReportError, SiloReport, idle_fract
 from ..telemetry import TelemetryWriter
 from .config import BalancingConfig
 
-__all__ = ["allocate_batch_sizes", "feed_balancer", "log_round", "silo_report"]
+__all__ = [
+    "allocate_batch_sizes",
+    "balancer_from_config",
+    "feed_balancer",
+    "log_round",
+    "missing",
+    "natural_key",
+    "silo_report",
+]
 
 log = logging.getLogger("fl_lbbsp")
 
 K = TypeVar("K")
+
+
+def balancer_from_config(config: BalancingConfig) -> BatchSizeBalancer:
+    """The balancer a strategy with these settings uses (one place for both APIs)."""
+    return BatchSizeBalancer(
+        initial_batch_size=config.initial_batch_size,
+        estimator=config.estimator,
+        alpha=config.alpha,
+        allocator=config.allocator,
+        min_batch_size=config.min_batch_size,
+        max_batch_size=config.max_batch_size,
+        max_change_ratio=config.max_change_ratio,
+        estimator_options=config.estimator_options,
+        allocator_options=config.allocator_options,
+    )
 
 
 def allocate_batch_sizes(
@@ -132,6 +155,9 @@ def log_round(
     ]
     round_time = max(times) if times else None
     idle = idle_fraction(times) if times else None
+    busy = [float(r["busy-time"]) for r in silos.values() if "busy-time" in r]
+    # Server wall time beyond the longest silo's own busy time: messaging, scheduling.
+    overhead = None if wall is None or not busy else max(wall - max(busy), 0.0)
     order = sorted(silos, key=natural_key)
     log.info(
         "[%s] round %d | B: %s | train-time (s): %s | round time %s s | idle %s | wall %s s",
@@ -151,6 +177,7 @@ def log_round(
             "round_time": round_time,
             "idle_fraction": idle,
             "wall_time": wall,
+            "overhead": overhead,
             "total_batch_size": int(total_batch_size),
             "silos": {s: dict(silos[s]) for s in order},
             **(extra or {}),

@@ -1,0 +1,225 @@
+"""The worker side of cluster mode as a Flower ClientApp: one gradient per round.
+
+Each round a worker takes the weights and its batch size x_i from the server, computes
+the gradient of the mean loss over x_i samples (drawn from the whole training set or
+from its own shard), times it, and replies with the gradient arrays and the contract's
+MetricRecord. Its speed can be emulated: k times slower (wait ``(k-1) t``), or by a
+GPU-shaped :class:`~fl_lbbsp.clients.emulation.CostModel` whose time it reports (and,
+if asked, waits out); asking a cost-model worker for more than its memory cap fails
+like an out-of-memory error.
+
+Reference: Chen et al., IEEE TCC 2021, Alg. 3 (worker: load a batch of x_i samples,
+pull w, compute the local gradient, push it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..contract import RecordKeys
+from ..datasets import ArrayDataset, PartitionSpec, partition_indices
+from ..models import build_model
+from .app import _seed, _split
+from .emulation import CostModel, SlowdownSchedule, emulate_slowdown
+from .sampler import ResizableBatchSampler, check_batch_size
+from .trainer import machine_usage
+
+__all__ = ["WorkerSetup", "gradient", "make_worker_app", "worker_data"]
+
+
+class WorkerSetup(BaseModel):
+    """How every worker of a cluster finds its data, model and emulated speed.
+
+    Parameters
+    ----------
+    dataset : str (default: "embedded")
+        ``"embedded"``, ``"mnist:PATH"`` or ``"cifar10:PATH"``.
+    data : {"full", "shard"} (default: "full")
+        ``"full"``: the workers share the whole training set (shared storage) and split
+        each round's global batch between them by ``batch-offset``, as BSP draws it;
+        ``"shard"``: worker i samples from its own i.i.d. shard.
+    num_workers : int (default: 4)
+        Number of workers (shards).
+    seed : int (default: 0)
+        Seed of the split, the shards and the sampling.
+    model : str (default: "lenet5")
+        ``"lenet5"`` or ``"mlp"``.
+    slowdowns : tuple of str (default: ())
+        Emulated slowdown of worker i (``"4"`` or a schedule ``"1:1,50:3"``).
+    cost_models : tuple of str (default: ())
+        Emulated batch time of worker i, ``"m,b,C,x_max"`` (see
+        :meth:`CostModel.parse`); times the worker's slowdown of the round. Without one,
+        the worker reports its real compute time times its slowdown.
+    wait : bool (default: False)
+        With a cost model: also wait until the modelled time has passed (real time then
+        matches the report; off, the run is fast and only the reported time is emulated).
+    test_fraction : float (default: 0.2)
+        Share of the data held out for the server's evaluation.
+    torch_threads : int (default: 1)
+        torch intra-op threads per worker process.
+    keys : RecordKeys (default: RecordKeys())
+        Record key names, the same as the strategy's.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dataset: str = "embedded"
+    data: Literal["full", "shard"] = "full"
+    num_workers: int = Field(default=4, gt=0)
+    seed: int = 0
+    model: str = "lenet5"
+    slowdowns: tuple[str, ...] = ()
+    cost_models: tuple[str, ...] = ()
+    wait: bool = False
+    test_fraction: float = Field(default=0.2, gt=0, lt=1)
+    torch_threads: int = Field(default=1, gt=0)
+    keys: RecordKeys = RecordKeys()
+
+
+def worker_data(setup: WorkerSetup, worker: int) -> ArrayDataset:
+    """The samples worker ``worker`` draws its batches from."""
+    train, _ = _split(setup.dataset, setup.seed, setup.test_fraction)
+    if setup.data == "full":
+        return train
+    shards = partition_indices(
+        train.y, num_silos=setup.num_workers, spec=PartitionSpec.parse("iid"), seed=setup.seed
+    )
+    return train.subset(shards[worker])
+
+
+def gradient(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> tuple[dict[str, np.ndarray], float]:
+    """Gradient of the mean cross-entropy over ``(x, y)`` for every entry of the model's
+    state dict (zeros for buffers), and the loss."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    params = dict(model.named_parameters())
+    grads = {}
+    for name, value in model.state_dict().items():
+        grad = params[name].grad if name in params else None
+        grads[name] = (torch.zeros_like(value) if grad is None else grad).detach().numpy()
+    return grads, float(loss.detach())
+
+
+def _factor(setup: WorkerSetup, context: Context, worker: int, server_round: int) -> float:
+    value = context.node_config.get("slowdown")
+    if value is None and worker < len(setup.slowdowns):
+        value = setup.slowdowns[worker]
+    return SlowdownSchedule.parse(value if value is not None else 1.0).factor(server_round)
+
+
+def _cost_model(setup: WorkerSetup, context: Context, worker: int) -> CostModel | None:
+    value = context.node_config.get("cost-model")
+    if value is None and worker < len(setup.cost_models):
+        value = setup.cost_models[worker]
+    return None if value is None else CostModel.parse(str(value))
+
+
+def _batch_indices(
+    setup: WorkerSetup,
+    data: ArrayDataset,
+    worker_id: str,
+    server_round: int,
+    batch_size: int,
+    config: ConfigRecord,
+) -> torch.Tensor:
+    """This worker's sample indices for the round.
+
+    ``data="full"``: the round's global batch is one seeded permutation of the whole
+    training set (cycled if X exceeds it), and the worker takes ``batch_size`` entries
+    from its ``batch-offset``: together the workers draw exactly BSP's global batch.
+    ``data="shard"``: a seeded draw from the worker's own shard.
+    """
+    if setup.data == "full" and "batch-offset" in config:
+        offset = int(config["batch-offset"])  # type: ignore[arg-type]
+        generator = torch.Generator().manual_seed(_seed(setup.seed, "global", server_round))
+        order = torch.randperm(len(data), generator=generator)
+        positions = torch.arange(offset, offset + batch_size) % len(data)
+        return order[positions]
+    generator = torch.Generator().manual_seed(_seed(setup.seed, worker_id, server_round))
+    sampler = ResizableBatchSampler(
+        len(data), batch_size=batch_size, num_batches=1, generator=generator
+    )
+    return torch.as_tensor(next(iter(sampler)))
+
+
+def make_worker_app(setup: WorkerSetup) -> ClientApp:
+    """Build the cluster worker ClientApp.
+
+    The worker reads ``partition-id`` (and optionally ``silo-id``, ``slowdown`` and
+    ``cost-model``) from its node_config. Its reply carries the gradient (an
+    ArrayRecord named like the weights), ``batch-size`` (the aggregation weight),
+    ``num-examples`` (the same), ``train-time`` (emulated), ``samples-processed``, CPU
+    and memory, ``max-batch-size`` (its cost model's cap, 0 if none), and the real
+    ``compute-time`` and ``busy-time``.
+    """
+    app = ClientApp()
+    keys = setup.keys
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        started = time.perf_counter()
+        torch.set_num_threads(setup.torch_threads)
+        config = msg.content["config"]
+        batch_size = check_batch_size(int(config[keys.batch_size]))
+        server_round = int(config.get(keys.server_round, 1))
+        worker = int(context.node_config.get("partition-id", 0))
+        worker_id = str(context.node_config.get(keys.silo_id, worker))
+        factor = _factor(setup, context, worker, server_round)
+        cost = _cost_model(setup, context, worker)
+        if cost is not None:
+            cost = cost.scaled(factor)
+            modelled = cost.time(batch_size)  # raises OutOfMemoryError above the cap
+        data = worker_data(setup, worker)
+        model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        machine_usage()
+        compute_start = time.perf_counter()
+        index = _batch_indices(setup, data, worker_id, server_round, batch_size, config)
+        grads, loss = gradient(
+            model, torch.from_numpy(data.x)[index], torch.from_numpy(data.y)[index]
+        )
+        compute_time = time.perf_counter() - compute_start
+        cpu, memory = machine_usage()
+        if cost is None:
+            reported = emulate_slowdown(compute_time, factor)
+        else:
+            reported = modelled
+            if setup.wait:
+                time.sleep(max(0.0, modelled - (time.perf_counter() - compute_start)))
+        metrics = MetricRecord(
+            {
+                keys.batch_size: batch_size,
+                keys.num_examples: batch_size,
+                keys.train_time: reported,
+                keys.samples_processed: batch_size,
+                keys.cpu_percent: cpu,
+                keys.memory_percent: memory,
+                keys.max_batch_size: 0 if cost is None else int(cost.max_batch_size or 0),
+                "compute-time": compute_time,
+                "busy-time": time.perf_counter() - started,
+                "slowdown": factor,
+                "train-loss": loss,
+            }
+        )
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord({k: Array(v) for k, v in grads.items()}),
+                "metrics": metrics,
+                keys.silo_record: ConfigRecord({keys.silo_id: worker_id}),
+            }
+        )
+        return Message(content=content, reply_to=msg)
+
+    return app

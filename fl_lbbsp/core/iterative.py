@@ -1,0 +1,211 @@
+"""Iterative leader/straggler batch-size tuning (Alg. 2), for workers whose time is not
+proportional to their batch (GPUs: launch overhead, saturation, memory limit).
+
+After every iteration the *leader* (the fastest worker with memory use at most
+``memory_limit`` percent and room under its batch cap) and the *straggler* (the slowest)
+are picked from the last iteration's times. If the leader finished before the straggler
+in each of the last ``window`` iterations, ``step`` samples move from the straggler to
+the leader; otherwise, if the leader was ever slower than the straggler in the recorded
+history (an oscillation: a former leader is now the straggler or the reverse), the
+*fine-tune* phase starts: step 1, window 20. The total never changes. A straggler whose
+batch is at or below the step cannot give any more: the warning names it (the paper's
+advice: remove it, the cluster is faster without it).
+
+One addition of ours, ``refast_ratio``: in the fine-tune phase, when the straggler has
+been at least that many times slower than the leader over a whole fine window (a
+worker's capacity changed), the fast phase starts again, so a new equilibrium is
+reached in tens of iterations rather than one sample per iteration.
+
+Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
+Environments", IEEE TCC 2021, Sec. 3.3.2, Alg. 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["IterativeAllocator"]
+
+log = logging.getLogger("fl_lbbsp")
+
+
+class IterativeAllocator:
+    """State machine of Alg. 2 over named workers.
+
+    Parameters
+    ----------
+    step : int (default: 5)
+        Samples moved per iteration in the fast-approach phase (Delta).
+    window : int (default: 5)
+        Observation window D of the fast-approach phase.
+    fine_step : int (default: 1)
+        Step of the fine-tune phase.
+    fine_window : int (default: 20)
+        Observation window of the fine-tune phase.
+    memory_limit : float (default: 95.0)
+        A worker using more memory than this (percent) is never the leader.
+    refast_ratio : float | None (default: 1.5)
+        Back to the fast phase when the straggler/leader time ratio stayed at or above
+        this over a whole fine window; ``None`` keeps the fine phase for good (the
+        paper's Alg. 2 exactly).
+    """
+
+    def __init__(
+        self,
+        *,
+        step: int = 5,
+        window: int = 5,
+        fine_step: int = 1,
+        fine_window: int = 20,
+        memory_limit: float = 95.0,
+        refast_ratio: float | None = 1.5,
+    ) -> None:
+        for name, value in (
+            ("step", step),
+            ("window", window),
+            ("fine_step", fine_step),
+            ("fine_window", fine_window),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 < memory_limit <= 100:
+            raise ValueError(f"memory_limit must be in (0, 100], got {memory_limit!r}")
+        self.step_fast, self.window_fast = step, window
+        self.step_fine, self.window_fine = fine_step, fine_window
+        self.memory_limit = float(memory_limit)
+        if refast_ratio is not None and not (math.isfinite(refast_ratio) and refast_ratio > 1):
+            raise ValueError(f"refast_ratio must be > 1 or None, got {refast_ratio!r}")
+        self.refast_ratio = None if refast_ratio is None else float(refast_ratio)
+        self.phase = "fast"
+        self.sizes: dict[str, int] = {}
+        self._times: deque[dict[str, float]] = deque(maxlen=max(window, fine_window))
+        self.removable: str | None = None
+
+    @property
+    def step(self) -> int:
+        """Current step size Delta."""
+        return self.step_fast if self.phase == "fast" else self.step_fine
+
+    @property
+    def window(self) -> int:
+        """Current observation window D."""
+        return self.window_fast if self.phase == "fast" else self.window_fine
+
+    def reset(self, sizes: Mapping[str, int]) -> None:
+        """Start from ``sizes`` (workers joined or left): forget the times, keep the phase."""
+        self.sizes = {k: int(v) for k, v in sizes.items()}
+        self._times.clear()
+        self.removable = None
+
+    def update(
+        self,
+        times: Mapping[str, float],
+        *,
+        memory: Mapping[str, float | None] | None = None,
+        upper: Mapping[str, float] | None = None,
+        lower: Mapping[str, float] | None = None,
+    ) -> dict[str, int]:
+        """One step of Alg. 2 after an iteration with the current :attr:`sizes`.
+
+        Parameters
+        ----------
+        times : mapping of str to float
+            Each worker's batch processing time in the iteration just finished.
+        memory : mapping of str to float | None | None (default: None)
+            Each worker's memory use in percent (``None``: unknown, eligible as leader).
+        upper, lower : mapping of str to float | None (default: None)
+            Per-worker batch-size bounds (memory cap, minimum); a worker at its cap is
+            never the leader, and no move takes a worker below its minimum.
+
+        Returns
+        -------
+        dict of str to int
+            The batch sizes of the next iteration (same total).
+        """
+        if set(times) != set(self.sizes):
+            raise ValueError(
+                f"times are for {sorted(times)} but the allocation is for {sorted(self.sizes)}"
+            )
+        self._times.append({k: float(v) for k, v in times.items()})
+        memory = memory or {}
+        upper = upper or {}
+        lower = lower or {}
+        step = self.step
+        eligible = [
+            w
+            for w in self.sizes
+            if (memory.get(w) is None or float(memory[w]) <= self.memory_limit)  # type: ignore[arg-type]
+            and self.sizes[w] + step <= upper.get(w, math.inf)
+        ]
+        straggler = max(self.sizes, key=lambda w: (times[w], w))
+        if not eligible:
+            return dict(self.sizes)
+        leader = min(eligible, key=lambda w: (times[w], w))
+        if leader == straggler:
+            return dict(self.sizes)
+        if self.sizes[straggler] <= step or self.sizes[straggler] - step < lower.get(straggler, 1):
+            if self.removable != straggler:
+                log.warning(
+                    "worker %s is the straggler with batch size %d <= step %d: it cannot give "
+                    "more samples; the cluster would be faster without it (remove it)",
+                    straggler,
+                    self.sizes[straggler],
+                    step,
+                )
+            self.removable = straggler
+            return dict(self.sizes)
+        self.removable = None
+        recent = list(self._times)[-self.window :]
+        if len(recent) >= self.window and all(
+            t[leader] < t[straggler] for t in recent if leader in t and straggler in t
+        ):
+            if (
+                self.phase == "fine"
+                and self.refast_ratio is not None
+                and all(t[straggler] >= self.refast_ratio * t[leader] for t in recent)
+            ):
+                self.phase = "fast"
+                step = self.step
+            self.sizes[leader] += step
+            self.sizes[straggler] -= step
+        elif self.phase == "fast" and any(
+            t[leader] > t[straggler] for t in self._times if leader in t and straggler in t
+        ):
+            self.phase = "fine"
+        return dict(self.sizes)
+
+    # ------------------------------------------------------------- serialisation
+    def state(self) -> dict[str, Any]:
+        """JSON-serialisable state."""
+        return {
+            "config": {
+                "step": self.step_fast,
+                "window": self.window_fast,
+                "fine_step": self.step_fine,
+                "fine_window": self.window_fine,
+                "memory_limit": self.memory_limit,
+                "refast_ratio": self.refast_ratio,
+            },
+            "phase": self.phase,
+            "sizes": dict(self.sizes),
+            "times": [dict(t) for t in self._times],
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> IterativeAllocator:
+        """Rebuild from :meth:`state`."""
+        allocator = cls(**state["config"])
+        allocator.phase = str(state["phase"])
+        allocator.sizes = {str(k): int(v) for k, v in state["sizes"].items()}
+        allocator._times.extend({str(k): float(v) for k, v in t.items()} for t in state["times"])
+        return allocator
+
+
+def equal_split(workers: Sequence[str], total: int) -> dict[str, int]:
+    """``total`` split as evenly as integers allow (the first workers get the extra)."""
+    base, extra = divmod(int(total), max(len(workers), 1))
+    return {w: base + (1 if k < extra else 0) for k, w in enumerate(workers)}

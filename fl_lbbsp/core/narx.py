@@ -1,0 +1,318 @@
+"""NARX speed predictor: a one-hidden-layer network over the last two values of a
+worker's speed, CPU use and memory use, trained online off the critical path.
+
+``v^k = F(v^{k-1}, v^{k-2}, c^{k-1}, c^{k-2}, m^{k-1}, m^{k-2})`` (Eq. 4 with look-back
+windows of 2; the CPU and memory of a round are reported with its speed, so the latest
+ones known before round k are those of round k-1). Until ``warmup`` observations the
+prediction is the EMA; from then on the network is retrained every ``train_every``
+observations on the recent history, warm-started from its last weights, with early
+stopping (loss improving by less than ``tol`` for ``patience`` epochs in a row), in a
+background thread so the server's round is never slowed. Prediction is a numpy forward
+pass over the last trained weights, so torch is imported only by the training thread.
+
+Reference: Chen et al., IEEE TCC 2021, Sec. 3.2.2 (Eq. 4, Fig. 3, look-back 2, one hidden
+layer) and Chen et al., SoCC 2020, Sec. 4.2 (online training after 500 iterations, EMA
+before, early stopping at < 1e-4 for 4 steps, low-priority background training).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .estimators import EMAEstimator
+
+__all__ = ["NARXEstimator"]
+
+FloatArray = npt.NDArray[np.float64]
+
+_EXECUTOR: ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    """One shared background thread: models of different workers train in turn."""
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fl-lbbsp-narx")
+        return _EXECUTOR
+
+
+class NARXEstimator:
+    """Per-worker NARX predictor of sample-processing speed.
+
+    Parameters
+    ----------
+    alpha : float (default: 0.2)
+        Weight of the latest observation in the EMA used before warm-up (and as the
+        fallback whenever the network's output is unusable).
+    warmup : int (default: 500)
+        Observations before the network is first trained and used (the paper's 500
+        iterations).
+    hidden : int (default: 2)
+        Hidden units; with 6 inputs, 2 units give 17 parameters (the paper: "less than
+        20").
+    train_every : int (default: 10)
+        Retrain after this many new observations.
+    history : int (default: 1000)
+        Most recent observations kept for training.
+    max_epochs : int (default: 300)
+        Upper bound on full-batch epochs per training.
+    lr : float (default: 0.01)
+        Adam learning rate.
+    tol : float (default: 1e-4)
+        Early stopping: the loss must improve by at least this much ...
+    patience : int (default: 4)
+        ... within this many epochs in a row, or training stops.
+    background : bool (default: True)
+        Train in a background thread; ``False`` trains inside :meth:`update`
+        (deterministic, for tests and benchmarks).
+    seed : int (default: 0)
+        Seed of the initial weights.
+    """
+
+    name = "narx"
+    inputs = 6
+
+    def __init__(
+        self,
+        *,
+        alpha: float = 0.2,
+        warmup: int = 500,
+        hidden: int = 2,
+        train_every: int = 10,
+        history: int = 1000,
+        max_epochs: int = 300,
+        lr: float = 0.01,
+        tol: float = 1e-4,
+        patience: int = 4,
+        background: bool = True,
+        seed: int = 0,
+    ) -> None:
+        for name, value, low in (
+            ("warmup", warmup, 3),
+            ("hidden", hidden, 1),
+            ("train_every", train_every, 1),
+            ("history", history, 3),
+            ("max_epochs", max_epochs, 1),
+            ("patience", patience, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name, number in (("lr", lr), ("tol", tol)):
+            if not math.isfinite(number) or number <= 0:
+                raise ValueError(f"{name} must be a finite positive number, got {number!r}")
+        self._ema = EMAEstimator(alpha=alpha)
+        self.alpha = float(alpha)
+        self.warmup = warmup
+        self.hidden = hidden
+        self.train_every = train_every
+        self.history = history
+        self.max_epochs = max_epochs
+        self.lr = float(lr)
+        self.tol = float(tol)
+        self.patience = patience
+        self.background = background
+        self.seed = seed
+        self._series: deque[tuple[float, float, float]] = deque(maxlen=history)
+        self.observations = 0
+        self._trained_at = 0
+        self._weights: dict[str, FloatArray] | None = None
+        self._scale = 1.0
+        self._lock = threading.Lock()
+        self._pending: Future[None] | None = None
+        self.last_loss: float | None = None
+
+    # ----------------------------------------------------------------- protocol
+    def update(
+        self,
+        speed: float,
+        *,
+        cpu_percent: float | None = None,
+        memory_percent: float | None = None,
+    ) -> None:
+        """Record a round's speed, CPU and memory use (percent; missing ones count as
+        the previous value, or 0), and retrain when due."""
+        self._ema.update(speed)
+        previous = self._series[-1] if self._series else (speed, 0.0, 0.0)
+        cpu = previous[1] if cpu_percent is None else float(cpu_percent)
+        memory = previous[2] if memory_percent is None else float(memory_percent)
+        with self._lock:
+            self._series.append((float(speed), cpu, memory))
+            self.observations += 1
+        due = (
+            self.observations >= self.warmup
+            and self.observations - self._trained_at >= self.train_every
+        ) or (self.observations == self.warmup)
+        if due and (self._pending is None or self._pending.done()):
+            self._trained_at = self.observations
+            if self.background:
+                self._pending = _executor().submit(self._train)
+            else:
+                self._train()
+
+    def predict(self) -> float | None:
+        """Network prediction once trained, else the EMA."""
+        fallback = self._ema.predict()
+        with self._lock:
+            weights, scale = self._weights, self._scale
+            features = self._features_for_next()
+        if weights is None or features is None or fallback is None:
+            return fallback
+        value = float(_forward(weights, features[None, :])[0]) * scale
+        # A diverged or nonsensical network never replaces the EMA.
+        if not math.isfinite(value) or not 0.1 * fallback <= value <= 10.0 * fallback:
+            return fallback
+        return value
+
+    @property
+    def trained(self) -> bool:
+        """Whether a trained network is in use."""
+        return self._weights is not None
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until a background training in progress has finished."""
+        pending = self._pending
+        if pending is not None:
+            pending.result(timeout=timeout)
+
+    # ------------------------------------------------------------------ training
+    def _dataset(self) -> tuple[FloatArray, FloatArray, float] | None:
+        with self._lock:
+            series = np.asarray(self._series, dtype=np.float64)
+        if len(series) < 3:
+            return None
+        scale = float(np.mean(series[:, 0]))
+        v, c, m = series[:, 0] / scale, series[:, 1] / 100.0, series[:, 2] / 100.0
+        x = np.stack([v[1:-1], v[:-2], c[1:-1], c[:-2], m[1:-1], m[:-2]], axis=1)
+        return x, v[2:], scale
+
+    def _features_for_next(self) -> FloatArray | None:
+        if len(self._series) < 2:
+            return None
+        (v1, c1, m1), (v0, c0, m0) = self._series[-1], self._series[-2]
+        scale = self._scale
+        return np.array([v1 / scale, v0 / scale, c1 / 100, c0 / 100, m1 / 100, m0 / 100])
+
+    def _initial_weights(self) -> dict[str, FloatArray]:
+        rng = np.random.default_rng(self.seed)
+        bound_in = 1.0 / math.sqrt(self.inputs)
+        bound_hidden = 1.0 / math.sqrt(self.hidden)
+        return {
+            "w1": rng.uniform(-bound_in, bound_in, (self.hidden, self.inputs)),
+            "b1": rng.uniform(-bound_in, bound_in, self.hidden),
+            "w2": rng.uniform(-bound_hidden, bound_hidden, (1, self.hidden)),
+            # Start at "same as the last speed" (normalised speeds are about 1).
+            "b2": np.ones(1),
+        }
+
+    def _train(self) -> None:
+        data = self._dataset()
+        if data is None:
+            return
+        x, y, scale = data
+        start = self._weights if self._weights is not None else self._initial_weights()
+        weights, loss = _fit(
+            start, x, y, lr=self.lr, max_epochs=self.max_epochs, tol=self.tol,
+            patience=self.patience,
+        )  # fmt: skip
+        with self._lock:
+            self._weights, self._scale, self.last_loss = weights, scale, loss
+
+    # ------------------------------------------------------------- serialisation
+    def state(self) -> dict[str, Any]:
+        """JSON-serialisable state (waits for a training in progress)."""
+        self.wait()
+        with self._lock:
+            return {
+                "name": self.name,
+                "alpha": self.alpha,
+                "config": {
+                    "warmup": self.warmup,
+                    "hidden": self.hidden,
+                    "train_every": self.train_every,
+                    "history": self.history,
+                    "max_epochs": self.max_epochs,
+                    "lr": self.lr,
+                    "tol": self.tol,
+                    "patience": self.patience,
+                    "background": self.background,
+                    "seed": self.seed,
+                },
+                "value": self._ema.predict(),
+                "series": [list(row) for row in self._series],
+                "observations": self.observations,
+                "trained_at": self._trained_at,
+                "scale": self._scale,
+                "weights": None
+                if self._weights is None
+                else {k: v.tolist() for k, v in self._weights.items()},
+            }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> NARXEstimator:
+        """Rebuild from :meth:`state`."""
+        estimator = cls(alpha=float(state["alpha"]), **state["config"])
+        if state.get("value") is not None:
+            estimator._ema = EMAEstimator(alpha=estimator.alpha, value=float(state["value"]))
+        estimator._series.extend(tuple(float(v) for v in row) for row in state["series"])  # type: ignore[misc]
+        estimator.observations = int(state["observations"])
+        estimator._trained_at = int(state["trained_at"])
+        estimator._scale = float(state["scale"])
+        if state.get("weights") is not None:
+            estimator._weights = {
+                k: np.asarray(v, dtype=np.float64) for k, v in state["weights"].items()
+            }
+        return estimator
+
+
+def _forward(weights: dict[str, FloatArray], x: FloatArray) -> FloatArray:
+    hidden = np.tanh(x @ weights["w1"].T + weights["b1"])
+    out: FloatArray = (hidden @ weights["w2"].T + weights["b2"])[:, 0]
+    return out
+
+
+def _fit(
+    start: dict[str, FloatArray],
+    x: FloatArray,
+    y: FloatArray,
+    *,
+    lr: float,
+    max_epochs: int,
+    tol: float,
+    patience: int,
+) -> tuple[dict[str, FloatArray], float]:
+    """Full-batch Adam on the mean squared error, with early stopping (torch, lazily)."""
+    import torch
+
+    params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
+    xt = torch.tensor(x, dtype=torch.float64)
+    yt = torch.tensor(y, dtype=torch.float64)
+    optimizer = torch.optim.Adam(list(params.values()), lr=lr)
+    best = math.inf
+    stale = 0
+    loss_value = math.inf
+    for _ in range(max_epochs):
+        optimizer.zero_grad()
+        hidden = torch.tanh(xt @ params["w1"].T + params["b1"])
+        pred = (hidden @ params["w2"].T + params["b2"])[:, 0]
+        loss = torch.mean((pred - yt) ** 2)
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        loss_value = float(loss.detach())
+        if best - loss_value < tol:
+            stale += 1
+            if stale >= patience:
+                break
+        else:
+            stale = 0
+        best = min(best, loss_value)
+    weights = {k: v.detach().numpy().copy() for k, v in params.items()}
+    return weights, loss_value

@@ -1,0 +1,161 @@
+"""Centralized-cluster LB-BSP on Flower's Message API: the server is the parameter server.
+
+One round is one synchronous iteration. Every worker computes the gradient of the mean
+loss over its ``x_i`` samples at the current weights; the server aggregates
+``g = sum_i x_i * g_i / X`` (weighted gradient aggregation: every sample counts the same
+whatever batch it was in, so convergence matches BSP with the global batch X), applies
+SGD (optional momentum) with learning rate eta, and sends the new weights with the next
+batch sizes. ``aggregation="naive"`` gives the biased plain mean ``sum_i g_i / n`` for
+comparison. The same balancer as the FL strategy decides the batch sizes.
+
+Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
+Environments", IEEE TCC 2021, Sec. 3.2-3.4 (Alg. 1, Alg. 2, Eq. 5-7) and Alg. 3.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from ..contract import RecordKeys
+from ..core.optim import SGD
+from .fedavg import LBBSPFedAvg, _array_record
+
+__all__ = ["LBBSPCluster"]
+
+log = logging.getLogger("fl_lbbsp")
+
+
+class LBBSPCluster(LBBSPFedAvg):
+    """Parameter-server LB-BSP: one round = one gradient step, weighted by batch size.
+
+    Workers get ``batch-size`` (their x_i), ``batch-offset`` (where their share starts in
+    the round's global batch), ``local-steps`` = 1 and ``server-round`` in their
+    ConfigRecord and reply with their gradient arrays (named like the weights)
+    and the contract's MetricRecord; ``batch-size`` there is the weight. A reply whose
+    report is unusable (non-finite, zero or negative time, batch size 0, ...) is logged
+    and left out of that update; the round goes on with the others.
+
+    Parameters
+    ----------
+    initial_batch_size : int
+        Every worker's batch size before any report; the global batch is
+        ``X = n * initial_batch_size`` every iteration.
+    lr : float
+        Learning rate eta of the server's SGD.
+    momentum : float (default: 0.0)
+        SGD momentum in [0, 1).
+    aggregation : {"weighted", "naive"} (default: "weighted")
+        ``"weighted"``: ``g = sum_i x_i g_i / X`` (Sec. 3.4). ``"naive"``: plain mean of
+        the workers' gradients, biased toward small batches (Eq. 6); for comparison.
+    balance : bool (default: True)
+        ``False``: every worker keeps ``initial_batch_size`` (plain BSP).
+    estimator, alpha, allocator, min_batch_size, max_batch_size, max_change_ratio, \
+keys, telemetry_path :
+        As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; ``allocator`` may also be
+        ``"iterative"`` (Alg. 2) and ``estimator`` ``"narx"``.
+    estimator_options, allocator_options : dict | None (default: None)
+        Extra arguments of the estimator (NARX ``warmup``, ...) and of the iterative
+        allocator (``step``, ``window``, ...).
+    min_train_nodes, min_available_nodes :
+        As in :class:`flwr.serverapp.strategy.FedAvg` (every available worker trains).
+    """
+
+    weight_key = "batch_size"
+    batch_offset_key = "batch-offset"
+
+    def __init__(
+        self,
+        *,
+        initial_batch_size: int,
+        lr: float,
+        momentum: float = 0.0,
+        aggregation: Literal["weighted", "naive"] = "weighted",
+        balance: bool = True,
+        estimator: str = "ema",
+        alpha: float = 0.2,
+        allocator: str = "linear",
+        min_batch_size: int = 1,
+        max_batch_size: int | None = None,
+        max_change_ratio: float | None = 2.0,
+        estimator_options: dict[str, Any] | None = None,
+        allocator_options: dict[str, Any] | None = None,
+        keys: RecordKeys | None = None,
+        telemetry_path: str | Path | None = None,
+        min_train_nodes: int = 2,
+        min_available_nodes: int = 2,
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+    ) -> None:
+        if aggregation not in ("weighted", "naive"):
+            raise ValueError(f"unknown aggregation {aggregation!r}; expected 'weighted' or 'naive'")
+        super().__init__(
+            initial_batch_size=initial_batch_size,
+            local_steps=1,
+            lr=lr,
+            balance=balance,
+            estimator=estimator,
+            alpha=alpha,
+            allocator=allocator,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+            max_change_ratio=max_change_ratio,
+            estimator_options=estimator_options,
+            allocator_options=allocator_options,
+            keys=keys,
+            telemetry_path=telemetry_path,
+            fraction_train=1.0,
+            fraction_evaluate=0.0,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=0,
+            min_available_nodes=min_available_nodes,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+        )
+        self.aggregation = aggregation
+        self.optimizer = SGD(lr=lr, momentum=momentum)
+        self._weights: ArrayRecord | None = None
+
+    @property
+    def scheme(self) -> str:
+        """``"bsp"``, ``"lbbsp"``, or ``"lbbsp-naive"`` for the biased aggregation."""
+        if not self.config.balance:
+            return "bsp" if self.aggregation == "weighted" else "bsp-naive"
+        return "lbbsp" if self.aggregation == "weighted" else "lbbsp-naive"
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Configure like FL, and give each worker its ``batch-offset``: where its x_i
+        samples start in the round's global batch of X, so workers drawing from a shared
+        dataset split one global batch between them exactly as BSP would draw it."""
+        self._weights = arrays
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        offset = 0
+        for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
+            node_config = msg.content[self.configrecord_key]
+            node_config[self.batch_offset_key] = offset
+            offset += int(node_config[self.keys.batch_size])  # type: ignore[arg-type]
+        return messages
+
+    def _accept(self, silo: str, record: dict[str, Any]) -> bool:
+        if "invalid-report" in record:
+            log.warning(
+                "[%s] gradient of worker %s left out of this update: %s",
+                self.scheme,
+                silo,
+                record["invalid-report"],
+            )
+            return False
+        return True
+
+    def _combine(self, server_round: int, contents: list[RecordDict]) -> ArrayRecord:
+        """Weighted (or naive) mean gradient, then one SGD step on the current weights."""
+        if self._weights is None:
+            raise RuntimeError("aggregate_train called before configure_train")
+        names, gradient = self._weighted_layers(contents, equal=self.aggregation == "naive")
+        params = [self._weights[name].numpy() for name in names]
+        return _array_record(names, self.optimizer.step(params, gradient))
