@@ -617,7 +617,8 @@ def serve(federation: LocalFederation, *, check_every: float = 1.0) -> int:
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    # SIGINT explicitly too: a shell starting this in the background ignores it otherwise.
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with federation:
             print(federation.describe(), flush=True)
@@ -637,7 +638,8 @@ def serve(federation: LocalFederation, *, check_every: float = 1.0) -> int:
         print("\nstopping the federation ...", file=sys.stderr, flush=True)
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)
