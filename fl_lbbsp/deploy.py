@@ -411,15 +411,21 @@ class LocalFederation:
             raise
         return self
 
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        """The processes started directly, SuperLink first."""
+        return list(self._started)
+
     def kill_silo(self, index: int, *, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` (a crash by default) to SuperNode ``index`` and its ClientApps."""
+        """Send ``sig`` (a crash by default) to SuperNode ``index`` and its descendants."""
         proc = self.supernodes[index]
-        children = []
+        targets: list[psutil.Process] = []
         with contextlib.suppress(psutil.Error):
-            children = psutil.Process(proc.pid).children(recursive=True)
-        for p in [psutil.Process(proc.pid), *children]:
+            root = psutil.Process(proc.pid)
+            targets = [root, *root.children(recursive=True)]
+        for target in targets:
             with contextlib.suppress(psutil.Error):
-                p.send_signal(sig)
+                target.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.popen.wait(timeout=10)
 
@@ -492,6 +498,7 @@ class LocalFederation:
             env=env,
             cwd=self.workdir,
             start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         proc = ManagedProcess(name=name, popen=popen, log_path=log_path, _log=log)
         self._started.append(proc)
@@ -595,6 +602,20 @@ class LocalFederation:
             raise TimeoutError(f"SuperNodes {sorted(pending)} did not register in time")
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the parent dies (Linux ``prctl``).
+
+    Teardown by pid covers every way out of a ``with`` block; this covers the parent being
+    killed outright (SIGKILL, a CI timeout), which would otherwise leave the SuperLink
+    and SuperNodes running in their own sessions.
+    """
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+
 def _toml(value: str | int | float) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -624,7 +645,7 @@ def serve(federation: LocalFederation, *, check_every: float = 1.0) -> int:
             print(federation.describe(), flush=True)
             print("\nCtrl-C stops the SuperLink and every SuperNode.", flush=True)
             while True:
-                for proc in federation._started:
+                for proc in federation.processes:
                     if not proc.alive():
                         print(
                             f"{proc.name} exited with code {proc.popen.returncode}; "

@@ -153,7 +153,6 @@ class DeadlineGrid(Grid):
         self.timeout_fn = timeout_fn
         self.poll_interval = poll_interval
         self.last_timeout: float | None = None
-        self.last_wait: float | None = None
 
     # Plain delegation ---------------------------------------------------------
     def set_run(self, run: Run) -> None:
@@ -199,13 +198,9 @@ class DeadlineGrid(Grid):
         """Push ``messages``; return the replies that arrive before the deadline."""
         timeout = self.timeout_fn(timeout)
         self.last_timeout = timeout
-        start = time.monotonic()
-        try:
-            if self.poll_interval is None:
-                return self.grid.send_and_receive(messages, timeout=timeout)
-            return self._collect(list(messages), timeout, self.poll_interval)
-        finally:
-            self.last_wait = time.monotonic() - start
+        if self.poll_interval is None:
+            return self.grid.send_and_receive(messages, timeout=timeout)
+        return self._collect(list(messages), timeout, self.poll_interval)
 
     def _collect(
         self, messages: list[Message], timeout: float | None, interval: float
