@@ -244,6 +244,7 @@ evaluate_metrics_aggr_fn :
             cpu_percent=metrics.get(keys.cpu_percent),  # type: ignore[arg-type]
             memory_percent=metrics.get(keys.memory_percent),  # type: ignore[arg-type]
             max_batch_size=cap if cap else None,  # type: ignore[arg-type]
+            fixed_time=metrics.get(keys.he_time),  # type: ignore[arg-type]
         )
         try:
             self.balancer.report(silo, report)
