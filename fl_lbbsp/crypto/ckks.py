@@ -316,7 +316,7 @@ class UpdateChecker:
         Expected length of the flat update; ``None`` accepts any.
     layout : tuple of TensorSpec | None (default: None)
         Expected tensor layout; ``None`` accepts any.
-    size_tolerance : float (default: 0.02)
+    size_tolerance : float (default: 0.005)
         Largest relative difference between a chunk's byte size and that of a ciphertext
         freshly made under this key.
     """
@@ -327,7 +327,7 @@ class UpdateChecker:
         *,
         num_values: int | None = None,
         layout: Layout | None = None,
-        size_tolerance: float = 0.02,
+        size_tolerance: float = 0.005,
     ) -> None:
         self.keys = keys
         self.num_values = num_values
