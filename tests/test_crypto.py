@@ -345,3 +345,22 @@ def test_unreadable_header_is_rejected() -> None:
     # Execute / Assert
     with pytest.raises(InvalidUpdateError, match="header"):
         EncryptedUpdate.from_parts(b"{not json", [b""])
+
+
+def test_asymmetric_mode_encrypts_with_the_public_key_and_sums_the_same() -> None:
+    # Prepare
+    keys = generate_keys(CKKSConfig(encryption="asymmetric", poly_modulus_degree=4096))
+    public = keys.public()
+    values = [np.linspace(-1, 1, 3000), np.linspace(1, -1, 3000)]
+    checker = UpdateChecker(public, num_values=3000)
+
+    # Execute: the server could encrypt too; silos' updates still only add up
+    sent = [
+        encrypt_update(public, v, weight=n, total=4) for v, n in zip(values, [1, 3], strict=True)
+    ]
+    result = decrypt_update(keys, aggregate_updates(public, [checker.check(u) for u in sent]))
+
+    # Assert
+    assert public.context.has_public_key() and not public.is_private
+    assert public.fingerprint == keys.fingerprint
+    np.testing.assert_allclose(result, 0.25 * values[0] + 0.75 * values[1], atol=1e-6)

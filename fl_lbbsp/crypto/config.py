@@ -8,6 +8,8 @@ Numbers", ASIACRYPT 2017; Microsoft SEAL's 128-bit security table for the total 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["MAX_COEFF_MODULUS_BITS", "CKKSConfig"]
@@ -39,6 +41,11 @@ class CKKSConfig(BaseModel):
         Bits the data primes must offer above the scale: the largest encodable magnitude is
         ``2**(data_bits - scale_bits - 1)``, and the sum of every silo's weighted update
         must stay below it.
+    encryption : {"symmetric", "asymmetric"} (default: "symmetric")
+        ``"symmetric"``: silos encrypt with the secret key they hold anyway (to decrypt the
+        sum); about twice as fast as public-key encryption with a tenth of the noise, and
+        the server's context holds no key at all. ``"asymmetric"``: silos encrypt with the
+        public key, which the server's context then also holds (so it could encrypt too).
 
     Raises
     ------
@@ -54,6 +61,7 @@ class CKKSConfig(BaseModel):
     coeff_mod_bit_sizes: tuple[int, ...] = (60, 40)
     scale_bits: int = Field(default=40, ge=1, le=120, strict=True)
     min_headroom_bits: int = Field(default=8, ge=1, le=60, strict=True)
+    encryption: Literal["symmetric", "asymmetric"] = "symmetric"
 
     @field_validator("poly_modulus_degree")
     @classmethod

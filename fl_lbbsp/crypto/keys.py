@@ -1,10 +1,11 @@
 """CKKS key generation, key files and key fingerprints.
 
-One key pair serves a whole federation. The silos share the secret context (public and
-secret key: they encrypt their updates and decrypt the aggregate); the server gets the
-public context only: no secret key, no Galois keys and no relinearisation keys, since it
-only adds ciphertexts. Both files start with a JSON header that carries the parameters and
-the key's fingerprint (sha256 of the serialized public key), checked again on loading.
+One key serves a whole federation. The silos share the secret context (they encrypt their
+updates and decrypt the aggregate); the server gets the public context only: no secret
+key, no Galois keys and no relinearisation keys, since it only adds ciphertexts (with the
+default symmetric encryption it holds no key at all, only the parameters). Both files
+start with a JSON header carrying the parameters, the key's fingerprint and a checksum of
+the context; silos recompute the fingerprint from their secret key on loading.
 
 TenSEAL accepts a ciphertext made under any key with the same parameters and silently
 returns garbage when it is added to ours; the fingerprint is what tells them apart.
@@ -44,6 +45,7 @@ PUBLIC_CONTEXT_FILE = "public.ckks"
 FINGERPRINT_FILE = "fingerprint.txt"
 CONFIG_FILE = "ckks.json"
 _MAGIC = b"fl_lbbsp-ckks-context/1\n"
+_FINGERPRINT_TAG = b"fl_lbbsp-ckks-key-fingerprint/1\0"
 
 
 class KeyFileError(ValueError):
@@ -61,7 +63,7 @@ class CKKSKeys:
     config : CKKSConfig
         The parameters the context was made with.
     fingerprint : str
-        Hex sha256 of the serialized public key.
+        The key's fingerprint (:func:`key_fingerprint`).
     """
 
     context: ts.Context
@@ -99,15 +101,23 @@ class KeyFiles:
 
 
 def key_fingerprint(context: ts.Context) -> str:
-    """Hex sha256 of the context's serialized public key.
+    """Fingerprint of a secret context's key: hex sha256 of a tag and the serialized key.
 
-    The same on the silos (secret context) and on the server (public context) of one
-    federation; different for any other key, even with the same parameters.
+    Computed where the secret key is (key generation, silos) and written into both key
+    files; different for any other key, even with the same parameters. The hash reveals
+    nothing usable about the key.
+
+    Raises
+    ------
+    ValueError
+        If the context holds no secret key.
     """
+    if not context.is_private():
+        raise ValueError("the fingerprint is computed from the secret key; this context has none")
     with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "public-key")
-        context.public_key().data.save(path)
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        path = os.path.join(folder, "secret-key")
+        context.secret_key().data.save(path)
+        return hashlib.sha256(_FINGERPRINT_TAG + Path(path).read_bytes()).hexdigest()
 
 
 def generate_keys(config: CKKSConfig | None = None) -> CKKSKeys:
@@ -125,6 +135,11 @@ def generate_keys(config: CKKSConfig | None = None) -> CKKSKeys:
         ts.SCHEME_TYPE.CKKS,
         poly_modulus_degree=config.poly_modulus_degree,
         coeff_mod_bit_sizes=list(config.coeff_mod_bit_sizes),
+        encryption_type=(
+            ts.ENCRYPTION_TYPE.SYMMETRIC
+            if config.encryption == "symmetric"
+            else ts.ENCRYPTION_TYPE.ASYMMETRIC
+        ),
     )
     context.global_scale = config.scale
     keys = CKKSKeys(context=context, config=config, fingerprint=key_fingerprint(context))
@@ -222,7 +237,7 @@ def load_silo_keys(path: str | Path, *, fingerprint: str | None = None) -> CKKSK
 # ---------------------------------------------------------------------------- helpers
 def _serialize(keys: CKKSKeys, *, private: bool) -> bytes:
     body = keys.context.serialize(
-        save_public_key=True,
+        save_public_key=keys.config.encryption == "asymmetric",
         save_secret_key=private,
         save_galois_keys=False,
         save_relin_keys=False,
@@ -232,6 +247,7 @@ def _serialize(keys: CKKSKeys, *, private: bool) -> bytes:
             "private": private,
             "fingerprint": keys.fingerprint,
             "ckks": keys.config.model_dump(mode="json"),
+            "context_sha256": hashlib.sha256(body).hexdigest(),
         },
         sort_keys=True,
     ).encode()
@@ -243,10 +259,13 @@ def _from_bytes(data: bytes, *, expect_private: bool | None, source: str = "key 
         raise KeyFileError(f"{source} is not an fl_lbbsp CKKS key file")
     start = len(_MAGIC) + 4
     (size,) = struct.unpack(">I", data[len(_MAGIC) : start])
+    body = data[start + size :]
     try:
         header: dict[str, Any] = json.loads(data[start : start + size])
         config = CKKSConfig(**header["ckks"])
-        context = ts.context_from(data[start + size :])
+        if hashlib.sha256(body).hexdigest() != header["context_sha256"]:
+            raise ValueError("the context does not match its checksum (altered or damaged)")
+        context = ts.context_from(body)
     except Exception as err:  # noqa: BLE001 - any parse failure means a bad file
         raise KeyFileError(f"{source} cannot be read: {err}") from err
     is_private = bool(context.is_private())
@@ -258,11 +277,13 @@ def _from_bytes(data: bytes, *, expect_private: bool | None, source: str = "key 
         raise KeyFileError(
             f"{source} holds the secret key; the server must get the public context only"
         )
-    fingerprint = key_fingerprint(context)
-    if fingerprint != header.get("fingerprint"):
+    fingerprint = str(header.get("fingerprint", ""))
+    if len(fingerprint) != 64 or not all(c in "0123456789abcdef" for c in fingerprint):
+        raise KeyFileError(f"{source}: header has no valid key fingerprint")
+    if is_private and key_fingerprint(context) != fingerprint:
         raise KeyFileError(
-            f"{source}: its public key (fingerprint {fingerprint[:16]}...) does not match "
-            "the header; the file was altered"
+            f"{source}: its secret key does not match the fingerprint in its header; "
+            "the file was altered"
         )
     degree = context.seal_context().data.key_context_data().parms().poly_modulus_degree()
     if degree != config.poly_modulus_degree or context.global_scale != config.scale:
