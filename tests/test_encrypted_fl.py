@@ -213,8 +213,10 @@ def test_he_time_is_reported_to_the_balancer_as_fixed_time(key_files, silo_keys,
     # Execute
     strategy.aggregate_train(1, replies)
 
-    # Assert
+    # Assert: the balancer's fixed cost, and the round time includes encryption
     assert [strategy.balancer.fixed_time(s) for s in "abc"] == [0.25, 0.5, 0.75]
+    events = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [e["round_time"] for e in events if e["event"] == "train"] == [1.75]
 
 
 @pytest.mark.parametrize(

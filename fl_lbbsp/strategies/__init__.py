@@ -1,6 +1,20 @@
-"""Flower strategies over the LB-BSP core."""
+"""Flower strategies over the LB-BSP core.
+
+``EncryptedLBBSPFedAvg`` (CKKS-encrypted updates) needs the ``he`` extra (TenSEAL) and is
+imported on first use.
+"""
+
+from typing import Any
 
 from .config import BalancingConfig
 from .fedavg import LBBSPFedAvg
 
-__all__ = ["BalancingConfig", "LBBSPFedAvg"]
+__all__ = ["BalancingConfig", "EncryptedLBBSPFedAvg", "LBBSPFedAvg"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EncryptedLBBSPFedAvg":
+        from .encrypted import EncryptedLBBSPFedAvg
+
+        return EncryptedLBBSPFedAvg
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

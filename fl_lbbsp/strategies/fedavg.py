@@ -269,8 +269,9 @@ evaluate_metrics_aggr_fn :
     def _log_round(
         self, server_round: int, silos: dict[str, dict[str, Any]], wall: float | None
     ) -> None:
+        # A silo's round: its compute plus, in encrypted mode, encryption and decryption.
         times = [
-            float(r[self.keys.train_time])
+            float(r[self.keys.train_time]) + float(r.get(self.keys.he_time, 0.0))
             for r in silos.values()
             if "invalid-report" not in r and self.keys.train_time in r
         ]
