@@ -274,6 +274,7 @@ evaluate_metrics_aggr_fn :
             cpu_percent=metrics.get(keys.cpu_percent),  # type: ignore[arg-type]
             memory_percent=metrics.get(keys.memory_percent),  # type: ignore[arg-type]
             max_batch_size=cap if cap else None,  # type: ignore[arg-type]
+            fixed_time=metrics.get(keys.he_time),  # type: ignore[arg-type]
         )
         try:
             self.balancer.report(silo, report)
@@ -305,8 +306,9 @@ evaluate_metrics_aggr_fn :
     def _log_round(
         self, server_round: int, silos: dict[str, dict[str, Any]], wall: float | None
     ) -> None:
+        # A silo's round: its compute plus, in encrypted mode, encryption and decryption.
         times = [
-            float(r[self.keys.train_time])
+            float(r[self.keys.train_time]) + float(r.get(self.keys.he_time, 0.0))
             for r in silos.values()
             if "invalid-report" not in r and self.keys.train_time in r
         ]
