@@ -68,6 +68,14 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="accuracy for 'time to target' (default: 90%% of the lower best accuracy)",
     )
+    parser.add_argument(
+        "--encrypt",
+        type=Path,
+        default=None,
+        metavar="KEYDIR",
+        help="CKKS-encrypt the updates with the keys of `fl-lbbsp keys generate` in KEYDIR "
+        "(the server only adds ciphertexts; accuracy is evaluated on the silos)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder")
     parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
     parser.add_argument("--quiet", action="store_true", help="only print the summary")
@@ -87,54 +95,52 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(compare)
     _add_cluster_parser(sub)
     _add_deploy_local(sub)
+    keys = sub.add_parser("keys", help="CKKS keys for encrypted updates")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    generate = keys_sub.add_parser(
+        "generate",
+        help="write secret.ckks (silos), public.ckks (server) and fingerprint.txt",
+    )
+    generate.add_argument("--out", type=Path, required=True, help="folder for the key files")
+    generate.add_argument(
+        "--poly-modulus-degree", type=int, default=8192, help="ring degree N (default: 8192)"
+    )
+    generate.add_argument(
+        "--coeff-mod-bit-sizes",
+        type=_bit_sizes,
+        default=(60, 40),
+        help="coefficient-modulus prime sizes in bits (default: 60,40)",
+    )
+    generate.add_argument(
+        "--scale-bits", type=int, default=40, help="log2 of the CKKS scale (default: 40)"
+    )
+    generate.add_argument("--force", action="store_true", help="replace existing key files")
     return parser
 
 
-def _add_deploy_local(sub: Any) -> None:
-    deploy = sub.add_parser(
-        "deploy-local",
-        help="start a SuperLink and SuperNodes on 127.0.0.1 (TLS) for `flwr run`",
-        description="Start flower-superlink and one flower-supernode per silo on 127.0.0.1 "
-        "with free ports, TLS with a locally generated CA (unless --insecure), and print "
-        "the `flwr run` command for them. Ctrl-C stops everything.",
-    )
-    deploy.add_argument("--silos", type=int, default=3, help="SuperNodes (default: 3)")
-    deploy.add_argument(
-        "--speeds",
-        type=_speeds,
-        default=None,
-        help="emulated relative capacity per silo, e.g. 4,2,1 (default: all equal)",
-    )
-    deploy.add_argument(
-        "--workdir",
-        type=Path,
-        default=Path("runs/deploy"),
-        help="certificates, logs and Flower config (default: runs/deploy)",
-    )
-    deploy.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP on loopback)")
-    deploy.add_argument(
-        "--parallel-compute",
-        action="store_true",
-        help="let silos compute at the same time (default: one at a time on this machine)",
-    )
+def _bit_sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid --coeff-mod-bit-sizes {text!r}: expected integers like 60,40"
+        ) from None
 
 
-def _deploy_federation(args: argparse.Namespace) -> Any:
-    from .deploy import LocalFederation, slowdowns_from_speeds
+def _generate_keys(args: argparse.Namespace) -> int:
+    from .crypto import CKKSConfig, generate_keys, write_key_files
 
-    if args.silos <= 0:
-        raise ValueError(f"--silos must be positive, got {args.silos}")
-    if args.speeds is not None and len(args.speeds) != args.silos:
-        raise ValueError(
-            f"--speeds lists {len(args.speeds)} values but there are {args.silos} silos"
-        )
-    return LocalFederation(
-        args.workdir,
-        num_silos=args.silos,
-        slowdowns=None if args.speeds is None else slowdowns_from_speeds(args.speeds),
-        insecure=args.insecure,
-        serialize_compute=not args.parallel_compute,
+    config = CKKSConfig(
+        poly_modulus_degree=args.poly_modulus_degree,
+        coeff_mod_bit_sizes=args.coeff_mod_bit_sizes,
+        scale_bits=args.scale_bits,
     )
+    keys = generate_keys(config)
+    files = write_key_files(keys, args.out, overwrite=args.force)
+    print(f"secret context (give to every silo, keep from the server): {files.secret}")
+    print(f"public context (give to the server): {files.public}")
+    print(f"key fingerprint: {keys.fingerprint} ({files.fingerprint})")
+    return 0
 
 
 def _add_cluster_parser(sub: Any) -> None:
@@ -242,6 +248,53 @@ def _run_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_deploy_local(sub: Any) -> None:
+    deploy = sub.add_parser(
+        "deploy-local",
+        help="start a SuperLink and SuperNodes on 127.0.0.1 (TLS) for `flwr run`",
+        description="Start flower-superlink and one flower-supernode per silo on 127.0.0.1 "
+        "with free ports, TLS with a locally generated CA (unless --insecure), and print "
+        "the `flwr run` command for them. Ctrl-C stops everything.",
+    )
+    deploy.add_argument("--silos", type=int, default=3, help="SuperNodes (default: 3)")
+    deploy.add_argument(
+        "--speeds",
+        type=_speeds,
+        default=None,
+        help="emulated relative capacity per silo, e.g. 4,2,1 (default: all equal)",
+    )
+    deploy.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("runs/deploy"),
+        help="certificates, logs and Flower config (default: runs/deploy)",
+    )
+    deploy.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP on loopback)")
+    deploy.add_argument(
+        "--parallel-compute",
+        action="store_true",
+        help="let silos compute at the same time (default: one at a time on this machine)",
+    )
+
+
+def _deploy_federation(args: argparse.Namespace) -> Any:
+    from .deploy import LocalFederation, slowdowns_from_speeds
+
+    if args.silos <= 0:
+        raise ValueError(f"--silos must be positive, got {args.silos}")
+    if args.speeds is not None and len(args.speeds) != args.silos:
+        raise ValueError(
+            f"--speeds lists {len(args.speeds)} values but there are {args.silos} silos"
+        )
+    return LocalFederation(
+        args.workdir,
+        num_silos=args.silos,
+        slowdowns=None if args.speeds is None else slowdowns_from_speeds(args.speeds),
+        insecure=args.insecure,
+        serialize_compute=not args.parallel_compute,
+    )
+
+
 def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
     from .simulation import SimulationConfig
 
@@ -263,6 +316,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         max_change_ratio=args.max_change_ratio,
         parallel=args.parallel,
         out=out,
+        encrypt=args.encrypt,
     )
 
 
@@ -340,17 +394,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as err:
             parser.error(str(err))
         return serve(federation)
-    _setup_logging(args.quiet, args.verbose)
+    _setup_logging(getattr(args, "quiet", False), getattr(args, "verbose", False))
+    if args.command == "keys":
+        try:
+            return _generate_keys(args)
+        except ValidationError as err:
+            parser.error(_validation_message(err))
+        except FileExistsError as err:
+            parser.error(f"{err} (use --force)")
     if args.command == "simulate" and args.scheme not in ("fedavg", "lbbsp"):
         parser.error(f"unknown --scheme {args.scheme!r}: expected fedavg or lbbsp")
     from .datasets import DataSourceError
 
+    key_errors: tuple[type[Exception], ...] = ()
+    if getattr(args, "encrypt", None) is not None:
+        try:
+            from .crypto import KeyFileError
+        except ImportError as err:
+            parser.error(f"--encrypt: {err}")
+        key_errors = (KeyFileError,)
     try:
         return _run_cluster(args) if args.command == "cluster" else _run(args)
     except ValidationError as err:
         parser.error(_validation_message(err))
     except DataSourceError as err:
         parser.error(str(err))
+    except key_errors as err:  # key files missing, of the wrong kind, or altered
+        parser.error(f"--encrypt: {err}")
     return 2
 
 

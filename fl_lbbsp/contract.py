@@ -41,6 +41,15 @@ class RecordKeys(BaseModel):
         Reply ConfigRecord (and node_config): the silo's stable id.
     silo_record : str (default: "silo")
         Key of the reply's ConfigRecord that carries the silo id.
+    he_time : str (default: "he-time")
+        Metric: seconds spent decrypting the global model and encrypting the update
+        (encrypted mode), apart from ``train-time``; the linear allocator's fixed cost.
+    he_weight_total : str (default: "he-weight-total")
+        Config (encrypted mode): the total S the silo divides its weight n_i by before
+        multiplying its update, so that sum_i n_i / S is about 1.
+    he_num_silos : str (default: "he-num-silos")
+        Config (encrypted mode): the number of silos whose updates will be summed; each
+        leaves room in the CKKS range for that many.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -57,3 +66,6 @@ class RecordKeys(BaseModel):
     max_batch_size: str = "max-batch-size"
     silo_id: str = "silo-id"
     silo_record: str = "silo"
+    he_time: str = "he-time"
+    he_weight_total: str = "he-weight-total"
+    he_num_silos: str = "he-num-silos"

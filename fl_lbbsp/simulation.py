@@ -63,6 +63,11 @@ class SimulationConfig(BaseModel):
         contention between silos on a small machine.
     out : Path (default: runs/simulate)
         Folder for telemetry and reports.
+    encrypt : Path | None (default: None)
+        Key folder from ``fl-lbbsp keys generate``: silos send CKKS-encrypted updates
+        (``secret.ckks``), the server only adds them (``public.ckks``), and the test
+        accuracy is federated (each silo evaluates on its share of the test split).
+        ``None``: plaintext updates and central evaluation.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -84,6 +89,7 @@ class SimulationConfig(BaseModel):
     max_change_ratio: float | None = Field(default=2.0, gt=1, allow_inf_nan=False)
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/simulate")
+    encrypt: Path | None = None
 
     @classmethod
     def _positive_speeds(cls, speeds: tuple[float, ...] | None) -> tuple[float, ...] | None:
@@ -116,6 +122,8 @@ class SimulationConfig(BaseModel):
             seed=self.seed,
             model=self.model,
             slowdowns=tuple(f"{k:g}" for k in self.slowdowns),
+            secret_context=None if self.encrypt is None else str(self.encrypt),
+            evaluate_on="train" if self.encrypt is None else "test",
         )
 
     def telemetry_path(self) -> Path:
@@ -124,20 +132,33 @@ class SimulationConfig(BaseModel):
 
 
 def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
-    """The strategy of a simulated run (LB-BSP, or the same with balancing off)."""
-    return LBBSPFedAvg(
-        initial_batch_size=config.batch_size,
-        local_steps=config.local_steps,
-        lr=config.lr,
-        balance=config.scheme == "lbbsp",
-        estimator=config.estimator,
-        alpha=config.alpha,
-        allocator=config.allocator,
-        max_change_ratio=config.max_change_ratio,
-        telemetry_path=config.telemetry_path(),
-        fraction_evaluate=0.0,
-        min_train_nodes=config.silos,
-        min_available_nodes=config.silos,
+    """The strategy of a simulated run (LB-BSP, or the same with balancing off).
+
+    With ``config.encrypt`` it is :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`
+    with federated evaluation on every silo.
+    """
+    settings = {
+        "initial_batch_size": config.batch_size,
+        "local_steps": config.local_steps,
+        "lr": config.lr,
+        "balance": config.scheme == "lbbsp",
+        "estimator": config.estimator,
+        "alpha": config.alpha,
+        "allocator": config.allocator,
+        "max_change_ratio": config.max_change_ratio,
+        "telemetry_path": config.telemetry_path(),
+        "min_train_nodes": config.silos,
+        "min_available_nodes": config.silos,
+    }
+    if config.encrypt is None:
+        return LBBSPFedAvg(fraction_evaluate=0.0, **settings)  # type: ignore[arg-type]
+    from .strategies.encrypted import EncryptedLBBSPFedAvg
+
+    return EncryptedLBBSPFedAvg(
+        public_context=config.encrypt,
+        fraction_evaluate=1.0,
+        min_evaluate_nodes=config.silos,
+        **settings,
     )
 
 
@@ -159,7 +180,10 @@ def make_server_app(config: SimulationConfig) -> ServerApp:
             initial_arrays=ArrayRecord(model.state_dict()),
             num_rounds=config.rounds,
             train_config=ConfigRecord(),
-            evaluate_fn=central_evaluation(strategy, model, test),
+            # Encrypted: the server cannot read the model; the silos evaluate it.
+            evaluate_fn=None
+            if config.encrypt is not None
+            else central_evaluation(strategy, model, test),
         )
 
     return app
@@ -199,6 +223,11 @@ def run(config: SimulationConfig) -> list[dict[str, object]]:
     them is emulated. Data is loaded (and a bad path reported) before Flower starts.
     """
     load_source(config.dataset)  # fail fast on a bad dataset spec or path
+    if config.encrypt is not None:  # fail fast on missing or wrong key files
+        from .crypto import load_server_keys, load_silo_keys
+
+        server = load_server_keys(config.encrypt)
+        load_silo_keys(config.encrypt, fingerprint=server.fingerprint)
     path = config.telemetry_path()
     start_telemetry(path, config)
     run_engine(

@@ -174,7 +174,7 @@ def test_deadline_grid_collects_replies_at_its_polling_interval() -> None:
 
     # Assert: back soon after the last reply (not at the 5 s deadline, not 3 s polls)
     assert sorted(m.metadata.src_node_id for m in replies) == [1, 2]
-    assert 0.25 <= waited < 1.0
+    assert 0.25 <= waited < 2.0
     assert inner.pulls >= 5
     assert grid.last_timeout == 5.0
 
@@ -191,7 +191,7 @@ def test_deadline_grid_leaves_out_replies_that_miss_the_deadline() -> None:
 
     # Assert
     assert [m.metadata.src_node_id for m in replies] == [1]
-    assert 0.3 <= waited < 1.0
+    assert 0.3 <= waited < 2.0
 
 
 def test_deadline_grid_without_poll_interval_uses_the_grids_own_loop() -> None:

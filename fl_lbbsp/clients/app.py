@@ -1,5 +1,10 @@
 """The silo side as a Flower ClientApp: train with the batch size the server sends,
-time the compute, report psutil metrics and, if asked, emulate a slower machine."""
+time the compute, report psutil metrics and, if asked, emulate a slower machine.
+
+With a secret CKKS context the silo runs in encrypted mode: it decrypts the global model,
+trains, multiplies its parameters by ``n_i / S`` and encrypts them (see
+:mod:`fl_lbbsp.strategies.encrypted`), reporting the time spent on it as ``he-time``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import hashlib
 import logging
 import time
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -19,6 +25,9 @@ from ..datasets import ArrayDataset, PartitionSpec, load_source, partition_indic
 from ..models import build_model
 from .emulation import SlowdownSchedule, emulate_slowdown
 from .trainer import TrainerConfig, evaluate, machine_usage, train_local
+
+if TYPE_CHECKING:
+    from ..crypto import CKKSKeys, UpdateChecker
 
 __all__ = ["SiloSetup", "make_client_app", "silo_data"]
 
@@ -50,6 +59,14 @@ class SiloSetup(BaseModel):
         torch intra-op threads per silo process.
     keys : RecordKeys (default: RecordKeys())
         Record key names, the same as the strategy's.
+    secret_context : str | None (default: None)
+        Encrypted mode: the silos' secret CKKS context (``secret.ckks`` or its key folder,
+        from ``fl-lbbsp keys generate``); a node's ``node_config["secret-context"]``
+        overrides it. ``None``: plaintext updates.
+    evaluate_on : {"train", "test"} (default: "train")
+        Data a silo evaluates the global model on: its training partition, or its share
+        (every ``num_silos``-th sample) of the held-out test split, for federated test
+        accuracy when the server cannot evaluate (encrypted mode).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -63,6 +80,8 @@ class SiloSetup(BaseModel):
     test_fraction: float = Field(default=0.2, gt=0, lt=1)
     torch_threads: int = Field(default=1, gt=0)
     keys: RecordKeys = RecordKeys()
+    secret_context: str | None = None
+    evaluate_on: Literal["train", "test"] = "train"
 
 
 @lru_cache(maxsize=4)
@@ -93,6 +112,60 @@ def test_data(setup: SiloSetup) -> ArrayDataset:
     return _split(setup.dataset, setup.seed, setup.test_fraction)[1]
 
 
+def test_shard(setup: SiloSetup, partition_id: int) -> ArrayDataset:
+    """Silo ``partition_id``'s share of the held-out test set (every ``num_silos``-th)."""
+    test = test_data(setup)
+    return test.subset(np.arange(partition_id, len(test), setup.num_silos))
+
+
+@lru_cache(maxsize=4)
+def _silo_keys(path: str) -> tuple[CKKSKeys, UpdateChecker]:
+    from ..crypto import UpdateChecker, load_silo_keys
+
+    keys = load_silo_keys(path)
+    return keys, UpdateChecker(keys)
+
+
+def _open_arrays(
+    record: ArrayRecord, secret_context: str | None
+) -> tuple[dict[str, torch.Tensor], float]:
+    """The global model as a state dict, decrypted if it came encrypted, and the seconds
+    decryption took."""
+    from ..crypto.records import is_encrypted
+
+    if not is_encrypted(record):
+        return record.to_torch_state_dict(), 0.0
+    if secret_context is None:
+        raise ValueError("received an encrypted model but no secret context is configured")
+    from ..crypto import decrypt_update, unflatten
+    from ..crypto.records import update_from_record
+
+    keys, checker = _silo_keys(secret_context)
+    start = time.perf_counter()
+    update = update_from_record(record)
+    arrays = unflatten(decrypt_update(keys, update, checker=checker), update.layout)
+    seconds = time.perf_counter() - start
+    return {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in arrays.items()}, seconds
+
+
+def _encrypt_model(
+    model: torch.nn.Module, secret_context: str, *, weight: float, total: float, silos: int
+) -> tuple[ArrayRecord, float]:
+    """``Enc((weight / total) * parameters)`` as an ArrayRecord, and the seconds it took."""
+    from ..crypto import encrypt_update, flatten
+    from ..crypto.records import update_to_record
+
+    keys, _ = _silo_keys(secret_context)
+    start = time.perf_counter()
+    state = {name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
+    flat, layout = flatten(state)
+    update = encrypt_update(
+        keys, flat, weight=weight, total=total, max_contributors=silos, layout=layout
+    )
+    record = update_to_record(update)
+    return record, time.perf_counter() - start
+
+
 def _slowdown(setup: SiloSetup, context: Context, partition_id: int) -> SlowdownSchedule:
     value = context.node_config.get("slowdown")
     slowdowns = setup.slowdowns
@@ -111,23 +184,35 @@ def _seed(*parts: object) -> int:
 def make_client_app(setup: SiloSetup) -> ClientApp:
     """Build the silo ClientApp.
 
-    The silo reads ``partition-id`` (and optionally ``silo-id``, ``slowdown`` and
-    ``max-batch-size``) from its node_config, trains exactly tau steps with the batch size
-    in the train message, and replies with its parameters and the MetricRecord of the
-    contract (:class:`~fl_lbbsp.contract.RecordKeys`), plus ``compute-time`` (the real,
-    unemulated seconds), ``busy-time`` (real seconds in the handler, emulated wait
-    included: the server's wall time beyond it is messaging), ``slowdown`` (the emulated
-    factor k) and ``train-loss``.
+    The silo reads ``partition-id`` (and optionally ``silo-id``, ``slowdown``,
+    ``max-batch-size`` and ``secret-context``) from its node_config, trains exactly tau
+    steps with the batch size in the train message, and replies with its parameters and the
+    MetricRecord of the contract (:class:`~fl_lbbsp.contract.RecordKeys`), plus
+    ``compute-time`` (the real, unemulated seconds), ``busy-time`` (real seconds in the
+    handler, emulated wait included: the server's wall time beyond it is messaging),
+    ``slowdown`` (the emulated factor k) and ``train-loss``.
+
+    In encrypted mode (``setup.secret_context`` or ``node_config["secret-context"]``) the
+    parameters go out as ``Enc((n_i / S) * u_i)`` with S the config's ``he-weight-total``,
+    an update with NaN or inf is refused before encryption (the silo replies with an
+    error), and ``he-time`` reports the seconds spent decrypting and encrypting, emulated
+    like ``train-time`` (a k times slower machine also encrypts k times slower).
     """
     app = ClientApp()
     keys = setup.keys
 
-    def _model_and_data(msg: Message, context: Context) -> tuple[torch.nn.Module, ArrayDataset]:
+    def _secret_context(context: Context) -> str | None:
+        value = context.node_config.get("secret-context", setup.secret_context)
+        return None if value in (None, "") else str(value)
+
+    def _model_and_data(
+        state: dict[str, torch.Tensor], context: Context
+    ) -> tuple[torch.nn.Module, ArrayDataset]:
         torch.set_num_threads(setup.torch_threads)
         partition_id = int(context.node_config.get("partition-id", 0))
         data = silo_data(setup, partition_id)
         model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        model.load_state_dict(state)
         return model, data
 
     @app.train()
@@ -142,7 +227,9 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
         )
         partition_id = int(context.node_config.get("partition-id", 0))
         silo_id = str(context.node_config.get(keys.silo_id, partition_id))
-        model, data = _model_and_data(msg, context)
+        secret_context = _secret_context(context)
+        state, he_time = _open_arrays(msg.content["arrays"], secret_context)
+        model, data = _model_and_data(state, context)
         factor = _slowdown(setup, context, partition_id).factor(instructions.server_round)
         generator = torch.Generator().manual_seed(
             _seed(setup.seed, silo_id, instructions.server_round)
@@ -159,6 +246,18 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
         )
         cpu, memory = machine_usage()
         reported = emulate_slowdown(result.compute_time, factor)
+        extra: dict[str, Any] = {}
+        if secret_context is None:
+            arrays = ArrayRecord(model.state_dict())
+        else:
+            arrays, seconds = _encrypt_model(
+                model,
+                secret_context,
+                weight=float(len(data)),
+                total=float(config.get(keys.he_weight_total, 1.0)),  # type: ignore[arg-type]
+                silos=int(config.get(keys.he_num_silos, 1)),  # type: ignore[arg-type]
+            )
+            extra[keys.he_time] = emulate_slowdown(he_time + seconds, factor)
         metrics = MetricRecord(
             {
                 keys.num_examples: len(data),
@@ -172,11 +271,12 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
                 "busy-time": time.perf_counter() - started,
                 "slowdown": factor,
                 "train-loss": result.loss,
+                **extra,
             }
         )
         content = RecordDict(
             {
-                "arrays": ArrayRecord(model.state_dict()),
+                "arrays": arrays,
                 "metrics": metrics,
                 keys.silo_record: ConfigRecord({keys.silo_id: silo_id}),
             }
@@ -185,7 +285,10 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
 
     @app.evaluate()
     def evaluate_local(msg: Message, context: Context) -> Message:
-        model, data = _model_and_data(msg, context)
+        state, _ = _open_arrays(msg.content["arrays"], _secret_context(context))
+        model, data = _model_and_data(state, context)
+        if setup.evaluate_on == "test":
+            data = test_shard(setup, int(context.node_config.get("partition-id", 0)))
         loss, accuracy = evaluate(model, torch.from_numpy(data.x), torch.from_numpy(data.y))
         metrics = MetricRecord(
             {keys.num_examples: len(data), "eval-loss": loss, "eval-acc": accuracy}

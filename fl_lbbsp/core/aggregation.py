@@ -45,6 +45,11 @@ def normalised_weights(weights: Sequence[float]) -> list[float]:
 def weighted_sum(values: Sequence[V], weights: Sequence[float]) -> V:
     """Return ``sum_i weights[i] * values[i]`` (weights used as given).
 
+    A weight of exactly 1 adds the value as it is, without multiplying: CKKS ciphertexts
+    summed on the server (each already weighted by its silo) are only ever added, which
+    keeps their scale and needs no spare level in the modulus chain. A single value with
+    weight 1 is returned itself, not a copy.
+
     Parameters
     ----------
     values : sequence
@@ -57,11 +62,15 @@ def weighted_sum(values: Sequence[V], weights: Sequence[float]) -> V:
         raise ValueError(f"{len(values)} values but {len(weights)} weights")
     if not values:
         raise ValueError("cannot sum zero values")
-    acc: Any = values[0] * float(weights[0])  # type: ignore[operator]
+    acc: Any = _scaled(values[0], float(weights[0]))
     for value, weight in zip(values[1:], weights[1:], strict=True):
-        acc = acc + value * float(weight)  # type: ignore[operator]
+        acc = acc + _scaled(value, float(weight))
     result: V = acc
     return result
+
+
+def _scaled(value: Any, weight: float) -> Any:
+    return value if weight == 1.0 else value * weight
 
 
 def weighted_average(

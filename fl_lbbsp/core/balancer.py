@@ -54,6 +54,10 @@ class SiloReport:
         Memory utilisation of the silo's machine.
     max_batch_size : int | None (default: None)
         Largest batch size the silo can hold in memory (x_o).
+    fixed_time : float | None (default: None)
+        Seconds of per-round work that does not depend on the batch size and is not in
+        ``train_time``, e.g. encrypting and decrypting the model (``he-time``). The linear
+        allocator adds it to the silo's fixed cost b_i.
     """
 
     batch_size: int
@@ -62,6 +66,7 @@ class SiloReport:
     cpu_percent: float | None = None
     memory_percent: float | None = None
     max_batch_size: int | None = None
+    fixed_time: float | None = None
 
     def validate(self) -> None:
         """Raise :class:`InvalidReportError` if the report cannot feed the estimators."""
@@ -74,6 +79,10 @@ class SiloReport:
             _check_count("samples processed", self.samples)
         if self.max_batch_size is not None:
             _check_count("max batch size", self.max_batch_size)
+        if self.fixed_time is not None and (not _finite(self.fixed_time) or self.fixed_time < 0):
+            raise InvalidReportError(
+                f"fixed time must be finite and non-negative, got {self.fixed_time!r}"
+            )
         if not math.isfinite(self.speed):
             raise InvalidReportError(
                 f"speed {self.batch_size!r} samples in {self.train_time!r} s is not finite"
@@ -97,6 +106,7 @@ class _SiloState:
     history: deque[tuple[int, float]]
     max_batch_size: int | None = None
     steps: float = 1.0
+    fixed_time: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reports: int = 0
 
@@ -119,9 +129,10 @@ class BatchSizeBalancer:
         ``"linear"``: fit ``t_i = a_i * B + b_i`` per silo from its recent
         (batch size, time) pairs, weighted ``(1 - alpha)^age`` like the EMA, and solve the
         min-max exactly; a silo with fewer than two distinct batch sizes in its history
-        uses ``a_i = steps / v_i, b_i = 0`` from its predicted speed. Use it when a fixed
-        per-round cost (per-step overhead, encryption) is large against the
-        per-sample cost, where proportional allocation settles only slowly.
+        uses ``a_i = steps / v_i, b_i = 0`` from its predicted speed. A silo's reported
+        ``fixed_time`` (encryption, decryption), smoothed like the speed, is added to b_i.
+        Use it when a fixed per-round cost (per-step overhead, encryption) is large
+        against the per-sample cost, where proportional allocation settles only slowly.
         ``"iterative"``: Alg. 2, moving a few samples per round from the slowest silo
         to the fastest (:class:`~fl_lbbsp.core.iterative.IterativeAllocator`), for
         costs of any monotone shape (GPU saturation, launch overhead).
@@ -216,12 +227,21 @@ class BatchSizeBalancer:
         state.steps = report.steps
         if report.max_batch_size is not None:
             state.max_batch_size = int(report.max_batch_size)
+        if report.fixed_time is not None:
+            new = float(report.fixed_time)
+            old = state.fixed_time
+            state.fixed_time = new if old is None else self.alpha * new + (1 - self.alpha) * old
         state.last = {k: v for k, v in asdict(report).items() if v is not None}
 
     def predicted_speed(self, silo_id: str) -> float | None:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
         state = self._silos.get(silo_id)
         return None if state is None else state.estimator.predict()
+
+    def fixed_time(self, silo_id: str) -> float | None:
+        """Smoothed fixed per-round time of a silo (``he-time``), ``None`` if never reported."""
+        state = self._silos.get(silo_id)
+        return None if state is None else state.fixed_time
 
     @property
     def silo_ids(self) -> list[str]:
@@ -285,6 +305,7 @@ class BatchSizeBalancer:
                     "history": [list(pair) for pair in state.history],
                     "max_batch_size": state.max_batch_size,
                     "steps": state.steps,
+                    "fixed_time": state.fixed_time,
                     "last": state.last,
                     "reports": state.reports,
                 }
@@ -308,6 +329,7 @@ class BatchSizeBalancer:
                 ),
                 max_batch_size=saved["max_batch_size"],
                 steps=float(saved["steps"]),
+                fixed_time=saved.get("fixed_time"),
                 last=dict(saved.get("last", {})),
                 reports=int(saved.get("reports", len(saved["history"]))),
             )
@@ -431,6 +453,8 @@ class BatchSizeBalancer:
                 a[k] = steps / speeds[k]
             else:
                 a[k], b[k] = fit
+            if state is not None and state.fixed_time is not None:
+                b[k] += state.fixed_time
         return a, b
 
 

@@ -106,10 +106,11 @@ class OverheadTracker:
 def predicted_compute_time(
     balancer: BatchSizeBalancer, sizes: Mapping[str, int], local_steps: int
 ) -> float | None:
-    """Slowest predicted compute time of a round: ``max_i B_i * tau / v_i``.
+    """Slowest predicted silo time of a round: ``max_i B_i * tau / v_i + f_i``.
 
-    A silo without a prediction counts at the mean predicted speed of the others;
-    ``None`` when no silo has one.
+    ``f_i`` is the silo's smoothed fixed per-round time (``he-time`` in encrypted mode, 0
+    otherwise). A silo without a speed prediction counts at the mean predicted speed of
+    the others; ``None`` when no silo has one.
     """
     speeds = {silo: balancer.predicted_speed(silo) for silo in sizes}
     known = [v for v in speeds.values() if v is not None and v > 0]
@@ -118,6 +119,7 @@ def predicted_compute_time(
     mean = sum(known) / len(known)
     return max(
         sizes[silo] * local_steps / (v if v is not None and v > 0 else mean)
+        + (balancer.fixed_time(silo) or 0.0)
         for silo, v in speeds.items()
     )
 

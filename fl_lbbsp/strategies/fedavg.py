@@ -30,7 +30,14 @@ from ..core.aggregation import weighted_average
 from ..telemetry import TelemetryWriter
 from .config import BalancingConfig
 from .deadline import DeadlineGrid, DeadlinePolicy, OverheadTracker, predicted_compute_time
-from .rounds import allocate_batch_sizes, balancer_from_config, feed_balancer, log_round, missing
+from .rounds import (
+    allocate_batch_sizes,
+    balancer_from_config,
+    feed_balancer,
+    log_round,
+    missing,
+    silo_round_time,
+)
 
 __all__ = ["LBBSPFedAvg"]
 
@@ -393,7 +400,7 @@ evaluate_metrics_aggr_fn :
                 "n/a" if self._round_deadline is None else f"{self._round_deadline:.1f}",
             )
         times = [
-            float(r[self.keys.train_time])
+            silo_round_time(r, self.keys)
             for r in silos.values()
             if "invalid-report" not in r and self.keys.train_time in r
         ]

@@ -25,6 +25,7 @@ __all__ = [
     "missing",
     "natural_key",
     "silo_report",
+    "silo_round_time",
 ]
 
 log = logging.getLogger("fl_lbbsp")
@@ -89,6 +90,7 @@ def silo_report(
         cpu_percent=metrics.get(keys.cpu_percent),
         memory_percent=metrics.get(keys.memory_percent),
         max_batch_size=cap if cap else None,
+        fixed_time=metrics.get(keys.he_time),
     )
 
 
@@ -148,8 +150,9 @@ def log_round(
     extra : Mapping[str, Any] | None (default: None)
         More fields for the telemetry event (deadline, silos that missed it, ...).
     """
+    # A silo's round: its compute plus, in encrypted mode, encryption and decryption.
     times = [
-        float(r[keys.train_time])
+        silo_round_time(r, keys)
         for r in silos.values()
         if "invalid-report" not in r and keys.train_time in r
     ]
@@ -183,6 +186,11 @@ def log_round(
             **(extra or {}),
         }
     )
+
+
+def silo_round_time(record: Mapping[str, Any], keys: RecordKeys) -> float:
+    """A silo's reported round: ``train-time`` plus ``he-time`` (encrypted mode) if any."""
+    return float(record[keys.train_time]) + float(record.get(keys.he_time, 0.0))
 
 
 def natural_key(silo: str) -> tuple[int, str]:
