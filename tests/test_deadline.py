@@ -65,6 +65,15 @@ def test_predicted_compute_time_is_the_slowest_silo() -> None:
     assert predicted_compute_time(BatchSizeBalancer(initial_batch_size=1), {"x": 1}, 1) is None
 
 
+def test_predicted_compute_time_adds_the_fixed_per_round_time() -> None:
+    # Prepare: 100 samples/s plus 0.5 s of encryption per round (he-time)
+    balancer = BatchSizeBalancer(initial_batch_size=10, estimator="last")
+    balancer.report("a", SiloReport(batch_size=10, train_time=1.0, samples=100, fixed_time=0.5))
+
+    # Execute / Assert: 20 * 10 samples at 100/s, plus 0.5 s
+    assert predicted_compute_time(balancer, {"a": 20}, local_steps=10) == pytest.approx(2.5)
+
+
 # ------------------------------------------------------------------- fake grid
 class ScriptedGrid(Grid):
     """An in-process Grid: node ``n`` replies ``delays[n]`` s after the push (never if None).
@@ -257,6 +266,7 @@ def test_dead_silo_is_left_out_at_the_deadline_and_keeps_its_estimate(tmp_path) 
     for event in events[1:]:
         assert event["deadline"] == pytest.approx(0.4)
         assert event["missed"] == ["s3"]
+        assert event["sent"]["s3"] == 16  # still sent work, from its kept estimate
         assert sorted(event["silos"]) == ["s1", "s2"]
         assert 0.4 <= event["wall_time"] < 2.0
     assert elapsed < 5.0

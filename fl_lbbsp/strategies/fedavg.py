@@ -409,6 +409,7 @@ evaluate_metrics_aggr_fn :
         return {
             "deadline": self._round_deadline,
             "missed": [self.silo_id(node) for node in missed],
+            "sent": {self.silo_id(node): size for node, size in self._sent.items()},
             "poll_interval": self.poll_interval,
             # last reply created (its silo's clock) -> here: reply transfer and polling,
             # or the wait for a silo that missed the deadline
