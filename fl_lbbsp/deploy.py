@@ -236,7 +236,17 @@ def slowdowns_from_speeds(speeds: Sequence[float]) -> tuple[float, ...]:
 def stop_processes(pids: Sequence[int], *, grace: float = 5.0) -> list[int]:
     """SIGTERM each pid and its descendants, wait ``grace`` s, SIGKILL what is left.
 
-    Returns the pids that were still alive when SIGKILL was sent.
+    Parameters
+    ----------
+    pids : sequence of int
+        Processes to stop; their descendants are found (parent links) before any signal.
+    grace : float (default: 5.0)
+        Seconds between SIGTERM and SIGKILL.
+
+    Returns
+    -------
+    list of int
+        The pids that were still alive when SIGKILL was sent.
     """
     procs: dict[int, psutil.Process] = {}
     for pid in pids:
@@ -631,8 +641,19 @@ def _strip_ansi(text: str) -> str:
 def serve(federation: LocalFederation, *, check_every: float = 1.0) -> int:
     """Start ``federation``, print how to use it, keep it up until Ctrl-C or SIGTERM.
 
-    Returns 0 after Ctrl-C / SIGTERM, 1 if a SuperLink or SuperNode exits on its own.
     Every process is stopped on the way out, whatever ends it.
+
+    Parameters
+    ----------
+    federation : LocalFederation
+        The federation to start (not started yet).
+    check_every : float (default: 1.0)
+        Seconds between two checks that every process is still running.
+
+    Returns
+    -------
+    int
+        0 after Ctrl-C / SIGTERM, 1 if the SuperLink or a SuperNode exited on its own.
     """
 
     def _terminate(signum: int, frame: object) -> None:
