@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fl_lbbsp.report import fit_cost_line, format_table, summarise
+from fl_lbbsp.report import format_table, run_cost_lines, summarise
 from fl_lbbsp.simulation import SimulationConfig, run
 
 
@@ -28,10 +28,9 @@ def main() -> None:
         scheme: run(SimulationConfig(scheme=scheme, **common))  # type: ignore[arg-type]
         for scheme in ("fedavg", "lbbsp")
     }
-    cost = fit_cost_line(*events.values())
-    print(
-        format_table({s: summarise(e, cost=cost, target_accuracy=0.7) for s, e in events.items()})
-    )
+    _, costs = run_cost_lines(events)
+    summaries = {s: summarise(e, cost=costs[s], target_accuracy=0.7) for s, e in events.items()}
+    print(format_table(summaries))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,27 @@ def _speeds(text: str) -> list[float]:
         ) from None
 
 
+def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str, estimators: str) -> None:
+    """Flags with the same meaning in FL (`simulate`, `compare`) and cluster mode."""
+    parser.add_argument(
+        "--dataset",
+        default="embedded",
+        help="embedded | mnist:PATH | cifar10:PATH (default: embedded)",
+    )
+    parser.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
+    parser.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    parser.add_argument("--estimator", default="ema", help=f"{estimators} (default: ema)")
+    parser.add_argument("--alpha", type=float, default=0.2, help="EMA weight (default: 0.2)")
+    parser.add_argument(
+        "--parallel", type=int, default=1, help=f"{unit} computing at once (default: 1)"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
+    parser.add_argument("--quiet", action="store_true", help="only print the summary")
+    parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
+
+
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    _add_shared_flags(parser, unit="silos", estimators="ema | last")
     parser.add_argument("--silos", type=int, default=5, help="number of silos (default: 5)")
     parser.add_argument(
         "--speeds",
@@ -42,15 +62,6 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="B_init (default: 32)")
     parser.add_argument("--lr", type=float, default=0.05, help="eta (default: 0.05)")
     parser.add_argument(
-        "--dataset",
-        default="embedded",
-        help="embedded | mnist:PATH | cifar10:PATH (default: embedded)",
-    )
-    parser.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
-    parser.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
-    parser.add_argument("--estimator", default="ema", help="ema | last (default: ema)")
-    parser.add_argument("--alpha", type=float, default=0.2, help="EMA weight (default: 0.2)")
-    parser.add_argument(
         "--allocator", default="linear", help="linear | proportional (default: linear)"
     )
     parser.add_argument(
@@ -58,9 +69,6 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=2.0,
         help="largest factor a silo's batch size may change by per round (default: 2.0)",
-    )
-    parser.add_argument(
-        "--parallel", type=int, default=1, help="silos computing at once (default: 1)"
     )
     parser.add_argument(
         "--target-accuracy",
@@ -77,9 +85,6 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "(the server only adds ciphertexts; accuracy is evaluated on the silos)",
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder")
-    parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
-    parser.add_argument("--quiet", action="store_true", help="only print the summary")
-    parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +152,7 @@ def _add_cluster_parser(sub: Any) -> None:
     cluster = sub.add_parser(
         "cluster", help="parameter-server mode: one synchronous iteration per round"
     )
+    _add_shared_flags(cluster, unit="workers", estimators="ema | last | narx")
     cluster.add_argument(
         "--schemes",
         default="bsp,lbbsp,lbbsp-naive",
@@ -157,9 +163,6 @@ def _add_cluster_parser(sub: Any) -> None:
         "--speeds", type=_speeds, default=None, help="emulated capacity per worker, e.g. 4,2,1,1"
     )
     cluster.add_argument(
-        "--dataset", default="embedded", help="embedded | mnist:PATH | cifar10:PATH"
-    )
-    cluster.add_argument(
         "--data", default="full", help="full | shard: where workers draw samples (default: full)"
     )
     cluster.add_argument("--iterations", type=int, default=100, help="iterations (default: 100)")
@@ -168,10 +171,6 @@ def _add_cluster_parser(sub: Any) -> None:
     )
     cluster.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
     cluster.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default: 0)")
-    cluster.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
-    cluster.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
-    cluster.add_argument("--estimator", default="ema", help="ema | last | narx (default: ema)")
-    cluster.add_argument("--alpha", type=float, default=0.2, help="EMA weight (default: 0.2)")
     cluster.add_argument(
         "--allocator", default="linear", help="linear | proportional | iterative (default: linear)"
     )
@@ -187,18 +186,12 @@ def _add_cluster_parser(sub: Any) -> None:
         "--eval-every", type=int, default=5, help="evaluate every N iterations (default: 5)"
     )
     cluster.add_argument(
-        "--parallel", type=int, default=1, help="workers computing at once (default: 1)"
-    )
-    cluster.add_argument(
         "--target-accuracy",
         type=float,
         default=None,
         help="accuracy for 'iterations to target' (default: 95%% of BSP's final accuracy)",
     )
     cluster.add_argument("--out", type=Path, default=Path("runs/cluster"), help="output folder")
-    cluster.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
-    cluster.add_argument("--quiet", action="store_true", help="only print the summary")
-    cluster.add_argument("--verbose", action="store_true", help="also show Flower's own log")
 
 
 def _run_cluster(args: argparse.Namespace) -> int:
@@ -350,14 +343,14 @@ def _setup_logging(quiet: bool, verbose: bool) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .report import fit_cost_line, format_table, plot_comparison, summarise
+    from .report import format_table, plot_comparison, run_cost_lines, summarise
     from .simulation import run
 
     schemes = [args.scheme] if args.command == "simulate" else ["fedavg", "lbbsp"]
     out = args.out or Path("runs") / args.command
     configs = {scheme: _config(args, scheme, out) for scheme in schemes}  # validate all first
     events = {scheme: run(config) for scheme, config in configs.items()}
-    cost = fit_cost_line(*events.values())
+    cost, costs = run_cost_lines(events)
     target = args.target_accuracy
     if target is None:
         best = [
@@ -365,7 +358,9 @@ def _run(args: argparse.Namespace) -> int:
             for ev in events.values()
         ]
         target = 0.9 * min(best)
-    summaries = {s: summarise(ev, cost=cost, target_accuracy=target) for s, ev in events.items()}
+    summaries = {
+        s: summarise(ev, cost=costs[s], target_accuracy=target) for s, ev in events.items()
+    }
     print(format_table(summaries))
     png = plot_comparison(summaries, out / f"{args.command}.png")
     print(f"plot: {png}")

@@ -12,7 +12,14 @@ import numpy as np
 
 from .core import fit_linear_cost, ideal_round_time, linear_minmax_continuous
 
-__all__ = ["CostLine", "fit_cost_line", "format_table", "plot_comparison", "summarise"]
+__all__ = [
+    "CostLine",
+    "fit_cost_line",
+    "format_table",
+    "plot_comparison",
+    "run_cost_lines",
+    "summarise",
+]
 
 Events = Sequence[dict[str, Any]]
 
@@ -23,8 +30,10 @@ class CostLine:
     Silo i, emulated ``k_i`` times slower, costs ``k_i * (a * B + b)``.
     """
 
-    def __init__(self, a: float, b: float) -> None:
+    def __init__(self, a: float, b: float, *, fitted: bool = True) -> None:
         self.a, self.b = a, b
+        self.fitted = fitted
+        """False when the runs had one batch size only: a line through the origin."""
 
     def ideal(self, slowdowns: Sequence[float], total: int, *, min_batch_size: int = 1) -> float:
         """Ideal round time with a_i = k_i a, b_i = k_i b.
@@ -63,8 +72,21 @@ def fit_cost_line(*runs: Events) -> CostLine:
     fit = fit_linear_cost(xs, ts)
     if fit is None:
         a = float(np.sum(ts) / np.sum(xs))
-        return CostLine(a, 0.0)
+        return CostLine(a, 0.0, fitted=False)
     return CostLine(*fit)
+
+
+def run_cost_lines(runs: dict[str, Events]) -> tuple[CostLine, dict[str, CostLine]]:
+    """The pooled cost line of all runs, and the one each run's T* is measured against.
+
+    A run taken at another time may find the shared machine faster or slower, so each
+    run is held to the line fitted on its own silo-rounds when they show at least two
+    batch sizes (LB-BSP); a run where every silo kept one batch size (FedAvg) cannot
+    tell the fixed cost apart and uses the pooled line.
+    """
+    pooled = fit_cost_line(*runs.values())
+    own = {name: fit_cost_line(events) for name, events in runs.items()}
+    return pooled, {name: line if line.fitted else pooled for name, line in own.items()}
 
 
 def summarise(

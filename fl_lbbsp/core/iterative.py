@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["IterativeAllocator"]
@@ -203,9 +203,3 @@ class IterativeAllocator:
         allocator.sizes = {str(k): int(v) for k, v in state["sizes"].items()}
         allocator._times.extend({str(k): float(v) for k, v in t.items()} for t in state["times"])
         return allocator
-
-
-def equal_split(workers: Sequence[str], total: int) -> dict[str, int]:
-    """``total`` split as evenly as integers allow (the first workers get the extra)."""
-    base, extra = divmod(int(total), max(len(workers), 1))
-    return {w: base + (1 if k < extra else 0) for k, w in enumerate(workers)}
