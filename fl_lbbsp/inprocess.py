@@ -59,6 +59,10 @@ class InProcessGrid(Grid):
     first_node_id : int (default: 100)
         Node ids are ``first_node_id + i``.
 
+    Faults: :meth:`crash` makes a node die in the middle of its next message (no reply,
+    then offline), :meth:`disconnect` takes it offline at once, :meth:`reconnect` brings it
+    back. An exception in the ClientApp becomes an error reply, as in Flower.
+
     Notes
     -----
     Flower needs a task identity to build messages outside a run; it is set to this
@@ -95,6 +99,8 @@ class InProcessGrid(Grid):
             for i in range(num_nodes)
         }
         self._replies: dict[str, Message] = {}
+        self._offline: set[int] = set()
+        self._crashing: set[int] = set()
         self.log = _Log()
         if TaskIdentity._run_id is None:
             TaskIdentity.run_id, TaskIdentity.task_id = 1, 1
@@ -126,16 +132,40 @@ class InProcessGrid(Grid):
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
-        """Ids of the in-process nodes."""
-        return list(self._contexts)
+        """Ids of the in-process nodes that are online."""
+        return [node for node in self._contexts if node not in self._offline]
+
+    # Faults --------------------------------------------------------------------
+    def disconnect(self, node_id: int) -> None:
+        """Take a node offline now: it is no longer listed, and messages to it are lost."""
+        self._check_node(node_id)
+        self._offline.add(node_id)
+
+    def crash(self, node_id: int) -> None:
+        """Make a node die in the middle of its next message: it receives the message,
+        its ClientApp runs, and then it goes offline without replying."""
+        self._check_node(node_id)
+        self._crashing.add(node_id)
+
+    def reconnect(self, node_id: int) -> None:
+        """Bring a node back online under the same node id, its context (state) intact."""
+        self._check_node(node_id)
+        self._offline.discard(node_id)
+        self._crashing.discard(node_id)
+
+    def _check_node(self, node_id: int) -> None:
+        if node_id not in self._contexts:
+            raise ValueError(f"no node {node_id} in this grid")
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Deliver each message to its node's ClientApp right away and keep the reply."""
+        """Deliver each message to its node's ClientApp right away and keep the reply
+        (none from a node that is offline or crashes)."""
         ids = []
         for msg in messages:
             reply = self._deliver(msg)
             ids.append(msg.metadata.message_id)
-            self._replies[msg.metadata.message_id] = reply
+            if reply is not None:
+                self._replies[msg.metadata.message_id] = reply
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -148,11 +178,15 @@ class InProcessGrid(Grid):
         """Deliver every message and return the replies (``timeout`` is not needed)."""
         return list(self.pull_messages(self.push_messages(messages)))
 
-    def _deliver(self, msg: Message) -> Message:
+    def _deliver(self, msg: Message) -> Message | None:
         node_id = msg.metadata.dst_node_id
-        if node_id not in self._contexts:
-            raise ValueError(f"no node {node_id} in this grid")
+        self._check_node(node_id)
         msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        if node_id in self._offline:
+            self.log.transfers.append(
+                Transfer(node_id, msg.metadata.message_type, 0, 0, 0.0, "lost: node offline")
+            )
+            return None
         content, sent = _over_the_wire(msg.content)
         inbound = Message(content=content, metadata=msg.metadata)
         start = time.perf_counter()
@@ -163,6 +197,13 @@ class InProcessGrid(Grid):
             error = f"{type(err).__name__}: {err}"
             reply = Message(Error(code=0, reason=error), reply_to=inbound)
         seconds = time.perf_counter() - start
+        if node_id in self._crashing:
+            self._crashing.discard(node_id)
+            self._offline.add(node_id)
+            self.log.transfers.append(
+                Transfer(node_id, msg.metadata.message_type, sent, 0, seconds, "lost: crashed")
+            )
+            return None
         received = 0
         if reply.has_content():
             reply.content, received = _over_the_wire(reply.content)

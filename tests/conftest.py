@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 
@@ -45,3 +46,13 @@ class FakeGrid:
 
     def get_node_ids(self) -> list[int]:
         return list(self.node_ids)
+
+
+@pytest.fixture
+def fl_log(caplog):  # type: ignore[no-untyped-def]
+    """Capture the fl_lbbsp logger even when the CLI has stopped it from propagating."""
+    logger = logging.getLogger("fl_lbbsp")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.WARNING, logger="fl_lbbsp")
+    yield caplog
+    logger.removeHandler(caplog.handler)

@@ -69,6 +69,8 @@ def _step(aggregation: str, sizes: tuple[int, ...], times=(1.0, 1.0, 1.0), lr: f
     strategy.configure_train(
         1, ArrayRecord(model.state_dict()), ConfigRecord(), FakeGrid(list(NODES))
     )
+    # As if the balancer had sent these sizes (a reply must use the batch size it was sent)
+    strategy._sent = dict(zip(NODES, sizes, strict=True))
     replies = []
     for node, n, t, (x, y) in zip(NODES, sizes, times, _batches(sizes), strict=True):
         grads, _ = gradient(model, x, y)
@@ -129,9 +131,9 @@ def test_naive_and_weighted_agree_when_batch_sizes_are_equal() -> None:
 @pytest.mark.parametrize(
     ("times", "sizes", "reason"),
     [
-        ((1.0, math.nan, 1.0), (8, 16, 24), "train time"),
-        ((1.0, -0.5, 1.0), (8, 16, 24), "train time"),
-        ((1.0, 1.0, 1.0), (8, 0, 24), "batch size"),
+        ((1.0, math.nan, 1.0), (8, 16, 24), "train-time"),
+        ((1.0, -0.5, 1.0), (8, 16, 24), "train-time"),
+        ((1.0, 1.0, 1.0), (8, 0, 24), "batch-size"),
     ],
     ids=["nan-time", "negative-time", "zero-batch"],
 )

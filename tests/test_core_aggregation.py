@@ -102,6 +102,28 @@ def test_normalised_weights_rejects_bad_weights(bad: float) -> None:
         normalised_weights([2.0, bad])
 
 
+@pytest.mark.parametrize(
+    "weights",
+    [[1e308, 1e308], [math.ulp(0.0), math.ulp(0.0)], []],
+    ids=["sum-overflows", "subnormal", "empty"],
+)
+def test_normalised_weights_never_divide_by_zero_or_infinity(weights: list[float]) -> None:
+    # Execute
+    try:
+        factors = normalised_weights(weights)
+    except ValueError as err:
+        # Assert: a clear error, or factors that are finite and sum to one
+        assert "weights" in str(err) or "zero updates" in str(err)
+        return
+    assert all(math.isfinite(f) for f in factors)
+    assert math.fsum(factors) == pytest.approx(1.0)
+
+
+def test_normalised_weights_reject_a_sum_beyond_the_float_range() -> None:
+    with pytest.raises(ValueError, match="sum of the aggregation weights"):
+        normalised_weights([1e308, 1e308])
+
+
 def test_normalised_weights_sum_to_one() -> None:
     # Prepare / Execute
     factors = normalised_weights([1, 3, 4])

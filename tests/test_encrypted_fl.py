@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import make_reply
+from conftest import FakeGrid, make_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 pytest.importorskip("tenseal")
@@ -57,26 +57,6 @@ def key_files(tmp_path_factory):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def silo_keys(key_files):  # type: ignore[no-untyped-def]
     return load_silo_keys(key_files.secret)
-
-
-@pytest.fixture
-def fl_log(caplog):  # type: ignore[no-untyped-def]
-    """Capture the fl_lbbsp logger even when the CLI has stopped it from propagating."""
-    logger = logging.getLogger("fl_lbbsp")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.WARNING, logger="fl_lbbsp")
-    yield caplog
-    logger.removeHandler(caplog.handler)
-
-
-class FakeGrid:
-    """The part of flwr's Grid that node sampling uses."""
-
-    def __init__(self, node_ids: list[int]) -> None:
-        self.node_ids = node_ids
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.node_ids)
 
 
 # ------------------------------------------------------------------ full runs, in process

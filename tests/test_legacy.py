@@ -132,6 +132,57 @@ def test_legacy_server_loop_sends_each_client_its_own_batch_size(tmp_path) -> No
     assert events[-1]["idle_fraction"] < events[0]["idle_fraction"]
 
 
+class DamagedClient(CostModelClient):
+    """A CostModelClient whose result ``damage`` spoils."""
+
+    def __init__(self, damage, *args) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args)
+        self.damage = damage
+
+    def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+        return self.damage(*super().fit(parameters, config))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda w, n, m: ([np.full(3, np.nan, np.float32)], n, m), "'0' contains NaN or inf"),
+        (lambda w, n, m: ([np.zeros(4, np.float32)], n, m), "has shape (4,)"),
+        (lambda w, n, m: (w, 0, m), "num-examples must be an integer"),
+        (lambda w, n, m: (w, n, {**m, "batch-size": 5}), "batch-size 5 differs from the 32"),
+        (lambda w, n, m: (w, n, {**m, "train-time": -1.0}), "train-time must be positive"),
+    ],
+    ids=["nan", "shape", "zero-examples", "batch-size", "negative-time"],
+)
+def test_legacy_result_that_fails_validation_is_left_out(tmp_path, fl_log, damage, reason) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: client 103 (silo c) returns a damaged result
+    strategy = LBBSPStrategy(
+        initial_batch_size=32, local_steps=10, lr=0.05, telemetry_path=tmp_path / "t.jsonl",
+        fraction_evaluate=0.0, min_fit_clients=3, min_available_clients=3,
+        initial_parameters=ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]),
+    )  # fmt: skip
+    server, _ = _server(
+        strategy,
+        {
+            "101": CostModelClient("a", 400.0, 100, 1.0),
+            "102": CostModelClient("b", 200.0, 300, 2.0),
+            "103": DamagedClient(damage, "c", 100.0, 600, 4.0),
+        },
+    )
+
+    # Execute
+    server.fit(num_rounds=1, timeout=None)
+
+    # Assert: FedAvg's average of a and b only; the reason logged and in the telemetry
+    (weights,) = parameters_to_ndarrays(server.parameters)
+    np.testing.assert_allclose(weights, np.average([1.0, 2.0], weights=[100, 300]), rtol=1e-6)
+    events = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    [rejected] = [e for e in events if e["event"] == "rejected"]
+    assert (rejected["silo"], rejected["node"]) == ("c", "103") and reason in rejected["reason"]
+    assert strategy.balancer.predicted_speed("c") is None
+    assert any("reply of silo c (node 103) rejected" in r.getMessage() for r in fl_log.records)
+
+
 class ReadmeSilo(NumPyClient):
     """The silo side of README's "Plug LB-BSP into an existing Flower app", verbatim."""
 

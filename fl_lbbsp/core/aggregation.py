@@ -29,8 +29,8 @@ def normalised_weights(weights: Sequence[float]) -> list[float]:
     Raises
     ------
     ValueError
-        On an empty list or a weight that is not finite and positive (so aggregation never
-        divides by zero).
+        On an empty list, a weight that is not finite and positive, or weights whose sum
+        is not finite and positive (so aggregation never divides by zero or by infinity).
     """
     values = [float(w) for w in weights]
     if not values:
@@ -38,7 +38,14 @@ def normalised_weights(weights: Sequence[float]) -> list[float]:
     for w in values:
         if not math.isfinite(w) or w <= 0:
             raise ValueError(f"aggregation weights must be finite and positive, got {w!r}")
-    total = math.fsum(values)
+    try:
+        total = math.fsum(values)
+    except OverflowError:
+        total = math.inf
+    if not math.isfinite(total) or total <= 0:
+        raise ValueError(
+            f"the sum of the aggregation weights must be finite and positive, got {total!r}"
+        )
     return [w / total for w in values]
 
 

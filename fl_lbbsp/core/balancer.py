@@ -253,21 +253,33 @@ class BatchSizeBalancer:
         """The fixed total ``X = n * B_init`` for a round with ``num_silos`` silos."""
         return num_silos * self.initial_batch_size
 
-    def allocate(self, silo_ids: Iterable[str]) -> dict[str, int]:
+    def allocate(self, silo_ids: Iterable[str], *, total: int | None = None) -> dict[str, int]:
         """Next batch size of each silo in ``silo_ids``, summing to ``n * B_init``.
 
         A silo that never reported is predicted at the mean speed of those that did; when
         none has, every silo gets ``B_init``. Memory caps bound the result; if the caps
         make ``n * B_init`` unreachable, each capped silo gets its cap and the total is
         the sum of the caps.
+
+        Parameters
+        ----------
+        silo_ids : iterable of str
+            The silos of the round.
+        total : int | None (default: None)
+            The total X to split; ``None``: ``n * B_init``. A strategy passes the total of
+            the whole federation when some silos are gone, so that the others take their
+            share and the global batch stays the same.
         """
         ids = list(dict.fromkeys(silo_ids))
         if not ids:
             return {}
         n = len(ids)
+        if total is not None:
+            _check_positive_int("total", total)
+        wanted = self.total_batch_size(n) if total is None else total
         lower = np.full(n, float(self.min_batch_size))
         upper = np.array([self._upper(i) for i in ids])
-        total = int(np.clip(self.total_batch_size(n), lower.sum(), upper.sum()))
+        total = int(np.clip(wanted, lower.sum(), upper.sum()))
         lower, upper = self._change_limits(ids, total, lower, upper)
         speeds = self._speeds(ids)
         if speeds is None:

@@ -213,7 +213,7 @@ class EncryptedUpdate:
                 layout=tuple(TensorSpec.from_json(item) for item in meta["layout"]),
                 digests=tuple(str(d) for d in meta["digests"]),
             )
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, OverflowError) as err:
             raise InvalidUpdateError(f"unreadable header: {err}") from err
 
 

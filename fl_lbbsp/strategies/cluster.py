@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 from ..contract import RecordKeys
 from ..core.optim import SGD
 from .fedavg import LBBSPFedAvg, _array_record
+from .validation import DEFAULT_EXTRA_METRIC_KEYS
 
 __all__ = ["LBBSPCluster"]
 
@@ -37,9 +38,10 @@ class LBBSPCluster(LBBSPFedAvg):
     Workers get ``batch-size`` (their x_i), ``batch-offset`` (where their share starts in
     the round's global batch), ``local-steps`` = 1 and ``server-round`` in their
     ConfigRecord and reply with their gradient arrays (named like the weights)
-    and the contract's MetricRecord; ``batch-size`` there is the weight. A reply whose
-    report is unusable (non-finite, zero or negative time, batch size 0, ...) is logged
-    and left out of that update; the round goes on with the others.
+    and the contract's MetricRecord; ``batch-size`` there is the weight. A reply that
+    fails validation (non-finite, zero or negative time, a batch size other than the one
+    sent, gradients of another layout or with NaN, ...) is logged and left out of that
+    update; the round goes on with the others.
 
     Parameters
     ----------
@@ -64,6 +66,11 @@ keys, telemetry_path :
         allocator (``step``, ``window``, ...).
     min_train_nodes, min_available_nodes :
         As in :class:`flwr.serverapp.strategy.FedAvg` (every available worker trains).
+    min_train_silos, max_num_examples, max_reply_bytes, extra_metric_keys :
+        Reply validation, as in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; gradients
+        must have the weights' names, shapes and dtypes, and ``batch-size`` must be the
+        one sent. An iteration whose step would put NaN or inf into the weights is
+        skipped and leaves the momentum unchanged.
     """
 
     weight_key = "batch_size"
@@ -90,6 +97,10 @@ keys, telemetry_path :
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
         train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        min_train_silos: int = 1,
+        max_num_examples: int | None = None,
+        max_reply_bytes: int | None = None,
+        extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
     ) -> None:
         if aggregation not in ("weighted", "naive"):
             raise ValueError(f"unknown aggregation {aggregation!r}; expected 'weighted' or 'naive'")
@@ -114,6 +125,10 @@ keys, telemetry_path :
             min_evaluate_nodes=0,
             min_available_nodes=min_available_nodes,
             train_metrics_aggr_fn=train_metrics_aggr_fn,
+            min_train_silos=min_train_silos,
+            max_num_examples=max_num_examples,
+            max_reply_bytes=max_reply_bytes,
+            extra_metric_keys=extra_metric_keys,
         )
         self.aggregation = aggregation
         self.optimizer = SGD(lr=lr, momentum=momentum)
@@ -158,4 +173,9 @@ keys, telemetry_path :
             raise RuntimeError("aggregate_train called before configure_train")
         names, gradient = self._weighted_layers(contents, equal=self.aggregation == "naive")
         params = [self._weights[name].numpy() for name in names]
-        return _array_record(names, self.optimizer.step(params, gradient))
+        buffers = self.optimizer.buffers
+        try:
+            return _array_record(names, self.optimizer.step(params, gradient))
+        except ValueError:
+            self.optimizer.buffers = buffers  # a skipped step leaves the momentum as it was
+            raise

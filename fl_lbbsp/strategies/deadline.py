@@ -155,6 +155,7 @@ class DeadlineGrid(Grid):
         self.timeout_fn = timeout_fn
         self.poll_interval = poll_interval
         self.last_timeout: float | None = None
+        self._late: dict[int, float] = {}
 
     # Plain delegation ---------------------------------------------------------
     def set_run(self, run: Run) -> None:
@@ -197,12 +198,22 @@ class DeadlineGrid(Grid):
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        """Push ``messages``; return the replies that arrive before the deadline."""
+        """Push ``messages``; return the replies collected until the deadline.
+
+        A reply that a pull started before the deadline brings back after it is returned
+        too, and :meth:`seconds_late` says by how much it missed.
+        """
         timeout = self.timeout_fn(timeout)
         self.last_timeout = timeout
+        self._late = {}
         if self.poll_interval is None:
             return self.grid.send_and_receive(messages, timeout=timeout)
         return self._collect(list(messages), timeout, self.poll_interval)
+
+    def seconds_late(self, reply: Message) -> float | None:
+        """Seconds after the deadline at which ``reply``, from the last
+        ``send_and_receive``, came in; ``None`` if it was on time (or not collected here)."""
+        return self._late.get(id(reply))
 
     def _collect(
         self, messages: list[Message], timeout: float | None, interval: float
@@ -214,6 +225,8 @@ class DeadlineGrid(Grid):
         replies: list[Message] = []
         while pending:
             got = list(self.grid.pull_messages(list(pending)))
+            if end is not None and (late := time.monotonic() - end) > 0:
+                self._late.update((id(reply), late) for reply in got)
             replies.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             if not pending:

@@ -4,12 +4,13 @@ Each silo multiplies its parameters after local training ``u_i`` by ``w_i = n_i 
 (``n_i``: its local dataset size, ``S``: the total this strategy announces for the round),
 encrypts them under the federation's CKKS key and replies with the ciphertexts, the key
 fingerprint and its plaintext ``w_i``. The server checks every reply (fingerprint, chunk
-count, sizes, digests, ciphertext structure, ``w_i = n_i / S``), leaves out any that fails
-with the reason logged, adds the rest and sends back ``sum_i Enc(w_i u_i)`` with the plaintext
-``sum_i w_i``; silos decrypt and divide. Apart from the initial model it creates itself, the
-server never holds plaintext parameters, and evaluation is federated (silos decrypt and
-evaluate). Balancing is unchanged: batch sizes still follow the silos' reported
-``train-time``, and their ``he-time`` is the linear allocator's fixed cost.
+count, sizes, digests, ciphertext structure, ``w_i = n_i / S``, and the metric checks of
+every strategy), leaves out any that fails with the reason logged, adds the rest and sends
+back ``sum_i Enc(w_i u_i)`` with the plaintext ``sum_i w_i``; silos decrypt and divide.
+Apart from the initial model it creates itself, the server never holds plaintext
+parameters, and evaluation is federated (silos decrypt and evaluate). Balancing is
+unchanged: batch sizes still follow the silos' reported ``train-time``, and their
+``he-time`` is the linear allocator's fixed cost.
 
 References: Chen et al., IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL); Cheon et al.,
 ASIACRYPT 2017 (CKKS); Zhang et al., "BatchCrypt", USENIX ATC 2020.
@@ -38,6 +39,7 @@ from ..crypto import (
 )
 from ..crypto.records import is_encrypted, update_from_record, update_to_record
 from .fedavg import LBBSPFedAvg
+from .validation import InvalidReplyError
 
 __all__ = ["EncryptedLBBSPFedAvg"]
 
@@ -143,28 +145,15 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         """Check every encrypted reply, leave out those that fail, add the others.
 
         Returns the encrypted sum with its plaintext weight sum, and the train metrics of
-        the accepted silos; the balancer sees their ``train-time`` and ``he-time``.
+        the accepted silos; the balancer sees their ``train-time`` and ``he-time``. The
+        checks are :class:`LBBSPFedAvg`'s, with :class:`~fl_lbbsp.crypto.UpdateChecker`
+        and the weight ``num-examples / S`` in place of the plaintext array checks.
         """
-        accepted = []
         self._parsed = {}
-        for msg in replies:
-            if not msg.has_error():
-                try:
-                    self._parsed[id(msg.content)] = self._check_reply(msg)
-                except InvalidUpdateError as err:
-                    self._reject(server_round, msg, str(err))
-                    continue
-            accepted.append(msg)
         try:
-            arrays, metrics = super().aggregate_train(server_round, accepted)
+            return super().aggregate_train(server_round, replies)
         finally:
             self._parsed = {}
-        for msg in accepted:
-            if msg.has_content():
-                metric = next(iter(msg.content.metric_records.values()))
-                silo = self.silo_id(msg.metadata.src_node_id)
-                self._num_examples[silo] = float(metric[self.weighted_by_key])  # type: ignore[arg-type]
-        return arrays, metrics
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -205,45 +194,37 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
             self.he_keys, num_values=sum(spec.size for spec in layout), layout=layout
         )
 
-    def _check_reply(self, msg: Message) -> ParsedUpdate:
-        records = list(msg.content.array_records.values())
-        if len(records) != 1:
-            raise InvalidUpdateError(f"{len(records)} ArrayRecords in the reply, expected 1")
-        update = update_from_record(records[0])
-        if self._checker is None:
-            self._checker = UpdateChecker(self.he_keys)
-        parsed = self._checker.check(update)
-        metrics = list(msg.content.metric_records.values())
-        n = metrics[0].get(self.weighted_by_key) if len(metrics) == 1 else None
-        if isinstance(n, int | float) and not isinstance(n, bool):
-            expected = float(n) / self._weight_total
-            if not math.isclose(update.weight, expected, rel_tol=self.weight_tolerance):
-                raise InvalidUpdateError(
-                    f"weight {update.weight!r} is not {self.weighted_by_key} / S = "
-                    f"{n} / {self._weight_total:g} = {expected!r}"
-                )
-        return parsed
+    def _check_arrays(self, msg: Message) -> None:
+        """The ciphertexts pass :class:`UpdateChecker` and the weight is ``n_i / S``."""
+        try:
+            update = update_from_record(next(iter(msg.content.array_records.values())))
+            if self._checker is None:
+                self._checker = UpdateChecker(self.he_keys)
+            parsed = self._checker.check(update)
+        except InvalidUpdateError as err:
+            raise InvalidReplyError(str(err)) from err
+        metrics = next(iter(msg.content.metric_records.values()))
+        n = float(metrics[self.weighted_by_key])  # type: ignore[arg-type]
+        expected = n / self._weight_total
+        if not math.isclose(update.weight, expected, rel_tol=self.weight_tolerance):
+            raise InvalidReplyError(
+                f"weight {update.weight!r} is not {self.weighted_by_key} / S = "
+                f"{n:g} / {self._weight_total:g} = {expected!r}"
+            )
+        self._parsed[id(msg.content)] = parsed
 
-    def _reject(self, server_round: int, msg: Message, reason: str) -> None:
-        node = msg.metadata.src_node_id
-        silo_record = msg.content.config_records.get(self.keys.silo_record)
-        silo = (
-            str(silo_record[self.keys.silo_id])
-            if silo_record is not None and self.keys.silo_id in silo_record
-            else self.silo_id(node)
-        )
-        log.warning(
-            "round %d: encrypted update of silo %s (node %d) rejected: %s; "
-            "the round goes on without it",
-            server_round,
-            silo,
-            node,
-            reason,
-        )
-        self.telemetry.write(
-            {"event": "rejected", "scheme": self.scheme, "round": server_round, "silo": silo,
-             "reason": reason}
-        )  # fmt: skip
+    def _expected_reply_bytes(self) -> int:
+        """The largest encrypted update of the model: chunks at their largest size."""
+        if self._checker is None or self._checker.num_values is None:
+            return super()._expected_reply_bytes()
+        chunks = -(-self._checker.num_values // self.he_keys.config.slots)
+        return chunks * self._checker.chunk_bytes[1]
+
+    def _record_report(self, msg: Message) -> tuple[str, dict[str, Any]]:
+        silo, record = super()._record_report(msg)
+        metric = next(iter(msg.content.metric_records.values()))
+        self._num_examples[silo] = float(metric[self.weighted_by_key])  # type: ignore[arg-type]
+        return silo, record
 
     def _average_arrays(self, contents: list[RecordDict]) -> ArrayRecord:
         parsed = []

@@ -38,6 +38,18 @@ from .rounds import (
     missing,
     silo_round_time,
 )
+from .validation import (
+    DEFAULT_EXTRA_METRIC_KEYS,
+    InvalidReplyError,
+    Layout,
+    ReplyValidator,
+    check_array_record,
+    check_limits,
+    layout_of,
+    log_rejected,
+    log_skipped,
+    reply_nbytes,
+)
 
 __all__ = ["LBBSPFedAvg"]
 
@@ -113,6 +125,31 @@ min_available_nodes, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, \
 evaluate_metrics_aggr_fn :
         As in :class:`flwr.serverapp.strategy.FedAvg`; the aggregation weight key is
         ``keys.num_examples``.
+    min_train_silos : int (default: 1)
+        Fewest valid replies a round needs: with fewer, the round is skipped (the global
+        model stays as it was, ``aggregate_train`` returns ``(None, None)``) and the reason
+        is logged. Flower's ``min_train_nodes`` is how many nodes are *sampled*.
+    max_num_examples : int | None (default: None)
+        Largest ``num-examples`` a reply may claim; a reply above it is rejected.
+        ``None``: 2**53, the largest integer a float holds exactly.
+    max_reply_bytes : int | None (default: None)
+        A reply whose records hold more bytes is rejected before any of it is converted.
+        ``None``: four times the size of the model sent (the largest ciphertext update in
+        encrypted mode) plus 1 MiB.
+    extra_metric_keys : iterable of str | None (default: DEFAULT_EXTRA_METRIC_KEYS)
+        Metrics a reply may send beyond the contract's (``compute-time``, ``busy-time``,
+        ``startup-time``, ``slowdown``, ``train-loss`` by default, what the shipped silo
+        apps send); a reply with any other key is rejected. ``None`` accepts any key.
+
+    Notes
+    -----
+    Every train reply is checked before any of it is aggregated or reported to the
+    balancer (:mod:`fl_lbbsp.strategies.validation`): error replies, a second reply from
+    the same node or silo, replies to another round's messages or after the deadline,
+    oversized replies, missing or extra metrics, times, counts and batch sizes out of
+    range, arrays that differ from the global model in names, shapes or dtypes, and NaN or
+    inf. A rejected reply gets one warning naming round, silo, node and reason, and a
+    ``rejected`` telemetry event; it counts neither in the sum nor in the weights.
     """
 
     weight_key = "num_examples"
@@ -148,6 +185,10 @@ evaluate_metrics_aggr_fn :
         configrecord_key: str = "config",
         train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        min_train_silos: int = 1,
+        max_num_examples: int | None = None,
+        max_reply_bytes: int | None = None,
+        extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
     ) -> None:
         self.keys = keys or RecordKeys()
         super().__init__(
@@ -192,6 +233,21 @@ evaluate_metrics_aggr_fn :
         self._overhead = OverheadTracker(self.deadline.overhead_rounds)
         self._timeout_cap: float | None = None
         self._round_deadline: float | None = None
+        # Reply validation and lost silos
+        check_limits(min_train_silos=min_train_silos, max_reply_bytes=max_reply_bytes)
+        self.min_train_silos = min_train_silos
+        self.max_reply_bytes = max_reply_bytes
+        self.validator = ReplyValidator(
+            keys=self.keys,
+            weight_key=self.weighted_by_key,
+            extra_metric_keys=extra_metric_keys,
+            max_num_examples=max_num_examples,
+        )
+        self._layout: Layout | None = None
+        self._sent_bytes = 0
+        self._messages: list[Message] = []
+        self._federation_size = 0
+        self._deadline_grid: DeadlineGrid | None = None
 
     @property
     def scheme(self) -> str:
@@ -220,15 +276,22 @@ evaluate_metrics_aggr_fn :
         return self._silo_of_node.get(node_id, f"node-{node_id}")
 
     def batch_sizes(self, node_ids: Iterable[int]) -> dict[int, int]:
-        """Batch size of each node for the next round (B_init for all when not balancing)."""
+        """Batch size of each node for the next round (B_init for all when not balancing).
+
+        The total is ``X = n * B_init`` for the largest number n of nodes sampled in any
+        round so far: when silos are gone (crashed, disconnected), the others take their
+        share, so the global batch stays the same.
+        """
         silo_of = {node: self.silo_id(node) for node in node_ids}
-        return allocate_batch_sizes(self.balancer, self.config, silo_of)
+        total = self.config.initial_batch_size * max(len(silo_of), self._federation_size)
+        return allocate_batch_sizes(self.balancer, self.config, silo_of, total=total)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Sample nodes like FedAvg, then give each its own ConfigRecord and batch size."""
         sampled = list(super().configure_train(server_round, arrays, ConfigRecord(config), grid))
+        self._federation_size = max(self._federation_size, len(sampled))
         sizes = self.batch_sizes(msg.metadata.dst_node_id for msg in sampled)
         messages = []
         for node_id, batch_size in sizes.items():
@@ -242,6 +305,10 @@ evaluate_metrics_aggr_fn :
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
             )
         self._sent = sizes
+        self._messages = messages
+        # What a reply must look like: names, shapes and dtypes only, no copy of values.
+        self._layout = layout_of(arrays)
+        self._sent_bytes = sum(len(array.data) for array in arrays.values())
         self._round_deadline = self.round_deadline(sizes)
         self._sent_at = time.time()
         self._round_started = time.perf_counter()
@@ -250,14 +317,20 @@ evaluate_metrics_aggr_fn :
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Feed the silos' reports to the balancer and average their parameters.
+        """Check every reply, feed the valid ones to the balancer, average their parameters.
 
         Parameters are weighted by ``num-examples`` (the local dataset size), whatever
-        batch size each silo ran with.
+        batch size each silo ran with. Rejected replies (see the class notes) are logged
+        and left out; with fewer than ``min_train_silos`` valid replies, or if the
+        aggregate cannot be formed, the round is skipped: ``(None, None)``, and Flower
+        keeps the previous global model.
         """
         wall = None if self._round_started is None else time.perf_counter() - self._round_started
         received_at = time.time()
-        valid, _ = self._check_and_log_replies(list(replies), is_train=True)
+        replies = list(replies)
+        self._check_and_log_replies(replies, is_train=True, validate=False)
+        rejected: list[dict[str, Any]] = []
+        valid = self._screen(server_round, replies, rejected)
         silos: dict[str, dict[str, Any]] = {}
         accepted = []
         for msg in valid:
@@ -267,14 +340,155 @@ evaluate_metrics_aggr_fn :
             if self._accept(silo, record):
                 accepted.append(msg)
         arrays = metrics = None
-        if accepted:
+        skipped = None
+        if len(accepted) < self.min_train_silos:
+            skipped = (
+                f"{len(accepted)} valid repl{'y' if len(accepted) == 1 else 'ies'}, "
+                f"min_train_silos is {self.min_train_silos}"
+            )
+        else:
             contents = [msg.content for msg in accepted]
-            arrays = self._combine(server_round, contents)
-            metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+            try:
+                arrays = self._combine(server_round, contents)
+            except ValueError as err:
+                skipped = f"no aggregate: {err}"
+            else:
+                metrics = self._aggregate_metrics(server_round, contents)
+        if skipped is not None:
+            log_skipped(
+                self.telemetry, scheme=self.scheme, server_round=server_round, reason=skipped
+            )
+        extra = self._deadline_report(replies, silos, wall, received_at)
         self._log_round(
-            server_round, silos, wall, extra=self._deadline_report(valid, silos, wall, received_at)
+            server_round, silos, wall, extra={**extra, "rejected": rejected, "skipped": skipped}
         )
         return arrays, metrics
+
+    # ------------------------------------------------------------ validation
+    def _screen(
+        self, server_round: int, replies: list[Message], rejected: list[dict[str, Any]]
+    ) -> list[Message]:
+        """The replies that pass every check, in order; the others are rejected."""
+        sent_ids = {msg.metadata.message_id for msg in self._messages} - {""}
+        nodes: set[int] = set()
+        silos: set[str] = set()
+        valid = []
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            try:
+                self._check_origin(msg, sent_ids)
+                # The first reply of this round from a node, or for a silo, is the one.
+                if node in nodes:
+                    raise InvalidReplyError(f"a second reply from node {node} in this round")
+                nodes.add(node)
+                silo = self._claimed_silo(msg)
+                if silo in silos:
+                    raise InvalidReplyError(f"a second reply for silo {silo} in this round")
+                silos.add(silo)
+                if msg.has_error():
+                    raise InvalidReplyError(f"error reply: {msg.error.reason}")
+                self._check_content(msg)
+            except InvalidReplyError as err:
+                self._reject(server_round, msg, str(err), rejected)
+                continue
+            valid.append(msg)
+        return valid
+
+    def _claimed_silo(self, msg: Message) -> str:
+        """The silo id a reply claims (its node's known id if it claims none)."""
+        node = msg.metadata.src_node_id
+        if not msg.has_content():
+            return self.silo_id(node)
+        record = msg.content.config_records.get(self.keys.silo_record)
+        if record is None or self.keys.silo_id not in record:
+            return self.silo_id(node)
+        value = record[self.keys.silo_id]
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise InvalidReplyError(f"{self.keys.silo_id} must be a string, got {value!r:.60}")
+        return str(value)
+
+    def _check_origin(self, msg: Message, sent_ids: set[str]) -> None:
+        """Whether the reply answers a train message of this round (``sent_ids``, once the
+        grid has given them ids), in time."""
+        node = msg.metadata.src_node_id
+        if sent_ids and msg.metadata.reply_to_message_id not in sent_ids:
+            raise InvalidReplyError("not a reply to a train message of this round (stale)")
+        if self._sent and node not in self._sent:
+            raise InvalidReplyError(f"node {node} was not sent a train message this round")
+        late = None if self._deadline_grid is None else self._deadline_grid.seconds_late(msg)
+        if late is not None:
+            raise InvalidReplyError(
+                f"arrived {late:.2f} s after the round deadline of "
+                f"{self._deadline_grid.last_timeout or 0.0:.1f} s"  # type: ignore[union-attr]
+            )
+
+    def _check_content(self, msg: Message) -> None:
+        """Size, record structure, metrics and arrays of a reply."""
+        content = msg.content
+        cap = self.reply_cap()
+        size = reply_nbytes(content)
+        if size > cap:
+            raise InvalidReplyError(f"reply of {size} bytes is over the {cap}-byte cap")
+        for kind, records in (
+            ("ArrayRecords", content.array_records),
+            ("MetricRecords", content.metric_records),
+        ):
+            if len(records) != 1:
+                raise InvalidReplyError(f"{len(records)} {kind} in the reply, expected 1")
+        metrics = next(iter(content.metric_records.values()))
+        self.validator.check_metrics(
+            metrics, sent_batch_size=self._sent.get(msg.metadata.src_node_id)
+        )
+        try:
+            self._check_arrays(msg)
+        except InvalidReplyError:
+            raise
+        except Exception as err:  # noqa: BLE001 - hostile bytes may break any parser
+            raise InvalidReplyError(f"unreadable arrays ({type(err).__name__}: {err})") from err
+
+    def _check_arrays(self, msg: Message) -> None:
+        """Plaintext arrays: the global model's names, shapes and dtypes, all finite."""
+        if self._layout is None:
+            raise InvalidReplyError("no plaintext global model to compare the arrays with")
+        check_array_record(next(iter(msg.content.array_records.values())), self._layout)
+
+    def reply_cap(self) -> int:
+        """Largest reply in bytes accepted this round (``max_reply_bytes`` or automatic)."""
+        if self.max_reply_bytes is not None:
+            return self.max_reply_bytes
+        return 4 * self._expected_reply_bytes() + (1 << 20)
+
+    def _expected_reply_bytes(self) -> int:
+        return self._sent_bytes
+
+    def _reject(
+        self, server_round: int, msg: Message, reason: str, rejected: list[dict[str, Any]]
+    ) -> None:
+        """One warning and one telemetry event for a reply left out of the round."""
+        node = msg.metadata.src_node_id
+        try:
+            silo = self._claimed_silo(msg)
+        except InvalidReplyError:
+            silo = self.silo_id(node)
+        rejected.append(
+            log_rejected(
+                self.telemetry,
+                scheme=self.scheme,
+                server_round=server_round,
+                silo=silo,
+                node=node,
+                reason=reason,
+            )
+        )
+
+    def _aggregate_metrics(
+        self, server_round: int, contents: list[RecordDict]
+    ) -> MetricRecord | None:
+        try:
+            return self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        except (ValueError, TypeError, ArithmeticError) as err:
+            log.warning("round %d: train metrics not aggregated: %s", server_round, err)
+            return None
 
     def _accept(self, silo: str, record: dict[str, Any]) -> bool:
         """Whether a reply enters the aggregate: in FL every reply does, weighted by its
@@ -356,6 +570,7 @@ evaluate_metrics_aggr_fn :
         """
         self._timeout_cap = timeout
         wrapped = DeadlineGrid(grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval)
+        self._deadline_grid = wrapped
         return super().start(
             grid=wrapped,
             initial_arrays=initial_arrays,
@@ -386,13 +601,13 @@ evaluate_metrics_aggr_fn :
 
     def _deadline_report(
         self,
-        valid: list[Message],
+        replies: list[Message],
         silos: dict[str, dict[str, Any]],
         wall: float | None,
         received_at: float,
     ) -> dict[str, Any]:
-        """Note who missed the deadline, learn the messaging overhead; telemetry fields."""
-        missed = missing(self._sent, (msg.metadata.src_node_id for msg in valid))
+        """Note who sent no reply in time, learn the messaging overhead; telemetry fields."""
+        missed = missing(self._sent, (msg.metadata.src_node_id for msg in replies))
         if missed:
             log.warning(
                 "no usable reply from %s within %s s: left out, estimates kept",
@@ -421,4 +636,8 @@ evaluate_metrics_aggr_fn :
 
 
 def _array_record(names: list[str], arrays: list[np.ndarray]) -> ArrayRecord:
+    """The aggregate as an ArrayRecord; ValueError if it holds NaN or inf."""
+    for name, arr in zip(names, arrays, strict=True):
+        if not np.isfinite(arr).all():
+            raise ValueError(f"the aggregate of array {name!r} holds NaN or inf")
     return ArrayRecord({name: Array(arr) for name, arr in zip(names, arrays, strict=True)})

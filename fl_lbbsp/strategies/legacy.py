@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,17 @@ from .rounds import (
     feed_balancer,
     log_round,
     missing,
+)
+from .validation import (
+    DEFAULT_EXTRA_METRIC_KEYS,
+    InvalidReplyError,
+    Layout,
+    ReplyValidator,
+    check_limits,
+    check_npy_list,
+    layout_of_npy,
+    log_rejected,
+    log_skipped,
 )
 
 __all__ = ["LBBSPStrategy"]
@@ -79,6 +91,13 @@ class LBBSPStrategy(FedAvg):
         ``keys.silo_id`` (``silo-id``) entry of its fit metrics (else its cid).
     telemetry_path : str | Path | None (default: None)
         JSON-lines file the per-round telemetry is appended to.
+    min_train_silos, max_num_examples, max_reply_bytes, extra_metric_keys :
+        Reply validation, as in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`: every
+        ``FitRes`` is checked (metrics, ``num_examples``, batch size sent, the parameters'
+        shapes and dtypes against those sent, NaN and inf, size, one result per client and
+        per silo) before it reaches the balancer or FedAvg's average; a rejected one is
+        logged, written to the telemetry and handed to FedAvg as a failure (so
+        ``accept_failures=False`` drops the round). ``silo-id`` is accepted in the metrics.
     **fedavg_kwargs : Any
         Everything :class:`flwr.server.strategy.FedAvg` takes (``fraction_fit``,
         ``min_fit_clients``, ``min_available_clients``, ``on_fit_config_fn``,
@@ -102,10 +121,27 @@ class LBBSPStrategy(FedAvg):
         allocator_options: dict[str, Any] | None = None,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
+        min_train_silos: int = 1,
+        max_num_examples: int | None = None,
+        max_reply_bytes: int | None = None,
+        extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
         self.keys = keys or RecordKeys()
+        check_limits(min_train_silos=min_train_silos, max_reply_bytes=max_reply_bytes)
+        self.min_train_silos = min_train_silos
+        self.max_reply_bytes = max_reply_bytes
+        self.validator = ReplyValidator(
+            keys=self.keys,
+            weight_key=self.keys.num_examples,
+            extra_metric_keys=extra_metric_keys,
+            max_num_examples=max_num_examples,
+            also_known=(self.keys.silo_id,),
+        )
+        self._layout: Layout | None = None
+        self._sent_bytes = 0
+        self._federation_size = 0
         self.config = BalancingConfig(
             initial_batch_size=initial_batch_size,
             local_steps=local_steps,
@@ -143,11 +179,15 @@ class LBBSPStrategy(FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Sample clients like FedAvg, then give each its own FitIns and batch size."""
         sampled = super().configure_fit(server_round, parameters, client_manager)
+        self._federation_size = max(self._federation_size, len(sampled))
         sizes = allocate_batch_sizes(
             self.balancer,
             self.config,
             {client.cid: self.silo_id(client.cid) for client, _ in sampled},
+            total=self.config.initial_batch_size * max(len(sampled), self._federation_size),
         )
+        self._layout = layout_of_npy(parameters.tensors)
+        self._sent_bytes = sum(len(t) for t in parameters.tensors)
         instructions = []
         for client, ins in sampled:
             config: dict[str, Scalar] = dict(ins.config)
@@ -166,10 +206,15 @@ class LBBSPStrategy(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Report every result to the balancer, then average like FedAvg."""
+        """Check every result, report the valid ones to the balancer, average like FedAvg.
+
+        Rejected results go to FedAvg as failures; with fewer than ``min_train_silos``
+        valid results the round is skipped (no new parameters).
+        """
         wall = None if self._round_started is None else time.perf_counter() - self._round_started
+        valid, rejected = self._screen(server_round, results)
         silos: dict[str, dict[str, Any]] = {}
-        for client, res in results:
+        for client, res in valid:
             reported = res.metrics.get(self.keys.silo_id)
             if reported is not None:
                 self._silo_of_cid[client.cid] = str(reported)
@@ -183,6 +228,12 @@ class LBBSPStrategy(FedAvg):
                 sent_batch_size=self._sent.get(client.cid),
             )
         missed = missing(self._sent, (client.cid for client, _ in results))
+        skipped = None
+        if len(valid) < self.min_train_silos:
+            skipped = f"{len(valid)} valid results, min_train_silos is {self.min_train_silos}"
+            log_skipped(
+                self.telemetry, scheme=self.scheme, server_round=server_round, reason=skipped
+            )
         log_round(
             scheme=self.scheme,
             server_round=server_round,
@@ -191,6 +242,70 @@ class LBBSPStrategy(FedAvg):
             total_batch_size=sum(self._sent.values()),
             wall=wall,
             telemetry=self.telemetry,
-            extra={"missed": [self.silo_id(cid) for cid in missed]},
+            extra={
+                "missed": [self.silo_id(cid) for cid in missed],
+                "rejected": [entry for entry, _ in rejected],
+                "skipped": skipped,
+            },
         )
-        return super().aggregate_fit(server_round, results, failures)
+        if skipped is not None:
+            return None, {}
+        failures = [*failures, *(pair for _, pair in rejected)]
+        return super().aggregate_fit(server_round, valid, failures)
+
+    def _screen(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
+    ) -> tuple[
+        list[tuple[ClientProxy, FitRes]], list[tuple[dict[str, Any], tuple[ClientProxy, FitRes]]]
+    ]:
+        """The results that pass every check; the others with their telemetry entries."""
+        valid, rejected = [], []
+        cids: set[str] = set()
+        silos: set[str] = set()
+        for client, res in results:
+            silo = self.silo_id(client.cid)
+            try:
+                if self._sent and client.cid not in self._sent:
+                    raise InvalidReplyError(
+                        f"client {client.cid} was not sent a fit instruction this round"
+                    )
+                if client.cid in cids:
+                    raise InvalidReplyError(
+                        f"a second result from client {client.cid} in this round"
+                    )
+                cids.add(client.cid)
+                reported = res.metrics.get(self.keys.silo_id, silo)
+                if isinstance(reported, bool) or not isinstance(reported, str | int):
+                    raise InvalidReplyError(
+                        f"{self.keys.silo_id} must be a string, got {reported!r:.60}"
+                    )
+                silo = str(reported)
+                if silo in silos:
+                    raise InvalidReplyError(f"a second result for silo {silo} in this round")
+                silos.add(silo)
+                self._check_result(client.cid, res)
+            except InvalidReplyError as err:
+                entry = log_rejected(
+                    self.telemetry,
+                    scheme=self.scheme,
+                    server_round=server_round,
+                    silo=silo,
+                    node=client.cid,
+                    reason=str(err),
+                )
+                rejected.append((entry, (client, res)))
+                continue
+            valid.append((client, res))
+        return valid, rejected
+
+    def _check_result(self, cid: str, res: FitRes) -> None:
+        tensors = res.parameters.tensors
+        size = sum(len(t) for t in tensors) + 64 * len(res.metrics)
+        cap = self.max_reply_bytes or 4 * self._sent_bytes + (1 << 20)
+        if size > cap:
+            raise InvalidReplyError(f"reply of {size} bytes is over the {cap}-byte cap")
+        metrics = {**res.metrics, self.keys.num_examples: res.num_examples}
+        self.validator.check_metrics(metrics, sent_batch_size=self._sent.get(cid))
+        if self._layout is None:
+            raise InvalidReplyError("no numpy global model to compare the parameters with")
+        check_npy_list(tensors, self._layout)

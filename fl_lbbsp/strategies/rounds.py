@@ -49,7 +49,11 @@ def balancer_from_config(config: BalancingConfig) -> BatchSizeBalancer:
 
 
 def allocate_batch_sizes(
-    balancer: BatchSizeBalancer, config: BalancingConfig, silo_of: Mapping[K, str]
+    balancer: BatchSizeBalancer,
+    config: BalancingConfig,
+    silo_of: Mapping[K, str],
+    *,
+    total: int | None = None,
 ) -> dict[K, int]:
     """Next batch size of each client key (node id, cid) from its silo's prediction.
 
@@ -61,10 +65,12 @@ def allocate_batch_sizes(
         The strategy's settings; ``balance=False`` gives B_init to everyone.
     silo_of : Mapping
         Client key (a node id or a legacy cid) -> stable silo id.
+    total : int | None (default: None)
+        The total X to split; ``None``: ``n * B_init`` for the n clients given.
     """
     if not config.balance:
         return {key: config.initial_batch_size for key in silo_of}
-    sizes = balancer.allocate(silo_of.values())
+    sizes = balancer.allocate(silo_of.values(), total=total)
     return {key: sizes[silo] for key, silo in silo_of.items()}
 
 
