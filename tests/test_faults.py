@@ -519,6 +519,65 @@ def test_cluster_rejects_gradients_of_another_layout(tmp_path, fl_log) -> None: 
     assert event["silo"] == "c" and "the global model has float32[3]" in event["reason"]
 
 
+def _evaluation(node: int, **metrics: Any) -> Message:
+    return make_reply(RecordDict({"metrics": MetricRecord(metrics)}), node_id=node)
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (_evaluation(13, **{"eval-acc": 0.1}), "missing metrics 'num-examples'"),
+        (_evaluation(13, **{"num-examples": 0, "eval-acc": 0.1}), "num-examples must be"),
+        (_evaluation(13, **{"num-examples": 600, "eval-acc": math.nan}), "'eval-acc' is not"),
+        (_evaluation(13, **{"num-examples": 600, "eval-loss": 0.1}), "differ from the others'"),
+    ],
+    ids=["missing-weight", "zero-weight", "nan-metric", "other-keys"],
+)
+def test_malformed_evaluation_reply_is_left_out(
+    tmp_path, fl_log, bad: Message, reason: str
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: Flower's FedAvg raises on some of these (stopping the run), averages others
+    strategy = _configured(tmp_path)
+    good = [
+        _evaluation(11, **{"num-examples": 100, "eval-acc": 0.5}),
+        _evaluation(12, **{"num-examples": 300, "eval-acc": 0.9}),
+    ]
+
+    # Execute
+    metrics = strategy.aggregate_evaluate(1, [*good, bad])
+
+    # Assert: the weighted mean of the good ones
+    assert metrics is not None
+    assert metrics["eval-acc"] == pytest.approx((0.5 * 100 + 0.9 * 300) / 400)
+    [event] = _events(tmp_path, "rejected")
+    assert event["node"] == 13 and event["reason"].startswith("evaluation: ")
+    assert reason in event["reason"]
+
+
+def test_cluster_step_that_overflows_is_skipped_and_leaves_the_momentum(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: finite but huge gradients (3e38) that a step of lr 10 takes beyond float32
+    strategy = LBBSPCluster(
+        initial_batch_size=32, lr=10.0, momentum=0.9, min_train_nodes=3,
+        telemetry_path=tmp_path / "t.jsonl",
+    )  # fmt: skip
+
+    def step(server_round: int, gradient: float) -> ArrayRecord | None:
+        strategy.configure_train(server_round, _record(1.0), ConfigRecord(), FakeGrid(list(NODES)))
+        silos = zip(NODES, "abc", strict=True)
+        replies = [_reply(n, s, value=gradient, num_examples=32) for n, s in silos]
+        return strategy.aggregate_train(server_round, replies)[0]
+
+    # Execute
+    first = step(1, 3e38)
+    second = step(2, 0.01)
+
+    # Assert: round 1 skipped; round 2 is a first momentum step: 1 - 10 * 0.01
+    assert first is None
+    [skipped] = _events(tmp_path, "skipped")
+    assert skipped["round"] == 1 and "NaN or inf" in skipped["reason"]
+    _assert_average(second, [0.9], [1])
+
+
 # ---------------------------------------------------------- 6. a speed liar
 @pytest.mark.parametrize("ratio", [1.5, 2.0])
 def test_speed_lie_moves_the_batch_size_by_at_most_the_ratio_and_not_the_weight(

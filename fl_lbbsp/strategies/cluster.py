@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
@@ -175,7 +176,9 @@ keys, telemetry_path :
         params = [self._weights[name].numpy() for name in names]
         buffers = self.optimizer.buffers
         try:
-            return _array_record(names, self.optimizer.step(params, gradient))
+            with np.errstate(over="ignore", invalid="ignore"):  # checked in _array_record
+                stepped = self.optimizer.step(params, gradient)
+            return _array_record(names, stepped)
         except ValueError:
             self.optimizer.buffers = buffers  # a skipped step leaves the momentum as it was
             raise

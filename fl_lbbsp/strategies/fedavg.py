@@ -415,11 +415,11 @@ evaluate_metrics_aggr_fn :
             raise InvalidReplyError("not a reply to a train message of this round (stale)")
         if self._sent and node not in self._sent:
             raise InvalidReplyError(f"node {node} was not sent a train message this round")
-        late = None if self._deadline_grid is None else self._deadline_grid.seconds_late(msg)
-        if late is not None:
+        grid = self._deadline_grid
+        late = None if grid is None else grid.seconds_late(msg)
+        if grid is not None and late is not None:
             raise InvalidReplyError(
-                f"arrived {late:.2f} s after the round deadline of "
-                f"{self._deadline_grid.last_timeout or 0.0:.1f} s"  # type: ignore[union-attr]
+                f"arrived {late:.2f} s after the round deadline of {grid.last_timeout or 0:.1f} s"
             )
 
     def _check_content(self, msg: Message) -> None:
@@ -480,6 +480,38 @@ evaluate_metrics_aggr_fn :
                 reason=reason,
             )
         )
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Average the evaluation metrics like FedAvg, without the replies that would make
+        Flower's aggregation fail: not one MetricRecord, a weight that is not a positive
+        count, a value that is not a finite number, or keys other than the first valid
+        reply's. Each is logged and written to the telemetry as ``rejected``."""
+        keys: set[str] | None = None
+        usable, rejected = [], []
+        for msg in replies:
+            try:
+                if msg.has_content():
+                    records = msg.content.metric_records
+                    if len(records) != 1:
+                        raise InvalidReplyError(f"{len(records)} MetricRecords, expected 1")
+                    metrics = next(iter(records.values()))
+                    self.validator.check_evaluation(metrics)
+                    keys = set(metrics) if keys is None else keys
+                    if set(metrics) != keys:
+                        raise InvalidReplyError(
+                            f"metrics {sorted(metrics)} differ from the others' {sorted(keys)}"
+                        )
+            except InvalidReplyError as err:
+                self._reject(server_round, msg, f"evaluation: {err}", rejected)
+                continue
+            usable.append(msg)
+        try:
+            return super().aggregate_evaluate(server_round, usable)
+        except (ValueError, TypeError, ArithmeticError) as err:
+            log.warning("round %d: evaluation metrics not aggregated: %s", server_round, err)
+            return None
 
     def _aggregate_metrics(
         self, server_round: int, contents: list[RecordDict]

@@ -117,10 +117,13 @@ def reply_nbytes(content: RecordDict) -> int:
         for key, array in arrays.items():
             total += len(key) + len(array.data) + len(array.dtype) + len(array.stype)
             total += 8 * len(array.shape)
-    for name, record in (*content.metric_records.items(), *content.config_records.items()):
-        total += len(name)
-        for key, value in record.items():
-            total += len(key) + _value_nbytes(value)
+    records: list[Mapping[str, Any]] = [
+        *content.metric_records.values(),
+        *content.config_records.values(),
+    ]
+    names = [*content.metric_records, *content.config_records]
+    for name, record in zip(names, records, strict=True):
+        total += len(name) + sum(len(key) + _value_nbytes(v) for key, v in record.items())
     return total
 
 
@@ -384,6 +387,23 @@ class ReplyValidator:
         for key in (k.cpu_percent, k.memory_percent, k.he_time):
             if key in metrics and float(metrics[key]) < 0:
                 raise InvalidReplyError(f"{key} must not be negative, got {metrics[key]!r}")
+
+    def check_evaluation(self, metrics: Mapping[str, Any]) -> None:
+        """Check an evaluation reply's metrics: the weight is a count in range, every value
+        a finite number (or list of them).
+
+        Raises
+        ------
+        InvalidReplyError
+            On a missing or out-of-range weight or a value that is not a finite number.
+        """
+        if self.weight_key not in metrics:
+            raise InvalidReplyError(f"missing metrics {self.weight_key!r}")
+        limit = _EXACT_INT if self.max_num_examples is None else self.max_num_examples
+        _count(self.weight_key, metrics[self.weight_key], high=limit)
+        for key, value in metrics.items():
+            if not _finite_metric(value):
+                raise InvalidReplyError(f"metric {key!r} is not a finite number: {_short(value)}")
 
 
 def _number(key: str, value: object) -> float:
