@@ -190,6 +190,22 @@ def test_absent_silo_keeps_its_estimate() -> None:
     assert sum(sizes.values()) == 40
 
 
+def test_a_given_total_is_split_over_the_silos_present() -> None:
+    # Prepare: a 3:1 speed ratio; the federation's X is 3 * 20 but only a and b are here
+    balancer = BatchSizeBalancer(initial_batch_size=20, estimator="last")
+    balancer.report("a", SiloReport(batch_size=20, train_time=1.0))
+    balancer.report("b", SiloReport(batch_size=20, train_time=3.0))
+
+    # Execute
+    sizes = balancer.allocate(["a", "b"], total=60)
+
+    # Assert: the absent silo's share goes to the others, by speed
+    assert sizes == {"a": 45, "b": 15}
+    assert sum(balancer.allocate(["a", "b"]).values()) == 40  # default: n * B_init
+    with pytest.raises(ValueError, match="total"):
+        balancer.allocate(["a"], total=0)
+
+
 def test_silo_reporting_ten_times_faster_gets_bigger_batch() -> None:
     # Prepare: two equal silos
     balancer = BatchSizeBalancer(initial_batch_size=32)

@@ -139,7 +139,9 @@ evaluate_metrics_aggr_fn :
     extra_metric_keys : iterable of str | None (default: DEFAULT_EXTRA_METRIC_KEYS)
         Metrics a reply may send beyond the contract's (``compute-time``, ``busy-time``,
         ``startup-time``, ``slowdown``, ``train-loss`` by default, what the shipped silo
-        apps send); a reply with any other key is rejected. ``None`` accepts any key.
+        apps send); a reply with any other key is rejected. Add yours with
+        ``(*DEFAULT_EXTRA_METRIC_KEYS, "train-acc")``
+        (:mod:`fl_lbbsp.strategies.validation`); ``None`` accepts any key.
 
     Notes
     -----
