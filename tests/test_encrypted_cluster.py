@@ -4,7 +4,6 @@ keep identical model replicas, and a worker that lost iterations catches up."""
 from __future__ import annotations
 
 import json
-import logging
 
 import numpy as np
 import pytest
@@ -32,15 +31,6 @@ SETTINGS = {"initial_batch_size": 16, "lr": 0.1, "momentum": 0.5, "min_train_nod
 @pytest.fixture(scope="module")
 def key_files(tmp_path_factory):  # type: ignore[no-untyped-def]
     return write_key_files(generate_keys(), tmp_path_factory.mktemp("keys"))
-
-
-@pytest.fixture
-def fl_log(caplog):  # type: ignore[no-untyped-def]
-    logger = logging.getLogger("fl_lbbsp")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.WARNING, logger="fl_lbbsp")
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 def _initial(setup: WorkerSetup) -> ArrayRecord:

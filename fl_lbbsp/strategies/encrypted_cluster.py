@@ -124,14 +124,11 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
             if is_encrypted(arrays):
                 raise ValueError("the initial model must be plaintext (the server creates it)")
             self._initial = arrays
-        messages = []
-        for msg in super().configure_train(server_round, arrays, config, grid):
-            node_config = msg.content[self.configrecord_key]
-            node_config[self.keys.momentum] = self.optimizer.momentum
-            message = self._with_model(msg, node_config, MessageType.TRAIN)
-            if message is not None:
-                messages.append(message)
-        return messages
+        configs = {
+            msg.metadata.dst_node_id: msg.content[self.configrecord_key]
+            for msg in super().configure_train(server_round, arrays, config, grid)
+        }
+        return self._with_model(configs, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -142,8 +139,7 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
         return super().aggregate_train(server_round, replies)
 
     def _check_reply(self, msg: Message) -> ParsedUpdate:
-        metrics = list(msg.content.metric_records.values())
-        version = metrics[0].get(self.keys.model_version) if len(metrics) == 1 else None
+        version = self._reported_version(msg)
         if version != self.version:
             raise InvalidUpdateError(
                 f"gradient computed at model version {version!r}, expected {self.version}"
@@ -166,21 +162,12 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
         """Every ``evaluate_every`` iterations: each worker evaluates its replica."""
         if self.evaluate_every is None or server_round % self.evaluate_every:
             return []
-        messages = []
+        configs = {}
         for node in sorted(self._node_version):
-            node_config = ConfigRecord(dict(config))
-            node_config[self.keys.server_round] = server_round
-            node_config[self.keys.lr] = self.config.lr
-            node_config[self.keys.momentum] = self.optimizer.momentum
-            template = Message(
-                content=RecordDict({self.configrecord_key: node_config}),
-                message_type=MessageType.EVALUATE,
-                dst_node_id=node,
-            )
-            message = self._with_model(template, node_config, MessageType.EVALUATE)
-            if message is not None:
-                messages.append(message)
-        return messages
+            configs[node] = ConfigRecord(dict(config))
+            configs[node][self.keys.server_round] = server_round
+            configs[node][self.keys.lr] = self.config.lr
+        return self._with_model(configs, MessageType.EVALUATE)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -208,25 +195,32 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
             records[f"{UPDATE_PREFIX}{version}"] = self._aggregates[version]
         return records
 
-    def _with_model(
-        self, msg: Message, node_config: ConfigRecord, message_type: str
-    ) -> Message | None:
-        node = msg.metadata.dst_node_id
-        records = self.model_records(node)
-        if records is None:
-            log.warning(
-                "[%s] worker %s left out: it is at model version %s and the server keeps "
-                "only the last %d aggregates (now at %d); restart it from a checkpoint",
-                self.scheme,
-                self.silo_id(node),
-                self._node_version.get(node, "none"),
-                self.max_history,
-                self.version,
-            )
-            return None
-        node_config[self.keys.model_version] = self.version
-        content = RecordDict({self.configrecord_key: node_config, **records})
-        return Message(content=content, message_type=message_type, dst_node_id=node)
+    def _with_model(self, configs: dict[int, ConfigRecord], message_type: str) -> list[Message]:
+        """One message per node: its config (plus the momentum and target model version)
+        and the records that bring its replica there; nodes too far behind are left out."""
+        messages = []
+        for node, node_config in configs.items():
+            records = self.model_records(node)
+            if records is None:
+                log.warning(
+                    "[%s] worker %s left out: it is at model version %s and the server keeps "
+                    "only the last %d aggregates (now at %d); restart it from a checkpoint",
+                    self.scheme,
+                    self.silo_id(node),
+                    self._node_version.get(node, "none"),
+                    self.max_history,
+                    self.version,
+                )
+                continue
+            node_config[self.keys.momentum] = self.optimizer.momentum
+            node_config[self.keys.model_version] = self.version
+            content = RecordDict({self.configrecord_key: node_config, **records})
+            messages.append(Message(content=content, message_type=message_type, dst_node_id=node))
+        return messages
+
+    def _reported_version(self, msg: Message) -> object:
+        metrics = list(msg.content.metric_records.values())
+        return metrics[0].get(self.keys.model_version) if len(metrics) == 1 else None
 
     def _note_versions(self, replies: list[Message]) -> None:
         """A worker that replied with an error may have lost its replica: resend it all;
@@ -236,7 +230,5 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
             if msg.has_error():
                 self._node_version.pop(node, None)
                 continue
-            metrics = list(msg.content.metric_records.values())
-            version = metrics[0].get(self.keys.model_version) if len(metrics) == 1 else None
-            if version == self.version:
+            if self._reported_version(msg) == self.version:
                 self._node_version[node] = self.version
