@@ -22,7 +22,7 @@ from .clients.cluster import WorkerSetup, make_worker_app
 from .clients.emulation import CostModel, check_speeds, slowdowns_from_speeds
 from .datasets import load_source
 from .models import build_model
-from .simulation import central_evaluation, run_engine, start_telemetry
+from .simulation import central_evaluation, check_key_files, run_engine, start_telemetry
 from .strategies.cluster import LBBSPCluster
 from .telemetry import read_telemetry
 
@@ -74,6 +74,12 @@ class ClusterConfig(BaseModel):
         Workers computing at once.
     out : Path (default: runs/cluster)
         Folder for telemetry and reports.
+    encrypt : Path | None (default: None)
+        Key folder from ``fl-lbbsp keys generate``: workers keep model replicas and send
+        CKKS-encrypted gradients (``secret.ckks``), the server only adds them
+        (``public.ckks``; :class:`~fl_lbbsp.strategies.encrypted_cluster.EncryptedLBBSPCluster`),
+        and accuracy is evaluated by the workers on their shares of the test split.
+        Not with ``lbbsp-naive``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -97,6 +103,7 @@ class ClusterConfig(BaseModel):
     eval_every: int = Field(default=5, gt=0, strict=True)
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/cluster")
+    encrypt: Path | None = None
 
     @classmethod
     def _positive_speeds(cls, speeds: tuple[float, ...] | None) -> tuple[float, ...] | None:
@@ -114,6 +121,9 @@ class ClusterConfig(BaseModel):
     @model_validator(mode="after")
     def _speeds_per_worker(self) -> ClusterConfig:
         check_speeds(self.speeds, self.workers, "workers")
+        if self.encrypt is not None and self.scheme == "lbbsp-naive":
+            raise ValueError("encrypt: encrypted gradients are weighted by batch size; "
+                             f"scheme {self.scheme!r} is not supported")  # fmt: skip
         return self
 
     @property
@@ -132,6 +142,7 @@ class ClusterConfig(BaseModel):
             slowdowns=tuple(f"{k:g}" for k in self.slowdowns),
             cost_models=() if self.cost_model is None else (self.cost_model,) * self.workers,
             wait=self.wait,
+            secret_context=None if self.encrypt is None else str(self.encrypt),
         )
 
     def telemetry_path(self) -> Path:
@@ -140,8 +151,8 @@ class ClusterConfig(BaseModel):
 
 
 def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
-    """The parameter-server strategy of a cluster run."""
-    return LBBSPCluster(
+    """The parameter-server strategy of a cluster run (encrypted with ``config.encrypt``)."""
+    settings: dict[str, Any] = dict(
         initial_batch_size=config.batch_size,
         lr=config.lr,
         momentum=config.momentum,
@@ -153,6 +164,13 @@ def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
         telemetry_path=config.telemetry_path(),
         min_train_nodes=config.workers,
         min_available_nodes=config.workers,
+    )
+    if config.encrypt is None:
+        return LBBSPCluster(**settings)
+    from .strategies.encrypted_cluster import EncryptedLBBSPCluster
+
+    return EncryptedLBBSPCluster(
+        public_context=config.encrypt, evaluate_every=config.eval_every, **settings
     )
 
 
@@ -174,7 +192,10 @@ def _server_app(config: ClusterConfig) -> ServerApp:
             initial_arrays=ArrayRecord(model.state_dict()),
             num_rounds=config.iterations,
             train_config=ConfigRecord(),
-            evaluate_fn=central_evaluation(strategy, model, test, every=config.eval_every),
+            # Encrypted: the server cannot read the model; the workers evaluate it.
+            evaluate_fn=None
+            if config.encrypt is not None
+            else central_evaluation(strategy, model, test, every=config.eval_every),
         )
 
     return app
@@ -183,6 +204,8 @@ def _server_app(config: ClusterConfig) -> ServerApp:
 def run_cluster(config: ClusterConfig) -> list[dict[str, Any]]:
     """Run one simulated cluster and return its telemetry events."""
     load_source(config.dataset)  # fail fast on a bad dataset spec or path
+    if config.encrypt is not None:
+        check_key_files(config.encrypt)
     path = config.telemetry_path()
     start_telemetry(path, config)
     run_engine(

@@ -20,6 +20,16 @@ def flower_task() -> Iterator[None]:
     TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
 
 
+@pytest.fixture
+def fl_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Capture the fl_lbbsp logger even when the CLI has stopped it from propagating."""
+    logger = logging.getLogger("fl_lbbsp")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.WARNING, logger="fl_lbbsp")
+    yield caplog
+    logger.removeHandler(caplog.handler)
+
+
 def make_reply(content, *, node_id: int):  # type: ignore[no-untyped-def]
     """A train reply from ``node_id`` carrying ``content``."""
     from flwr.app import Message, MessageType, Metadata
@@ -46,13 +56,3 @@ class FakeGrid:
 
     def get_node_ids(self) -> list[int]:
         return list(self.node_ids)
-
-
-@pytest.fixture
-def fl_log(caplog):  # type: ignore[no-untyped-def]
-    """Capture the fl_lbbsp logger even when the CLI has stopped it from propagating."""
-    logger = logging.getLogger("fl_lbbsp")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.WARNING, logger="fl_lbbsp")
-    yield caplog
-    logger.removeHandler(caplog.handler)

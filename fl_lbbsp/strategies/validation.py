@@ -286,6 +286,7 @@ def contract_metric_keys(keys: RecordKeys) -> frozenset[str]:
             keys.memory_percent,
             keys.max_batch_size,
             keys.he_time,
+            keys.model_version,
         }
     )
 
