@@ -42,7 +42,6 @@ __all__ = [
     "layout_of_npy",
     "log_rejected",
     "log_skipped",
-    "record_is_finite",
     "reply_nbytes",
 ]
 
@@ -264,14 +263,6 @@ def _check_metadata(array: Array, spec: ArraySpec) -> None:
             f"array {spec.name!r} is declared {dtype}{list(shape)}, the global model has "
             f"{spec.dtype}{list(spec.shape)}"
         )
-
-
-def record_is_finite(record: ArrayRecord) -> bool:
-    """Whether every numpy array of ``record`` is free of NaN and inf (others are skipped)."""
-    for array in record.values():
-        if array.stype == SType.NUMPY and not _finite(np.asarray(array.numpy()).ravel()):
-            return False
-    return True
 
 
 def contract_metric_keys(keys: RecordKeys) -> frozenset[str]:
