@@ -19,11 +19,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..contract import RecordKeys
 from ..core.optim import SGD
+from .config import ParameterServerConfig
 from .fedavg import LBBSPFedAvg, _array_record
 
 __all__ = ["LBBSPCluster"]
@@ -64,6 +66,14 @@ keys, telemetry_path :
         allocator (``step``, ``window``, ...).
     min_train_nodes, min_available_nodes :
         As in :class:`flwr.serverapp.strategy.FedAvg` (every available worker trains).
+    checkpoint_dir : str | Path | None (default: None)
+        As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; the checkpoint also holds the
+        SGD momentum buffers.
+
+    Raises
+    ------
+    pydantic.ValidationError
+        On a bad setting; the message names the keyword and the value.
     """
 
     weight_key = "batch_size"
@@ -90,9 +100,9 @@ keys, telemetry_path :
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
         train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        checkpoint_dir: str | Path | None = None,
     ) -> None:
-        if aggregation not in ("weighted", "naive"):
-            raise ValueError(f"unknown aggregation {aggregation!r}; expected 'weighted' or 'naive'")
+        self.ps_config = ParameterServerConfig(momentum=momentum, aggregation=aggregation)
         super().__init__(
             initial_batch_size=initial_batch_size,
             local_steps=1,
@@ -114,9 +124,10 @@ keys, telemetry_path :
             min_evaluate_nodes=0,
             min_available_nodes=min_available_nodes,
             train_metrics_aggr_fn=train_metrics_aggr_fn,
+            checkpoint_dir=checkpoint_dir,
         )
-        self.aggregation = aggregation
-        self.optimizer = SGD(lr=lr, momentum=momentum)
+        self.aggregation = self.ps_config.aggregation
+        self.optimizer = SGD(lr=self.config.lr, momentum=self.ps_config.momentum)
         self._weights: ArrayRecord | None = None
 
     @property
@@ -159,3 +170,28 @@ keys, telemetry_path :
         names, gradient = self._weighted_layers(contents, equal=self.aggregation == "naive")
         params = [self._weights[name].numpy() for name in names]
         return _array_record(names, self.optimizer.step(params, gradient))
+
+    # -------------------------------------------------------------- checkpoints
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """LB-BSP's settings plus the momentum and the aggregation."""
+        return {
+            **super().checkpoint_settings(),
+            "parameter_server": self.ps_config.model_dump(mode="json"),
+        }
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """LB-BSP's state plus the SGD momentum buffers (record ``optimizer``)."""
+        state, records = super().checkpoint_state()
+        if self.optimizer.buffers is not None:
+            records["optimizer"] = ArrayRecord(
+                {f"{k:05d}": Array(np.asarray(b)) for k, b in enumerate(self.optimizer.buffers)}
+            )
+        return state, records
+
+    def load_checkpoint_state(self, state: dict[str, Any], records: dict[str, ArrayRecord]) -> None:
+        """Restore :meth:`checkpoint_state`."""
+        super().load_checkpoint_state(state, records)
+        buffers = records.get("optimizer")
+        self.optimizer.buffers = (
+            None if buffers is None else [buffers[name].numpy() for name in sorted(buffers)]
+        )
