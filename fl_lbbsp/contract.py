@@ -50,9 +50,11 @@ class RecordKeys(BaseModel):
     he_num_silos : str (default: "he-num-silos")
         Config (encrypted mode): the number of silos whose updates will be summed; each
         leaves room in the CKKS range for that many.
+
+    Every name must be a non-empty string.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", str_min_length=1)
 
     batch_size: str = "batch-size"
     local_steps: str = "local-steps"

@@ -18,10 +18,12 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Result
 
+from fl_lbbsp.cli import main
 from fl_lbbsp.clients.app import SiloSetup, make_client_app
 from fl_lbbsp.clients.cluster import WorkerSetup, make_worker_app
 from fl_lbbsp.inprocess import InProcessGrid
 from fl_lbbsp.models import build_model
+from fl_lbbsp.simulation import SimulationConfig, make_strategy, start_telemetry
 from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg
 from fl_lbbsp.strategies.checkpoint import (
     CheckpointError,
@@ -293,3 +295,41 @@ def test_a_checkpoint_of_other_settings_is_refused(tmp_path, make, named) -> Non
     # Execute / Assert: refused before anything is sent
     with pytest.raises(CheckpointError, match=named):
         strategy.start(grid=FakeGrid([1, 2, 3]), initial_arrays=_initial(), num_rounds=3)
+
+
+# ------------------------------------------------------------------------- CLI
+def test_cli_refuses_a_checkpoint_of_other_settings_before_starting(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: a checkpoint of an LB-BSP run with the linear allocator
+    folder = tmp_path / "ckpt"
+    config = SimulationConfig(silos=3, model="mlp", out=tmp_path, checkpoint_dir=folder)
+    path = config.checkpoint_path()
+    assert path is not None
+    save_checkpoint(CheckpointStore(path), make_strategy(config), 1, _initial())
+    argv = ["simulate", "--silos", "3", "--model", "mlp", "--out", str(tmp_path)]
+
+    # Execute: the same run with the proportional allocator
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--allocator", "proportional", "--checkpoint-dir", str(folder)])
+
+    # Assert
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "--checkpoint-dir" in err and "allocator='linear'" in err
+    assert "Traceback" not in err
+
+
+def test_a_resumed_run_keeps_its_telemetry(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    path = tmp_path / "lbbsp.jsonl"
+    config = SimulationConfig(out=tmp_path)
+    start_telemetry(path, config)
+    path.write_text(path.read_text() + json.dumps({"event": "train", "round": 1}) + "\n")
+
+    # Execute
+    start_telemetry(path, config, resume=True)
+    kept = path.read_text()
+    start_telemetry(path, config)
+
+    # Assert: resumed, the events stay; a fresh run starts over with the config
+    assert [json.loads(line)["event"] for line in kept.splitlines()] == ["config", "train"]
+    assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["config"]

@@ -48,6 +48,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointStore",
     "check_compatible",
+    "resume_point",
     "save_checkpoint",
     "start_with_checkpoints",
 ]
@@ -271,6 +272,22 @@ def check_compatible(checkpoint: Checkpoint, strategy: LBBSPFedAvg) -> None:
         )
 
 
+def resume_point(strategy: LBBSPFedAvg) -> Checkpoint | None:
+    """The checkpoint ``strategy.start`` would resume from (``None``: a fresh start).
+
+    Raises
+    ------
+    CheckpointError
+        If the newest readable checkpoint belongs to another strategy or settings, or
+        none of the checkpoint files is readable.
+    """
+    directory = strategy.server_config.checkpoint_dir
+    checkpoint = None if directory is None else CheckpointStore(directory).latest()
+    if checkpoint is not None:
+        check_compatible(checkpoint, strategy)
+    return checkpoint
+
+
 def start_with_checkpoints(
     strategy: LBBSPFedAvg,
     start: Callable[..., Result],
@@ -295,10 +312,9 @@ def start_with_checkpoints(
     if directory is None:
         raise ValueError("the strategy has no checkpoint_dir")
     store = CheckpointStore(directory)
-    checkpoint = store.latest()
+    checkpoint = resume_point(strategy)
     done = 0
     if checkpoint is not None:
-        check_compatible(checkpoint, strategy)
         strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
         done = checkpoint.server_round
         initial_arrays = checkpoint.arrays
