@@ -38,6 +38,14 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str, estimators:
     parser.add_argument(
         "--parallel", type=int, default=1, help=f"{unit} computing at once (default: 1)"
     )
+    parser.add_argument(
+        "--encrypt",
+        type=Path,
+        default=None,
+        metavar="KEYDIR",
+        help=f"CKKS-encrypt the {unit}' updates with the keys of `fl-lbbsp keys generate` in "
+        f"KEYDIR (the server only adds ciphertexts; accuracy is evaluated on the {unit})",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
     parser.add_argument(
         "--checkpoint-dir",
@@ -83,14 +91,6 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="accuracy for 'time to target' (default: 90%% of the lower best accuracy)",
-    )
-    parser.add_argument(
-        "--encrypt",
-        type=Path,
-        default=None,
-        metavar="KEYDIR",
-        help="CKKS-encrypt the updates with the keys of `fl-lbbsp keys generate` in KEYDIR "
-        "(the server only adds ciphertexts; accuracy is evaluated on the silos)",
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder")
 
@@ -228,6 +228,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
             parallel=args.parallel,
             out=args.out,
             checkpoint_dir=args.checkpoint_dir,
+            encrypt=args.encrypt,
         )
         for scheme in schemes
     }

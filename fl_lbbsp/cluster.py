@@ -22,7 +22,7 @@ from .clients.cluster import WorkerSetup, make_worker_app
 from .clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
 from .datasets import SourceSpec, load_source
 from .models import ModelName, build_model
-from .simulation import central_evaluation, run_engine, start_telemetry
+from .simulation import central_evaluation, check_key_files, run_engine, start_telemetry
 from .strategies.checkpoint import resume_point
 from .strategies.cluster import LBBSPCluster
 from .telemetry import read_telemetry
@@ -75,6 +75,12 @@ class ClusterConfig(BaseModel):
         Workers computing at once.
     out : Path (default: runs/cluster)
         Folder for telemetry and reports.
+    encrypt : Path | None (default: None)
+        Key folder from ``fl-lbbsp keys generate``: workers keep model replicas and send
+        CKKS-encrypted gradients (``secret.ckks``), the server only adds them
+        (``public.ckks``; :class:`~fl_lbbsp.strategies.encrypted_cluster.EncryptedLBBSPCluster`),
+        and accuracy is evaluated by the workers on their shares of the test split.
+        Not with ``lbbsp-naive``.
     checkpoint_dir : Path | None (default: None)
         Checkpoint folder: every iteration is checkpointed in ``checkpoint_dir/<scheme>``
         (weights, momentum, balancer) and a rerun resumes from there. ``None``: none.
@@ -101,11 +107,15 @@ class ClusterConfig(BaseModel):
     eval_every: int = Field(default=5, gt=0, strict=True)
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/cluster")
+    encrypt: Path | None = None
     checkpoint_dir: Path | None = None
 
     @model_validator(mode="after")
     def _speeds_per_worker(self) -> ClusterConfig:
         check_speeds(self.speeds, self.workers, "workers")
+        if self.encrypt is not None and self.scheme == "lbbsp-naive":
+            raise ValueError("encrypt: encrypted gradients are weighted by batch size; "
+                             f"scheme {self.scheme!r} is not supported")  # fmt: skip
         return self
 
     @property
@@ -124,6 +134,7 @@ class ClusterConfig(BaseModel):
             slowdowns=tuple(f"{k:g}" for k in self.slowdowns),
             cost_models=() if self.cost_model is None else (self.cost_model,) * self.workers,
             wait=self.wait,
+            secret_context=None if self.encrypt is None else str(self.encrypt),
         )
 
     def telemetry_path(self) -> Path:
@@ -136,8 +147,8 @@ class ClusterConfig(BaseModel):
 
 
 def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
-    """The parameter-server strategy of a cluster run."""
-    return LBBSPCluster(
+    """The parameter-server strategy of a cluster run (encrypted with ``config.encrypt``)."""
+    settings: dict[str, Any] = dict(
         initial_batch_size=config.batch_size,
         lr=config.lr,
         momentum=config.momentum,
@@ -150,6 +161,13 @@ def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
         min_train_nodes=config.workers,
         min_available_nodes=config.workers,
         checkpoint_dir=config.checkpoint_path(),
+    )
+    if config.encrypt is None:
+        return LBBSPCluster(**settings)
+    from .strategies.encrypted_cluster import EncryptedLBBSPCluster
+
+    return EncryptedLBBSPCluster(
+        public_context=config.encrypt, evaluate_every=config.eval_every, **settings
     )
 
 
@@ -171,7 +189,10 @@ def _server_app(config: ClusterConfig) -> ServerApp:
             initial_arrays=ArrayRecord(model.state_dict()),
             num_rounds=config.iterations,
             train_config=ConfigRecord(),
-            evaluate_fn=central_evaluation(strategy, model, test, every=config.eval_every),
+            # Encrypted: the server cannot read the model; the workers evaluate it.
+            evaluate_fn=None
+            if config.encrypt is not None
+            else central_evaluation(strategy, model, test, every=config.eval_every),
         )
 
     return app
@@ -180,6 +201,8 @@ def _server_app(config: ClusterConfig) -> ServerApp:
 def run_cluster(config: ClusterConfig) -> list[dict[str, Any]]:
     """Run one simulated cluster and return its telemetry events."""
     load_source(config.dataset)  # fail fast on a bad dataset spec or path
+    if config.encrypt is not None:
+        check_key_files(config.encrypt)
     path = config.telemetry_path()
     # Fail fast on a checkpoint of other settings; keep the telemetry of a resumed run.
     start_telemetry(path, config, resume=resume_point(make_cluster_strategy(config)) is not None)

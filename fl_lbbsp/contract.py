@@ -50,6 +50,12 @@ class RecordKeys(BaseModel):
     he_num_silos : str (default: "he-num-silos")
         Config (encrypted mode): the number of silos whose updates will be summed; each
         leaves room in the CKKS range for that many.
+    model_version : str (default: "model-version")
+        Encrypted cluster mode. Config: the model version (number of aggregated
+        gradients applied) the worker must bring its replica to. Metric: the version its
+        gradient (or evaluation) was computed at.
+    momentum : str (default: "momentum")
+        Config (encrypted cluster mode): the SGD momentum the workers apply.
 
     Every name must be a non-empty string.
     """
@@ -71,3 +77,5 @@ class RecordKeys(BaseModel):
     he_time: str = "he-time"
     he_weight_total: str = "he-weight-total"
     he_num_silos: str = "he-num-silos"
+    model_version: str = "model-version"
+    momentum: str = "momentum"

@@ -24,7 +24,14 @@ from .strategies import LBBSPFedAvg
 from .strategies.checkpoint import resume_point
 from .telemetry import TelemetryWriter, read_telemetry
 
-__all__ = ["SimulationConfig", "central_evaluation", "run", "run_engine", "start_telemetry"]
+__all__ = [
+    "SimulationConfig",
+    "central_evaluation",
+    "check_key_files",
+    "run",
+    "run_engine",
+    "start_telemetry",
+]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -215,6 +222,15 @@ def central_evaluation(
     return evaluate_global
 
 
+def check_key_files(key_dir: Path) -> None:
+    """Fail fast on missing or mismatched key files: the server's public context and the
+    silos' secret context must both load, under the same fingerprint."""
+    from .crypto import load_server_keys, load_silo_keys
+
+    server = load_server_keys(key_dir)
+    load_silo_keys(key_dir, fingerprint=server.fingerprint)
+
+
 def run(config: SimulationConfig) -> list[dict[str, object]]:
     """Run one simulated federation and return its telemetry events.
 
@@ -222,11 +238,8 @@ def run(config: SimulationConfig) -> list[dict[str, object]]:
     them is emulated. Data is loaded (and a bad path reported) before Flower starts.
     """
     load_source(config.dataset)  # fail fast on a bad dataset spec or path
-    if config.encrypt is not None:  # fail fast on missing or wrong key files
-        from .crypto import load_server_keys, load_silo_keys
-
-        server = load_server_keys(config.encrypt)
-        load_silo_keys(config.encrypt, fingerprint=server.fingerprint)
+    if config.encrypt is not None:
+        check_key_files(config.encrypt)
     path = config.telemetry_path()
     # Fail fast on a checkpoint of other settings; keep the telemetry of a resumed run.
     start_telemetry(path, config, resume=resume_point(make_strategy(config)) is not None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 
@@ -17,6 +18,16 @@ def flower_task() -> Iterator[None]:
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     yield
     TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+
+
+@pytest.fixture
+def fl_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Capture the fl_lbbsp logger even when the CLI has stopped it from propagating."""
+    logger = logging.getLogger("fl_lbbsp")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.WARNING, logger="fl_lbbsp")
+    yield caplog
+    logger.removeHandler(caplog.handler)
 
 
 def make_reply(content, *, node_id: int):  # type: ignore[no-untyped-def]

@@ -78,8 +78,16 @@ def _initial(model: str = "mlp", *, seed: int = 0) -> ArrayRecord:
     return ArrayRecord(build_model(model, input_shape=(1, 32, 32), num_classes=10).state_dict())
 
 
-def _start(strategy: LBBSPFedAvg, app: ClientApp, rounds: int, initial: ArrayRecord) -> Result:
-    grid = InProcessGrid(app, num_nodes=3)
+def _lenet(*, seed: int = 0) -> ArrayRecord:
+    return _initial("lenet5", seed=seed)
+
+
+def _start(
+    strategy: LBBSPFedAvg, grid: InProcessGrid | ClientApp, rounds: int, initial: ArrayRecord
+) -> Result:
+    """Run ``strategy`` on ``grid`` (or on a new grid of three nodes running the app)."""
+    if isinstance(grid, ClientApp):
+        grid = InProcessGrid(grid, num_nodes=3)
     return strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds)
 
 
@@ -94,21 +102,31 @@ class _Runs:
     resumed: Result
     whole_log: Path
     resumed_log: Path
+    whole_grid: InProcessGrid
+    resumed_grid: InProcessGrid
 
 
 def _interrupted_and_whole(
-    make: Callable[..., LBBSPFedAvg], app: ClientApp, tmp_path: Path, *, rounds: int, stop: int
+    make: Callable[..., LBBSPFedAvg],
+    app: ClientApp,
+    tmp_path: Path,
+    *,
+    rounds: int,
+    stop: int,
+    initial: Callable[..., ArrayRecord] = _initial,
 ) -> _Runs:
     """A whole run of ``rounds``, and one stopped after ``stop`` rounds then restarted
-    (new strategy, other initial arrays) on the same checkpoint folder."""
+    (new strategy, other initial arrays) on the same checkpoint folder; the silos keep
+    running (the same nodes) while the server restarts."""
     whole_log, resumed_log = tmp_path / "whole.jsonl", tmp_path / "resumed.jsonl"
-    whole = _start(make(telemetry_path=whole_log), app, rounds, _initial())
+    whole_grid, grid = InProcessGrid(app, num_nodes=3), InProcessGrid(app, num_nodes=3)
+    whole = _start(make(telemetry_path=whole_log), whole_grid, rounds, initial())
     folder = tmp_path / "ckpt"
-    _start(make(checkpoint_dir=folder, telemetry_path=resumed_log), app, stop, _initial())
+    _start(make(checkpoint_dir=folder, telemetry_path=resumed_log), grid, stop, initial())
     resumed = _start(
-        make(checkpoint_dir=folder, telemetry_path=resumed_log), app, rounds, _initial(seed=1)
+        make(checkpoint_dir=folder, telemetry_path=resumed_log), grid, rounds, initial(seed=1)
     )
-    return _Runs(whole, resumed, whole_log, resumed_log)
+    return _Runs(whole, resumed, whole_log, resumed_log, whole_grid, grid)
 
 
 def _assert_same_run(whole: Result, resumed: Result, whole_log: Path, resumed_log: Path) -> None:
@@ -214,6 +232,54 @@ def test_encrypted_resume_continues_from_the_encrypted_model(tmp_path) -> None: 
     b = decrypt_update(keys, update_from_record(runs.resumed.arrays))
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-3)
     assert not np.allclose(a, 0.0)
+
+
+def test_encrypted_cluster_resume_keeps_the_workers_replicas_in_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: workers keep their model replicas while the server restarts; proportional
+    # allocation (the measured he-time would move the linear allocator's sizes)
+    pytest.importorskip("tenseal")
+    from fl_lbbsp.crypto import generate_keys, write_key_files
+    from fl_lbbsp.strategies.encrypted_cluster import EncryptedLBBSPCluster
+
+    files = write_key_files(generate_keys(), tmp_path / "keys")
+    setup = WorkerSetup(
+        num_workers=3, slowdowns=("1", "2", "4"), cost_models=("0.001",) * 3,
+        secret_context=str(files.secret),
+    )  # fmt: skip
+
+    def make(**kwargs: Any) -> EncryptedLBBSPCluster:
+        return EncryptedLBBSPCluster(
+            public_context=files.public, initial_batch_size=16, lr=0.1, momentum=0.5,
+            allocator="proportional", min_train_nodes=3, min_available_nodes=3, **kwargs,
+        )  # fmt: skip
+
+    # Execute
+    runs = _interrupted_and_whole(
+        make, make_worker_app(setup), tmp_path, rounds=4, stop=2, initial=_lenet
+    )
+
+    # Assert: same batch sizes, no worker error, and every replica equals the
+    # uninterrupted run's (up to CKKS noise) although start got other initial arrays
+    expected, got = _trains(runs.whole_log), _trains(runs.resumed_log)
+    assert [e["sent"] for e in got] == [e["sent"] for e in expected]
+    assert all(t.error is None for t in runs.resumed_grid.transfers)
+    sent = [
+        sum(t.sent_bytes for t in grid.transfers if t.message_type == "train")
+        for grid in (runs.whole_grid, runs.resumed_grid)
+    ]
+    assert sent[1] < 1.2 * sent[0]  # only the missing aggregate went out, not the history
+    replicas = [
+        {name: a.numpy() for name, a in grid._contexts[node].state["replica"].items()}
+        for grid in (runs.whole_grid, runs.resumed_grid)
+        for node in (100, 101, 102)
+    ]
+    for replica in replicas[1:]:
+        for name, value in replica.items():
+            np.testing.assert_allclose(value, replicas[0][name], rtol=0, atol=1e-4)
+    saved = CheckpointStore(tmp_path / "ckpt").latest()
+    assert saved is not None and saved.state["version"] == 4
+    assert sorted(saved.records) == ["aggregate-1", "aggregate-2", "aggregate-3", "aggregate-4",
+                                     "initial-model"]  # fmt: skip
 
 
 def test_a_finished_run_is_not_run_again(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -34,6 +34,8 @@ def test_keys_generate_writes_silo_and_server_files_with_one_fingerprint(
         (["keys", "generate", "--coeff-mod-bit-sizes", "40,40"], "too short"),
         (["keys", "generate", "--coeff-mod-bit-sizes", "60,x"], "--coeff-mod-bit-sizes"),
         (["simulate", "--encrypt", "/no/such/keys"], "--encrypt"),
+        (["cluster", "--schemes", "lbbsp", "--encrypt", "/no/such/keys"], "--encrypt"),
+        (["cluster", "--schemes", "lbbsp-naive", "--encrypt", "/no/keys"], "not supported"),
     ],
 )
 def test_key_errors_exit_2_with_a_message(

@@ -49,6 +49,14 @@ def encrypted(**kwargs: Any) -> Any:
     return EncryptedLBBSPFedAvg(public_context="/no/such/keys", **{**ROUND, **kwargs})
 
 
+def encrypted_cluster(**kwargs: Any) -> Any:
+    from fl_lbbsp.strategies.encrypted_cluster import EncryptedLBBSPCluster
+
+    return EncryptedLBBSPCluster(
+        public_context="/no/such/keys", **{"initial_batch_size": 8, "lr": 0.1, **kwargs}
+    )
+
+
 def ckks(**kwargs: Any) -> Any:
     from fl_lbbsp.crypto import CKKSConfig
 
@@ -94,6 +102,10 @@ CASES: list[Any] = [
     pytest.param(encrypted, "initial_weight_total", INF, None, marks=he),
     pytest.param(encrypted, "weight_tolerance", 0.0, None, marks=he),
     pytest.param(encrypted, "deadline_margin", 0.9, None, marks=he),
+    pytest.param(encrypted_cluster, "aggregation", "naive", None, marks=he),
+    pytest.param(encrypted_cluster, "max_history", 0, None, marks=he),
+    pytest.param(encrypted_cluster, "evaluate_every", 0, None, marks=he),
+    pytest.param(encrypted_cluster, "momentum", -0.5, None, marks=he),
     # trainer side
     (trainer, "batch_size", 0, None),
     (trainer, "batch_size", 2.5, None),
@@ -191,6 +203,7 @@ def test_every_config_class_is_covered() -> None:
     # Prepare: the classes the cases construct (strategies build theirs from keywords)
     covered = {
         "BalancingConfig", "ServerConfig", "ParameterServerConfig", "EncryptionConfig",
+        "EncryptedClusterConfig",
         "TrainerConfig", "SiloSetup", "WorkerSetup", "CostModel", "SlowdownSchedule",
         "PartitionSpec", "CKKSConfig", "RecordKeys", "SimulationConfig", "ClusterConfig",
     }  # fmt: skip

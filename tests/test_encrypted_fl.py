@@ -59,16 +59,6 @@ def silo_keys(key_files):  # type: ignore[no-untyped-def]
     return load_silo_keys(key_files.secret)
 
 
-@pytest.fixture
-def fl_log(caplog):  # type: ignore[no-untyped-def]
-    """Capture the fl_lbbsp logger even when the CLI has stopped it from propagating."""
-    logger = logging.getLogger("fl_lbbsp")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.WARNING, logger="fl_lbbsp")
-    yield caplog
-    logger.removeHandler(caplog.handler)
-
-
 class FakeGrid:
     """The part of flwr's Grid that node sampling uses."""
 

@@ -77,3 +77,29 @@ def test_cluster_simulation_balances_cost_model_workers(tmp_path) -> None:  # ty
     assert all(e["overhead"] is not None and e["overhead"] >= 0 for e in train)
     assert summary["iterations_to_target"] == 0 and summary["time_to_target"] == 0.0
     assert 0 < summary["overhead_share"] < 1
+
+
+def test_encrypted_cluster_keeps_worker_replicas_across_iterations(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the workers' replicas live in Flower's node state between iterations
+    pytest.importorskip("tenseal")
+    from fl_lbbsp.cluster import ClusterConfig, run_cluster
+    from fl_lbbsp.crypto import generate_keys, write_key_files
+
+    keys = write_key_files(generate_keys(), tmp_path / "keys")
+    config = ClusterConfig(
+        scheme="lbbsp", workers=2, speeds=(2.0, 1.0), iterations=3, batch_size=16, model="mlp",
+        cost_model="0.01", eval_every=3, out=tmp_path / "run", encrypt=keys.public.parent,
+    )  # fmt: skip
+
+    # Execute
+    events = run_cluster(config)
+
+    # Assert: every iteration aggregated both encrypted gradients (none rejected) and the
+    # workers evaluated their replicas at version 3
+    train = [e for e in events if e["event"] == "train"]
+    assert [e["round"] for e in train] == [1, 2, 3]
+    assert all(sorted(e["silos"]) == ["0", "1"] and not e["missed"] for e in train)
+    assert all(s["he-time"] > 0 for e in train for s in e["silos"].values())
+    assert not [e for e in events if e["event"] == "rejected"]
+    evaluate = [e for e in events if e["event"] == "evaluate"]
+    assert [(e["round"], e["federated"]) for e in evaluate] == [(3, True)]

@@ -8,6 +8,12 @@ GPU-shaped :class:`~fl_lbbsp.clients.emulation.CostModel` whose time it reports 
 if asked, waits out); asking a cost-model worker for more than its memory cap fails
 like an out-of-memory error.
 
+With a secret CKKS context (``WorkerSetup(secret_context=...)``) the worker runs in
+encrypted mode (:class:`~fl_lbbsp.strategies.encrypted_cluster.EncryptedLBBSPCluster`): it
+keeps a replica of the model in its node state, applies the encrypted aggregates the
+server forwards (decrypt, divide by their weight sum, SGD step), and replies with
+``Enc((x_i / X) * g_i)``; the time spent on encryption is reported as ``he-time``.
+
 Reference: Chen et al., IEEE TCC 2021, Alg. 3 (worker: load a batch of x_i samples,
 pull w, compute the local gradient, push it).
 """
@@ -15,7 +21,7 @@ pull w, compute the local gradient, push it).
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -25,14 +31,19 @@ from flwr.clientapp import ClientApp
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..contract import RecordKeys
+from ..core.optim import SGD
 from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
 from ..models import ModelName, build_model
-from .app import _seed, _split
+from .app import _seed, _silo_keys, _split
 from .emulation import CostModel, CostModelText, SlowdownSchedule, SlowdownText, emulate_slowdown
 from .sampler import ResizableBatchSampler, check_batch_size
-from .trainer import machine_usage
+from .trainer import evaluate, machine_usage
 
-__all__ = ["WorkerSetup", "gradient", "make_worker_app", "worker_data"]
+__all__ = ["WorkerSetup", "gradient", "make_worker_app", "sync_replica", "worker_data"]
+
+_REPLICA = "replica"
+_MOMENTUM = "replica-momentum"
+_REPLICA_INFO = "replica-info"
 
 
 class WorkerSetup(BaseModel):
@@ -67,6 +78,9 @@ class WorkerSetup(BaseModel):
         torch intra-op threads per worker process.
     keys : RecordKeys (default: RecordKeys())
         Record key names, the same as the strategy's.
+    secret_context : str | None (default: None)
+        Encrypted mode: the secret CKKS context (``secret.ckks`` or its key folder); a
+        node's ``node_config["secret-context"]`` overrides it. ``None``: plaintext.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -82,6 +96,7 @@ class WorkerSetup(BaseModel):
     test_fraction: float = Field(default=0.2, gt=0, lt=1)
     torch_threads: int = Field(default=1, gt=0)
     keys: RecordKeys = RecordKeys()
+    secret_context: str | None = None
 
 
 def worker_data(setup: WorkerSetup, worker: int) -> ArrayDataset:
@@ -154,6 +169,119 @@ def _batch_indices(
     return torch.as_tensor(next(iter(sampler)))
 
 
+def sync_replica(
+    content: RecordDict, state: RecordDict, *, secret_context: str, keys: RecordKeys
+) -> tuple[dict[str, np.ndarray], float]:
+    """Bring this worker's model replica to the version the server asks for.
+
+    Starts from the plaintext initial model if the message carries one, else from the
+    replica in ``state``; applies every forwarded aggregate it has not applied yet, in
+    order: decrypt ``sum_i Enc(w_i g_i)``, divide by ``sum_i w_i`` and take an SGD step
+    with the config's ``lr`` and ``momentum`` (the step the plaintext parameter server
+    takes). The replica and its momentum buffers are stored back in ``state``.
+
+    Parameters
+    ----------
+    content : RecordDict
+        The server's message: config (``model-version``, ``lr``, ``momentum``), optionally
+        ``initial-model``, and the ``aggregate-<v>`` records.
+    state : RecordDict
+        The node's persistent state (``Context.state``).
+    secret_context : str
+        Path of the secret CKKS context.
+    keys : RecordKeys
+        Record key names.
+
+    Returns
+    -------
+    tuple of (dict of str to ndarray, float)
+        The parameters at the requested version and the seconds spent decrypting.
+
+    Raises
+    ------
+    RuntimeError
+        If the replica is missing or the forwarded aggregates do not continue it.
+    """
+    from ..crypto import decrypt_update, unflatten
+    from ..crypto.records import update_from_record
+    from ..strategies.encrypted_cluster import INITIAL_MODEL, UPDATE_PREFIX
+
+    config = content["config"]
+    target = int(config[keys.model_version])  # type: ignore[arg-type]
+    if INITIAL_MODEL in content:
+        record = content[INITIAL_MODEL]
+        params = {name: np.asarray(record[name].numpy()) for name in record}
+        version, buffers = 0, None
+    elif _REPLICA in state:
+        params = {name: np.asarray(a.numpy()) for name, a in state[_REPLICA].items()}
+        version = int(state[_REPLICA_INFO]["version"])  # type: ignore[arg-type]
+        moment = state.get(_MOMENTUM)
+        buffers = None if moment is None else [np.asarray(a.numpy()) for a in moment.values()]
+    else:
+        raise RuntimeError("no model replica on this worker: the server must resend the model")
+    updates = sorted(
+        (int(name[len(UPDATE_PREFIX) :]), name)
+        for name in content
+        if name.startswith(UPDATE_PREFIX)
+    )
+    he_keys, checker = _silo_keys(secret_context)
+    optimizer = SGD(lr=float(config[keys.lr]), momentum=float(config.get(keys.momentum, 0.0)))  # type: ignore[arg-type]
+    optimizer.buffers = buffers
+    names = list(params)
+    seconds = 0.0
+    for v, name in updates:
+        if v <= version:
+            continue
+        if v != version + 1:
+            raise RuntimeError(f"replica at model version {version} cannot apply aggregate {v}")
+        start = time.perf_counter()
+        update = update_from_record(content[name])
+        grads = unflatten(decrypt_update(he_keys, update, checker=checker), update.layout)
+        seconds += time.perf_counter() - start
+        stepped = optimizer.step([params[n] for n in names], [grads[n] for n in names])
+        params = dict(zip(names, stepped, strict=True))
+        version = v
+    if version != target:
+        raise RuntimeError(f"replica at model version {version}, the server asks for {target}")
+    state[_REPLICA] = ArrayRecord({n: Array(np.ascontiguousarray(p)) for n, p in params.items()})
+    state[_REPLICA_INFO] = ConfigRecord({"version": version})
+    if optimizer.buffers is not None:
+        state[_MOMENTUM] = ArrayRecord(
+            {
+                n: Array(np.ascontiguousarray(b))
+                for n, b in zip(names, optimizer.buffers, strict=True)
+            }
+        )
+    return params, seconds
+
+
+def _encrypt_gradient(
+    grads: dict[str, np.ndarray], secret_context: str, config: ConfigRecord, keys: RecordKeys
+) -> tuple[ArrayRecord, float]:
+    """``Enc((x_i / X) * g_i)`` as an ArrayRecord, and the seconds it took."""
+    from ..crypto import encrypt_update, flatten
+    from ..crypto.records import update_to_record
+
+    he_keys, _ = _silo_keys(secret_context)
+    start = time.perf_counter()
+    flat, layout = flatten(grads)
+    update = encrypt_update(
+        he_keys,
+        flat,
+        weight=float(config[keys.batch_size]),  # type: ignore[arg-type]
+        total=float(config.get(keys.he_weight_total, 1.0)),  # type: ignore[arg-type]
+        max_contributors=int(config.get(keys.he_num_silos, 1)),  # type: ignore[arg-type]
+        layout=layout,
+    )
+    return update_to_record(update), time.perf_counter() - start
+
+
+def _worker_test_shard(setup: WorkerSetup, worker: int) -> ArrayDataset:
+    """Worker ``worker``'s share (every ``num_workers``-th sample) of the held-out test set."""
+    _, test = _split(setup.dataset, setup.seed, setup.test_fraction)
+    return test.subset(np.arange(worker, len(test), setup.num_workers))
+
+
 def make_worker_app(setup: WorkerSetup) -> ClientApp:
     """Build the cluster worker ClientApp.
 
@@ -163,9 +291,18 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
     ``num-examples`` (the same), ``train-time`` (emulated), ``samples-processed``, CPU
     and memory, ``max-batch-size`` (its cost model's cap, 0 if none), and the real
     ``compute-time`` and ``busy-time``.
+
+    In encrypted mode the gradient goes out as ``Enc((x_i / X) * g_i)``, the reply adds
+    ``he-time`` (decryption of the aggregates and encryption, times the slowdown) and
+    ``model-version``, and the worker also answers evaluation messages: it evaluates its
+    replica on its share of the held-out test split.
     """
     app = ClientApp()
     keys = setup.keys
+
+    def _secret_context(context: Context) -> str | None:
+        value = context.node_config.get("secret-context", setup.secret_context)
+        return None if value in (None, "") else str(value)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -183,7 +320,16 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
             modelled = cost.time(batch_size)  # raises OutOfMemoryError above the cap
         data = worker_data(setup, worker)
         model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        secret_context = _secret_context(context)
+        extra: dict[str, Any] = {}
+        if secret_context is None:
+            model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        else:
+            params, he_seconds = sync_replica(
+                msg.content, context.state, secret_context=secret_context, keys=keys
+            )
+            model.load_state_dict({n: torch.from_numpy(p) for n, p in params.items()})
+            extra[keys.model_version] = int(config[keys.model_version])  # type: ignore[arg-type]
         machine_usage()
         compute_start = time.perf_counter()
         index = _batch_indices(setup, data, worker_id, server_round, batch_size, config)
@@ -198,6 +344,11 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
             reported = modelled
             if setup.wait:
                 time.sleep(max(0.0, modelled - (time.perf_counter() - compute_start)))
+        if secret_context is None:
+            arrays = ArrayRecord({k: Array(v) for k, v in grads.items()})
+        else:
+            arrays, seconds = _encrypt_gradient(grads, secret_context, config, keys)
+            extra[keys.he_time] = emulate_slowdown(he_seconds + seconds, factor)
         metrics = MetricRecord(
             {
                 keys.batch_size: batch_size,
@@ -211,15 +362,42 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
                 "busy-time": time.perf_counter() - started,
                 "slowdown": factor,
                 "train-loss": loss,
+                **extra,
             }
         )
         content = RecordDict(
             {
-                "arrays": ArrayRecord({k: Array(v) for k, v in grads.items()}),
+                "arrays": arrays,
                 "metrics": metrics,
                 keys.silo_record: ConfigRecord({keys.silo_id: worker_id}),
             }
         )
         return Message(content=content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate_replica(msg: Message, context: Context) -> Message:
+        secret_context = _secret_context(context)
+        if secret_context is None:
+            raise ValueError("cluster workers evaluate only in encrypted mode (the server can)")
+        torch.set_num_threads(setup.torch_threads)
+        worker = int(context.node_config.get("partition-id", 0))
+        params, _ = sync_replica(
+            msg.content, context.state, secret_context=secret_context, keys=keys
+        )
+        data = _worker_test_shard(setup, worker)
+        model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
+        model.load_state_dict({n: torch.from_numpy(p) for n, p in params.items()})
+        loss, accuracy = evaluate(model, torch.from_numpy(data.x), torch.from_numpy(data.y))
+        version = int(msg.content["config"][keys.model_version])  # type: ignore[arg-type]
+        metrics = MetricRecord(
+            {
+                keys.num_examples: len(data),
+                keys.batch_size: len(data),  # the cluster strategy's weight key
+                "eval-loss": loss,
+                "eval-acc": accuracy,
+                keys.model_version: version,
+            }
+        )
+        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
     return app

@@ -1,7 +1,7 @@
 """Flower strategies over the LB-BSP core.
 
-``EncryptedLBBSPFedAvg`` (CKKS-encrypted updates) needs the ``he`` extra (TenSEAL) and is
-imported on first use.
+``EncryptedLBBSPFedAvg`` and ``EncryptedLBBSPCluster`` (CKKS-encrypted updates and
+gradients) need the ``he`` extra (TenSEAL) and are imported on first use.
 """
 
 from typing import Any
@@ -13,6 +13,7 @@ from .legacy import LBBSPStrategy
 
 __all__ = [
     "BalancingConfig",
+    "EncryptedLBBSPCluster",
     "EncryptedLBBSPFedAvg",
     "LBBSPCluster",
     "LBBSPFedAvg",
@@ -25,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from .encrypted import EncryptedLBBSPFedAvg
 
         return EncryptedLBBSPFedAvg
+    if name == "EncryptedLBBSPCluster":
+        from .encrypted_cluster import EncryptedLBBSPCluster
+
+        return EncryptedLBBSPCluster
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
-from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # type: ignore[attr-defined]
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 

@@ -12,7 +12,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["BalancingConfig", "EncryptionConfig", "ParameterServerConfig", "ServerConfig"]
+__all__ = [
+    "BalancingConfig",
+    "EncryptedClusterConfig",
+    "EncryptionConfig",
+    "ParameterServerConfig",
+    "ServerConfig",
+]
 
 
 class BalancingConfig(BaseModel):
@@ -158,3 +164,23 @@ class EncryptionConfig(BaseModel):
 
     initial_weight_total: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     weight_tolerance: float = Field(default=1e-6, gt=0, lt=1)
+
+
+class EncryptedClusterConfig(BaseModel):
+    """The encrypted parameter server's history of aggregates and its evaluation.
+
+    Parameters
+    ----------
+    max_history : int (default: 32)
+        Aggregates kept for workers that fall behind, positive.
+    evaluate_every : int | None (default: None)
+        Federated evaluation after every this many iterations (positive); ``None``: never.
+    aggregation : {"weighted"} (default: "weighted")
+        Encrypted gradients are weighted by batch size only.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_history: int = Field(default=32, ge=1, strict=True)
+    evaluate_every: int | None = Field(default=None, ge=1, strict=True)
+    aggregation: Literal["weighted"] = "weighted"
