@@ -47,6 +47,14 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str, estimators:
         f"KEYDIR (the server only adds ciphertexts; accuracy is evaluated on the {unit})",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="checkpoint every round in DIR/<scheme>; rerunning the same command resumes "
+        "from there (default: no checkpoints)",
+    )
     parser.add_argument("--quiet", action="store_true", help="only print the summary")
     parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
 
@@ -219,6 +227,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
             eval_every=args.eval_every,
             parallel=args.parallel,
             out=args.out,
+            checkpoint_dir=args.checkpoint_dir,
             encrypt=args.encrypt,
         )
         for scheme in schemes
@@ -311,6 +320,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         parallel=args.parallel,
         out=out,
         encrypt=args.encrypt,
+        checkpoint_dir=args.checkpoint_dir,
     )
 
 
@@ -320,7 +330,7 @@ def _validation_message(err: ValidationError) -> str:
         if not item["loc"]:  # a check across fields: its message names them
             parts.append(str(item["msg"]).removeprefix("Value error, "))
             continue
-        flag = "--" + ".".join(str(p) for p in item["loc"]).replace("_", "-")
+        flag = "--" + str(item["loc"][0]).replace("_", "-")
         parts.append(f"{flag}: {item['msg']} (got {item.get('input')!r})")
     return "; ".join(parts)
 
@@ -401,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulate" and args.scheme not in ("fedavg", "lbbsp"):
         parser.error(f"unknown --scheme {args.scheme!r}: expected fedavg or lbbsp")
     from .datasets import DataSourceError
+    from .strategies.checkpoint import CheckpointError
 
     key_errors: tuple[type[Exception], ...] = ()
     if getattr(args, "encrypt", None) is not None:
@@ -415,6 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(_validation_message(err))
     except DataSourceError as err:
         parser.error(str(err))
+    except CheckpointError as err:
+        parser.error(f"--checkpoint-dir: {err}")
     except key_errors as err:  # key files missing, of the wrong kind, or altered
         parser.error(f"--encrypt: {err}")
     return 2

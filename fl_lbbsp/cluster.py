@@ -15,14 +15,15 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .clients.app import SiloSetup, test_data
 from .clients.cluster import WorkerSetup, make_worker_app
-from .clients.emulation import CostModel, check_speeds, slowdowns_from_speeds
-from .datasets import load_source
-from .models import build_model
+from .clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
+from .datasets import SourceSpec, load_source
+from .models import ModelName, build_model
 from .simulation import central_evaluation, check_key_files, run_engine, start_telemetry
+from .strategies.checkpoint import resume_point
 from .strategies.cluster import LBBSPCluster
 from .telemetry import read_telemetry
 
@@ -57,10 +58,10 @@ class ClusterConfig(BaseModel):
         Learning rate of the server's SGD.
     momentum : float (default: 0.0)
         SGD momentum.
-    model : str (default: "lenet5")
-        ``lenet5`` or ``mlp``.
+    model : {"lenet5", "mlp"} (default: "lenet5")
+        The model.
     seed : int (default: 0)
-        Seed of the data split, model init and sampling.
+        Seed of the data split, model init and sampling (>= 0).
     estimator, alpha, allocator :
         Balancer settings (allocator ``linear``, ``proportional`` or ``iterative``).
     cost_model : str | None (default: None)
@@ -80,43 +81,34 @@ class ClusterConfig(BaseModel):
         (``public.ckks``; :class:`~fl_lbbsp.strategies.encrypted_cluster.EncryptedLBBSPCluster`),
         and accuracy is evaluated by the workers on their shares of the test split.
         Not with ``lbbsp-naive``.
+    checkpoint_dir : Path | None (default: None)
+        Checkpoint folder: every iteration is checkpointed in ``checkpoint_dir/<scheme>``
+        (weights, momentum, balancer) and a rerun resumes from there. ``None``: none.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     scheme: Scheme = "lbbsp"
     workers: int = Field(default=4, gt=0, strict=True)
-    speeds: tuple[float, ...] | None = None
-    dataset: str = "embedded"
+    speeds: Speeds = None
+    dataset: SourceSpec = "embedded"
     data: Literal["full", "shard"] = "full"
     iterations: int = Field(default=100, gt=0, strict=True)
     batch_size: int = Field(default=64, gt=0, strict=True)
     lr: float = Field(default=0.05, gt=0, allow_inf_nan=False)
     momentum: float = Field(default=0.0, ge=0, lt=1)
-    model: Literal["lenet5", "mlp"] = "lenet5"
-    seed: int = 0
+    model: ModelName = "lenet5"
+    seed: int = Field(default=0, ge=0)
     estimator: Literal["ema", "last", "narx"] = "ema"
     alpha: float = Field(default=0.2, gt=0, le=1)
     allocator: Literal["linear", "proportional", "iterative"] = "linear"
-    cost_model: str | None = None
+    cost_model: CostModelText | None = None
     wait: bool = False
     eval_every: int = Field(default=5, gt=0, strict=True)
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/cluster")
     encrypt: Path | None = None
-
-    @classmethod
-    def _positive_speeds(cls, speeds: tuple[float, ...] | None) -> tuple[float, ...] | None:
-        if speeds is not None and any(not 0 < s < float("inf") for s in speeds):
-            raise ValueError(f"every speed must be a finite positive number, got {list(speeds)}")
-        return speeds
-
-    @field_validator("cost_model")
-    @classmethod
-    def _cost_model(cls, value: str | None) -> str | None:
-        if value is not None:
-            CostModel.parse(value)
-        return value
+    checkpoint_dir: Path | None = None
 
     @model_validator(mode="after")
     def _speeds_per_worker(self) -> ClusterConfig:
@@ -149,6 +141,10 @@ class ClusterConfig(BaseModel):
         """JSON-lines telemetry file of this run."""
         return self.out / f"{self.scheme}.jsonl"
 
+    def checkpoint_path(self) -> Path | None:
+        """Checkpoint folder of this run (``None``: no checkpoints)."""
+        return None if self.checkpoint_dir is None else self.checkpoint_dir / self.scheme
+
 
 def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
     """The parameter-server strategy of a cluster run (encrypted with ``config.encrypt``)."""
@@ -164,6 +160,7 @@ def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
         telemetry_path=config.telemetry_path(),
         min_train_nodes=config.workers,
         min_available_nodes=config.workers,
+        checkpoint_dir=config.checkpoint_path(),
     )
     if config.encrypt is None:
         return LBBSPCluster(**settings)
@@ -207,7 +204,8 @@ def run_cluster(config: ClusterConfig) -> list[dict[str, Any]]:
     if config.encrypt is not None:
         check_key_files(config.encrypt)
     path = config.telemetry_path()
-    start_telemetry(path, config)
+    # Fail fast on a checkpoint of other settings; keep the telemetry of a resumed run.
+    start_telemetry(path, config, resume=resume_point(make_cluster_strategy(config)) is not None)
     run_engine(
         _server_app(config),
         make_worker_app(config.worker_setup()),

@@ -56,9 +56,11 @@ class RecordKeys(BaseModel):
         gradient (or evaluation) was computed at.
     momentum : str (default: "momentum")
         Config (encrypted cluster mode): the SGD momentum the workers apply.
+
+    Every name must be a non-empty string.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", str_min_length=1)
 
     batch_size: str = "batch-size"
     local_steps: str = "local-steps"

@@ -11,10 +11,12 @@ References
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import nn
 
-__all__ = ["MLP", "LeNet5", "build_model"]
+__all__ = ["MODEL_NAMES", "MLP", "LeNet5", "ModelName", "build_model"]
 
 
 def _check_positive(name: str, value: int) -> None:
@@ -129,7 +131,9 @@ class MLP(nn.Module):
         return out
 
 
-MODEL_NAMES = ("lenet5", "mlp")
+ModelName = Literal["lenet5", "mlp"]
+"""A config field naming a model of :func:`build_model`."""
+MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
 
 
 def build_model(name: str, *, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:

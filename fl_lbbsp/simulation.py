@@ -13,14 +13,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .clients.app import SiloSetup, make_client_app, test_data
-from .clients.emulation import check_speeds, slowdowns_from_speeds
+from .clients.emulation import Speeds, check_speeds, slowdowns_from_speeds
 from .clients.trainer import evaluate
-from .datasets import ArrayDataset, PartitionSpec, load_source
-from .models import build_model
+from .datasets import ArrayDataset, PartitionText, SourceSpec, load_source
+from .models import ModelName, build_model
 from .strategies import LBBSPFedAvg
+from .strategies.checkpoint import resume_point
 from .telemetry import TelemetryWriter, read_telemetry
 
 __all__ = [
@@ -59,10 +60,10 @@ class SimulationConfig(BaseModel):
         Learning rate eta.
     dataset : str (default: "embedded")
         ``embedded``, ``mnist:PATH`` or ``cifar10:PATH``.
-    model : str (default: "lenet5")
-        ``lenet5`` or ``mlp``.
+    model : {"lenet5", "mlp"} (default: "lenet5")
+        The model.
     seed : int (default: 0)
-        Seed of the data split, partitioning, model init and reshuffling.
+        Seed of the data split, partitioning, model init and reshuffling (>= 0).
     estimator, alpha, allocator, max_change_ratio :
         Balancer settings (see :class:`~fl_lbbsp.strategies.LBBSPFedAvg`).
     parallel : int (default: 1)
@@ -75,21 +76,25 @@ class SimulationConfig(BaseModel):
         (``secret.ckks``), the server only adds them (``public.ckks``), and the test
         accuracy is federated (each silo evaluates on its share of the test split).
         ``None``: plaintext updates and central evaluation.
+    checkpoint_dir : Path | None (default: None)
+        Checkpoint folder: the strategy checkpoints every round in
+        ``checkpoint_dir/<scheme>`` and a rerun resumes from there (the telemetry file
+        is then kept, not restarted). ``None``: no checkpoints.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     scheme: Literal["fedavg", "lbbsp"] = "lbbsp"
     silos: int = Field(default=5, gt=0, strict=True)
-    speeds: tuple[float, ...] | None = None
-    partition: str = "labels:2"
+    speeds: Speeds = None
+    partition: PartitionText = "labels:2"
     rounds: int = Field(default=20, gt=0, strict=True)
     local_steps: int = Field(default=20, gt=0, strict=True)
     batch_size: int = Field(default=32, gt=0, strict=True)
     lr: float = Field(default=0.05, gt=0, allow_inf_nan=False)
-    dataset: str = "embedded"
-    model: Literal["lenet5", "mlp"] = "lenet5"
-    seed: int = 0
+    dataset: SourceSpec = "embedded"
+    model: ModelName = "lenet5"
+    seed: int = Field(default=0, ge=0)
     estimator: Literal["ema", "last"] = "ema"
     alpha: float = Field(default=0.2, gt=0, le=1)
     allocator: Literal["linear", "proportional"] = "linear"
@@ -97,18 +102,7 @@ class SimulationConfig(BaseModel):
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/simulate")
     encrypt: Path | None = None
-
-    @classmethod
-    def _positive_speeds(cls, speeds: tuple[float, ...] | None) -> tuple[float, ...] | None:
-        if speeds is not None and any(not 0 < s < float("inf") for s in speeds):
-            raise ValueError(f"every speed must be a finite positive number, got {list(speeds)}")
-        return speeds
-
-    @field_validator("partition")
-    @classmethod
-    def _partition(cls, value: str) -> str:
-        PartitionSpec.parse(value)
-        return value
+    checkpoint_dir: Path | None = None
 
     @model_validator(mode="after")
     def _speeds_per_silo(self) -> SimulationConfig:
@@ -137,6 +131,10 @@ class SimulationConfig(BaseModel):
         """JSON-lines telemetry file of this run."""
         return self.out / f"{self.scheme}.jsonl"
 
+    def checkpoint_path(self) -> Path | None:
+        """Checkpoint folder of this run (``None``: no checkpoints)."""
+        return None if self.checkpoint_dir is None else self.checkpoint_dir / self.scheme
+
 
 def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     """The strategy of a simulated run (LB-BSP, or the same with balancing off).
@@ -156,6 +154,7 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         "telemetry_path": config.telemetry_path(),
         "min_train_nodes": config.silos,
         "min_available_nodes": config.silos,
+        "checkpoint_dir": config.checkpoint_path(),
     }
     if config.encrypt is None:
         return LBBSPFedAvg(fraction_evaluate=0.0, **settings)  # type: ignore[arg-type]
@@ -242,7 +241,8 @@ def run(config: SimulationConfig) -> list[dict[str, object]]:
     if config.encrypt is not None:
         check_key_files(config.encrypt)
     path = config.telemetry_path()
-    start_telemetry(path, config)
+    # Fail fast on a checkpoint of other settings; keep the telemetry of a resumed run.
+    start_telemetry(path, config, resume=resume_point(make_strategy(config)) is not None)
     run_engine(
         make_server_app(config),
         make_client_app(config.silo_setup()),
@@ -252,8 +252,15 @@ def run(config: SimulationConfig) -> list[dict[str, object]]:
     return read_telemetry(path)
 
 
-def start_telemetry(path: Path, config: BaseModel) -> None:
-    """Start a fresh telemetry file at ``path`` with the run's config as first event."""
+def start_telemetry(path: Path, config: BaseModel, *, resume: bool = False) -> None:
+    """Start a fresh telemetry file at ``path`` with the run's config as first event.
+
+    With ``resume`` (a run that resumes from a checkpoint) an existing file is kept: the
+    strategy continues it and drops the events of rounds after its checkpoint.
+    """
+    if resume and path.exists():
+        log.info("resuming from a checkpoint: telemetry %s is continued", path)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     TelemetryWriter(path).write({"event": "config", **config.model_dump(mode="json")})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,30 @@ class TelemetryWriter:
         if self.path is not None:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(event, sort_keys=True) + "\n")
+
+    def drop_rounds_after(self, server_round: int) -> int:
+        """Remove the file's events of rounds after ``server_round`` (a run resumed from
+        that round's checkpoint redoes them); return how many were removed.
+
+        Events without a round (the run's config) stay. The file is rewritten atomically.
+        """
+        if self.path is None or not self.path.exists():
+            return 0
+        kept, dropped = [], 0
+        with self.path.open(encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                later = json.loads(line).get("round")
+                if isinstance(later, int) and later > server_round:
+                    dropped += 1
+                else:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+        if dropped:
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+        return dropped
 
 
 def read_telemetry(path: str | Path) -> list[dict[str, Any]]:

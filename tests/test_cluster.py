@@ -188,11 +188,6 @@ def test_sgd_rejects_bad_settings(kwargs: dict[str, float], named: str) -> None:
         SGD(**kwargs)
 
 
-def test_cluster_rejects_unknown_aggregation() -> None:
-    with pytest.raises(ValueError, match="aggregation"):
-        LBBSPCluster(initial_batch_size=8, lr=0.1, aggregation="median")  # type: ignore[arg-type]
-
-
 def test_workers_sample_the_full_set_or_their_own_shard() -> None:
     # Prepare
     full = WorkerSetup(data="full", num_workers=4)

@@ -521,3 +521,30 @@ def test_json_round_trip_keeps_decisions(allocator: str, estimator: str) -> None
     for b in (balancer, restored):
         b.report("silo-0", SiloReport(batch_size=50, train_time=0.9))
     assert restored.allocate(everyone) == balancer.allocate(everyone)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    allocator=st.sampled_from(["proportional", "linear", "iterative"]),
+    times=st.lists(st.floats(0.1, 10.0), min_size=2, max_size=6),
+    order=st.randoms(use_true_random=False),
+)
+def test_sizes_do_not_depend_on_the_order_silos_are_listed(
+    allocator: str, times: list[float], order
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: every silo reported once, some at equal speeds (ties in the rounding)
+    ids = [f"s{i}" for i in range(len(times))]
+    balancer = BatchSizeBalancer(initial_batch_size=16, allocator=allocator)
+    for silo, t in zip(ids, times, strict=True):
+        balancer.report(silo, SiloReport(batch_size=16, train_time=round(t, 1)))
+    shuffled = list(ids)
+    order.shuffle(shuffled)
+    restored = BatchSizeBalancer.from_json(balancer.to_json())
+
+    # Execute
+    sizes = balancer.allocate(ids)
+    again = restored.allocate(shuffled)
+
+    # Assert: the same sizes, listed in the order asked
+    assert list(again) == shuffled
+    assert again == sizes

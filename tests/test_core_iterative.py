@@ -180,6 +180,19 @@ def test_state_round_trips_through_json() -> None:
     assert _iterate(restored, models, 20) == _iterate(allocator, models, 20)
 
 
+def test_state_keeps_the_straggler_that_cannot_give_more() -> None:
+    # Prepare: w1 is the straggler with a batch at the step (already warned about)
+    allocator = IterativeAllocator()
+    allocator.reset({"w0": 59, "w1": 5})
+    allocator.update({"w0": 0.1, "w1": 10.0})
+
+    # Execute
+    restored = IterativeAllocator.from_state(json.loads(json.dumps(allocator.state())))
+
+    # Assert: a restored allocator does not warn about it again
+    assert allocator.removable == restored.removable == "w1"
+
+
 def test_balancer_runs_alg2_once_per_round_of_fresh_reports() -> None:
     # Prepare
     models = {w: BASE.scaled(k) for w, k in CAPACITIES.items()}

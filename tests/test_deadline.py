@@ -17,7 +17,6 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.serverapp import Grid
-from pydantic import ValidationError
 
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
 from fl_lbbsp.strategies import LBBSPFedAvg
@@ -38,15 +37,6 @@ def test_deadline_is_margin_times_prediction_clipped_to_floor_and_ceiling() -> N
     assert policy.timeout(None) == 60.0  # nothing predicted yet: the ceiling
     assert policy.timeout(100.0, cap=30.0) == 30.0  # start()'s timeout caps it
     assert DeadlinePolicy(margin=None).timeout(10.0, cap=42.0) == 42.0  # off
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [{"margin": 0.5}, {"floor": 0.0}, {"floor": 10.0, "ceiling": 5.0}, {"margin": float("inf")}],
-)
-def test_bad_deadline_settings_are_rejected(kwargs) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValidationError):
-        DeadlinePolicy(**kwargs)
 
 
 def test_predicted_compute_time_is_the_slowest_silo() -> None:
@@ -303,8 +293,3 @@ def test_start_without_deadlines_passes_the_timeout_through(tmp_path) -> None:
 
     # Assert: Flower's own loop, with start()'s timeout, for train and evaluate
     assert grid.own_loop_timeouts == [12.5, 12.5, 12.5, 12.5]
-
-
-def test_bad_poll_interval_is_rejected() -> None:
-    with pytest.raises(ValueError, match="poll_interval"):
-        LBBSPFedAvg(initial_batch_size=8, local_steps=1, lr=0.1, poll_interval=0.0)

@@ -166,16 +166,3 @@ def test_worker_beyond_the_kept_history_is_left_out_with_a_warning(key_files, fl
     assert up_to_date == {}
     assert behind is not None and sorted(behind) == ["aggregate-2", "aggregate-3"]
     assert fresh is None  # would need aggregate 1, which is gone
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"aggregation": "naive"}, "weighted"),
-        ({"max_history": 0}, "max_history"),
-        ({"evaluate_every": 0}, "evaluate_every"),
-    ],
-)
-def test_invalid_settings_are_refused(key_files, kwargs, match) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError, match=match):
-        EncryptedLBBSPCluster(public_context=key_files.public, **{**SETTINGS, **kwargs})

@@ -21,9 +21,17 @@ from flwr.clientapp import ClientApp
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..contract import RecordKeys
-from ..datasets import ArrayDataset, PartitionSpec, load_source, partition_indices, train_test_split
-from ..models import build_model
-from .emulation import SlowdownSchedule, emulate_slowdown
+from ..datasets import (
+    ArrayDataset,
+    PartitionSpec,
+    PartitionText,
+    SourceSpec,
+    load_source,
+    partition_indices,
+    train_test_split,
+)
+from ..models import ModelName, build_model
+from .emulation import SlowdownSchedule, SlowdownText, emulate_slowdown
 from .trainer import TrainerConfig, evaluate, machine_usage, train_local
 
 if TYPE_CHECKING:
@@ -46,9 +54,9 @@ class SiloSetup(BaseModel):
     num_silos : int (default: 5)
         Number of silos the data is split over.
     seed : int (default: 0)
-        Seed of the train/test split, the partitioning and the reshuffling.
-    model : str (default: "lenet5")
-        ``"lenet5"`` or ``"mlp"``, sized to the input.
+        Seed of the train/test split, the partitioning and the reshuffling (>= 0).
+    model : {"lenet5", "mlp"} (default: "lenet5")
+        The model, sized to the input.
     slowdowns : tuple of str (default: ())
         Emulated slowdown of silo i (``"4"`` or a schedule ``"1:1,10:4"``); a silo's
         ``node_config["slowdown"]`` overrides it. Empty: the run config's ``slowdowns``
@@ -71,12 +79,12 @@ class SiloSetup(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dataset: str = "embedded"
-    partition: str = "iid"
+    dataset: SourceSpec = "embedded"
+    partition: PartitionText = "iid"
     num_silos: int = Field(default=5, gt=0)
-    seed: int = 0
-    model: str = "lenet5"
-    slowdowns: tuple[str, ...] = ()
+    seed: int = Field(default=0, ge=0)
+    model: ModelName = "lenet5"
+    slowdowns: tuple[SlowdownText, ...] = ()
     test_fraction: float = Field(default=0.2, gt=0, lt=1)
     torch_threads: int = Field(default=1, gt=0)
     keys: RecordKeys = RecordKeys()

@@ -32,10 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..contract import RecordKeys
 from ..core.optim import SGD
-from ..datasets import ArrayDataset, PartitionSpec, partition_indices
-from ..models import build_model
+from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
+from ..models import ModelName, build_model
 from .app import _seed, _silo_keys, _split
-from .emulation import CostModel, SlowdownSchedule, emulate_slowdown
+from .emulation import CostModel, CostModelText, SlowdownSchedule, SlowdownText, emulate_slowdown
 from .sampler import ResizableBatchSampler, check_batch_size
 from .trainer import evaluate, machine_usage
 
@@ -60,9 +60,9 @@ class WorkerSetup(BaseModel):
     num_workers : int (default: 4)
         Number of workers (shards).
     seed : int (default: 0)
-        Seed of the split, the shards and the sampling.
-    model : str (default: "lenet5")
-        ``"lenet5"`` or ``"mlp"``.
+        Seed of the split, the shards and the sampling (>= 0).
+    model : {"lenet5", "mlp"} (default: "lenet5")
+        The model.
     slowdowns : tuple of str (default: ())
         Emulated slowdown of worker i (``"4"`` or a schedule ``"1:1,50:3"``).
     cost_models : tuple of str (default: ())
@@ -85,13 +85,13 @@ class WorkerSetup(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dataset: str = "embedded"
+    dataset: SourceSpec = "embedded"
     data: Literal["full", "shard"] = "full"
     num_workers: int = Field(default=4, gt=0)
-    seed: int = 0
-    model: str = "lenet5"
-    slowdowns: tuple[str, ...] = ()
-    cost_models: tuple[str, ...] = ()
+    seed: int = Field(default=0, ge=0)
+    model: ModelName = "lenet5"
+    slowdowns: tuple[SlowdownText, ...] = ()
+    cost_models: tuple[CostModelText, ...] = ()
     wait: bool = False
     test_fraction: float = Field(default=0.2, gt=0, lt=1)
     torch_threads: int = Field(default=1, gt=0)

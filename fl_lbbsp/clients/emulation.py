@@ -7,23 +7,33 @@ emulated.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 __all__ = [
     "CostModel",
+    "CostModelText",
     "OutOfMemoryError",
     "SlowdownSchedule",
+    "SlowdownText",
+    "Speeds",
     "check_speeds",
     "emulate_slowdown",
     "slowdowns_from_speeds",
 ]
 
 
-class SlowdownSchedule:
+class SlowdownSchedule(BaseModel):
     """Slowdown factor k per round: a constant, or ``"ROUND:K,ROUND:K"`` steps.
 
     ``"4"`` is k = 4 in every round; ``"1:1,10:4"`` is k = 1 from round 1 and k = 4 from
@@ -32,37 +42,44 @@ class SlowdownSchedule:
     Parameters
     ----------
     steps : dict of int to float
-        First round -> slowdown factor from that round on; every factor >= 1.
+        First round (>= 1) -> slowdown factor (finite, >= 1) from that round on; at least
+        one step.
     """
 
-    def __init__(self, steps: dict[int, float]) -> None:
-        if not steps:
-            raise ValueError("a slowdown schedule needs at least one step")
-        for rnd, k in steps.items():
-            if rnd < 1:
-                raise ValueError(f"slowdown schedule rounds start at 1, got {rnd}")
-            if not math.isfinite(k) or k < 1:
-                raise ValueError(f"slowdown factor must be a finite number >= 1, got {k!r}")
-        self.steps = dict(sorted(steps.items()))
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: dict[Annotated[int, Field(ge=1)], Annotated[float, Field(ge=1, allow_inf_nan=False)]] = (
+        Field(min_length=1)
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _sorted(cls, steps: dict[int, float]) -> dict[int, float]:
+        return dict(sorted(steps.items()))
 
     @classmethod
     def parse(cls, value: str | float | int) -> SlowdownSchedule:
         """Parse ``4``, ``"4"`` or ``"1:1,10:4"``; ValueError names a bad value."""
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return cls({1: float(value)})
+            return cls(steps={1: float(value)})
         text = str(value).strip()
         try:
             if ":" not in text:
-                return cls({1: float(text)})
+                return cls(steps={1: float(text)})
             steps: dict[int, float] = {}
             for item in text.split(","):
                 rnd, k = item.split(":")
                 steps[int(rnd)] = float(k)
-            return cls(steps)
+            return cls(steps=steps)
         except ValueError as err:
+            reason = (
+                "; ".join(str(e["msg"]) for e in err.errors())
+                if isinstance(err, ValidationError)
+                else str(err)
+            )
             raise ValueError(
                 f"invalid slowdown {value!r}: expected a factor like '4' or a schedule "
-                f"like '1:1,10:4' ({err})"
+                f"like '1:1,10:4' ({reason})"
             ) from None
 
     def factor(self, server_round: int) -> float:
@@ -157,12 +174,32 @@ class CostModel(BaseModel):
         return max(self.floor, self.per_sample * batch_size + self.fixed)
 
 
+Speeds = tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...] | None
+"""A config field of relative machine capacities: finite and positive, or ``None``."""
+
+
+def _checked_slowdown(text: str) -> str:
+    SlowdownSchedule.parse(text)
+    return text
+
+
+def _checked_cost_model(text: str) -> str:
+    CostModel.parse(text)
+    return text
+
+
+SlowdownText = Annotated[str, AfterValidator(_checked_slowdown)]
+"""A config field holding a slowdown (``"4"``, ``"1:1,10:4"``), checked by
+:meth:`SlowdownSchedule.parse`."""
+CostModelText = Annotated[str, AfterValidator(_checked_cost_model)]
+"""A config field holding a cost model ``"m,b,C,x_max"``, checked by :meth:`CostModel.parse`."""
+
+
 def check_speeds(speeds: tuple[float, ...] | None, count: int, what: str) -> None:
-    """ValueError unless ``speeds`` is None or ``count`` finite positive capacities."""
+    """ValueError unless ``speeds`` is None or lists ``count`` capacities (their values
+    are checked by the :data:`Speeds` field type)."""
     if speeds is None:
         return
-    if any(not 0 < s < math.inf for s in speeds):
-        raise ValueError(f"every speed must be a finite positive number, got {list(speeds)}")
     if len(speeds) != count:
         raise ValueError(f"--speeds lists {len(speeds)} values but there are {count} {what}")
 

@@ -6,7 +6,6 @@ eta stay the same for all, so every local dataset keeps the same say in the mode
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -15,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from .sampler import ResizableBatchSampler, check_batch_size
+from .sampler import ResizableBatchSampler
 
 __all__ = ["TrainResult", "TrainerConfig", "evaluate", "machine_usage", "train_local"]
 
@@ -81,11 +80,13 @@ def train_local(
         Learning rate eta.
     generator : torch.Generator | None (default: None)
         Seeded generator for the reshuffling.
+
+    Raises
+    ------
+    pydantic.ValidationError
+        On a bad ``batch_size``, ``local_steps`` or ``lr`` (see :class:`TrainerConfig`).
     """
-    check_batch_size(batch_size)
-    check_batch_size(local_steps)
-    if not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr should be a finite positive number, but got {lr!r}")
+    TrainerConfig(batch_size=batch_size, local_steps=local_steps, lr=lr)
     sampler = ResizableBatchSampler(
         len(x), batch_size=batch_size, num_batches=local_steps, generator=generator
     )

@@ -259,7 +259,10 @@ class BatchSizeBalancer:
         A silo that never reported is predicted at the mean speed of those that did; when
         none has, every silo gets ``B_init``. Memory caps bound the result; if the caps
         make ``n * B_init`` unreachable, each capped silo gets its cap and the total is
-        the sum of the caps.
+        the sum of the caps. The sizes do not depend on the order of ``silo_ids`` (ties
+        between equally good integer splits are broken by silo id), so the same state
+        gives the same sizes, e.g. after resuming from a checkpoint; the result lists the
+        silos in the order given.
 
         Parameters
         ----------
@@ -270,7 +273,11 @@ class BatchSizeBalancer:
             the whole federation when some silos are gone, so that the others take their
             share and the global batch stays the same.
         """
-        ids = list(dict.fromkeys(silo_ids))
+        order = list(dict.fromkeys(silo_ids))
+        sizes = self._allocate(sorted(order), total)
+        return {silo: sizes[silo] for silo in order}
+
+    def _allocate(self, ids: list[str], total: int | None) -> dict[str, int]:
         if not ids:
             return {}
         n = len(ids)

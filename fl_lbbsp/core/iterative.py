@@ -193,6 +193,7 @@ class IterativeAllocator:
             "phase": self.phase,
             "sizes": dict(self.sizes),
             "times": [dict(t) for t in self._times],
+            "removable": self.removable,
         }
 
     @classmethod
@@ -202,4 +203,6 @@ class IterativeAllocator:
         allocator.phase = str(state["phase"])
         allocator.sizes = {str(k): int(v) for k, v in state["sizes"].items()}
         allocator._times.extend({str(k): float(v) for k, v in t.items()} for t in state["times"])
+        removable = state.get("removable")
+        allocator.removable = None if removable is None else str(removable)
         return allocator

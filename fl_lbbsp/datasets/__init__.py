@@ -1,13 +1,15 @@
 """Data sources (numpy arrays, no network) and silo partitioning via flwr-datasets."""
 
-from fl_lbbsp.datasets.partition import PartitionSpec, partition_indices
+from fl_lbbsp.datasets.partition import PartitionSpec, PartitionText, partition_indices
 from fl_lbbsp.datasets.sources import (
     ArrayDataset,
     DataSourceError,
+    SourceSpec,
     load_cifar10,
     load_embedded,
     load_mnist_idx,
     load_source,
+    parse_source_spec,
     train_test_split,
 )
 
@@ -15,10 +17,13 @@ __all__ = [
     "ArrayDataset",
     "DataSourceError",
     "PartitionSpec",
+    "PartitionText",
+    "SourceSpec",
     "load_cifar10",
     "load_embedded",
     "load_mnist_idx",
     "load_source",
+    "parse_source_spec",
     "partition_indices",
     "train_test_split",
 ]

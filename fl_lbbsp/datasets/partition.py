@@ -8,13 +8,19 @@ translates a textual :class:`PartitionSpec` into a partitioner and returns numpy
 
 from __future__ import annotations
 
-import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
-__all__ = ["PartitionSpec", "partition_indices"]
+__all__ = ["PartitionSpec", "PartitionText", "partition_indices"]
 
 _ACCEPTED_FORMS = "'iid', 'labels:K' (K a positive integer) or 'dirichlet:ALPHA' (ALPHA > 0)"
 
@@ -38,18 +44,18 @@ class PartitionSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["iid", "labels", "dirichlet"]
-    classes_per_silo: int | None = None
-    alpha: float | None = None
+    classes_per_silo: int | None = Field(default=None, ge=1)
+    alpha: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _check_parameters(self) -> PartitionSpec:
         if self.kind == "labels":
-            if self.classes_per_silo is None or self.classes_per_silo < 1:
+            if self.classes_per_silo is None:
                 raise ValueError("'labels' needs classes_per_silo >= 1")
         elif self.classes_per_silo is not None:
             raise ValueError(f"classes_per_silo is only valid for 'labels', not {self.kind!r}")
         if self.kind == "dirichlet":
-            if self.alpha is None or not math.isfinite(self.alpha) or self.alpha <= 0:
+            if self.alpha is None:
                 raise ValueError("'dirichlet' needs a finite alpha > 0")
         elif self.alpha is not None:
             raise ValueError(f"alpha is only valid for 'dirichlet', not {self.kind!r}")
@@ -97,6 +103,15 @@ class PartitionSpec(BaseModel):
         if self.kind == "dirichlet":
             return f"dirichlet:{self.alpha:g}"
         return "iid"
+
+
+def _checked_partition(text: str) -> str:
+    PartitionSpec.parse(text)
+    return text
+
+
+PartitionText = Annotated[str, AfterValidator(_checked_partition)]
+"""A config field holding a partition specification, checked by :meth:`PartitionSpec.parse`."""
 
 
 def _label_groups(

@@ -18,9 +18,10 @@ import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import AfterValidator
 
 __all__ = [
     "ArrayDataset",
@@ -28,7 +29,9 @@ __all__ = [
     "load_cifar10",
     "load_embedded",
     "load_mnist_idx",
+    "SourceSpec",
     "load_source",
+    "parse_source_spec",
     "train_test_split",
 ]
 
@@ -364,6 +367,39 @@ def load_cifar10(path: str | Path) -> ArrayDataset:
 _SPEC_FORMS = "'embedded', 'mnist:PATH' or 'cifar10:PATH'"
 
 
+def parse_source_spec(spec: str) -> tuple[str, Path | None]:
+    """Check a source specification without loading it: ``(scheme, PATH)``.
+
+    Parameters
+    ----------
+    spec : str
+        ``"embedded"``, ``"mnist:PATH"`` or ``"cifar10:PATH"`` (``~`` in PATH expanded).
+
+    Raises
+    ------
+    DataSourceError
+        Unknown scheme or empty PATH (whether PATH exists is checked on loading).
+    """
+    text = spec.strip()
+    if text == "embedded":
+        return "embedded", None
+    scheme, sep, raw_path = text.partition(":")
+    if not sep or scheme not in ("mnist", "cifar10"):
+        raise DataSourceError(f"unknown data source {spec!r}; expected {_SPEC_FORMS}")
+    if not raw_path.strip():
+        raise DataSourceError(f"data source {spec!r} has an empty PATH; expected {_SPEC_FORMS}")
+    return scheme, Path(raw_path.strip()).expanduser()
+
+
+def _checked_spec(spec: str) -> str:
+    parse_source_spec(spec)
+    return spec
+
+
+SourceSpec = Annotated[str, AfterValidator(_checked_spec)]
+"""A config field holding a source specification, checked by :func:`parse_source_spec`."""
+
+
 def load_source(spec: str) -> ArrayDataset:
     """Load a dataset from a source specification string.
 
@@ -383,16 +419,10 @@ def load_source(spec: str) -> ArrayDataset:
     DataSourceError
         Unknown scheme, empty or non-existent PATH, or any loader error.
     """
-    text = spec.strip()
-    if text == "embedded":
+    scheme, path = parse_source_spec(spec)
+    if path is None:
         return load_embedded()
-    scheme, sep, raw_path = text.partition(":")
     loaders = {"mnist": load_mnist_idx, "cifar10": load_cifar10}
-    if not sep or scheme not in loaders:
-        raise DataSourceError(f"unknown data source {spec!r}; expected {_SPEC_FORMS}")
-    if not raw_path.strip():
-        raise DataSourceError(f"data source {spec!r} has an empty PATH; expected {_SPEC_FORMS}")
-    path = Path(raw_path.strip()).expanduser()
     if not path.exists():
         raise DataSourceError(f"data source {spec!r}: path {str(path)!r} does not exist")
     return loaders[scheme](path)

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..contract import RecordKeys
 from ..core.optim import SGD
+from .config import ParameterServerConfig
 from .fedavg import LBBSPFedAvg, _array_record
 from .validation import DEFAULT_EXTRA_METRIC_KEYS
 
@@ -72,6 +73,14 @@ keys, telemetry_path :
         must have the weights' names, shapes and dtypes, and ``batch-size`` must be the
         one sent. An iteration whose step would put NaN or inf into the weights is
         skipped and leaves the momentum unchanged.
+    checkpoint_dir : str | Path | None (default: None)
+        As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; the checkpoint also holds the
+        SGD momentum buffers.
+
+    Raises
+    ------
+    pydantic.ValidationError
+        On a bad setting; the message names the keyword and the value.
     """
 
     weight_key = "batch_size"
@@ -102,9 +111,9 @@ keys, telemetry_path :
         max_num_examples: int | None = None,
         max_reply_bytes: int | None = None,
         extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
+        checkpoint_dir: str | Path | None = None,
     ) -> None:
-        if aggregation not in ("weighted", "naive"):
-            raise ValueError(f"unknown aggregation {aggregation!r}; expected 'weighted' or 'naive'")
+        self.ps_config = ParameterServerConfig(momentum=momentum, aggregation=aggregation)
         super().__init__(
             initial_batch_size=initial_batch_size,
             local_steps=1,
@@ -130,9 +139,10 @@ keys, telemetry_path :
             max_num_examples=max_num_examples,
             max_reply_bytes=max_reply_bytes,
             extra_metric_keys=extra_metric_keys,
+            checkpoint_dir=checkpoint_dir,
         )
-        self.aggregation = aggregation
-        self.optimizer = SGD(lr=lr, momentum=momentum)
+        self.aggregation = self.ps_config.aggregation
+        self.optimizer = SGD(lr=self.config.lr, momentum=self.ps_config.momentum)
         self._weights: ArrayRecord | None = None
 
     @property
@@ -182,3 +192,28 @@ keys, telemetry_path :
         except ValueError:
             self.optimizer.buffers = buffers  # a skipped step leaves the momentum as it was
             raise
+
+    # -------------------------------------------------------------- checkpoints
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """LB-BSP's settings plus the momentum and the aggregation."""
+        return {
+            **super().checkpoint_settings(),
+            "parameter_server": self.ps_config.model_dump(mode="json"),
+        }
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """LB-BSP's state plus the SGD momentum buffers (record ``optimizer``)."""
+        state, records = super().checkpoint_state()
+        if self.optimizer.buffers is not None:
+            records["optimizer"] = ArrayRecord(
+                {f"{k:05d}": Array(np.asarray(b)) for k, b in enumerate(self.optimizer.buffers)}
+            )
+        return state, records
+
+    def load_checkpoint_state(self, state: dict[str, Any], records: dict[str, ArrayRecord]) -> None:
+        """Restore :meth:`checkpoint_state`."""
+        super().load_checkpoint_state(state, records)
+        buffers = records.get("optimizer")
+        self.optimizer.buffers = (
+            None if buffers is None else [buffers[name].numpy() for name in sorted(buffers)]
+        )

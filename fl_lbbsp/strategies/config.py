@@ -1,12 +1,24 @@
-"""Validated configuration of the LB-BSP strategies (errors name the field and value)."""
+"""Validated configuration of the LB-BSP strategies (errors name the field and value).
+
+The strategies keep plain keyword-only constructors; each builds these models from its
+keywords, so a bad value raises :class:`pydantic.ValidationError` (a ``ValueError``) that
+names the keyword and the value.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["BalancingConfig"]
+__all__ = [
+    "BalancingConfig",
+    "EncryptedClusterConfig",
+    "EncryptionConfig",
+    "ParameterServerConfig",
+    "ServerConfig",
+]
 
 
 class BalancingConfig(BaseModel):
@@ -68,3 +80,137 @@ class BalancingConfig(BaseModel):
                 f"({self.min_batch_size})"
             )
         return self
+
+
+class ReplyLimits(BaseModel):
+    """What a strategy accepts in a round's replies (:mod:`fl_lbbsp.strategies.validation`).
+
+    Parameters
+    ----------
+    min_train_silos : int (default: 1)
+        Fewest valid replies a round needs; with fewer the round is skipped.
+    max_num_examples : int | None (default: None)
+        Largest ``num-examples`` a reply may claim; ``None``: 2**53.
+    max_reply_bytes : int | None (default: None)
+        Largest reply in bytes; ``None``: four times the model sent plus 1 MiB.
+    extra_metric_keys : tuple of str | None (default: the shipped silo apps' extras)
+        Metrics accepted beyond the contract's; ``None`` accepts any.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_train_silos: int = Field(default=1, ge=1, strict=True)
+    max_num_examples: int | None = Field(default=None, gt=0, strict=True)
+    max_reply_bytes: int | None = Field(default=None, gt=0, strict=True)
+    extra_metric_keys: tuple[str, ...] | None = None
+
+    @field_validator("extra_metric_keys", mode="before")
+    @classmethod
+    def _key_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(f"expected an iterable of key names, not the string {value!r}")
+        return None if value is None else tuple(value)
+
+
+class ServerConfig(BaseModel):
+    """Settings of a Message-API LB-BSP strategy beyond balancing: round deadlines, reply
+    polling, node sampling, telemetry and checkpoints.
+
+    Parameters
+    ----------
+    deadline_margin : float | None (default: 3.0)
+        Round deadline = this multiple (>= 1) of the predicted round time; ``None``: no
+        deadline.
+    deadline_floor : float (default: 30.0)
+        Shortest round deadline in seconds, positive.
+    deadline_ceiling : float (default: 3600.0)
+        Longest round deadline in seconds, at least ``deadline_floor``.
+    poll_interval : float | None (default: 0.1)
+        Seconds between two pulls for replies, positive; ``None``: the Grid's own loop.
+    fraction_train, fraction_evaluate : float (default: 1.0)
+        Share of the available nodes sampled for training / evaluation, in [0, 1].
+    min_train_nodes, min_evaluate_nodes, min_available_nodes : int (default: 2)
+        As in :class:`flwr.serverapp.strategy.FedAvg`, non-negative.
+    telemetry_path : Path | None (default: None)
+        JSON-lines telemetry file.
+    checkpoint_dir : Path | None (default: None)
+        Folder for one checkpoint per finished round; ``start`` resumes from it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    deadline_margin: float | None = Field(default=3.0, ge=1.0, allow_inf_nan=False)
+    deadline_floor: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    deadline_ceiling: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
+    poll_interval: float | None = Field(default=0.1, gt=0, allow_inf_nan=False)
+    fraction_train: float = Field(default=1.0, ge=0, le=1)
+    fraction_evaluate: float = Field(default=1.0, ge=0, le=1)
+    min_train_nodes: int = Field(default=2, ge=0)
+    min_evaluate_nodes: int = Field(default=2, ge=0)
+    min_available_nodes: int = Field(default=2, ge=0)
+    telemetry_path: Path | None = None
+    checkpoint_dir: Path | None = None
+
+    @model_validator(mode="after")
+    def _deadline_order(self) -> ServerConfig:
+        if self.deadline_ceiling < self.deadline_floor:
+            raise ValueError(
+                f"deadline_ceiling ({self.deadline_ceiling!r}) is below deadline_floor "
+                f"({self.deadline_floor!r})"
+            )
+        return self
+
+
+class ParameterServerConfig(BaseModel):
+    """The parameter server's update in cluster mode.
+
+    Parameters
+    ----------
+    momentum : float (default: 0.0)
+        SGD momentum, in [0, 1).
+    aggregation : {"weighted", "naive"} (default: "weighted")
+        Gradients weighted by batch size (Sec. 3.4), or their plain (biased) mean.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    aggregation: Literal["weighted", "naive"] = "weighted"
+
+
+class EncryptionConfig(BaseModel):
+    """How the encrypted strategy announces and checks the silos' weights.
+
+    Parameters
+    ----------
+    initial_weight_total : float | None (default: None)
+        Positive total S announced before any silo reported its dataset size; ``None``:
+        the number of sampled silos.
+    weight_tolerance : float (default: 1e-6)
+        Relative tolerance of the weight check, in (0, 1).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    initial_weight_total: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    weight_tolerance: float = Field(default=1e-6, gt=0, lt=1)
+
+
+class EncryptedClusterConfig(BaseModel):
+    """The encrypted parameter server's history of aggregates and its evaluation.
+
+    Parameters
+    ----------
+    max_history : int (default: 32)
+        Aggregates kept for workers that fall behind, positive.
+    evaluate_every : int | None (default: None)
+        Federated evaluation after every this many iterations (positive); ``None``: never.
+    aggregation : {"weighted"} (default: "weighted")
+        Encrypted gradients are weighted by batch size only.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_history: int = Field(default=32, ge=1, strict=True)
+    evaluate_every: int | None = Field(default=None, ge=1, strict=True)
+    aggregation: Literal["weighted"] = "weighted"

@@ -17,20 +17,25 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from flwr.app import Message, RecordDict
 from flwr.proto.node_pb2 import NodeInfo
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..core import BatchSizeBalancer
 
 __all__ = ["DeadlineGrid", "DeadlinePolicy", "predicted_compute_time"]
 
 
-class DeadlinePolicy(BaseModel):
+@dataclass(frozen=True)
+class DeadlinePolicy:
     """How long a round may take: ``clip(margin * predicted, floor, ceiling)``.
+
+    The strategies build it from their validated
+    :class:`~fl_lbbsp.strategies.config.ServerConfig` (``deadline_margin``,
+    ``deadline_floor``, ``deadline_ceiling``).
 
     Parameters
     ----------
@@ -46,18 +51,10 @@ class DeadlinePolicy(BaseModel):
         The messaging overhead is the largest seen in this many recent complete rounds.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    margin: float | None = Field(default=3.0, ge=1.0, allow_inf_nan=False)
-    floor: float = Field(default=30.0, gt=0, allow_inf_nan=False)
-    ceiling: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
-    overhead_rounds: int = Field(default=3, gt=0)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> DeadlinePolicy:
-        if self.ceiling < self.floor:
-            raise ValueError(f"deadline ceiling ({self.ceiling}) is below the floor ({self.floor})")
-        return self
+    margin: float | None = 3.0
+    floor: float = 30.0
+    ceiling: float = 3600.0
+    overhead_rounds: int = 3
 
     def timeout(self, predicted: float | None, *, cap: float | None = None) -> float | None:
         """Deadline for a round predicted to take ``predicted`` seconds.
@@ -89,10 +86,17 @@ class OverheadTracker:
     ----------
     rounds : int
         How many recent observations are kept; the prediction is their maximum.
+    seen : Iterable[float] (default: ())
+        Observations to start from (:attr:`seen` of a checkpointed tracker).
     """
 
-    def __init__(self, rounds: int) -> None:
-        self._seen: deque[float] = deque(maxlen=rounds)
+    def __init__(self, rounds: int, seen: Iterable[float] = ()) -> None:
+        self._seen: deque[float] = deque((float(s) for s in seen), maxlen=rounds)
+
+    @property
+    def seen(self) -> list[float]:
+        """The kept observations, oldest first."""
+        return list(self._seen)
 
     def observe(self, wall: float, slowest_compute: float) -> None:
         """Record one complete round."""

@@ -38,6 +38,7 @@ from ..crypto import (
     load_server_keys,
 )
 from ..crypto.records import is_encrypted, update_from_record, update_to_record
+from .config import EncryptionConfig
 from .fedavg import LBBSPFedAvg
 from .validation import InvalidReplyError
 
@@ -65,9 +66,16 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         Relative tolerance when checking a reply's weight against ``num-examples / S``.
     **kwargs :
         Keyword arguments of :class:`LBBSPFedAvg` (``initial_batch_size``,
-        ``local_steps``, ``lr``, ...). ``fraction_evaluate`` should stay above 0: the
-        server cannot evaluate the model itself, and an ``evaluate_fn`` passed to
-        :meth:`start` receives the encrypted record.
+        ``local_steps``, ``lr``, ..., ``checkpoint_dir``). ``fraction_evaluate`` should
+        stay above 0: the server cannot evaluate the model itself, and an ``evaluate_fn``
+        passed to :meth:`start` receives the encrypted record. A checkpoint holds the
+        encrypted global model and the silos' last dataset sizes, and is resumed only
+        with the same key (fingerprint).
+
+    Raises
+    ------
+    pydantic.ValidationError
+        On a bad setting; the message names the keyword and the value.
     """
 
     def __init__(
@@ -79,6 +87,9 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         weight_tolerance: float = 1e-6,
         **kwargs: Any,
     ) -> None:
+        self.encryption_config = EncryptionConfig(
+            initial_weight_total=initial_weight_total, weight_tolerance=weight_tolerance
+        )
         super().__init__(**kwargs)
         if isinstance(public_context, CKKSKeys):
             if public_context.is_private:
@@ -91,14 +102,8 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
             self.he_keys = public_context
         else:
             self.he_keys = load_server_keys(public_context, fingerprint=fingerprint)
-        if initial_weight_total is not None and not (
-            math.isfinite(initial_weight_total) and initial_weight_total > 0
-        ):
-            raise ValueError(
-                f"initial_weight_total must be finite and positive, got {initial_weight_total!r}"
-            )
-        self.initial_weight_total = initial_weight_total
-        self.weight_tolerance = float(weight_tolerance)
+        self.initial_weight_total = self.encryption_config.initial_weight_total
+        self.weight_tolerance = self.encryption_config.weight_tolerance
         self._num_examples: dict[str, float] = {}
         self._checker: UpdateChecker | None = None
         self._weight_total = 1.0
@@ -239,3 +244,19 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         record = next(iter(content.array_records.values()))
         checker = self._checker or UpdateChecker(self.he_keys)
         return checker.check(update_from_record(record))
+
+    # -------------------------------------------------------------- checkpoints
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """LB-BSP's settings plus the key fingerprint (the model is encrypted under it)."""
+        return {**super().checkpoint_settings(), "fingerprint": self.he_keys.fingerprint}
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """LB-BSP's state plus every silo's last ``num-examples`` (for the total S)."""
+        state, records = super().checkpoint_state()
+        state["num_examples"] = dict(self._num_examples)
+        return state, records
+
+    def load_checkpoint_state(self, state: dict[str, Any], records: dict[str, ArrayRecord]) -> None:
+        """Restore :meth:`checkpoint_state`."""
+        super().load_checkpoint_state(state, records)
+        self._num_examples = {str(s): float(n) for s, n in state["num_examples"].items()}

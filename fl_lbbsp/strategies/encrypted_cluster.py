@@ -32,6 +32,7 @@ from flwr.serverapp import Grid
 
 from ..crypto.records import is_encrypted
 from .cluster import LBBSPCluster
+from .config import EncryptedClusterConfig
 from .encrypted import EncryptedLBBSPFedAvg
 from .validation import InvalidReplyError
 
@@ -75,8 +76,16 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
         Relative tolerance when checking a reply's weight against ``batch-size / S``.
     **kwargs :
         Keyword arguments of :class:`~fl_lbbsp.strategies.LBBSPCluster`
-        (``initial_batch_size``, ``lr``, ``momentum``, ``allocator``, ...);
-        ``aggregation`` must be ``"weighted"``.
+        (``initial_batch_size``, ``lr``, ``momentum``, ``allocator``, ...,
+        ``checkpoint_dir``); ``aggregation`` must be ``"weighted"``. A checkpoint also
+        holds the initial model, the kept aggregates, the model version and every
+        worker's version, so that workers that keep running while the server restarts
+        continue from their replicas.
+
+    Raises
+    ------
+    pydantic.ValidationError
+        On a bad setting; the message names the keyword and the value.
     """
 
     def __init__(
@@ -86,23 +95,14 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
         evaluate_every: int | None = None,
         **kwargs: Any,
     ) -> None:
-        if kwargs.get("aggregation", "weighted") != "weighted":
-            raise ValueError(
-                "encrypted cluster mode aggregates by batch size only (aggregation='weighted')"
-            )
-        if isinstance(max_history, bool) or not isinstance(max_history, int) or max_history < 1:
-            raise ValueError(f"max_history must be a positive int, got {max_history!r}")
-        if evaluate_every is not None and (
-            isinstance(evaluate_every, bool)
-            or not isinstance(evaluate_every, int)
-            or evaluate_every < 1
-        ):
-            raise ValueError(
-                f"evaluate_every must be a positive int or None, got {evaluate_every!r}"
-            )
+        self.replica_config = EncryptedClusterConfig(
+            max_history=max_history,
+            evaluate_every=evaluate_every,
+            aggregation=kwargs.get("aggregation", "weighted"),
+        )
         super().__init__(**kwargs)
-        self.max_history = max_history
-        self.evaluate_every = evaluate_every
+        self.max_history = self.replica_config.max_history
+        self.evaluate_every = self.replica_config.evaluate_every
         self.fraction_evaluate = 0.0 if evaluate_every is None else 1.0
         self.version = 0
         """Aggregates produced so far: the workers' model version."""
@@ -218,6 +218,32 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
             content = RecordDict({self.configrecord_key: node_config, **records})
             messages.append(Message(content=content, message_type=message_type, dst_node_id=node))
         return messages
+
+    # -------------------------------------------------------------- checkpoints
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """The parent strategies' state plus the model version, every worker's version,
+        the initial model and the kept aggregates (records ``initial-model`` and
+        ``aggregate-<v>``)."""
+        state, records = super().checkpoint_state()
+        state["version"] = self.version
+        state["node_version"] = {str(node): v for node, v in self._node_version.items()}
+        if self._initial is not None:
+            records[INITIAL_MODEL] = self._initial
+        for version, aggregate in self._aggregates.items():
+            records[f"{UPDATE_PREFIX}{version}"] = aggregate
+        return state, records
+
+    def load_checkpoint_state(self, state: dict[str, Any], records: dict[str, ArrayRecord]) -> None:
+        """Restore :meth:`checkpoint_state`."""
+        super().load_checkpoint_state(state, records)
+        self.version = int(state["version"])
+        self._node_version = {int(node): int(v) for node, v in state["node_version"].items()}
+        self._initial = records.get(INITIAL_MODEL)
+        self._aggregates = {
+            int(name.removeprefix(UPDATE_PREFIX)): record
+            for name, record in records.items()
+            if name.startswith(UPDATE_PREFIX)
+        }
 
     def _reported_version(self, msg: Message) -> object:
         metrics = list(msg.content.metric_records.values())

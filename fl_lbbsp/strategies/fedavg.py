@@ -26,9 +26,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from ..contract import RecordKeys
+from ..core import BatchSizeBalancer
 from ..core.aggregation import weighted_average
 from ..telemetry import TelemetryWriter
-from .config import BalancingConfig
+from .checkpoint import start_with_checkpoints
+from .config import BalancingConfig, ReplyLimits, ServerConfig
 from .deadline import DeadlineGrid, DeadlinePolicy, OverheadTracker, predicted_compute_time
 from .rounds import (
     allocate_batch_sizes,
@@ -44,7 +46,6 @@ from .validation import (
     Layout,
     ReplyValidator,
     check_array_record,
-    check_limits,
     layout_of,
     log_rejected,
     log_skipped,
@@ -142,6 +143,18 @@ evaluate_metrics_aggr_fn :
         apps send); a reply with any other key is rejected. Add yours with
         ``(*DEFAULT_EXTRA_METRIC_KEYS, "train-acc")``
         (:mod:`fl_lbbsp.strategies.validation`); ``None`` accepts any key.
+    checkpoint_dir : str | Path | None (default: None)
+        Folder for checkpoints: after each round's aggregation :meth:`start` saves the
+        global model, the balancer and the rest of the strategy's state there (see
+        :mod:`fl_lbbsp.strategies.checkpoint`), and a strategy started on a folder that
+        holds a checkpoint of round k resumes with round k+1. ``None``: no checkpoints.
+
+    Raises
+    ------
+    pydantic.ValidationError
+        On a bad setting (the message names the keyword and the value); see
+        :class:`~fl_lbbsp.strategies.config.BalancingConfig` and
+        :class:`~fl_lbbsp.strategies.config.ServerConfig`.
 
     Notes
     -----
@@ -191,14 +204,29 @@ evaluate_metrics_aggr_fn :
         max_num_examples: int | None = None,
         max_reply_bytes: int | None = None,
         extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
+        checkpoint_dir: str | Path | None = None,
     ) -> None:
         self.keys = keys or RecordKeys()
-        super().__init__(
+        self.server_config = ServerConfig(
+            deadline_margin=deadline_margin,
+            deadline_floor=deadline_floor,
+            deadline_ceiling=deadline_ceiling,
+            poll_interval=poll_interval,
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
             min_train_nodes=min_train_nodes,
             min_evaluate_nodes=min_evaluate_nodes,
             min_available_nodes=min_available_nodes,
+            telemetry_path=telemetry_path,  # type: ignore[arg-type]
+            checkpoint_dir=checkpoint_dir,  # type: ignore[arg-type]
+        )
+        server = self.server_config
+        super().__init__(
+            fraction_train=server.fraction_train,
+            fraction_evaluate=server.fraction_evaluate,
+            min_train_nodes=server.min_train_nodes,
+            min_evaluate_nodes=server.min_evaluate_nodes,
+            min_available_nodes=server.min_available_nodes,
             weighted_by_key=getattr(self.keys, self.weight_key),
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
@@ -220,30 +248,35 @@ evaluate_metrics_aggr_fn :
             allocator_options=allocator_options or {},
         )
         self.balancer = balancer_from_config(self.config)
-        self.telemetry = TelemetryWriter(telemetry_path)
+        self.telemetry = TelemetryWriter(server.telemetry_path)
         self._silo_of_node: dict[int, str] = {}
         self._sent: dict[int, int] = {}
         self._round_started: float | None = None
         # Round deadlines and reply polling
         self._sent_at: float | None = None
         self.deadline = DeadlinePolicy(
-            margin=deadline_margin, floor=deadline_floor, ceiling=deadline_ceiling
+            margin=server.deadline_margin,
+            floor=server.deadline_floor,
+            ceiling=server.deadline_ceiling,
         )
-        if poll_interval is not None and not poll_interval > 0:
-            raise ValueError(f"poll_interval must be positive or None, got {poll_interval!r}")
-        self.poll_interval = poll_interval
+        self.poll_interval = server.poll_interval
         self._overhead = OverheadTracker(self.deadline.overhead_rounds)
         self._timeout_cap: float | None = None
         self._round_deadline: float | None = None
         # Reply validation and lost silos
-        check_limits(min_train_silos=min_train_silos, max_reply_bytes=max_reply_bytes)
-        self.min_train_silos = min_train_silos
-        self.max_reply_bytes = max_reply_bytes
+        limits = ReplyLimits(
+            min_train_silos=min_train_silos,
+            max_num_examples=max_num_examples,
+            max_reply_bytes=max_reply_bytes,
+            extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
+        )
+        self.min_train_silos = limits.min_train_silos
+        self.max_reply_bytes = limits.max_reply_bytes
         self.validator = ReplyValidator(
             keys=self.keys,
             weight_key=self.weighted_by_key,
-            extra_metric_keys=extra_metric_keys,
-            max_num_examples=max_num_examples,
+            extra_metric_keys=limits.extra_metric_keys,
+            max_num_examples=limits.max_num_examples,
         )
         self._layout: Layout | None = None
         self._sent_bytes = 0
@@ -600,11 +633,25 @@ evaluate_metrics_aggr_fn :
         ``send_and_receive`` waits until the current round's deadline (see
         ``deadline_margin``), at most ``timeout`` seconds, and collects replies every
         ``poll_interval`` seconds. Evaluation messages get the deadline of the round's
-        training.
+        training. With ``checkpoint_dir`` every round is checkpointed, and a checkpoint
+        of round k found there at the start resumes the run with round k+1 (its model
+        replaces ``initial_arrays``; see :mod:`fl_lbbsp.strategies.checkpoint`).
         """
         self._timeout_cap = timeout
         wrapped = DeadlineGrid(grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval)
         self._deadline_grid = wrapped
+        if self.server_config.checkpoint_dir is not None:
+            return start_with_checkpoints(
+                self,
+                super().start,
+                grid=wrapped,
+                initial_arrays=initial_arrays,
+                num_rounds=num_rounds,
+                timeout=timeout,
+                train_config=train_config,
+                evaluate_config=evaluate_config,
+                evaluate_fn=evaluate_fn,
+            )
         return super().start(
             grid=wrapped,
             initial_arrays=initial_arrays,
@@ -667,6 +714,31 @@ evaluate_metrics_aggr_fn :
             else None,
             "sent_at": self._sent_at,
         }
+
+    # -------------------------------------------------------------- checkpoints
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """The settings a checkpoint must have been written with for this strategy to
+        resume it (JSON values): those that decide batch sizes and updates."""
+        return {"balancing": self.config.model_dump(mode="json")}
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """The state between two rounds: JSON (balancer, node -> silo ids, messaging
+        overhead, the most silos seen in a round) and ArrayRecords (none here; subclasses
+        add theirs)."""
+        state = {
+            "balancer": self.balancer.state_dict(),
+            "silo_of_node": {str(node): silo for node, silo in self._silo_of_node.items()},
+            "overhead": self._overhead.seen,
+            "federation_size": self._federation_size,
+        }
+        return state, {}
+
+    def load_checkpoint_state(self, state: dict[str, Any], records: dict[str, ArrayRecord]) -> None:
+        """Restore :meth:`checkpoint_state`."""
+        self.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
+        self._silo_of_node = {int(node): str(silo) for node, silo in state["silo_of_node"].items()}
+        self._overhead = OverheadTracker(self.deadline.overhead_rounds, state["overhead"])
+        self._federation_size = int(state.get("federation_size", 0))
 
 
 def _array_record(names: list[str], arrays: list[np.ndarray]) -> ArrayRecord:

@@ -34,7 +34,6 @@ __all__ = [
     "InvalidReplyError",
     "ReplyValidator",
     "check_array_record",
-    "check_limits",
     "check_npy",
     "check_npy_list",
     "contract_metric_keys",
@@ -312,14 +311,6 @@ class ReplyValidator:
     ) -> None:
         if isinstance(extra_metric_keys, str):
             raise TypeError("extra_metric_keys must be an iterable of key names, not a string")
-        if max_num_examples is not None and (
-            isinstance(max_num_examples, bool)
-            or not isinstance(max_num_examples, int)
-            or max_num_examples <= 0
-        ):
-            raise ValueError(
-                f"max_num_examples must be a positive integer or None, got {max_num_examples!r}"
-            )
         self.keys = keys
         self.weight_key = weight_key
         self.contract = contract_metric_keys(keys)
@@ -439,16 +430,6 @@ def _few(names: list[str]) -> str:
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check_limits(*, min_train_silos: int, max_reply_bytes: int | None) -> None:
-    """Raise ValueError unless ``min_train_silos`` is a positive integer and
-    ``max_reply_bytes`` one or None (the strategies' constructor arguments)."""
-    for name, value in (("min_train_silos", min_train_silos), ("max_reply_bytes", max_reply_bytes)):
-        if value is None and name == "max_reply_bytes":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def log_rejected(

@@ -52,6 +52,7 @@ def main(grid: Grid, context: Context) -> None:
         fraction_evaluate=0.0,  # the server evaluates on the held-out split
         min_train_nodes=min_nodes,
         min_available_nodes=min_nodes,
+        checkpoint_dir=str(config.get("checkpoint-dir", "")) or None,
     )
     x, y = torch.from_numpy(test.x), torch.from_numpy(test.y)
 

@@ -1,0 +1,224 @@
+"""Every strategy and trainer setting is validated by a pydantic model whose error names
+the field and the bad value."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import pkgutil
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+import fl_lbbsp
+from fl_lbbsp.clients.app import SiloSetup
+from fl_lbbsp.clients.cluster import WorkerSetup
+from fl_lbbsp.clients.emulation import CostModel, SlowdownSchedule
+from fl_lbbsp.clients.trainer import TrainerConfig
+from fl_lbbsp.cluster import ClusterConfig
+from fl_lbbsp.contract import RecordKeys
+from fl_lbbsp.datasets import PartitionSpec
+from fl_lbbsp.simulation import SimulationConfig
+from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg, LBBSPStrategy
+
+HAS_TENSEAL = importlib.util.find_spec("tenseal") is not None
+NAN, INF = math.nan, math.inf
+ROUND = {"initial_batch_size": 8, "local_steps": 2, "lr": 0.1}
+
+
+def fedavg(**kwargs: Any) -> LBBSPFedAvg:
+    return LBBSPFedAvg(**{**ROUND, **kwargs})
+
+
+def cluster(**kwargs: Any) -> LBBSPCluster:
+    return LBBSPCluster(**{"initial_batch_size": 8, "lr": 0.1, **kwargs})
+
+
+def legacy(**kwargs: Any) -> LBBSPStrategy:
+    return LBBSPStrategy(**{**ROUND, **kwargs})
+
+
+def encrypted(**kwargs: Any) -> Any:
+    from fl_lbbsp.strategies.encrypted import EncryptedLBBSPFedAvg
+
+    return EncryptedLBBSPFedAvg(public_context="/no/such/keys", **{**ROUND, **kwargs})
+
+
+def encrypted_cluster(**kwargs: Any) -> Any:
+    from fl_lbbsp.strategies.encrypted_cluster import EncryptedLBBSPCluster
+
+    return EncryptedLBBSPCluster(
+        public_context="/no/such/keys", **{"initial_batch_size": 8, "lr": 0.1, **kwargs}
+    )
+
+
+def ckks(**kwargs: Any) -> Any:
+    from fl_lbbsp.crypto import CKKSConfig
+
+    return CKKSConfig(**kwargs)
+
+
+def trainer(**kwargs: Any) -> TrainerConfig:
+    return TrainerConfig(**{"batch_size": 8, "local_steps": 2, "lr": 0.1, **kwargs})
+
+
+he = pytest.mark.skipif(not HAS_TENSEAL, reason="the he extra (tenseal) is not installed")
+
+# (build, field, bad value, text the message must show: default repr(value))
+CASES: list[Any] = [
+    # strategies: BalancingConfig, ServerConfig, ParameterServerConfig, EncryptionConfig
+    (fedavg, "initial_batch_size", 0, None),
+    (fedavg, "local_steps", -1, None),
+    (fedavg, "lr", 0.0, None),
+    (fedavg, "lr", NAN, None),
+    (fedavg, "alpha", 1.5, None),
+    (fedavg, "alpha", NAN, None),
+    (fedavg, "estimator", "kalman", None),
+    (fedavg, "allocator", "greedy", None),
+    (fedavg, "min_batch_size", 0, None),
+    (partial(fedavg, min_batch_size=8), "max_batch_size", 4, None),
+    (fedavg, "max_change_ratio", 1.0, None),
+    (fedavg, "max_change_ratio", INF, None),
+    (fedavg, "deadline_margin", 0.5, None),
+    (fedavg, "deadline_floor", 0.0, None),
+    (fedavg, "deadline_ceiling", NAN, None),
+    (partial(fedavg, deadline_floor=30.0), "deadline_ceiling", 5.0, None),
+    (fedavg, "poll_interval", 0.0, None),
+    (fedavg, "fraction_train", 1.5, None),
+    (fedavg, "fraction_evaluate", -0.1, None),
+    (fedavg, "min_train_nodes", -1, None),
+    (fedavg, "min_available_nodes", -2, None),
+    (fedavg, "checkpoint_dir", 5, None),
+    (fedavg, "telemetry_path", 3.5, None),
+    (cluster, "momentum", 1.0, None),
+    (cluster, "momentum", NAN, None),
+    (cluster, "aggregation", "median", None),
+    (cluster, "lr", -0.1, None),
+    (legacy, "alpha", 0.0, None),
+    (fedavg, "min_train_silos", 0, None),
+    (fedavg, "max_num_examples", -5, None),
+    (fedavg, "max_reply_bytes", 0, None),
+    (fedavg, "extra_metric_keys", "train-acc", None),
+    (cluster, "min_train_silos", 1.5, None),
+    (legacy, "max_reply_bytes", -1, None),
+    pytest.param(encrypted, "initial_weight_total", 0.0, None, marks=he),
+    pytest.param(encrypted, "initial_weight_total", INF, None, marks=he),
+    pytest.param(encrypted, "weight_tolerance", 0.0, None, marks=he),
+    pytest.param(encrypted, "deadline_margin", 0.9, None, marks=he),
+    pytest.param(encrypted_cluster, "aggregation", "naive", None, marks=he),
+    pytest.param(encrypted_cluster, "max_history", 0, None, marks=he),
+    pytest.param(encrypted_cluster, "evaluate_every", 0, None, marks=he),
+    pytest.param(encrypted_cluster, "momentum", -0.5, None, marks=he),
+    # trainer side
+    (trainer, "batch_size", 0, None),
+    (trainer, "batch_size", 2.5, None),
+    (trainer, "local_steps", 0, None),
+    (trainer, "lr", INF, None),
+    (trainer, "server_round", -1, None),
+    (SiloSetup, "num_silos", 0, None),
+    (SiloSetup, "seed", -1, None),
+    (SiloSetup, "model", "resnet", None),
+    (SiloSetup, "partition", "labels:0", None),
+    (SiloSetup, "dataset", "imagenet", None),
+    (SiloSetup, "slowdowns", ("2", "0.5"), "'0.5'"),
+    (SiloSetup, "test_fraction", 1.0, None),
+    (SiloSetup, "torch_threads", 0, None),
+    (SiloSetup, "evaluate_on", "val", None),
+    (WorkerSetup, "num_workers", 0, None),
+    (WorkerSetup, "data", "half", None),
+    (WorkerSetup, "cost_models", ("fast",), "'fast'"),
+    (WorkerSetup, "slowdowns", ("1:0",), "'1:0'"),
+    (WorkerSetup, "seed", -3, None),
+    (partial(CostModel, per_sample=0.01), "max_batch_size", 0, None),
+    (CostModel, "per_sample", NAN, None),
+    (partial(CostModel, per_sample=0.01), "fixed", -1.0, None),
+    (partial(CostModel, per_sample=0.01), "floor", -0.5, None),
+    (SlowdownSchedule, "steps", {0: 2.0}, "0"),
+    (SlowdownSchedule, "steps", {1: 0.5}, "0.5"),
+    (SlowdownSchedule, "steps", {2: INF}, "inf"),
+    (SlowdownSchedule, "steps", {}, None),
+    (PartitionSpec, "kind", "shards", None),
+    (partial(PartitionSpec, kind="labels"), "classes_per_silo", 0, None),
+    (partial(PartitionSpec, kind="dirichlet"), "alpha", -1.0, None),
+    pytest.param(ckks, "poly_modulus_degree", 1000, None, marks=he),
+    pytest.param(ckks, "coeff_mod_bit_sizes", (60,), None, marks=he),
+    pytest.param(ckks, "scale_bits", 0, None, marks=he),
+    pytest.param(ckks, "min_headroom_bits", 61, None, marks=he),
+    pytest.param(ckks, "encryption", "rsa", None, marks=he),
+    (RecordKeys, "batch_size", "", None),
+    # runs
+    (SimulationConfig, "silos", 0, None),
+    (SimulationConfig, "speeds", (1.0, -2.0), "-2.0"),
+    (SimulationConfig, "speeds", (1.0, NAN), "nan"),
+    (SimulationConfig, "rounds", 0, None),
+    (SimulationConfig, "lr", INF, None),
+    (SimulationConfig, "partition", "dirichlet:-1", None),
+    (SimulationConfig, "model", "vgg", None),
+    (SimulationConfig, "seed", -1, None),
+    (SimulationConfig, "allocator", "iterative", None),
+    (SimulationConfig, "dataset", "mnist:", None),
+    (SimulationConfig, "max_change_ratio", 0.5, None),
+    (SimulationConfig, "checkpoint_dir", 7, None),
+    (ClusterConfig, "workers", 0, None),
+    (ClusterConfig, "momentum", 1.0, None),
+    (ClusterConfig, "cost_model", "a,b", None),
+    (ClusterConfig, "eval_every", 0, None),
+    (ClusterConfig, "speeds", (0.0, 1.0, 1.0, 1.0), "0.0"),
+    (ClusterConfig, "seed", -5, None),
+]
+
+
+@pytest.mark.parametrize(("build", "field", "value", "shown"), CASES)
+def test_error_names_the_field_and_the_value(
+    build: Callable[..., Any], field: str, value: Any, shown: str | None
+) -> None:
+    # Execute
+    with pytest.raises(ValidationError) as caught:
+        build(**{field: value})
+
+    # Assert: a ValueError whose message names the field and shows the value, both in
+    # the same error (its location and input, or the text of a check across fields)
+    expected = repr(value) if shown is None else shown
+    assert isinstance(caught.value, ValueError)
+    assert field in str(caught.value) and expected in str(caught.value)
+    assert any(
+        (field in ".".join(map(str, e["loc"])) or field in e["msg"])
+        and (repr(e["input"]) == expected or expected in e["msg"])
+        for e in caught.value.errors()
+    ), caught.value.errors()
+
+
+def _defined_models() -> set[str]:
+    """Every pydantic model class defined in fl_lbbsp (modules that import)."""
+    found = set()
+    for info in pkgutil.walk_packages(fl_lbbsp.__path__, "fl_lbbsp."):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional extra that is not installed
+            continue
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, BaseModel) and obj.__module__ == info.name:
+                found.add(name)
+    return found
+
+
+def test_every_config_class_is_covered() -> None:
+    # Prepare: the classes the cases construct (strategies build theirs from keywords)
+    covered = {
+        "BalancingConfig", "ServerConfig", "ReplyLimits", "ParameterServerConfig", "EncryptionConfig",
+        "EncryptedClusterConfig",
+        "TrainerConfig", "SiloSetup", "WorkerSetup", "CostModel", "SlowdownSchedule",
+        "PartitionSpec", "CKKSConfig", "RecordKeys", "SimulationConfig", "ClusterConfig",
+    }  # fmt: skip
+
+    # Execute
+    defined = _defined_models()
+
+    # Assert: a new config class needs its cases above
+    assert defined - covered == set()
+    assert "BalancingConfig" in defined and "SiloSetup" in defined
