@@ -71,14 +71,9 @@ class LBBSPTau(_PerNodeConfig):
 
     Parameters
     ----------
-    initial_batch_size, local_steps, lr, balance, estimator, alpha, allocator, \
-min_batch_size, max_batch_size, max_change_ratio, estimator_options, allocator_options, \
-keys, telemetry_path, deadline_margin, deadline_floor, deadline_ceiling, poll_interval, \
-fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
-min_available_nodes, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, \
-evaluate_metrics_aggr_fn :
-        As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; ``local_steps`` is the base
-        tau, ``initial_batch_size`` every silo's batch size.
+    **settings :
+        The keyword arguments of :class:`~fl_lbbsp.strategies.LBBSPFedAvg`;
+        ``local_steps`` is the base tau, ``initial_batch_size`` every silo's batch size.
     """
 
     @property
@@ -128,13 +123,9 @@ class LBBSPEta(_PerNodeConfig):
 
     Parameters
     ----------
-    initial_batch_size, local_steps, lr, balance, estimator, alpha, allocator, \
-min_batch_size, max_batch_size, max_change_ratio, estimator_options, allocator_options, \
-keys, telemetry_path, deadline_margin, deadline_floor, deadline_ceiling, poll_interval, \
-fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
-min_available_nodes, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, \
-evaluate_metrics_aggr_fn :
-        As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; ``lr`` is eta at ``B_init``.
+    **settings :
+        The keyword arguments of :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; ``lr`` is
+        eta at ``B_init``.
     """
 
     @property
