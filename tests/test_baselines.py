@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_lbbsp.core import SiloReport
+from fl_lbbsp.report import slowdowns_at
+from fl_lbbsp.simulation import SimulationConfig, run
 from fl_lbbsp.strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 
 pytestmark = pytest.mark.usefixtures("flower_task")
@@ -174,3 +176,45 @@ def test_partial_round_time_is_the_kth_fastest(times, k, tmp_path_factory) -> No
     assert event["round_time"] == pytest.approx(sorted(times)[min(k, 4) - 1])
     assert sorted(event["silos"]) == sorted(f"s{NODES[i]}" for i in kept)
     assert arrays["w"].numpy() == pytest.approx(np.full(2, np.mean(kept)))
+
+
+# ------------------------------------------------------------ through the silo ClientApp
+def test_tau_variant_silos_run_the_steps_they_are_sent(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: 3 silos emulated 16:4:1 in process, without waiting out the slowdowns
+    config = SimulationConfig(
+        scheme="lbbsp-tau", silos=3, speeds=(16.0, 4.0, 1.0), rounds=2, local_steps=8,
+        batch_size=16, model="mlp", runtime="inprocess", emulate_wait=False, out=tmp_path,
+    )  # fmt: skip
+
+    # Execute
+    events = run(config)
+
+    # Assert: every silo used B_init; its steps follow its share; work = B_init * tau_i
+    last = [e for e in events if e["event"] == "train"][-1]["silos"]
+    assert [last[s]["step-batch-size"] for s in "012"] == [16, 16, 16]
+    steps = [last[s]["local-steps"] for s in "012"]
+    assert steps[0] > steps[1] > steps[2] >= 1
+    assert all(last[s]["samples-processed"] == 16 * last[s]["local-steps"] for s in "012")
+    assert [last[s]["slowdown"] for s in "012"] == [1.0, 4.0, 16.0]
+
+
+@pytest.mark.parametrize(
+    ("schedules", "expected"),
+    [
+        (None, {1: [1.0, 2.0, 4.0], 5: [1.0, 2.0, 4.0]}),
+        (("1:1,3:2", "1", "4:3"), {1: [1.0, 2.0, 4.0], 3: [2.0, 2.0, 4.0], 4: [2.0, 2.0, 12.0]}),
+        (("2", "1", "1"), {1: [2.0, 2.0, 4.0]}),
+    ],
+)
+def test_capacity_schedules_multiply_the_speeds_slowdown(schedules, expected) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    config = SimulationConfig(silos=3, speeds=(4.0, 2.0, 1.0), slowdown_schedules=schedules)
+
+    # Execute
+    silo_side = config.schedules()
+    report_side = config.model_dump(mode="json")
+
+    # Assert: the silos and the report see the same factor in every round
+    for server_round, factors in expected.items():
+        assert [s.factor(server_round) for s in silo_side] == factors
+        assert slowdowns_at(report_side, server_round) == factors
