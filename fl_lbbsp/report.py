@@ -164,6 +164,7 @@ def summarise(
         "scheme": config["scheme"],
         "share_deviation_steady": _share_deviation(steady),
         "emulated": config.get("speeds") is not None,
+        "emulate_wait": config.get("emulate_wait", True),
         "speeds_emulated": config.get("speeds"),
         "round_time_steady": round_steady,
         "ideal_round_time": ideal,
@@ -241,10 +242,12 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
     if first.get("target_accuracy") is not None:
         lines.append(f"target accuracy: {first['target_accuracy']:.4f}")
     if any(s.get("emulated") for s in summaries.values()):
-        lines.append(
-            f"times are emulated: silo capacities {first.get('speeds_emulated')} "
-            "(silo i waits (k_i-1)*t after computing for t)"
+        how = (
+            "silo i waits (k_i-1)*t after computing for t"
+            if first.get("emulate_wait", True)
+            else "silo i reports k_i*t after computing for t, without waiting"
         )
+        lines.append(f"times are emulated: silo capacities {first.get('speeds_emulated')} ({how})")
     for name, summary in summaries.items():
         sizes = " ".join(f"{s}={b}" for s, b in summary["batch_sizes_final"].items())
         lines.append(f"final batch sizes ({name}): {sizes}")
