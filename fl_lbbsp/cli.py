@@ -59,8 +59,11 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str, estimators:
     parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
 
 
+_SCHEMES = "fedavg | lbbsp | lbbsp-tau | lbbsp-eta | partial"
+
+
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    _add_shared_flags(parser, unit="silos", estimators="ema | last")
+    _add_shared_flags(parser, unit="silos", estimators="ema | last | narx")
     parser.add_argument("--silos", type=int, default=5, help="number of silos (default: 5)")
     parser.add_argument(
         "--speeds",
@@ -92,6 +95,28 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="accuracy for 'time to target' (default: 90%% of the lower best accuracy)",
     )
+    parser.add_argument(
+        "--slowdown-schedules",
+        default=None,
+        help="further slowdown per silo over rounds, ';'-separated, e.g. "
+        "'1:1,10:2,20:1;1;1;1;1' halves silo 0's capacity in rounds 10-19 (default: none)",
+    )
+    parser.add_argument(
+        "--partial-replies",
+        type=int,
+        default=None,
+        help="scheme partial: replies aggregated per round (default: all silos but one)",
+    )
+    parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="emulated silos report k*t without waiting (k-1)*t: same figures, less wall time",
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the silos in this process one after the other, without Ray",
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder")
 
 
@@ -102,9 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     simulate = sub.add_parser("simulate", help="run one scheme on the Simulation Engine")
-    simulate.add_argument("--scheme", default="lbbsp", help="fedavg | lbbsp (default: lbbsp)")
+    simulate.add_argument("--scheme", default="lbbsp", help=f"{_SCHEMES} (default: lbbsp)")
     _add_run_flags(simulate)
-    compare = sub.add_parser("compare", help="run FedAvg and LB-BSP on the same setup")
+    compare = sub.add_parser("compare", help="run FedAvg, LB-BSP or baselines on the same setup")
+    compare.add_argument(
+        "--schemes",
+        default="fedavg,lbbsp",
+        help=f"comma-separated {_SCHEMES} (default: fedavg,lbbsp)",
+    )
     _add_run_flags(compare)
     _add_cluster_parser(sub)
     _add_deploy_local(sub)
@@ -321,6 +351,12 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         out=out,
         encrypt=args.encrypt,
         checkpoint_dir=args.checkpoint_dir,
+        slowdown_schedules=None
+        if args.slowdown_schedules is None
+        else tuple(args.slowdown_schedules.split(";")),
+        partial_replies=args.partial_replies,
+        emulate_wait=not args.no_wait,
+        runtime="inprocess" if args.in_process else "ray",
     )
 
 
@@ -357,7 +393,10 @@ def _run(args: argparse.Namespace) -> int:
     from .report import format_table, plot_comparison, run_cost_lines, summarise
     from .simulation import run
 
-    schemes = [args.scheme] if args.command == "simulate" else ["fedavg", "lbbsp"]
+    if args.command == "simulate":
+        schemes = [args.scheme]
+    else:
+        schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     out = args.out or Path("runs") / args.command
     configs = {scheme: _config(args, scheme, out) for scheme in schemes}  # validate all first
     events = {scheme: run(config) for scheme, config in configs.items()}
@@ -408,8 +447,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(_validation_message(err))
         except FileExistsError as err:
             parser.error(f"{err} (use --force)")
-    if args.command == "simulate" and args.scheme not in ("fedavg", "lbbsp"):
-        parser.error(f"unknown --scheme {args.scheme!r}: expected fedavg or lbbsp")
+    from .simulation import SCHEMES
+
+    chosen, flag = [], "--scheme"
+    if args.command == "simulate":
+        chosen = [args.scheme]
+    elif args.command == "compare":
+        chosen, flag = (
+            [s.strip() for s in args.schemes.split(",") if s.strip()] or [""],
+            "--schemes",
+        )
+    for scheme in chosen:
+        if scheme not in SCHEMES:
+            parser.error(f"unknown {flag} {scheme!r}: expected one of {', '.join(SCHEMES)}")
     from .datasets import DataSourceError
     from .strategies.checkpoint import CheckpointError
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["RecordKeys"]
+__all__ = ["STEP_BATCH_SIZE", "RecordKeys"]
+
+STEP_BATCH_SIZE = "step-batch-size"
+"""Telemetry field of the ``lbbsp-tau`` baseline: the batch size a silo used per step,
+where ``batch-size`` holds its equivalent share of the round's work."""
 
 
 class RecordKeys(BaseModel):

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from .clients.emulation import SlowdownSchedule
+from .contract import STEP_BATCH_SIZE
 from .core import fit_linear_cost, ideal_round_time, linear_minmax_continuous
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "format_table",
     "plot_comparison",
     "run_cost_lines",
+    "slowdowns_at",
     "summarise",
 ]
 
@@ -59,16 +62,22 @@ def fit_cost_line(*runs: Events) -> CostLine:
     """Fit the unemulated ``compute-time`` against batch size over every silo and round.
 
     Every silo runs on this same machine, so their real (unemulated) compute times lie on
-    one line. Runs where every silo used one batch size give ``b = 0`` through the
-    origin (nothing tells the fixed cost apart).
+    one line. A silo that ran other than the configured tau steps (scheme ``lbbsp-tau``:
+    ``samples-processed / step-batch-size`` steps) counts at ``tau / steps`` times its
+    time, so that the line is the cost of tau steps at every batch size. Runs where every
+    silo used one batch size give ``b = 0`` through the origin (nothing tells the fixed
+    cost apart).
     """
     xs, ts = [], []
     for events in runs:
+        tau = _local_steps(events)
         for event in _train_events(events):
             for silo in event["silos"].values():
                 if "compute-time" in silo and "batch-size" in silo:
-                    xs.append(float(silo["batch-size"]))
-                    ts.append(float(silo["compute-time"]))
+                    x = float(silo.get(STEP_BATCH_SIZE, silo["batch-size"]))
+                    steps = float(silo.get("samples-processed") or x * (tau or 1)) / x
+                    xs.append(x)
+                    ts.append(float(silo["compute-time"]) * (tau or steps) / steps)
     fit = fit_linear_cost(xs, ts)
     if fit is None:
         a = float(np.sum(ts) / np.sum(xs))
@@ -76,17 +85,29 @@ def fit_cost_line(*runs: Events) -> CostLine:
     return CostLine(*fit)
 
 
+def _local_steps(events: Events) -> int | None:
+    config = next((e for e in events if e.get("event") == "config"), {})
+    steps = config.get("local_steps")
+    return None if steps is None else int(steps)
+
+
 def run_cost_lines(runs: dict[str, Events]) -> tuple[CostLine, dict[str, CostLine]]:
     """The pooled cost line of all runs, and the one each run's T* is measured against.
 
     A run taken at another time may find the shared machine faster or slower, so each
-    run is held to the line fitted on its own silo-rounds when they show at least two
-    batch sizes (LB-BSP); a run where every silo kept one batch size (FedAvg) cannot
-    tell the fixed cost apart and uses the pooled line.
+    run is held to the line fitted on its own silo-rounds. A run where every silo kept
+    one batch size B_init (FedAvg, partial aggregation, the tau variant) gets the line
+    through the origin and its mean time at B_init: it cannot tell the fixed cost apart,
+    but its T* is exact all the same, since with ``X = n * B_init`` the ideal
+    ``(a X + n b) / sum(1 / k_i)`` depends on ``a * B_init + b`` only (as long as every
+    silo's ideal share is at least one sample). A run without a usable silo-round gets
+    the pooled line.
     """
     pooled = fit_cost_line(*runs.values())
     own = {name: fit_cost_line(events) for name, events in runs.items()}
-    return pooled, {name: line if line.fitted else pooled for name, line in own.items()}
+    return pooled, {
+        name: line if math.isfinite(line.a) and line.a > 0 else pooled for name, line in own.items()
+    }
 
 
 def summarise(
@@ -112,9 +133,8 @@ def summarise(
     config = next(e for e in events if e.get("event") == "config")
     train = _train_events(events)
     accuracy = {e["round"]: e["accuracy"] for e in events if e.get("event") == "evaluate"}
-    slowdowns = _slowdowns(config)
     total = int(config["batch_size"]) * int(config["silos"])
-    ideal = cost.ideal(slowdowns, total)
+    ideal = cost.ideal(slowdowns_at(config, steady_from), total)
     steady = [e for e in train if e["round"] >= steady_from] or train
     round_steady = float(np.mean([e["round_time"] for e in steady]))
     round_median = float(np.median([e["round_time"] for e in steady]))
@@ -129,8 +149,10 @@ def summarise(
             {
                 "round": event["round"],
                 "round_time": event["round_time"],
+                "ideal_round_time": cost.ideal(slowdowns_at(config, event["round"]), total),
                 "idle_fraction": event["idle_fraction"],
                 "wall_time": event["wall_time"],
+                "overhead": event.get("overhead"),
                 "elapsed_emulated": elapsed,
                 "accuracy": acc,
                 "batch_sizes": {s: r.get("batch-size") for s, r in event["silos"].items()},
@@ -142,6 +164,7 @@ def summarise(
         "scheme": config["scheme"],
         "share_deviation_steady": _share_deviation(steady),
         "emulated": config.get("speeds") is not None,
+        "emulate_wait": config.get("emulate_wait", True),
         "speeds_emulated": config.get("speeds"),
         "round_time_steady": round_steady,
         "ideal_round_time": ideal,
@@ -177,12 +200,17 @@ def _share_deviation(steady: list[dict[str, Any]]) -> float | None:
     return float(np.max(np.abs(x - share) / share))
 
 
-def _slowdowns(config: dict[str, Any]) -> list[float]:
+def slowdowns_at(config: dict[str, Any], server_round: int) -> list[float]:
+    """Each silo's emulated slowdown in ``server_round``, from a run's config event
+    (``speeds`` and, where set, ``slowdown_schedules``)."""
     speeds = config.get("speeds")
-    if not speeds:
-        return [1.0] * int(config["silos"])
-    fastest = max(speeds)
-    return [fastest / s for s in speeds]
+    silos = int(config["silos"])
+    base = [1.0] * silos if not speeds else [max(speeds) / s for s in speeds]
+    schedules = config.get("slowdown_schedules") or ["1"] * silos
+    return [
+        k * SlowdownSchedule.parse(text).factor(server_round)
+        for k, text in zip(base, schedules, strict=True)
+    ]
 
 
 def _fmt(value: Any, pattern: str) -> str:
@@ -214,10 +242,12 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
     if first.get("target_accuracy") is not None:
         lines.append(f"target accuracy: {first['target_accuracy']:.4f}")
     if any(s.get("emulated") for s in summaries.values()):
-        lines.append(
-            f"times are emulated: silo capacities {first.get('speeds_emulated')} "
-            "(silo i waits (k_i-1)*t after computing for t)"
+        how = (
+            "silo i waits (k_i-1)*t after computing for t"
+            if first.get("emulate_wait", True)
+            else "silo i reports k_i*t after computing for t, without waiting"
         )
+        lines.append(f"times are emulated: silo capacities {first.get('speeds_emulated')} ({how})")
     for name, summary in summaries.items():
         sizes = " ".join(f"{s}={b}" for s, b in summary["batch_sizes_final"].items())
         lines.append(f"final batch sizes ({name}): {sizes}")
@@ -233,7 +263,7 @@ def plot_comparison(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
 
     emulated = " (emulated)" if any(s.get("emulated") for s in summaries.values()) else ""
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    styles = {"fedavg": "--", "lbbsp": "-"}
+    styles = {"fedavg": "--", "lbbsp": "-", "lbbsp-tau": "-.", "lbbsp-eta": ":", "partial": "--"}
     for name, summary in summaries.items():
         rounds = summary["rounds"]
         r = [x["round"] for x in rounds]

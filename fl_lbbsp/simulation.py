@@ -6,34 +6,43 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .clients.app import SiloSetup, make_client_app, test_data
-from .clients.emulation import Speeds, check_speeds, slowdowns_from_speeds
+from .clients.emulation import SlowdownSchedule, Speeds, check_speeds, slowdowns_from_speeds
 from .clients.trainer import evaluate
+from .core.estimators import ESTIMATORS
 from .datasets import ArrayDataset, PartitionText, SourceSpec, load_source
+from .inprocess import InProcessGrid
 from .models import ModelName, build_model
-from .strategies import LBBSPFedAvg
+from .strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 from .strategies.checkpoint import resume_point
 from .telemetry import TelemetryWriter, read_telemetry
 
 __all__ = [
+    "SCHEMES",
     "SimulationConfig",
     "central_evaluation",
     "check_key_files",
     "run",
     "run_engine",
     "start_telemetry",
+    "train_federation",
 ]
 
 log = logging.getLogger("fl_lbbsp")
+
+Scheme = Literal["fedavg", "lbbsp", "lbbsp-tau", "lbbsp-eta", "partial"]
+SCHEMES: tuple[str, ...] = get_args(Scheme)
+"""Schemes a simulation can run: FedAvg, LB-BSP and the baselines of
+:mod:`fl_lbbsp.strategies.baselines`."""
 
 
 class SimulationConfig(BaseModel):
@@ -41,13 +50,20 @@ class SimulationConfig(BaseModel):
 
     Parameters
     ----------
-    scheme : {"fedavg", "lbbsp"} (default: "lbbsp")
-        FedAvg (every silo at B_init) or LB-BSP (batch size per predicted speed).
+    scheme : {"fedavg", "lbbsp", "lbbsp-tau", "lbbsp-eta", "partial"} (default: "lbbsp")
+        FedAvg (every silo at B_init), LB-BSP (batch size per predicted speed), or a
+        baseline: LB-BSP tuning tau instead of B (``lbbsp-tau``), LB-BSP scaling eta
+        with B (``lbbsp-eta``), partial aggregation of the fastest silos (``partial``).
     silos : int (default: 5)
         Number of silos.
     speeds : list of float | None (default: None)
         Emulated relative capacity of each silo (e.g. 16,8,8,4,4); silo i runs
         ``max(speeds) / speeds[i]`` times slower than this machine. ``None``: no emulation.
+    slowdown_schedules : tuple of str | None (default: None)
+        A further slowdown of each silo over the rounds, multiplied onto the one from
+        ``speeds``: ``"1:1,10:2,20:1"`` halves the silo's capacity from round 10 to 19
+        (see :class:`~fl_lbbsp.clients.SlowdownSchedule`); one entry per silo, ``"1"``
+        for none. ``None``: capacities stay fixed.
     partition : str (default: "labels:2")
         ``iid``, ``labels:K`` or ``dirichlet:ALPHA``.
     rounds : int (default: 20)
@@ -65,10 +81,23 @@ class SimulationConfig(BaseModel):
     seed : int (default: 0)
         Seed of the data split, partitioning, model init and reshuffling (>= 0).
     estimator, alpha, allocator, max_change_ratio :
-        Balancer settings (see :class:`~fl_lbbsp.strategies.LBBSPFedAvg`).
+        Balancer settings (see :class:`~fl_lbbsp.strategies.LBBSPFedAvg`); ``estimator``
+        is any name in :data:`fl_lbbsp.core.estimators.ESTIMATORS`.
+    estimator_options : dict (default: {})
+        Extra arguments of the estimator (NARX ``warmup``, ...).
     parallel : int (default: 1)
         Silos computing at the same time. 1 keeps the measured compute free of
         contention between silos on a small machine.
+    partial_replies : int | None (default: None)
+        Scheme ``partial``: replies aggregated per round (``None``: all silos but one).
+    emulate_wait : bool (default: True)
+        Emulated silos wait ``(k - 1) * t`` after computing for ``t``; ``False`` reports
+        ``k * t`` without waiting, which keeps the reported times but not the wall
+        clock (the silos compute one after the other, so nothing contends).
+    runtime : {"ray", "inprocess"} (default: "ray")
+        ``"ray"``: Flower's Simulation Engine. ``"inprocess"``: the same ServerApp body
+        and ClientApp on an :class:`~fl_lbbsp.inprocess.InProcessGrid` in this process,
+        silos one after the other (``parallel`` must be 1), with no engine start-up.
     out : Path (default: runs/simulate)
         Folder for telemetry and reports.
     encrypt : Path | None (default: None)
@@ -84,9 +113,10 @@ class SimulationConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    scheme: Literal["fedavg", "lbbsp"] = "lbbsp"
+    scheme: Scheme = "lbbsp"
     silos: int = Field(default=5, gt=0, strict=True)
     speeds: Speeds = None
+    slowdown_schedules: tuple[str, ...] | None = None
     partition: PartitionText = "labels:2"
     rounds: int = Field(default=20, gt=0, strict=True)
     local_steps: int = Field(default=20, gt=0, strict=True)
@@ -95,24 +125,60 @@ class SimulationConfig(BaseModel):
     dataset: SourceSpec = "embedded"
     model: ModelName = "lenet5"
     seed: int = Field(default=0, ge=0)
-    estimator: Literal["ema", "last"] = "ema"
+    estimator: str = "ema"
     alpha: float = Field(default=0.2, gt=0, le=1)
+    estimator_options: dict[str, Any] = Field(default_factory=dict)
     allocator: Literal["linear", "proportional"] = "linear"
     max_change_ratio: float | None = Field(default=2.0, gt=1, allow_inf_nan=False)
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/simulate")
     encrypt: Path | None = None
     checkpoint_dir: Path | None = None
+    partial_replies: int | None = Field(default=None, gt=0)
+    emulate_wait: bool = True
+    runtime: Literal["ray", "inprocess"] = "ray"
+
+    @field_validator("estimator")
+    @classmethod
+    def _estimator(cls, value: str) -> str:
+        if value not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {value!r}; expected one of {list(ESTIMATORS)}")
+        return value
 
     @model_validator(mode="after")
     def _speeds_per_silo(self) -> SimulationConfig:
         check_speeds(self.speeds, self.silos, "silos")
+        if self.slowdown_schedules is not None:
+            if len(self.slowdown_schedules) != self.silos:
+                raise ValueError(
+                    f"slowdown_schedules lists {len(self.slowdown_schedules)} entries but "
+                    f"there are {self.silos} silos"
+                )
+            for text in self.slowdown_schedules:
+                SlowdownSchedule.parse(text)
+        if self.encrypt is not None and self.scheme not in ("fedavg", "lbbsp"):
+            raise ValueError(f"encrypt works with schemes fedavg and lbbsp, not {self.scheme!r}")
+        if self.runtime == "inprocess" and self.parallel != 1:
+            raise ValueError(
+                "runtime 'inprocess' runs silos one after the other: parallel must be 1"
+            )
         return self
 
     @property
     def slowdowns(self) -> tuple[float, ...]:
-        """Emulated slowdown factor of each of the silos (1 for the fastest)."""
+        """Emulated slowdown factor of each of the silos (1 for the fastest), before
+        ``slowdown_schedules``."""
         return slowdowns_from_speeds(self.speeds, self.silos)
+
+    def schedules(self) -> tuple[SlowdownSchedule, ...]:
+        """Each silo's emulated slowdown over the rounds: its speed's factor times its
+        ``slowdown_schedules`` entry."""
+        extra = self.slowdown_schedules or ("1",) * self.silos
+        out = []
+        for k, text in zip(self.slowdowns, extra, strict=True):
+            steps = {1: 1.0} | SlowdownSchedule.parse(text).steps
+            out.append(SlowdownSchedule(steps={r: k * f for r, f in steps.items()}))
+        return tuple(out)
 
     def silo_setup(self) -> SiloSetup:
         """The data/model/emulation setup shared by every silo."""
@@ -122,9 +188,10 @@ class SimulationConfig(BaseModel):
             num_silos=self.silos,
             seed=self.seed,
             model=self.model,
-            slowdowns=tuple(f"{k:g}" for k in self.slowdowns),
+            slowdowns=tuple(str(s) for s in self.schedules()),
             secret_context=None if self.encrypt is None else str(self.encrypt),
             evaluate_on="train" if self.encrypt is None else "test",
+            emulate_wait=self.emulate_wait,
         )
 
     def telemetry_path(self) -> Path:
@@ -136,8 +203,18 @@ class SimulationConfig(BaseModel):
         return None if self.checkpoint_dir is None else self.checkpoint_dir / self.scheme
 
 
+_STRATEGIES: dict[str, type[LBBSPFedAvg]] = {
+    "fedavg": LBBSPFedAvg,
+    "lbbsp": LBBSPFedAvg,
+    "lbbsp-tau": LBBSPTau,
+    "lbbsp-eta": LBBSPEta,
+    "partial": PartialAggregation,
+}
+
+
 def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
-    """The strategy of a simulated run (LB-BSP, or the same with balancing off).
+    """The strategy of a simulated run: LB-BSP, FedAvg (LB-BSP with balancing off) or
+    a baseline (:mod:`fl_lbbsp.strategies.baselines`).
 
     With ``config.encrypt`` it is :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`
     with federated evaluation on every silo.
@@ -146,9 +223,10 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         "initial_batch_size": config.batch_size,
         "local_steps": config.local_steps,
         "lr": config.lr,
-        "balance": config.scheme == "lbbsp",
+        "balance": config.scheme not in ("fedavg", "partial"),
         "estimator": config.estimator,
         "alpha": config.alpha,
+        "estimator_options": dict(config.estimator_options),
         "allocator": config.allocator,
         "max_change_ratio": config.max_change_ratio,
         "telemetry_path": config.telemetry_path(),
@@ -156,8 +234,11 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         "min_available_nodes": config.silos,
         "checkpoint_dir": config.checkpoint_path(),
     }
+    if config.scheme == "partial":
+        settings["replies"] = config.partial_replies
     if config.encrypt is None:
-        return LBBSPFedAvg(fraction_evaluate=0.0, **settings)  # type: ignore[arg-type]
+        strategy = _STRATEGIES[config.scheme]
+        return strategy(fraction_evaluate=0.0, **settings)  # type: ignore[arg-type]
     from .strategies.encrypted import EncryptedLBBSPFedAvg
 
     return EncryptedLBBSPFedAvg(
@@ -168,31 +249,49 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     )
 
 
-def make_server_app(config: SimulationConfig) -> ServerApp:
-    """A ServerApp running the configured strategy with central evaluation each round."""
+def make_server_app(config: SimulationConfig, strategy: LBBSPFedAvg | None = None) -> ServerApp:
+    """A ServerApp running the configured strategy (or ``strategy``) with central
+    evaluation each round."""
     app = ServerApp()
-    setup = config.silo_setup()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        torch.manual_seed(config.seed)
-        test = test_data(setup)
-        model = build_model(
-            config.model, input_shape=test.input_shape, num_classes=test.num_classes
-        )
-        strategy = make_strategy(config)
-        strategy.start(
-            grid=grid,
-            initial_arrays=ArrayRecord(model.state_dict()),
-            num_rounds=config.rounds,
-            train_config=ConfigRecord(),
-            # Encrypted: the server cannot read the model; the silos evaluate it.
-            evaluate_fn=None
-            if config.encrypt is not None
-            else central_evaluation(strategy, model, test),
-        )
+        train_federation(config, grid, strategy=strategy)
 
     return app
+
+
+def train_federation(
+    config: SimulationConfig, grid: Grid, *, strategy: LBBSPFedAvg | None = None
+) -> LBBSPFedAvg:
+    """The ServerApp's body: run the configured strategy on ``grid`` for
+    ``config.rounds`` rounds, with central evaluation every round; return the strategy.
+
+    Parameters
+    ----------
+    config : SimulationConfig
+        The federation.
+    grid : Grid
+        Flower's grid, or an :class:`~fl_lbbsp.inprocess.InProcessGrid`.
+    strategy : LBBSPFedAvg | None (default: None)
+        A strategy from :func:`make_strategy` ``(config)``, e.g. one the caller observes;
+        ``None`` builds it.
+    """
+    torch.manual_seed(config.seed)
+    test = test_data(config.silo_setup())
+    model = build_model(config.model, input_shape=test.input_shape, num_classes=test.num_classes)
+    strategy = strategy or make_strategy(config)
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=config.rounds,
+        train_config=ConfigRecord(),
+        # Encrypted: the server cannot read the model; the silos evaluate it.
+        evaluate_fn=None
+        if config.encrypt is not None
+        else central_evaluation(strategy, model, test),
+    )
+    return strategy
 
 
 def central_evaluation(
@@ -231,24 +330,32 @@ def check_key_files(key_dir: Path) -> None:
     load_silo_keys(key_dir, fingerprint=server.fingerprint)
 
 
-def run(config: SimulationConfig) -> list[dict[str, object]]:
+def run(
+    config: SimulationConfig, *, strategy: LBBSPFedAvg | None = None
+) -> list[dict[str, object]]:
     """Run one simulated federation and return its telemetry events.
 
     The silos' emulated capacities come from ``config.speeds``; every figure derived from
     them is emulated. Data is loaded (and a bad path reported) before Flower starts.
+    ``strategy``: as in :func:`train_federation`.
     """
     load_source(config.dataset)  # fail fast on a bad dataset spec or path
     if config.encrypt is not None:
         check_key_files(config.encrypt)
     path = config.telemetry_path()
     # Fail fast on a checkpoint of other settings; keep the telemetry of a resumed run.
-    start_telemetry(path, config, resume=resume_point(make_strategy(config)) is not None)
-    run_engine(
-        make_server_app(config),
-        make_client_app(config.silo_setup()),
-        num_supernodes=config.silos,
-        parallel=config.parallel,
-    )
+    resumed = resume_point(strategy or make_strategy(config)) is not None
+    start_telemetry(path, config, resume=resumed)
+    if config.runtime == "inprocess":
+        grid = InProcessGrid(make_client_app(config.silo_setup()), num_nodes=config.silos)
+        train_federation(config, grid, strategy=strategy)
+    else:
+        run_engine(
+            make_server_app(config, strategy),
+            make_client_app(config.silo_setup()),
+            num_supernodes=config.silos,
+            parallel=config.parallel,
+        )
     return read_telemetry(path)
 
 

@@ -97,6 +97,18 @@ def test_slowdown_waits_k_minus_one_times_and_reports_k_times() -> None:
     assert slept == [1.5]
 
 
+def test_slowdown_without_wait_reports_k_times_at_once() -> None:
+    # Prepare
+    slept: list[float] = []
+
+    # Execute
+    reported = emulate_slowdown(0.5, 4.0, wait=False, sleep=slept.append)
+
+    # Assert
+    assert reported == 2.0
+    assert slept == []
+
+
 def test_slowdown_schedule_changes_k_over_rounds() -> None:
     # Execute
     constant = SlowdownSchedule.parse("4")

@@ -210,7 +210,8 @@ def _defined_models() -> set[str]:
 def test_every_config_class_is_covered() -> None:
     # Prepare: the classes the cases construct (strategies build theirs from keywords)
     covered = {
-        "BalancingConfig", "ServerConfig", "ReplyLimits", "ParameterServerConfig", "EncryptionConfig",
+        "BalancingConfig", "ServerConfig", "ReplyLimits", "ParameterServerConfig",
+        "EncryptionConfig",
         "EncryptedClusterConfig",
         "TrainerConfig", "SiloSetup", "WorkerSetup", "CostModel", "SlowdownSchedule",
         "PartitionSpec", "CKKSConfig", "RecordKeys", "SimulationConfig", "ClusterConfig",

@@ -1,11 +1,15 @@
 """Flower strategies over the LB-BSP core.
 
+Baselines to compare with: ``LBBSPTau`` (tune tau instead of B), ``LBBSPEta`` (scale eta
+with B) and ``PartialAggregation`` (backup workers: aggregate the k fastest replies).
+
 ``EncryptedLBBSPFedAvg`` and ``EncryptedLBBSPCluster`` (CKKS-encrypted updates and
 gradients) need the ``he`` extra (TenSEAL) and are imported on first use.
 """
 
 from typing import Any
 
+from .baselines import LBBSPEta, LBBSPTau, PartialAggregation
 from .cluster import LBBSPCluster
 from .config import BalancingConfig
 from .fedavg import LBBSPFedAvg
@@ -16,8 +20,11 @@ __all__ = [
     "EncryptedLBBSPCluster",
     "EncryptedLBBSPFedAvg",
     "LBBSPCluster",
+    "LBBSPEta",
     "LBBSPFedAvg",
     "LBBSPStrategy",
+    "LBBSPTau",
+    "PartialAggregation",
 ]
 
 

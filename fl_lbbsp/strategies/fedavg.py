@@ -472,7 +472,7 @@ evaluate_metrics_aggr_fn :
                 raise InvalidReplyError(f"{len(records)} {kind} in the reply, expected 1")
         metrics = next(iter(content.metric_records.values()))
         self.validator.check_metrics(
-            metrics, sent_batch_size=self._sent.get(msg.metadata.src_node_id)
+            metrics, sent_batch_size=self.sent_batch_size(msg.metadata.src_node_id)
         )
         try:
             self._check_arrays(msg)
@@ -480,6 +480,11 @@ evaluate_metrics_aggr_fn :
             raise
         except Exception as err:  # noqa: BLE001 - hostile bytes may break any parser
             raise InvalidReplyError(f"unreadable arrays ({type(err).__name__}: {err})") from err
+
+    def sent_batch_size(self, node_id: int) -> int | None:
+        """The ``batch-size`` node ``node_id`` was sent this round, which its reply must
+        report (``None``: it was sent none)."""
+        return self._sent.get(node_id)
 
     def _check_arrays(self, msg: Message) -> None:
         """Plaintext arrays: the global model's names, shapes and dtypes, all finite."""

@@ -1,0 +1,780 @@
+"""Benchmark sections ``fl`` and ``dynamics``: LB-BSP against FedAvg, the paper's rejected
+variants and partial aggregation on non-IID silos, and how fast each speed predictor
+follows a change of capacity.
+
+``fl`` -- the setting of Sec. 5.5 of Chen et al. (IEEE TCC 2021) scaled to one machine:
+5 silos holding 2 classes each, LeNet-5 on MNIST (the 10k IDX set in ../shared/data/mnist,
+8k train / 2k test), emulated capacities 16:8:8:4:4 (the paper's vCPUs). Schemes: FedAvg,
+LB-BSP (B tuned, eta kept), LB-BSP-tau (tau tuned), LB-BSP-eta (eta scaled with B) and
+partial aggregation (the first 4 of 5 replies). Per scheme and seed: mean steady round
+time, round time / T*, idle fraction, time to the target accuracy, final accuracy and
+the server's overhead per round.
+
+``dynamics`` -- the same federation, LB-BSP only; the fastest silo's capacity halves at
+round 10 and comes back at round 20. For each speed predictor: rounds until the round
+time is within 5% of the new T* again.
+
+Every run goes through the real strategies (``fl_lbbsp.strategies``) and silo ClientApp
+(``fl_lbbsp.clients.app``) on an in-process Flower grid, silos one after the other. A silo
+emulated k times slower reports k times its measured compute without waiting it out,
+so the round times are emulated (the ideal T* uses the same machine's measured cost).
+
+    python benchmarks/bench_fl.py [--out benchmarks/results] [--smoke] [--seeds 3]
+
+Writes ``fl.json`` and ``dynamics.json`` (the benchmark section schema) and their PNGs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fl_lbbsp.core.estimators import ESTIMATORS
+from fl_lbbsp.report import CostLine, run_cost_lines, summarise
+from fl_lbbsp.simulation import SCHEMES, SimulationConfig, make_strategy, run
+from fl_lbbsp.strategies import LBBSPFedAvg
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST = ROOT.parent / "shared" / "data" / "mnist"
+RESULTS = ROOT / "benchmarks" / "results"
+
+LABELS = {
+    "fedavg": "FedAvg",
+    "lbbsp": "LB-BSP",
+    "lbbsp-tau": "LB-BSP-tau",
+    "lbbsp-eta": "LB-BSP-eta",
+    "partial": "partial (4 of 5)",
+}
+SPEEDS = (16.0, 8.0, 8.0, 4.0, 4.0)
+STEADY_FROM = 4
+"""Rounds from this one on count as steady state (the balancer has settled)."""
+TARGET = 0.80
+"""Target test accuracy for 'time to target' (lowered if FedAvg does not reach it)."""
+LAST_ROUNDS = 3
+"""Final accuracy: the mean test accuracy of this many last rounds (it swings on non-IID
+silos from round to round)."""
+CHANGES = (10, 20)
+"""Dynamics: silo 0's capacity halves at the first round and comes back at the second."""
+RECOVERED = 1.05
+
+
+# ------------------------------------------------------------------------------- settings
+def settings(smoke: bool, rounds: int | None) -> dict[str, Any]:
+    """The federation of both sections (``smoke``: tiny, embedded data)."""
+    mnist = not smoke and (MNIST / "t10k-labels-idx1-ubyte.gz").exists()
+    return {
+        "silos": 5,
+        "speeds": SPEEDS,
+        "partition": "labels:2",
+        "rounds": rounds or (4 if smoke else 30),
+        "local_steps": 4 if smoke else 40,
+        "batch_size": 16 if smoke else 48,
+        "lr": 0.05,
+        "dataset": f"mnist:{MNIST}" if mnist else "embedded",
+        "model": "lenet5",
+        "runtime": "inprocess",
+        "emulate_wait": False,
+    }
+
+
+def _data_text(base: dict[str, Any]) -> str:
+    if base["dataset"].startswith("mnist"):
+        return (
+            "LeNet-5 on MNIST (the 10k IDX set in ../shared/data/mnist, split 8k train / "
+            "2k test per seed)"
+        )
+    return (
+        "LeNet-5 on the embedded digits (scikit-learn's 1,797 images upscaled to 32x32; "
+        "MNIST was not found at ../shared/data/mnist or this is the smoke run)"
+    )
+
+
+def _emulation_text(base: dict[str, Any]) -> str:
+    return (
+        f"Capacities {':'.join(f'{s:g}' for s in base['speeds'])} are emulated: silo i "
+        "computes its tau steps for t seconds on this machine and reports k_i * t "
+        "(k_i = 16 / capacity) without waiting it out; silos run one after the other in "
+        "this process (an in-process Flower grid, the real strategies and silo ClientApp), "
+        "so every measured t is free of contention between silos. Round times are "
+        "emulated: the slowest reported k_i * t of the round. T* is the ideal round time "
+        "of the same split problem, (a X + n b) / sum(1 / k_i), from the line t = a B + b "
+        "fitted on the run's own unemulated compute times (X = n * B_init)."
+    )
+
+
+# ------------------------------------------------------------------------------- running
+def run_one(config: SimulationConfig) -> tuple[list[dict[str, Any]], list[float]]:
+    """Run one federation; return its telemetry and the server's aggregation seconds
+    per round."""
+    strategy = make_strategy(config)
+    seconds = _time_aggregation(strategy)
+    events = run(config, strategy=strategy)
+    return events, seconds  # type: ignore[return-value]
+
+
+def _time_aggregation(strategy: LBBSPFedAvg) -> list[float]:
+    """Record the seconds of every ``aggregate_train`` call of ``strategy``."""
+    seconds: list[float] = []
+    inner = strategy.aggregate_train
+
+    def aggregate_train(server_round: int, replies: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return inner(server_round, replies)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    strategy.aggregate_train = aggregate_train  # type: ignore[method-assign]
+    return seconds
+
+
+def server_overhead(events: Sequence[dict[str, Any]], aggregation: Sequence[float]) -> list[float]:
+    """Server seconds per round beyond the silos' own work: messaging (wall time from
+    sending to aggregating, minus every silo's busy time, as the silos run one after the
+    other here) plus aggregation."""
+    train = [e for e in events if e.get("event") == "train"]
+    out = []
+    for event, aggregate in zip(train, aggregation, strict=False):
+        silos = [*event["silos"].values(), *event.get("dropped", {}).values()]
+        busy = sum(float(s.get("busy-time", 0.0)) for s in silos)
+        out.append(max(float(event["wall_time"] or 0.0) - busy, 0.0) + aggregate)
+    return out
+
+
+def _accuracies(events: Sequence[dict[str, Any]]) -> list[float]:
+    return [e["accuracy"] for e in events if e.get("event") == "evaluate" and e["round"] > 0]
+
+
+# ------------------------------------------------------------------------------ section fl
+def bench_fl(
+    base: dict[str, Any],
+    seeds: Sequence[int],
+    schemes: Sequence[str],
+    out: Path,
+    *,
+    telemetry: Path,
+) -> dict[str, Any]:
+    """Run every scheme for every seed and build the ``fl`` section (plots in ``out``,
+    the runs' telemetry in ``telemetry``)."""
+    started = time.perf_counter()
+    runs: dict[int, dict[str, tuple[list[dict[str, Any]], list[float]]]] = {}
+    for seed in seeds:
+        runs[seed] = {}
+        for scheme in schemes:
+            config = SimulationConfig(
+                scheme=scheme, seed=seed, out=telemetry / f"seed{seed}", **base
+            )
+            runs[seed][scheme] = run_one(config)
+            log(f"fl: seed {seed} {scheme} done")
+    fedavg_best = [
+        max(_accuracies(runs[s]["fedavg"][0]), default=0.0) for s in seeds if "fedavg" in runs[s]
+    ]
+    target = min([TARGET, *(0.95 * b for b in fedavg_best)])
+    table: dict[str, dict[int, dict[str, Any]]] = {scheme: {} for scheme in schemes}
+    for seed in seeds:
+        _, costs = run_cost_lines({s: ev for s, (ev, _) in runs[seed].items()})
+        for scheme, (events, aggregation) in runs[seed].items():
+            table[scheme][seed] = _scheme_figures(events, aggregation, costs[scheme], target=target)
+    section = _fl_section(base, seeds, schemes, table, target)
+    median_seed = _median_seed(table, seeds)
+    section["plots"] = [
+        _plot_accuracy(table, median_seed, out / "fl_accuracy.png"),
+        _plot_round_times(table, median_seed, out / "fl_round_time.png"),
+    ]
+    section["notes"].append(
+        f"Plots show seed {median_seed} (the median seed by LB-BSP's time-to-target "
+        f"speed-up). This section took {time.perf_counter() - started:.0f} s on this machine."
+    )
+    return section
+
+
+def _scheme_figures(
+    events: list[dict[str, Any]], aggregation: list[float], cost: CostLine, *, target: float
+) -> dict[str, Any]:
+    summary = summarise(events, cost=cost, target_accuracy=target, steady_from=STEADY_FROM)
+    accuracies = _accuracies(events)
+    overhead = server_overhead(events, aggregation)
+    shares = [
+        (r["round"], o / r["round_time"])
+        for o, r in zip(overhead, summary["rounds"], strict=False)
+        if r["round_time"]
+    ]
+    steady = [share for r, share in shares if r >= STEADY_FROM] or [s for _, s in shares]
+    return {
+        "round_time": summary["round_time_steady"],
+        "ideal": summary["ideal_round_time"],
+        "over_ideal": summary["round_time_over_ideal"],
+        "idle": summary["idle_fraction_steady"],
+        "time_to_target": summary["time_to_target"],
+        "total_time": summary["total_time_emulated"],
+        "final_accuracy": statistics.mean(accuracies[-LAST_ROUNDS:]) if accuracies else None,
+        "best_accuracy": max(accuracies, default=None),
+        "overhead_share": statistics.median(steady) if steady else None,
+        "overhead_seconds": statistics.median(overhead) if overhead else None,
+        "rounds": summary["rounds"],
+    }
+
+
+def _values(per_seed: dict[int, dict[str, Any]], key: str) -> list[float]:
+    return [v[key] for v in per_seed.values() if v.get(key) is not None]
+
+
+def _spread(values: Sequence[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    low, mid, high = min(values), statistics.median(values), max(values)
+    if len(values) == 1:
+        return format(mid, fmt)
+    return f"{format(mid, fmt)} [{format(low, fmt)}, {format(high, fmt)}]"
+
+
+def _figure(
+    label: str,
+    values: Sequence[float],
+    fmt: str,
+    goal: tuple[str, float] | None,
+    note: str,
+    *,
+    unit: str = "",
+    expected: int | None = None,
+) -> dict[str, Any]:
+    """A figure: the median of ``values`` over seeds, with min and max in the note."""
+    value = statistics.median(values) if values else None
+    spread = ""
+    if len(values) > 1:
+        spread = (
+            f"median of {len(values)} seeds (min {format(min(values), fmt)}, "
+            f"max {format(max(values), fmt)}). "
+        )
+    elif values:
+        spread = "1 seed. "
+    if expected is not None and len(values) < expected:
+        spread += f"Computed on {len(values)} of {expected} seeds (see below). "
+    if value is None:
+        spread = "Could not be computed: "
+    return {
+        "label": label,
+        "value": value,
+        "format": fmt,
+        "unit": unit,
+        "goal": None if goal is None else {"op": goal[0], "target": goal[1]},
+        "note": (spread + note).strip(),
+    }
+
+
+def _paired(
+    table: dict[str, dict[int, dict[str, Any]]],
+    first: str,
+    second: str,
+    key: str,
+    combine: Callable[[float, float], float],
+) -> list[float]:
+    """``combine(first's, second's)`` value of ``key`` for every seed where both have it."""
+    out = []
+    for seed, row in table.get(first, {}).items():
+        other = table.get(second, {}).get(seed)
+        if other is not None and row.get(key) is not None and other.get(key) is not None:
+            out.append(combine(row[key], other[key]))
+    return out
+
+
+def _fl_section(
+    base: dict[str, Any],
+    seeds: Sequence[int],
+    schemes: Sequence[str],
+    table: dict[str, dict[int, dict[str, Any]]],
+    target: float,
+) -> dict[str, Any]:
+    n = len(seeds)
+    lb = table.get("lbbsp", {})
+    speedup = _paired(table, "fedavg", "lbbsp", "time_to_target", lambda f, b: f / b)
+    acc_diff = _paired(table, "lbbsp", "fedavg", "final_accuracy", lambda b, f: b - f)
+    figures = [
+        _figure(
+            "LB-BSP steady round time / T*",
+            _values(lb, "over_ideal"),
+            ".3f",
+            ("<=", 1.03),
+            f"Mean emulated round time from round {STEADY_FROM} on over the ideal T*.",
+        ),
+        _figure(
+            "LB-BSP idle fraction, steady",
+            _values(lb, "idle"),
+            ".1%",
+            ("<", 0.03),
+            "1 - mean_i(t_i) / max_i(t_i) per round, averaged over the steady rounds.",
+        ),
+        _figure(
+            "FedAvg steady round time / T*",
+            _values(table.get("fedavg", {}), "over_ideal"),
+            ".3f",
+            None,
+            "The straggler cost LB-BSP removes (16:8:8:4:4 with one batch size: about 2 "
+            "when the per-sample cost dominates).",
+        ),
+        _figure(
+            "Time-to-target speed-up of LB-BSP over FedAvg",
+            speedup,
+            ".2f",
+            (">=", 1.5),
+            f"FedAvg's emulated time to {target:.0%} test accuracy over LB-BSP's, per seed. "
+            "The paper reports over 27% faster convergence (Sec. 5.5).",
+            unit="x",
+            expected=n,
+        ),
+        _figure(
+            "Final accuracy, LB-BSP minus FedAvg",
+            acc_diff,
+            "+.3f",
+            (">=", -0.01),
+            f"Mean test accuracy of the last {LAST_ROUNDS} rounds (same rounds for both), "
+            "per seed. The paper: accuracy preserved (0.42 for both on CIFAR-10).",
+        ),
+    ]
+    for variant, paper in (
+        ("lbbsp-tau", "tuning tau instead of B"),
+        ("lbbsp-eta", "scaling eta with B"),
+    ):
+        if variant in table and lb:
+            figures.append(
+                _figure(
+                    f"Final accuracy, {LABELS[variant]} minus LB-BSP",
+                    _paired(table, variant, "lbbsp", "final_accuracy", lambda v, b: v - b),
+                    "+.3f",
+                    None,
+                    f"Same rounds, same seeds. The paper (Fig. 13) finds that {paper} loses "
+                    "accuracy against LB-BSP on silos holding 2 classes each: a negative "
+                    "value reproduces it.",
+                )
+            )
+    if "partial" in table and lb:
+        ratios, censored = [], 0
+        for seed, row in table["partial"].items():
+            ours = lb.get(seed, {}).get("time_to_target")
+            theirs = row["time_to_target"]
+            if ours and theirs is None:
+                theirs, censored = row["total_time"], censored + 1
+            if ours and theirs:
+                ratios.append(theirs / ours)
+        bound = (
+            f" Partial aggregation did not reach the target within the rounds in {censored} "
+            "seed(s): its whole training time counts there, so the value is a lower bound."
+            if censored
+            else ""
+        )
+        figures.append(
+            _figure(
+                "Time-to-target speed-up of LB-BSP over partial aggregation",
+                ratios,
+                ".2f",
+                None,
+                "Partial aggregation (backup workers) waits for 4 of 5 silos and drops the "
+                "slowest silo's update, i.e. its two classes, every round." + bound,
+                unit="x",
+                expected=n,
+            )
+        )
+    for scheme in schemes:
+        figures.append(
+            _figure(
+                f"Server overhead per round / round time, {LABELS[scheme]}",
+                _values(table[scheme], "overhead_share"),
+                ".2%",
+                None,
+                "Median over steady rounds of (messaging + aggregation) / emulated round "
+                "time; messaging = wall time of the round minus every silo's busy time "
+                "(serialising the model to and from each silo, in process).",
+            )
+        )
+    rows = []
+    for scheme in schemes:
+        per_seed = table[scheme]
+        rows.append(
+            [
+                LABELS[scheme],
+                _spread(_values(per_seed, "round_time"), ".3f"),
+                _spread(_values(per_seed, "ideal"), ".3f"),
+                _spread(_values(per_seed, "over_ideal"), ".3f"),
+                _spread(_values(per_seed, "idle"), ".1%"),
+                _spread(_values(per_seed, "time_to_target"), ".1f"),
+                _spread(_values(per_seed, "final_accuracy"), ".3f"),
+                _spread(_values(per_seed, "best_accuracy"), ".3f"),
+                _spread(_values(per_seed, "overhead_share"), ".2%"),
+            ]
+        )
+    missed = [
+        f"{LABELS[s]} seed {seed}"
+        for s in schemes
+        for seed, row in table[s].items()
+        if row["time_to_target"] is None
+    ]
+    notes = [
+        f"Target accuracy {target:.3f}: {TARGET:.2f}, or 95% of FedAvg's best accuracy of "
+        "the seed that reaches least if that is lower (so that FedAvg reaches it in every "
+        "seed). Time to target = emulated seconds summed over rounds up to the first "
+        "evaluation at or above it (the global model is evaluated after every round).",
+        "T* is the same ideal for every scheme: with the total X = n B_init fixed, "
+        "splitting the round's work by batch size (LB-BSP), by local steps (LB-BSP-tau: "
+        "tau_i steps of B_init, the work B_init tau_i) or not at all gives the ideal "
+        "(a X + n b) / sum(1/k_i). LB-BSP-tau's compute times are counted per tau steps "
+        "for the cost line; partial aggregation's round time is its 4th fastest silo's, "
+        "so its round time / T* can fall below 1 (it drops work).",
+        "Aggregation is weighted by local dataset size in every scheme. LB-BSP-eta sends "
+        "eta_i = eta B_i / B_init; LB-BSP-tau sends tau_i = round(tau B_i / B_init) at "
+        "B_init; partial aggregation keeps B_init for all and averages the 4 replies with "
+        "the shortest reported round time.",
+        "The telemetry's own 'overhead' field (wall time minus the slowest silo's busy "
+        "time) assumes silos run side by side; here they run one after the other, so the "
+        "server overhead subtracts every silo's busy time instead.",
+    ]
+    slowest = sorted(base["speeds"])
+    if "partial" in table and len(slowest) > 1 and slowest[0] == slowest[1]:
+        notes.append(
+            "Two silos share the lowest capacity, so leaving one reply out does not shorten "
+            "the round (the other is as slow): partial aggregation keeps FedAvg's round time "
+            "and loses the dropped silo's classes for that round."
+        )
+    if missed:
+        notes.append("Target not reached within the rounds by: " + ", ".join(missed) + ".")
+    return {
+        "section": "fl",
+        "title": "Cross-silo FL: 5 non-IID silos, LB-BSP against FedAvg and baselines",
+        "setting": (
+            f"{_data_text(base)}; {base['silos']} silos holding 2 classes each "
+            f"(partition {base['partition']}); tau = {base['local_steps']} local steps, "
+            f"B_init = {base['batch_size']}, eta = {base['lr']}, {base['rounds']} rounds, "
+            f"{n} seed{'s' if n > 1 else ''} ({', '.join(map(str, seeds))}; a seed sets the "
+            "split, partition, model init and shuffling). Balancer: EMA (alpha 0.2), linear "
+            "cost allocator, batch size changes at most 2x per round. " + _emulation_text(base)
+        ),
+        "figures": figures,
+        "tables": [
+            {
+                "title": "Per scheme: median [min, max] over seeds (times in emulated seconds)",
+                "columns": [
+                    "scheme",
+                    "round time (s)",
+                    "T* (s)",
+                    "round / T*",
+                    "idle",
+                    "time to target (s)",
+                    f"final accuracy (last {LAST_ROUNDS})",
+                    "best accuracy",
+                    "server overhead / round",
+                ],
+                "rows": rows,
+            }
+        ],
+        "plots": [],
+        "notes": notes,
+    }
+
+
+def _median_seed(table: dict[str, dict[int, dict[str, Any]]], seeds: Sequence[int]) -> int:
+    def speedup(seed: int) -> float:
+        fedavg = table.get("fedavg", {}).get(seed, {}).get("time_to_target")
+        lbbsp = table.get("lbbsp", {}).get(seed, {}).get("time_to_target")
+        return fedavg / lbbsp if fedavg and lbbsp else 0.0
+
+    ranked = sorted(seeds, key=speedup)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+# ------------------------------------------------------------------------ section dynamics
+def predictors() -> list[tuple[str, str, float, dict[str, Any]]]:
+    """(label, estimator, alpha, options) of every predictor in the core."""
+    out: list[tuple[str, str, float, dict[str, Any]]] = []
+    for name in ESTIMATORS:
+        if name == "last":
+            # alpha = 1: the linear allocator's cost fit forgets the past too
+            out.append(("last", name, 1.0, {}))
+        elif name == "narx":
+            out.append(("narx (warm-up 8)", name, 0.2, {"warmup": 8, "background": False}))
+        else:
+            out.append((name if name != "ema" else "ema (alpha 0.2)", name, 0.2, {}))
+    return out
+
+
+def bench_dynamics(
+    base: dict[str, Any], out: Path, *, telemetry: Path, smoke: bool
+) -> dict[str, Any]:
+    """LB-BSP with each predictor while silo 0's capacity halves and comes back (plot in
+    ``out``, the runs' telemetry in ``telemetry``)."""
+    started = time.perf_counter()
+    rounds = max(base["rounds"], 6 if smoke else 30)
+    changes = (3, 5) if smoke else CHANGES
+    steady_from = min(STEADY_FROM, changes[0] - 1)
+    schedule = f"1:1,{changes[0]}:2,{changes[1]}:1"
+    per: dict[str, dict[str, Any]] = {}
+    chosen = predictors()[:2] if smoke else predictors()
+    for label, estimator, alpha, options in chosen:
+        config = SimulationConfig(
+            scheme="lbbsp",
+            seed=0,
+            out=telemetry / "dynamics" / estimator,
+            estimator=estimator,
+            alpha=alpha,
+            estimator_options=options,
+            slowdown_schedules=(schedule, "1", "1", "1", "1"),
+            **{**base, "rounds": rounds},
+        )
+        events, _ = run_one(config)
+        _, costs = run_cost_lines({label: events})
+        summary = summarise(events, cost=costs[label], steady_from=steady_from)
+        ratios = {r["round"]: r["round_time"] / r["ideal_round_time"] for r in summary["rounds"]}
+        ends = (*changes[1:], rounds + 1)
+        per[label] = {
+            "ratios": ratios,
+            "recover": [_recovery(ratios, c, e) for c, e in zip(changes, ends, strict=True)],
+            "before": _mean([ratios[r] for r in ratios if steady_from <= r < changes[0]]),
+            "during": _mean([ratios[r] for r in ratios if changes[0] <= r < changes[1]]),
+            "after": _mean([ratios[r] for r in ratios if r >= changes[1]]),
+        }
+        log(f"dynamics: {label} done")
+    return _dynamics_section(base, per, (steady_from, *changes), rounds, out, started)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.mean(values) if values else None
+
+
+def _recovery(ratios: dict[int, float], change: int, end: int) -> tuple[int | None, bool]:
+    """Rounds after ``change`` until round time / T* <= 1.05 (0: the change round
+    itself); with ``censored`` True when it never happened before round ``end``."""
+    for r in range(change, end):
+        if r in ratios and ratios[r] <= RECOVERED:
+            return r - change, False
+    return (end - change if end > change else None), True
+
+
+def _dynamics_section(
+    base: dict[str, Any],
+    per: dict[str, dict[str, Any]],
+    phases: tuple[int, int, int],
+    rounds: int,
+    out: Path,
+    started: float,
+) -> dict[str, Any]:
+    steady_from, *changes = phases
+    figures = []
+    for label, result in per.items():
+        for (count, censored), change, what in zip(
+            result["recover"], changes, ("halves", "comes back"), strict=True
+        ):
+            note = (
+                f"Rounds after round {change} until the round time is within 5% of the new "
+                f"T* (0: already in round {change})."
+            )
+            if censored:
+                note += (
+                    f" Not within 5% before the next change: at least {count} round(s) "
+                    "(the value is that lower bound)."
+                )
+            figures.append(
+                {
+                    "label": f"Rounds to recover when capacity {what} (round {change}), {label}",
+                    "value": count,
+                    "format": "d",
+                    "unit": "rounds",
+                    "goal": {"op": "<=", "target": 3},
+                    "note": note,
+                }
+            )
+    rows = [
+        [
+            label,
+            _fmt(r["before"]),
+            _fmt(r["during"]),
+            _fmt(r["after"]),
+            _recovery_text(r["recover"][0]),
+            _recovery_text(r["recover"][1]),
+        ]
+        for label, r in per.items()
+    ]
+    extra = sorted(set(ESTIMATORS) - {"ema", "last", "narx"})
+    notes = [
+        "Silo 0 (capacity 16, the fastest) drops to 8 at round "
+        f"{changes[0]} and is back to 16 at round {changes[1]}; T* per round uses the "
+        "capacities of that round. The change round itself cannot be foreseen by any "
+        "predictor: a reactive one recovers at best 1 round later.",
+        "'last' runs with alpha = 1, so that the linear allocator's cost fit (weighted "
+        "(1 - alpha)^age) forgets the past as well; with one batch size per silo in its "
+        "window the allocator then splits proportionally to the last speed.",
+        "NARX's default warm-up is 500 observations per silo; within "
+        f"{rounds} rounds it would only ever predict with its EMA fallback (alpha 0.2), "
+        "identical to 'ema'. It runs here with a warm-up of 8 (trained after round 8 "
+        "on the steady rounds, retrained every 10 observations, in the foreground)."
+        + ("" if any(k.startswith("narx") for k in per) else " (Not run in this smoke run.)"),
+        "Change-aware estimators in fl_lbbsp.core: "
+        + (", ".join(extra) if extra else f"none (ESTIMATORS = {', '.join(ESTIMATORS)})")
+        + ".",
+        f"This section took {time.perf_counter() - started:.0f} s on this machine.",
+    ]
+    return {
+        "section": "dynamics",
+        "title": "Dynamics: LB-BSP following a change of capacity, per speed predictor",
+        "setting": (
+            f"LB-BSP on the FL federation of section fl, seed 0, {rounds} rounds: "
+            f"{_data_text(base)}, 5 silos with 2 classes each, tau = {base['local_steps']}, "
+            f"B_init = {base['batch_size']}, eta = {base['lr']}, linear cost allocator, "
+            "batch size changes at most 2x per round. Silo 0's emulated capacity halves "
+            f"at round {changes[0]} and recovers at round {changes[1]}. " + _emulation_text(base)
+        ),
+        "figures": figures,
+        "tables": [
+            {
+                "title": "Round time / T* per predictor (mean over each phase)",
+                "columns": [
+                    "predictor",
+                    f"rounds {steady_from}-{changes[0] - 1}",
+                    f"rounds {changes[0]}-{changes[1] - 1}",
+                    f"rounds {changes[1]}-{rounds}",
+                    f"recover after {changes[0]}",
+                    f"recover after {changes[1]}",
+                ],
+                "rows": rows,
+            }
+        ],
+        "plots": [_plot_dynamics(per, changes, out / "dynamics_round_time.png")],
+        "notes": notes,
+    }
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _recovery_text(result: tuple[int | None, bool]) -> str:
+    count, censored = result
+    if count is None:
+        return "-"
+    return f">= {count}" if censored else str(count)
+
+
+# ---------------------------------------------------------------------------------- plots
+def _axes() -> tuple[Any, Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    return plt, fig, ax
+
+
+def _finish(plt: Any, fig: Any, ax: Any, path: Path, **labels: str) -> str:
+    """Title and axis labels, legend, save as ``path``; return its file name."""
+    ax.set(**labels)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def _plot_accuracy(table: dict[str, dict[int, dict[str, Any]]], seed: int, path: Path) -> str:
+    plt, fig, ax = _axes()
+    for scheme, per_seed in table.items():
+        rounds = per_seed[seed]["rounds"]
+        ax.plot(
+            [r["elapsed_emulated"] for r in rounds],
+            [r["accuracy"] for r in rounds],
+            label=LABELS[scheme],
+        )
+    return _finish(
+        plt, fig, ax, path,
+        title=f"Test accuracy (seed {seed})", xlabel="training time, emulated s",
+        ylabel="accuracy",
+    )  # fmt: skip
+
+
+def _plot_round_times(table: dict[str, dict[int, dict[str, Any]]], seed: int, path: Path) -> str:
+    plt, fig, ax = _axes()
+    for scheme, per_seed in table.items():
+        rounds = per_seed[seed]["rounds"]
+        (line,) = ax.plot(
+            [r["round"] for r in rounds], [r["round_time"] for r in rounds], label=LABELS[scheme]
+        )
+        ax.axhline(per_seed[seed]["ideal"], color=line.get_color(), lw=0.7, ls=":")
+    return _finish(
+        plt, fig, ax, path,
+        title=f"Round time per round (seed {seed}); dotted: each run's T*", xlabel="round",
+        ylabel="emulated s",
+    )  # fmt: skip
+
+
+def _plot_dynamics(per: dict[str, dict[str, Any]], changes: Sequence[int], path: Path) -> str:
+    plt, fig, ax = _axes()
+    for label, result in per.items():
+        ratios = result["ratios"]
+        ax.plot(list(ratios), list(ratios.values()), marker=".", label=label)
+    for change in changes:
+        ax.axvline(change, color="grey", lw=0.8, ls="--")
+    ax.axhline(RECOVERED, color="grey", lw=0.8, ls=":")
+    return _finish(
+        plt, fig, ax, path,
+        title="Round time / T* (silo 0's capacity halves, then comes back)", xlabel="round",
+        ylabel="round time / T*",
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------- main
+def log(message: str) -> None:
+    """Progress line on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _write(section: dict[str, Any], out: Path) -> Path:
+    path = out / f"{section['section']}.json"
+    path.write_text(json.dumps(section, indent=2))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``fl`` and ``dynamics`` sections and write their JSON and PNGs."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    parser.add_argument("--smoke", action="store_true", help="tiny run on embedded data")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default: 30)")
+    parser.add_argument(
+        "--sections", default="fl,dynamics", help="fl, dynamics or both (default: both)"
+    )
+    parser.add_argument(
+        "--telemetry",
+        type=Path,
+        default=None,
+        help="keep the runs' telemetry (JSON lines) in this folder (default: discarded)",
+    )
+    args = parser.parse_args(argv)
+    sections = {s.strip() for s in args.sections.split(",") if s.strip()}
+    if not sections <= {"fl", "dynamics"}:
+        parser.error(f"unknown --sections {args.sections!r}: expected fl and/or dynamics")
+    for name in ("flwr", "fl_lbbsp"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    base = settings(args.smoke, args.rounds)
+    seeds = list(range(args.seeds or (1 if args.smoke else 3)))
+    schemes = ["fedavg", "lbbsp"] if args.smoke else list(SCHEMES)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        telemetry = args.telemetry or Path(scratch)
+        if "fl" in sections:
+            section = bench_fl(base, seeds, schemes, args.out, telemetry=telemetry)
+            print(_write(section, args.out))
+        if "dynamics" in sections:
+            section = bench_dynamics(base, args.out, telemetry=telemetry, smoke=args.smoke)
+            print(_write(section, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
