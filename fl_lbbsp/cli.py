@@ -44,7 +44,7 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str, estimators:
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    _add_shared_flags(parser, unit="silos", estimators="ema | last")
+    _add_shared_flags(parser, unit="silos", estimators="ema | last | change-ema")
     parser.add_argument("--silos", type=int, default=5, help="number of silos (default: 5)")
     parser.add_argument(
         "--speeds",
@@ -152,7 +152,7 @@ def _add_cluster_parser(sub: Any) -> None:
     cluster = sub.add_parser(
         "cluster", help="parameter-server mode: one synchronous iteration per round"
     )
-    _add_shared_flags(cluster, unit="workers", estimators="ema | last | narx")
+    _add_shared_flags(cluster, unit="workers", estimators="ema | last | narx | change-ema")
     cluster.add_argument(
         "--schemes",
         default="bsp,lbbsp,lbbsp-naive",

@@ -89,7 +89,7 @@ class ClusterConfig(BaseModel):
     momentum: float = Field(default=0.0, ge=0, lt=1)
     model: Literal["lenet5", "mlp"] = "lenet5"
     seed: int = 0
-    estimator: Literal["ema", "last", "narx"] = "ema"
+    estimator: Literal["ema", "last", "narx", "change-ema"] = "ema"
     alpha: float = Field(default=0.2, gt=0, le=1)
     allocator: Literal["linear", "proportional", "iterative"] = "linear"
     cost_model: str | None = None

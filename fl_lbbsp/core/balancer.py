@@ -120,8 +120,9 @@ class BatchSizeBalancer:
         B_init: every silo's batch size before any report; the total per round is
         ``X = n * B_init`` for the n silos of the round.
     estimator : str (default: "ema")
-        Speed predictor, ``"ema"``, ``"last"`` or ``"narx"`` (Sec. 3.2.2; torch is
-        needed to train it).
+        Speed predictor, ``"ema"``, ``"last"``, ``"narx"`` (Sec. 3.2.2; torch is
+        needed to train it) or ``"change-ema"`` (EMA restarting at a confirmed change of
+        level, :class:`~fl_lbbsp.core.estimators.ChangeAwareEMAEstimator`).
     alpha : float (default: 0.2)
         EMA weight of the latest observation, in (0, 1].
     allocator : {"proportional", "linear", "iterative"} (default: "proportional")
