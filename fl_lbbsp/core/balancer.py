@@ -109,6 +109,9 @@ class _SiloState:
     fixed_time: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reports: int = 0
+    # The linear allocator's cost fit of ``history`` and the report count it was made at.
+    fit: tuple[float, float] | None = None
+    fit_at: int = -1
 
 
 class BatchSizeBalancer:
@@ -233,6 +236,9 @@ class BatchSizeBalancer:
             old = state.fixed_time
             state.fixed_time = new if old is None else self.alpha * new + (1 - self.alpha) * old
         state.last = {k: v for k, v in asdict(report).items() if v is not None}
+        if self.allocator == "linear":
+            # Fit as the report arrives, so that allocate() only gathers the fits.
+            self._refit(state)
 
     def predicted_speed(self, silo_id: str) -> float | None:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
@@ -266,21 +272,32 @@ class BatchSizeBalancer:
         if not ids:
             return {}
         n = len(ids)
+        # Per-silo state is gathered once into arrays; the rest is vectorised.
+        states = [self._silos.get(i) for i in ids]
         lower = np.full(n, float(self.min_batch_size))
-        upper = np.array([self._upper(i) for i in ids])
+        upper = self._uppers(states)
         total = int(np.clip(self.total_batch_size(n), lower.sum(), upper.sum()))
-        lower, upper = self._change_limits(ids, total, lower, upper)
-        speeds = self._speeds(ids)
+        lower, upper = self._change_limits(states, total, lower, upper)
+        if self.allocator == "linear":
+            a, b, unfitted = self._linear_costs(states)
+            # Predicted speeds are needed only for the silos without a fitted cost.
+            speeds = self._speeds(states) if unfitted.size else None
+            if speeds is not None:
+                a[unfitted] /= speeds[unfitted]
+            sizes = (
+                proportional(np.ones(n), total, lower=lower, upper=upper)
+                if unfitted.size and speeds is None
+                else linear_minmax(a, b, total, lower=lower, upper=upper)
+            )
+            return dict(zip(ids, sizes.tolist(), strict=True))
+        speeds = self._speeds(states)
         if speeds is None:
             sizes = proportional(np.ones(n), total, lower=lower, upper=upper)
         elif self.allocator == "iterative":
             return self._iterate(ids, total, lower, upper, speeds)
-        elif self.allocator == "linear":
-            a, b = self._linear_costs(ids, speeds)
-            sizes = linear_minmax(a, b, total, lower=lower, upper=upper)
         else:
             sizes = proportional(speeds, total, lower=lower, upper=upper)
-        return {silo: int(size) for silo, size in zip(ids, sizes, strict=True)}
+        return dict(zip(ids, sizes.tolist(), strict=True))
 
     # ------------------------------------------------------------ serialisation
     def state_dict(self) -> dict[str, Any]:
@@ -355,10 +372,19 @@ class BatchSizeBalancer:
             )
         return self._silos[silo_id]
 
-    def _upper(self, silo_id: str) -> float:
-        caps = [c for c in (self.max_batch_size, self._cap_of(silo_id)) if c is not None]
+    def _uppers(self, states: Sequence[_SiloState | None]) -> np.ndarray:
+        """Each silo's largest batch size: the balancer's and its own memory cap."""
+        caps = np.array(
+            [
+                math.inf if st is None or st.max_batch_size is None else st.max_batch_size
+                for st in states
+            ],
+            dtype=np.float64,
+        )
+        if self.max_batch_size is not None:
+            caps = np.minimum(caps, self.max_batch_size)
         # A cap below the smallest batch size cannot be honoured: the minimum wins.
-        return float(max(min(caps), self.min_batch_size)) if caps else math.inf
+        return np.where(np.isinf(caps), caps, np.maximum(caps, self.min_batch_size))
 
     def _iterate(
         self,
@@ -398,65 +424,80 @@ class BatchSizeBalancer:
         return state is not None and state.reports > 0
 
     def _change_limits(
-        self, ids: Sequence[str], total: int, lower: np.ndarray, upper: np.ndarray
+        self,
+        states: Sequence[_SiloState | None],
+        total: int,
+        lower: np.ndarray,
+        upper: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Narrow the bounds to ``max_change_ratio`` around each silo's last batch size."""
         ratio = self.max_change_ratio
         if ratio is None:
             return lower, upper
-        last = [self._silos[i].history[-1][0] if self._settled(i) else None for i in ids]
-        lo, hi = lower.copy(), upper.copy()
-        for k, b in enumerate(last):
-            if b is not None:
-                # A memory cap still wins over the change limit.
-                lo[k] = min(max(lower[k], math.ceil(b / ratio)), upper[k])
-                hi[k] = max(min(upper[k], math.floor(b * ratio)), lo[k])
+        # The last batch size of each silo with two reports or more (NaN: no limit).
+        last = np.array(
+            [
+                st.history[-1][0] if st is not None and len(st.history) >= 2 else math.nan
+                for st in states
+            ],
+            dtype=np.float64,
+        )
+        settled = ~np.isnan(last)
+        if not settled.any():
+            return lower, upper
+        # A memory cap still wins over the change limit.
+        lo = np.where(settled, np.minimum(np.maximum(lower, np.ceil(last / ratio)), upper), lower)
+        hi = np.where(settled, np.maximum(np.minimum(upper, np.floor(last * ratio)), lo), upper)
         if lo.sum() > total or hi.sum() < total:
             return lower, upper
         return lo, hi
 
-    def _settled(self, silo_id: str) -> bool:
-        state = self._silos.get(silo_id)
-        return state is not None and len(state.history) >= 2
-
-    def _cap_of(self, silo_id: str) -> int | None:
-        state = self._silos.get(silo_id)
-        return None if state is None else state.max_batch_size
-
-    def _speeds(self, ids: Sequence[str]) -> np.ndarray | None:
-        predicted = [self.predicted_speed(i) for i in ids]
+    def _speeds(self, states: Sequence[_SiloState | None]) -> np.ndarray | None:
+        predicted = [None if st is None else st.estimator.predict() for st in states]
         known = [v for v in predicted if v is not None]
         if not known:
             return None
         mean = float(np.mean(known))
-        return np.array([mean if v is None else v for v in predicted])
+        return np.array([mean if v is None else v for v in predicted], dtype=np.float64)
 
-    def _linear_costs(
-        self, ids: Sequence[str], speeds: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        a = np.empty(len(ids))
-        b = np.zeros(len(ids))
-        mean_steps = np.mean([s.steps for s in self._silos.values()])
-        for k, silo in enumerate(ids):
-            state = self._silos.get(silo)
-            fit = None
-            if state is not None and state.history:
+    def _refit(self, state: _SiloState) -> tuple[float, float] | None:
+        """The silo's linear cost fit of its history (cached until its next report)."""
+        if state.fit_at != state.reports:
+            state.fit = None
+            if state.history:
                 xs, ts = zip(*state.history, strict=True)
                 ages = np.arange(len(xs))[::-1]
-                fit = fit_linear_cost(
+                state.fit = fit_linear_cost(
                     xs,
                     ts,
                     weights=(1.0 - self.alpha) ** ages,
                     min_relative_spread=self.min_fit_spread,
                 )
-            if fit is None:
-                steps = mean_steps if state is None else state.steps
-                a[k] = steps / speeds[k]
-            else:
-                a[k], b[k] = fit
-            if state is not None and state.fixed_time is not None:
-                b[k] += state.fixed_time
-        return a, b
+            state.fit_at = state.reports
+        return state.fit
+
+    def _linear_costs(
+        self, states: Sequence[_SiloState | None]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-sample cost a_i and fixed cost b_i of each silo, and the silos without a
+        fit, whose a_i is ``steps`` still to be divided by the predicted speed v_i (and
+        b_i 0). Each b_i includes the silo's smoothed fixed time (``he-time``)."""
+        nothing = (math.nan, 0.0)
+        fits = [
+            nothing
+            if st is None
+            else ((st.fit if st.fit_at == st.reports else self._refit(st)) or nothing)
+            for st in states
+        ]
+        a = np.array([fit[0] for fit in fits], dtype=np.float64)
+        b = np.array([fit[1] for fit in fits], dtype=np.float64)
+        unfitted = np.flatnonzero(np.isnan(a))
+        if unfitted.size:
+            steps = [st.steps for st in self._silos.values()]
+            mean_steps = float(np.mean(steps)) if steps else 1.0
+            a[unfitted] = [getattr(states[k], "steps", mean_steps) for k in unfitted.tolist()]
+        b += [0.0 if st is None or st.fixed_time is None else st.fixed_time for st in states]
+        return a, b, unfitted
 
 
 def _finite(value: object) -> bool:
