@@ -109,9 +109,10 @@ class _SiloState:
     fixed_time: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reports: int = 0
-    # The linear allocator's cost fit of ``history`` and the report count it was made at.
-    fit: tuple[float, float] | None = None
-    fit_at: int = -1
+    # What allocate() needs of the silo, as numbers (see BatchSizeBalancer._row), and the
+    # report count it was computed at: it changes only with a report.
+    row: tuple[float, float, float, float, float] = (math.inf, math.nan, math.nan, 0.0, 0.0)
+    row_at: int = -1
 
 
 class BatchSizeBalancer:
@@ -237,8 +238,8 @@ class BatchSizeBalancer:
             state.fixed_time = new if old is None else self.alpha * new + (1 - self.alpha) * old
         state.last = {k: v for k, v in asdict(report).items() if v is not None}
         if self.allocator == "linear":
-            # Fit as the report arrives, so that allocate() only gathers the fits.
-            self._refit(state)
+            # Fit the silo's cost as its report arrives; allocate() only gathers the fits.
+            self._row(state)
 
     def predicted_speed(self, silo_id: str) -> float | None:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
@@ -274,12 +275,19 @@ class BatchSizeBalancer:
         n = len(ids)
         # Per-silo state is gathered once into arrays; the rest is vectorised.
         states = [self._silos.get(i) for i in ids]
+        rows = np.array(
+            [
+                _NO_ROW if st is None else (st.row if st.row_at == st.reports else self._row(st))
+                for st in states
+            ],
+            dtype=np.float64,
+        )
         lower = np.full(n, float(self.min_batch_size))
-        upper = self._uppers(states)
+        upper = self._uppers(rows[:, 0])
         total = int(np.clip(self.total_batch_size(n), lower.sum(), upper.sum()))
-        lower, upper = self._change_limits(states, total, lower, upper)
+        lower, upper = self._change_limits(rows[:, 1], total, lower, upper)
         if self.allocator == "linear":
-            a, b, unfitted = self._linear_costs(states)
+            a, b, unfitted = self._linear_costs(states, rows)
             # Predicted speeds are needed only for the silos without a fitted cost.
             speeds = self._speeds(states) if unfitted.size else None
             if speeds is not None:
@@ -372,15 +380,8 @@ class BatchSizeBalancer:
             )
         return self._silos[silo_id]
 
-    def _uppers(self, states: Sequence[_SiloState | None]) -> np.ndarray:
-        """Each silo's largest batch size: the balancer's and its own memory cap."""
-        caps = np.array(
-            [
-                math.inf if st is None or st.max_batch_size is None else st.max_batch_size
-                for st in states
-            ],
-            dtype=np.float64,
-        )
+    def _uppers(self, caps: np.ndarray) -> np.ndarray:
+        """Each silo's largest batch size: the balancer's and its own memory cap (inf)."""
         if self.max_batch_size is not None:
             caps = np.minimum(caps, self.max_batch_size)
         # A cap below the smallest batch size cannot be honoured: the minimum wins.
@@ -424,24 +425,13 @@ class BatchSizeBalancer:
         return state is not None and state.reports > 0
 
     def _change_limits(
-        self,
-        states: Sequence[_SiloState | None],
-        total: int,
-        lower: np.ndarray,
-        upper: np.ndarray,
+        self, last: np.ndarray, total: int, lower: np.ndarray, upper: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Narrow the bounds to ``max_change_ratio`` around each silo's last batch size."""
+        """Narrow the bounds to ``max_change_ratio`` around each silo's last batch size
+        (``last``: NaN for a silo with fewer than two reports, which moves freely)."""
         ratio = self.max_change_ratio
         if ratio is None:
             return lower, upper
-        # The last batch size of each silo with two reports or more (NaN: no limit).
-        last = np.array(
-            [
-                st.history[-1][0] if st is not None and len(st.history) >= 2 else math.nan
-                for st in states
-            ],
-            dtype=np.float64,
-        )
         settled = ~np.isnan(last)
         if not settled.any():
             return lower, upper
@@ -460,44 +450,51 @@ class BatchSizeBalancer:
         mean = float(np.mean(known))
         return np.array([mean if v is None else v for v in predicted], dtype=np.float64)
 
-    def _refit(self, state: _SiloState) -> tuple[float, float] | None:
-        """The silo's linear cost fit of its history (cached until its next report)."""
-        if state.fit_at != state.reports:
-            state.fit = None
-            if state.history:
+    def _row(self, state: _SiloState) -> tuple[float, float, float, float, float]:
+        """What allocate() needs of a silo, cached until its next report: memory cap (inf
+        if none), last batch size once it has reported twice (else NaN), the linear
+        allocator's cost fit a, b of its history (NaN, 0 without one) and its smoothed
+        fixed time (0 if none)."""
+        if state.row_at != state.reports:
+            fit = None
+            if self.allocator == "linear" and state.history:
                 xs, ts = zip(*state.history, strict=True)
                 ages = np.arange(len(xs))[::-1]
-                state.fit = fit_linear_cost(
+                fit = fit_linear_cost(
                     xs,
                     ts,
                     weights=(1.0 - self.alpha) ** ages,
                     min_relative_spread=self.min_fit_spread,
                 )
-            state.fit_at = state.reports
-        return state.fit
+            a, b = (math.nan, 0.0) if fit is None else fit
+            state.row = (
+                math.inf if state.max_batch_size is None else float(state.max_batch_size),
+                float(state.history[-1][0]) if len(state.history) >= 2 else math.nan,
+                a,
+                b,
+                0.0 if state.fixed_time is None else state.fixed_time,
+            )
+            state.row_at = state.reports
+        return state.row
 
     def _linear_costs(
-        self, states: Sequence[_SiloState | None]
+        self, states: Sequence[_SiloState | None], rows: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-sample cost a_i and fixed cost b_i of each silo, and the silos without a
         fit, whose a_i is ``steps`` still to be divided by the predicted speed v_i (and
         b_i 0). Each b_i includes the silo's smoothed fixed time (``he-time``)."""
-        nothing = (math.nan, 0.0)
-        fits = [
-            nothing
-            if st is None
-            else ((st.fit if st.fit_at == st.reports else self._refit(st)) or nothing)
-            for st in states
-        ]
-        a = np.array([fit[0] for fit in fits], dtype=np.float64)
-        b = np.array([fit[1] for fit in fits], dtype=np.float64)
+        a = rows[:, 2].copy()
+        b = rows[:, 3] + rows[:, 4]
         unfitted = np.flatnonzero(np.isnan(a))
         if unfitted.size:
             steps = [st.steps for st in self._silos.values()]
             mean_steps = float(np.mean(steps)) if steps else 1.0
             a[unfitted] = [getattr(states[k], "steps", mean_steps) for k in unfitted.tolist()]
-        b += [0.0 if st is None or st.fixed_time is None else st.fixed_time for st in states]
         return a, b, unfitted
+
+
+_NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0)
+"""The row of a silo that never reported."""
 
 
 def _finite(value: object) -> bool:

@@ -131,14 +131,7 @@ def round_to_total(
     if a.shape != (n,) or b.shape != (n,) or not np.all(np.isfinite(a) & np.isfinite(b)):
         raise ValueError(f"slope and intercept must be {n} finite values")
     if missing > 0:
-        # Cheapest next unit first: the heap holds each silo's time after one more unit.
-        heap = [(a[i] * (result[i] + 1) + b[i], i) for i in range(n) if result[i] < hi[i]]
-        heapq.heapify(heap)
-        for _ in range(missing):
-            _, i = heapq.heappop(heap)
-            result[i] += 1
-            if result[i] < hi[i]:
-                heapq.heappush(heap, (a[i] * (result[i] + 1) + b[i], i))
+        result += _cheapest_units(result, missing, a, b, hi)
     elif missing < 0:
         heap = [(-(a[i] * result[i] + b[i]), i) for i in range(n) if result[i] > lo[i]]
         heapq.heapify(heap)
@@ -150,6 +143,42 @@ def round_to_total(
     return result
 
 
+def _cheapest_units(
+    result: IntArray, missing: int, a: FloatArray, b: FloatArray, hi: IntArray
+) -> IntArray:
+    """How many of the ``missing`` cheapest next units each silo gets.
+
+    Unit j of silo i (its batch growing to ``result_i + j``) costs
+    ``a_i * (result_i + j) + b_i``, non-decreasing in j. Taking units one at a time,
+    cheapest first, ties to the lower index, is the same as taking the ``missing``
+    smallest (time, silo, j) of all units: the first ``m`` units of each silo are sorted
+    at once, with ``m`` grown until no silo takes all of its ``m`` while it could take
+    more.
+    """
+    n = result.shape[0]
+    room = hi - result
+    m = 1 if n >= missing else -(-missing // n)
+    while True:
+        m = min(m, missing)
+        j = np.arange(1, m + 1)
+        times = a[:, None] * (result[:, None] + j[None, :]) + b[:, None]
+        times[j[None, :] > room[:, None]] = np.inf
+        flat = times.ravel()
+        silo = np.repeat(np.arange(n), m)
+        order = np.lexsort((np.tile(j, n), silo, flat))[:missing]
+        taken = np.bincount(silo[order], minlength=n)
+        # A silo that took all m of its units could have a cheaper unit m + 1 than the
+        # last one taken: only then look further.
+        full = np.flatnonzero((taken == m) & (room > m))
+        if m == missing or full.size == 0:
+            return taken.astype(np.int64)
+        last_time, last_silo = flat[order[-1]], silo[order[-1]]
+        following = a[full] * (result[full] + m + 1) + b[full]
+        if not np.any((following < last_time) | ((following == last_time) & (full < last_silo))):
+            return taken.astype(np.int64)
+        m *= 4
+
+
 def _move_units(
     result: IntArray, missing: int, *, key: FloatArray, lo: IntArray, hi: IntArray
 ) -> None:
@@ -158,10 +187,12 @@ def _move_units(
         return
     step = 1 if missing > 0 else -1
     order = np.argsort(key if step > 0 else -key, kind="stable")
+    # Passes over the silos in ``order``, one unit to each silo that can take it.
     while missing != 0:
-        for i in order:
-            if missing == 0:
-                break
-            if (step > 0 and result[i] < hi[i]) or (step < 0 and result[i] > lo[i]):
-                result[i] += step
-                missing -= step
+        room = (hi - result) if step > 0 else (result - lo)
+        open_ = order[room[order] > 0]
+        if open_.size == 0:
+            return
+        chosen = open_[: abs(missing)]
+        result[chosen] += step
+        missing -= step * chosen.size
