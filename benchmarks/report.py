@@ -133,10 +133,13 @@ def _check_list(data: Mapping[str, Any], key: str, where: str) -> list[Any]:
 def _check_format(spec: object, where: str) -> None:
     if not isinstance(spec, str):
         raise _fail(where, f"must be a format spec string like '.3f', got {spec!r}")
-    try:
-        format(1.5, spec)
-    except ValueError:
-        raise _fail(where, f"invalid format spec {spec!r}") from None
+    for probe in (1.5, 1):
+        try:
+            format(probe, spec)
+            return
+        except ValueError:
+            pass
+    raise _fail(where, f"invalid format spec {spec!r}")
 
 
 def _check_goal(goal: object, where: str) -> None:
@@ -285,7 +288,12 @@ def format_value(value: float | None, figure: Mapping[str, Any]) -> str:
     """A figure's value with its format and unit; ``n/a`` when null."""
     if value is None:
         return "n/a"
-    return _with_unit(format(value, figure.get("format", DEFAULT_FORMAT)), figure.get("unit", ""))
+    spec = figure.get("format", DEFAULT_FORMAT)
+    try:
+        text = format(value, spec)
+    except ValueError:  # an integer spec ("d") for a whole float (JSON has no int type)
+        text = format(int(value), spec) if float(value).is_integer() else format(value, ".4g")
+    return _with_unit(text, figure.get("unit", ""))
 
 
 def format_goal(figure: Mapping[str, Any]) -> str:

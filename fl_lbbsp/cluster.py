@@ -21,6 +21,7 @@ from .clients.app import SiloSetup, test_data
 from .clients.cluster import WorkerSetup, make_worker_app
 from .clients.emulation import CostModel, check_speeds, slowdowns_from_speeds
 from .datasets import load_source
+from .inprocess import InProcessGrid
 from .models import build_model
 from .simulation import central_evaluation, run_engine, start_telemetry
 from .strategies.cluster import LBBSPCluster
@@ -156,41 +157,60 @@ def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
     )
 
 
+def _train(config: ClusterConfig, grid: Grid) -> None:
+    """The server's side of a run: the parameter-server strategy over ``grid``."""
+    torch.manual_seed(config.seed)
+    # The held-out test set is the same split the FL silos use.
+    test = test_data(SiloSetup(dataset=config.dataset, seed=config.seed))
+    model = build_model(config.model, input_shape=test.input_shape, num_classes=test.num_classes)
+    strategy = make_cluster_strategy(config)
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=config.iterations,
+        train_config=ConfigRecord(),
+        evaluate_fn=central_evaluation(strategy, model, test, every=config.eval_every),
+    )
+
+
 def _server_app(config: ClusterConfig) -> ServerApp:
     app = ServerApp()
-    # The held-out test set is the same split the FL silos use.
-    split = SiloSetup(dataset=config.dataset, seed=config.seed)
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        torch.manual_seed(config.seed)
-        test = test_data(split)
-        model = build_model(
-            config.model, input_shape=test.input_shape, num_classes=test.num_classes
-        )
-        strategy = make_cluster_strategy(config)
-        strategy.start(
-            grid=grid,
-            initial_arrays=ArrayRecord(model.state_dict()),
-            num_rounds=config.iterations,
-            train_config=ConfigRecord(),
-            evaluate_fn=central_evaluation(strategy, model, test, every=config.eval_every),
-        )
+        _train(config, grid)
 
     return app
 
 
-def run_cluster(config: ClusterConfig) -> list[dict[str, Any]]:
-    """Run one simulated cluster and return its telemetry events."""
+def run_cluster(config: ClusterConfig, *, in_process: bool = False) -> list[dict[str, Any]]:
+    """Run one simulated cluster and return its telemetry events.
+
+    Parameters
+    ----------
+    config : ClusterConfig
+        The run.
+    in_process : bool (default: False)
+        ``False``: Flower's Simulation Engine (Ray), workers as ClientApps in their own
+        processes. ``True``: every worker's ClientApp runs in this process, one after the
+        other, through :class:`~fl_lbbsp.inprocess.InProcessGrid` (messages still
+        serialised); no Ray start-up, so short runs (tests, smoke benchmarks) take
+        seconds. Emulated times are the same; the measured messaging overhead is not
+        Flower's.
+    """
     load_source(config.dataset)  # fail fast on a bad dataset spec or path
     path = config.telemetry_path()
     start_telemetry(path, config)
-    run_engine(
-        _server_app(config),
-        make_worker_app(config.worker_setup()),
-        num_supernodes=config.workers,
-        parallel=config.parallel,
-    )
+    worker_app = make_worker_app(config.worker_setup())
+    if in_process:
+        _train(config, InProcessGrid(worker_app, num_nodes=config.workers))
+    else:
+        run_engine(
+            _server_app(config),
+            worker_app,
+            num_supernodes=config.workers,
+            parallel=config.parallel,
+        )
     return read_telemetry(path)
 
 

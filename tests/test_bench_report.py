@@ -242,6 +242,16 @@ def test_summary_lists_only_figures_with_goals_and_counts_met() -> None:
     assert "idle fraction" not in text
 
 
+@pytest.mark.parametrize(("value", "expected"), [(120, "120"), (120.0, "120"), (1.5, "1.5")])
+def test_integer_format_renders_whole_numbers(value: float, expected: str) -> None:
+    # Prepare: "d" is a valid spec for a count, whatever JSON made of it
+    figure = {"label": "iterations", "value": value, "format": "d"}
+    report.validate_section(_section(figures=[figure]))
+
+    # Execute / Assert
+    assert report.format_value(value, figure) == expected
+
+
 def test_render_escapes_pipes_in_cells() -> None:
     # Prepare
     section = _section(tables=[{"columns": ["a|b"], "rows": [["x|y"]]}])
