@@ -17,6 +17,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from typing import Any, Literal
 
 import numpy as np
@@ -275,13 +276,14 @@ class BatchSizeBalancer:
         n = len(ids)
         # Per-silo state is gathered once into arrays; the rest is vectorised.
         states = [self._silos.get(i) for i in ids]
-        rows = np.array(
-            [
+        rows = np.fromiter(
+            chain.from_iterable(
                 _NO_ROW if st is None else (st.row if st.row_at == st.reports else self._row(st))
                 for st in states
-            ],
+            ),
             dtype=np.float64,
-        )
+            count=n * len(_NO_ROW),
+        ).reshape(n, len(_NO_ROW))
         lower = np.full(n, float(self.min_batch_size))
         upper = self._uppers(rows[:, 0])
         total = int(np.clip(self.total_batch_size(n), lower.sum(), upper.sum()))
@@ -289,9 +291,9 @@ class BatchSizeBalancer:
         if self.allocator == "linear":
             a, b, unfitted = self._linear_costs(states, rows)
             # Predicted speeds are needed only for the silos without a fitted cost.
-            speeds = self._speeds(states) if unfitted.size else None
+            speeds = self._speeds(states, only=unfitted.tolist()) if unfitted.size else None
             if speeds is not None:
-                a[unfitted] /= speeds[unfitted]
+                a[unfitted] /= speeds
             sizes = (
                 proportional(np.ones(n), total, lower=lower, upper=upper)
                 if unfitted.size and speeds is None
@@ -442,7 +444,19 @@ class BatchSizeBalancer:
             return lower, upper
         return lo, hi
 
-    def _speeds(self, states: Sequence[_SiloState | None]) -> np.ndarray | None:
+    def _speeds(
+        self, states: Sequence[_SiloState | None], *, only: list[int] | None = None
+    ) -> np.ndarray | None:
+        """Predicted speed of each silo (of those at the indices ``only``, if given); a
+        silo without a prediction gets the mean of the others'. ``None`` if no silo has
+        one."""
+        if only is not None:
+            chosen = [states[k] for k in only]
+            some = [None if st is None else st.estimator.predict() for st in chosen]
+            if all(v is not None for v in some):  # no mean over the others needed
+                return np.array(some, dtype=np.float64)
+            speeds = self._speeds(states)
+            return None if speeds is None else speeds[only]
         predicted = [None if st is None else st.estimator.predict() for st in states]
         known = [v for v in predicted if v is not None]
         if not known:

@@ -131,7 +131,18 @@ def round_to_total(
     if a.shape != (n,) or b.shape != (n,) or not np.all(np.isfinite(a) & np.isfinite(b)):
         raise ValueError(f"slope and intercept must be {n} finite values")
     if missing > 0:
-        result += _cheapest_units(result, missing, a, b, hi)
+        taken = _cheapest_units(result, missing, a, b, hi)
+        if taken is not None:
+            result += taken
+            return result
+        # Cheapest next unit first: the heap holds each silo's time after one more unit.
+        heap = [(a[i] * (result[i] + 1) + b[i], i) for i in range(n) if result[i] < hi[i]]
+        heapq.heapify(heap)
+        for _ in range(missing):
+            _, i = heapq.heappop(heap)
+            result[i] += 1
+            if result[i] < hi[i]:
+                heapq.heappush(heap, (a[i] * (result[i] + 1) + b[i], i))
     elif missing < 0:
         heap = [(-(a[i] * result[i] + b[i]), i) for i in range(n) if result[i] > lo[i]]
         heapq.heapify(heap)
@@ -145,38 +156,41 @@ def round_to_total(
 
 def _cheapest_units(
     result: IntArray, missing: int, a: FloatArray, b: FloatArray, hi: IntArray
-) -> IntArray:
-    """How many of the ``missing`` cheapest next units each silo gets.
+) -> IntArray | None:
+    """How many of the ``missing`` cheapest next units each silo gets, vectorised;
+    ``None`` where the caller's one-unit-at-a-time loop must decide.
 
     Unit j of silo i (its batch growing to ``result_i + j``) costs
     ``a_i * (result_i + j) + b_i``, non-decreasing in j. Taking units one at a time,
-    cheapest first, ties to the lower index, is the same as taking the ``missing``
-    smallest (time, silo, j) of all units: the first ``m`` units of each silo are sorted
-    at once, with ``m`` grown until no silo takes all of its ``m`` while it could take
-    more.
+    cheapest first, ties to the lower index, takes the ``missing`` smallest
+    (time, silo, j) of all units. Each silo's first ``ceil(missing / n)`` units hold at
+    least ``missing`` units, so the ``missing``-th smallest of them, tau, bounds the last
+    unit taken: only the units costing at most tau are candidates, and they are sorted
+    at once.
     """
     n = result.shape[0]
     room = hi - result
-    m = 1 if n >= missing else -(-missing // n)
-    while True:
-        m = min(m, missing)
-        j = np.arange(1, m + 1)
-        times = a[:, None] * (result[:, None] + j[None, :]) + b[:, None]
-        times[j[None, :] > room[:, None]] = np.inf
-        flat = times.ravel()
-        silo = np.repeat(np.arange(n), m)
-        order = np.lexsort((np.tile(j, n), silo, flat))[:missing]
-        taken = np.bincount(silo[order], minlength=n)
-        # A silo that took all m of its units could have a cheaper unit m + 1 than the
-        # last one taken: only then look further.
-        full = np.flatnonzero((taken == m) & (room > m))
-        if m == missing or full.size == 0:
-            return taken.astype(np.int64)
-        last_time, last_silo = flat[order[-1]], silo[order[-1]]
-        following = a[full] * (result[full] + m + 1) + b[full]
-        if not np.any((following < last_time) | ((following == last_time) & (full < last_silo))):
-            return taken.astype(np.int64)
-        m *= 4
+    per = -(-missing // n)
+    j = np.arange(1, per + 1)
+    first = a[:, None] * (result[:, None] + j[None, :]) + b[:, None]
+    first[j[None, :] > room[:, None]] = np.inf
+    flat = first.ravel()
+    tau = float(np.partition(flat, missing - 1)[missing - 1])
+    if not np.isfinite(tau):
+        return None
+    # Units costing at most tau (one more, against rounding in the division) ...
+    count = np.clip(np.floor((tau - b) / a) - result + 1, 0, room).astype(np.int64)
+    if count.sum() > 4 * (missing + n):
+        return None
+    # ... and the unit after them must cost more, or the silo has no room left.
+    following = a * (result + count + 1) + b
+    if np.any((count < room) & (following <= tau)):
+        return None
+    silo = np.repeat(np.arange(n), count)
+    unit = np.arange(silo.size) - np.repeat(np.cumsum(count) - count, count) + 1
+    times = a[silo] * (result[silo] + unit) + b[silo]
+    order = np.lexsort((unit, silo, times))[:missing]
+    return np.bincount(silo[order], minlength=n).astype(np.int64)
 
 
 def _move_units(
