@@ -427,7 +427,7 @@ def plot(trace: Trace, results: dict[str, Any], settings: Settings, out: Path) -
     bottom.set_xlabel("iteration")
     bottom.set_ylabel("samples / s")
     bottom.set_title("one-step-ahead predictions (first iterations after the warm-up)")
-    bottom.legend(ncol=5, fontsize=8)
+    bottom.legend(ncol=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     return save_figure(fig, out, "predictors_trace.png")
 
 

@@ -17,7 +17,6 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from itertools import chain
 from typing import Any, Literal
 
 import numpy as np
@@ -110,10 +109,8 @@ class _SiloState:
     fixed_time: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reports: int = 0
-    # What allocate() needs of the silo, as numbers (see BatchSizeBalancer._row), and the
-    # report count it was computed at: it changes only with a report.
-    row: tuple[float, float, float, float, float] = (math.inf, math.nan, math.nan, 0.0, 0.0)
-    row_at: int = -1
+    # Its row in the balancer's table of what allocate() needs (BatchSizeBalancer._row).
+    index: int = 0
 
 
 class BatchSizeBalancer:
@@ -213,6 +210,10 @@ class BatchSizeBalancer:
             raise ValueError(f"max_change_ratio must be > 1 or None, got {max_change_ratio!r}")
         self.max_change_ratio = None if max_change_ratio is None else float(max_change_ratio)
         self._silos: dict[str, _SiloState] = {}
+        # One row per silo of what allocate() needs, refreshed with each report; row 0 is
+        # the row of a silo that never reported.
+        self._index: dict[str, int] = {}
+        self._rows = np.array([_NO_ROW] * 8, dtype=np.float64)
 
     # ------------------------------------------------------------------ reports
     def report(self, silo_id: str, report: SiloReport) -> None:
@@ -238,9 +239,9 @@ class BatchSizeBalancer:
             old = state.fixed_time
             state.fixed_time = new if old is None else self.alpha * new + (1 - self.alpha) * old
         state.last = {k: v for k, v in asdict(report).items() if v is not None}
-        if self.allocator == "linear":
-            # Fit the silo's cost as its report arrives; allocate() only gathers the fits.
-            self._row(state)
+        # The silo's row (with its cost fit) is made as the report arrives, so that
+        # allocate() only gathers rows.
+        self._row(state)
 
     def predicted_speed(self, silo_id: str) -> float | None:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
@@ -274,24 +275,17 @@ class BatchSizeBalancer:
         if not ids:
             return {}
         n = len(ids)
-        # Per-silo state is gathered once into arrays; the rest is vectorised.
-        states = [self._silos.get(i) for i in ids]
-        rows = np.fromiter(
-            chain.from_iterable(
-                _NO_ROW if st is None else (st.row if st.row_at == st.reports else self._row(st))
-                for st in states
-            ),
-            dtype=np.float64,
-            count=n * len(_NO_ROW),
-        ).reshape(n, len(_NO_ROW))
+        # The silos' rows are gathered at once; the rest is vectorised.
+        index = self._index
+        rows = self._rows[np.fromiter((index.get(i, 0) for i in ids), dtype=np.intp, count=n)]
         lower = np.full(n, float(self.min_batch_size))
         upper = self._uppers(rows[:, 0])
         total = int(np.clip(self.total_batch_size(n), lower.sum(), upper.sum()))
         lower, upper = self._change_limits(rows[:, 1], total, lower, upper)
         if self.allocator == "linear":
-            a, b, unfitted = self._linear_costs(states, rows)
+            a, b, unfitted = self._linear_costs(ids, rows)
             # Predicted speeds are needed only for the silos without a fitted cost.
-            speeds = self._speeds(states, only=unfitted.tolist()) if unfitted.size else None
+            speeds = self._speeds(ids, only=unfitted.tolist()) if unfitted.size else None
             if speeds is not None:
                 a[unfitted] /= speeds
             sizes = (
@@ -300,7 +294,7 @@ class BatchSizeBalancer:
                 else linear_minmax(a, b, total, lower=lower, upper=upper)
             )
             return dict(zip(ids, sizes.tolist(), strict=True))
-        speeds = self._speeds(states)
+        speeds = self._speeds(ids)
         if speeds is None:
             sizes = proportional(np.ones(n), total, lower=lower, upper=upper)
         elif self.allocator == "iterative":
@@ -350,16 +344,19 @@ class BatchSizeBalancer:
         """Rebuild a balancer from :meth:`state_dict`."""
         balancer = cls(**state["config"])
         for silo, saved in state["silos"].items():
-            balancer._silos[str(silo)] = _SiloState(
-                estimator=estimator_from_state(saved["estimator"]),
-                history=deque(
-                    ((int(x), float(t)) for x, t in saved["history"]), maxlen=balancer.history
+            balancer._register(
+                str(silo),
+                _SiloState(
+                    estimator=estimator_from_state(saved["estimator"]),
+                    history=deque(
+                        ((int(x), float(t)) for x, t in saved["history"]), maxlen=balancer.history
+                    ),
+                    max_batch_size=saved["max_batch_size"],
+                    steps=float(saved["steps"]),
+                    fixed_time=saved.get("fixed_time"),
+                    last=dict(saved.get("last", {})),
+                    reports=int(saved.get("reports", len(saved["history"]))),
                 ),
-                max_batch_size=saved["max_batch_size"],
-                steps=float(saved["steps"]),
-                fixed_time=saved.get("fixed_time"),
-                last=dict(saved.get("last", {})),
-                reports=int(saved.get("reports", len(saved["history"]))),
             )
         if "iterative" in state:
             balancer._iterative = IterativeAllocator.from_state(state["iterative"]["allocator"])
@@ -374,13 +371,27 @@ class BatchSizeBalancer:
     # ----------------------------------------------------------------- helpers
     def _state(self, silo_id: str) -> _SiloState:
         if silo_id not in self._silos:
-            self._silos[silo_id] = _SiloState(
-                estimator=make_estimator(
-                    self.estimator, alpha=self.alpha, options=self.estimator_options
+            self._register(
+                silo_id,
+                _SiloState(
+                    estimator=make_estimator(
+                        self.estimator, alpha=self.alpha, options=self.estimator_options
+                    ),
+                    history=deque(maxlen=self.history),
                 ),
-                history=deque(maxlen=self.history),
             )
         return self._silos[silo_id]
+
+    def _register(self, silo_id: str, state: _SiloState) -> None:
+        """Add a silo and give it a row in the table (its row is made by :meth:`_row`)."""
+        self._silos[silo_id] = state
+        state.index = len(self._index) + 1
+        self._index[silo_id] = state.index
+        if state.index >= len(self._rows):
+            grown = np.array([_NO_ROW] * (2 * len(self._rows)), dtype=np.float64)
+            grown[: len(self._rows)] = self._rows
+            self._rows = grown
+        self._row(state)
 
     def _uppers(self, caps: np.ndarray) -> np.ndarray:
         """Each silo's largest batch size: the balancer's and its own memory cap (inf)."""
@@ -444,19 +455,19 @@ class BatchSizeBalancer:
             return lower, upper
         return lo, hi
 
-    def _speeds(
-        self, states: Sequence[_SiloState | None], *, only: list[int] | None = None
-    ) -> np.ndarray | None:
+    def _speeds(self, ids: Sequence[str], *, only: list[int] | None = None) -> np.ndarray | None:
         """Predicted speed of each silo (of those at the indices ``only``, if given); a
         silo without a prediction gets the mean of the others'. ``None`` if no silo has
         one."""
+        silos = self._silos
         if only is not None:
-            chosen = [states[k] for k in only]
+            chosen = [silos.get(ids[k]) for k in only]
             some = [None if st is None else st.estimator.predict() for st in chosen]
             if all(v is not None for v in some):  # no mean over the others needed
                 return np.array(some, dtype=np.float64)
-            speeds = self._speeds(states)
+            speeds = self._speeds(ids)
             return None if speeds is None else speeds[only]
+        states = [silos.get(i) for i in ids]
         predicted = [None if st is None else st.estimator.predict() for st in states]
         known = [v for v in predicted if v is not None]
         if not known:
@@ -464,35 +475,31 @@ class BatchSizeBalancer:
         mean = float(np.mean(known))
         return np.array([mean if v is None else v for v in predicted], dtype=np.float64)
 
-    def _row(self, state: _SiloState) -> tuple[float, float, float, float, float]:
-        """What allocate() needs of a silo, cached until its next report: memory cap (inf
-        if none), last batch size once it has reported twice (else NaN), the linear
-        allocator's cost fit a, b of its history (NaN, 0 without one) and its smoothed
-        fixed time (0 if none)."""
-        if state.row_at != state.reports:
-            fit = None
-            if self.allocator == "linear" and state.history:
-                xs, ts = zip(*state.history, strict=True)
-                ages = np.arange(len(xs))[::-1]
-                fit = fit_linear_cost(
-                    xs,
-                    ts,
-                    weights=(1.0 - self.alpha) ** ages,
-                    min_relative_spread=self.min_fit_spread,
-                )
-            a, b = (math.nan, 0.0) if fit is None else fit
-            state.row = (
-                math.inf if state.max_batch_size is None else float(state.max_batch_size),
-                float(state.history[-1][0]) if len(state.history) >= 2 else math.nan,
-                a,
-                b,
-                0.0 if state.fixed_time is None else state.fixed_time,
+    def _row(self, state: _SiloState) -> None:
+        """Refresh the silo's row of the table: memory cap (inf if none), last batch size
+        once it has reported twice (else NaN), the linear allocator's cost fit a, b of its
+        history (NaN, 0 without one) and its smoothed fixed time (0 if none)."""
+        fit = None
+        if self.allocator == "linear" and state.history:
+            xs, ts = zip(*state.history, strict=True)
+            ages = np.arange(len(xs))[::-1]
+            fit = fit_linear_cost(
+                xs,
+                ts,
+                weights=(1.0 - self.alpha) ** ages,
+                min_relative_spread=self.min_fit_spread,
             )
-            state.row_at = state.reports
-        return state.row
+        a, b = (math.nan, 0.0) if fit is None else fit
+        self._rows[state.index] = (
+            math.inf if state.max_batch_size is None else float(state.max_batch_size),
+            float(state.history[-1][0]) if len(state.history) >= 2 else math.nan,
+            a,
+            b,
+            0.0 if state.fixed_time is None else state.fixed_time,
+        )
 
     def _linear_costs(
-        self, states: Sequence[_SiloState | None], rows: np.ndarray
+        self, ids: Sequence[str], rows: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-sample cost a_i and fixed cost b_i of each silo, and the silos without a
         fit, whose a_i is ``steps`` still to be divided by the predicted speed v_i (and
@@ -503,7 +510,10 @@ class BatchSizeBalancer:
         if unfitted.size:
             steps = [st.steps for st in self._silos.values()]
             mean_steps = float(np.mean(steps)) if steps else 1.0
-            a[unfitted] = [getattr(states[k], "steps", mean_steps) for k in unfitted.tolist()]
+            silos = self._silos
+            a[unfitted] = [
+                getattr(silos.get(ids[k]), "steps", mean_steps) for k in unfitted.tolist()
+            ]
         return a, b, unfitted
 
 

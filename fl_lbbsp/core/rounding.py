@@ -189,7 +189,8 @@ def _cheapest_units(
     silo = np.repeat(np.arange(n), count)
     unit = np.arange(silo.size) - np.repeat(np.cumsum(count) - count, count) + 1
     times = a[silo] * (result[silo] + unit) + b[silo]
-    order = np.lexsort((unit, silo, times))[:missing]
+    # The candidates are in (silo, unit) order: a stable sort by time breaks ties so.
+    order = np.argsort(times, kind="stable")[:missing]
     return np.bincount(silo[order], minlength=n).astype(np.int64)
 
 
