@@ -95,8 +95,17 @@ def linear_minmax_continuous(
     points = np.concatenate([slope * lo + offset, (slope * hi + offset)[np.isfinite(hi)]])
     points = np.unique(points)
     # First breakpoint whose sum reaches the total (the sums never decrease, so a binary
-    # search over O(log n) of them finds it); T lies on the segment just before it.
+    # search over O(log n) of them finds it); T lies on the segment just before it. The
+    # search starts at the breakpoint of T without bounds, usually the one it ends at.
     k, end = 0, len(points)
+    guess = int(np.searchsorted(points, (total + np.sum(offset / slope)) / np.sum(1 / slope)))
+    if guess < end:
+        if total_at(guess) >= total:
+            end = guess
+            if guess == 0 or total_at(guess - 1) < total:
+                k = guess
+        else:
+            k = guess + 1
     while k < end:
         middle = (k + end) // 2
         if total_at(middle) >= total:

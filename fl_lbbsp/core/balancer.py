@@ -17,6 +17,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 from typing import Any, Literal
 
 import numpy as np
@@ -276,14 +277,13 @@ class BatchSizeBalancer:
             return {}
         n = len(ids)
         # The silos' rows are gathered at once; the rest is vectorised.
-        index = self._index
-        rows = self._rows[np.fromiter((index.get(i, 0) for i in ids), dtype=np.intp, count=n)]
+        rows = self._rows[np.fromiter(map(self._index.get, ids, repeat(0)), np.intp, count=n)]
         lower = np.full(n, float(self.min_batch_size))
         upper = self._uppers(rows[:, 0])
         total = int(np.clip(self.total_batch_size(n), lower.sum(), upper.sum()))
         lower, upper = self._change_limits(rows[:, 1], total, lower, upper)
         if self.allocator == "linear":
-            a, b, unfitted = self._linear_costs(ids, rows)
+            a, b, unfitted = self._linear_costs(rows)
             # Predicted speeds are needed only for the silos without a fitted cost.
             speeds = self._speeds(ids, only=unfitted.tolist()) if unfitted.size else None
             if speeds is not None:
@@ -478,7 +478,8 @@ class BatchSizeBalancer:
     def _row(self, state: _SiloState) -> None:
         """Refresh the silo's row of the table: memory cap (inf if none), last batch size
         once it has reported twice (else NaN), the linear allocator's cost fit a, b of its
-        history (NaN, 0 without one) and its smoothed fixed time (0 if none)."""
+        history (NaN, 0 without one), its smoothed fixed time (0 if none) and its local
+        steps per round."""
         fit = None
         if self.allocator == "linear" and state.history:
             xs, ts = zip(*state.history, strict=True)
@@ -496,11 +497,10 @@ class BatchSizeBalancer:
             a,
             b,
             0.0 if state.fixed_time is None else state.fixed_time,
+            state.steps,
         )
 
-    def _linear_costs(
-        self, ids: Sequence[str], rows: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _linear_costs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-sample cost a_i and fixed cost b_i of each silo, and the silos without a
         fit, whose a_i is ``steps`` still to be divided by the predicted speed v_i (and
         b_i 0). Each b_i includes the silo's smoothed fixed time (``he-time``)."""
@@ -508,16 +508,16 @@ class BatchSizeBalancer:
         b = rows[:, 3] + rows[:, 4]
         unfitted = np.flatnonzero(np.isnan(a))
         if unfitted.size:
-            steps = [st.steps for st in self._silos.values()]
-            mean_steps = float(np.mean(steps)) if steps else 1.0
-            silos = self._silos
-            a[unfitted] = [
-                getattr(silos.get(ids[k]), "steps", mean_steps) for k in unfitted.tolist()
-            ]
+            steps = rows[unfitted, 5]
+            unknown = np.isnan(steps)  # silos that never reported: the mean over all
+            if unknown.any():
+                known = [st.steps for st in self._silos.values()]
+                steps[unknown] = float(np.mean(known)) if known else 1.0
+            a[unfitted] = steps
         return a, b, unfitted
 
 
-_NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0)
+_NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0, math.nan)
 """The row of a silo that never reported."""
 
 
