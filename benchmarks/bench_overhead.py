@@ -45,7 +45,7 @@ class Settings:
     seed: int = 0
 
 
-FULL = Settings(silos=(10, 100, 1000, 10000), rounds=12, fl_rounds=10, local_steps=20)
+FULL = Settings(silos=(10, 100, 1000, 10000), rounds=20, fl_rounds=10, local_steps=20)
 SMOKE = Settings(silos=(10, 100, 1000), rounds=4, fl_rounds=3, local_steps=2)
 
 
