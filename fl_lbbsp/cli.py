@@ -44,7 +44,7 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str, estimators:
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    _add_shared_flags(parser, unit="silos", estimators="ema | last | change-ema")
+    _add_shared_flags(parser, unit="silos", estimators="ema | last")
     parser.add_argument("--silos", type=int, default=5, help="number of silos (default: 5)")
     parser.add_argument(
         "--speeds",

@@ -83,7 +83,7 @@ class SimulationConfig(BaseModel):
     dataset: str = "embedded"
     model: Literal["lenet5", "mlp"] = "lenet5"
     seed: int = 0
-    estimator: Literal["ema", "last", "change-ema"] = "ema"
+    estimator: Literal["ema", "last"] = "ema"
     alpha: float = Field(default=0.2, gt=0, le=1)
     allocator: Literal["linear", "proportional"] = "linear"
     max_change_ratio: float | None = Field(default=2.0, gt=1, allow_inf_nan=False)
