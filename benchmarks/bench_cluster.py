@@ -78,7 +78,7 @@ def ideal_iteration_time(
 
 def run(settings: Settings, spec: str, out: Path) -> dict[str, list[dict[str, Any]]]:
     """The three schemes' telemetry events."""
-    from fl_lbbsp.cluster import ClusterConfig, run_cluster
+    from fl_lbbsp.cluster import ClusterConfig, run_cluster, run_cluster_in_process
 
     events = {}
     for scheme in SCHEMES:
@@ -98,7 +98,7 @@ def run(settings: Settings, spec: str, out: Path) -> dict[str, list[dict[str, An
             out=out,
         )
         print(f"{scheme}: {settings.iterations} iterations ...", flush=True)
-        events[scheme] = run_cluster(config, in_process=settings.in_process)
+        events[scheme] = (run_cluster_in_process if settings.in_process else run_cluster)(config)
     return events
 
 

@@ -21,7 +21,6 @@ from .clients.app import SiloSetup, test_data
 from .clients.cluster import WorkerSetup, make_worker_app
 from .clients.emulation import CostModel, check_speeds, slowdowns_from_speeds
 from .datasets import load_source
-from .inprocess import InProcessGrid
 from .models import build_model
 from .simulation import central_evaluation, run_engine, start_telemetry
 from .strategies.cluster import LBBSPCluster
@@ -90,7 +89,7 @@ class ClusterConfig(BaseModel):
     momentum: float = Field(default=0.0, ge=0, lt=1)
     model: Literal["lenet5", "mlp"] = "lenet5"
     seed: int = 0
-    estimator: Literal["ema", "last", "narx", "change-ema"] = "ema"
+    estimator: Literal["ema", "last", "narx"] = "ema"
     alpha: float = Field(default=0.2, gt=0, le=1)
     allocator: Literal["linear", "proportional", "iterative"] = "linear"
     cost_model: str | None = None
@@ -157,60 +156,41 @@ def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
     )
 
 
-def _train(config: ClusterConfig, grid: Grid) -> None:
-    """The server's side of a run: the parameter-server strategy over ``grid``."""
-    torch.manual_seed(config.seed)
-    # The held-out test set is the same split the FL silos use.
-    test = test_data(SiloSetup(dataset=config.dataset, seed=config.seed))
-    model = build_model(config.model, input_shape=test.input_shape, num_classes=test.num_classes)
-    strategy = make_cluster_strategy(config)
-    strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord(model.state_dict()),
-        num_rounds=config.iterations,
-        train_config=ConfigRecord(),
-        evaluate_fn=central_evaluation(strategy, model, test, every=config.eval_every),
-    )
-
-
 def _server_app(config: ClusterConfig) -> ServerApp:
     app = ServerApp()
+    # The held-out test set is the same split the FL silos use.
+    split = SiloSetup(dataset=config.dataset, seed=config.seed)
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        _train(config, grid)
+        torch.manual_seed(config.seed)
+        test = test_data(split)
+        model = build_model(
+            config.model, input_shape=test.input_shape, num_classes=test.num_classes
+        )
+        strategy = make_cluster_strategy(config)
+        strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord(model.state_dict()),
+            num_rounds=config.iterations,
+            train_config=ConfigRecord(),
+            evaluate_fn=central_evaluation(strategy, model, test, every=config.eval_every),
+        )
 
     return app
 
 
-def run_cluster(config: ClusterConfig, *, in_process: bool = False) -> list[dict[str, Any]]:
-    """Run one simulated cluster and return its telemetry events.
-
-    Parameters
-    ----------
-    config : ClusterConfig
-        The run.
-    in_process : bool (default: False)
-        ``False``: Flower's Simulation Engine (Ray), workers as ClientApps in their own
-        processes. ``True``: every worker's ClientApp runs in this process, one after the
-        other, through :class:`~fl_lbbsp.inprocess.InProcessGrid` (messages still
-        serialised); no Ray start-up, so short runs (tests, smoke benchmarks) take
-        seconds. Emulated times are the same; the measured messaging overhead is not
-        Flower's.
-    """
+def run_cluster(config: ClusterConfig) -> list[dict[str, Any]]:
+    """Run one simulated cluster and return its telemetry events."""
     load_source(config.dataset)  # fail fast on a bad dataset spec or path
     path = config.telemetry_path()
     start_telemetry(path, config)
-    worker_app = make_worker_app(config.worker_setup())
-    if in_process:
-        _train(config, InProcessGrid(worker_app, num_nodes=config.workers))
-    else:
-        run_engine(
-            _server_app(config),
-            worker_app,
-            num_supernodes=config.workers,
-            parallel=config.parallel,
-        )
+    run_engine(
+        _server_app(config),
+        make_worker_app(config.worker_setup()),
+        num_supernodes=config.workers,
+        parallel=config.parallel,
+    )
     return read_telemetry(path)
 
 
@@ -292,3 +272,26 @@ def format_cluster_table(summaries: dict[str, dict[str, Any]]) -> str:
         sizes = " ".join(f"{s}={b}" for s, b in summary["batch_sizes_final"].items())
         lines.append(f"final batch sizes ({name}): {sizes}")
     return "\n".join(lines)
+
+
+def run_cluster_in_process(config: ClusterConfig) -> list[dict[str, Any]]:
+    """Run one cluster with every worker's ClientApp in this process and return its
+    telemetry events.
+
+    The same ServerApp and worker ClientApp as :func:`run_cluster`, but through
+    :class:`~fl_lbbsp.inprocess.InProcessGrid`: the workers run one after the other in
+    this process (messages still serialised), with no Ray start-up, so short runs (tests,
+    smoke benchmarks) take seconds. Emulated times are the same; the measured messaging
+    overhead is not Flower's.
+    """
+    from flwr.app import RecordDict
+
+    from .inprocess import InProcessGrid
+
+    load_source(config.dataset)  # fail fast on a bad dataset spec or path
+    path = config.telemetry_path()
+    start_telemetry(path, config)
+    grid = InProcessGrid(make_worker_app(config.worker_setup()), num_nodes=config.workers)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    _server_app(config)(grid, context)
+    return read_telemetry(path)
