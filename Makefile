@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 OUT ?= runs/demo
 
-.PHONY: venv install install-dev demo test lint typecheck clean
+.PHONY: venv install install-dev install-bench demo test bench lint typecheck clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ install: venv
 
 install-dev: venv
 	$(PIP) install -c constraints.txt -e ".[dev]"
+
+# dev plus python-paillier and gmpy2 for the HE section's Paillier baseline.
+install-bench: venv
+	$(PIP) install -c constraints.txt -e ".[dev,bench]"
 
 demo: install
 	$(VENV)/bin/fl-lbbsp compare --dataset embedded --silos 5 --speeds 16,8,8,4,4 \
@@ -36,6 +40,11 @@ test: install-dev
 	$(VENV)/bin/ruff format --check fl_lbbsp tests examples benchmarks
 	$(VENV)/bin/mypy fl_lbbsp/core
 	$(VENV)/bin/python -m pytest -q
+
+# The benchmark suite (not part of `make test`; its smoke version is): every section's JSON,
+# PNGs and REPORT.md under benchmarks/results/. Under an hour on 2 cores.
+bench: install-bench
+	$(PY) benchmarks/run_all.py --out benchmarks/results
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -365,6 +365,119 @@ def _row(name: str, r: dict[str, float]) -> str:
     )
 
 
+def measure(
+    *,
+    kinds: Sequence[str] = ("lenet5", "1m"),
+    silo_counts: Sequence[int] = (5, 10),
+    repeat: int = 3,
+    paillier_values: int = 100,
+    paillier_ciphertexts: int = 16,
+    rounds: int | None = 8,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the measurements and return the report (``echo`` gets the printed tables).
+
+    Parameters
+    ----------
+    kinds : sequence of str (default: ("lenet5", "1m"))
+        Update sizes for the CKKS / Paillier tables (empty: none).
+    silo_counts : sequence of int (default: (5, 10))
+        Silos per table.
+    repeat : int (default: 3)
+        CKKS repetitions (medians).
+    paillier_values : int (default: 100)
+        Values timed for stock Paillier (extrapolated).
+    paillier_ciphertexts : int (default: 16)
+        Ciphertexts per silo timed for packed Paillier (extrapolated).
+    rounds : int | None (default: 8)
+        Demo rounds of the round-overhead measurement; ``None`` skips it.
+    echo : callable (default: print)
+        Where the tables go.
+    """
+    random.seed(0)
+    keys = generate_keys()
+    if kinds:
+        echo("generating a 2048-bit Paillier key ...")
+        p_public, p_private = paillier_keys()
+    report: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "ckks_config": keys.config.model_dump(mode="json"),
+        "results": {},
+    }
+    header = (
+        "| scheme | encrypt (s/silo) | aggregate (s) | decrypt (s) | end to end (s) "
+        "| B/param up | B/param down | max abs error |\n|---|---|---|---|---|---|---|---|"
+    )
+    for kind in kinds:
+        for m in silo_counts:
+            updates, sizes = make_updates(kind, m, seed=m)
+            label = f"{kind}, {m} silos, {updates[0].size} parameters"
+            echo(f"\n### {label}")
+            ckks = bench_ckks(keys, updates, sizes, repeat)
+            stock = bench_paillier_stock(p_public, p_private, updates, sizes, paillier_values)
+            packed = bench_paillier_packed(
+                p_public, p_private, updates, sizes, paillier_ciphertexts
+            )
+            rows = {"CKKS [60,40]": ckks, "Paillier stock": stock, "Paillier packed": packed}
+            if kind == "lenet5" and m == silo_counts[0]:
+                rows["CKKS [60,40] asymmetric"] = bench_ckks(
+                    generate_keys(CKKSConfig(encryption="asymmetric")), updates, sizes, 1
+                )
+                rows["CKKS [60,40,40] (FLARE chain)"] = bench_ckks(
+                    generate_keys(CKKSConfig(coeff_mod_bit_sizes=(60, 40, 40))),
+                    updates,
+                    sizes,
+                    1,
+                )
+            echo(header)
+            for name, r in rows.items():
+                echo(_row(name, r))
+            ratios = {
+                "packed_paillier_over_ckks_end_to_end": packed["end_to_end_s"]
+                / ckks["end_to_end_s"],
+                "stock_paillier_over_ckks_end_to_end": stock["end_to_end_s"] / ckks["end_to_end_s"],
+                "packed_paillier_over_ckks_encrypt": packed["encrypt_s"] / ckks["encrypt_s"],
+            }
+            echo(
+                "CKKS is {:.0f}x faster end to end than packed Paillier, {:.0f}x than stock "
+                "Paillier (Paillier extrapolated from {} values / {} ciphertexts)".format(
+                    ratios["packed_paillier_over_ckks_end_to_end"],
+                    ratios["stock_paillier_over_ckks_end_to_end"],
+                    stock["sampled_values"],
+                    packed["sampled_ciphertexts"],
+                )
+            )
+            report["results"][f"{kind}/{m}"] = {"rows": rows, "ratios": ratios}
+
+    if rounds is not None:
+        echo("\n### round overhead in the demo setting (in process, emulated 16:8:8:4:4)")
+        with tempfile.TemporaryDirectory() as folder:
+            write_key_files(keys, folder)
+            measured = round_overhead(rounds, Path(folder), (1, 2, 2, 4, 4))
+        plain, ckks = measured["plaintext"], measured["ckks"]
+        echo("| | plaintext | CKKS |\n|---|---|---|")
+        for key, fmt in (
+            ("round_time_steady_s", "{:.3f}"),
+            ("server_aggregation_s", "{:.4f}"),
+            ("compute_time_per_silo_real_s", "{:.3f}"),
+            ("he_time_per_silo_real_s", "{:.4f}"),
+            ("bytes_per_round", "{:.3g}"),
+        ):
+            echo(f"| {key} | {fmt.format(plain[key])} | {fmt.format(ckks[key])} |")
+        echo(
+            f"CKKS round overhead over plaintext: {100 * measured['overhead']:.1f}% measured "
+            f"(rounds interleaved), {100 * measured['overhead_modelled']:.1f}% modelled from "
+            "the encrypted rounds' speeds and HE times"
+        )
+        report["round_overhead"] = measured
+    return report
+
+
 def main() -> None:
     """Run every measurement, print the tables and ratios, optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -391,91 +504,15 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("fl_lbbsp").setLevel(logging.WARNING)
-    random.seed(0)
-
-    silo_counts = [int(s) for s in args.silos.split(",")]
-    kinds = [] if args.skip_micro else [k.strip() for k in args.models.split(",")]
-    keys = generate_keys()
-    if kinds:
-        print("generating a 2048-bit Paillier key ...", flush=True)
-        p_public, p_private = paillier_keys()
-    report: dict[str, Any] = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "torch_threads": torch.get_num_threads(),
-        },
-        "ckks_config": keys.config.model_dump(mode="json"),
-        "results": {},
-    }
-    header = (
-        "| scheme | encrypt (s/silo) | aggregate (s) | decrypt (s) | end to end (s) "
-        "| B/param up | B/param down | max abs error |\n|---|---|---|---|---|---|---|---|"
+    report = measure(
+        kinds=[] if args.skip_micro else [k.strip() for k in args.models.split(",")],
+        silo_counts=[int(s) for s in args.silos.split(",")],
+        repeat=args.repeat,
+        paillier_values=args.paillier_values,
+        paillier_ciphertexts=args.paillier_ciphertexts,
+        rounds=None if args.skip_rounds else args.rounds,
+        echo=lambda line: print(line, flush=True),
     )
-    for kind in kinds:
-        for m in silo_counts:
-            updates, sizes = make_updates(kind, m, seed=m)
-            label = f"{kind}, {m} silos, {updates[0].size} parameters"
-            print(f"\n### {label}", flush=True)
-            ckks = bench_ckks(keys, updates, sizes, args.repeat)
-            stock = bench_paillier_stock(p_public, p_private, updates, sizes, args.paillier_values)
-            packed = bench_paillier_packed(
-                p_public, p_private, updates, sizes, args.paillier_ciphertexts
-            )
-            rows = {"CKKS [60,40]": ckks, "Paillier stock": stock, "Paillier packed": packed}
-            if kind == "lenet5" and m == silo_counts[0]:
-                rows["CKKS [60,40] asymmetric"] = bench_ckks(
-                    generate_keys(CKKSConfig(encryption="asymmetric")), updates, sizes, 1
-                )
-                rows["CKKS [60,40,40] (FLARE chain)"] = bench_ckks(
-                    generate_keys(CKKSConfig(coeff_mod_bit_sizes=(60, 40, 40))),
-                    updates,
-                    sizes,
-                    1,
-                )
-            print(header)
-            for name, r in rows.items():
-                print(_row(name, r))
-            ratios = {
-                "packed_paillier_over_ckks_end_to_end": packed["end_to_end_s"]
-                / ckks["end_to_end_s"],
-                "stock_paillier_over_ckks_end_to_end": stock["end_to_end_s"] / ckks["end_to_end_s"],
-                "packed_paillier_over_ckks_encrypt": packed["encrypt_s"] / ckks["encrypt_s"],
-            }
-            print(
-                "CKKS is {:.0f}x faster end to end than packed Paillier, {:.0f}x than stock "
-                "Paillier (Paillier extrapolated from {} values / {} ciphertexts)".format(
-                    ratios["packed_paillier_over_ckks_end_to_end"],
-                    ratios["stock_paillier_over_ckks_end_to_end"],
-                    stock["sampled_values"],
-                    packed["sampled_ciphertexts"],
-                )
-            )
-            report["results"][f"{kind}/{m}"] = {"rows": rows, "ratios": ratios}
-
-    if not args.skip_rounds:
-        print("\n### round overhead in the demo setting (in process, emulated 16:8:8:4:4)")
-        with tempfile.TemporaryDirectory() as folder:
-            write_key_files(keys, folder)
-            rounds = round_overhead(args.rounds, Path(folder), (1, 2, 2, 4, 4))
-        plain, ckks = rounds["plaintext"], rounds["ckks"]
-        print("| | plaintext | CKKS |\n|---|---|---|")
-        for key, fmt in (
-            ("round_time_steady_s", "{:.3f}"),
-            ("server_aggregation_s", "{:.4f}"),
-            ("compute_time_per_silo_real_s", "{:.3f}"),
-            ("he_time_per_silo_real_s", "{:.4f}"),
-            ("bytes_per_round", "{:.3g}"),
-        ):
-            print(f"| {key} | {fmt.format(plain[key])} | {fmt.format(ckks[key])} |")
-        print(
-            f"CKKS round overhead over plaintext: {100 * rounds['overhead']:.1f}% measured "
-            f"(rounds interleaved), {100 * rounds['overhead_modelled']:.1f}% modelled from "
-            "the encrypted rounds' speeds and HE times"
-        )
-        report["round_overhead"] = rounds
-
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

@@ -190,7 +190,7 @@ def _add_cluster_parser(sub: Any) -> None:
     cluster = sub.add_parser(
         "cluster", help="parameter-server mode: one synchronous iteration per round"
     )
-    _add_shared_flags(cluster, unit="workers", estimators="ema | last | narx")
+    _add_shared_flags(cluster, unit="workers", estimators="ema | last | narx | change-ema")
     cluster.add_argument(
         "--schemes",
         default="bsp,lbbsp,lbbsp-naive",

@@ -293,3 +293,26 @@ def format_cluster_table(summaries: dict[str, dict[str, Any]]) -> str:
         sizes = " ".join(f"{s}={b}" for s, b in summary["batch_sizes_final"].items())
         lines.append(f"final batch sizes ({name}): {sizes}")
     return "\n".join(lines)
+
+
+def run_cluster_in_process(config: ClusterConfig) -> list[dict[str, Any]]:
+    """Run one cluster with every worker's ClientApp in this process and return its
+    telemetry events.
+
+    The same ServerApp and worker ClientApp as :func:`run_cluster`, but through
+    :class:`~fl_lbbsp.inprocess.InProcessGrid`: the workers run one after the other in
+    this process (messages still serialised), with no Ray start-up, so short runs (tests,
+    smoke benchmarks) take seconds. Emulated times are the same; the measured messaging
+    overhead is not Flower's.
+    """
+    from flwr.app import RecordDict
+
+    from .inprocess import InProcessGrid
+
+    load_source(config.dataset)  # fail fast on a bad dataset spec or path
+    path = config.telemetry_path()
+    start_telemetry(path, config)
+    grid = InProcessGrid(make_worker_app(config.worker_setup()), num_nodes=config.workers)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    _server_app(config)(grid, context)
+    return read_telemetry(path)

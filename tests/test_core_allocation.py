@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -225,6 +226,66 @@ def test_round_to_total_keeps_clipped_shares_already_summing_to_total(
     # Assert
     assert result.sum() == total
     assert np.all(np.abs(result - shares) < 1.0 + 1e-9)
+
+
+def _greedy_reference(
+    shares: list[float],
+    total: int,
+    lower: list[int],
+    upper: list[float],
+    a: list[float] | None,
+    b: list[float],
+) -> list[int]:
+    """One unit at a time: by time (cheapest next unit, ties to the lower index) when
+    ``a`` is given, else by largest fractional part in passes; the definition the
+    vectorised rounding must match."""
+    x = [min(max(v, lo), hi) for v, lo, hi in zip(shares, lower, upper, strict=True)]
+    result = [min(max(math.floor(v), lo), hi) for v, lo, hi in zip(x, lower, upper, strict=True)]
+    missing = total - sum(result)
+    if a is None:
+        order = sorted(range(len(x)), key=lambda i: (-(x[i] - result[i]), i))
+        while missing > 0:
+            for i in order:
+                if missing and result[i] < upper[i]:
+                    result[i] += 1
+                    missing -= 1
+        return [int(r) for r in result]
+    while missing > 0:
+        i = min(
+            (k for k in range(len(x)) if result[k] < upper[k]),
+            key=lambda k: (a[k] * (result[k] + 1) + b[k], k),
+        )
+        result[i] += 1
+        missing -= 1
+    return [int(r) for r in result]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    problem=bounded_problem(max_silos=8),
+    data=st.data(),
+    integer_costs=st.booleans(),
+    by_time=st.booleans(),
+)
+def test_round_to_total_matches_one_unit_at_a_time_greedy(
+    problem: dict[str, Any], data: st.DataObject, integer_costs: bool, by_time: bool
+) -> None:
+    # Prepare: shares anywhere (so many units may be missing), costs with ties or not
+    n, lower, upper, total = problem["n"], problem["lower"], problem["upper"], problem["total"]
+    shares = data.draw(st.lists(st.floats(0, 30), min_size=n, max_size=n))
+    costs = st.integers(1, 3).map(float) if integer_costs else positive
+    a = data.draw(st.lists(costs, min_size=n, max_size=n)) if by_time else None
+    b = data.draw(st.lists(st.integers(0, 2).map(float), min_size=n, max_size=n))
+    floors = [
+        min(max(math.floor(v), lo), hi) for v, lo, hi in zip(shares, lower, upper, strict=True)
+    ]
+    assume(sum(floors) <= total)  # units to add, not to take away
+
+    # Execute
+    result = round_to_total(shares, total, lower=lower, upper=upper, slope=a, intercept=b)
+
+    # Assert
+    assert result.tolist() == _greedy_reference(shares, total, lower, upper, a, b)
 
 
 def test_round_to_total_is_deterministic_on_ties() -> None:

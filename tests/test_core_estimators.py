@@ -1,4 +1,4 @@
-"""Tests for fl_lbbsp.core.estimators: last value, EMA, state round trip."""
+"""Tests for fl_lbbsp.core.estimators: last value, EMA, change-aware EMA, state round trip."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_lbbsp.core import (
+    ChangeAwareEMAEstimator,
     EMAEstimator,
     LastValueEstimator,
     SpeedEstimator,
@@ -125,7 +126,11 @@ def test_make_estimator_rejects_unknown_name() -> None:
         make_estimator("narx-typo")
 
 
-@pytest.mark.parametrize("factory", [EMAEstimator, LastValueEstimator], ids=["ema", "last"])
+@pytest.mark.parametrize(
+    "factory",
+    [EMAEstimator, LastValueEstimator, ChangeAwareEMAEstimator],
+    ids=["ema", "last", "change-ema"],
+)
 @pytest.mark.parametrize(
     "speed",
     [0.0, -1.0, -1e-9, float("nan"), float("inf"), float("-inf")],
@@ -144,7 +149,11 @@ def test_update_rejects_non_finite_or_non_positive_speed(factory: type, speed: f
     assert estimator.predict() == 2.0
 
 
-@pytest.mark.parametrize("factory", [EMAEstimator, LastValueEstimator], ids=["ema", "last"])
+@pytest.mark.parametrize(
+    "factory",
+    [EMAEstimator, LastValueEstimator, ChangeAwareEMAEstimator],
+    ids=["ema", "last", "change-ema"],
+)
 @pytest.mark.parametrize("value", [0.0, -3.0, float("nan"), float("inf")])
 def test_constructor_rejects_bad_resume_value(factory: type, value: float) -> None:
     # Prepare / Execute / Assert
@@ -154,7 +163,7 @@ def test_constructor_rejects_bad_resume_value(factory: type, value: float) -> No
 
 @settings(max_examples=40, deadline=None)
 @given(
-    name=st.sampled_from(["ema", "last"]),
+    name=st.sampled_from(["ema", "last", "change-ema"]),
     alpha=st.floats(min_value=0.01, max_value=1.0),
     observed=st.lists(speeds, max_size=8),
     following=st.lists(speeds, min_size=1, max_size=4),
@@ -212,3 +221,152 @@ def test_core_imports_without_flwr_or_torch() -> None:
 
     # Assert
     assert result.stdout.strip() == ""
+
+
+# ------------------------------------------------------------------ change-aware EMA
+def _feed(estimator: SpeedEstimator, observed: list[float]) -> list[float | None]:
+    predictions = []
+    for speed in observed:
+        estimator.update(speed)
+        predictions.append(estimator.predict())
+    return predictions
+
+
+@settings(max_examples=50, deadline=None)
+@given(observed=st.lists(speeds, min_size=1, max_size=12), alpha=st.floats(0.01, 1.0))
+def test_change_ema_with_huge_threshold_is_the_ema(observed: list[float], alpha: float) -> None:
+    # Prepare
+    change = ChangeAwareEMAEstimator(alpha=alpha, threshold=1e12)
+    ema = EMAEstimator(alpha=alpha)
+
+    # Execute
+    got, expected = _feed(change, observed), _feed(ema, observed)
+
+    # Assert
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_change_ema_restarts_at_a_confirmed_step() -> None:
+    # Prepare: a level of 100, then a co-tenant halves the speed
+    estimator = ChangeAwareEMAEstimator(alpha=0.2, threshold=0.2, confirm=2)
+    _feed(estimator, [100.0, 102.0, 98.0])
+    before = estimator.predict()
+
+    # Execute
+    first = _feed(estimator, [50.0])[0]
+    second = _feed(estimator, [52.0])[0]
+
+    # Assert: held at the old level until confirmed, then the mean of the new level
+    assert first == before
+    assert second == pytest.approx(51.0)
+
+
+def test_change_ema_ignores_a_single_spike() -> None:
+    # Prepare
+    estimator = ChangeAwareEMAEstimator(alpha=0.5, threshold=0.2, confirm=2)
+    _feed(estimator, [100.0])
+
+    # Execute: a spike, then back to normal
+    spike, after = _feed(estimator, [300.0, 100.0])
+
+    # Assert: the spike never entered the average
+    assert spike == 100.0 and after == 100.0
+
+
+def test_change_ema_needs_deviations_on_the_same_side() -> None:
+    # Prepare
+    estimator = ChangeAwareEMAEstimator(alpha=0.2, threshold=0.2, confirm=2)
+    _feed(estimator, [100.0])
+
+    # Execute: one deviation up, one down: no change of level is confirmed
+    predictions = _feed(estimator, [200.0, 40.0])
+
+    # Assert
+    assert predictions == [100.0, 100.0]
+
+
+def test_change_ema_with_confirm_one_restarts_at_once() -> None:
+    # Prepare
+    estimator = ChangeAwareEMAEstimator(threshold=0.1, confirm=1)
+    _feed(estimator, [100.0])
+
+    # Execute
+    predictions = _feed(estimator, [150.0, 152.0])
+
+    # Assert: restart at 150, then the EMA from there
+    assert predictions[0] == 150.0
+    assert predictions[1] == pytest.approx(0.2 * 152.0 + 0.8 * 150.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    observed=st.lists(speeds, min_size=1, max_size=20),
+    threshold=st.floats(0.01, 2.0),
+    confirm=st.integers(1, 4),
+)
+def test_change_ema_prediction_stays_within_observed_range(
+    observed: list[float], threshold: float, confirm: int
+) -> None:
+    # Prepare
+    estimator = ChangeAwareEMAEstimator(threshold=threshold, confirm=confirm)
+
+    # Execute
+    predictions = _feed(estimator, observed)
+
+    # Assert: a convex combination of observations, never outside their range
+    for k, got in enumerate(predictions):
+        seen = observed[: k + 1]
+        assert got is not None
+        assert min(seen) * (1 - 1e-12) <= got <= max(seen) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"threshold": 0}, "threshold"),
+        ({"threshold": -0.1}, "threshold"),
+        ({"threshold": float("inf")}, "threshold"),
+        ({"threshold": True}, "threshold"),
+        ({"confirm": 0}, "confirm"),
+        ({"confirm": 1.5}, "confirm"),
+        ({"alpha": 0}, "alpha"),
+        ({"pending": [1.0, 2.0], "confirm": 2}, "pending"),
+        ({"pending": [-1.0]}, "speed"),
+    ],
+    ids=[
+        "threshold-zero",
+        "threshold-negative",
+        "threshold-inf",
+        "threshold-bool",
+        "confirm-zero",
+        "confirm-float",
+        "alpha-zero",
+        "too-many-pending",
+        "bad-pending",
+    ],
+)
+def test_change_ema_rejects_bad_settings(kwargs: dict[str, object], message: str) -> None:
+    # Prepare / Execute / Assert
+    with pytest.raises(ValueError, match=message):
+        ChangeAwareEMAEstimator(**kwargs)  # type: ignore[arg-type]
+
+
+def test_make_estimator_builds_change_ema_with_options() -> None:
+    # Execute
+    estimator = make_estimator("change-ema", alpha=0.3, options={"threshold": 0.5, "confirm": 3})
+
+    # Assert
+    assert isinstance(estimator, ChangeAwareEMAEstimator)
+    assert (estimator.alpha, estimator.threshold, estimator.confirm) == (0.3, 0.5, 3)
+
+
+def test_state_round_trip_keeps_pending_deviations() -> None:
+    # Prepare: one deviation pending
+    original = ChangeAwareEMAEstimator(confirm=2)
+    _feed(original, [100.0, 40.0])
+
+    # Execute
+    restored = estimator_from_state(json.loads(json.dumps(original.state())))
+
+    # Assert: the next low observation confirms the change in both
+    assert _feed(restored, [42.0]) == _feed(original, [42.0]) == [pytest.approx(41.0)]

@@ -12,6 +12,7 @@ from .allocators import (
 )
 from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .estimators import (
+    ChangeAwareEMAEstimator,
     EMAEstimator,
     LastValueEstimator,
     SpeedEstimator,
@@ -22,6 +23,7 @@ from .rounding import integer_bounds, round_to_total
 
 __all__ = [
     "BatchSizeBalancer",
+    "ChangeAwareEMAEstimator",
     "EMAEstimator",
     "InvalidReportError",
     "LastValueEstimator",

@@ -52,8 +52,9 @@ def linear_minmax_continuous(
 
     Each silo's share at a common finish time ``T`` is
     ``x_i(T) = clip((T - b_i) / a_i, lower_i, upper_i)``, non-decreasing and piecewise
-    linear in ``T``. The function walks the breakpoints to the segment where
-    ``sum_i x_i(T) = X`` and solves it in closed form: no iteration, no tolerance.
+    linear in ``T``. The function finds the segment between breakpoints where
+    ``sum_i x_i(T) = X`` by binary search (O(n log n)) and solves it in closed form: no
+    tolerance.
 
     Parameters
     ----------
@@ -88,12 +89,30 @@ def linear_minmax_continuous(
     def shares(t: float) -> FloatArray:
         return np.asarray(np.clip((t - offset) / slope, lo, hi), dtype=np.float64)
 
+    def total_at(k: int) -> float:
+        return float(shares(float(points[k])).sum())
+
     points = np.concatenate([slope * lo + offset, (slope * hi + offset)[np.isfinite(hi)]])
     points = np.unique(points)
-    sums = np.array([shares(float(p)).sum() for p in points])
-    # First breakpoint whose sum reaches the total; T lies on the segment just before it.
-    k = int(np.searchsorted(sums, total, side="left"))
-    if k < len(points) and sums[k] == total:
+    # First breakpoint whose sum reaches the total (the sums never decrease, so a binary
+    # search over O(log n) of them finds it); T lies on the segment just before it. The
+    # search starts at the breakpoint of T without bounds, usually the one it ends at.
+    k, end = 0, len(points)
+    guess = int(np.searchsorted(points, (total + np.sum(offset / slope)) / np.sum(1 / slope)))
+    if guess < end:
+        if total_at(guess) >= total:
+            end = guess
+            if guess == 0 or total_at(guess - 1) < total:
+                k = guess
+        else:
+            k = guess + 1
+    while k < end:
+        middle = (k + end) // 2
+        if total_at(middle) >= total:
+            end = middle
+        else:
+            k = middle + 1
+    if k < len(points) and total_at(k) == total:
         t_star = float(points[k])
     elif k == len(points) and not np.any(np.isinf(hi)):
         # Every silo at its cap: the total is the sum of the caps (up to float error).
@@ -101,9 +120,9 @@ def linear_minmax_continuous(
     elif k == len(points):
         # Past the last breakpoint only the silos without an upper bound still grow.
         rate = float(np.sum(1.0 / slope[np.isinf(hi)]))
-        t_star = float(points[-1] + (total - sums[-1]) / rate)
+        t_star = float(points[-1] + (total - total_at(k - 1)) / rate)
     else:
-        t0, s0, t1, s1 = float(points[k - 1]), float(sums[k - 1]), float(points[k]), float(sums[k])
+        t0, s0, t1, s1 = float(points[k - 1]), total_at(k - 1), float(points[k]), total_at(k)
         t_star = t0 + (total - s0) * (t1 - t0) / (s1 - s0)
     x = shares(t_star)
     return x, t_star

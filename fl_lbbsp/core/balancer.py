@@ -17,6 +17,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 from typing import Any, Literal
 
 import numpy as np
@@ -109,6 +110,8 @@ class _SiloState:
     fixed_time: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reports: int = 0
+    # Its row in the balancer's table of what allocate() needs (BatchSizeBalancer._row).
+    index: int = 0
 
 
 class BatchSizeBalancer:
@@ -120,8 +123,9 @@ class BatchSizeBalancer:
         B_init: every silo's batch size before any report; the total per round is
         ``X = n * B_init`` for the n silos of the round.
     estimator : str (default: "ema")
-        Speed predictor, ``"ema"``, ``"last"`` or ``"narx"`` (Sec. 3.2.2; torch is
-        needed to train it).
+        Speed predictor, ``"ema"``, ``"last"``, ``"narx"`` (Sec. 3.2.2; torch is
+        needed to train it) or ``"change-ema"`` (EMA restarting at a confirmed change of
+        level, :class:`~fl_lbbsp.core.estimators.ChangeAwareEMAEstimator`).
     alpha : float (default: 0.2)
         EMA weight of the latest observation, in (0, 1].
     allocator : {"proportional", "linear", "iterative"} (default: "proportional")
@@ -207,6 +211,10 @@ class BatchSizeBalancer:
             raise ValueError(f"max_change_ratio must be > 1 or None, got {max_change_ratio!r}")
         self.max_change_ratio = None if max_change_ratio is None else float(max_change_ratio)
         self._silos: dict[str, _SiloState] = {}
+        # One row per silo of what allocate() needs, refreshed with each report; row 0 is
+        # the row of a silo that never reported.
+        self._index: dict[str, int] = {}
+        self._rows = np.array([_NO_ROW] * 8, dtype=np.float64)
 
     # ------------------------------------------------------------------ reports
     def report(self, silo_id: str, report: SiloReport) -> None:
@@ -232,6 +240,9 @@ class BatchSizeBalancer:
             old = state.fixed_time
             state.fixed_time = new if old is None else self.alpha * new + (1 - self.alpha) * old
         state.last = {k: v for k, v in asdict(report).items() if v is not None}
+        # The silo's row (with its cost fit) is made as the report arrives, so that
+        # allocate() only gathers rows.
+        self._row(state)
 
     def predicted_speed(self, silo_id: str) -> float | None:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
@@ -281,24 +292,35 @@ class BatchSizeBalancer:
         if not ids:
             return {}
         n = len(ids)
+        # The silos' rows are gathered at once; the rest is vectorised.
+        rows = self._rows[np.fromiter(map(self._index.get, ids, repeat(0)), np.intp, count=n)]
+        lower = np.full(n, float(self.min_batch_size))
+        upper = self._uppers(rows[:, 0])
         if total is not None:
             _check_positive_int("total", total)
         wanted = self.total_batch_size(n) if total is None else total
-        lower = np.full(n, float(self.min_batch_size))
-        upper = np.array([self._upper(i) for i in ids])
         total = int(np.clip(wanted, lower.sum(), upper.sum()))
-        lower, upper = self._change_limits(ids, total, lower, upper)
+        lower, upper = self._change_limits(rows[:, 1], total, lower, upper)
+        if self.allocator == "linear":
+            a, b, unfitted = self._linear_costs(rows)
+            # Predicted speeds are needed only for the silos without a fitted cost.
+            speeds = self._speeds(ids, only=unfitted.tolist()) if unfitted.size else None
+            if speeds is not None:
+                a[unfitted] /= speeds
+            sizes = (
+                proportional(np.ones(n), total, lower=lower, upper=upper)
+                if unfitted.size and speeds is None
+                else linear_minmax(a, b, total, lower=lower, upper=upper)
+            )
+            return dict(zip(ids, sizes.tolist(), strict=True))
         speeds = self._speeds(ids)
         if speeds is None:
             sizes = proportional(np.ones(n), total, lower=lower, upper=upper)
         elif self.allocator == "iterative":
             return self._iterate(ids, total, lower, upper, speeds)
-        elif self.allocator == "linear":
-            a, b = self._linear_costs(ids, speeds)
-            sizes = linear_minmax(a, b, total, lower=lower, upper=upper)
         else:
             sizes = proportional(speeds, total, lower=lower, upper=upper)
-        return {silo: int(size) for silo, size in zip(ids, sizes, strict=True)}
+        return dict(zip(ids, sizes.tolist(), strict=True))
 
     # ------------------------------------------------------------ serialisation
     def state_dict(self) -> dict[str, Any]:
@@ -341,16 +363,19 @@ class BatchSizeBalancer:
         """Rebuild a balancer from :meth:`state_dict`."""
         balancer = cls(**state["config"])
         for silo, saved in state["silos"].items():
-            balancer._silos[str(silo)] = _SiloState(
-                estimator=estimator_from_state(saved["estimator"]),
-                history=deque(
-                    ((int(x), float(t)) for x, t in saved["history"]), maxlen=balancer.history
+            balancer._register(
+                str(silo),
+                _SiloState(
+                    estimator=estimator_from_state(saved["estimator"]),
+                    history=deque(
+                        ((int(x), float(t)) for x, t in saved["history"]), maxlen=balancer.history
+                    ),
+                    max_batch_size=saved["max_batch_size"],
+                    steps=float(saved["steps"]),
+                    fixed_time=saved.get("fixed_time"),
+                    last=dict(saved.get("last", {})),
+                    reports=int(saved.get("reports", len(saved["history"]))),
                 ),
-                max_batch_size=saved["max_batch_size"],
-                steps=float(saved["steps"]),
-                fixed_time=saved.get("fixed_time"),
-                last=dict(saved.get("last", {})),
-                reports=int(saved.get("reports", len(saved["history"]))),
             )
         if "iterative" in state:
             balancer._iterative = IterativeAllocator.from_state(state["iterative"]["allocator"])
@@ -365,18 +390,34 @@ class BatchSizeBalancer:
     # ----------------------------------------------------------------- helpers
     def _state(self, silo_id: str) -> _SiloState:
         if silo_id not in self._silos:
-            self._silos[silo_id] = _SiloState(
-                estimator=make_estimator(
-                    self.estimator, alpha=self.alpha, options=self.estimator_options
+            self._register(
+                silo_id,
+                _SiloState(
+                    estimator=make_estimator(
+                        self.estimator, alpha=self.alpha, options=self.estimator_options
+                    ),
+                    history=deque(maxlen=self.history),
                 ),
-                history=deque(maxlen=self.history),
             )
         return self._silos[silo_id]
 
-    def _upper(self, silo_id: str) -> float:
-        caps = [c for c in (self.max_batch_size, self._cap_of(silo_id)) if c is not None]
+    def _register(self, silo_id: str, state: _SiloState) -> None:
+        """Add a silo and give it a row in the table (its row is made by :meth:`_row`)."""
+        self._silos[silo_id] = state
+        state.index = len(self._index) + 1
+        self._index[silo_id] = state.index
+        if state.index >= len(self._rows):
+            grown = np.array([_NO_ROW] * (2 * len(self._rows)), dtype=np.float64)
+            grown[: len(self._rows)] = self._rows
+            self._rows = grown
+        self._row(state)
+
+    def _uppers(self, caps: np.ndarray) -> np.ndarray:
+        """Each silo's largest batch size: the balancer's and its own memory cap (inf)."""
+        if self.max_batch_size is not None:
+            caps = np.minimum(caps, self.max_batch_size)
         # A cap below the smallest batch size cannot be honoured: the minimum wins.
-        return float(max(min(caps), self.min_batch_size)) if caps else math.inf
+        return np.where(np.isinf(caps), caps, np.maximum(caps, self.min_batch_size))
 
     def _iterate(
         self,
@@ -416,65 +457,87 @@ class BatchSizeBalancer:
         return state is not None and state.reports > 0
 
     def _change_limits(
-        self, ids: Sequence[str], total: int, lower: np.ndarray, upper: np.ndarray
+        self, last: np.ndarray, total: int, lower: np.ndarray, upper: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Narrow the bounds to ``max_change_ratio`` around each silo's last batch size."""
+        """Narrow the bounds to ``max_change_ratio`` around each silo's last batch size
+        (``last``: NaN for a silo with fewer than two reports, which moves freely)."""
         ratio = self.max_change_ratio
         if ratio is None:
             return lower, upper
-        last = [self._silos[i].history[-1][0] if self._settled(i) else None for i in ids]
-        lo, hi = lower.copy(), upper.copy()
-        for k, b in enumerate(last):
-            if b is not None:
-                # A memory cap still wins over the change limit.
-                lo[k] = min(max(lower[k], math.ceil(b / ratio)), upper[k])
-                hi[k] = max(min(upper[k], math.floor(b * ratio)), lo[k])
+        settled = ~np.isnan(last)
+        if not settled.any():
+            return lower, upper
+        # A memory cap still wins over the change limit.
+        lo = np.where(settled, np.minimum(np.maximum(lower, np.ceil(last / ratio)), upper), lower)
+        hi = np.where(settled, np.maximum(np.minimum(upper, np.floor(last * ratio)), lo), upper)
         if lo.sum() > total or hi.sum() < total:
             return lower, upper
         return lo, hi
 
-    def _settled(self, silo_id: str) -> bool:
-        state = self._silos.get(silo_id)
-        return state is not None and len(state.history) >= 2
-
-    def _cap_of(self, silo_id: str) -> int | None:
-        state = self._silos.get(silo_id)
-        return None if state is None else state.max_batch_size
-
-    def _speeds(self, ids: Sequence[str]) -> np.ndarray | None:
-        predicted = [self.predicted_speed(i) for i in ids]
+    def _speeds(self, ids: Sequence[str], *, only: list[int] | None = None) -> np.ndarray | None:
+        """Predicted speed of each silo (of those at the indices ``only``, if given); a
+        silo without a prediction gets the mean of the others'. ``None`` if no silo has
+        one."""
+        silos = self._silos
+        if only is not None:
+            chosen = [silos.get(ids[k]) for k in only]
+            some = [None if st is None else st.estimator.predict() for st in chosen]
+            if all(v is not None for v in some):  # no mean over the others needed
+                return np.array(some, dtype=np.float64)
+            speeds = self._speeds(ids)
+            return None if speeds is None else speeds[only]
+        states = [silos.get(i) for i in ids]
+        predicted = [None if st is None else st.estimator.predict() for st in states]
         known = [v for v in predicted if v is not None]
         if not known:
             return None
         mean = float(np.mean(known))
-        return np.array([mean if v is None else v for v in predicted])
+        return np.array([mean if v is None else v for v in predicted], dtype=np.float64)
 
-    def _linear_costs(
-        self, ids: Sequence[str], speeds: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        a = np.empty(len(ids))
-        b = np.zeros(len(ids))
-        mean_steps = np.mean([s.steps for s in self._silos.values()])
-        for k, silo in enumerate(ids):
-            state = self._silos.get(silo)
-            fit = None
-            if state is not None and state.history:
-                xs, ts = zip(*state.history, strict=True)
-                ages = np.arange(len(xs))[::-1]
-                fit = fit_linear_cost(
-                    xs,
-                    ts,
-                    weights=(1.0 - self.alpha) ** ages,
-                    min_relative_spread=self.min_fit_spread,
-                )
-            if fit is None:
-                steps = mean_steps if state is None else state.steps
-                a[k] = steps / speeds[k]
-            else:
-                a[k], b[k] = fit
-            if state is not None and state.fixed_time is not None:
-                b[k] += state.fixed_time
-        return a, b
+    def _row(self, state: _SiloState) -> None:
+        """Refresh the silo's row of the table: memory cap (inf if none), last batch size
+        once it has reported twice (else NaN), the linear allocator's cost fit a, b of its
+        history (NaN, 0 without one), its smoothed fixed time (0 if none) and its local
+        steps per round."""
+        fit = None
+        if self.allocator == "linear" and state.history:
+            xs, ts = zip(*state.history, strict=True)
+            ages = np.arange(len(xs))[::-1]
+            fit = fit_linear_cost(
+                xs,
+                ts,
+                weights=(1.0 - self.alpha) ** ages,
+                min_relative_spread=self.min_fit_spread,
+            )
+        a, b = (math.nan, 0.0) if fit is None else fit
+        self._rows[state.index] = (
+            math.inf if state.max_batch_size is None else float(state.max_batch_size),
+            float(state.history[-1][0]) if len(state.history) >= 2 else math.nan,
+            a,
+            b,
+            0.0 if state.fixed_time is None else state.fixed_time,
+            state.steps,
+        )
+
+    def _linear_costs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-sample cost a_i and fixed cost b_i of each silo, and the silos without a
+        fit, whose a_i is ``steps`` still to be divided by the predicted speed v_i (and
+        b_i 0). Each b_i includes the silo's smoothed fixed time (``he-time``)."""
+        a = rows[:, 2].copy()
+        b = rows[:, 3] + rows[:, 4]
+        unfitted = np.flatnonzero(np.isnan(a))
+        if unfitted.size:
+            steps = rows[unfitted, 5]
+            unknown = np.isnan(steps)  # silos that never reported: the mean over all
+            if unknown.any():
+                known = [st.steps for st in self._silos.values()]
+                steps[unknown] = float(np.mean(known)) if known else 1.0
+            a[unfitted] = steps
+        return a, b, unfitted
+
+
+_NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0, math.nan)
+"""The row of a silo that never reported."""
 
 
 def _finite(value: object) -> bool:

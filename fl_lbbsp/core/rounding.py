@@ -131,6 +131,10 @@ def round_to_total(
     if a.shape != (n,) or b.shape != (n,) or not np.all(np.isfinite(a) & np.isfinite(b)):
         raise ValueError(f"slope and intercept must be {n} finite values")
     if missing > 0:
+        taken = _cheapest_units(result, missing, a, b, hi)
+        if taken is not None:
+            result += taken
+            return result
         # Cheapest next unit first: the heap holds each silo's time after one more unit.
         heap = [(a[i] * (result[i] + 1) + b[i], i) for i in range(n) if result[i] < hi[i]]
         heapq.heapify(heap)
@@ -150,6 +154,46 @@ def round_to_total(
     return result
 
 
+def _cheapest_units(
+    result: IntArray, missing: int, a: FloatArray, b: FloatArray, hi: IntArray
+) -> IntArray | None:
+    """How many of the ``missing`` cheapest next units each silo gets, vectorised;
+    ``None`` where the caller's one-unit-at-a-time loop must decide.
+
+    Unit j of silo i (its batch growing to ``result_i + j``) costs
+    ``a_i * (result_i + j) + b_i``, non-decreasing in j. Taking units one at a time,
+    cheapest first, ties to the lower index, takes the ``missing`` smallest
+    (time, silo, j) of all units. Each silo's first ``ceil(missing / n)`` units hold at
+    least ``missing`` units, so the ``missing``-th smallest of them, tau, bounds the last
+    unit taken: only the units costing at most tau are candidates, and they are sorted
+    at once.
+    """
+    n = result.shape[0]
+    room = hi - result
+    per = -(-missing // n)
+    j = np.arange(1, per + 1)
+    first = a[:, None] * (result[:, None] + j[None, :]) + b[:, None]
+    first[j[None, :] > room[:, None]] = np.inf
+    flat = first.ravel()
+    tau = float(np.partition(flat, missing - 1)[missing - 1])
+    if not np.isfinite(tau):
+        return None
+    # Units costing at most tau (one more, against rounding in the division) ...
+    count = np.clip(np.floor((tau - b) / a) - result + 1, 0, room).astype(np.int64)
+    if count.sum() > 4 * (missing + n):
+        return None
+    # ... and the unit after them must cost more, or the silo has no room left.
+    following = a * (result + count + 1) + b
+    if np.any((count < room) & (following <= tau)):
+        return None
+    silo = np.repeat(np.arange(n), count)
+    unit = np.arange(silo.size) - np.repeat(np.cumsum(count) - count, count) + 1
+    times = a[silo] * (result[silo] + unit) + b[silo]
+    # The candidates are in (silo, unit) order: a stable sort by time breaks ties so.
+    order = np.argsort(times, kind="stable")[:missing]
+    return np.bincount(silo[order], minlength=n).astype(np.int64)
+
+
 def _move_units(
     result: IntArray, missing: int, *, key: FloatArray, lo: IntArray, hi: IntArray
 ) -> None:
@@ -158,10 +202,12 @@ def _move_units(
         return
     step = 1 if missing > 0 else -1
     order = np.argsort(key if step > 0 else -key, kind="stable")
+    # Passes over the silos in ``order``, one unit to each silo that can take it.
     while missing != 0:
-        for i in order:
-            if missing == 0:
-                break
-            if (step > 0 and result[i] < hi[i]) or (step < 0 and result[i] > lo[i]):
-                result[i] += step
-                missing -= step
+        room = (hi - result) if step > 0 else (result - lo)
+        open_ = order[room[order] > 0]
+        if open_.size == 0:
+            return
+        chosen = open_[: abs(missing)]
+        result[chosen] += step
+        missing -= step * chosen.size

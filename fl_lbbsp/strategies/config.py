@@ -34,8 +34,8 @@ class BalancingConfig(BaseModel):
         Learning rate eta, the same for all silos.
     balance : bool (default: True)
         ``False`` keeps B_init for every silo (plain FedAvg), with the same telemetry.
-    estimator : {"ema", "last", "narx"} (default: "ema")
-        Speed predictor.
+    estimator : {"ema", "last", "narx", "change-ema"} (default: "ema")
+        Speed predictor (``"change-ema"``: EMA restarting at a confirmed change of level).
     alpha : float (default: 0.2)
         EMA weight of the latest observation, in (0, 1].
     allocator : {"linear", "proportional", "iterative"} (default: "linear")
@@ -58,7 +58,7 @@ class BalancingConfig(BaseModel):
     local_steps: int = Field(gt=0, strict=True)
     lr: float = Field(gt=0, allow_inf_nan=False)
     balance: bool = True
-    estimator: Literal["ema", "last", "narx"] = "ema"
+    estimator: Literal["ema", "last", "narx", "change-ema"] = "ema"
     alpha: float = Field(default=0.2, gt=0, le=1)
     allocator: Literal["linear", "proportional", "iterative"] = "linear"
     min_batch_size: int = Field(default=1, gt=0, strict=True)

@@ -84,7 +84,7 @@ class LBBSPFedAvg(FedAvg):
         ``False`` sends B_init to every silo: plain FedAvg with LB-BSP's telemetry, the
         baseline to compare against.
     estimator : str (default: "ema")
-        Speed predictor: ``"ema"``, ``"last"`` or ``"narx"``.
+        Speed predictor: ``"ema"``, ``"last"``, ``"narx"`` or ``"change-ema"``.
     alpha : float (default: 0.2)
         EMA weight of the latest observation, in (0, 1].
     allocator : str (default: "linear")

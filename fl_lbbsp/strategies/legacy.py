@@ -70,7 +70,7 @@ class LBBSPStrategy(FedAvg):
     balance : bool (default: True)
         ``False`` sends B_init to everybody (plain FedAvg with LB-BSP's telemetry).
     estimator : str (default: "ema")
-        Speed predictor: ``"ema"``, ``"last"`` or ``"narx"``.
+        Speed predictor: ``"ema"``, ``"last"``, ``"narx"`` or ``"change-ema"``.
     alpha : float (default: 0.2)
         EMA weight of the latest observation, in (0, 1].
     allocator : str (default: "linear")

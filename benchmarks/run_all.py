@@ -1,0 +1,110 @@
+"""Run every benchmark section, then write the report (``make bench``).
+
+Each section is its own script, run in a fresh process from the repository root (so its
+timings do not share a process with the others): ``bench_fl.py`` (sections ``fl`` and
+``dynamics``), ``bench_predictors.py``, ``bench_cluster.py``, ``bench_overhead.py``,
+``bench_he.py``. A missing script is skipped with a message; a failing one is reported and
+the others still run. Finally ``report.py`` validates every section JSON in the folder and
+writes ``REPORT.md``.
+
+Run: ``python benchmarks/run_all.py [--smoke] [--out DIR] [--sections fl,cluster]``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from common import ROOT, machine, parser
+from report import SectionError, write_report
+
+HERE = Path(__file__).resolve().parent
+
+# name -> (script, the section files it writes)
+SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "fl": ("bench_fl.py", ("fl", "dynamics")),
+    "predictors": ("bench_predictors.py", ("predictors",)),
+    "cluster": ("bench_cluster.py", ("cluster",)),
+    "overhead": ("bench_overhead.py", ("overhead",)),
+    "he": ("bench_he.py", ("he",)),
+}
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def run_section(name: str, out: Path, *, smoke: bool, timeout: float | None) -> tuple[str, float]:
+    """Run one section's script; return its outcome (``ok``, ``skipped: ...``,
+    ``failed: ...``) and its wall time."""
+    script, files = SECTIONS[name]
+    path = HERE / script
+    if not path.is_file():
+        return f"skipped: {script} not found", 0.0
+    for stem in files:  # no stale result survives a failed run
+        (out / f"{stem}.json").unlink(missing_ok=True)
+    env = dict(os.environ)
+    # The scripts import fl_lbbsp from this checkout, whatever is installed.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    command = [sys.executable, str(path), "--out", str(out), *(["--smoke"] if smoke else [])]
+    print(f"=== {name}: {' '.join(command[1:])}", flush=True)
+    start = time.perf_counter()
+    try:
+        code = subprocess.run(command, cwd=ROOT, env=env, timeout=timeout, check=False).returncode
+    except subprocess.TimeoutExpired:
+        return f"failed: timed out after {timeout:.0f} s", time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if code != 0:
+        return f"failed: exit code {code}", seconds
+    if not all((out / f"{stem}.json").is_file() for stem in files):
+        return "ok (wrote no section: see its output)", seconds
+    return "ok", seconds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the sections, print their wall times, write ``REPORT.md``."""
+    cli = parser(__doc__.splitlines()[0])
+    cli.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated subset of {', '.join(SECTIONS)} (default: all)",
+    )
+    cli.add_argument(
+        "--timeout", type=float, default=None, help="seconds per section (default: none)"
+    )
+    args = cli.parse_args(argv)
+    names = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(names) - set(SECTIONS))
+    if unknown:
+        print(f"unknown sections {unknown}; expected some of {list(SECTIONS)}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    outcomes: dict[str, tuple[str, float]] = {}
+    started = time.perf_counter()
+    for name in names:
+        outcomes[name] = run_section(name, args.out, smoke=args.smoke, timeout=args.timeout)
+        print(f"=== {name}: {outcomes[name][0]} ({_minutes(outcomes[name][1])})", flush=True)
+    total = time.perf_counter() - started
+    lines = [
+        f"{'Smoke run' if args.smoke else 'Full run'} on {machine()}, {_minutes(total)} in all."
+    ]
+    lines += [
+        f"- {name}: {outcome} ({_minutes(seconds)})"
+        for name, (outcome, seconds) in outcomes.items()
+    ]
+    print("\n".join(lines))
+    try:
+        path = write_report(args.out, header=lines)
+    except SectionError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
+    return 1 if any(o.startswith("failed") for o, _ in outcomes.values()) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""Pure parts of the benchmark sections: the cluster's ideal T*, the contention schedule
+and the emulated iteration times of the predictors section."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import bench_cluster  # noqa: E402
+import bench_predictors  # noqa: E402
+
+
+def test_ideal_iteration_time_of_the_cluster_example() -> None:
+    # Prepare: the example's cost model, capacities 4:2:1:1, global batch 256
+    slowdowns = (1.0, 2.0, 4.0, 4.0)
+
+    # Execute
+    t_star = bench_cluster.ideal_iteration_time("0.05,0.5,1.0,400", slowdowns, 256)
+
+    # Assert: (X + sum b_i/a_i) / sum 1/a_i = (256 + 4 * 10) / (20 + 10 + 5 + 5)
+    assert t_star == pytest.approx(7.4)
+
+
+def test_ideal_iteration_time_is_held_up_by_the_floor_of_a_small_batch() -> None:
+    # Execute: 4 samples in all, one each; the slowest worker's floor is 4 x 1.0 s
+    t_star = bench_cluster.ideal_iteration_time("0.05,0.5,1.0,400", (1.0, 2.0, 4.0, 4.0), 4)
+
+    # Assert
+    assert t_star == pytest.approx(4.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), burners=st.integers(1, 3))
+def test_contention_schedule_is_a_seeded_step_function(seed: int, burners: int) -> None:
+    # Prepare
+    config = bench_predictors.Settings(
+        duration=30.0, batch_size=8, burners=burners, period=(1.0, 4.0), spike_rate=0.5,
+        spike_length=(0.05, 0.2), narx={"warmup": 10}, window=10,
+    )  # fmt: skip
+
+    # Execute
+    changes = bench_predictors.contention_schedule(config, np.random.default_rng(seed))
+    again = bench_predictors.contention_schedule(config, np.random.default_rng(seed))
+
+    # Assert: starts at 0, times increase within the run, levels change at every point
+    times = [t for t, _ in changes]
+    levels = [level for _, level in changes]
+    assert changes == again
+    assert times[0] == 0.0 and all(a < b for a, b in zip(times, times[1:], strict=False))
+    assert times[-1] < config.duration
+    assert all(0 <= level <= burners for level in levels)
+    assert all(a != b for a, b in zip(levels, levels[1:], strict=False))
+
+
+def test_cluster_times_perfect_prediction_is_ideal_and_bsp_waits_for_the_slowest() -> None:
+    # Prepare: 2 workers, speeds 300 and 100 samples/s, then 100 and 100
+    speeds = np.array([[300.0, 100.0], [100.0, 100.0]])
+
+    # Execute
+    bsp = bench_predictors.cluster_times(speeds, None, 400)
+    perfect = bench_predictors.cluster_times(speeds, speeds, 400)
+
+    # Assert: BSP 200 / 100 s; LB-BSP with the actual speeds X / sum v
+    assert bsp.tolist() == [2.0, 2.0]
+    assert perfect.tolist() == pytest.approx([1.0, 2.0])
