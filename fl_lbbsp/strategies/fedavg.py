@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from ..core import BatchSizeBalancer
 from ..core.aggregation import weighted_average
 from ..telemetry import TelemetryWriter
 from .checkpoint import start_with_checkpoints
-from .config import BalancingConfig, ReplyLimits, ServerConfig
+from .config import BalancingConfig, ServerConfig
 from .deadline import DeadlineGrid, DeadlinePolicy, OverheadTracker, predicted_compute_time
 from .rounds import (
     allocate_batch_sizes,
@@ -44,11 +45,11 @@ from .validation import (
     DEFAULT_EXTRA_METRIC_KEYS,
     InvalidReplyError,
     Layout,
-    ReplyValidator,
     check_array_record,
     layout_of,
     log_rejected,
     log_skipped,
+    reply_checks,
     reply_nbytes,
 )
 
@@ -264,20 +265,18 @@ evaluate_metrics_aggr_fn :
         self._timeout_cap: float | None = None
         self._round_deadline: float | None = None
         # Reply validation and lost silos
-        limits = ReplyLimits(
-            min_train_silos=min_train_silos,
-            max_num_examples=max_num_examples,
-            max_reply_bytes=max_reply_bytes,
-            extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
+        limits, self.validator = reply_checks(
+            keys=self.keys,
+            weight_key=self.weighted_by_key,
+            limits={
+                "min_train_silos": min_train_silos,
+                "max_num_examples": max_num_examples,
+                "max_reply_bytes": max_reply_bytes,
+                "extra_metric_keys": extra_metric_keys,
+            },
         )
         self.min_train_silos = limits.min_train_silos
         self.max_reply_bytes = limits.max_reply_bytes
-        self.validator = ReplyValidator(
-            keys=self.keys,
-            weight_key=self.weighted_by_key,
-            extra_metric_keys=limits.extra_metric_keys,
-            max_num_examples=limits.max_num_examples,
-        )
         self._layout: Layout | None = None
         self._sent_bytes = 0
         self._messages: list[Message] = []
@@ -645,19 +644,10 @@ evaluate_metrics_aggr_fn :
         self._timeout_cap = timeout
         wrapped = DeadlineGrid(grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval)
         self._deadline_grid = wrapped
+        run: Callable[..., Result] = super().start
         if self.server_config.checkpoint_dir is not None:
-            return start_with_checkpoints(
-                self,
-                super().start,
-                grid=wrapped,
-                initial_arrays=initial_arrays,
-                num_rounds=num_rounds,
-                timeout=timeout,
-                train_config=train_config,
-                evaluate_config=evaluate_config,
-                evaluate_fn=evaluate_fn,
-            )
-        return super().start(
+            run = partial(start_with_checkpoints, self, run)
+        return run(
             grid=wrapped,
             initial_arrays=initial_arrays,
             num_rounds=num_rounds,

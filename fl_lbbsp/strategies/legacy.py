@@ -27,7 +27,7 @@ from flwr.server.strategy import FedAvg
 
 from ..contract import RecordKeys
 from ..telemetry import TelemetryWriter
-from .config import BalancingConfig, ReplyLimits
+from .config import BalancingConfig
 from .rounds import (
     allocate_batch_sizes,
     balancer_from_config,
@@ -39,11 +39,11 @@ from .validation import (
     DEFAULT_EXTRA_METRIC_KEYS,
     InvalidReplyError,
     Layout,
-    ReplyValidator,
     check_npy_list,
     layout_of_npy,
     log_rejected,
     log_skipped,
+    reply_checks,
 )
 
 __all__ = ["LBBSPStrategy"]
@@ -128,21 +128,19 @@ class LBBSPStrategy(FedAvg):
     ) -> None:
         super().__init__(**fedavg_kwargs)
         self.keys = keys or RecordKeys()
-        limits = ReplyLimits(
-            min_train_silos=min_train_silos,
-            max_num_examples=max_num_examples,
-            max_reply_bytes=max_reply_bytes,
-            extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
+        limits, self.validator = reply_checks(
+            keys=self.keys,
+            weight_key=self.keys.num_examples,
+            limits={
+                "min_train_silos": min_train_silos,
+                "max_num_examples": max_num_examples,
+                "max_reply_bytes": max_reply_bytes,
+                "extra_metric_keys": extra_metric_keys,
+            },
+            also_known=(self.keys.silo_id,),
         )
         self.min_train_silos = limits.min_train_silos
         self.max_reply_bytes = limits.max_reply_bytes
-        self.validator = ReplyValidator(
-            keys=self.keys,
-            weight_key=self.keys.num_examples,
-            extra_metric_keys=limits.extra_metric_keys,
-            max_num_examples=limits.max_num_examples,
-            also_known=(self.keys.silo_id,),
-        )
         self._layout: Layout | None = None
         self._sent_bytes = 0
         self._federation_size = 0

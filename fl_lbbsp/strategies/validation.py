@@ -27,9 +27,11 @@ from numpy.lib import format as npy
 
 from ..contract import RecordKeys
 from ..telemetry import TelemetryWriter
+from .config import ReplyLimits
 
 __all__ = [
     "DEFAULT_EXTRA_METRIC_KEYS",
+    "reply_checks",
     "ArraySpec",
     "InvalidReplyError",
     "ReplyValidator",
@@ -430,6 +432,38 @@ def _few(names: list[str]) -> str:
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def reply_checks(
+    *,
+    keys: RecordKeys,
+    weight_key: str,
+    limits: Mapping[str, Any],
+    also_known: Iterable[str] = (),
+) -> tuple[ReplyLimits, ReplyValidator]:
+    """The validated reply limits of a strategy's keywords and the validator built on them.
+
+    Parameters
+    ----------
+    keys : RecordKeys
+        Names of the contract's entries.
+    weight_key : str
+        The aggregation weight's metric.
+    limits : Mapping[str, Any]
+        The strategy's ``min_train_silos``, ``max_num_examples``, ``max_reply_bytes`` and
+        ``extra_metric_keys`` keywords (validated by :class:`ReplyLimits`).
+    also_known : iterable of str (default: ())
+        As in :class:`ReplyValidator`.
+    """
+    checked = ReplyLimits(**limits)
+    validator = ReplyValidator(
+        keys=keys,
+        weight_key=weight_key,
+        extra_metric_keys=checked.extra_metric_keys,
+        max_num_examples=checked.max_num_examples,
+        also_known=also_known,
+    )
+    return checked, validator
 
 
 def log_rejected(
