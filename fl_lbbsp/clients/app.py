@@ -190,6 +190,27 @@ def _slowdown(setup: SiloSetup, context: Context, partition_id: int) -> Slowdown
     return SlowdownSchedule.parse(value if value is not None else 1.0)
 
 
+def secret_context_of(context: Context, default: str | None) -> str | None:
+    """The node's secret CKKS context path: ``node_config["secret-context"]``, else
+    ``default``; ``None`` (or empty): plaintext mode."""
+    value = context.node_config.get("secret-context", default)
+    return None if value in (None, "") else str(value)
+
+
+def train_reply(
+    msg: Message, *, arrays: ArrayRecord, metrics: MetricRecord, keys: RecordKeys, silo_id: str
+) -> Message:
+    """The reply to a train message: the arrays, the metrics and the silo's id."""
+    content = RecordDict(
+        {
+            "arrays": arrays,
+            "metrics": metrics,
+            keys.silo_record: ConfigRecord({keys.silo_id: silo_id}),
+        }
+    )
+    return Message(content=content, reply_to=msg)
+
+
 def _seed(*parts: object) -> int:
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
@@ -215,10 +236,6 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
     app = ClientApp()
     keys = setup.keys
 
-    def _secret_context(context: Context) -> str | None:
-        value = context.node_config.get("secret-context", setup.secret_context)
-        return None if value in (None, "") else str(value)
-
     def _model_and_data(
         state: dict[str, torch.Tensor], context: Context
     ) -> tuple[torch.nn.Module, ArrayDataset]:
@@ -241,7 +258,7 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
         )
         partition_id = int(context.node_config.get("partition-id", 0))
         silo_id = str(context.node_config.get(keys.silo_id, partition_id))
-        secret_context = _secret_context(context)
+        secret_context = secret_context_of(context, setup.secret_context)
         state, he_time = _open_arrays(msg.content["arrays"], secret_context)
         model, data = _model_and_data(state, context)
         factor = _slowdown(setup, context, partition_id).factor(instructions.server_round)
@@ -290,18 +307,13 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
                 **extra,
             }
         )
-        content = RecordDict(
-            {
-                "arrays": arrays,
-                "metrics": metrics,
-                keys.silo_record: ConfigRecord({keys.silo_id: silo_id}),
-            }
-        )
-        return Message(content=content, reply_to=msg)
+        return train_reply(msg, arrays=arrays, metrics=metrics, keys=keys, silo_id=silo_id)
 
     @app.evaluate()
     def evaluate_local(msg: Message, context: Context) -> Message:
-        state, _ = _open_arrays(msg.content["arrays"], _secret_context(context))
+        state, _ = _open_arrays(
+            msg.content["arrays"], secret_context_of(context, setup.secret_context)
+        )
         model, data = _model_and_data(state, context)
         if setup.evaluate_on == "test":
             data = test_shard(setup, int(context.node_config.get("partition-id", 0)))

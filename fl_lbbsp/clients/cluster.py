@@ -34,7 +34,7 @@ from ..contract import RecordKeys
 from ..core.optim import SGD
 from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
 from ..models import ModelName, build_model
-from .app import _seed, _silo_keys, _split
+from .app import _seed, _silo_keys, _split, secret_context_of, train_reply
 from .emulation import CostModel, CostModelText, SlowdownSchedule, SlowdownText, emulate_slowdown
 from .sampler import ResizableBatchSampler, check_batch_size
 from .trainer import evaluate, machine_usage
@@ -300,10 +300,6 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
     app = ClientApp()
     keys = setup.keys
 
-    def _secret_context(context: Context) -> str | None:
-        value = context.node_config.get("secret-context", setup.secret_context)
-        return None if value in (None, "") else str(value)
-
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         started = time.perf_counter()
@@ -320,7 +316,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
             modelled = cost.time(batch_size)  # raises OutOfMemoryError above the cap
         data = worker_data(setup, worker)
         model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
-        secret_context = _secret_context(context)
+        secret_context = secret_context_of(context, setup.secret_context)
         extra: dict[str, Any] = {}
         if secret_context is None:
             model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
@@ -365,18 +361,11 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
                 **extra,
             }
         )
-        content = RecordDict(
-            {
-                "arrays": arrays,
-                "metrics": metrics,
-                keys.silo_record: ConfigRecord({keys.silo_id: worker_id}),
-            }
-        )
-        return Message(content=content, reply_to=msg)
+        return train_reply(msg, arrays=arrays, metrics=metrics, keys=keys, silo_id=worker_id)
 
     @app.evaluate()
     def evaluate_replica(msg: Message, context: Context) -> Message:
-        secret_context = _secret_context(context)
+        secret_context = secret_context_of(context, setup.secret_context)
         if secret_context is None:
             raise ValueError("cluster workers evaluate only in encrypted mode (the server can)")
         torch.set_num_threads(setup.torch_threads)
