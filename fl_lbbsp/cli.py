@@ -6,13 +6,25 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
 __all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line like every other error of the CLI."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"fl-lbbsp: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+class RunFailedError(RuntimeError):
+    """A run that produced no model (every round skipped): exit code 1, one line."""
 
 
 def _speeds(text: str) -> list[float]:
@@ -113,6 +125,13 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="emulated silos report k*t without waiting (k-1)*t: same figures, less wall time",
     )
     parser.add_argument(
+        "--cost-model",
+        default=None,
+        metavar="M,B",
+        help="emulated step time of the fastest silo, seconds per sample and per step: "
+        "silos report tau*k*(M*B_i+B) instead of their measured time (default: measured)",
+    )
+    parser.add_argument(
         "--in-process",
         action="store_true",
         help="run the silos in this process one after the other, without Ray",
@@ -122,7 +141,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fl-lbbsp``."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fl-lbbsp", description="LB-BSP straggler-free federated learning on Flower"
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -262,7 +281,14 @@ def _run_cluster(args: argparse.Namespace) -> int:
         )
         for scheme in schemes
     }
-    events = {scheme: run_cluster(config) for scheme, config in configs.items()}
+    from .report import run_failure
+
+    events = {}
+    for scheme, config in configs.items():
+        events[scheme] = run_cluster(config)
+        failure = run_failure(events[scheme])
+        if failure is not None:
+            raise RunFailedError(f"{scheme}: {failure}")
     target = args.target_accuracy
     if target is None:
         reference = events.get("bsp") or next(iter(events.values()))
@@ -356,6 +382,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         else tuple(args.slowdown_schedules.split(";")),
         partial_replies=args.partial_replies,
         emulate_wait=not args.no_wait,
+        cost_model=args.cost_model,
         runtime="inprocess" if args.in_process else "ray",
     )
 
@@ -378,19 +405,52 @@ class _BelowWarning(logging.Filter):
         return record.levelno >= logging.WARNING
 
 
+class _SiloTracebacks(logging.Filter):
+    """Drop the Simulation Engine's log of a ClientApp's exception (a whole traceback per
+    reply): the strategy logs each rejected reply as one line naming the exception, and
+    the traceback at DEBUG."""
+
+    _SOURCES = ("vce_api.py", "raybackend.py", "ray_actor.py")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.pathname.endswith(self._SOURCES))
+
+
+class _KnownNotices(logging.Filter):
+    """Drop Flower's notices that every run of ours would print and none calls for action:
+    ``run_simulation``'s deprecation (we run the ServerApp and ClientApp objects we
+    build, which ``flwr run`` cannot) and ``fraction_evaluate`` 0 (our runs evaluate
+    centrally, on purpose)."""
+
+    _PREFIXES = (
+        "fraction_evaluate is set to 0.0",
+        "DEPRECATED FEATURE: The `run_simulation` function is deprecated",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).lstrip().startswith(self._PREFIXES)
+
+
 def _setup_logging(quiet: bool, verbose: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger = logging.getLogger("fl_lbbsp")
     logger.handlers[:] = [handler]
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
     logger.propagate = False
     if quiet or not verbose:
-        logging.getLogger("flwr").addFilter(_BelowWarning())
+        flwr = logging.getLogger("flwr")
+        flwr.addFilter(_BelowWarning())
+        flwr.addFilter(_SiloTracebacks())
+        flwr.addFilter(_KnownNotices())
+        # Ray's notice on a default it will change; we set no accelerator variables.
+        warnings.filterwarnings(
+            "ignore", message="Tip: In future versions of Ray", category=FutureWarning
+        )
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .report import format_table, plot_comparison, run_cost_lines, summarise
+    from .report import format_table, plot_comparison, run_cost_lines, run_failure, summarise
     from .simulation import run
 
     if args.command == "simulate":
@@ -399,7 +459,12 @@ def _run(args: argparse.Namespace) -> int:
         schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     out = args.out or Path("runs") / args.command
     configs = {scheme: _config(args, scheme, out) for scheme in schemes}  # validate all first
-    events = {scheme: run(config) for scheme, config in configs.items()}
+    events = {}
+    for scheme, config in configs.items():
+        events[scheme] = run(config)
+        failure = run_failure(events[scheme])
+        if failure is not None:
+            raise RunFailedError(f"{scheme}: {failure}")
     cost, costs = run_cost_lines(events)
     target = args.target_accuracy
     if target is None:
@@ -468,19 +533,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             from .crypto import KeyFileError
         except ImportError as err:
-            parser.error(f"--encrypt: {err}")
+            return _fail(f"--encrypt: {err}")
         key_errors = (KeyFileError,)
     try:
         return _run_cluster(args) if args.command == "cluster" else _run(args)
     except ValidationError as err:
-        parser.error(_validation_message(err))
+        return _fail(_validation_message(err))
     except DataSourceError as err:
-        parser.error(str(err))
+        return _fail(str(err))
     except CheckpointError as err:
-        parser.error(f"--checkpoint-dir: {err}")
+        return _fail(f"--checkpoint-dir: {err}")
     except key_errors as err:  # key files missing, of the wrong kind, or altered
-        parser.error(f"--encrypt: {err}")
-    return 2
+        return _fail(f"--encrypt: {err}")
+    except RunFailedError as err:
+        return _fail(str(err), code=1)
+
+
+def _fail(message: str, *, code: int = 2) -> int:
+    """One line on stderr and the exit code: 2 for a setting refused before round 1,
+    1 for a run that failed."""
+    print(f"fl-lbbsp: error: {' '.join(message.split())}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -20,11 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .clients.app import SiloSetup, test_data
 from .clients.cluster import WorkerSetup, make_worker_app
 from .clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
-from .datasets import SourceSpec, load_source
+from .datasets import SourceSpec
 from .models import ModelName, build_model
-from .simulation import central_evaluation, check_key_files, run_engine, start_telemetry
-from .strategies.checkpoint import resume_point
+from .simulation import central_evaluation, prepare_run, run_engine
 from .strategies.cluster import LBBSPCluster
+from .strategies.rounds import format_silos
 from .telemetry import read_telemetry
 
 __all__ = ["ClusterConfig", "format_cluster_table", "run_cluster", "summarise_cluster"]
@@ -200,12 +200,8 @@ def _server_app(config: ClusterConfig) -> ServerApp:
 
 def run_cluster(config: ClusterConfig) -> list[dict[str, Any]]:
     """Run one simulated cluster and return its telemetry events."""
-    load_source(config.dataset)  # fail fast on a bad dataset spec or path
-    if config.encrypt is not None:
-        check_key_files(config.encrypt)
+    prepare_run(config, make_cluster_strategy(config))
     path = config.telemetry_path()
-    # Fail fast on a checkpoint of other settings; keep the telemetry of a resumed run.
-    start_telemetry(path, config, resume=resume_point(make_cluster_strategy(config)) is not None)
     run_engine(
         _server_app(config),
         make_worker_app(config.worker_setup()),
@@ -290,7 +286,7 @@ def format_cluster_table(summaries: dict[str, dict[str, Any]]) -> str:
             " messaging is real wall time"
         )
     for name, summary in summaries.items():
-        sizes = " ".join(f"{s}={b}" for s, b in summary["batch_sizes_final"].items())
+        sizes = format_silos(summary["batch_sizes_final"])
         lines.append(f"final batch sizes ({name}): {sizes}")
     return "\n".join(lines)
 
@@ -309,9 +305,8 @@ def run_cluster_in_process(config: ClusterConfig) -> list[dict[str, Any]]:
 
     from .inprocess import InProcessGrid
 
-    load_source(config.dataset)  # fail fast on a bad dataset spec or path
+    prepare_run(config, make_cluster_strategy(config))
     path = config.telemetry_path()
-    start_telemetry(path, config)
     grid = InProcessGrid(make_worker_app(config.worker_setup()), num_nodes=config.workers)
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
     _server_app(config)(grid, context)

@@ -7,9 +7,22 @@ renamed through the strategy's and the trainer's constructor parameters (shared/
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["STEP_BATCH_SIZE", "RecordKeys"]
+__all__ = ["ENCRYPTED_HEADER", "STEP_BATCH_SIZE", "RecordKeys", "is_encrypted"]
+
+ENCRYPTED_HEADER = "ckks-header"
+"""ArrayRecord entry that marks an encrypted update (its plaintext header: weight, length,
+key fingerprint, layout, digests). Checking for it needs no TenSEAL, so a plaintext run
+never imports :mod:`fl_lbbsp.crypto`."""
+
+
+def is_encrypted(record: Container[str]) -> bool:
+    """Whether an ArrayRecord holds an encrypted update rather than plaintext arrays."""
+    return ENCRYPTED_HEADER in record
+
 
 STEP_BATCH_SIZE = "step-batch-size"
 """Telemetry field of the ``lbbsp-tau`` baseline: the batch size a silo used per step,

@@ -6,20 +6,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from .clients.emulation import SlowdownSchedule
+from .clients.emulation import CostModel, SlowdownSchedule
 from .contract import STEP_BATCH_SIZE
 from .core import fit_linear_cost, ideal_round_time, linear_minmax_continuous
+from .strategies.rounds import format_silos, natural_key
 
 __all__ = [
     "CostLine",
     "fit_cost_line",
     "format_table",
+    "modelled_cost_line",
     "plot_comparison",
     "run_cost_lines",
+    "run_failure",
     "slowdowns_at",
     "summarise",
 ]
@@ -58,6 +61,42 @@ def _train_events(events: Events) -> list[dict[str, Any]]:
     return [e for e in events if e.get("event") == "train"]
 
 
+def run_failure(events: Events) -> str | None:
+    """Why a run produced no model, in one line; ``None`` if any round was aggregated.
+
+    A run whose every round was skipped (every reply rejected, or too few valid ones)
+    has nothing to summarise. The line names the reason the silos' replies were
+    rejected, e.g. ``"every silo failed in every round: ImportError: ..."``, or the
+    most common reasons when they differ.
+    """
+    train = _train_events(events)
+    if not train:
+        return "no round was run"
+    if any(e.get("skipped") is None for e in train):
+        return None
+    reasons = [
+        str(r.get("reason", "")).removeprefix("error reply: ")
+        for e in train
+        for r in e.get("rejected") or ()
+    ]
+    replied = [e for e in train if e.get("silos")]
+    if reasons and not replied:
+        counts: dict[str, int] = {}
+        for reason in reasons:
+            counts[reason] = counts.get(reason, 0) + 1
+        ranked = sorted(counts, key=lambda r: -counts[r])
+        if len(ranked) == 1:
+            return f"every silo failed in every round: {ranked[0]}"
+        others = len(ranked) - 1
+        return (
+            f"every silo failed in every round, most often with: {ranked[0]} "
+            f"({counts[ranked[0]]} of {len(reasons)} replies; {others} other reason"
+            f"{'s' if others > 1 else ''} in the telemetry)"
+        )
+    last = str(train[-1].get("skipped"))
+    return f"every round was skipped ({len(train)} of {len(train)}), the last because: {last}"
+
+
 def fit_cost_line(*runs: Events) -> CostLine:
     """Fit the unemulated ``compute-time`` against batch size over every silo and round.
 
@@ -91,23 +130,34 @@ def _local_steps(events: Events) -> int | None:
     return None if steps is None else int(steps)
 
 
-def run_cost_lines(runs: dict[str, Events]) -> tuple[CostLine, dict[str, CostLine]]:
-    """The pooled cost line of all runs, and the one each run's T* is measured against.
+def modelled_cost_line(events: Events) -> CostLine | None:
+    """The exact cost line of a run whose silos report a cost model's time
+    (``cost_model`` ``"m,b"`` in its config): ``t = tau * (m * B + b)``; ``None`` for a
+    run of measured times."""
+    config = next((e for e in events if e.get("event") == "config"), {})
+    text = config.get("cost_model")
+    if not text:
+        return None
+    cost = CostModel.parse(str(text))
+    tau = int(config.get("local_steps") or 1)
+    return CostLine(tau * cost.per_sample, tau * cost.fixed)
 
-    A run taken at another time may find the shared machine faster or slower, so each
-    run is held to the line fitted on its own silo-rounds. A run where every silo kept
-    one batch size B_init (FedAvg, partial aggregation, the tau variant) gets the line
-    through the origin and its mean time at B_init: it cannot tell the fixed cost apart,
-    but its T* is exact all the same, since with ``X = n * B_init`` the ideal
-    ``(a X + n b) / sum(1 / k_i)`` depends on ``a * B_init + b`` only (as long as every
-    silo's ideal share is at least one sample). A run without a usable silo-round gets
-    the pooled line.
+
+def run_cost_lines(runs: dict[str, Events]) -> tuple[CostLine, dict[str, CostLine]]:
+    """The one cost line every run of a comparison is measured against.
+
+    Silos that report a cost model's time (:func:`modelled_cost_line`) give the exact
+    line. Otherwise the line is fitted once on the real (unemulated) compute times of
+    every scheme's silo-rounds, so that all schemes of one comparison share one T* and
+    their ratios compare. Returns the line and, for convenience, the same line under
+    every run's name.
     """
-    pooled = fit_cost_line(*runs.values())
-    own = {name: fit_cost_line(events) for name, events in runs.items()}
-    return pooled, {
-        name: line if math.isfinite(line.a) and line.a > 0 else pooled for name, line in own.items()
-    }
+    modelled = [modelled_cost_line(events) for events in runs.values()]
+    if modelled and all(line is not None for line in modelled):
+        line = cast(CostLine, modelled[0])
+    else:
+        line = fit_cost_line(*runs.values())
+    return line, dict.fromkeys(runs, line)
 
 
 def summarise(
@@ -131,13 +181,19 @@ def summarise(
         First round counted as steady state.
     """
     config = next(e for e in events if e.get("event") == "config")
-    train = _train_events(events)
+    # Skipped rounds (no valid reply) have no round time and change no model.
+    train = [e for e in _train_events(events) if e.get("round_time") is not None]
+    if not train:
+        raise ValueError(f"no aggregated round to summarise: {run_failure(events)}")
     accuracy = {e["round"]: e["accuracy"] for e in events if e.get("event") == "evaluate"}
     total = int(config["batch_size"]) * int(config["silos"])
-    ideal = cost.ideal(slowdowns_at(config, steady_from), total)
     steady = [e for e in train if e["round"] >= steady_from] or train
-    round_steady = float(np.mean([e["round_time"] for e in steady]))
-    round_median = float(np.median([e["round_time"] for e in steady]))
+    # T* of each round: capacities may change over the rounds (slowdown schedules).
+    ideals = np.array([cost.ideal(slowdowns_at(config, e["round"]), total) for e in steady])
+    times = np.array([float(e["round_time"]) for e in steady])
+    ideal = float(np.mean(ideals))
+    round_steady = float(np.mean(times))
+    round_median = float(np.median(times))
     elapsed, rounds, time_to_target = 0.0, [], None
     for event in train:
         elapsed += float(event["round_time"])
@@ -165,12 +221,13 @@ def summarise(
         "share_deviation_steady": _share_deviation(steady),
         "emulated": config.get("speeds") is not None,
         "emulate_wait": config.get("emulate_wait", True),
+        "cost_model": config.get("cost_model"),
         "speeds_emulated": config.get("speeds"),
         "round_time_steady": round_steady,
         "ideal_round_time": ideal,
-        "round_time_over_ideal": round_steady / ideal,
+        "round_time_over_ideal": float(np.mean(times / ideals)),
         "round_time_steady_median": round_median,
-        "round_time_median_over_ideal": round_median / ideal,
+        "round_time_median_over_ideal": float(np.median(times / ideals)),
         "idle_fraction_steady": float(np.mean([e["idle_fraction"] for e in steady])),
         "final_accuracy": accuracy.get(max(accuracy)) if accuracy else None,
         "best_accuracy": max(accuracy.values()) if accuracy else None,
@@ -186,7 +243,7 @@ def summarise(
 def _share_deviation(steady: list[dict[str, Any]]) -> float | None:
     """Largest relative gap between a silo's mean steady batch size and its proportional
     share ``X * v_i / sum_j v_j``, with ``v_i`` its mean reported speed over those rounds."""
-    silos = sorted({s for e in steady for s in e["silos"]})
+    silos = sorted({s for e in steady for s in e["silos"]}, key=natural_key)
     sizes, speeds = [], []
     for silo in silos:
         rows = [e["silos"][silo] for e in steady if silo in e["silos"]]
@@ -223,7 +280,7 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
     """Side-by-side table of the schemes (times in emulated seconds)."""
     rows = [
         ("mean round time, steady (s)", "round_time_steady", "{:.3f}"),
-        ("ideal round time T* (s)", "ideal_round_time", "{:.3f}"),
+        ("ideal round time T* (s), mean", "ideal_round_time", "{:.3f}"),
         ("round time / T*", "round_time_over_ideal", "{:.3f}"),
         ("median round time / T*", "round_time_median_over_ideal", "{:.3f}"),
         ("idle fraction, steady", "idle_fraction_steady", "{:.1%}"),
@@ -241,7 +298,13 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
     first = next(iter(summaries.values()))
     if first.get("target_accuracy") is not None:
         lines.append(f"target accuracy: {first['target_accuracy']:.4f}")
-    if any(s.get("emulated") for s in summaries.values()):
+    if first.get("cost_model"):
+        wait = "waiting it out" if first.get("emulate_wait", True) else "without waiting"
+        lines.append(
+            f"times are emulated: silo i reports tau*k_i*(m*B_i+b) with m,b = "
+            f"{first['cost_model']} s, {wait}; capacities {first.get('speeds_emulated')}"
+        )
+    elif any(s.get("emulated") for s in summaries.values()):
         how = (
             "silo i waits (k_i-1)*t after computing for t"
             if first.get("emulate_wait", True)
@@ -249,7 +312,7 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
         )
         lines.append(f"times are emulated: silo capacities {first.get('speeds_emulated')} ({how})")
     for name, summary in summaries.items():
-        sizes = " ".join(f"{s}={b}" for s, b in summary["batch_sizes_final"].items())
+        sizes = format_silos(summary["batch_sizes_final"])
         lines.append(f"final batch sizes ({name}): {sizes}")
     return "\n".join(lines)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, cast, get_args
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
@@ -15,15 +17,26 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .clients.app import SiloSetup, make_client_app, test_data
-from .clients.emulation import SlowdownSchedule, Speeds, check_speeds, slowdowns_from_speeds
+from .clients.app import SiloSetup, make_client_app, silo_data, test_data
+from .clients.emulation import (
+    CostModelText,
+    SlowdownSchedule,
+    Speeds,
+    check_speeds,
+    slowdowns_from_speeds,
+)
 from .clients.trainer import evaluate
 from .core.estimators import ESTIMATORS
-from .datasets import ArrayDataset, PartitionText, SourceSpec, load_source
+from .datasets import ArrayDataset, DataSourceError, PartitionText, SourceSpec, load_source
 from .inprocess import InProcessGrid
 from .models import ModelName, build_model
 from .strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
-from .strategies.checkpoint import resume_point
+from .strategies.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    check_checkpoint_dir,
+    resume_point,
+)
 from .telemetry import TelemetryWriter, read_telemetry
 
 __all__ = [
@@ -31,6 +44,7 @@ __all__ = [
     "SimulationConfig",
     "central_evaluation",
     "check_key_files",
+    "prepare_run",
     "run",
     "run_engine",
     "start_telemetry",
@@ -94,6 +108,11 @@ class SimulationConfig(BaseModel):
         Emulated silos wait ``(k - 1) * t`` after computing for ``t``; ``False`` reports
         ``k * t`` without waiting, which keeps the reported times but not the wall
         clock (the silos compute one after the other, so nothing contends).
+    cost_model : str | None (default: None)
+        Emulated step time ``"m,b"`` of the fastest silo (seconds per sample, per step):
+        silo i reports ``tau * k_i * (m * B_i + b)`` instead of its measured compute
+        time times k_i, and T* is exact. For runs whose batch sizes must not depend on
+        how busy the machine is (tests, balancing benchmarks). ``None``: measured times.
     runtime : {"ray", "inprocess"} (default: "ray")
         ``"ray"``: Flower's Simulation Engine. ``"inprocess"``: the same ServerApp body
         and ClientApp on an :class:`~fl_lbbsp.inprocess.InProcessGrid` in this process,
@@ -136,6 +155,7 @@ class SimulationConfig(BaseModel):
     checkpoint_dir: Path | None = None
     partial_replies: int | None = Field(default=None, gt=0)
     emulate_wait: bool = True
+    cost_model: CostModelText | None = None
     runtime: Literal["ray", "inprocess"] = "ray"
 
     @field_validator("estimator")
@@ -192,6 +212,7 @@ class SimulationConfig(BaseModel):
             secret_context=None if self.encrypt is None else str(self.encrypt),
             evaluate_on="train" if self.encrypt is None else "test",
             emulate_wait=self.emulate_wait,
+            cost_model=self.cost_model,
         )
 
     def telemetry_path(self) -> Path:
@@ -340,12 +361,12 @@ def run(
     ``strategy``: as in :func:`train_federation`.
     """
     load_source(config.dataset)  # fail fast on a bad dataset spec or path
-    if config.encrypt is not None:
-        check_key_files(config.encrypt)
+    try:  # partitions every silo's data (cached), refusing a split the data cannot give
+        silo_data(config.silo_setup(), 0)
+    except ValueError as err:
+        raise DataSourceError(f"--partition {config.partition}: {err}") from None
+    prepare_run(config, strategy or make_strategy(config))
     path = config.telemetry_path()
-    # Fail fast on a checkpoint of other settings; keep the telemetry of a resumed run.
-    resumed = resume_point(strategy or make_strategy(config)) is not None
-    start_telemetry(path, config, resume=resumed)
     if config.runtime == "inprocess":
         grid = InProcessGrid(make_client_app(config.silo_setup()), num_nodes=config.silos)
         train_federation(config, grid, strategy=strategy)
@@ -357,6 +378,109 @@ def run(
             parallel=config.parallel,
         )
     return read_telemetry(path)
+
+
+RUN_FILE = "run.json"
+"""File beside a run's checkpoints recording the settings that decide the run."""
+
+_NOT_RUN_SETTINGS = frozenset(
+    {"out", "rounds", "iterations", "runtime", "parallel", "emulate_wait", "wait",
+     "checkpoint_dir", "encrypt", "eval_every"}
+)  # fmt: skip
+"""Config fields a resumed run may change: where output goes, how long it runs and how
+the silos are scheduled, none of which changes a round's result."""
+
+
+class RunConfig(Protocol):
+    """What :func:`prepare_run` needs of a simulation or cluster config."""
+
+    dataset: str
+    encrypt: Path | None
+    checkpoint_dir: Path | None
+
+    def telemetry_path(self) -> Path: ...
+
+    def checkpoint_path(self) -> Path | None: ...
+
+    def model_dump(self, *, mode: str) -> dict[str, Any]: ...
+
+
+def prepare_run(config: RunConfig, strategy: LBBSPFedAvg) -> None:
+    """Check everything that can be checked before round 1, then start the telemetry.
+
+    The data source loads; the key files (encrypted runs) load under one fingerprint;
+    the checkpoint folder is a writable directory; a resume (a checkpoint in the folder)
+    has the settings of the run that wrote it (:data:`RUN_FILE`: model, data, silos,
+    partition, seed, tau, eta, B_init, balancer, ...) and the telemetry of its earlier
+    rounds, copied from the first run's output folder when ``out`` changed.
+
+    Raises
+    ------
+    DataSourceError
+        A data source that cannot be read.
+    CheckpointError
+        A checkpoint folder that cannot be written, or a resume that differs from the
+        run that wrote the checkpoint (each differing field named with both values).
+    KeyFileError
+        Missing or mismatched key files.
+    """
+    load_source(config.dataset)  # fail fast on a bad dataset spec or path
+    if config.encrypt is not None:
+        check_key_files(config.encrypt)
+    directory = config.checkpoint_path()
+    if config.checkpoint_dir is not None and directory is not None:
+        check_checkpoint_dir(config.checkpoint_dir, directory)
+    telemetry = config.telemetry_path()
+    settings = {
+        k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_RUN_SETTINGS
+    }
+    run_file = None if directory is None else directory / RUN_FILE
+    saved = None
+    if directory is not None and run_file is not None and CheckpointStore(directory).rounds():
+        saved = _check_same_run(run_file, settings) if run_file.is_file() else None
+    # A checkpoint of another strategy or other settings is refused here.
+    checkpoint = resume_point(strategy)
+    if checkpoint is not None:
+        earlier = None if saved is None else Path(saved)
+        if not telemetry.exists() and earlier is not None and earlier.is_file():
+            telemetry.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(earlier, telemetry)
+        if not telemetry.is_file():
+            raise CheckpointError(
+                f"resuming after round {checkpoint.server_round} needs the telemetry of the "
+                f"earlier rounds, {telemetry}: rerun with the first run's output folder"
+            )
+    if run_file is not None and (checkpoint is None or not run_file.is_file()):
+        record = {"telemetry": str(telemetry.resolve()), "settings": settings}
+        _write_atomically(run_file, json.dumps(record, indent=2, sort_keys=True))
+    start_telemetry(telemetry, cast(BaseModel, config), resume=checkpoint is not None)
+
+
+def _check_same_run(run_file: Path, settings: dict[str, Any]) -> str:
+    """Refuse settings other than those of the run that wrote the checkpoints beside
+    ``run_file``; return that run's telemetry path."""
+    try:
+        saved = json.loads(run_file.read_text())
+        earlier, before = str(saved["telemetry"]), dict(saved["settings"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{run_file} is unreadable ({err})") from None
+    differences = [
+        f"{name} {before.get(name)!r} (now {value!r})"
+        for name, value in settings.items()
+        if before.get(name) != value
+    ]
+    if differences:
+        raise CheckpointError(
+            f"the checkpoint in {run_file.parent} is of a run with {'; '.join(differences)}: "
+            "resume with the same settings, or use another checkpoint dir"
+        )
+    return earlier
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def start_telemetry(path: Path, config: BaseModel, *, resume: bool = False) -> None:

@@ -13,23 +13,37 @@ def _round(sizes: list[int], a: float, b: float) -> dict[str, object]:
     return {"event": "train", "round": 1, "silos": silos}
 
 
-def test_each_run_is_held_to_its_own_cost_line() -> None:
-    # Prepare: the shared machine was 10% slower while FedAvg (one batch size) ran
+def test_every_scheme_of_a_comparison_shares_one_cost_line() -> None:
+    # Prepare: LB-BSP ran several batch sizes, FedAvg one, on the same machine
     lbbsp = [_round([10, 20, 40, 80], a=0.01, b=0.1), _round([12, 25, 30, 60], a=0.01, b=0.1)]
-    fedavg = [_round([32, 32, 32, 32], a=0.011, b=0.11)]
+    fedavg = [_round([32, 32, 32, 32], a=0.01, b=0.1)]
     slowdowns = [1.0, 2.0, 2.0, 4.0]
 
     # Execute
-    pooled, costs = run_cost_lines({"fedavg": fedavg, "lbbsp": lbbsp})
+    line, costs = run_cost_lines({"fedavg": fedavg, "lbbsp": lbbsp})
 
-    # Assert: LB-BSP's own line is exact; FedAvg's, through the origin at B_init, gives
-    # the exact T* of the slower machine: (a X + n b) / sum(1 / k_i)
-    assert costs["lbbsp"].a == pytest.approx(0.01)
-    assert costs["lbbsp"].b == pytest.approx(0.1)
+    # Assert: one line, fitted on both runs, hence one T* for both schemes
+    assert costs["lbbsp"] is costs["fedavg"] is line
+    assert line.a == pytest.approx(0.01)
+    assert line.b == pytest.approx(0.1)
+    assert costs["fedavg"].ideal(slowdowns, 128) == costs["lbbsp"].ideal(slowdowns, 128)
     assert not fit_cost_line(fedavg).fitted
-    exact = (0.011 * 128 + 4 * 0.11) / sum(1 / k for k in slowdowns)
-    assert costs["fedavg"].ideal(slowdowns, 128) == pytest.approx(exact)
-    assert pooled.a != pytest.approx(0.01)
+
+
+def test_cost_modelled_runs_get_the_model_line_whatever_was_measured() -> None:
+    # Prepare: silos reported t = tau * k * (m B + b) from a cost model; compute was noise
+    config = {"event": "config", "local_steps": 10, "cost_model": "0.002,0.01"}
+    runs = {
+        name: [config, _round(sizes, a=0.5, b=3.0)]
+        for name, sizes in (("fedavg", [32, 32]), ("lbbsp", [50, 14]))
+    }
+
+    # Execute
+    line, costs = run_cost_lines(runs)
+
+    # Assert: a = tau m, b = tau b, exactly
+    assert (line.a, line.b) == pytest.approx((0.02, 0.1))
+    assert costs["fedavg"] is costs["lbbsp"] is line
 
 
 def test_tau_variant_times_count_per_configured_steps() -> None:

@@ -20,7 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..contract import RecordKeys
+from ..contract import RecordKeys, is_encrypted
 from ..datasets import (
     ArrayDataset,
     PartitionSpec,
@@ -31,7 +31,14 @@ from ..datasets import (
     train_test_split,
 )
 from ..models import ModelName, build_model
-from .emulation import SlowdownSchedule, SlowdownText, emulate_slowdown
+from .emulation import (
+    CostModel,
+    CostModelText,
+    SlowdownSchedule,
+    SlowdownText,
+    emulate_slowdown,
+    emulated_time,
+)
 from .trainer import TrainerConfig, evaluate, machine_usage, train_local
 
 if TYPE_CHECKING:
@@ -80,6 +87,12 @@ class SiloSetup(BaseModel):
         ``False``: it reports ``k * t`` at once, without waiting; enough when silos compute
         one after the other and only the reported (emulated) times matter, e.g. in the
         benchmarks. Round and wall-clock times then differ: say so with every figure.
+    cost_model : str | None (default: None)
+        Emulated time of one step on the fastest machine, ``"m,b"`` (seconds per sample
+        and per step, :class:`~fl_lbbsp.clients.emulation.CostModel`): a silo reports
+        ``tau * k * (m * B + b)`` instead of its measured time times k, so reported
+        times, and the batch sizes that follow from them, are the same on a quiet or a
+        busy machine. ``None``: measured compute times.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -96,6 +109,7 @@ class SiloSetup(BaseModel):
     secret_context: str | None = None
     evaluate_on: Literal["train", "test"] = "train"
     emulate_wait: bool = True
+    cost_model: CostModelText | None = None
 
 
 @lru_cache(maxsize=4)
@@ -145,8 +159,6 @@ def _open_arrays(
 ) -> tuple[dict[str, torch.Tensor], float]:
     """The global model as a state dict, decrypted if it came encrypted, and the seconds
     decryption took."""
-    from ..crypto.records import is_encrypted
-
     if not is_encrypted(record):
         return record.to_torch_state_dict(), 0.0
     if secret_context is None:
@@ -276,7 +288,14 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
             generator=generator,
         )
         cpu, memory = machine_usage()
-        reported = emulate_slowdown(result.compute_time, factor, wait=setup.emulate_wait)
+        reported = emulated_time(
+            result.compute_time,
+            factor,
+            cost=None if setup.cost_model is None else CostModel.parse(setup.cost_model),
+            batch_size=instructions.batch_size,
+            local_steps=instructions.local_steps,
+            wait=setup.emulate_wait,
+        )
         extra: dict[str, Any] = {}
         if secret_context is None:
             arrays = ArrayRecord(model.state_dict())

@@ -35,7 +35,14 @@ from ..core.optim import SGD
 from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
 from ..models import ModelName, build_model
 from .app import _seed, _silo_keys, _split, secret_context_of, train_reply
-from .emulation import CostModel, CostModelText, SlowdownSchedule, SlowdownText, emulate_slowdown
+from .emulation import (
+    CostModel,
+    CostModelText,
+    SlowdownSchedule,
+    SlowdownText,
+    emulate_slowdown,
+    emulated_time,
+)
 from .sampler import ResizableBatchSampler, check_batch_size
 from .trainer import evaluate, machine_usage
 
@@ -312,8 +319,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         factor = _factor(setup, context, worker, server_round)
         cost = _cost_model(setup, context, worker)
         if cost is not None:
-            cost = cost.scaled(factor)
-            modelled = cost.time(batch_size)  # raises OutOfMemoryError above the cap
+            cost.scaled(factor).time(batch_size)  # raises OutOfMemoryError above the cap
         data = worker_data(setup, worker)
         model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
         secret_context = secret_context_of(context, setup.secret_context)
@@ -334,12 +340,13 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         )
         compute_time = time.perf_counter() - compute_start
         cpu, memory = machine_usage()
-        if cost is None:
-            reported = emulate_slowdown(compute_time, factor)
-        else:
-            reported = modelled
-            if setup.wait:
-                time.sleep(max(0.0, modelled - (time.perf_counter() - compute_start)))
+        reported = emulated_time(
+            time.perf_counter() - compute_start,
+            factor,
+            cost=cost,
+            batch_size=batch_size,
+            wait=cost is None or setup.wait,
+        )
         if secret_context is None:
             arrays = ArrayRecord({k: Array(v) for k, v in grads.items()})
         else:

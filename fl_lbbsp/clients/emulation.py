@@ -29,6 +29,7 @@ __all__ = [
     "Speeds",
     "check_speeds",
     "emulate_slowdown",
+    "emulated_time",
     "slowdowns_from_speeds",
 ]
 
@@ -121,6 +122,49 @@ def emulate_slowdown(
     if wait and factor > 1.0:
         sleep((factor - 1.0) * compute_time)
     return factor * compute_time
+
+
+def emulated_time(
+    compute_time: float,
+    factor: float,
+    *,
+    cost: CostModel | None,
+    batch_size: int,
+    local_steps: int = 1,
+    wait: bool = True,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """The time a silo reports for ``local_steps`` steps at ``batch_size``, after waiting
+    for it to pass if asked.
+
+    Without a cost model it is :func:`emulate_slowdown` of the measured time. With one it
+    is the model's: ``local_steps * cost.scaled(factor).time(batch_size)``, the same on a
+    quiet or a busy machine (tests, and benchmarks that need exact capacities); the silo
+    then waits out what its real compute did not take.
+
+    Parameters
+    ----------
+    compute_time : float
+        Real seconds of compute t.
+    factor : float
+        Slowdown factor k >= 1.
+    cost : CostModel | None
+        The fastest machine's batch time; ``None``: measured times.
+    batch_size : int
+        Batch size of each step.
+    local_steps : int (default: 1)
+        Steps of the round.
+    wait : bool (default: True)
+        Wait until the reported time has passed since compute started.
+    sleep : Callable[[float], None] (default: time.sleep)
+        How to wait.
+    """
+    if cost is None:
+        return emulate_slowdown(compute_time, factor, wait=wait, sleep=sleep)
+    modelled = local_steps * cost.scaled(factor).time(batch_size)
+    if wait and modelled > compute_time:
+        sleep(modelled - compute_time)
+    return modelled
 
 
 class OutOfMemoryError(MemoryError):

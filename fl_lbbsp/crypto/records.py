@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from flwr.app import Array, ArrayRecord
 
+from ..contract import ENCRYPTED_HEADER as HEADER_KEY
+from ..contract import is_encrypted
 from .ckks import EncryptedUpdate, InvalidUpdateError
 
 __all__ = [
@@ -20,15 +22,9 @@ __all__ = [
     "update_to_record",
 ]
 
-HEADER_KEY = "ckks-header"
 HEADER_STYPE = "fl_lbbsp.ckks-header"
 CHUNK_STYPE = "tenseal.ckks-vector"
 _CHUNK_PREFIX = "ckks-chunk-"
-
-
-def is_encrypted(record: ArrayRecord) -> bool:
-    """Whether ``record`` holds an encrypted update rather than plaintext arrays."""
-    return HEADER_KEY in record
 
 
 def update_to_record(update: EncryptedUpdate) -> ArrayRecord:

@@ -47,6 +47,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointStore",
+    "check_checkpoint_dir",
     "check_compatible",
     "resume_point",
     "save_checkpoint",
@@ -270,6 +271,34 @@ def check_compatible(checkpoint: Checkpoint, strategy: LBBSPFedAvg) -> None:
             f"checkpoint {checkpoint.path} was written with {'; '.join(differences)}: resume "
             "with the same strategy and settings, or use another checkpoint_dir"
         )
+
+
+def check_checkpoint_dir(given: Path, directory: Path) -> None:
+    """Refuse, before any round, a checkpoint folder that cannot be written.
+
+    Parameters
+    ----------
+    given : Path
+        The folder the user named (``--checkpoint-dir``); it must be a directory or not
+        exist yet.
+    directory : Path
+        The run's own folder under it, created here, where one file is written and
+        removed as a probe.
+
+    Raises
+    ------
+    CheckpointError
+        ``given`` is not a directory, or ``directory`` cannot be created or written.
+    """
+    if given.exists() and not given.is_dir():
+        raise CheckpointError(f"{given} is not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise CheckpointError(f"{directory} is not a writable directory ({err.strerror})") from None
 
 
 def resume_point(strategy: LBBSPFedAvg) -> Checkpoint | None:

@@ -46,6 +46,7 @@ from .validation import (
     InvalidReplyError,
     Layout,
     check_array_record,
+    error_summary,
     layout_of,
     log_rejected,
     log_skipped,
@@ -420,7 +421,7 @@ evaluate_metrics_aggr_fn :
                     raise InvalidReplyError(f"a second reply for silo {silo} in this round")
                 silos.add(silo)
                 if msg.has_error():
-                    raise InvalidReplyError(f"error reply: {msg.error.reason}")
+                    raise InvalidReplyError(f"error reply: {error_summary(msg.error.reason)}")
                 self._check_content(msg)
             except InvalidReplyError as err:
                 self._reject(server_round, msg, str(err), rejected)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ __all__ = [
     "allocate_batch_sizes",
     "balancer_from_config",
     "feed_balancer",
+    "format_silos",
     "log_round",
     "missing",
     "natural_key",
@@ -172,8 +174,12 @@ def log_round(
         "[%s] round %d | B: %s | train-time (s): %s | round time %s s | idle %s | wall %s s",
         scheme,
         server_round,
-        " ".join(f"{s}={silos[s].get(keys.batch_size)}" for s in order),
-        " ".join(f"{s}={float(silos[s].get(keys.train_time, math.nan)):.3f}" for s in order),
+        format_silos({s: silos[s].get(keys.batch_size) for s in order}),
+        format_silos(
+            {s: silos[s].get(keys.train_time) for s in order},
+            spec=".3f",
+            largest_label="slowest",
+        ),
         "n/a" if round_time is None else f"{round_time:.3f}",
         "n/a" if idle is None else f"{100 * idle:.1f}%",
         "n/a" if wall is None else f"{wall:.2f}",
@@ -199,9 +205,64 @@ def silo_round_time(record: Mapping[str, Any], keys: RecordKeys) -> float:
     return float(record[keys.train_time]) + float(record.get(keys.he_time, 0.0))
 
 
-def natural_key(silo: str) -> tuple[int, str]:
-    """Sort key putting numeric silo ids first, in numeric order."""
-    return (int(silo), "") if silo.isdigit() else (1 << 30, silo)
+def natural_key(silo: str) -> tuple[tuple[int, int, str], ...]:
+    """Sort key for silo ids in natural order: ``2`` before ``10``, ``silo-2`` before
+    ``silo-10`` (digit runs compare as numbers, the rest as text)."""
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part)
+        for part in re.split(r"(\d+)", silo)
+        if part
+    )
+
+
+def format_silos(
+    values: Mapping[str, Any],
+    *,
+    spec: str = "",
+    limit: int = 20,
+    largest: int = 3,
+    largest_label: str = "largest",
+) -> str:
+    """Per-silo values for a log line, readable for any number of silos.
+
+    Up to ``limit`` silos: ``silo=value`` in natural order (:func:`natural_key`). Beyond:
+    ``N silos: min / median / max`` and the ``largest`` silos with the largest values
+    (e.g. the slowest, for times).
+
+    Parameters
+    ----------
+    values : Mapping[str, Any]
+        Numeric value per silo (``None`` or missing values are shown as ``n/a``).
+    spec : str (default: "")
+        Format spec of each value, e.g. ``".3f"``.
+    limit : int (default: 20)
+        Most silos listed one by one.
+    largest : int (default: 3)
+        Silos named in the summary beyond ``limit``.
+    largest_label : str (default: "largest")
+        What the summary calls them.
+    """
+
+    def show(value: Any) -> str:
+        if value is None:
+            return "n/a"
+        return format(value, "g" if not spec and isinstance(value, float) else spec)
+
+    order = sorted(values, key=natural_key)
+    if len(order) <= limit:
+        return " ".join(f"{s}={show(values[s])}" for s in order)
+    known = [s for s in order if isinstance(values[s], int | float) and math.isfinite(values[s])]
+    if not known:
+        return f"{len(order)} silos, no values"
+    numbers = sorted(values[s] for s in known)
+    half = len(numbers) // 2
+    middle = numbers[half] if len(numbers) % 2 else (numbers[half - 1] + numbers[half]) / 2
+    top = sorted(known, key=lambda s: (-float(values[s]), natural_key(s)))[:largest]
+    return (
+        f"{len(order)} silos: min {show(numbers[0])} / median {show(middle)} / "
+        f"max {show(numbers[-1])}; {largest_label}: "
+        + " ".join(f"{s}={show(values[s])}" for s in top)
+    )
 
 
 def missing(sent: Iterable[K], replied: Iterable[K]) -> list[K]:

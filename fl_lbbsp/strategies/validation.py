@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ __all__ = [
     "check_npy",
     "check_npy_list",
     "contract_metric_keys",
+    "error_summary",
     "layout_of",
     "layout_of_npy",
     "log_rejected",
@@ -466,6 +468,49 @@ def reply_checks(
     return checked, validator
 
 
+# An exception line of a traceback: "ImportError: message" or "pkg.mod.SomeError: message".
+_EXCEPTION_LINE = re.compile(
+    r"^\s*((?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)))"
+    r"(?:: (.*))?$"
+)
+# Exceptions that runtimes wrap a ClientApp's own exception in: never the cause.
+_WRAPPERS = frozenset({"ClientAppException", "RayTaskError", "RayActorError"})
+_FLOWER_REASON = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
+_MAX_SUMMARY = 300
+
+
+def error_summary(reason: str) -> str:
+    """One line for an error a silo sent back: ``"ExceptionType: message"``.
+
+    Runtimes wrap a ClientApp's exception in their own and in whole tracebacks (Ray's
+    ``ClientAppException`` carries the actor's traceback, Flower's simulation prints it as
+    ``<class '...'>:<'...'>``). The summary is the last exception line of the text that is
+    not such a wrapper, i.e. the exception the silo's code raised; failing that, the
+    wrapper's message, else the first non-empty line; at most 300 characters.
+
+    Parameters
+    ----------
+    reason : str
+        The error reply's reason, or any exception text.
+    """
+    text = reason.strip()
+    wrapped = _FLOWER_REASON.match(text)
+    if wrapped is not None:
+        name, text = wrapped.group(1), wrapped.group(2).strip()
+        if name not in _WRAPPERS and "\n" not in text:
+            return f"{name}: {text}"[:_MAX_SUMMARY]
+    found = None
+    for line in text.splitlines():
+        match = _EXCEPTION_LINE.match(line)
+        if match is not None and match.group(2) not in _WRAPPERS and match.group(3):
+            found = f"{match.group(2)}: {match.group(3).strip()}"
+    if found is None:
+        marker = re.search(r"occurred\. Message: (.+)", text)  # Flower's ClientAppException
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        found = marker.group(1).strip() if marker else (lines[0] if lines else "no reason given")
+    return found[:_MAX_SUMMARY]
+
+
 def log_rejected(
     telemetry: TelemetryWriter,
     *,
@@ -475,16 +520,26 @@ def log_rejected(
     node: int | str,
     reason: str,
 ) -> dict[str, Any]:
-    """One warning and one ``rejected`` telemetry event for a reply left out of a round;
-    returns the event's ``silo``, ``node`` and ``reason`` for the round's record."""
+    """One warning line and one ``rejected`` telemetry event for a reply left out of a
+    round; returns the event's ``silo``, ``node`` and ``reason`` for the round's record.
+
+    A reason of several lines (an error reply's traceback) is logged in full at DEBUG
+    only; the warning and the event carry its :func:`error_summary`.
+    """
+    summary = reason if "\n" not in reason.strip() else error_summary(reason)
+    summary = summary if len(summary) <= _MAX_SUMMARY else summary[:_MAX_SUMMARY] + "..."
+    if summary != reason:
+        log.debug(
+            "round %d: reply of silo %s (node %s), in full: %s", server_round, silo, node, reason
+        )
     log.warning(
         "round %d: reply of silo %s (node %s) rejected: %s; the round goes on without it",
         server_round,
         silo,
         node,
-        reason,
+        summary,
     )
-    entry = {"silo": silo, "node": node, "reason": reason}
+    entry = {"silo": silo, "node": node, "reason": summary}
     telemetry.write({"event": "rejected", "scheme": scheme, "round": server_round, **entry})
     return entry
 

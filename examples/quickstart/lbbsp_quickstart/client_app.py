@@ -18,8 +18,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fl_lbbsp.clients import (
+    CostModel,
     SlowdownSchedule,
-    emulate_slowdown,
+    emulated_time,
     evaluate,
     machine_usage,
     train_local,
@@ -107,9 +108,17 @@ def train(msg: Message, context: Context) -> Message:
             generator=generator,
         )
     cpu, memory = machine_usage()
-    # Emulated heterogeneity: a silo k times slower waits (k - 1) t and reports k t.
+    # Emulated heterogeneity: a silo k times slower waits (k - 1) t and reports k t; with
+    # run-config `cost-model` "m,b" it reports tau k (m B + b) whatever it measured.
     factor = _slowdown(context, server_round)
-    train_time = emulate_slowdown(result.compute_time, factor)
+    cost = str(context.run_config.get("cost-model", ""))
+    train_time = emulated_time(
+        result.compute_time,
+        factor,
+        cost=CostModel.parse(cost) if cost else None,
+        batch_size=batch_size,
+        local_steps=local_steps,
+    )
 
     metrics = MetricRecord(
         {
