@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 OUT ?= runs/demo
 
-.PHONY: venv install install-dev install-bench demo test bench lint typecheck clean
+.PHONY: venv install install-dev install-bench demo test test-under-load check bench lint typecheck clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ typecheck: install-dev
 	$(VENV)/bin/mypy fl_lbbsp/core
 
 test: install-dev
+	$(MAKE) --no-print-directory check
+
+# The same suite while 2 CPU-burning processes of its own share the machine (stopped by
+# pid when it ends, passed or failed): no test may depend on how busy the machine is.
+test-under-load: install-dev
+	.ci/with-cpu-burners 2 $(MAKE) --no-print-directory check
+
+# ruff, mypy and pytest on what is installed (`make test` installs first).
+check:
 	$(VENV)/bin/ruff check fl_lbbsp tests examples benchmarks
 	$(VENV)/bin/ruff format --check fl_lbbsp tests examples benchmarks
 	$(VENV)/bin/mypy fl_lbbsp/core

@@ -36,8 +36,11 @@ def _speeds(text: str) -> list[float]:
         ) from None
 
 
-def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str, estimators: str) -> None:
+def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
     """Flags with the same meaning in FL (`simulate`, `compare`) and cluster mode."""
+    from .core.estimators import ESTIMATORS
+
+    estimators = " | ".join(ESTIMATORS)
     parser.add_argument(
         "--dataset",
         default="embedded",
@@ -45,7 +48,24 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str, estimators:
     )
     parser.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
-    parser.add_argument("--estimator", default="ema", help=f"{estimators} (default: ema)")
+    parser.add_argument(
+        "--estimator", default="ema", help=f"speed estimator: {estimators} (default: ema)"
+    )
+    parser.add_argument(
+        "--narx-warmup",
+        type=int,
+        default=None,
+        metavar="N",
+        help="narx: reports per silo predicted by EMA before the network is first trained "
+        "(default: 500, the paper's; a run shorter than that is EMA throughout)",
+    )
+    parser.add_argument(
+        "--narx-train-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="narx: retrain the network after every N new reports (default: 10)",
+    )
     parser.add_argument("--alpha", type=float, default=0.2, help="EMA weight (default: 0.2)")
     parser.add_argument(
         "--parallel", type=int, default=1, help=f"{unit} computing at once (default: 1)"
@@ -75,7 +95,7 @@ _SCHEMES = "fedavg | lbbsp | lbbsp-tau | lbbsp-eta | partial"
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    _add_shared_flags(parser, unit="silos", estimators="ema | last | narx")
+    _add_shared_flags(parser, unit="silos")
     parser.add_argument("--silos", type=int, default=5, help="number of silos (default: 5)")
     parser.add_argument(
         "--speeds",
@@ -209,7 +229,7 @@ def _add_cluster_parser(sub: Any) -> None:
     cluster = sub.add_parser(
         "cluster", help="parameter-server mode: one synchronous iteration per round"
     )
-    _add_shared_flags(cluster, unit="workers", estimators="ema | last | narx | change-ema")
+    _add_shared_flags(cluster, unit="workers")
     cluster.add_argument(
         "--schemes",
         default="bsp,lbbsp,lbbsp-naive",
@@ -269,6 +289,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
             model=args.model,
             seed=args.seed,
             estimator=args.estimator,
+            estimator_options=_estimator_options(args),
             alpha=args.alpha,
             allocator=args.allocator,
             cost_model=args.cost_model,
@@ -370,6 +391,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         model=args.model,
         seed=args.seed,
         estimator=args.estimator,
+        estimator_options=_estimator_options(args),
         alpha=args.alpha,
         allocator=args.allocator,
         max_change_ratio=args.max_change_ratio,
@@ -385,6 +407,20 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         cost_model=args.cost_model,
         runtime="inprocess" if args.in_process else "ray",
     )
+
+
+def _estimator_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The estimator's extra settings given on the command line (narx's warm-up and
+    retraining interval), refused for another estimator."""
+    options = {
+        name: value
+        for name, value in (("warmup", args.narx_warmup), ("train_every", args.narx_train_every))
+        if value is not None
+    }
+    if options and args.estimator != "narx":
+        flags = ", ".join(f"--narx-{name.replace('_', '-')}" for name in options)
+        _fail(f"{flags}: only with --estimator narx (got --estimator {args.estimator})")
+    return options
 
 
 def _validation_message(err: ValidationError) -> str:
@@ -533,27 +569,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             from .crypto import KeyFileError
         except ImportError as err:
-            return _fail(f"--encrypt: {err}")
+            _fail(f"--encrypt: {err}")
         key_errors = (KeyFileError,)
     try:
         return _run_cluster(args) if args.command == "cluster" else _run(args)
     except ValidationError as err:
-        return _fail(_validation_message(err))
+        _fail(_validation_message(err))
     except DataSourceError as err:
-        return _fail(str(err))
+        _fail(str(err))
     except CheckpointError as err:
-        return _fail(f"--checkpoint-dir: {err}")
+        _fail(f"--checkpoint-dir: {err}")
     except key_errors as err:  # key files missing, of the wrong kind, or altered
-        return _fail(f"--encrypt: {err}")
+        _fail(f"--encrypt: {err}")
     except RunFailedError as err:
-        return _fail(str(err), code=1)
+        _fail(str(err), code=1)
 
 
-def _fail(message: str, *, code: int = 2) -> int:
-    """One line on stderr and the exit code: 2 for a setting refused before round 1,
-    1 for a run that failed."""
+def _fail(message: str, *, code: int = 2) -> NoReturn:
+    """Exit with one line on stderr: code 2 for a setting refused before round 1 (like
+    argparse's usage errors), 1 for a run that failed."""
     print(f"fl-lbbsp: error: {' '.join(message.split())}", file=sys.stderr)
-    return code
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,20 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .clients.app import SiloSetup, test_data
 from .clients.cluster import WorkerSetup, make_worker_app
 from .clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
 from .datasets import SourceSpec
 from .models import ModelName, build_model
-from .simulation import central_evaluation, prepare_run, run_engine
+from .simulation import (
+    central_evaluation,
+    check_estimator_name,
+    check_estimator_options,
+    prepare_run,
+    run_engine,
+)
 from .strategies.cluster import LBBSPCluster
 from .strategies.rounds import format_silos
 from .telemetry import read_telemetry
@@ -63,7 +69,11 @@ class ClusterConfig(BaseModel):
     seed : int (default: 0)
         Seed of the data split, model init and sampling (>= 0).
     estimator, alpha, allocator :
-        Balancer settings (allocator ``linear``, ``proportional`` or ``iterative``).
+        Balancer settings (``estimator`` any name in
+        :data:`fl_lbbsp.core.estimators.ESTIMATORS`; allocator ``linear``,
+        ``proportional`` or ``iterative``).
+    estimator_options : dict (default: {})
+        Extra arguments of the estimator (NARX ``warmup``, ``train_every``, ...).
     cost_model : str | None (default: None)
         GPU-shaped cost ``"m,b,C,x_max"`` of the fastest worker; worker i's is scaled by
         its slowdown. ``None``: real compute time times the slowdown (with real waits).
@@ -99,7 +109,8 @@ class ClusterConfig(BaseModel):
     momentum: float = Field(default=0.0, ge=0, lt=1)
     model: ModelName = "lenet5"
     seed: int = Field(default=0, ge=0)
-    estimator: Literal["ema", "last", "narx"] = "ema"
+    estimator: str = "ema"
+    estimator_options: dict[str, Any] = Field(default_factory=dict)
     alpha: float = Field(default=0.2, gt=0, le=1)
     allocator: Literal["linear", "proportional", "iterative"] = "linear"
     cost_model: CostModelText | None = None
@@ -110,8 +121,14 @@ class ClusterConfig(BaseModel):
     encrypt: Path | None = None
     checkpoint_dir: Path | None = None
 
+    @field_validator("estimator")
+    @classmethod
+    def _estimator(cls, value: str) -> str:
+        return check_estimator_name(value)
+
     @model_validator(mode="after")
     def _speeds_per_worker(self) -> ClusterConfig:
+        check_estimator_options(self.estimator, self.alpha, self.estimator_options)
         check_speeds(self.speeds, self.workers, "workers")
         if self.encrypt is not None and self.scheme == "lbbsp-naive":
             raise ValueError("encrypt: encrypted gradients are weighted by batch size; "
@@ -155,6 +172,7 @@ def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
         aggregation="naive" if config.scheme == "lbbsp-naive" else "weighted",
         balance=config.scheme != "bsp",
         estimator=config.estimator,
+        estimator_options=dict(config.estimator_options),
         alpha=config.alpha,
         allocator=config.allocator,
         telemetry_path=config.telemetry_path(),

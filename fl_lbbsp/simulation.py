@@ -26,7 +26,7 @@ from .clients.emulation import (
     slowdowns_from_speeds,
 )
 from .clients.trainer import evaluate
-from .core.estimators import ESTIMATORS
+from .core.estimators import ESTIMATORS, make_estimator
 from .datasets import ArrayDataset, DataSourceError, PartitionText, SourceSpec, load_source
 from .inprocess import InProcessGrid
 from .models import ModelName, build_model
@@ -43,6 +43,8 @@ __all__ = [
     "SCHEMES",
     "SimulationConfig",
     "central_evaluation",
+    "check_estimator_name",
+    "check_estimator_options",
     "check_key_files",
     "prepare_run",
     "run",
@@ -57,6 +59,23 @@ Scheme = Literal["fedavg", "lbbsp", "lbbsp-tau", "lbbsp-eta", "partial"]
 SCHEMES: tuple[str, ...] = get_args(Scheme)
 """Schemes a simulation can run: FedAvg, LB-BSP and the baselines of
 :mod:`fl_lbbsp.strategies.baselines`."""
+
+
+def check_estimator_name(name: str) -> str:
+    """A config's speed estimator: one of :data:`~fl_lbbsp.core.estimators.ESTIMATORS`."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {name!r}; expected one of {list(ESTIMATORS)}")
+    return name
+
+
+def check_estimator_options(name: str, alpha: float, options: dict[str, Any]) -> None:
+    """Refuse, before any round, estimator options the estimator would refuse."""
+    try:
+        make_estimator(name, alpha=alpha, options=options)
+    except TypeError as err:  # an option the estimator does not have
+        raise ValueError(f"estimator_options {options}: {err}") from None
+    except ValueError as err:
+        raise ValueError(f"estimator_options {options}: {err}") from None
 
 
 class SimulationConfig(BaseModel):
@@ -161,12 +180,11 @@ class SimulationConfig(BaseModel):
     @field_validator("estimator")
     @classmethod
     def _estimator(cls, value: str) -> str:
-        if value not in ESTIMATORS:
-            raise ValueError(f"unknown estimator {value!r}; expected one of {list(ESTIMATORS)}")
-        return value
+        return check_estimator_name(value)
 
     @model_validator(mode="after")
     def _speeds_per_silo(self) -> SimulationConfig:
+        check_estimator_options(self.estimator, self.alpha, self.estimator_options)
         check_speeds(self.speeds, self.silos, "silos")
         if self.slowdown_schedules is not None:
             if len(self.slowdown_schedules) != self.silos:

@@ -24,6 +24,12 @@ SHORT = [
     "--no-wait", "--quiet", "--cost-model", "0.001,0.002",
 ]  # fmt: skip
 
+REAL_MNIST = Path(__file__).resolve().parents[2] / "shared/data/mnist"
+NO_MNIST = pytest.mark.skipif(
+    not (REAL_MNIST / "t10k-images-idx3-ubyte.gz").is_file(),
+    reason=f"the real MNIST test set is not at {REAL_MNIST}",
+)
+
 NO_TENSEAL = "import sys; sys.modules['tenseal'] = None  # import tenseal fails\n"
 
 
@@ -210,6 +216,13 @@ def _copy(run: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     ("change", "field", "before", "after"),
     [
         (["--model", "lenet5"], "model", "'mlp'", "'lenet5'"),
+        pytest.param(
+            ["--dataset", f"mnist:{REAL_MNIST}"],
+            "dataset",
+            "'embedded'",
+            repr(f"mnist:{REAL_MNIST}"),
+            marks=NO_MNIST,
+        ),  # fmt: skip
         (["--dataset", "embedded", "--silos", "4", "--speeds", "4,2,1,1"], "silos", "3", "4"),
         (["--partition", "labels:2"], "partition", "'iid'", "'labels:2'"),
         (["--seed", "7"], "seed", "0", "7"),
@@ -304,3 +317,31 @@ def test_per_silo_log_values_stay_short_with_many_silos() -> None:
     assert few == "1=4 2=5 10=3"
     assert many.startswith("1000 silos: min 40 / median 44 / max 300; largest: 17=300")
     assert len(many) < 200
+
+
+@pytest.mark.parametrize(
+    ("source", "level", "message", "shown"),
+    [
+        ("vce_api.py", logging.ERROR, "Traceback (most recent call last): ...", False),
+        ("raybackend.py", logging.ERROR, "An exception was raised when processing", False),
+        ("vce_api.py", logging.WARNING, "a warning of the engine", True),
+        ("run_simulation.py", logging.WARNING, "fraction_evaluate is set to 0.0. ...", False),
+        ("run_simulation.py", logging.WARNING, "DEPRECATED FEATURE: The `run_simulation` "
+         "function is deprecated", False),
+        ("run_simulation.py", logging.ERROR, "the SuperLink is gone", True),
+    ],
+)  # fmt: skip
+def test_the_cli_keeps_flowers_per_reply_tracebacks_and_known_notices_out(
+    source: str, level: int, message: str, shown: bool
+) -> None:
+    # Prepare: the CLI's logging, as a run without --verbose sets it up
+    from fl_lbbsp.cli import _setup_logging
+
+    _setup_logging(quiet=False, verbose=False)
+    record = logging.LogRecord("flwr", level, f"/site-packages/flwr/{source}", 1, message, (), None)
+
+    # Execute
+    passed = logging.getLogger("flwr").filter(record)
+
+    # Assert
+    assert bool(passed) is shown

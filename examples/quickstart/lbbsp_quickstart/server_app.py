@@ -43,6 +43,12 @@ def main(grid: Grid, context: Context) -> None:
         balance=str(config["scheme"]) == "lbbsp",
         allocator=str(config["allocator"]),
         estimator=str(config["estimator"]),
+        estimator_options={
+            "warmup": int(config.get("narx-warmup", 500)),
+            "train_every": int(config.get("narx-train-every", 10)),
+        }
+        if str(config["estimator"]) == "narx"
+        else None,
         alpha=float(config["alpha"]),
         telemetry_path=str(config["telemetry"]) or None,
         deadline_margin=_positive_or_none(config["deadline-margin"]),
