@@ -194,6 +194,8 @@ def summarise(
     ideal = float(np.mean(ideals))
     round_steady = float(np.mean(times))
     round_median = float(np.median(times))
+    walls = [float(e["wall_time"]) for e in steady if e.get("wall_time") is not None]
+    wall_steady = float(np.mean(walls)) if walls else None
     elapsed, rounds, time_to_target = 0.0, [], None
     for event in train:
         elapsed += float(event["round_time"])
@@ -219,7 +221,12 @@ def summarise(
     return {
         "scheme": config["scheme"],
         "share_deviation_steady": _share_deviation(steady),
-        "emulated": config.get("speeds") is not None,
+        "emulated": config.get("speeds") is not None
+        or float(config.get("time_dilation") or 1.0) > 1.0,
+        "time_dilation": float(config.get("time_dilation") or 1.0),
+        "wall_round_time_steady": wall_steady,
+        "wall_over_emulated": None if wall_steady is None else wall_steady / round_steady,
+        "total_wall_time": float(sum(float(e.get("wall_time") or 0.0) for e in train)),
         "emulate_wait": config.get("emulate_wait", True),
         "cost_model": config.get("cost_model"),
         "speeds_emulated": config.get("speeds"),
@@ -259,10 +266,11 @@ def _share_deviation(steady: list[dict[str, Any]]) -> float | None:
 
 def slowdowns_at(config: dict[str, Any], server_round: int) -> list[float]:
     """Each silo's emulated slowdown in ``server_round``, from a run's config event
-    (``speeds`` and, where set, ``slowdown_schedules``)."""
+    (``speeds``, ``time_dilation`` and, where set, ``slowdown_schedules``)."""
     speeds = config.get("speeds")
     silos = int(config["silos"])
-    base = [1.0] * silos if not speeds else [max(speeds) / s for s in speeds]
+    dilation = float(config.get("time_dilation") or 1.0)
+    base = [dilation] * silos if not speeds else [dilation * max(speeds) / s for s in speeds]
     schedules = config.get("slowdown_schedules") or ["1"] * silos
     return [
         k * SlowdownSchedule.parse(text).factor(server_round)
@@ -277,7 +285,8 @@ def _fmt(value: Any, pattern: str) -> str:
 
 
 def format_table(summaries: dict[str, dict[str, Any]]) -> str:
-    """Side-by-side table of the schemes (times in emulated seconds)."""
+    """Side-by-side table of the schemes: emulated times (what the silos report), and
+    beside them the wall-clock time the run took (labelled)."""
     rows = [
         ("mean round time, steady (s)", "round_time_steady", "{:.3f}"),
         ("ideal round time T* (s), mean", "ideal_round_time", "{:.3f}"),
@@ -288,6 +297,9 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
         ("final accuracy", "final_accuracy", "{:.4f}"),
         ("time to target accuracy (s)", "time_to_target", "{:.2f}"),
         ("total training time (s)", "total_time_emulated", "{:.2f}"),
+        ("wall clock: round time, steady (s)", "wall_round_time_steady", "{:.3f}"),
+        ("wall clock / emulated round time", "wall_over_emulated", "{:.2f}"),
+        ("wall clock: total training (s)", "total_wall_time", "{:.2f}"),
     ]
     names = list(summaries)
     width = max(len(r[0]) for r in rows) + 2
@@ -306,11 +318,22 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
         )
     elif any(s.get("emulated") for s in summaries.values()):
         how = (
-            "silo i waits (k_i-1)*t after computing for t"
+            "silo i waits until k_i*t has passed since it queued to compute for t"
             if first.get("emulate_wait", True)
             else "silo i reports k_i*t after computing for t, without waiting"
         )
         lines.append(f"times are emulated: silo capacities {first.get('speeds_emulated')} ({how})")
+        dilation = float(first.get("time_dilation") or 1.0)
+        if dilation > 1.0:
+            lines.append(
+                f"the fastest silo is emulated {dilation:g}x slower than this machine, so that "
+                "the federation's compute fits the compute slots and wall clock follows "
+                "emulated time"
+            )
+    if not first.get("emulate_wait", True):
+        lines.append(
+            "wall clock: silos did not wait out their slowdowns; it is not the emulated time"
+        )
     for name, summary in summaries.items():
         sizes = format_silos(summary["batch_sizes_final"])
         lines.append(f"final batch sizes ({name}): {sizes}")

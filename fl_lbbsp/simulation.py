@@ -15,7 +15,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    computed_field,
+    field_validator,
+    model_validator,
+)
 
 from .clients.app import SiloSetup, make_client_app, silo_data, test_data
 from .clients.emulation import (
@@ -119,7 +126,10 @@ class SimulationConfig(BaseModel):
     estimator_options : dict (default: {})
         Extra arguments of the estimator (NARX ``warmup``, ...).
     parallel : int (default: 1)
-        Silos computing at the same time. 1 keeps the measured compute free of
+        Silos computing at the same time (compute slots). On the Simulation Engine every
+        silo runs at once and waits out its emulated slowdown outside the slots, so the
+        waits overlap as on separate machines and a round's wall time follows its
+        emulated time (see :attr:`time_dilation`). 1 keeps the measured compute free of
         contention between silos on a small machine.
     partial_replies : int | None (default: None)
         Scheme ``partial``: replies aggregated per round (``None``: all silos but one).
@@ -210,13 +220,42 @@ class SimulationConfig(BaseModel):
 
     def schedules(self) -> tuple[SlowdownSchedule, ...]:
         """Each silo's emulated slowdown over the rounds: its speed's factor times its
-        ``slowdown_schedules`` entry."""
+        ``slowdown_schedules`` entry, times :attr:`time_dilation`."""
+        dilation = self.time_dilation
+        return tuple(
+            SlowdownSchedule(steps={r: dilation * k for r, k in schedule.steps.items()})
+            for schedule in self._capacity_schedules()
+        )
+
+    def _capacity_schedules(self) -> tuple[SlowdownSchedule, ...]:
         extra = self.slowdown_schedules or ("1",) * self.silos
         out = []
         for k, text in zip(self.slowdowns, extra, strict=True):
             steps = {1: 1.0} | SlowdownSchedule.parse(text).steps
             out.append(SlowdownSchedule(steps={r: k * f for r, f in steps.items()}))
         return tuple(out)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def time_dilation(self) -> float:
+        """Wall-clock seconds per second of the fastest emulated silo's own machine.
+
+        On the Simulation Engine silos compute ``parallel`` at a time (each alone on its
+        share of this machine) while their emulated waits overlap, so a round's wall time
+        follows its emulated time only if this machine can do the federation's compute in
+        that time: the federation's capacity, sum_i 1/k_i in units of the fastest silo, must
+        fit in ``parallel`` slots. Every silo is therefore emulated ``d`` times slower, with
+        ``d = max(1, 1.2 * max_r sum_i 1 / k_i(r) / parallel)`` (20% for queueing): capacity
+        ratios, and every ratio reported, stay as given; times are in units of a machine
+        ``d`` times slower than this one. 1 in process, without waits, or with a cost model
+        (whose times are the model's).
+        """
+        if self.runtime != "ray" or not self.emulate_wait or self.cost_model is not None:
+            return 1.0
+        schedules = self._capacity_schedules()
+        rounds = sorted({r for schedule in schedules for r in schedule.steps})
+        capacity = max(sum(1.0 / s.factor(r) for s in schedules) for r in rounds)
+        return max(1.0, round(_QUEUEING_SLACK * capacity / self.parallel, 3))
 
     def silo_setup(self) -> SiloSetup:
         """The data/model/emulation setup shared by every silo."""
@@ -231,7 +270,13 @@ class SimulationConfig(BaseModel):
             evaluate_on="train" if self.encrypt is None else "test",
             emulate_wait=self.emulate_wait,
             cost_model=self.cost_model,
+            compute_lock=None if self.runtime == "inprocess" else str(self.compute_slots()),
+            compute_slots=self.parallel,
         )
+
+    def compute_slots(self) -> Path:
+        """Folder of the compute-slot lock files of this run's silos."""
+        return self.out / f".compute-slots-{self.scheme}"
 
     def telemetry_path(self) -> Path:
         """JSON-lines telemetry file of this run."""
@@ -389,21 +434,25 @@ def run(
         grid = InProcessGrid(make_client_app(config.silo_setup()), num_nodes=config.silos)
         train_federation(config, grid, strategy=strategy)
     else:
+        # Every silo runs at once; the compute slots let `parallel` compute at a time.
         run_engine(
             make_server_app(config, strategy),
             make_client_app(config.silo_setup()),
             num_supernodes=config.silos,
-            parallel=config.parallel,
+            parallel=config.silos,
         )
     return read_telemetry(path)
 
+
+_QUEUEING_SLACK = 1.2
+"""Headroom of the compute slots over the federation's capacity (see time_dilation)."""
 
 RUN_FILE = "run.json"
 """File beside a run's checkpoints recording the settings that decide the run."""
 
 _NOT_RUN_SETTINGS = frozenset(
     {"out", "rounds", "iterations", "runtime", "parallel", "emulate_wait", "wait",
-     "checkpoint_dir", "encrypt", "eval_every"}
+     "checkpoint_dir", "encrypt", "eval_every", "time_dilation"}
 )  # fmt: skip
 """Config fields a resumed run may change: where output goes, how long it runs and how
 the silos are scheduled, none of which changes a round's result."""

@@ -210,7 +210,10 @@ def test_tau_variant_silos_run_the_steps_they_are_sent(tmp_path) -> None:  # typ
 )
 def test_capacity_schedules_multiply_the_speeds_slowdown(schedules, expected) -> None:  # type: ignore[no-untyped-def]
     # Prepare
-    config = SimulationConfig(silos=3, speeds=(4.0, 2.0, 1.0), slowdown_schedules=schedules)
+    # (in process: no time dilation, see tests/test_wall_clock.py)
+    config = SimulationConfig(
+        silos=3, speeds=(4.0, 2.0, 1.0), slowdown_schedules=schedules, runtime="inprocess"
+    )
 
     # Execute
     silo_side = config.schedules()

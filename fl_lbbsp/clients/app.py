@@ -36,6 +36,7 @@ from .emulation import (
     CostModelText,
     SlowdownSchedule,
     SlowdownText,
+    compute_slot,
     emulate_slowdown,
     emulated_time,
 )
@@ -93,6 +94,13 @@ class SiloSetup(BaseModel):
         ``tau * k * (m * B + b)`` instead of its measured time times k, so reported
         times, and the batch sizes that follow from them, are the same on a quiet or a
         busy machine. ``None``: measured compute times.
+    compute_lock : str | None (default: None)
+        Folder of the compute slots shared by the silos of one machine
+        (:func:`~fl_lbbsp.clients.emulation.compute_slot`): ``compute_slots`` silos compute
+        at a time, each alone on its share of the machine, and their emulated waits
+        overlap outside the slots. ``None``: silos compute whenever they are run.
+    compute_slots : int (default: 1)
+        Silos computing at the same time when ``compute_lock`` is set.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -110,6 +118,8 @@ class SiloSetup(BaseModel):
     evaluate_on: Literal["train", "test"] = "train"
     emulate_wait: bool = True
     cost_model: CostModelText | None = None
+    compute_lock: str | None = None
+    compute_slots: int = Field(default=1, gt=0)
 
 
 @lru_cache(maxsize=4)
@@ -277,17 +287,20 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
         generator = torch.Generator().manual_seed(
             _seed(setup.seed, silo_id, instructions.server_round)
         )
-        machine_usage()  # start psutil's CPU window at the start of training
-        result = train_local(
-            model,
-            torch.from_numpy(data.x),
-            torch.from_numpy(data.y),
-            batch_size=instructions.batch_size,
-            local_steps=instructions.local_steps,
-            lr=instructions.lr,
-            generator=generator,
-        )
-        cpu, memory = machine_usage()
+        queued = time.perf_counter()
+        with compute_slot(setup.compute_lock, slots=setup.compute_slots):
+            machine_usage()  # start psutil's CPU window at the start of training
+            result = train_local(
+                model,
+                torch.from_numpy(data.x),
+                torch.from_numpy(data.y),
+                batch_size=instructions.batch_size,
+                local_steps=instructions.local_steps,
+                lr=instructions.lr,
+                generator=generator,
+            )
+            cpu, memory = machine_usage()
+        # The emulated wait runs outside the slot, from the moment the silo queued for it.
         reported = emulated_time(
             result.compute_time,
             factor,
@@ -295,6 +308,7 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
             batch_size=instructions.batch_size,
             local_steps=instructions.local_steps,
             wait=setup.emulate_wait,
+            started=queued,
         )
         extra: dict[str, Any] = {}
         if secret_context is None:

@@ -7,8 +7,10 @@ emulated.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from pydantic import (
@@ -28,6 +30,7 @@ __all__ = [
     "SlowdownText",
     "Speeds",
     "check_speeds",
+    "compute_slot",
     "emulate_slowdown",
     "emulated_time",
     "slowdowns_from_speeds",
@@ -132,15 +135,22 @@ def emulated_time(
     batch_size: int,
     local_steps: int = 1,
     wait: bool = True,
+    started: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
 ) -> float:
     """The time a silo reports for ``local_steps`` steps at ``batch_size``, after waiting
     for it to pass if asked.
 
-    Without a cost model it is :func:`emulate_slowdown` of the measured time. With one it
-    is the model's: ``local_steps * cost.scaled(factor).time(batch_size)``, the same on a
-    quiet or a busy machine (tests, and benchmarks that need exact capacities); the silo
-    then waits out what its real compute did not take.
+    Without a cost model it is ``factor * compute_time`` (:func:`emulate_slowdown`). With
+    one it is the model's: ``local_steps * cost.scaled(factor).time(batch_size)``, the same
+    on a quiet or a busy machine (tests, and benchmarks that need exact capacities).
+
+    The wait ends when the reported time has passed since ``started`` (the moment the
+    silo got its instruction), so time the silo spent queueing for a compute slot
+    (:func:`compute_slot`) is part of its emulated round, as on a machine of its own; it
+    never ends before the compute did. Without ``started`` the wait is the reported time
+    minus the compute time.
 
     Parameters
     ----------
@@ -155,16 +165,75 @@ def emulated_time(
     local_steps : int (default: 1)
         Steps of the round.
     wait : bool (default: True)
-        Wait until the reported time has passed since compute started.
+        Wait until the reported time has passed.
+    started : float | None (default: None)
+        ``clock()`` when the silo got its instruction.
+    clock : Callable[[], float] (default: time.perf_counter)
+        The clock of ``started``.
     sleep : Callable[[float], None] (default: time.sleep)
         How to wait.
     """
     if cost is None:
-        return emulate_slowdown(compute_time, factor, wait=wait, sleep=sleep)
-    modelled = local_steps * cost.scaled(factor).time(batch_size)
-    if wait and modelled > compute_time:
-        sleep(modelled - compute_time)
-    return modelled
+        reported = factor * compute_time
+    else:
+        reported = local_steps * cost.scaled(factor).time(batch_size)
+    if wait:
+        left = reported - compute_time if started is None else started + reported - clock()
+        if left > 0:
+            sleep(left)
+    return reported
+
+
+@contextlib.contextmanager
+def compute_slot(folder: str | os.PathLike[str] | None, *, slots: int = 1) -> Iterator[None]:
+    """Hold one of ``slots`` compute slots shared by every process on this machine.
+
+    Silos emulated on one machine would slow each other down, and the emulation would
+    multiply that contention by their slowdowns k. Inside a slot a silo computes alone
+    (``slots`` at a time); its emulated wait happens outside, so the waits of all silos
+    overlap as on separate machines. The slots are ``flock`` locks on files
+    ``slot-0 .. slot-{slots-1}`` in ``folder`` (POSIX; released by the OS if the process
+    dies). ``folder`` ``None``: no slot, compute at once.
+
+    Parameters
+    ----------
+    folder : str | PathLike | None
+        Folder of the slot files, shared by the silos of one federation.
+    slots : int (default: 1)
+        Silos computing at the same time.
+    """
+    if folder is None:
+        yield
+        return
+    import fcntl  # POSIX only; the slots are for several silos on one test machine
+
+    os.makedirs(folder, exist_ok=True)
+    files = [open(os.path.join(folder, f"slot-{k}"), "a+b") for k in range(slots)]  # noqa: SIM115
+    try:
+        held = None
+        pause = 0.001
+        while held is None:
+            for handle in files:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                held = handle
+                break
+            else:
+                if slots == 1:  # one slot: block in the kernel, no polling
+                    fcntl.flock(files[0], fcntl.LOCK_EX)
+                    held = files[0]
+                else:
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.01)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+    finally:
+        for handle in files:
+            handle.close()
 
 
 class OutOfMemoryError(MemoryError):

@@ -128,13 +128,19 @@ def predicted_compute_time(
     )
 
 
+_FIRST_PAUSE = 0.002
+"""Seconds between pulls right after a push or a reply; doubled while none comes."""
+
+
 class DeadlineGrid(Grid):
     """A Grid that waits for replies until the strategy's deadline, polling finely.
 
     Every call is passed to the wrapped grid except ``send_and_receive``: it pushes the
-    messages, then pulls replies every ``poll_interval`` seconds until all arrived or the
-    deadline given by ``timeout_fn`` passed. With ``poll_interval=None`` it calls the
-    wrapped grid's own ``send_and_receive`` with that deadline.
+    messages, then pulls replies until all arrived or the deadline given by
+    ``timeout_fn`` passed. It pulls 2 ms after the push and after each reply, and then at
+    pauses that double up to ``poll_interval`` while none comes, so a reply is collected
+    within milliseconds of arriving without a busy loop. With ``poll_interval=None`` it
+    calls the wrapped grid's own ``send_and_receive`` with that deadline.
 
     Parameters
     ----------
@@ -143,7 +149,7 @@ class DeadlineGrid(Grid):
     timeout_fn : Callable[[float | None], float | None]
         Gets the ``timeout`` the caller passed, returns the one to use.
     poll_interval : float | None (default: 0.1)
-        Seconds between two pulls; ``None`` uses the wrapped grid's own loop.
+        Longest pause between two pulls; ``None`` uses the wrapped grid's own loop.
     """
 
     def __init__(
@@ -227,6 +233,7 @@ class DeadlineGrid(Grid):
         pending = {mid for mid in self.grid.push_messages(messages) if mid}
         end = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
+        pause = min(_FIRST_PAUSE, interval) / 2
         while pending:
             got = list(self.grid.pull_messages(list(pending)))
             if end is not None and (late := time.monotonic() - end) > 0:
@@ -238,5 +245,9 @@ class DeadlineGrid(Grid):
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
                 break
-            time.sleep(interval if left is None else min(interval, left))
+            # Short pauses right after a push or a reply (replies come in bursts), growing
+            # to the interval while nothing comes: a reply waits little, an idle round
+            # costs few pulls.
+            pause = min(_FIRST_PAUSE, interval) if got else min(2 * pause, interval)
+            time.sleep(pause if left is None else min(pause, left))
         return replies
