@@ -187,6 +187,7 @@ def test_quickstart_style_app_runs_under_flwr_run_in_simulation(tmp_path: Path) 
     telemetry = tmp_path / "telemetry.jsonl"
     env = {
         **os.environ,
+        "PATH": os.pathsep.join([str(flwr.parent), os.environ.get("PATH", "")]),
         "FLWR_HOME": str(tmp_path / "flwr-home"),
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
         "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
