@@ -8,6 +8,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -87,7 +88,11 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
         help="checkpoint every round in DIR/<scheme>; rerunning the same command resumes "
         "from there (default: no checkpoints)",
     )
-    parser.add_argument("--quiet", action="store_true", help="only print the summary")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="only print the summary (no progress display, no per-round lines)",
+    )
     parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
 
 
@@ -306,7 +311,8 @@ def _run_cluster(args: argparse.Namespace) -> int:
 
     events = {}
     for scheme, config in configs.items():
-        events[scheme] = run_cluster(config)
+        with _progress(args, config.telemetry_path(), config.iterations, scheme, "iteration"):
+            events[scheme] = run_cluster(config)
         failure = run_failure(events[scheme])
         if failure is not None:
             raise RunFailedError(f"{scheme}: {failure}")
@@ -409,6 +415,18 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
     )
 
 
+def _progress(
+    args: argparse.Namespace, telemetry: Path, total: int, label: str, unit: str = "round"
+) -> AbstractContextManager[Any]:
+    """The live progress display of one run (rich, on stderr), fed by its telemetry;
+    nothing with ``--quiet``."""
+    if args.quiet:
+        return nullcontext()
+    from .progress import RoundProgress
+
+    return RoundProgress(path=telemetry, total=total, label=label, unit=unit)
+
+
 def _estimator_options(args: argparse.Namespace) -> dict[str, Any]:
     """The estimator's extra settings given on the command line (narx's warm-up and
     retraining interval), refused for another estimator."""
@@ -497,7 +515,8 @@ def _run(args: argparse.Namespace) -> int:
     configs = {scheme: _config(args, scheme, out) for scheme in schemes}  # validate all first
     events = {}
     for scheme, config in configs.items():
-        events[scheme] = run(config)
+        with _progress(args, config.telemetry_path(), config.rounds, scheme):
+            events[scheme] = run(config)
         failure = run_failure(events[scheme])
         if failure is not None:
             raise RunFailedError(f"{scheme}: {failure}")
