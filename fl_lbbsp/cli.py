@@ -45,7 +45,20 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
     parser.add_argument(
         "--dataset",
         default="embedded",
-        help="embedded | mnist:PATH | cifar10:PATH (default: embedded)",
+        help="embedded | mnist:PATH | cifar10:PATH | hf:PATH (a Hugging Face dataset saved "
+        "with save_to_disk) (default: embedded)",
+    )
+    parser.add_argument(
+        "--hf-image-column",
+        default=None,
+        metavar="COLUMN",
+        help="hf:PATH: the column of images (default: image)",
+    )
+    parser.add_argument(
+        "--hf-label-column",
+        default=None,
+        metavar="COLUMN",
+        help="hf:PATH: the column of class labels (default: label)",
     )
     parser.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
@@ -285,7 +298,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
             scheme=scheme,
             workers=args.workers,
             speeds=None if args.speeds is None else tuple(args.speeds),
-            dataset=args.dataset,
+            dataset=_dataset(args),
             data=args.data,
             iterations=args.iterations,
             batch_size=args.batch_size,
@@ -393,7 +406,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         local_steps=args.local_steps,
         batch_size=args.batch_size,
         lr=args.lr,
-        dataset=args.dataset,
+        dataset=_dataset(args),
         model=args.model,
         seed=args.seed,
         estimator=args.estimator,
@@ -413,6 +426,22 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         cost_model=args.cost_model,
         runtime="inprocess" if args.in_process else "ray",
     )
+
+
+def _dataset(args: argparse.Namespace) -> str:
+    """``--dataset``, with ``--hf-image-column`` / ``--hf-label-column`` folded into an
+    ``hf:PATH`` spec (refused with any other source)."""
+    columns = {"image": args.hf_image_column, "label": args.hf_label_column}
+    given = {key: value for key, value in columns.items() if value is not None}
+    if not given:
+        return str(args.dataset)
+    if not str(args.dataset).strip().startswith("hf:"):
+        flags = ", ".join(f"--hf-{key}-column" for key in given)
+        _fail(f"{flags}: only with --dataset hf:PATH (got --dataset {args.dataset})")
+    from .datasets import hf_source_spec
+
+    path = str(args.dataset).strip().removeprefix("hf:").partition("?")[0]
+    return hf_source_spec(path, **{f"{key}_column": value for key, value in given.items()})
 
 
 def _progress(

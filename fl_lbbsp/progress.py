@@ -41,11 +41,15 @@ class TelemetryFollower:
     ----------
     path : str | Path
         The telemetry file; it may not exist yet, and may be restarted (truncated).
+    skip_existing : bool (default: False)
+        Start after what the file holds now (an earlier run's events).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, skip_existing: bool = False) -> None:
         self.path = Path(path)
         self._offset = 0
+        if skip_existing and self.path.is_file():
+            self._offset = self.path.stat().st_size
         self._partial = b""
 
     def poll(self) -> tuple[list[dict[str, Any]], bool]:
@@ -104,8 +108,9 @@ def round_ideal(events: list[dict[str, Any]], event: dict[str, Any]) -> float | 
 class RoundProgress:
     """Show a run's progress while it writes its telemetry file.
 
-    Use as a context manager around the run; the display stops (and, on a terminal,
-    stays as one finished line) when the block ends.
+    Use as a context manager around the run. The display appears with the run's first
+    new telemetry event (so a run refused before round 1 prints nothing but its error)
+    and stops, staying as one finished line, when the block ends.
 
     Parameters
     ----------
@@ -133,7 +138,7 @@ class RoundProgress:
         refresh_seconds: float = 0.25,
         unit: str = "round",
     ) -> None:
-        self.follower = TelemetryFollower(path)
+        self.follower = TelemetryFollower(path, skip_existing=True)
         self.total = total
         self.label = label
         self.unit = unit
@@ -157,16 +162,21 @@ class RoundProgress:
         )
         self._task: TaskID | None = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._swapped: list[tuple[logging.StreamHandler, Any]] = []  # type: ignore[type-arg]
 
     def __enter__(self) -> RoundProgress:
-        self._task = self._progress.add_task(self.label, total=self.total, last="")
-        self._progress.start()
-        self._route_logs()
         self._thread = threading.Thread(target=self._follow, name="fl-lbbsp-progress", daemon=True)
         self._thread.start()
         return self
+
+    def _show(self) -> None:
+        """Start drawing (once)."""
+        if self._task is None:
+            self._task = self._progress.add_task(self.label, total=self.total, last="")
+            self._progress.start()
+            self._route_logs()
 
     def __exit__(
         self,
@@ -178,8 +188,9 @@ class RoundProgress:
         if self._thread is not None:
             self._thread.join()
         self.refresh()
-        self._restore_logs()
-        self._progress.stop()
+        if self._task is not None:
+            self._restore_logs()
+            self._progress.stop()
 
     def _follow(self) -> None:
         while not self._stop.wait(self.refresh_seconds):
@@ -187,12 +198,16 @@ class RoundProgress:
 
     def refresh(self) -> None:
         """Read the new telemetry events and update the display."""
-        events, restarted = self.follower.poll()
-        if restarted:
-            self.events, self.done, self.last = [], 0, ""
-        for event in events:
-            self.observe(event)
-        if self._task is not None:
+        with self._lock:
+            events, restarted = self.follower.poll()
+            if restarted:
+                self.events, self.done, self.last = [], 0, ""
+            for event in events:
+                self.observe(event)
+            if events:
+                self._show()
+            if self._task is None:
+                return
             self._progress.update(self._task, completed=self.done, last=self.last)
 
     def observe(self, event: dict[str, Any]) -> None:

@@ -80,12 +80,15 @@ def test_display_shows_round_k_of_n_times_ratio_and_idle(tmp_path: Path) -> None
     path = tmp_path / "telemetry.jsonl"
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=True, width=200, color_system=None)
-    _write(path, CONFIG, _train(1, (10, 10)), _train(2, (13, 7)))
+    _write(path, {"event": "config", "from": "an earlier run"}, _train(9, (1, 1)))
 
-    # Execute
+    # Execute: the earlier run's events are skipped, this run's followed
     with RoundProgress(
         path=path, total=5, label="lbbsp", console=console, refresh_seconds=60
     ) as progress:
+        path.write_text("")  # the run restarts its telemetry
+        progress.refresh()
+        _write(path, CONFIG, _train(1, (10, 10)), _train(2, (13, 7)))
         progress.refresh()
         shown = progress.last, progress.done
 
@@ -100,16 +103,29 @@ def test_a_skipped_round_is_shown_as_such(tmp_path: Path) -> None:
     # Prepare
     path = tmp_path / "telemetry.jsonl"
     skipped = {"event": "train", "round": 1, "round_time": None, "silos": {}}
-    _write(path, CONFIG, skipped)
     console = Console(file=io.StringIO(), force_terminal=True, width=200)
 
     # Execute
     with RoundProgress(path=path, total=3, label="x", console=console) as progress:
+        _write(path, CONFIG, skipped)
         progress.refresh()
         last = progress.last
 
     # Assert
     assert last == "| round 1 skipped"
+
+
+def test_a_run_refused_before_round_1_draws_nothing(tmp_path: Path) -> None:
+    # Prepare
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=200)
+
+    # Execute: no telemetry event is ever written
+    with RoundProgress(path=tmp_path / "none.jsonl", total=3, label="x", console=console):
+        pass
+
+    # Assert
+    assert buffer.getvalue() == ""
 
 
 SHORT = [
