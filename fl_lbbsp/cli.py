@@ -8,6 +8,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -44,7 +45,20 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
     parser.add_argument(
         "--dataset",
         default="embedded",
-        help="embedded | mnist:PATH | cifar10:PATH (default: embedded)",
+        help="embedded | mnist:PATH | cifar10:PATH | hf:PATH (a Hugging Face dataset saved "
+        "with save_to_disk) (default: embedded)",
+    )
+    parser.add_argument(
+        "--hf-image-column",
+        default=None,
+        metavar="COLUMN",
+        help="hf:PATH: the column of images (default: image)",
+    )
+    parser.add_argument(
+        "--hf-label-column",
+        default=None,
+        metavar="COLUMN",
+        help="hf:PATH: the column of class labels (default: label)",
     )
     parser.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
@@ -87,7 +101,11 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
         help="checkpoint every round in DIR/<scheme>; rerunning the same command resumes "
         "from there (default: no checkpoints)",
     )
-    parser.add_argument("--quiet", action="store_true", help="only print the summary")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="only print the summary (no progress display, no per-round lines)",
+    )
     parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
 
 
@@ -280,7 +298,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
             scheme=scheme,
             workers=args.workers,
             speeds=None if args.speeds is None else tuple(args.speeds),
-            dataset=args.dataset,
+            dataset=_dataset(args),
             data=args.data,
             iterations=args.iterations,
             batch_size=args.batch_size,
@@ -306,7 +324,8 @@ def _run_cluster(args: argparse.Namespace) -> int:
 
     events = {}
     for scheme, config in configs.items():
-        events[scheme] = run_cluster(config)
+        with _progress(args, config.telemetry_path(), config.iterations, scheme, "iteration"):
+            events[scheme] = run_cluster(config)
         failure = run_failure(events[scheme])
         if failure is not None:
             raise RunFailedError(f"{scheme}: {failure}")
@@ -387,7 +406,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         local_steps=args.local_steps,
         batch_size=args.batch_size,
         lr=args.lr,
-        dataset=args.dataset,
+        dataset=_dataset(args),
         model=args.model,
         seed=args.seed,
         estimator=args.estimator,
@@ -407,6 +426,34 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         cost_model=args.cost_model,
         runtime="inprocess" if args.in_process else "ray",
     )
+
+
+def _dataset(args: argparse.Namespace) -> str:
+    """``--dataset``, with ``--hf-image-column`` / ``--hf-label-column`` folded into an
+    ``hf:PATH`` spec (refused with any other source)."""
+    columns = {"image": args.hf_image_column, "label": args.hf_label_column}
+    given = {key: value for key, value in columns.items() if value is not None}
+    if not given:
+        return str(args.dataset)
+    if not str(args.dataset).strip().startswith("hf:"):
+        flags = ", ".join(f"--hf-{key}-column" for key in given)
+        _fail(f"{flags}: only with --dataset hf:PATH (got --dataset {args.dataset})")
+    from .datasets import hf_source_spec
+
+    path = str(args.dataset).strip().removeprefix("hf:").partition("?")[0]
+    return hf_source_spec(path, **{f"{key}_column": value for key, value in given.items()})
+
+
+def _progress(
+    args: argparse.Namespace, telemetry: Path, total: int, label: str, unit: str = "round"
+) -> AbstractContextManager[Any]:
+    """The live progress display of one run (rich, on stderr), fed by its telemetry;
+    nothing with ``--quiet``."""
+    if args.quiet:
+        return nullcontext()
+    from .progress import RoundProgress
+
+    return RoundProgress(path=telemetry, total=total, label=label, unit=unit)
 
 
 def _estimator_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -497,7 +544,8 @@ def _run(args: argparse.Namespace) -> int:
     configs = {scheme: _config(args, scheme, out) for scheme in schemes}  # validate all first
     events = {}
     for scheme, config in configs.items():
-        events[scheme] = run(config)
+        with _progress(args, config.telemetry_path(), config.rounds, scheme):
+            events[scheme] = run(config)
         failure = run_failure(events[scheme])
         if failure is not None:
             raise RunFailedError(f"{scheme}: {failure}")

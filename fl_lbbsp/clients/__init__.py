@@ -1,5 +1,7 @@
-"""The silo side: sampler, trainer, slowdown emulation and the Flower ClientApp."""
+"""The silo side: sampler, trainer, slowdown emulation, the Flower ClientApp and an adapter
+for existing train functions (:func:`lbbsp_train`)."""
 
+from .adapter import LocalTraining, lbbsp_train
 from .emulation import (
     CostModel,
     OutOfMemoryError,
@@ -12,6 +14,7 @@ from .trainer import TrainerConfig, TrainResult, evaluate, machine_usage, train_
 
 __all__ = [
     "CostModel",
+    "LocalTraining",
     "OutOfMemoryError",
     "ResizableBatchSampler",
     "SlowdownSchedule",
@@ -21,6 +24,7 @@ __all__ = [
     "emulate_slowdown",
     "emulated_time",
     "evaluate",
+    "lbbsp_train",
     "machine_usage",
     "train_local",
 ]

@@ -27,7 +27,11 @@ __all__ = [
     "ArrayDataset",
     "DataSourceError",
     "load_cifar10",
+    "HF_IMAGE_COLUMN",
+    "HF_LABEL_COLUMN",
+    "hf_source_spec",
     "load_embedded",
+    "load_hf_disk",
     "load_mnist_idx",
     "SourceSpec",
     "load_source",
@@ -361,10 +365,148 @@ def load_cifar10(path: str | Path) -> ArrayDataset:
 
 
 # --------------------------------------------------------------------------------------------
+# Hugging Face: a dataset saved with `save_to_disk`
+# --------------------------------------------------------------------------------------------
+
+HF_IMAGE_COLUMN = "image"
+"""Default image column of an ``hf:PATH`` source."""
+HF_LABEL_COLUMN = "label"
+"""Default label column of an ``hf:PATH`` source."""
+
+
+def hf_source_spec(
+    path: str | Path, *, image_column: str = HF_IMAGE_COLUMN, label_column: str = HF_LABEL_COLUMN
+) -> str:
+    """The source spec of a Hugging Face dataset on disk: ``hf:PATH``, with
+    ``?image=COLUMN&label=COLUMN`` when a column is not the default."""
+    options = [
+        f"{key}={value}"
+        for key, value, default in (
+            ("image", image_column, HF_IMAGE_COLUMN),
+            ("label", label_column, HF_LABEL_COLUMN),
+        )
+        if value != default
+    ]
+    return f"hf:{path}" + (f"?{'&'.join(options)}" if options else "")
+
+
+def _hf_options(spec: str, text: str) -> tuple[str, dict[str, str]]:
+    """``PATH?image=a&label=b`` -> (PATH, {"image": a, "label": b}), defaults filled in."""
+    raw_path, _, query = text.partition("?")
+    options = {"image": HF_IMAGE_COLUMN, "label": HF_LABEL_COLUMN}
+    for item in filter(None, query.split("&")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in options or not value:
+            raise DataSourceError(
+                f"data source {spec!r}: bad option {item!r}; expected image=COLUMN or label=COLUMN"
+            )
+        options[key] = value
+    return raw_path, options
+
+
+def _hf_pixels(images: np.ndarray, spec: str, column: str) -> np.ndarray:
+    """Images as float32 ``[N, C, H, W]`` in [0, 1] (integers / 255, floats as they are)."""
+    if images.dtype == object or images.ndim not in (3, 4):
+        raise DataSourceError(
+            f"data source {spec!r}: column {column!r} must hold images of one size "
+            f"(H x W or H x W x C), got {images.dtype} values of shape {images.shape[1:]}"
+        )
+    if images.ndim == 3:
+        images = images[:, None]
+    elif images.shape[-1] in (1, 3, 4) and images.shape[1] not in (1, 3):
+        images = np.moveaxis(images, -1, 1)  # HWC -> CHW
+    if np.issubdtype(images.dtype, np.integer):
+        if images.size and (images.min() < 0 or images.max() > 255):
+            raise DataSourceError(
+                f"data source {spec!r}: integer pixels of column {column!r} must lie in 0..255"
+            )
+        return (images / 255.0).astype(np.float32)
+    if not np.issubdtype(images.dtype, np.floating) or not np.isfinite(images).all():
+        raise DataSourceError(
+            f"data source {spec!r}: column {column!r} must hold finite numeric pixels"
+        )
+    return np.ascontiguousarray(images, dtype=np.float32)
+
+
+def load_hf_disk(
+    path: str | Path,
+    *,
+    image_column: str = HF_IMAGE_COLUMN,
+    label_column: str = HF_LABEL_COLUMN,
+    spec: str | None = None,
+) -> ArrayDataset:
+    """Load an image-classification dataset saved with ``datasets``' ``save_to_disk``.
+
+    Nothing is downloaded: ``datasets.load_from_disk`` reads the folder. A
+    ``DatasetDict`` (several splits) is concatenated; the runs make their own train/test
+    split and partition the rest with flwr-datasets.
+
+    Parameters
+    ----------
+    path : str | Path
+        The folder ``save_to_disk`` wrote.
+    image_column : str (default: "image")
+        Column of images: ``datasets.Image`` or arrays, all of one size, H x W (grey) or
+        H x W x C; integer pixels are divided by 255, float pixels taken as they are.
+    label_column : str (default: "label")
+        Column of labels: ``ClassLabel`` (its ``num_classes``), integers >= 0 (max + 1
+        classes) or strings (classes in sorted order).
+    spec : str | None (default: None)
+        The source spec, for error messages.
+
+    Raises
+    ------
+    DataSourceError
+        The folder is not a saved dataset, a column is missing, or the values are not
+        images of one size and labels.
+    """
+    import datasets  # type: ignore[import-untyped]
+
+    name = spec or hf_source_spec(path, image_column=image_column, label_column=label_column)
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError, OSError) as err:
+        raise DataSourceError(
+            f"data source {name!r}: not a saved Hugging Face dataset ({err})"
+        ) from None
+    if isinstance(loaded, datasets.DatasetDict):
+        loaded = datasets.concatenate_datasets(list(loaded.values()))
+    missing = [c for c in (image_column, label_column) if c not in loaded.column_names]
+    if missing:
+        flags = {image_column: "--hf-image-column", label_column: "--hf-label-column"}
+        raise DataSourceError(
+            f"data source {name!r}: no column {missing[0]!r} (choose one with "
+            f"{flags[missing[0]]}); the dataset has {', '.join(loaded.column_names)}"
+        )
+    if len(loaded) < 2:
+        raise DataSourceError(f"data source {name!r}: needs at least 2 samples, has {len(loaded)}")
+    table = loaded.select_columns([image_column, label_column]).with_format("numpy")[:]
+    x = _hf_pixels(np.asarray(table[image_column]), name, image_column)
+    raw = np.asarray(table[label_column])
+    feature = loaded.features[label_column]
+    if isinstance(feature, datasets.ClassLabel):
+        y, num_classes = raw.astype(np.int64), int(feature.num_classes)
+    elif np.issubdtype(raw.dtype, np.integer):
+        y = raw.astype(np.int64)
+        if y.min() < 0:
+            raise DataSourceError(f"data source {name!r}: labels must be >= 0, got {y.min()}")
+        num_classes = int(y.max()) + 1
+    elif raw.dtype.kind in "UO" and all(isinstance(v, str) for v in raw.tolist()):
+        names, y = np.unique(raw.astype(str), return_inverse=True)
+        y, num_classes = y.astype(np.int64), len(names)
+    else:
+        raise DataSourceError(
+            f"data source {name!r}: column {label_column!r} must hold class labels "
+            f"(ClassLabel, integers or strings), got {raw.dtype}"
+        )
+    return ArrayDataset(x=x, y=y, num_classes=num_classes, name=f"hf:{Path(path).name}")
+
+
+# --------------------------------------------------------------------------------------------
 # Spec dispatch and splitting
 # --------------------------------------------------------------------------------------------
 
-_SPEC_FORMS = "'embedded', 'mnist:PATH' or 'cifar10:PATH'"
+_SPEC_FORMS = "'embedded', 'mnist:PATH', 'cifar10:PATH' or 'hf:PATH'"
 
 
 def parse_source_spec(spec: str) -> tuple[str, Path | None]:
@@ -373,7 +515,9 @@ def parse_source_spec(spec: str) -> tuple[str, Path | None]:
     Parameters
     ----------
     spec : str
-        ``"embedded"``, ``"mnist:PATH"`` or ``"cifar10:PATH"`` (``~`` in PATH expanded).
+        ``"embedded"``, ``"mnist:PATH"``, ``"cifar10:PATH"`` or ``"hf:PATH"`` (a Hugging
+        Face dataset saved with ``save_to_disk``; ``"hf:PATH?image=COL&label=COL"`` names
+        its columns). ``~`` in PATH is expanded.
 
     Raises
     ------
@@ -384,8 +528,10 @@ def parse_source_spec(spec: str) -> tuple[str, Path | None]:
     if text == "embedded":
         return "embedded", None
     scheme, sep, raw_path = text.partition(":")
-    if not sep or scheme not in ("mnist", "cifar10"):
+    if not sep or scheme not in ("mnist", "cifar10", "hf"):
         raise DataSourceError(f"unknown data source {spec!r}; expected {_SPEC_FORMS}")
+    if scheme == "hf":
+        raw_path, _ = _hf_options(spec, raw_path)
     if not raw_path.strip():
         raise DataSourceError(f"data source {spec!r} has an empty PATH; expected {_SPEC_FORMS}")
     return scheme, Path(raw_path.strip()).expanduser()
@@ -406,8 +552,10 @@ def load_source(spec: str) -> ArrayDataset:
     Parameters
     ----------
     spec : str
-        ``"embedded"`` (scikit-learn digits), ``"mnist:PATH"`` (IDX folder) or
-        ``"cifar10:PATH"`` (python-version batches folder). ``~`` in PATH is expanded.
+        ``"embedded"`` (scikit-learn digits), ``"mnist:PATH"`` (IDX folder),
+        ``"cifar10:PATH"`` (python-version batches folder) or ``"hf:PATH"`` (a Hugging Face
+        dataset saved with ``save_to_disk``, see :func:`load_hf_disk`; columns with
+        ``"hf:PATH?image=COL&label=COL"``). ``~`` in PATH is expanded.
 
     Returns
     -------
@@ -425,6 +573,11 @@ def load_source(spec: str) -> ArrayDataset:
     loaders = {"mnist": load_mnist_idx, "cifar10": load_cifar10}
     if not path.exists():
         raise DataSourceError(f"data source {spec!r}: path {str(path)!r} does not exist")
+    if scheme == "hf":
+        _, options = _hf_options(spec, spec.strip().partition(":")[2])
+        return load_hf_disk(
+            path, image_column=options["image"], label_column=options["label"], spec=spec
+        )
     return loaders[scheme](path)
 
 

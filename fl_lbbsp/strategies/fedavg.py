@@ -324,7 +324,20 @@ evaluate_metrics_aggr_fn :
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Sample nodes like FedAvg, then give each its own ConfigRecord and batch size."""
+        """Sample nodes like FedAvg, then give each its own ConfigRecord and batch size.
+
+        Raises
+        ------
+        ValueError
+            With ``checkpoint_dir`` set, when the rounds are not run by :meth:`start`
+            (e.g. by a wrapper strategy's own ``start``, which would never checkpoint).
+        """
+        if self._deadline_grid is None and self.server_config.checkpoint_dir is not None:
+            raise ValueError(
+                f"{type(self).__name__}(checkpoint_dir=...) checkpoints only in its own "
+                "start(); inside a wrapper strategy (e.g. Flower's differential-privacy "
+                "wrappers) leave checkpoint_dir unset"
+            )
         sampled = list(super().configure_train(server_round, arrays, ConfigRecord(config), grid))
         self._federation_size = max(self._federation_size, len(sampled))
         sizes = self.batch_sizes(msg.metadata.dst_node_id for msg in sampled)
@@ -642,9 +655,7 @@ evaluate_metrics_aggr_fn :
         of round k found there at the start resumes the run with round k+1 (its model
         replaces ``initial_arrays``; see :mod:`fl_lbbsp.strategies.checkpoint`).
         """
-        self._timeout_cap = timeout
-        wrapped = DeadlineGrid(grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval)
-        self._deadline_grid = wrapped
+        wrapped = self.deadline_grid(grid, timeout=timeout)
         run: Callable[..., Result] = super().start
         if self.server_config.checkpoint_dir is not None:
             run = partial(start_with_checkpoints, self, run)
@@ -657,6 +668,23 @@ evaluate_metrics_aggr_fn :
             evaluate_config=evaluate_config,
             evaluate_fn=evaluate_fn,
         )
+
+    def deadline_grid(self, grid: Grid, *, timeout: float) -> DeadlineGrid:
+        """``grid`` behind this strategy's round deadlines and reply polling, as
+        :meth:`start` uses it; for a wrapper's round loop see
+        :func:`fl_lbbsp.strategies.composition.start_wrapped`.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's grid.
+        timeout : float
+            The longest any round may wait (``start``'s ``timeout``).
+        """
+        self._timeout_cap = timeout
+        wrapped = DeadlineGrid(grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval)
+        self._deadline_grid = wrapped
+        return wrapped
 
     def predicted_round_time(self, sizes: dict[int, int]) -> float | None:
         """Predicted seconds for a round with these batch sizes (None: unknown)."""

@@ -5,7 +5,9 @@ sampled client gets its own ``FitIns`` whose config carries its batch size B_i (
 same :class:`~fl_lbbsp.core.BatchSizeBalancer` as :class:`~fl_lbbsp.strategies.LBBSPFedAvg`),
 tau and eta; ``aggregate_fit`` reports every ``FitRes``' metrics to the balancer before
 FedAvg averages the parameters, weighted by ``FitRes.num_examples`` (the local dataset
-size, which must not depend on B_i).
+size, which must not depend on B_i). Under Flower's ``SecAggPlusWorkflow`` the server sees
+only the securely aggregated parameters and each client's own metrics, which is all the
+balancer needs.
 
 The client returns, as in any legacy ``NumPyClient.fit``:
 ``(parameters, len(local_data), {"train-time": t, "batch-size": B_i,
@@ -20,7 +22,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from flwr.common import FitIns, FitRes, Parameters, Scalar
+import numpy as np
+from flwr.common import (
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
@@ -214,6 +224,7 @@ class LBBSPStrategy(FedAvg):
         valid results the round is skipped (no new parameters).
         """
         wall = None if self._round_started is None else time.perf_counter() - self._round_started
+        results = self._from_secure_aggregation(results)
         valid, rejected = self._screen(server_round, results)
         silos: dict[str, dict[str, Any]] = {}
         for client, res in valid:
@@ -254,6 +265,33 @@ class LBBSPStrategy(FedAvg):
             return None, {}
         failures = [*failures, *(pair for _, pair in rejected)]
         return super().aggregate_fit(server_round, valid, failures)
+
+    def _from_secure_aggregation(
+        self, results: list[tuple[ClientProxy, FitRes]]
+    ) -> list[tuple[ClientProxy, FitRes]]:
+        """Results as Flower's SecAgg / SecAgg+ workflows hand them over: every ``FitRes``
+        carries one and the same ``Parameters`` object, the unmasked weighted mean, which
+        the protocol dequantises to float64. Cast it back to the global model's dtypes so
+        that the usual checks apply (and FedAvg's mean of equal arrays is that array);
+        the metrics, which the balancer needs, are each client's own. Other results are
+        returned unchanged."""
+        if len(results) < 2 or self._layout is None:
+            return results
+        shared = results[0][1].parameters
+        if any(res.parameters is not shared for _, res in results):
+            return results
+        try:
+            arrays = parameters_to_ndarrays(shared)
+        except Exception:  # noqa: BLE001 - left to the checks, which name the problem
+            return results
+        if len(arrays) != len(self._layout):
+            return results
+        cast = ndarrays_to_parameters(
+            [np.asarray(a).astype(spec.dtype) for a, spec in zip(arrays, self._layout, strict=True)]
+        )
+        for _, res in results:
+            res.parameters = cast
+        return results
 
     def _screen(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]]

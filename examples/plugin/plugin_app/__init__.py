@@ -1,0 +1,1 @@
+"""plugin_app: a quickstart-pytorch style Flower app with LB-BSP plugged in."""

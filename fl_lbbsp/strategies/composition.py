@@ -1,0 +1,98 @@
+"""LB-BSP inside Flower's strategy wrappers (differential privacy with fixed clipping).
+
+Flower's ``DifferentialPrivacyClientSideFixedClipping`` and
+``DifferentialPrivacyServerSideFixedClipping`` (``flwr.serverapp.strategy``) pass the
+wrapped strategy's train messages through unchanged, so every silo keeps its own
+ConfigRecord and batch size (the client-side wrapper adds its ``clipping_norm`` to the
+config before :class:`~fl_lbbsp.strategies.LBBSPFedAvg` copies it into each silo's
+record); the server-side wrapper clips every reply's update in place before
+``aggregate_train``, which then validates, reports to the balancer and averages as
+always; both add Gaussian noise to the aggregate.
+
+A wrapper runs the rounds with its own ``start`` (Flower's loop), not
+:meth:`LBBSPFedAvg.start`; :func:`start_wrapped` puts the inner strategy's round
+deadlines and reply polling back. Checkpoints stay with ``LBBSPFedAvg.start``: a
+wrapped strategy with ``checkpoint_dir`` refuses to run (a checkpoint would hold the
+aggregate before the wrapper's noise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from .fedavg import LBBSPFedAvg
+
+__all__ = ["inner_strategy", "start_wrapped"]
+
+
+def inner_strategy(strategy: Strategy) -> LBBSPFedAvg:
+    """The :class:`LBBSPFedAvg` a wrapper (or a chain of wrappers) holds as ``.strategy``.
+
+    Raises
+    ------
+    TypeError
+        When no LBBSPFedAvg is found.
+    """
+    seen = strategy
+    for _ in range(16):
+        if isinstance(seen, LBBSPFedAvg):
+            return seen
+        seen = getattr(seen, "strategy", None)  # type: ignore[assignment]
+        if seen is None:
+            break
+    raise TypeError(f"{type(strategy).__name__} wraps no LBBSPFedAvg")
+
+
+def start_wrapped(
+    wrapper: Strategy,
+    *,
+    grid: Grid,
+    initial_arrays: ArrayRecord,
+    num_rounds: int = 3,
+    timeout: float = 3600,
+    train_config: ConfigRecord | None = None,
+    evaluate_config: ConfigRecord | None = None,
+    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+) -> Result:
+    """Run ``wrapper.start`` under the wrapped LBBSPFedAvg's round deadlines.
+
+    The same as ``wrapper.start(grid=grid, ...)`` except that every round waits until
+    the inner strategy's deadline (``deadline_margin`` times the predicted round time,
+    at most ``timeout``) and polls for replies every ``poll_interval`` seconds.
+
+    Parameters
+    ----------
+    wrapper : Strategy
+        A strategy wrapping an :class:`LBBSPFedAvg` (e.g.
+        ``DifferentialPrivacyServerSideFixedClipping(LBBSPFedAvg(...), ...)``).
+    grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, \
+evaluate_fn :
+        As in :meth:`flwr.serverapp.strategy.Strategy.start` (defaults: 3 rounds,
+        3600 s, ``None``).
+
+    Raises
+    ------
+    TypeError
+        When ``wrapper`` wraps no LBBSPFedAvg.
+    ValueError
+        When the inner strategy has a ``checkpoint_dir``.
+    """
+    inner = inner_strategy(wrapper)
+    if inner.server_config.checkpoint_dir is not None:
+        raise ValueError(
+            f"{type(inner).__name__}(checkpoint_dir=...) inside {type(wrapper).__name__}: "
+            "checkpoints are written by LBBSPFedAvg.start only; leave checkpoint_dir unset"
+        )
+    return wrapper.start(
+        grid=inner.deadline_grid(grid, timeout=timeout),
+        initial_arrays=initial_arrays,
+        num_rounds=num_rounds,
+        timeout=timeout,
+        train_config=train_config,
+        evaluate_config=evaluate_config,
+        evaluate_fn=evaluate_fn,
+    )

@@ -1,0 +1,219 @@
+"""The silo-side adapter ``lbbsp_train`` on a quickstart-pytorch style ClientApp
+(examples/plugin): in process with LBBSPFedAvg, and through ``flwr run`` in simulation."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from fl_lbbsp.clients import LocalTraining, lbbsp_train
+from fl_lbbsp.contract import RecordKeys
+from fl_lbbsp.inprocess import InProcessGrid
+from fl_lbbsp.strategies import LBBSPFedAvg
+from fl_lbbsp.strategies.validation import DEFAULT_EXTRA_METRIC_KEYS
+from fl_lbbsp.telemetry import read_telemetry
+
+APP = Path(__file__).resolve().parent.parent / "examples" / "plugin"
+KEYS = RecordKeys()
+COST = "0.001,0.002"  # emulated step time m,b of the fastest silo: silo times are exact
+SLOWDOWNS = "1;2;4"
+TAU = 5
+
+
+@pytest.fixture
+def plugin_app():  # type: ignore[no-untyped-def]
+    """The example's ClientApp module, imported from examples/plugin."""
+    sys.path.insert(0, str(APP))
+    try:
+        from plugin_app import client_app
+
+        yield client_app
+    finally:
+        sys.path.remove(str(APP))
+
+
+def _context(node_config: dict | None = None, run_config: dict | None = None) -> Context:  # type: ignore[type-arg]
+    return Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 0, "num-partitions": 1, **(node_config or {})},
+        state=RecordDict(),
+        run_config=dict(run_config or {}),
+    )
+
+
+def _train_message(config: dict) -> Message:  # type: ignore[type-arg]
+    content = RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord(config)})
+    return Message(content=content, dst_node_id=7, message_type="train")
+
+
+def _user_train(*, metrics: dict | None = None, records: int = 1):  # type: ignore[no-untyped-def, type-arg]
+    """A train function that draws its batches from the plan's sampler."""
+    seen: list[list[int]] = []
+
+    def train(msg: Message, context: Context, plan: LocalTraining) -> Message:
+        with plan.timed():
+            seen.extend(list(plan.batch_sampler(50)))
+        content = RecordDict({"arrays": ArrayRecord()})
+        for i in range(records):
+            content[f"metrics{i}"] = MetricRecord(
+                {KEYS.num_examples: 50, "train_loss": 0.5} if metrics is None else metrics
+            )
+        return Message(content=content, reply_to=msg)
+
+    return train, seen
+
+
+def test_adapter_hands_over_the_instructions_and_adds_the_contract(flower_task) -> None:
+    # Prepare: a silo emulated 2x slower on a cost model, with a memory cap and an id
+    function, seen = _user_train()
+    train = lbbsp_train(cost_model=COST, emulate_wait=False)(function)
+    config = {KEYS.batch_size: 12, KEYS.local_steps: 4, KEYS.lr: 0.1, KEYS.server_round: 3}
+    context = _context({"slowdown": 2.0, KEYS.silo_id: "clinic-a", KEYS.max_batch_size: 64})
+
+    # Execute
+    reply = train(_train_message(config), context)
+
+    # Assert: exactly tau batches of B; the reported time is the cost model's; the
+    # user's own metrics stay beside the contract's; the silo names itself
+    assert [len(batch) for batch in seen] == [12] * 4
+    metrics = reply.content["metrics0"]
+    assert metrics[KEYS.train_time] == pytest.approx(4 * 2 * (0.001 * 12 + 0.002))
+    assert metrics[KEYS.batch_size] == 12 and metrics[KEYS.samples_processed] == 48
+    assert metrics[KEYS.max_batch_size] == 64 and metrics["train_loss"] == 0.5
+    assert metrics[KEYS.num_examples] == 50
+    assert {KEYS.cpu_percent, KEYS.memory_percent} <= set(metrics)
+    assert reply.content[KEYS.silo_record][KEYS.silo_id] == "clinic-a"
+
+
+@pytest.mark.parametrize(
+    ("config", "user", "error"),
+    [
+        ({KEYS.local_steps: 4, KEYS.lr: 0.1}, {}, "batch_size"),
+        ({KEYS.batch_size: 0, KEYS.local_steps: 4, KEYS.lr: 0.1}, {}, "batch_size"),
+        ({KEYS.batch_size: 8, KEYS.local_steps: 4, KEYS.lr: -1.0}, {}, "lr"),
+        ({KEYS.batch_size: 8, KEYS.local_steps: 4, KEYS.lr: 0.1}, {"metrics": {}}, "num-examples"),
+        (
+            {KEYS.batch_size: 8, KEYS.local_steps: 4, KEYS.lr: 0.1},
+            {"records": 2},
+            "2 MetricRecords",
+        ),
+    ],
+)
+def test_adapter_refuses_bad_instructions_and_replies_without_a_weight(
+    flower_task,
+    config: dict,  # type: ignore[type-arg]
+    user: dict,  # type: ignore[type-arg]
+    error: str,
+) -> None:
+    # Prepare
+    function, _ = _user_train(**user)
+    train = lbbsp_train(emulate_wait=False)(function)
+
+    # Execute / Assert: in a silo this becomes an error reply naming the problem
+    with pytest.raises(ValueError, match=error):
+        train(_train_message(config), _context())
+
+
+def test_quickstart_style_app_balances_through_the_in_process_grid(
+    plugin_app, tmp_path: Path
+) -> None:
+    # Prepare: the example's ClientApp on 3 nodes emulated 1:2:4 times slower
+    grid = InProcessGrid(
+        plugin_app.app,
+        num_nodes=3,
+        run_config={"slowdowns": SLOWDOWNS, "cost-model": COST},
+    )
+    telemetry = tmp_path / "telemetry.jsonl"
+    strategy = LBBSPFedAvg(
+        initial_batch_size=16,
+        local_steps=TAU,
+        lr=0.05,
+        fraction_evaluate=0.0,
+        min_train_nodes=3,
+        min_available_nodes=3,
+        extra_metric_keys=(*DEFAULT_EXTRA_METRIC_KEYS, "train_loss"),
+        telemetry_path=telemetry,
+    )
+    torch.manual_seed(0)
+    model = plugin_app.Net()
+
+    # Execute
+    strategy.start(
+        grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=3, timeout=600
+    )
+
+    # Assert: every reply accepted, silos named by partition, the faster a silo the
+    # bigger its batch, the total X = 3 * 16 kept, and the round shorter than FedAvg's
+    rounds = [e for e in read_telemetry(telemetry) if e["event"] == "train"]
+    assert [e["rejected"] for e in rounds] == [[], [], []]
+    assert set(rounds[-1]["silos"]) == {"0", "1", "2"}
+    sizes = [rounds[-1]["silos"][s][KEYS.batch_size] for s in ("0", "1", "2")]
+    assert sizes[0] > sizes[1] > sizes[2] and sum(sizes) == 48
+    assert rounds[-1]["round_time"] < 0.6 * rounds[0]["round_time"]
+    assert all(t.error is None for t in grid.transfers)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_quickstart_style_app_runs_under_flwr_run_in_simulation(tmp_path: Path) -> None:
+    # Prepare: a private Flower home (its managed local SuperLink on free ports) and
+    # a copy of the app; the SuperLink's own API ports are fixed by Flower
+    flwr = Path(sys.executable).parent / "flwr"
+    if _port_taken(9091) or _port_taken(9092):
+        pytest.skip("another SuperLink holds Flower's ServerAppIo/Fleet ports")
+    app = tmp_path / "plugin"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    telemetry = tmp_path / "telemetry.jsonl"
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(flwr.parent), os.environ.get("PATH", "")]),
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+        "PYTHONPATH": os.pathsep.join([str(APP.parent.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [str(flwr), "run", str(app), "--stream", "--run-config", f"telemetry='{telemetry}'"]
+
+    # Execute: generous limit, a 2-core machine starts Ray and 3 ClientApps per round
+    try:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=800, check=False
+        )
+    finally:  # stop the SuperLink flwr started in the background for this home, by pid
+        home = str(tmp_path / "flwr-home")
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if any(home in part for part in proc.info["cmdline"] or ()):
+                for child in proc.children(recursive=True):
+                    child.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
+
+    # Assert: three rounds, every silo's reply accepted, batch sizes ordered by speed
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rounds = [e for e in read_telemetry(telemetry) if e["event"] == "train"]
+    assert len(rounds) == 3 and all(e["rejected"] == [] for e in rounds)
+    last = rounds[-1]["silos"]
+    assert len(last) == 3
+    by_slowdown = sorted(last.values(), key=lambda r: r[KEYS.train_time] / r[KEYS.batch_size])
+    sizes = [r[KEYS.batch_size] for r in by_slowdown]
+    assert sizes == sorted(sizes, reverse=True) and sum(sizes) == 48
