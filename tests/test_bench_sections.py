@@ -70,3 +70,35 @@ def test_cluster_times_perfect_prediction_is_ideal_and_bsp_waits_for_the_slowest
     # Assert: BSP 200 / 100 s; LB-BSP with the actual speeds X / sum v
     assert bsp.tolist() == [2.0, 2.0]
     assert perfect.tolist() == pytest.approx([1.0, 2.0])
+
+
+def test_wallclock_section_compares_steady_medians_of_both_schemes() -> None:
+    # Prepare: rounds 1-2 are start-up; from round 3 FedAvg takes 4 s emulated and 4.4 s
+    # of wall time, LB-BSP 2 s and 2.2 s (the same 10% of messaging), in both repeats
+    import bench_wallclock
+
+    def run(emulated: float, wall: float) -> list[dict[str, object]]:
+        return [
+            {"event": "config"},
+            *({"event": "train", "round": r, "round_time": 9.0, "wall_time": 30.0} for r in (1, 2)),
+            *(
+                {"event": "train", "round": r, "round_time": emulated, "wall_time": wall}
+                for r in (3, 4, 5)
+            ),
+            {"event": "train", "round": 6, "round_time": None, "wall_time": 1.0},  # skipped
+        ]
+
+    # Execute
+    medians = {
+        "fedavg": [bench_wallclock.steady_medians(run(4.0, 4.4), 3, 6)] * 2,
+        "lbbsp": [bench_wallclock.steady_medians(run(2.0, 2.2), 3, 6)] * 2,
+    }
+    result = bench_wallclock.ratios(medians)
+
+    # Assert
+    assert medians["fedavg"][0] == pytest.approx((4.0, 4.4))
+    assert result["emulated"] == pytest.approx(0.5)
+    assert result["wall"] == pytest.approx(0.5)
+    assert result["gap"] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="no aggregated round"):
+        bench_wallclock.steady_medians(run(1.0, 1.0), 7, 9)
