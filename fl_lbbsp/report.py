@@ -515,17 +515,7 @@ def comparison_figure(summaries: dict[str, dict[str, Any]]) -> Any:
         )
     # Round time against T*
     ax = axes["time"]
-    for name, summary in summaries.items():
-        rounds = summary["rounds"]
-        ax.plot(
-            [x["round"] for x in rounds],
-            [x["round_time"] for x in rounds],
-            _STYLES.get(name, "-"),
-            marker=_MARKERS.get(name) or ".",
-            markersize=4,
-            color=_SCHEME_COLOURS.get(name),
-            label=name,
-        )
+    _plot_schemes(ax, summaries, "round", "round_time")
     for label, (r, values) in _ideal_steps(summaries).items():
         ax.step(r, values, where="mid", color="grey", lw=1.2, ls=(0, (4, 2)), label=label)
     ax.set(title=f"round time{emulated}", xlabel="round", ylabel="seconds")
@@ -533,17 +523,23 @@ def comparison_figure(summaries: dict[str, dict[str, Any]]) -> Any:
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4, frameon=False)
     # Accuracy
     ax = axes["acc"]
+    _plot_schemes(ax, summaries, "elapsed_emulated", "accuracy")
+    ax.set(title="test accuracy", xlabel=f"training time{emulated}, s", ylabel="accuracy")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4, frameon=False)
+    return fig
+
+
+def _plot_schemes(ax: Any, summaries: dict[str, dict[str, Any]], x: str, y: str) -> None:
+    """One line per scheme of its rounds' ``y`` against ``x`` (rounds without ``y`` left
+    out), in the scheme's colour, line style and marker."""
     for name, summary in summaries.items():
-        rounds = [x for x in summary["rounds"] if x["accuracy"] is not None]
+        rounds = [r for r in summary["rounds"] if r[y] is not None]
         ax.plot(
-            [x["elapsed_emulated"] for x in rounds],
-            [x["accuracy"] for x in rounds],
+            [r[x] for r in rounds],
+            [r[y] for r in rounds],
             _STYLES.get(name, "-"),
             marker=_MARKERS.get(name) or ".",
             markersize=4,
             color=_SCHEME_COLOURS.get(name),
             label=name,
         )
-    ax.set(title="test accuracy", xlabel=f"training time{emulated}, s", ylabel="accuracy")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4, frameon=False)
-    return fig

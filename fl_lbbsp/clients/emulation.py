@@ -122,9 +122,7 @@ def emulate_slowdown(
     sleep : Callable[[float], None] (default: time.sleep)
         How to wait.
     """
-    if wait and factor > 1.0:
-        sleep((factor - 1.0) * compute_time)
-    return factor * compute_time
+    return emulated_time(compute_time, factor, cost=None, batch_size=1, wait=wait, sleep=sleep)
 
 
 def emulated_time(
