@@ -33,7 +33,7 @@ lint: install-dev
 	$(VENV)/bin/ruff format --check fl_lbbsp tests examples benchmarks
 
 typecheck: install-dev
-	$(VENV)/bin/mypy fl_lbbsp/core
+	$(VENV)/bin/mypy
 
 test: install-dev
 	$(MAKE) --no-print-directory check
@@ -47,7 +47,7 @@ test-under-load: install-dev
 check:
 	$(VENV)/bin/ruff check fl_lbbsp tests examples benchmarks
 	$(VENV)/bin/ruff format --check fl_lbbsp tests examples benchmarks
-	$(VENV)/bin/mypy fl_lbbsp/core
+	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -q
 
 # The benchmark suite (not part of `make test`; its smoke version is): every section's JSON,

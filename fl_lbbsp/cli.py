@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from pydantic import ValidationError
 
@@ -322,7 +322,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
     }
     from .report import run_failure
 
-    events = {}
+    events: dict[str, list[dict[str, Any]]] = {}
     for scheme, config in configs.items():
         with _progress(args, config.telemetry_path(), config.iterations, scheme, "iteration"):
             events[scheme] = run_cluster(config)
@@ -395,10 +395,10 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
 
 
 def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
-    from .simulation import SimulationConfig
+    from .simulation import Scheme, SimulationConfig
 
     return SimulationConfig(
-        scheme=scheme,
+        scheme=cast(Scheme, scheme),  # checked against SCHEMES by main()
         silos=args.silos,
         speeds=None if args.speeds is None else tuple(args.speeds),
         partition=args.partition,
@@ -542,7 +542,7 @@ def _run(args: argparse.Namespace) -> int:
         schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     out = args.out or Path("runs") / args.command
     configs = {scheme: _config(args, scheme, out) for scheme in schemes}  # validate all first
-    events = {}
+    events: dict[str, Sequence[dict[str, Any]]] = {}
     for scheme, config in configs.items():
         with _progress(args, config.telemetry_path(), config.rounds, scheme):
             events[scheme] = run(config)

@@ -7,16 +7,52 @@ renamed through the strategy's and the trainer's constructor parameters (shared/
 
 from __future__ import annotations
 
-from collections.abc import Container
+import math
+from collections.abc import Container, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ENCRYPTED_HEADER", "STEP_BATCH_SIZE", "RecordKeys", "is_encrypted"]
+__all__ = [
+    "ENCRYPTED_HEADER",
+    "STEP_BATCH_SIZE",
+    "RecordKeys",
+    "read_float",
+    "read_int",
+    "is_encrypted",
+]
+
+_MISSING = object()
 
 ENCRYPTED_HEADER = "ckks-header"
 """ArrayRecord entry that marks an encrypted update (its plaintext header: weight, length,
 key fingerprint, layout, digests). Checking for it needs no TenSEAL, so a plaintext run
 never imports :mod:`fl_lbbsp.crypto`."""
+
+
+def read_float(record: Mapping[str, object], key: str, default: object = _MISSING) -> float:
+    """A finite number from a received record (a ConfigRecord's or MetricRecord's entry).
+
+    Raises
+    ------
+    KeyError
+        ``key`` is missing and no ``default`` is given.
+    ValueError
+        The entry is not a finite number (a bool, a list or a string is not).
+    """
+    value = record.get(key, default)
+    if value is _MISSING:
+        raise KeyError(f"{key!r} missing from the record")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number, got {value!r:.60}")
+    return float(value)
+
+
+def read_int(record: Mapping[str, object], key: str, default: object = _MISSING) -> int:
+    """A whole number from a received record (``16`` or ``16.0``), as :func:`read_float`."""
+    number = read_float(record, key, default)
+    if not number.is_integer():
+        raise ValueError(f"{key} must be a whole number, got {number!r}")
+    return int(number)
 
 
 def is_encrypted(record: Container[str]) -> bool:

@@ -99,10 +99,10 @@ def round_ideal(events: list[dict[str, Any]], event: dict[str, Any]) -> float | 
         for r in (event.get("silos") or {}).values()
         if r.get("batch-size") and r.get("train-time")
     ]
-    total = event.get("total_batch_size")
-    if not speeds or not total:
+    global_batch = event.get("total_batch_size")
+    if not speeds or not global_batch:
         return None
-    return float(total) / sum(speeds)
+    return float(global_batch) / sum(speeds)
 
 
 class RoundProgress:

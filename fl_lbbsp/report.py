@@ -432,7 +432,7 @@ def comparison_figure(summaries: dict[str, dict[str, Any]]) -> Any:
     silo_count = max((len(_silo_series(s)[1]) for s in summaries.values()), default=0)
     heatmap = silo_count >= HEATMAP_FROM
     if heatmap:
-        mosaic = [
+        mosaic: Any = [
             [f"heat:{n}" for n in names for _ in range(2)],
             ["time"] * len(names) + ["acc"] * len(names),
         ]

@@ -303,7 +303,7 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     With ``config.encrypt`` it is :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`
     with federated evaluation on every silo.
     """
-    settings = {
+    settings: dict[str, Any] = {
         "initial_batch_size": config.batch_size,
         "local_steps": config.local_steps,
         "lr": config.lr,
@@ -322,7 +322,7 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         settings["replies"] = config.partial_replies
     if config.encrypt is None:
         strategy = _STRATEGIES[config.scheme]
-        return strategy(fraction_evaluate=0.0, **settings)  # type: ignore[arg-type]
+        return strategy(fraction_evaluate=0.0, **settings)
     from .strategies.encrypted import EncryptedLBBSPFedAvg
 
     return EncryptedLBBSPFedAvg(
@@ -414,9 +414,7 @@ def check_key_files(key_dir: Path) -> None:
     load_silo_keys(key_dir, fingerprint=server.fingerprint)
 
 
-def run(
-    config: SimulationConfig, *, strategy: LBBSPFedAvg | None = None
-) -> list[dict[str, object]]:
+def run(config: SimulationConfig, *, strategy: LBBSPFedAvg | None = None) -> list[dict[str, Any]]:
     """Run one simulated federation and return its telemetry events.
 
     The silos' emulated capacities come from ``config.speeds``; every figure derived from

@@ -139,9 +139,9 @@ def _slowdown(context: Context, server_round: int) -> float:
     value = context.node_config.get(SLOWDOWN_KEY)
     if value is None:
         listed = [s for s in str(context.run_config.get(SLOWDOWNS_KEY, "")).split(";") if s]
-        partition = int(context.node_config.get(_PARTITION_ID, 0))  # type: ignore[arg-type]
+        partition = int(context.node_config.get(_PARTITION_ID, 0))
         value = listed[partition] if partition < len(listed) else 1.0
-    return SlowdownSchedule.parse(value).factor(server_round)  # type: ignore[arg-type]
+    return SlowdownSchedule.parse(value).factor(server_round)
 
 
 def lbbsp_train(
@@ -245,8 +245,8 @@ def lbbsp_train(
             }
             cap = context.node_config.get(names.max_batch_size)
             if cap is not None:
-                added[names.max_batch_size] = int(cap)  # type: ignore[arg-type]
-            reply.content[name] = MetricRecord({**dict(metrics), **added})  # type: ignore[dict-item]
+                added[names.max_batch_size] = int(cap)
+            reply.content[name] = MetricRecord({**dict(metrics), **added})
             reply.content[names.silo_record] = ConfigRecord({names.silo_id: silo_id})
             return reply
 

@@ -20,7 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..contract import RecordKeys, is_encrypted
+from ..contract import RecordKeys, is_encrypted, read_float, read_int
 from ..datasets import (
     ArrayDataset,
     PartitionSpec,
@@ -271,17 +271,17 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         started = time.perf_counter()
-        config = msg.content["config"]
+        config = msg.content.config_records["config"]
         instructions = TrainerConfig(
-            batch_size=int(config[keys.batch_size]),
-            local_steps=int(config[keys.local_steps]),
-            lr=float(config[keys.lr]),
-            server_round=int(config.get(keys.server_round, 1)),
+            batch_size=read_int(config, keys.batch_size),
+            local_steps=read_int(config, keys.local_steps),
+            lr=read_float(config, keys.lr),
+            server_round=read_int(config, keys.server_round, 1),
         )
         partition_id = int(context.node_config.get("partition-id", 0))
         silo_id = str(context.node_config.get(keys.silo_id, partition_id))
         secret_context = secret_context_of(context, setup.secret_context)
-        state, he_time = _open_arrays(msg.content["arrays"], secret_context)
+        state, he_time = _open_arrays(msg.content.array_records["arrays"], secret_context)
         model, data = _model_and_data(state, context)
         factor = _slowdown(setup, context, partition_id).factor(instructions.server_round)
         generator = torch.Generator().manual_seed(
@@ -318,8 +318,8 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
                 model,
                 secret_context,
                 weight=float(len(data)),
-                total=float(config.get(keys.he_weight_total, 1.0)),  # type: ignore[arg-type]
-                silos=int(config.get(keys.he_num_silos, 1)),  # type: ignore[arg-type]
+                total=read_float(config, keys.he_weight_total, 1.0),
+                silos=read_int(config, keys.he_num_silos, 1),
             )
             extra[keys.he_time] = emulate_slowdown(
                 he_time + seconds, factor, wait=setup.emulate_wait
@@ -345,7 +345,7 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
     @app.evaluate()
     def evaluate_local(msg: Message, context: Context) -> Message:
         state, _ = _open_arrays(
-            msg.content["arrays"], secret_context_of(context, setup.secret_context)
+            msg.content.array_records["arrays"], secret_context_of(context, setup.secret_context)
         )
         model, data = _model_and_data(state, context)
         if setup.evaluate_on == "test":

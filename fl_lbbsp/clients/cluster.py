@@ -30,7 +30,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..contract import RecordKeys
+from ..contract import RecordKeys, read_float, read_int
 from ..core.optim import SGD
 from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
 from ..models import ModelName, build_model
@@ -164,7 +164,7 @@ def _batch_indices(
     ``data="shard"``: a seeded draw from the worker's own shard.
     """
     if setup.data == "full" and "batch-offset" in config:
-        offset = int(config["batch-offset"])  # type: ignore[arg-type]
+        offset = read_int(config, "batch-offset")
         generator = torch.Generator().manual_seed(_seed(setup.seed, "global", server_round))
         order = torch.randperm(len(data), generator=generator)
         positions = torch.arange(offset, offset + batch_size) % len(data)
@@ -213,16 +213,16 @@ def sync_replica(
     from ..crypto.records import update_from_record
     from ..strategies.encrypted_cluster import INITIAL_MODEL, UPDATE_PREFIX
 
-    config = content["config"]
-    target = int(config[keys.model_version])  # type: ignore[arg-type]
+    config = content.config_records["config"]
+    target = read_int(config, keys.model_version)
     if INITIAL_MODEL in content:
-        record = content[INITIAL_MODEL]
+        record = content.array_records[INITIAL_MODEL]
         params = {name: np.asarray(record[name].numpy()) for name in record}
         version, buffers = 0, None
     elif _REPLICA in state:
-        params = {name: np.asarray(a.numpy()) for name, a in state[_REPLICA].items()}
-        version = int(state[_REPLICA_INFO]["version"])  # type: ignore[arg-type]
-        moment = state.get(_MOMENTUM)
+        params = {name: np.asarray(a.numpy()) for name, a in state.array_records[_REPLICA].items()}
+        version = read_int(state.config_records[_REPLICA_INFO], "version")
+        moment = state.array_records.get(_MOMENTUM)
         buffers = None if moment is None else [np.asarray(a.numpy()) for a in moment.values()]
     else:
         raise RuntimeError("no model replica on this worker: the server must resend the model")
@@ -232,7 +232,7 @@ def sync_replica(
         if name.startswith(UPDATE_PREFIX)
     )
     he_keys, checker = _silo_keys(secret_context)
-    optimizer = SGD(lr=float(config[keys.lr]), momentum=float(config.get(keys.momentum, 0.0)))  # type: ignore[arg-type]
+    optimizer = SGD(lr=read_float(config, keys.lr), momentum=read_float(config, keys.momentum, 0.0))
     optimizer.buffers = buffers
     names = list(params)
     seconds = 0.0
@@ -242,7 +242,7 @@ def sync_replica(
         if v != version + 1:
             raise RuntimeError(f"replica at model version {version} cannot apply aggregate {v}")
         start = time.perf_counter()
-        update = update_from_record(content[name])
+        update = update_from_record(content.array_records[name])
         grads = unflatten(decrypt_update(he_keys, update, checker=checker), update.layout)
         seconds += time.perf_counter() - start
         stepped = optimizer.step([params[n] for n in names], [grads[n] for n in names])
@@ -275,9 +275,9 @@ def _encrypt_gradient(
     update = encrypt_update(
         he_keys,
         flat,
-        weight=float(config[keys.batch_size]),  # type: ignore[arg-type]
-        total=float(config.get(keys.he_weight_total, 1.0)),  # type: ignore[arg-type]
-        max_contributors=int(config.get(keys.he_num_silos, 1)),  # type: ignore[arg-type]
+        weight=read_float(config, keys.batch_size),
+        total=read_float(config, keys.he_weight_total, 1.0),
+        max_contributors=read_int(config, keys.he_num_silos, 1),
         layout=layout,
     )
     return update_to_record(update), time.perf_counter() - start
@@ -311,9 +311,9 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
     def train(msg: Message, context: Context) -> Message:
         started = time.perf_counter()
         torch.set_num_threads(setup.torch_threads)
-        config = msg.content["config"]
-        batch_size = check_batch_size(int(config[keys.batch_size]))
-        server_round = int(config.get(keys.server_round, 1))
+        config = msg.content.config_records["config"]
+        batch_size = check_batch_size(read_int(config, keys.batch_size))
+        server_round = read_int(config, keys.server_round, 1)
         worker = int(context.node_config.get("partition-id", 0))
         worker_id = str(context.node_config.get(keys.silo_id, worker))
         factor = _factor(setup, context, worker, server_round)
@@ -325,13 +325,13 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         secret_context = secret_context_of(context, setup.secret_context)
         extra: dict[str, Any] = {}
         if secret_context is None:
-            model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+            model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
         else:
             params, he_seconds = sync_replica(
                 msg.content, context.state, secret_context=secret_context, keys=keys
             )
             model.load_state_dict({n: torch.from_numpy(p) for n, p in params.items()})
-            extra[keys.model_version] = int(config[keys.model_version])  # type: ignore[arg-type]
+            extra[keys.model_version] = read_int(config, keys.model_version)
         machine_usage()
         compute_start = time.perf_counter()
         index = _batch_indices(setup, data, worker_id, server_round, batch_size, config)
@@ -384,7 +384,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
         model.load_state_dict({n: torch.from_numpy(p) for n, p in params.items()})
         loss, accuracy = evaluate(model, torch.from_numpy(data.x), torch.from_numpy(data.y))
-        version = int(msg.content["config"][keys.model_version])  # type: ignore[arg-type]
+        version = read_int(msg.content.config_records["config"], keys.model_version)
         metrics = MetricRecord(
             {
                 keys.num_examples: len(data),

@@ -304,7 +304,7 @@ def _fit(
         hidden = torch.tanh(xt @ params["w1"].T + params["b1"])
         pred = (hidden @ params["w2"].T + params["b2"])[:, 0]
         loss = torch.mean((pred - yt) ** 2)
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()
         optimizer.step()
         loss_value = float(loss.detach())
         if best - loss_value < tol:

@@ -251,7 +251,7 @@ def _serialize(keys: CKKSKeys, *, private: bool) -> bytes:
         },
         sort_keys=True,
     ).encode()
-    return _MAGIC + struct.pack(">I", len(header)) + header + body
+    return bytes(_MAGIC + struct.pack(">I", len(header)) + header + body)
 
 
 def _from_bytes(data: bytes, *, expect_private: bool | None, source: str = "key data") -> CKKSKeys:

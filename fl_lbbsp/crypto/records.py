@@ -32,7 +32,7 @@ def update_to_record(update: EncryptedUpdate) -> ArrayRecord:
     arrays = {HEADER_KEY: _bytes_array(update.header(), HEADER_STYPE)}
     for k, chunk in enumerate(update.chunks):
         arrays[f"{_CHUNK_PREFIX}{k:05d}"] = _bytes_array(chunk, CHUNK_STYPE)
-    return ArrayRecord(arrays)  # type: ignore[arg-type]
+    return ArrayRecord(arrays)
 
 
 def update_from_record(record: ArrayRecord) -> EncryptedUpdate:

@@ -27,7 +27,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from ..contract import STEP_BATCH_SIZE
+from ..contract import STEP_BATCH_SIZE, read_int
 from .fedavg import LBBSPFedAvg
 from .rounds import natural_key, silo_round_time
 
@@ -43,8 +43,8 @@ class _PerNodeConfig(LBBSPFedAvg):
         """Configure like LB-BSP, then rewrite each node's ConfigRecord (see the class)."""
         messages = list(super().configure_train(server_round, arrays, config, grid))
         for msg in messages:
-            node_config = msg.content[self.configrecord_key]
-            batch_size = int(node_config[self.keys.batch_size])  # type: ignore[arg-type]
+            node_config = msg.content.config_records[self.configrecord_key]
+            batch_size = read_int(node_config, self.keys.batch_size)
             self._rewrite(node_config, batch_size)
         return messages
 

@@ -23,7 +23,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from ..contract import RecordKeys
+from ..contract import RecordKeys, read_int
 from ..core.optim import SGD
 from .config import ParameterServerConfig
 from .fedavg import LBBSPFedAvg, _array_record
@@ -162,9 +162,9 @@ keys, telemetry_path :
         messages = list(super().configure_train(server_round, arrays, config, grid))
         offset = 0
         for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
-            node_config = msg.content[self.configrecord_key]
+            node_config = msg.content.config_records[self.configrecord_key]
             node_config[self.batch_offset_key] = offset
-            offset += int(node_config[self.keys.batch_size])  # type: ignore[arg-type]
+            offset += read_int(node_config, self.keys.batch_size)
         return messages
 
     def _accept(self, silo: str, record: dict[str, Any]) -> bool:

@@ -131,7 +131,7 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         silos = [self.silo_id(msg.metadata.dst_node_id) for msg in messages]
         self._weight_total = self.weight_total(silos)
         for msg in messages:
-            node_config = msg.content[self.configrecord_key]
+            node_config = msg.content.config_records[self.configrecord_key]
             node_config[self.keys.he_weight_total] = self._weight_total
             node_config[self.keys.he_num_silos] = len(messages)
         return messages

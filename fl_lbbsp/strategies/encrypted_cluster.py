@@ -125,7 +125,7 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
                 raise ValueError("the initial model must be plaintext (the server creates it)")
             self._initial = arrays
         configs = {
-            msg.metadata.dst_node_id: msg.content[self.configrecord_key]
+            msg.metadata.dst_node_id: msg.content.config_records[self.configrecord_key]
             for msg in super().configure_train(server_round, arrays, config, grid)
         }
         self._messages = self._with_model(configs, MessageType.TRAIN)

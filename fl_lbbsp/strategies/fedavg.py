@@ -26,7 +26,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from ..contract import RecordKeys
+from ..contract import RecordKeys, read_float
 from ..core import BatchSizeBalancer
 from ..core.aggregation import weighted_average
 from ..telemetry import TelemetryWriter
@@ -338,7 +338,9 @@ evaluate_metrics_aggr_fn :
                 "start(); inside a wrapper strategy (e.g. Flower's differential-privacy "
                 "wrappers) leave checkpoint_dir unset"
             )
-        sampled = list(super().configure_train(server_round, arrays, ConfigRecord(config), grid))
+        sampled = list(
+            super().configure_train(server_round, arrays, ConfigRecord(dict(config)), grid)
+        )
         self._federation_size = max(self._federation_size, len(sampled))
         sizes = self.batch_sizes(msg.metadata.dst_node_id for msg in sampled)
         messages = []
@@ -434,7 +436,8 @@ evaluate_metrics_aggr_fn :
                     raise InvalidReplyError(f"a second reply for silo {silo} in this round")
                 silos.add(silo)
                 if msg.has_error():
-                    raise InvalidReplyError(f"error reply: {error_summary(msg.error.reason)}")
+                    reason = msg.error.reason or f"error code {msg.error.code}"
+                    raise InvalidReplyError(f"error reply: {error_summary(reason)}")
                 self._check_content(msg)
             except InvalidReplyError as err:
                 self._reject(server_round, msg, str(err), rejected)
@@ -542,7 +545,8 @@ evaluate_metrics_aggr_fn :
         count, a value that is not a finite number, or keys other than the first valid
         reply's. Each is logged and written to the telemetry as ``rejected``."""
         keys: set[str] | None = None
-        usable, rejected = [], []
+        usable: list[Message] = []
+        rejected: list[dict[str, Any]] = []
         for msg in replies:
             try:
                 if msg.has_content():
@@ -611,7 +615,9 @@ evaluate_metrics_aggr_fn :
         names = list(records[0].keys())
         layers = [[record[name].numpy() for name in names] for record in records]
         weights = [
-            1.0 if equal else float(next(iter(c.metric_records.values()))[self.weighted_by_key])
+            1.0
+            if equal
+            else read_float(next(iter(c.metric_records.values())), self.weighted_by_key)
             for c in contents
         ]
         return names, [np.asarray(a) for a in weighted_average(layers, weights)]
