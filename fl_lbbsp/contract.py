@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "ENCRYPTED_HEADER",
+    "INITIAL_MODEL",
+    "UPDATE_PREFIX",
     "STEP_BATCH_SIZE",
     "RecordKeys",
     "read_float",
@@ -22,6 +24,13 @@ __all__ = [
 ]
 
 _MISSING = object()
+
+INITIAL_MODEL = "initial-model"
+"""Encrypted cluster mode: the ArrayRecord of the plaintext initial model in a message to a
+worker without a model replica."""
+
+UPDATE_PREFIX = "aggregate-"
+"""Encrypted cluster mode: aggregate ``v`` travels as the ArrayRecord ``aggregate-<v>``."""
 
 ENCRYPTED_HEADER = "ckks-header"
 """ArrayRecord entry that marks an encrypted update (its plaintext header: weight, length,

@@ -30,7 +30,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..contract import RecordKeys, read_float, read_int
+from ..contract import INITIAL_MODEL, UPDATE_PREFIX, RecordKeys, read_float, read_int
 from ..core.optim import SGD
 from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
 from ..models import ModelName, build_model
@@ -211,7 +211,6 @@ def sync_replica(
     """
     from ..crypto import decrypt_update, unflatten
     from ..crypto.records import update_from_record
-    from ..strategies.encrypted_cluster import INITIAL_MODEL, UPDATE_PREFIX
 
     config = content.config_records["config"]
     target = read_int(config, keys.model_version)

@@ -30,21 +30,16 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from ..contract import INITIAL_MODEL, UPDATE_PREFIX
 from ..crypto.records import is_encrypted
 from .cluster import LBBSPCluster
 from .config import EncryptedClusterConfig
 from .encrypted import EncryptedLBBSPFedAvg
 from .validation import InvalidReplyError
 
-__all__ = ["INITIAL_MODEL", "UPDATE_PREFIX", "EncryptedLBBSPCluster"]
+__all__ = ["EncryptedLBBSPCluster"]
 
 log = logging.getLogger("fl_lbbsp")
-
-INITIAL_MODEL = "initial-model"
-"""Key of the plaintext initial model in a message to a worker without a replica."""
-
-UPDATE_PREFIX = "aggregate-"
-"""Aggregate ``v`` travels under the key ``aggregate-<v>``."""
 
 
 class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
