@@ -37,6 +37,8 @@ from typing import IO
 
 import psutil
 
+from .clients.emulation import slowdowns_from_speeds
+
 __all__ = [
     "LocalFederation",
     "ManagedProcess",
@@ -223,14 +225,6 @@ class SiloNode:
     slowdown: float
     port: int
     """Port of the SuperNode's own Runtime API (its ClientApps connect to it)."""
-
-
-def slowdowns_from_speeds(speeds: Sequence[float]) -> tuple[float, ...]:
-    """Emulated slowdown of each silo: ``max(speeds) / speed`` (1 for the fastest)."""
-    if not speeds or any(not (0 < s < float("inf")) for s in speeds):
-        raise ValueError(f"speeds must be finite positive numbers, got {list(speeds)}")
-    fastest = max(speeds)
-    return tuple(fastest / s for s in speeds)
 
 
 def stop_processes(pids: Sequence[int], *, grace: float = 5.0) -> list[int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated
 
 from pydantic import (
@@ -333,9 +333,22 @@ def check_speeds(speeds: tuple[float, ...] | None, count: int, what: str) -> Non
         raise ValueError(f"--speeds lists {len(speeds)} values but there are {count} {what}")
 
 
-def slowdowns_from_speeds(speeds: tuple[float, ...] | None, count: int) -> tuple[float, ...]:
-    """Emulated slowdown factor of each of ``count`` machines (1 for the fastest)."""
+def slowdowns_from_speeds(
+    speeds: Sequence[float] | None, count: int | None = None
+) -> tuple[float, ...]:
+    """Emulated slowdown factor ``max(speeds) / speed`` of each machine (1 for the
+    fastest); ``speeds`` ``None``: ``count`` machines of this one's speed.
+
+    Raises
+    ------
+    ValueError
+        A speed that is not a finite positive number, or ``None`` without ``count``.
+    """
     if speeds is None:
+        if count is None:
+            raise ValueError("count is needed when no speeds are given")
         return (1.0,) * count
+    if not speeds or any(not (0 < s < float("inf")) for s in speeds):
+        raise ValueError(f"speeds must be finite positive numbers, got {list(speeds)}")
     fastest = max(speeds)
     return tuple(fastest / s for s in speeds)
