@@ -13,6 +13,8 @@ both go through the same solver and the same rounding.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -22,7 +24,9 @@ from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_
 Rounding = Literal["time", "remainder"]
 
 __all__ = [
+    "CostFit",
     "fit_linear_cost",
+    "fit_robust_cost",
     "ideal_round_time",
     "idle_fraction",
     "linear_minmax",
@@ -272,3 +276,150 @@ def fit_linear_cost(
     if not np.isfinite(slope) or slope <= 0:
         return None
     return slope, intercept
+
+
+MIN_SLOPE_SHARE = 0.05
+"""The robust fit never puts less than this share of a silo's time at its operating
+point on the per-sample part: a slope near 0 would hand the silo every sample."""
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """A silo's cost line ``t = slope * x + intercept`` from :func:`fit_robust_cost`.
+
+    Parameters
+    ----------
+    slope : float
+        Per-sample cost a (seconds per unit of batch size), positive.
+    intercept : float
+        Fixed cost b (seconds), non-negative.
+    anchor : float
+        The operating point: median batch size of the window.
+    level : float
+        Robust time at the anchor, ``slope * anchor + intercept``.
+    noise : float
+        Robust scale of the relative residuals, ``1.4826 * median |log(t / fit)|``;
+        NaN with fewer than 4 observations.
+    weight : float
+        Weight in [0, 1] of the data's own slope against the prior shape (0: the line is
+        the prior's shape through the robust level; 1: the Theil-Sen line).
+    spread : tuple of float
+        Smallest and largest batch size of the window (where the line was observed).
+    """
+
+    slope: float
+    intercept: float
+    anchor: float
+    level: float
+    noise: float
+    weight: float
+    spread: tuple[float, float]
+
+    @property
+    def shape(self) -> float:
+        """Fixed cost in samples, ``intercept / slope`` (0: proportional)."""
+        return self.intercept / self.slope
+
+    def predict(self, x: float) -> float:
+        """Predicted time at batch size ``x``."""
+        return self.slope * x + self.intercept
+
+
+def fit_robust_cost(
+    x: ArrayLike,
+    t: ArrayLike,
+    *,
+    prior_shape: float = 0.0,
+    min_relative_spread: float = 0.1,
+) -> CostFit:
+    """Robust fit of ``t = a * x + b`` over a window, shrunk toward a prior shape.
+
+    The fit is built so that per-round timing noise moves it little:
+
+    1. The prior line has the shape ``t proportional to x + x0`` (``x0 = prior_shape``
+       samples of fixed cost; ``x0 = 0`` is proportional allocation, Alg. 1) through the
+       median of the observations rescaled to the anchor (the window's median batch size).
+    2. The data's own slope is the Theil-Sen estimator, the median of the pairwise slopes,
+       taken only over pairs whose batch sizes differ by at least ``min_relative_spread``
+       of the anchor, so that a fixed cost is estimated only from batch sizes that really
+       differ.
+    3. The two slopes are blended with the positive-part James-Stein weight
+       ``w = max(0, 1 - se^2 / (a_ts - a_prior)^2)``, ``se`` the standard error of the
+       Theil-Sen slope from the median absolute residual; with fewer than 4 observations
+       (no usable residual scale) ``w = 0``. Noise-free data give ``w = 1``.
+    4. The level at the anchor is the median of the observations moved along the
+       blended slope; the slope is then kept within ``[MIN_SLOPE_SHARE, 1] * level /
+       anchor`` (a non-negative fixed cost, a positive per-sample cost).
+
+    Parameters
+    ----------
+    x : sequence of float
+        Observed batch sizes (positive), at least one.
+    t : sequence of float
+        Observed times (positive), one per batch size.
+    prior_shape : float (default: 0.0)
+        Fixed cost of the prior line in samples, ``x0 = b / a`` (>= 0).
+    min_relative_spread : float (default: 0.1)
+        Smallest relative difference of two batch sizes for their pair to enter the
+        Theil-Sen slope.
+
+    Returns
+    -------
+    CostFit
+        The line, its anchor and level, the residual noise and the blend weight.
+
+    References
+    ----------
+    Yang et al., BOA (profile ``t_i = A_i * b_i + c_i`` by linear regression); Theil,
+    "A rank-invariant method of linear and polynomial regression analysis" (1950) and
+    Sen, "Estimates of the regression coefficient based on Kendall's tau", JASA 63 (1968);
+    James and Stein (1961) / Efron and Morris, JASA 68 (1973) for the positive-part
+    shrinkage.
+    """
+    xs = np.asarray(x, dtype=np.float64)
+    ts = np.asarray(t, dtype=np.float64)
+    if xs.ndim != 1 or xs.size == 0 or xs.shape != ts.shape:
+        raise ValueError(f"x and t must be equal non-empty 1-D sequences, got {xs.shape}")
+    if not (np.all(np.isfinite(xs)) and np.all(xs > 0) and np.all(np.isfinite(ts))):
+        raise ValueError("x must be positive and t finite")
+    if np.any(ts <= 0):
+        raise ValueError("t must be positive")
+    x0 = float(prior_shape)
+    if not math.isfinite(x0) or x0 < 0:
+        raise ValueError(f"prior_shape must be finite and >= 0, got {prior_shape!r}")
+    n = xs.size
+    anchor = float(np.median(xs))
+    level0 = float(np.median(ts * ((anchor + x0) / (xs + x0))))
+    prior = level0 / (anchor + x0)
+    slope, weight = prior, 0.0
+    if n >= 2:
+        i, j = np.triu_indices(n, k=1)
+        dx = xs[j] - xs[i]
+        keep = np.abs(dx) >= min_relative_spread * anchor
+        if keep.any():
+            own = float(np.median((ts[j] - ts[i])[keep] / dx[keep]))
+            if own > 0 and n >= 4:
+                residual = ts - own * xs
+                scale = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
+                spread = float(np.sum((xs - xs.mean()) ** 2))
+                se2 = scale * scale / spread
+                gap2 = (own - prior) ** 2
+                weight = 1.0 if se2 == 0 else max(0.0, 1.0 - se2 / gap2) if gap2 > 0 else 0.0
+                slope = weight * own + (1.0 - weight) * prior
+    level = float(np.median(ts - slope * (xs - anchor)))
+    if not level > 0:
+        level = level0
+    slope = min(max(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
+    intercept = max(level - slope * anchor, 0.0)
+    noise = math.nan
+    if n >= 4:
+        noise = 1.4826 * float(np.median(np.abs(np.log(ts / (slope * xs + intercept)))))
+    return CostFit(
+        slope=slope,
+        intercept=intercept,
+        anchor=anchor,
+        level=level,
+        noise=noise,
+        weight=weight,
+        spread=(float(xs.min()), float(xs.max())),
+    )
