@@ -294,12 +294,14 @@ class CostFit:
     intercept : float
         Fixed cost b (seconds), non-negative.
     anchor : float
-        The operating point: median batch size of the window.
+        The operating point: the window's last batch size.
     level : float
         Robust time at the anchor, ``slope * anchor + intercept``.
     noise : float
-        Robust scale of the relative residuals, ``1.4826 * median |log(t / fit)|``;
-        NaN with fewer than 4 observations.
+        Robust scale of the relative jitter: from pairs of near-replicates (batch sizes
+        closer than ``min_relative_spread``), ``1.4826 * median |log(t_j / t_i) -
+        log(fit_j / fit_i)| / sqrt(2)``, else (fewer than 3 such pairs) ``1.4826 * median
+        |log(t / fit)|``; NaN with fewer than 4 observations.
     weight : float
         Weight in [0, 1] of the data's own slope against the prior shape (0: the line is
         the prior's shape through the robust level; 1: the Theil-Sen line).
@@ -330,6 +332,7 @@ def fit_robust_cost(
     t: ArrayLike,
     *,
     prior_shape: float = 0.0,
+    prior_noise: float | None = None,
     min_relative_spread: float = 0.1,
 ) -> CostFit:
     """Robust fit of ``t = a * x + b`` over a window, shrunk toward a prior shape.
@@ -338,27 +341,33 @@ def fit_robust_cost(
 
     1. The prior line has the shape ``t proportional to x + x0`` (``x0 = prior_shape``
        samples of fixed cost; ``x0 = 0`` is proportional allocation, Alg. 1) through the
-       median of the observations rescaled to the anchor (the window's median batch size).
+       robust level (step 4) of the observations rescaled to the anchor (the window's
+       last batch size, where the silo operates).
     2. The data's own slope is the Theil-Sen estimator, the median of the pairwise slopes,
        taken only over pairs whose batch sizes differ by at least ``min_relative_spread``
        of the anchor, so that a fixed cost is estimated only from batch sizes that really
        differ.
     3. The two slopes are blended with the positive-part James-Stein weight
        ``w = max(0, 1 - se^2 / (a_ts - a_prior)^2)``, ``se`` the standard error of the
-       Theil-Sen slope from the median absolute residual; with fewer than 4 observations
-       (no usable residual scale) ``w = 0``. Noise-free data give ``w = 1``.
-    4. The level at the anchor is the median of the observations moved along the
-       blended slope; the slope is then kept within ``[MIN_SLOPE_SHARE, 1] * level /
+       Theil-Sen slope from the residual scale: the larger of the median absolute
+       residual (with at least 4 observations) and ``prior_noise`` times the level; with
+       neither known ``w = 0``. Noise-free data give ``w = 1``.
+    4. The level at the anchor is the trimmed geometric mean (20% cut at each end) of the
+       observations moved along the blended slope (in step 1 too), only of those within
+       ``min_relative_spread`` of the anchor when there are at least 3; the slope is then kept within ``[MIN_SLOPE_SHARE, 1] * level /
        anchor`` (a non-negative fixed cost, a positive per-sample cost).
 
     Parameters
     ----------
     x : sequence of float
-        Observed batch sizes (positive), at least one.
+        Observed batch sizes (positive), at least one, oldest first.
     t : sequence of float
         Observed times (positive), one per batch size.
     prior_shape : float (default: 0.0)
         Fixed cost of the prior line in samples, ``x0 = b / a`` (>= 0).
+    prior_noise : float | None (default: None)
+        Relative noise of the silo's times known from earlier windows (>= 0), a lower
+        bound of the residual scale; ``None``: unknown.
     min_relative_spread : float (default: 0.1)
         Smallest relative difference of two batch sizes for their pair to enter the
         Theil-Sen slope.
@@ -387,9 +396,11 @@ def fit_robust_cost(
     x0 = float(prior_shape)
     if not math.isfinite(x0) or x0 < 0:
         raise ValueError(f"prior_shape must be finite and >= 0, got {prior_shape!r}")
+    if prior_noise is not None and (not math.isfinite(prior_noise) or prior_noise < 0):
+        raise ValueError(f"prior_noise must be finite and >= 0 or None, got {prior_noise!r}")
     n = xs.size
-    anchor = float(np.median(xs))
-    level0 = float(np.median(ts * ((anchor + x0) / (xs + x0))))
+    anchor = float(xs[-1])
+    level0 = _robust_level(ts * ((anchor + x0) / (xs + x0)))
     prior = level0 / (anchor + x0)
     slope, weight = prior, 0.0
     if n >= 2:
@@ -398,22 +409,39 @@ def fit_robust_cost(
         keep = np.abs(dx) >= min_relative_spread * anchor
         if keep.any():
             own = float(np.median((ts[j] - ts[i])[keep] / dx[keep]))
-            if own > 0 and n >= 4:
-                residual = ts - own * xs
+            residual = ts - own * xs
+            scale = -1.0
+            if n >= 4:
                 scale = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
-                spread = float(np.sum((xs - xs.mean()) ** 2))
-                se2 = scale * scale / spread
+            if prior_noise is not None:
+                scale = max(scale, prior_noise * level0)
+            if own > 0 and scale >= 0:
+                se2 = scale * scale / float(np.sum((xs - xs.mean()) ** 2))
                 gap2 = (own - prior) ** 2
                 weight = 1.0 if se2 == 0 else max(0.0, 1.0 - se2 / gap2) if gap2 > 0 else 0.0
                 slope = weight * own + (1.0 - weight) * prior
-    level = float(np.median(ts - slope * (xs - anchor)))
+    # The level where the silo operates: from the observations near the anchor when
+    # there are enough of them (an error of the slope does not reach them), else from all
+    # of them moved along the slope.
+    near_anchor = np.abs(xs - anchor) < min_relative_spread * anchor
+    local = near_anchor if np.count_nonzero(near_anchor) >= 3 else np.ones(n, dtype=bool)
+    level = _robust_level((ts - slope * (xs - anchor))[local])
     if not level > 0:
         level = level0
     slope = min(max(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
     intercept = max(level - slope * anchor, 0.0)
     noise = math.nan
     if n >= 4:
-        noise = 1.4826 * float(np.median(np.abs(np.log(ts / (slope * xs + intercept)))))
+        # Scale of the jitter alone: near-replicates (batch sizes closer than the spread
+        # a slope needs) differ by the noise of two rounds, whatever the line's misfit.
+        fitted = np.log(slope * xs + intercept)
+        logs = np.log(ts) - fitted
+        i, j = np.triu_indices(n, k=1)
+        near = np.abs(xs[j] - xs[i]) < min_relative_spread * anchor
+        if np.count_nonzero(near) >= 3:
+            noise = 1.4826 * float(np.median(np.abs(logs[j][near] - logs[i][near]))) / math.sqrt(2)
+        else:
+            noise = 1.4826 * float(np.median(np.abs(logs)))
     return CostFit(
         slope=slope,
         intercept=intercept,
@@ -423,3 +451,20 @@ def fit_robust_cost(
         weight=weight,
         spread=(float(xs.min()), float(xs.max())),
     )
+
+
+TRIM = 0.2
+"""Share of the observations cut at each end by :func:`fit_robust_cost`'s level."""
+
+
+def _robust_level(values: FloatArray) -> float:
+    """Trimmed geometric mean (``TRIM`` cut at each end, in log; the plain geometric mean
+    of fewer than 5 positive values, the trimmed arithmetic mean if any is not positive):
+    nearly as efficient as the mean under log-normal jitter, robust to a spike like the
+    median."""
+    v = np.sort(values)
+    cut = int(TRIM * v.size)
+    kept = v[cut : v.size - cut]
+    if np.all(kept > 0):
+        return float(np.exp(np.mean(np.log(kept))))
+    return float(np.mean(kept))

@@ -115,12 +115,14 @@ class _SiloState:
     last: dict[str, Any] = field(default_factory=dict)
     reports: int = 0
     # Fixed cost in samples (b / a) of the last robust fit: the prior shape of the next
-    # fit, kept across a change reset (a change of capacity scales a and b alike).
-    shape: float = 0.0
-    # Robust relative residual scale of the last fit with enough observations (0: none).
-    noise: float = 0.0
-    # Reports held back as a possible change: (batch size, time, speed, log deviation).
-    pending: list[tuple[int, float, float, float]] = field(default_factory=list)
+    # fit, kept across a change reset (a change of capacity scales a and b alike); None
+    # until the silo's own batch sizes identified it (then the federation's median is used).
+    shape: float | None = None
+    # Robust relative residual scale of the last fit with enough observations (None: none).
+    noise: float | None = None
+    # The run of reports deviating to the same side from the cost line: (batch size,
+    # time, speed, log deviation, held back).
+    pending: list[tuple[int, float, float, float, bool]] = field(default_factory=list)
     # Level ratio of a change confirmed by the last report (widens its change limit).
     boost: float = 1.0
     fit: CostFit | None = None
@@ -183,7 +185,7 @@ class BatchSizeBalancer:
         per-round jitter. ``"wls"``: the weighted least-squares fit of earlier versions
         (:func:`~fl_lbbsp.core.allocators.fit_linear_cost`, weights ``(1 - alpha)^age``),
         a silo without two distinct batch sizes using its predicted speed.
-    change_sigmas : float | None (default: 3.0)
+    change_sigmas : float | None (default: 2.5)
         Change detection: a report whose time deviates from the silo's robust cost line
         by more than ``max(log(1 + change_threshold), change_sigmas * noise)`` in log
         (``noise`` the fit's robust relative residual scale) is held back; once
@@ -224,7 +226,7 @@ class BatchSizeBalancer:
         min_fit_spread: float = 0.1,
         max_change_ratio: float | None = 2.0,
         fit: Fit = "robust",
-        change_sigmas: float | None = 3.0,
+        change_sigmas: float | None = 2.5,
         change_threshold: float = 0.2,
         change_confirm: int = 2,
         order_tolerance: float | None = 0.1,
@@ -293,6 +295,11 @@ class BatchSizeBalancer:
         self.order_tolerance = None if order_tolerance is None else float(order_tolerance)
         self.equal_split_guard = bool(equal_split_guard)
         self._silos: dict[str, _SiloState] = {}
+        # Known shapes (b / a) by silo row; their median is the prior shape of a silo whose
+        # own batch sizes have not identified its shape yet (refreshed by allocate()).
+        self._shapes: dict[int, float] = {}
+        self._shapes_changed = False
+        self._pooled_shape = 0.0
         # One row per silo of what allocate() needs, refreshed with each report; row 0 is
         # the row of a silo that never reported.
         self._index: dict[str, int] = {}
@@ -326,10 +333,10 @@ class BatchSizeBalancer:
             state.estimator = make_estimator(
                 self.estimator, alpha=self.alpha, options=self.estimator_options
             )
-            for _, _, v, _ in confirmed:
+            for _, _, v, _, _ in confirmed:
                 state.estimator.update(v)
             state.history.clear()
-            state.history.extend((bx, bt) for bx, bt, _, _ in confirmed)
+            state.history.extend((bx, bt) for bx, bt, _, _, _ in confirmed)
             state.boost = math.exp(abs(math.fsum(d for *_, d in confirmed) / len(confirmed)))
         state.steps = report.steps
         if report.max_batch_size is not None:
@@ -345,7 +352,13 @@ class BatchSizeBalancer:
 
     def _screen(self, state: _SiloState, x: int, t: float, speed: float) -> str:
         """Change detection: ``"normal"``, ``"held"`` (a possible change, kept out of
-        the estimate) or ``"change"`` (confirmed; ``state.pending`` holds its reports)."""
+        the estimate) or ``"change"`` (confirmed; ``state.pending`` holds its reports).
+
+        ``state.pending`` is the current run of reports deviating from the cost line to
+        the same side. A change is confirmed by ``change_confirm`` reports in a row beyond
+        the single-report limit, or by a longer run whose mean deviation (each clipped at
+        the limit, so that one spike cannot carry it) exceeds the limit divided by the
+        square root of its length (a CUSUM-like test for a step hidden in the noise)."""
         fit = state.fit
         if self.change_sigmas is None or fit is None or len(state.history) < 2:
             state.pending.clear()
@@ -357,14 +370,28 @@ class BatchSizeBalancer:
             state.pending.clear()
             return "normal"
         deviation = math.log(t / fit.predict(x))
-        limit = max(math.log1p(self.change_threshold), self.change_sigmas * state.noise)
-        if abs(deviation) <= limit:
-            state.pending.clear()  # a spike that was not confirmed is dropped
-            return "normal"
-        if state.pending and (state.pending[-1][3] > 0) != (deviation > 0):
-            state.pending.clear()
-        state.pending.append((x, t, speed, deviation))
-        return "change" if len(state.pending) >= self.change_confirm else "held"
+        noise = 0.0 if state.noise is None else state.noise
+        floor = math.log1p(self.change_threshold)
+        limit = max(floor, self.change_sigmas * noise)
+        run = state.pending
+        if run and (run[-1][3] > 0) != (deviation > 0):
+            run.clear()
+        held = abs(deviation) > limit
+        run.append((x, t, speed, deviation, held))
+        del run[: -self.history]
+        trailing = 0
+        for entry in reversed(run):
+            if not entry[4]:
+                break
+            trailing += 1
+        if trailing >= self.change_confirm:
+            del run[:-trailing]
+            return "change"
+        if len(run) > self.change_confirm:
+            mean = abs(math.fsum(max(-limit, min(limit, e[3])) for e in run)) / len(run)
+            if mean > max(floor, limit / math.sqrt(len(run))):
+                return "change"
+        return "held" if held else "normal"
 
     def predicted_speed(self, silo_id: str) -> float | None:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
@@ -413,6 +440,9 @@ class BatchSizeBalancer:
     def _allocate(self, ids: list[str], total: int | None) -> dict[str, int]:
         if not ids:
             return {}
+        if self._shapes_changed:
+            self._pooled_shape = float(np.median(list(self._shapes.values())))
+            self._shapes_changed = False
         n = len(ids)
         # The silos' rows are gathered at once; the rest is vectorised.
         rows = self._rows[np.fromiter(map(self._index.get, ids, repeat(0)), np.intp, count=n)]
@@ -535,11 +565,17 @@ class BatchSizeBalancer:
                     fixed_time=saved.get("fixed_time"),
                     last=dict(saved.get("last", {})),
                     reports=int(saved.get("reports", len(saved["history"]))),
-                    shape=float(saved.get("shape", 0.0)),
-                    noise=float(saved.get("noise", 0.0)),
+                    shape=_optional_float(saved.get("shape")),
+                    noise=_optional_float(saved.get("noise")),
                     pending=[
-                        (int(x), float(t), float(v), float(d))
-                        for x, t, v, d in saved.get("pending", [])
+                        (
+                            int(p[0]),
+                            float(p[1]),
+                            float(p[2]),
+                            float(p[3]),
+                            bool(p[4]) if len(p) > 4 else True,
+                        )
+                        for p in saved.get("pending", [])
                     ],
                     boost=float(saved.get("boost", 1.0)),
                 ),
@@ -573,6 +609,9 @@ class BatchSizeBalancer:
         self._silos[silo_id] = state
         state.index = len(self._index) + 1
         self._index[silo_id] = state.index
+        if state.shape is not None:
+            self._shapes[state.index] = state.shape
+            self._shapes_changed = True
         if state.index >= len(self._rows):
             grown = np.array([_NO_ROW] * (2 * len(self._rows)), dtype=np.float64)
             grown[: len(self._rows)] = self._rows
@@ -676,10 +715,18 @@ class BatchSizeBalancer:
         if state.history and (self.fit == "robust" or self.change_sigmas is not None):
             xs, ts = zip(*state.history, strict=True)
             fit = fit_robust_cost(
-                xs, ts, prior_shape=state.shape, min_relative_spread=self.min_fit_spread
+                xs,
+                ts,
+                prior_shape=self._pooled_shape if state.shape is None else state.shape,
+                prior_noise=state.noise,
+                min_relative_spread=self.min_fit_spread,
             )
             state.fit = fit
-            state.shape = fit.shape
+            if state.shape is not None or fit.weight >= 0.5:
+                # The silo's own shape, once its batch sizes have identified it.
+                state.shape = fit.shape
+                self._shapes[state.index] = fit.shape
+                self._shapes_changed = True
             if math.isfinite(fit.noise):
                 state.noise = fit.noise
             if self.fit == "robust":
@@ -797,6 +844,10 @@ def order_guard(
         x[i] += move
         x[j] -= move
     return x
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
 
 
 def _real(value: object) -> bool:
