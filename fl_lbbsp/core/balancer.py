@@ -525,6 +525,7 @@ class BatchSizeBalancer:
                 "allocator_options": self.allocator_options,
             },
             "iterative": {"allocator": self._iterative.state(), "stepped": self._stepped},
+            "pooled_shape": {"value": self._pooled_shape, "stale": self._shapes_changed},
             "silos": {
                 silo: {
                     "estimator": state.estimator.state(),
@@ -538,6 +539,7 @@ class BatchSizeBalancer:
                     "noise": state.noise,
                     "pending": [list(p) for p in state.pending],
                     "boost": state.boost,
+                    "fit": None if state.fit is None else _fit_state(state.fit),
                 }
                 for silo, state in self._silos.items()
             },
@@ -578,8 +580,12 @@ class BatchSizeBalancer:
                         for p in saved.get("pending", [])
                     ],
                     boost=float(saved.get("boost", 1.0)),
+                    fit=None if saved.get("fit") is None else _fit_from_state(saved["fit"]),
                 ),
             )
+        if "pooled_shape" in state:
+            balancer._pooled_shape = float(state["pooled_shape"]["value"])
+            balancer._shapes_changed = bool(state["pooled_shape"]["stale"])
         if "iterative" in state:
             balancer._iterative = IterativeAllocator.from_state(state["iterative"]["allocator"])
             balancer._stepped = {str(k): int(v) for k, v in state["iterative"]["stepped"].items()}
@@ -616,7 +622,7 @@ class BatchSizeBalancer:
             grown = np.array([_NO_ROW] * (2 * len(self._rows)), dtype=np.float64)
             grown[: len(self._rows)] = self._rows
             self._rows = grown
-        self._row(state)
+        self._row(state, refit=state.fit is None)
 
     def _uppers(self, caps: np.ndarray) -> np.ndarray:
         """Each silo's largest batch size: the balancer's and its own memory cap (inf)."""
@@ -705,14 +711,17 @@ class BatchSizeBalancer:
         mean = float(np.mean(known))
         return np.array([mean if v is None else v for v in predicted], dtype=np.float64)
 
-    def _row(self, state: _SiloState) -> None:
+    def _row(self, state: _SiloState, *, refit: bool = True) -> None:
         """Refresh the silo's row of the table: memory cap (inf if none), last reported
         batch size (NaN if none), the linear allocator's cost line a, b (NaN, 0 without
         one), its smoothed fixed time (0 if none), its local steps per round and the
-        change limit's boost."""
+        change limit's boost. ``refit=False`` keeps the robust fit restored from a
+        checkpoint."""
         a, b = math.nan, 0.0
-        state.fit = None
-        if state.history and (self.fit == "robust" or self.change_sigmas is not None):
+        if not refit and state.fit is not None:
+            if self.fit == "robust":
+                a, b = state.fit.slope, state.fit.intercept
+        elif state.history and (self.fit == "robust" or self.change_sigmas is not None):
             xs, ts = zip(*state.history, strict=True)
             fit = fit_robust_cost(
                 xs,
@@ -731,6 +740,8 @@ class BatchSizeBalancer:
                 state.noise = fit.noise
             if self.fit == "robust":
                 a, b = fit.slope, fit.intercept
+        else:
+            state.fit = None
         if self.allocator == "linear" and self.fit == "wls" and state.history:
             xs, ts = zip(*state.history, strict=True)
             ages = np.arange(len(xs))[::-1]
@@ -844,6 +855,27 @@ def order_guard(
         x[i] += move
         x[j] -= move
     return x
+
+
+def _fit_state(fit: CostFit) -> dict[str, Any]:
+    """A cost fit as JSON (NaN noise as null)."""
+    state = asdict(fit)
+    state["noise"] = None if math.isnan(fit.noise) else fit.noise
+    state["spread"] = list(fit.spread)
+    return state
+
+
+def _fit_from_state(state: dict[str, Any]) -> CostFit:
+    low, high = state["spread"]
+    return CostFit(
+        slope=float(state["slope"]),
+        intercept=float(state["intercept"]),
+        anchor=float(state["anchor"]),
+        level=float(state["level"]),
+        noise=math.nan if state.get("noise") is None else float(state["noise"]),
+        weight=float(state["weight"]),
+        spread=(float(low), float(high)),
+    )
 
 
 def _optional_float(value: object) -> float | None:
