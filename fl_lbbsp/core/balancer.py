@@ -27,6 +27,7 @@ import numpy as np
 from .allocators import CostFit, fit_linear_cost, fit_robust_cost, linear_minmax, proportional
 from .estimators import SpeedEstimator, estimator_from_state, make_estimator
 from .iterative import IterativeAllocator
+from .rounding import round_to_total
 
 __all__ = ["BALANCER_DEFAULTS", "BatchSizeBalancer", "InvalidReportError", "SiloReport"]
 
@@ -397,6 +398,26 @@ class BatchSizeBalancer:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
         state = self._silos.get(silo_id)
         return None if state is None else state.estimator.predict()
+
+    def cost_line(self, silo_id: str) -> tuple[float, float] | None:
+        """The silo's fitted cost line ``(a, b)``, seconds per unit of batch size and fixed
+        seconds per round (its smoothed ``fixed_time`` included), as the linear allocator
+        uses it; ``None`` if it never reported or has no fit."""
+        state = self._silos.get(silo_id)
+        if state is None:
+            return None
+        row = self._rows[state.index]
+        if math.isnan(row[2]):
+            return None
+        return float(row[2]), float(row[3] + row[4])
+
+    def predicted_round_time(self, sizes: Mapping[str, int]) -> float | None:
+        """Predicted round time ``max_i a_i * B_i + b_i`` of an allocation from the silos'
+        cost lines; ``None`` if a silo has none."""
+        lines = [self.cost_line(silo) for silo in sizes]
+        if not lines or any(line is None for line in lines):
+            return None
+        return max(a * x + b for (a, b), x in zip(lines, sizes.values(), strict=True))  # type: ignore[misc]
 
     def fixed_time(self, silo_id: str) -> float | None:
         """Smoothed fixed per-round time of a silo (``he-time``), ``None`` if never reported."""
@@ -810,10 +831,13 @@ def order_guard(
     the allocation's predicted round time ``T = max_i t_i(x_i)``: ``(T - b_i) / a_i``
     (for ``b = 0`` proportional to its speed ``1 / a_i``). Whenever silo i is predicted
     faster than silo j by more than ``tolerance`` (relative) but gets a smaller batch
-    size, the worst such pair is levelled (samples move from j to i, within both silos'
-    bounds), until no inversion is left or none can be repaired. At the min-max solution
-    without binding bounds there is none; the guard catches those left by the bounds
-    (change limits, caps) and by rounding. The total is kept.
+    size, the sizes are pooled: the silos are grouped into speed classes spanning a factor
+    ``1 + tolerance`` each, and pool-adjacent-violators along the classes (a block holding
+    fewer samples per silo than a slower one is merged with it at their mean) makes the
+    sizes non-decreasing in speed class; they are then rounded to the same total within
+    each silo's bounds. At the min-max
+    solution without binding bounds there is no inversion; the guard catches those left
+    by the bounds (change limits, caps) and by rounding. Bounds win over the order.
 
     Parameters
     ----------
@@ -834,27 +858,41 @@ def order_guard(
     n = len(x)
     round_time = float(np.max(a * x + b))
     speed = np.maximum(round_time - b, 0.0) / a
-    order = np.argsort(speed, kind="stable")
-    ranked = speed[order]
-    # Silos at ranks < cut[p] are slower than the silo at rank p beyond the tolerance.
-    cut = np.searchsorted(ranked * (1.0 + tolerance), ranked, side="left")
-    ranks = np.arange(n)
-    for _ in range(2 * n):
-        xs = x[order]
-        running = np.maximum.accumulate(xs)
-        holder = np.maximum.accumulate(np.where(xs == running, ranks, 0))
-        before = np.maximum(cut - 1, 0)
-        gap = np.where(cut > 0, running[before] - xs, 0)
-        p = int(np.argmax(gap))
-        if gap[p] <= 0:
-            break
-        i, j = int(order[p]), int(order[holder[before[p]]])
-        move = min(int(math.ceil(gap[p] / 2)), int(upper[i] - x[i]), int(x[j] - lower[j]))
-        if move <= 0:
-            break
-        x[i] += move
-        x[j] -= move
-    return x
+    # Speed classes, from the slowest: a class spans a factor (1 + tolerance), so two
+    # silos further apart in speed are in different classes. Along the chain sorted by
+    # class, then by size, an inversion can only be between classes.
+    by_speed = np.argsort(speed, kind="stable")
+    classes = np.empty(n, dtype=np.int64)
+    current, start = 0, float(speed[by_speed[0]])
+    for k in by_speed:
+        if speed[k] > start * (1.0 + tolerance):
+            current, start = current + 1, float(speed[k])
+        classes[k] = current
+    order = np.lexsort((x, classes))
+    xs = x[order].astype(np.float64)
+    # Pool adjacent violators: a block holding fewer samples per silo than the one before
+    # it is merged into it. Blocks: [sum of sizes, count].
+    blocks: list[list[float]] = []
+    for k in range(n):
+        blocks.append([xs[k], 1.0])
+        while len(blocks) > 1 and blocks[-1][0] / blocks[-1][1] < blocks[-2][0] / blocks[-2][1]:
+            high = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + high[0], blocks[-1][1] + high[1]]
+    if len(blocks) == n:
+        return x
+    # Each block's samples split evenly, the remainder to its fastest silos.
+    parts = []
+    for total, count in blocks:
+        base, extra = divmod(int(round(total)), int(count))
+        part = np.full(int(count), base, dtype=np.int64)
+        part[int(count) - extra :] += 1
+        parts.append(part)
+    pooled = np.empty(n, dtype=np.int64)
+    pooled[order] = np.concatenate(parts)
+    lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    if np.all(pooled >= lo) and np.all(pooled <= hi):
+        return pooled
+    return round_to_total(np.clip(pooled, lo, hi), int(x.sum()), lower=lo, upper=hi)
 
 
 def _fit_state(fit: CostFit) -> dict[str, Any]:
