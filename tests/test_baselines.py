@@ -182,7 +182,7 @@ def test_partial_round_time_is_the_kth_fastest(times, k, tmp_path_factory) -> No
 def test_tau_variant_silos_run_the_steps_they_are_sent(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Prepare: 3 silos emulated 16:4:1 in process, without waiting out the slowdowns
     config = SimulationConfig(
-        scheme="lbbsp-tau", silos=3, speeds=(16.0, 4.0, 1.0), rounds=2, local_steps=8,
+        scheme="lbbsp-tau", silos=3, speeds=(16.0, 4.0, 1.0), rounds=3, local_steps=8,
         batch_size=16, model="mlp", runtime="inprocess", emulate_wait=False, out=tmp_path,
     )  # fmt: skip
 

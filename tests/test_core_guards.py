@@ -303,9 +303,7 @@ def test_batch_sizes_follow_the_order_of_capacities_under_jitter(
 
 
 # ----------------------------------------------------------------------- change reset
-def _steady(
-    a: np.ndarray, b: np.ndarray, rounds: int = 10
-) -> tuple[BatchSizeBalancer, list[str]]:
+def _steady(a: np.ndarray, b: np.ndarray, rounds: int = 10) -> tuple[BatchSizeBalancer, list[str]]:
     balancer = BatchSizeBalancer(initial_batch_size=32)
     ids = [f"s{i}" for i in range(len(a))]
     for _ in range(rounds):

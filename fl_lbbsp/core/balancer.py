@@ -175,8 +175,9 @@ class BatchSizeBalancer:
         If set (> 1), a silo's next batch size stays within ``[B / r, B * r]`` of the batch
         size B it last reported (B_init before its first report), so one noisy or false
         report, the first one included, cannot swing it. After a change of level confirmed
-        by ``change_confirm`` reports the silo's limit widens by the confirmed ratio for
-        one allocation, so that a real change is followed at once. The limit is dropped
+        by ``change_confirm`` reports the silo's limit widens by the confirmed ratio (at
+        most ``r`` more, so ``r^2`` in all) for one allocation, so that a real change is
+        followed at once. The limit is dropped
         for a round in which it would make the total unreachable. ``None``: no limit.
     fit : {"robust", "wls"} (default: "robust")
         Cost fit of the ``"linear"`` allocator. ``"robust"``:
@@ -338,7 +339,8 @@ class BatchSizeBalancer:
                 state.estimator.update(v)
             state.history.clear()
             state.history.extend((bx, bt) for bx, bt, _, _, _ in confirmed)
-            state.boost = math.exp(abs(math.fsum(d for *_, d in confirmed) / len(confirmed)))
+            level = math.exp(abs(math.fsum(e[3] for e in confirmed) / len(confirmed)))
+            state.boost = min(level, self.max_change_ratio or 1.0)
         state.steps = report.steps
         if report.max_batch_size is not None:
             state.max_batch_size = int(report.max_batch_size)
