@@ -354,8 +354,9 @@ def fit_robust_cost(
        neither known ``w = 0``. Noise-free data give ``w = 1``.
     4. The level at the anchor is the trimmed geometric mean (20% cut at each end) of the
        observations moved along the blended slope (in step 1 too), only of those within
-       ``min_relative_spread`` of the anchor when there are at least 3; the slope is then kept within ``[MIN_SLOPE_SHARE, 1] * level /
-       anchor`` (a non-negative fixed cost, a positive per-sample cost).
+       ``min_relative_spread`` of the anchor when there are at least 3; the slope is then
+       kept within ``[MIN_SLOPE_SHARE, 1] * level / anchor`` (a non-negative fixed cost,
+       a positive per-sample cost).
 
     Parameters
     ----------
