@@ -32,6 +32,7 @@ __all__ = [
     "linear_minmax",
     "linear_minmax_continuous",
     "proportional",
+    "robust_level",
 ]
 
 
@@ -386,47 +387,61 @@ def fit_robust_cost(
     James and Stein (1961) / Efron and Morris, JASA 68 (1973) for the positive-part
     shrinkage.
     """
-    xs = np.asarray(x, dtype=np.float64)
-    ts = np.asarray(t, dtype=np.float64)
-    if xs.ndim != 1 or xs.size == 0 or xs.shape != ts.shape:
-        raise ValueError(f"x and t must be equal non-empty 1-D sequences, got {xs.shape}")
-    if not (np.all(np.isfinite(xs)) and np.all(xs > 0) and np.all(np.isfinite(ts))):
+    # Plain Python on purpose: the windows are small (tens of reports) and a silo's fit is
+    # made at each of its reports, where numpy's per-call overhead would dominate.
+    try:
+        xs = [float(v) for v in x]
+        ts = [float(v) for v in t]
+    except TypeError as err:
+        raise ValueError(f"x and t must be 1-D sequences of numbers ({err})") from None
+    n = len(xs)
+    if n == 0 or n != len(ts):
+        raise ValueError(f"x and t must be equal non-empty 1-D sequences, got {n} and {len(ts)}")
+    if not all(math.isfinite(v) and v > 0 for v in xs) or not all(map(math.isfinite, ts)):
         raise ValueError("x must be positive and t finite")
-    if np.any(ts <= 0):
+    if any(v <= 0 for v in ts):
         raise ValueError("t must be positive")
     x0 = float(prior_shape)
     if not math.isfinite(x0) or x0 < 0:
         raise ValueError(f"prior_shape must be finite and >= 0, got {prior_shape!r}")
     if prior_noise is not None and (not math.isfinite(prior_noise) or prior_noise < 0):
         raise ValueError(f"prior_noise must be finite and >= 0 or None, got {prior_noise!r}")
-    n = xs.size
-    anchor = float(xs[-1])
-    level0 = _robust_level(ts * ((anchor + x0) / (xs + x0)))
+    anchor = xs[-1]
+    gap = min_relative_spread * anchor
+    level0 = robust_level([tv * (anchor + x0) / (xv + x0) for xv, tv in zip(xs, ts, strict=True)])
     prior = level0 / (anchor + x0)
     slope, weight = prior, 0.0
-    if n >= 2:
-        i, j = np.triu_indices(n, k=1)
-        dx = xs[j] - xs[i]
-        keep = np.abs(dx) >= min_relative_spread * anchor
-        if keep.any():
-            own = float(np.median((ts[j] - ts[i])[keep] / dx[keep]))
-            residual = ts - own * xs
-            scale = -1.0
-            if n >= 4:
-                scale = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
-            if prior_noise is not None:
-                scale = max(scale, prior_noise * level0)
-            if own > 0 and scale >= 0:
-                se2 = scale * scale / float(np.sum((xs - xs.mean()) ** 2))
-                gap2 = (own - prior) ** 2
-                weight = 1.0 if se2 == 0 else max(0.0, 1.0 - se2 / gap2) if gap2 > 0 else 0.0
-                slope = weight * own + (1.0 - weight) * prior
+    slopes: list[float] = []
+    near: list[tuple[int, int]] = []
+    for i in range(n):
+        xi, ti = xs[i], ts[i]
+        for j in range(i + 1, n):
+            dx = xs[j] - xi
+            if abs(dx) >= gap:
+                slopes.append((ts[j] - ti) / dx)
+            else:
+                near.append((i, j))
+    if slopes:
+        own = _median(slopes)
+        scale = -1.0
+        if n >= 4:
+            residual = [tv - own * xv for xv, tv in zip(xs, ts, strict=True)]
+            middle = _median(residual)
+            scale = 1.4826 * _median([abs(r - middle) for r in residual])
+        if prior_noise is not None:
+            scale = max(scale, prior_noise * level0)
+        if own > 0 and scale >= 0:
+            mean_x = math.fsum(xs) / n
+            se2 = scale * scale / math.fsum((xv - mean_x) ** 2 for xv in xs)
+            gap2 = (own - prior) ** 2
+            weight = 1.0 if se2 == 0 else max(0.0, 1.0 - se2 / gap2) if gap2 > 0 else 0.0
+            slope = weight * own + (1.0 - weight) * prior
     # The level where the silo operates: from the observations near the anchor when
     # there are enough of them (an error of the slope does not reach them), else from all
     # of them moved along the slope.
-    near_anchor = np.abs(xs - anchor) < min_relative_spread * anchor
-    local = near_anchor if np.count_nonzero(near_anchor) >= 3 else np.ones(n, dtype=bool)
-    level = _robust_level((ts - slope * (xs - anchor))[local])
+    moved = [tv - slope * (xv - anchor) for xv, tv in zip(xs, ts, strict=True)]
+    local = [m for m, xv in zip(moved, xs, strict=True) if abs(xv - anchor) < gap]
+    level = robust_level(local if len(local) >= 3 else moved)
     if not level > 0:
         level = level0
     slope = min(max(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
@@ -435,14 +450,11 @@ def fit_robust_cost(
     if n >= 4:
         # Scale of the jitter alone: near-replicates (batch sizes closer than the spread
         # a slope needs) differ by the noise of two rounds, whatever the line's misfit.
-        fitted = np.log(slope * xs + intercept)
-        logs = np.log(ts) - fitted
-        i, j = np.triu_indices(n, k=1)
-        near = np.abs(xs[j] - xs[i]) < min_relative_spread * anchor
-        if np.count_nonzero(near) >= 3:
-            noise = 1.4826 * float(np.median(np.abs(logs[j][near] - logs[i][near]))) / math.sqrt(2)
+        logs = [math.log(tv / (slope * xv + intercept)) for xv, tv in zip(xs, ts, strict=True)]
+        if len(near) >= 3:
+            noise = 1.4826 * _median([abs(logs[j] - logs[i]) for i, j in near]) / math.sqrt(2)
         else:
-            noise = 1.4826 * float(np.median(np.abs(logs)))
+            noise = 1.4826 * _median([abs(v) for v in logs])
     return CostFit(
         slope=slope,
         intercept=intercept,
@@ -450,7 +462,7 @@ def fit_robust_cost(
         level=level,
         noise=noise,
         weight=weight,
-        spread=(float(xs.min()), float(xs.max())),
+        spread=(min(xs), max(xs)),
     )
 
 
@@ -458,14 +470,21 @@ TRIM = 0.2
 """Share of the observations cut at each end by :func:`fit_robust_cost`'s level."""
 
 
-def _robust_level(values: FloatArray) -> float:
-    """Trimmed geometric mean (``TRIM`` cut at each end, in log; the plain geometric mean
-    of fewer than 5 positive values, the trimmed arithmetic mean if any is not positive):
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    k = len(v) // 2
+    return v[k] if len(v) % 2 else 0.5 * (v[k - 1] + v[k])
+
+
+def robust_level(values: list[float]) -> float:
+    """Robust level of times: trimmed geometric mean (``TRIM`` cut at each end, in log; the
+    plain geometric mean of fewer than 5 positive values, the trimmed arithmetic mean if
+    any is not positive):
     nearly as efficient as the mean under log-normal jitter, robust to a spike like the
     median."""
-    v = np.sort(values)
-    cut = int(TRIM * v.size)
-    kept = v[cut : v.size - cut]
-    if np.all(kept > 0):
-        return float(np.exp(np.mean(np.log(kept))))
-    return float(np.mean(kept))
+    v = sorted(values)
+    cut = int(TRIM * len(v))
+    kept = v[cut : len(v) - cut]
+    if kept[0] > 0:
+        return math.exp(math.fsum(map(math.log, kept)) / len(kept))
+    return math.fsum(kept) / len(kept)

@@ -24,7 +24,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .allocators import CostFit, fit_linear_cost, fit_robust_cost, linear_minmax, proportional
+from .allocators import (
+    CostFit,
+    fit_linear_cost,
+    fit_robust_cost,
+    linear_minmax,
+    proportional,
+    robust_level,
+)
 from .estimators import SpeedEstimator, estimator_from_state, make_estimator
 from .iterative import IterativeAllocator
 from .rounding import round_to_total
@@ -188,14 +195,16 @@ class BatchSizeBalancer:
         (:func:`~fl_lbbsp.core.allocators.fit_linear_cost`, weights ``(1 - alpha)^age``),
         a silo without two distinct batch sizes using its predicted speed.
     change_sigmas : float | None (default: 2.5)
-        Change detection: a report whose time deviates from the silo's robust cost line
+        Change detection: a report whose time deviates from the silo's prediction
         by more than ``max(log(1 + change_threshold), change_sigmas * noise)`` in log
         (``noise`` the fit's robust relative residual scale) is held back; once
         ``change_confirm`` reports in a row deviate to the same side, the silo's speed
         estimate and cost-fit history restart from them (a co-tenant came or went). A
         deviation that is not confirmed (a one-round spike) is dropped and changes
-        nothing. Only reports at batch sizes within the fit's observed range are tested
-        (elsewhere the line is an extrapolation). ``None``: no detection.
+        nothing. A report is compared with the silo's earlier reports at nearly the same
+        batch size (within ``min_fit_spread``, at least 2), moved along the fitted slope,
+        so that a line whose shape is not known yet is not taken for a change; others are
+        not tested. ``None``: no detection.
     change_threshold : float (default: 0.2)
         Smallest relative deviation that counts as a possible change, > 0.
     change_confirm : int (default: 2)
@@ -366,13 +375,15 @@ class BatchSizeBalancer:
         if self.change_sigmas is None or fit is None or len(state.history) < 2:
             state.pending.clear()
             return "normal"
-        low, high = fit.spread
-        margin = self.min_fit_spread
-        if not low * (1.0 - margin) <= x <= high * (1.0 + margin):
-            # Outside the batch sizes the line was fitted on: no test.
+        # The prediction from the reports at nearly the same batch size (moved along the
+        # fitted slope by at most min_fit_spread), so that an error of the line's shape
+        # (a fixed cost not identified yet) is not taken for a change.
+        reach = self.min_fit_spread * x
+        near = [bt + fit.slope * (x - bx) for bx, bt in state.history if abs(bx - x) < reach]
+        if len(near) < 2:
             state.pending.clear()
             return "normal"
-        deviation = math.log(t / fit.predict(x))
+        deviation = math.log(t / robust_level(near))
         noise = 0.0 if state.noise is None else state.noise
         floor = math.log1p(self.change_threshold)
         limit = max(floor, self.change_sigmas * noise)
@@ -830,10 +841,12 @@ def order_guard(
     """Repair batch sizes that invert the order of the silos' predicted speeds.
 
     A silo's predicted speed is what its cost line ``t = a * x + b`` lets it process in
-    the allocation's predicted round time ``T = max_i t_i(x_i)``: ``(T - b_i) / a_i``
-    (for ``b = 0`` proportional to its speed ``1 / a_i``). Whenever silo i is predicted
-    faster than silo j by more than ``tolerance`` (relative) but gets a smaller batch
-    size, the sizes are pooled: the silos are grouped into speed classes spanning a factor
+    the allocation's common finish time T (the median predicted time of the silos no
+    bound holds): ``(T - b_i) / a_i`` (for ``b = 0`` proportional to its speed
+    ``1 / a_i``). Whenever silo i is predicted
+    faster than silo j by more than ``tolerance`` (relative) but gets a batch size more
+    than one sample smaller (j above its lower bound, i below its upper one), the sizes
+    are pooled: the silos are grouped into speed classes spanning a factor
     ``1 + tolerance`` each, and pool-adjacent-violators along the classes (a block holding
     fewer samples per silo than a slower one is merged with it at their mean) makes the
     sizes non-decreasing in speed class; they are then rounded to the same total within
@@ -858,12 +871,27 @@ def order_guard(
     """
     x = np.asarray(sizes, dtype=np.int64).copy()
     n = len(x)
-    round_time = float(np.max(a * x + b))
+    times = a * x + b
+    inside = (x > np.asarray(lower)) & (x < np.asarray(upper))
+    # The common finish time of the silos no bound holds (the median of their predicted
+    # times); all of them when every silo is at a bound.
+    round_time = float(np.median(times[inside])) if inside.any() else float(np.max(times))
     speed = np.maximum(round_time - b, 0.0) / a
+    # Fast check (the usual case): along the silos sorted by speed, no silo below its
+    # upper bound holds fewer samples than a slower one (beyond the tolerance) above its
+    # lower bound; other inversions are the bounds' and cannot be repaired.
+    by_speed = np.argsort(speed, kind="stable")
+    ranked = speed[by_speed]
+    cut = np.searchsorted(ranked * (1.0 + tolerance), ranked, side="left")
+    xs = x[by_speed].astype(np.float64)
+    donors = np.where(xs > np.asarray(lower)[by_speed], xs, -np.inf)
+    most = np.maximum.accumulate(donors)
+    takers = xs < np.asarray(upper)[by_speed]
+    if not np.any(takers & (cut > 0) & (most[np.maximum(cut - 1, 0)] > xs + 1)):
+        return x
     # Speed classes, from the slowest: a class spans a factor (1 + tolerance), so two
     # silos further apart in speed are in different classes. Along the chain sorted by
     # class, then by size, an inversion can only be between classes.
-    by_speed = np.argsort(speed, kind="stable")
     classes = np.empty(n, dtype=np.int64)
     current, start = 0, float(speed[by_speed[0]])
     for k in by_speed:
