@@ -4,8 +4,8 @@ Each section is its own script, run in a fresh process from the repository root 
 timings do not share a process with the others): ``bench_fl.py`` (sections ``fl`` and
 ``dynamics``), ``bench_noise.py`` (section ``noise``), ``bench_predictors.py``,
 ``bench_cluster.py``, ``bench_overhead.py``, ``bench_he.py``. A missing script is skipped
-with a message; a failing one is reported and the others still run. Finally ``report.py`` validates every section JSON in the folder and
-writes ``REPORT.md``.
+with a message; a failing one is reported and the others still run. Finally ``report.py``
+validates every section JSON in the folder and writes ``REPORT.md``.
 
 Run: ``python benchmarks/run_all.py [--smoke] [--out DIR] [--sections fl,cluster]``.
 """

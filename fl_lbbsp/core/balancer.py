@@ -182,9 +182,10 @@ class BatchSizeBalancer:
         If set (> 1), a silo's next batch size stays within ``[B / r, B * r]`` of the batch
         size B it last reported (B_init before its first report), so one noisy or false
         report, the first one included, cannot swing it. After a change of level confirmed
-        by ``change_confirm`` reports the silo's limit widens by the confirmed ratio (at
-        most ``r`` more, so ``r^2`` in all) for one allocation, so that a real change is
-        followed at once. The limit is dropped
+        by ``change_confirm`` reports the silo's limit widens by the confirmed ratio of its
+        speed (at most ``r^2`` more, so ``r^3`` in all) for one allocation, so that a real
+        change is followed at once (with a fixed cost a speed change of 3x can call for a
+        batch size change of 6x). The limit is dropped
         for a round in which it would make the total unreachable. ``None``: no limit.
     fit : {"robust", "wls"} (default: "robust")
         Cost fit of the ``"linear"`` allocator. ``"robust"``:
@@ -349,7 +350,7 @@ class BatchSizeBalancer:
             state.history.clear()
             state.history.extend((bx, bt) for bx, bt, _, _, _ in confirmed)
             level = math.exp(abs(math.fsum(e[3] for e in confirmed) / len(confirmed)))
-            state.boost = min(level, self.max_change_ratio or 1.0)
+            state.boost = min(level, (self.max_change_ratio or 1.0) ** 2)
         state.steps = report.steps
         if report.max_batch_size is not None:
             state.max_batch_size = int(report.max_batch_size)
