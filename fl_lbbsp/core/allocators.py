@@ -334,6 +334,7 @@ def fit_robust_cost(
     *,
     prior_shape: float = 0.0,
     prior_noise: float | None = None,
+    prior_known: bool = True,
     min_relative_spread: float = 0.1,
 ) -> CostFit:
     """Robust fit of ``t = a * x + b`` over a window, shrunk toward a prior shape.
@@ -355,7 +356,8 @@ def fit_robust_cost(
        neither known ``w = 0``. Noise-free data give ``w = 1``.
     4. The level at the anchor is the trimmed geometric mean (20% cut at each end) of the
        observations moved along the blended slope (in step 1 too), only of those within
-       ``min_relative_spread`` of the anchor when there are at least 3; the slope is then
+       ``min_relative_spread`` of the anchor when there are at least 3 or when the slope
+       is a guess (weight < 0.5 and ``prior_known`` false); the slope is then
        kept within ``[MIN_SLOPE_SHARE, 1] * level / anchor`` (a non-negative fixed cost,
        a positive per-sample cost).
 
@@ -370,6 +372,10 @@ def fit_robust_cost(
     prior_noise : float | None (default: None)
         Relative noise of the silo's times known from earlier windows (>= 0), a lower
         bound of the residual scale; ``None``: unknown.
+    prior_known : bool (default: True)
+        Whether ``prior_shape`` is the silo's own (identified from its data before), not a
+        guess; with a guess and no slope of its own (weight < 0.5) the level comes only
+        from the observations near the anchor (the last one at least).
     min_relative_spread : float (default: 0.1)
         Smallest relative difference of two batch sizes for their pair to enter the
         Theil-Sen slope.
@@ -441,7 +447,10 @@ def fit_robust_cost(
     # of them moved along the slope.
     moved = [tv - slope * (xv - anchor) for xv, tv in zip(xs, ts, strict=True)]
     local = [m for m, xv in zip(moved, xs, strict=True) if abs(xv - anchor) < gap]
-    level = robust_level(local if len(local) >= 3 else moved)
+    # Far observations moved along a slope that is neither the data's own nor a known
+    # shape would bias the level: then only the nearby ones count.
+    trusted = weight >= 0.5 or prior_known
+    level = robust_level(local if len(local) >= 3 or not trusted else moved)
     if not level > 0:
         level = level0
     slope = min(max(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)

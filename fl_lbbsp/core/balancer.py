@@ -6,6 +6,14 @@ asks :meth:`BatchSizeBalancer.allocate` for the next batch sizes. The total
 ``X = n * B_init`` is kept every round, so the global batch (and with it convergence)
 matches plain BSP / FedAvg.
 
+The defaults (:data:`BALANCER_DEFAULTS`, also the strategies') are built for timings of
+a non-dedicated machine: a robust cost fit per silo that does not chase per-round jitter,
+change detection that follows a real change of speed within 2 rounds and ignores a
+one-round spike, a change limit that bounds what one report can do (the first one
+included), a batch size floor tied to B_init, and two guards on every allocation: the
+order of the silos' predicted speeds is kept, and an allocation predicted no faster than
+the equal split is not shipped.
+
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
 Environments", IEEE TCC 2021, Sec. 4 (BatchSizeManager, Alg. 3), Alg. 1, Sec. 3.5.
 """
@@ -176,8 +184,10 @@ class BatchSizeBalancer:
     history : int (default: 20)
         Number of recent (batch size, time) pairs kept per silo for the linear fit.
     min_fit_spread : float (default: 0.1)
-        The linear allocator fits a silo only when its recent batch sizes spread by at
-        least this fraction of their mean; otherwise it uses the silo's predicted speed.
+        Batch sizes closer than this fraction count as the same for the fits: the robust
+        fit takes a slope only from pairs further apart (closer ones measure the noise),
+        and the ``"wls"`` fit needs its recent batch sizes to spread by this fraction of
+        their mean (otherwise the silo's predicted speed is used).
     max_change_ratio : float | None (default: 2.0)
         If set (> 1), a silo's next batch size stays within ``[B / r, B * r]`` of the batch
         size B it last reported (B_init before its first report), so one noisy or false
@@ -763,6 +773,7 @@ class BatchSizeBalancer:
                 ts,
                 prior_shape=self._pooled_shape if state.shape is None else state.shape,
                 prior_noise=state.noise,
+                prior_known=state.shape is not None,
                 min_relative_spread=self.min_fit_spread,
             )
             state.fit = fit
