@@ -156,6 +156,12 @@ class Run:
             "fedavg_ideal": float(fed / ideal),
             "fedavg_idle": float(np.mean(self.fedavg_idle[start:])),
             "over_fedavg": float(np.mean(self.lbbsp) / np.mean(self.fedavg)),
+            "within": float(
+                np.mean(
+                    np.asarray(self.lbbsp_clean[start:])
+                    <= (1.0 + WITHIN) * np.asarray(self.oracle_clean[start:])
+                )
+            ),
         }
 
 
@@ -549,6 +555,21 @@ def section(
                 f"time) {c['noise']:.2f}",
             )
         )
+    for level in sorted({c["jitter"] for c in static}):
+        cells = [c for c in static if c["jitter"] == level]
+        figures.append(
+            _figure(
+                f"steady rounds within 5% of the oracle (noise-free), static cells at jitter "
+                f"{level:.0%}",
+                float(np.mean([c["within"] for c in cells])),
+                None,
+                "share of the steady rounds whose noise-free round time is within 5% of the "
+                "oracle's: the chance that any one round after a change is, once the change "
+                "is followed (the estimates of the silos' levels carry the jitter of the "
+                "reports they rest on)",
+                fmt=".1%",
+            )
+        )
     figures.append(
         _figure(
             "LB-BSP round time / T*, mean over the static cells",
@@ -638,6 +659,12 @@ def section(
         "confirms it within 2 rounds without also taking one-round spikes for changes, so the "
         "step cells at 30% carry no goal; the robust fit's window follows them within its "
         f"length ({BALANCER_DEFAULTS['history']} reports).",
+        "With jitter, a change is confirmed from 2 reports, so the changed silo's new level "
+        "rests on them (at 10% jitter about 7% off) and the other silos' on their windows: "
+        "the first rounds after a change land within 5% of the oracle only as often as the "
+        "estimates allow (see the share of steady rounds within 5% beside the step figures); "
+        "the goal of <= 2 rounds in every step cell asks for more than 2 reports of 10% "
+        "jitter can tell.",
         "Goals: round time / oracle <= 1.05 at jitter <= 10% and <= 1.10 at 30% (and the real "
         "run) in every cell; LB-BSP never slower than FedAvg in any cell; rounds to within 5% "
         "of the oracle after a step change <= 2 in every step cell at jitter <= 10%.",
