@@ -45,9 +45,40 @@ __all__ = [
     "write_section",
 ]
 
-SECTION_ORDER = ("fl", "dynamics", "predictors", "cluster", "overhead", "he", "wallclock")
+SECTION_ORDER = (
+    "fl", "dynamics", "noise", "predictors", "cluster", "overhead", "he", "wallclock"
+)  # fmt: skip
 GOAL_OPS = ("<=", "<", ">=", ">")
 REPORT_NAME = "REPORT.md"
+
+# What a section must hold beyond the schema: figure labels that must be there with a
+# goal, and the columns of its tables (in order).
+SECTION_RULES: dict[str, dict[str, tuple[Any, ...]]] = {
+    "noise": {
+        "goal_figures": (
+            "LB-BSP round time / oracle, worst cell at jitter <= 10%",
+            "LB-BSP round time / oracle, worst cell at jitter 30%",
+            "LB-BSP round time / FedAvg's, worst cell",
+            "rounds to within 5% of the oracle after a step change, worst step cell at "
+            "jitter <= 10%",
+        ),
+        "tables": (
+            (
+                "spread", "fixed cost", "jitter", "LB-BSP / oracle", "worst seed",
+                "LB-BSP / T*", "LB-BSP idle", "FedAvg / oracle", "FedAvg / T*",
+                "FedAvg idle", "goals",
+            ),
+            (
+                "spread", "silo", "capacity", "jitter", "fixed cost", "rounds (down)",
+                "rounds (back)", "LB-BSP / oracle", "FedAvg / oracle", "goals",
+            ),
+            (
+                "spread", "noise (log-sd)", "LB-BSP / oracle", "LB-BSP / T*", "LB-BSP idle",
+                "FedAvg / oracle", "FedAvg / T*", "FedAvg idle", "goals",
+            ),
+        ),
+    },
+}  # fmt: skip
 DEFAULT_FORMAT = ".4g"
 
 
@@ -215,7 +246,28 @@ def validate_section(data: object, *, source: str = "section") -> dict[str, Any]
         for k, item in enumerate(_check_list(data, key, source)):
             if not isinstance(item, str):
                 raise _fail(f"{source}.{key}[{k}]", f"must be a string, got {item!r}")
+    _check_rules(data, source)
     return data
+
+
+def _check_rules(data: Mapping[str, Any], source: str) -> None:
+    """The section-specific rules of :data:`SECTION_RULES`."""
+    rules = SECTION_RULES.get(data["section"])
+    if rules is None:
+        return
+    goals = {f["label"]: f.get("goal") for f in data.get("figures", [])}
+    for label in rules.get("goal_figures", ()):
+        if label not in goals:
+            raise _fail(f"{source}.figures", f"missing the figure {label!r}")
+        if goals[label] is None:
+            raise _fail(f"{source}.figures", f"the figure {label!r} must carry its goal")
+    tables = data.get("tables", [])
+    expected = rules.get("tables", ())
+    if len(tables) != len(expected):
+        raise _fail(f"{source}.tables", f"must hold {len(expected)} tables, got {len(tables)}")
+    for k, (table, columns) in enumerate(zip(tables, expected, strict=True)):
+        if tuple(table["columns"]) != tuple(columns):
+            raise _fail(f"{source}.tables[{k}].columns", f"must be {list(columns)}")
 
 
 def load_sections(folder: Path) -> list[dict[str, Any]]:

@@ -36,14 +36,14 @@ def _run(allocator: str, *, a: float, b: float, rounds: int = 12, b_init: int = 
 @pytest.mark.parametrize(
     ("allocator", "b"), [("linear", 0.0), ("linear", 0.4), ("proportional", 0.0)]
 )
-def test_from_round_4_batch_sizes_are_proportional_to_speed_and_round_time_near_ideal(
+def test_from_round_5_batch_sizes_are_proportional_to_speed_and_round_time_near_ideal(
     allocator: str, b: float
 ) -> None:
     # Prepare / Execute: a = 0.04 s per sample, b = 0.4 s fixed (b/a = 10 samples)
     history, ideal, total = _run(allocator, a=0.04, b=b)
 
     # Assert
-    for x, t in history[3:]:
+    for x, t in history[4:]:
         assert x.sum() == total
         speed = x / t
         share = total * speed / speed.sum()

@@ -183,7 +183,7 @@ def test_tau_variant_silos_run_the_steps_they_are_sent(tmp_path) -> None:  # typ
     # Prepare: 3 silos emulated 16:4:1 in process; their times come from a cost model,
     # so the steps they are sent do not depend on how busy this machine is
     config = SimulationConfig(
-        scheme="lbbsp-tau", silos=3, speeds=(16.0, 4.0, 1.0), rounds=2, local_steps=8,
+        scheme="lbbsp-tau", silos=3, speeds=(16.0, 4.0, 1.0), rounds=3, local_steps=8,
         batch_size=16, model="mlp", runtime="inprocess", emulate_wait=False, out=tmp_path,
         cost_model="0.001,0.002",
     )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +14,15 @@ from fl_lbbsp.core import BatchSizeBalancer, InvalidReportError, SiloReport, ide
 
 PAPER_SPEEDS = [16.0, 8.0, 8.0, 4.0, 4.0]
 IDS = [f"silo-{i}" for i in range(5)]
+# Alg. 1 as the paper states it: proportional, none of the defaults' limits and guards.
+PAPER: dict[str, Any] = {
+    "allocator": "proportional",
+    "max_change_ratio": None,
+    "min_batch_fraction": 0.0,
+    "change_sigmas": None,
+    "order_tolerance": None,
+    "equal_split_guard": False,
+}
 
 
 def _run_rounds(
@@ -135,12 +145,14 @@ def test_linear_allocator_reaches_ideal_round_time_with_fixed_cost() -> None:
     linear = _run_rounds(
         BatchSizeBalancer(initial_batch_size=32, allocator="linear"), per_sample, fixed, 10
     )
-    prop = _run_rounds(BatchSizeBalancer(initial_batch_size=32), per_sample, fixed, 10)
+    prop = _run_rounds(BatchSizeBalancer(initial_batch_size=32, **PAPER), per_sample, fixed, 10)
 
-    # Assert: from round 3 on, the linear fit (two distinct batch sizes per silo after
-    # rounds 1-2) solves the min-max exactly, up to rounding
-    for _, round_time in linear[2:]:
+    # Assert: from round 5 on, the robust linear fit (it trusts a silo's own slope once
+    # 4 reports give a residual scale, here exact) solves the min-max exactly, up to
+    # rounding; before, it moves toward it from the proportional prior
+    for _, round_time in linear[4:]:
         assert round_time <= 1.02 * ideal
+    assert all(b[1] <= a[1] for a, b in zip(linear, linear[1:], strict=False))
     # The proportional allocator measures speed B / (a B + b), which depends on the batch
     # size itself because of the fixed cost, and its EMA (alpha = 0.2) still lags at round 3.
     assert prop[2][1] > 1.02 * ideal
@@ -171,7 +183,7 @@ def test_new_silo_starts_at_mean_speed(allocator: str) -> None:
 
 def test_absent_silo_keeps_its_estimate() -> None:
     # Prepare
-    balancer = BatchSizeBalancer(initial_batch_size=20)
+    balancer = BatchSizeBalancer(initial_batch_size=20, **PAPER)
     balancer.report("a", SiloReport(batch_size=20, train_time=1.0))
     balancer.report("b", SiloReport(batch_size=20, train_time=2.0))
     speed_before = balancer.predicted_speed("b")
@@ -192,7 +204,7 @@ def test_absent_silo_keeps_its_estimate() -> None:
 
 def test_a_given_total_is_split_over_the_silos_present() -> None:
     # Prepare: a 3:1 speed ratio; the federation's X is 3 * 20 but only a and b are here
-    balancer = BatchSizeBalancer(initial_batch_size=20, estimator="last")
+    balancer = BatchSizeBalancer(initial_batch_size=20, estimator="last", **PAPER)
     balancer.report("a", SiloReport(batch_size=20, train_time=1.0))
     balancer.report("b", SiloReport(batch_size=20, train_time=3.0))
 
@@ -225,7 +237,7 @@ def test_silo_reporting_ten_times_faster_gets_bigger_batch() -> None:
     assert sum(after.values()) == 64
 
 
-@pytest.mark.parametrize(("ratio", "expected"), [(2.0, (48, 16)), (1.5, (42, 22)), (None, (62, 2))])
+@pytest.mark.parametrize(("ratio", "expected"), [(2.0, (48, 16)), (1.5, (42, 22)), (None, (56, 8))])
 def test_change_limit_bounds_a_silo_claiming_a_hundred_times_its_speed(
     ratio: float | None, expected: tuple[int, int]
 ) -> None:
@@ -242,7 +254,8 @@ def test_change_limit_bounds_a_silo_claiming_a_hundred_times_its_speed(
         balancer.report("b", SiloReport(batch_size=32, train_time=1.0))
         sizes.append(balancer.allocate(["a", "b"]))
 
-    # Assert: no batch moves past the ratio from the 32 last reported (b's floor binds a)
+    # Assert: no batch moves past the ratio from the 32 last reported (b's lower limit
+    # binds a); without a limit, b's floor (B_init / 4) does
     assert (sizes[-1]["a"], sizes[-1]["b"]) == expected
     for got in sizes:
         assert sum(got.values()) == 64
@@ -250,17 +263,35 @@ def test_change_limit_bounds_a_silo_claiming_a_hundred_times_its_speed(
             assert 32 / ratio <= got["b"] and got["a"] <= 32 * ratio
 
 
-def test_first_report_moves_a_silo_freely_despite_the_change_limit() -> None:
+@pytest.mark.parametrize(("ratio", "expected"), [(1.5, (42, 22)), (2.0, (48, 16)), (4.0, (56, 8))])
+def test_first_report_is_bounded_by_the_change_limit_around_b_init(
+    ratio: float, expected: tuple[int, int]
+) -> None:
     # Prepare
-    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=1.5)
+    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=ratio)
 
     # Execute: one report each, a is 7x as fast
     balancer.report("a", SiloReport(batch_size=32, train_time=1.0))
     balancer.report("b", SiloReport(batch_size=32, train_time=7.0))
     sizes = balancer.allocate(["a", "b"])
 
-    # Assert: the proportional 7:1 split of 64
-    assert sizes == {"a": 56, "b": 8}
+    # Assert: within [B_init / r, B_init * r] (and the floor B_init / 4), not the 56:8 split
+    assert (sizes["a"], sizes["b"]) == expected
+    assert 32 / ratio <= sizes["b"] and sizes["a"] <= 32 * ratio
+
+
+def test_a_silo_that_never_reported_is_bounded_around_b_init() -> None:
+    # Prepare: a and b reported, c joins late
+    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=2.0)
+    balancer.report("a", SiloReport(batch_size=32, train_time=0.1))
+    balancer.report("b", SiloReport(batch_size=32, train_time=10.0))
+
+    # Execute
+    sizes = balancer.allocate(["a", "b", "c"])
+
+    # Assert: every silo within [16, 64] of the 32 it last ran (c: B_init)
+    assert all(16 <= size <= 64 for size in sizes.values())
+    assert sum(sizes.values()) == 96
 
 
 def test_change_limit_is_dropped_when_it_makes_the_total_unreachable() -> None:
@@ -295,7 +326,7 @@ def test_memory_cap_wins_over_the_change_limit() -> None:
 
 def test_samples_processed_define_speed() -> None:
     # Prepare: same batch size and time, but a ran twice the local steps
-    balancer = BatchSizeBalancer(initial_batch_size=30)
+    balancer = BatchSizeBalancer(initial_batch_size=30, **PAPER)
 
     # Execute
     balancer.report("a", SiloReport(batch_size=30, train_time=1.0, samples=600))

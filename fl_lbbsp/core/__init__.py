@@ -3,14 +3,16 @@ and weighted aggregation. No Flower, no torch."""
 
 from .aggregation import normalised_weights, weighted_average, weighted_sum
 from .allocators import (
+    CostFit,
     fit_linear_cost,
+    fit_robust_cost,
     ideal_round_time,
     idle_fraction,
     linear_minmax,
     linear_minmax_continuous,
     proportional,
 )
-from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
+from .balancer import BALANCER_DEFAULTS, BatchSizeBalancer, InvalidReportError, SiloReport
 from .estimators import (
     ChangeAwareEMAEstimator,
     EMAEstimator,
@@ -22,8 +24,10 @@ from .estimators import (
 from .rounding import integer_bounds, round_to_total
 
 __all__ = [
+    "BALANCER_DEFAULTS",
     "BatchSizeBalancer",
     "ChangeAwareEMAEstimator",
+    "CostFit",
     "EMAEstimator",
     "InvalidReportError",
     "LastValueEstimator",
@@ -31,6 +35,7 @@ __all__ = [
     "SpeedEstimator",
     "estimator_from_state",
     "fit_linear_cost",
+    "fit_robust_cost",
     "ideal_round_time",
     "idle_fraction",
     "integer_bounds",

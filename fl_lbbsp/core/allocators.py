@@ -13,6 +13,8 @@ both go through the same solver and the same rounding.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -22,12 +24,15 @@ from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_
 Rounding = Literal["time", "remainder"]
 
 __all__ = [
+    "CostFit",
     "fit_linear_cost",
+    "fit_robust_cost",
     "ideal_round_time",
     "idle_fraction",
     "linear_minmax",
     "linear_minmax_continuous",
     "proportional",
+    "robust_level",
 ]
 
 
@@ -272,3 +277,223 @@ def fit_linear_cost(
     if not np.isfinite(slope) or slope <= 0:
         return None
     return slope, intercept
+
+
+MIN_SLOPE_SHARE = 0.05
+"""The robust fit never puts less than this share of a silo's time at its operating
+point on the per-sample part: a slope near 0 would hand the silo every sample."""
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """A silo's cost line ``t = slope * x + intercept`` from :func:`fit_robust_cost`.
+
+    Parameters
+    ----------
+    slope : float
+        Per-sample cost a (seconds per unit of batch size), positive.
+    intercept : float
+        Fixed cost b (seconds), non-negative.
+    anchor : float
+        The operating point: the window's last batch size.
+    level : float
+        Robust time at the anchor, ``slope * anchor + intercept``.
+    noise : float
+        Robust scale of the relative jitter: from pairs of near-replicates (batch sizes
+        closer than ``min_relative_spread``), ``1.4826 * median |log(t_j / t_i) -
+        log(fit_j / fit_i)| / sqrt(2)``, else (fewer than 3 such pairs) ``1.4826 * median
+        |log(t / fit)|``; NaN with fewer than 4 observations.
+    weight : float
+        Weight in [0, 1] of the data's own slope against the prior shape (0: the line is
+        the prior's shape through the robust level; 1: the Theil-Sen line).
+    spread : tuple of float
+        Smallest and largest batch size of the window (where the line was observed).
+    """
+
+    slope: float
+    intercept: float
+    anchor: float
+    level: float
+    noise: float
+    weight: float
+    spread: tuple[float, float]
+
+    @property
+    def shape(self) -> float:
+        """Fixed cost in samples, ``intercept / slope`` (0: proportional)."""
+        return self.intercept / self.slope
+
+    def predict(self, x: float) -> float:
+        """Predicted time at batch size ``x``."""
+        return self.slope * x + self.intercept
+
+
+def fit_robust_cost(
+    x: ArrayLike,
+    t: ArrayLike,
+    *,
+    prior_shape: float = 0.0,
+    prior_noise: float | None = None,
+    prior_known: bool = True,
+    min_relative_spread: float = 0.1,
+) -> CostFit:
+    """Robust fit of ``t = a * x + b`` over a window, shrunk toward a prior shape.
+
+    The fit is built so that per-round timing noise moves it little:
+
+    1. The prior line has the shape ``t proportional to x + x0`` (``x0 = prior_shape``
+       samples of fixed cost; ``x0 = 0`` is proportional allocation, Alg. 1) through the
+       robust level (step 4) of the observations rescaled to the anchor (the window's
+       last batch size, where the silo operates).
+    2. The data's own slope is the Theil-Sen estimator, the median of the pairwise slopes,
+       taken only over pairs whose batch sizes differ by at least ``min_relative_spread``
+       of the anchor, so that a fixed cost is estimated only from batch sizes that really
+       differ.
+    3. The two slopes are blended with the positive-part James-Stein weight
+       ``w = max(0, 1 - se^2 / (a_ts - a_prior)^2)``, ``se`` the standard error of the
+       Theil-Sen slope from the residual scale: the larger of the median absolute
+       residual (with at least 4 observations) and ``prior_noise`` times the level; with
+       neither known ``w = 0``. Noise-free data give ``w = 1``.
+    4. The level at the anchor is the trimmed geometric mean (20% cut at each end) of the
+       observations moved along the blended slope (in step 1 too), only of those within
+       ``min_relative_spread`` of the anchor when there are at least 3 or when the slope
+       is a guess (weight < 0.5 and ``prior_known`` false); the slope is then
+       kept within ``[MIN_SLOPE_SHARE, 1] * level / anchor`` (a non-negative fixed cost,
+       a positive per-sample cost).
+
+    Parameters
+    ----------
+    x : sequence of float
+        Observed batch sizes (positive), at least one, oldest first.
+    t : sequence of float
+        Observed times (positive), one per batch size.
+    prior_shape : float (default: 0.0)
+        Fixed cost of the prior line in samples, ``x0 = b / a`` (>= 0).
+    prior_noise : float | None (default: None)
+        Relative noise of the silo's times known from earlier windows (>= 0), a lower
+        bound of the residual scale; ``None``: unknown.
+    prior_known : bool (default: True)
+        Whether ``prior_shape`` is the silo's own (identified from its data before), not a
+        guess; with a guess and no slope of its own (weight < 0.5) the level comes only
+        from the observations near the anchor (the last one at least).
+    min_relative_spread : float (default: 0.1)
+        Smallest relative difference of two batch sizes for their pair to enter the
+        Theil-Sen slope.
+
+    Returns
+    -------
+    CostFit
+        The line, its anchor and level, the residual noise and the blend weight.
+
+    References
+    ----------
+    Yang et al., BOA (profile ``t_i = A_i * b_i + c_i`` by linear regression); Theil,
+    "A rank-invariant method of linear and polynomial regression analysis" (1950) and
+    Sen, "Estimates of the regression coefficient based on Kendall's tau", JASA 63 (1968);
+    James and Stein (1961) / Efron and Morris, JASA 68 (1973) for the positive-part
+    shrinkage.
+    """
+    # Plain Python on purpose: the windows are small (tens of reports) and a silo's fit is
+    # made at each of its reports, where numpy's per-call overhead would dominate.
+    try:
+        xs = [float(v) for v in x]
+        ts = [float(v) for v in t]
+    except TypeError as err:
+        raise ValueError(f"x and t must be 1-D sequences of numbers ({err})") from None
+    n = len(xs)
+    if n == 0 or n != len(ts):
+        raise ValueError(f"x and t must be equal non-empty 1-D sequences, got {n} and {len(ts)}")
+    if not all(math.isfinite(v) and v > 0 for v in xs) or not all(map(math.isfinite, ts)):
+        raise ValueError("x must be positive and t finite")
+    if any(v <= 0 for v in ts):
+        raise ValueError("t must be positive")
+    x0 = float(prior_shape)
+    if not math.isfinite(x0) or x0 < 0:
+        raise ValueError(f"prior_shape must be finite and >= 0, got {prior_shape!r}")
+    if prior_noise is not None and (not math.isfinite(prior_noise) or prior_noise < 0):
+        raise ValueError(f"prior_noise must be finite and >= 0 or None, got {prior_noise!r}")
+    anchor = xs[-1]
+    gap = min_relative_spread * anchor
+    level0 = robust_level([tv * (anchor + x0) / (xv + x0) for xv, tv in zip(xs, ts, strict=True)])
+    prior = level0 / (anchor + x0)
+    slope, weight = prior, 0.0
+    slopes: list[float] = []
+    near: list[tuple[int, int]] = []
+    for i in range(n):
+        xi, ti = xs[i], ts[i]
+        for j in range(i + 1, n):
+            dx = xs[j] - xi
+            if abs(dx) >= gap:
+                slopes.append((ts[j] - ti) / dx)
+            else:
+                near.append((i, j))
+    if slopes:
+        own = _median(slopes)
+        scale = -1.0
+        if n >= 4:
+            residual = [tv - own * xv for xv, tv in zip(xs, ts, strict=True)]
+            middle = _median(residual)
+            scale = 1.4826 * _median([abs(r - middle) for r in residual])
+        if prior_noise is not None:
+            scale = max(scale, prior_noise * level0)
+        if own > 0 and scale >= 0:
+            mean_x = math.fsum(xs) / n
+            se2 = scale * scale / math.fsum((xv - mean_x) ** 2 for xv in xs)
+            gap2 = (own - prior) ** 2
+            weight = 1.0 if se2 == 0 else max(0.0, 1.0 - se2 / gap2) if gap2 > 0 else 0.0
+            slope = weight * own + (1.0 - weight) * prior
+    # The level where the silo operates: from the observations near the anchor when
+    # there are enough of them (an error of the slope does not reach them), else from all
+    # of them moved along the slope.
+    moved = [tv - slope * (xv - anchor) for xv, tv in zip(xs, ts, strict=True)]
+    local = [m for m, xv in zip(moved, xs, strict=True) if abs(xv - anchor) < gap]
+    # Far observations moved along a slope that is neither the data's own nor a known
+    # shape would bias the level: then only the nearby ones count.
+    trusted = weight >= 0.5 or prior_known
+    level = robust_level(local if len(local) >= 3 or not trusted else moved)
+    if not level > 0:
+        level = level0
+    slope = min(max(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
+    intercept = max(level - slope * anchor, 0.0)
+    noise = math.nan
+    if n >= 4:
+        # Scale of the jitter alone: near-replicates (batch sizes closer than the spread
+        # a slope needs) differ by the noise of two rounds, whatever the line's misfit.
+        logs = [math.log(tv / (slope * xv + intercept)) for xv, tv in zip(xs, ts, strict=True)]
+        if len(near) >= 3:
+            noise = 1.4826 * _median([abs(logs[j] - logs[i]) for i, j in near]) / math.sqrt(2)
+        else:
+            noise = 1.4826 * _median([abs(v) for v in logs])
+    return CostFit(
+        slope=slope,
+        intercept=intercept,
+        anchor=anchor,
+        level=level,
+        noise=noise,
+        weight=weight,
+        spread=(min(xs), max(xs)),
+    )
+
+
+TRIM = 0.2
+"""Share of the observations cut at each end by :func:`fit_robust_cost`'s level."""
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    k = len(v) // 2
+    return v[k] if len(v) % 2 else 0.5 * (v[k - 1] + v[k])
+
+
+def robust_level(values: list[float]) -> float:
+    """Robust level of times: trimmed geometric mean (``TRIM`` cut at each end, in log; the
+    plain geometric mean of fewer than 5 positive values, the trimmed arithmetic mean if
+    any is not positive):
+    nearly as efficient as the mean under log-normal jitter, robust to a spike like the
+    median."""
+    v = sorted(values)
+    cut = int(TRIM * len(v))
+    kept = v[cut : len(v) - cut]
+    if kept[0] > 0:
+        return math.exp(math.fsum(map(math.log, kept)) / len(kept))
+    return math.fsum(kept) / len(kept)

@@ -6,30 +6,50 @@ asks :meth:`BatchSizeBalancer.allocate` for the next batch sizes. The total
 ``X = n * B_init`` is kept every round, so the global batch (and with it convergence)
 matches plain BSP / FedAvg.
 
+The defaults (:data:`BALANCER_DEFAULTS`, also the strategies') are built for timings of
+a non-dedicated machine: a robust cost fit per silo that does not chase per-round jitter,
+change detection that follows a real change of speed within 2 rounds and ignores a
+one-round spike, a change limit that bounds what one report can do (the first one
+included), a batch size floor tied to B_init, and two guards on every allocation: the
+order of the silos' predicted speeds is kept, and an allocation predicted no faster than
+the equal split is not shipped.
+
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
 Environments", IEEE TCC 2021, Sec. 4 (BatchSizeManager, Alg. 3), Alg. 1, Sec. 3.5.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import repeat
+from types import MappingProxyType
 from typing import Any, Literal
 
 import numpy as np
 
-from .allocators import fit_linear_cost, linear_minmax, proportional
+from .allocators import (
+    CostFit,
+    fit_linear_cost,
+    fit_robust_cost,
+    linear_minmax,
+    proportional,
+    robust_level,
+)
 from .estimators import SpeedEstimator, estimator_from_state, make_estimator
 from .iterative import IterativeAllocator
+from .rounding import round_to_total
 
-__all__ = ["BatchSizeBalancer", "InvalidReportError", "SiloReport"]
+__all__ = ["BALANCER_DEFAULTS", "BatchSizeBalancer", "InvalidReportError", "SiloReport"]
 
 Allocator = Literal["proportional", "linear", "iterative"]
 ALLOCATORS: tuple[str, ...] = ("proportional", "linear", "iterative")
+Fit = Literal["robust", "wls"]
+FITS: tuple[str, ...] = ("robust", "wls")
 
 
 class InvalidReportError(ValueError):
@@ -110,6 +130,18 @@ class _SiloState:
     fixed_time: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
     reports: int = 0
+    # Fixed cost in samples (b / a) of the last robust fit: the prior shape of the next
+    # fit, kept across a change reset (a change of capacity scales a and b alike); None
+    # until the silo's own batch sizes identified it (then the federation's median is used).
+    shape: float | None = None
+    # Robust relative residual scale of the last fit with enough observations (None: none).
+    noise: float | None = None
+    # The run of reports deviating to the same side from the cost line: (batch size,
+    # time, speed, log deviation, held back).
+    pending: list[tuple[int, float, float, float, bool]] = field(default_factory=list)
+    # Level ratio of a change confirmed by the last report (widens its change limit).
+    boost: float = 1.0
+    fit: CostFit | None = None
     # Its row in the balancer's table of what allocate() needs (BatchSizeBalancer._row).
     index: int = 0
 
@@ -128,7 +160,7 @@ class BatchSizeBalancer:
         level, :class:`~fl_lbbsp.core.estimators.ChangeAwareEMAEstimator`).
     alpha : float (default: 0.2)
         EMA weight of the latest observation, in (0, 1].
-    allocator : {"proportional", "linear", "iterative"} (default: "proportional")
+    allocator : {"proportional", "linear", "iterative"} (default: "linear")
         ``"proportional"``: Alg. 1, batch size proportional to predicted speed.
         ``"linear"``: fit ``t_i = a_i * B + b_i`` per silo from its recent
         (batch size, time) pairs, weighted ``(1 - alpha)^age`` like the EMA, and solve the
@@ -141,20 +173,61 @@ class BatchSizeBalancer:
         to the fastest (:class:`~fl_lbbsp.core.iterative.IterativeAllocator`), for
         costs of any monotone shape (GPU saturation, launch overhead).
     min_batch_size : int (default: 1)
-        Smallest batch size handed to any silo.
+        Smallest batch size handed to any silo (see also ``min_batch_fraction``).
+    min_batch_fraction : float (default: 0.25)
+        Floor of every batch size as a fraction of B_init, in [0, 1]: the smallest batch
+        size handed out is ``max(min_batch_size, ceil(min_batch_fraction * B_init))``, so
+        a slow silo never runs its tau steps at batch sizes of a few samples under the
+        full eta (the papers keep tau and eta the same for all silos, Sec. 3.5).
     max_batch_size : int | None (default: None)
         Largest batch size handed to any silo; a silo's reported memory cap lowers it.
     history : int (default: 20)
         Number of recent (batch size, time) pairs kept per silo for the linear fit.
     min_fit_spread : float (default: 0.1)
-        The linear allocator fits a silo only when its recent batch sizes spread by at
-        least this fraction of their mean; otherwise it uses the silo's predicted speed.
-    max_change_ratio : float | None (default: None)
-        If set (> 1), once a silo has reported twice its next batch size stays within
-        ``[B / r, B * r]`` of the batch size it last reported, so one noisy or false
-        report cannot swing it (its first report moves it freely from B_init); the limit
-        is dropped for a round in which it would make the total unreachable. ``None``: no
-        limit.
+        Batch sizes closer than this fraction count as the same for the fits: the robust
+        fit takes a slope only from pairs further apart (closer ones measure the noise),
+        and the ``"wls"`` fit needs its recent batch sizes to spread by this fraction of
+        their mean (otherwise the silo's predicted speed is used).
+    max_change_ratio : float | None (default: 2.0)
+        If set (> 1), a silo's next batch size stays within ``[B / r, B * r]`` of the batch
+        size B it last reported (B_init before its first report), so one noisy or false
+        report, the first one included, cannot swing it. After a change of level confirmed
+        by ``change_confirm`` reports the silo's limit widens by the confirmed ratio of its
+        speed (at most ``r^2`` more, so ``r^3`` in all) for one allocation, so that a real
+        change is followed at once (with a fixed cost a speed change of 3x can call for a
+        batch size change of 6x). The limit is dropped
+        for a round in which it would make the total unreachable. ``None``: no limit.
+    fit : {"robust", "wls"} (default: "robust")
+        Cost fit of the ``"linear"`` allocator. ``"robust"``:
+        :func:`~fl_lbbsp.core.allocators.fit_robust_cost` over the ``history`` window
+        (Theil-Sen slope over batch sizes that really differ, median level, shrunk toward
+        the silo's last known shape, proportional at first), which does not chase
+        per-round jitter. ``"wls"``: the weighted least-squares fit of earlier versions
+        (:func:`~fl_lbbsp.core.allocators.fit_linear_cost`, weights ``(1 - alpha)^age``),
+        a silo without two distinct batch sizes using its predicted speed.
+    change_sigmas : float | None (default: 2.5)
+        Change detection: a report whose time deviates from the silo's prediction
+        by more than ``max(log(1 + change_threshold), change_sigmas * noise)`` in log
+        (``noise`` the fit's robust relative residual scale) is held back; once
+        ``change_confirm`` reports in a row deviate to the same side, the silo's speed
+        estimate and cost-fit history restart from them (a co-tenant came or went). A
+        deviation that is not confirmed (a one-round spike) is dropped and changes
+        nothing. A report is compared with the silo's earlier reports at nearly the same
+        batch size (within ``min_fit_spread``, at least 2), moved along the fitted slope,
+        so that a line whose shape is not known yet is not taken for a change; others are
+        not tested. ``None``: no detection.
+    change_threshold : float (default: 0.2)
+        Smallest relative deviation that counts as a possible change, > 0.
+    change_confirm : int (default: 2)
+        Reports in a row, deviating to the same side, that confirm a change, >= 1.
+    order_tolerance : float | None (default: 0.1)
+        Order guard: if silo i's predicted speed (samples it can process in the
+        allocation's predicted round time) exceeds silo j's by more than this fraction, i
+        gets at least j's batch size; inversions left by the bounds are repaired by moving
+        samples from j to i within the bounds. ``None``: no order guard.
+    equal_split_guard : bool (default: True)
+        An allocation whose predicted round time is not below that of the equal split
+        (FedAvg, B_init each) is not shipped: the equal split is.
     estimator_options : dict | None (default: None)
         Extra arguments of each silo's estimator (for ``"narx"``: ``warmup``, ...).
     allocator_options : dict | None (default: None)
@@ -167,12 +240,19 @@ class BatchSizeBalancer:
         initial_batch_size: int,
         estimator: str = "ema",
         alpha: float = 0.2,
-        allocator: Allocator = "proportional",
+        allocator: Allocator = "linear",
         min_batch_size: int = 1,
+        min_batch_fraction: float = 0.25,
         max_batch_size: int | None = None,
         history: int = 20,
         min_fit_spread: float = 0.1,
-        max_change_ratio: float | None = None,
+        max_change_ratio: float | None = 2.0,
+        fit: Fit = "robust",
+        change_sigmas: float | None = 2.5,
+        change_threshold: float = 0.2,
+        change_confirm: int = 2,
+        order_tolerance: float | None = 0.1,
+        equal_split_guard: bool = True,
         estimator_options: dict[str, Any] | None = None,
         allocator_options: dict[str, Any] | None = None,
     ) -> None:
@@ -210,7 +290,38 @@ class BatchSizeBalancer:
         ):
             raise ValueError(f"max_change_ratio must be > 1 or None, got {max_change_ratio!r}")
         self.max_change_ratio = None if max_change_ratio is None else float(max_change_ratio)
+        if not _real(min_batch_fraction) or not 0.0 <= min_batch_fraction <= 1.0:
+            raise ValueError(f"min_batch_fraction must be in [0, 1], got {min_batch_fraction!r}")
+        self.min_batch_fraction = float(min_batch_fraction)
+        self.floor = max(
+            self.min_batch_size, math.ceil(self.min_batch_fraction * self.initial_batch_size)
+        )
+        if self.max_batch_size is not None:
+            self.floor = min(self.floor, self.max_batch_size)
+        if fit not in FITS:
+            raise ValueError(f"unknown fit {fit!r}; expected one of {FITS}")
+        self.fit: Fit = fit
+        if change_sigmas is not None and (not _real(change_sigmas) or change_sigmas < 0):
+            raise ValueError(f"change_sigmas must be >= 0 or None, got {change_sigmas!r}")
+        self.change_sigmas = None if change_sigmas is None else float(change_sigmas)
+        if not _real(change_threshold) or change_threshold <= 0:
+            raise ValueError(f"change_threshold must be > 0, got {change_threshold!r}")
+        self.change_threshold = float(change_threshold)
+        if isinstance(change_confirm, bool) or not isinstance(change_confirm, int | np.integer):
+            raise ValueError(f"change_confirm must be an integer >= 1, got {change_confirm!r}")
+        if change_confirm < 1:
+            raise ValueError(f"change_confirm must be an integer >= 1, got {change_confirm!r}")
+        self.change_confirm = int(change_confirm)
+        if order_tolerance is not None and (not _real(order_tolerance) or order_tolerance < 0):
+            raise ValueError(f"order_tolerance must be >= 0 or None, got {order_tolerance!r}")
+        self.order_tolerance = None if order_tolerance is None else float(order_tolerance)
+        self.equal_split_guard = bool(equal_split_guard)
         self._silos: dict[str, _SiloState] = {}
+        # Known shapes (b / a) by silo row; their median is the prior shape of a silo whose
+        # own batch sizes have not identified its shape yet (refreshed by allocate()).
+        self._shapes: dict[int, float] = {}
+        self._shapes_changed = False
+        self._pooled_shape = 0.0
         # One row per silo of what allocate() needs, refreshed with each report; row 0 is
         # the row of a silo that never reported.
         self._index: dict[str, int] = {}
@@ -227,11 +338,29 @@ class BatchSizeBalancer:
         """
         report.validate()
         state = self._state(silo_id)
-        state.estimator.update(
-            report.speed, cpu_percent=report.cpu_percent, memory_percent=report.memory_percent
-        )
+        x, t, speed = int(report.batch_size), float(report.train_time), report.speed
+        verdict = self._screen(state, x, t, speed)
         state.reports += 1
-        state.history.append((int(report.batch_size), float(report.train_time)))
+        state.boost = 1.0
+        if verdict == "normal":
+            state.estimator.update(
+                speed, cpu_percent=report.cpu_percent, memory_percent=report.memory_percent
+            )
+            state.history.append((x, t))
+        elif verdict == "change":
+            # A confirmed change: speed estimate and cost-fit history restart from the
+            # reports that confirmed it; the fit's shape (b / a) and noise are kept.
+            confirmed = list(state.pending)
+            state.pending.clear()
+            state.estimator = make_estimator(
+                self.estimator, alpha=self.alpha, options=self.estimator_options
+            )
+            for _, _, v, _, _ in confirmed:
+                state.estimator.update(v)
+            state.history.clear()
+            state.history.extend((bx, bt) for bx, bt, _, _, _ in confirmed)
+            level = math.exp(abs(math.fsum(e[3] for e in confirmed) / len(confirmed)))
+            state.boost = min(level, (self.max_change_ratio or 1.0) ** 2)
         state.steps = report.steps
         if report.max_batch_size is not None:
             state.max_batch_size = int(report.max_batch_size)
@@ -244,10 +373,75 @@ class BatchSizeBalancer:
         # allocate() only gathers rows.
         self._row(state)
 
+    def _screen(self, state: _SiloState, x: int, t: float, speed: float) -> str:
+        """Change detection: ``"normal"``, ``"held"`` (a possible change, kept out of
+        the estimate) or ``"change"`` (confirmed; ``state.pending`` holds its reports).
+
+        ``state.pending`` is the current run of reports deviating from the cost line to
+        the same side. A change is confirmed by ``change_confirm`` reports in a row beyond
+        the single-report limit, or by a longer run whose mean deviation (each clipped at
+        the limit, so that one spike cannot carry it) exceeds the limit divided by the
+        square root of its length (a CUSUM-like test for a step hidden in the noise)."""
+        fit = state.fit
+        if self.change_sigmas is None or fit is None or len(state.history) < 2:
+            state.pending.clear()
+            return "normal"
+        # The prediction from the reports at nearly the same batch size (moved along the
+        # fitted slope by at most min_fit_spread), so that an error of the line's shape
+        # (a fixed cost not identified yet) is not taken for a change.
+        reach = self.min_fit_spread * x
+        near = [bt + fit.slope * (x - bx) for bx, bt in state.history if abs(bx - x) < reach]
+        if len(near) < 2:
+            state.pending.clear()
+            return "normal"
+        deviation = math.log(t / robust_level(near))
+        noise = 0.0 if state.noise is None else state.noise
+        floor = math.log1p(self.change_threshold)
+        limit = max(floor, self.change_sigmas * noise)
+        run = state.pending
+        if run and (run[-1][3] > 0) != (deviation > 0):
+            run.clear()
+        held = abs(deviation) > limit
+        run.append((x, t, speed, deviation, held))
+        del run[: -self.history]
+        trailing = 0
+        for entry in reversed(run):
+            if not entry[4]:
+                break
+            trailing += 1
+        if trailing >= self.change_confirm:
+            del run[:-trailing]
+            return "change"
+        if len(run) > self.change_confirm:
+            mean = abs(math.fsum(max(-limit, min(limit, e[3])) for e in run)) / len(run)
+            if mean > max(floor, limit / math.sqrt(len(run))):
+                return "change"
+        return "held" if held else "normal"
+
     def predicted_speed(self, silo_id: str) -> float | None:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
         state = self._silos.get(silo_id)
         return None if state is None else state.estimator.predict()
+
+    def cost_line(self, silo_id: str) -> tuple[float, float] | None:
+        """The silo's fitted cost line ``(a, b)``, seconds per unit of batch size and fixed
+        seconds per round (its smoothed ``fixed_time`` included), as the linear allocator
+        uses it; ``None`` if it never reported or has no fit."""
+        state = self._silos.get(silo_id)
+        if state is None:
+            return None
+        row = self._rows[state.index]
+        if math.isnan(row[2]):
+            return None
+        return float(row[2]), float(row[3] + row[4])
+
+    def predicted_round_time(self, sizes: Mapping[str, int]) -> float | None:
+        """Predicted round time ``max_i a_i * B_i + b_i`` of an allocation from the silos'
+        cost lines; ``None`` if a silo has none."""
+        lines = [self.cost_line(silo) for silo in sizes]
+        if not lines or any(line is None for line in lines):
+            return None
+        return max(a * x + b for (a, b), x in zip(lines, sizes.values(), strict=True))  # type: ignore[misc]
 
     def fixed_time(self, silo_id: str) -> float | None:
         """Smoothed fixed per-round time of a silo (``he-time``), ``None`` if never reported."""
@@ -291,36 +485,65 @@ class BatchSizeBalancer:
     def _allocate(self, ids: list[str], total: int | None) -> dict[str, int]:
         if not ids:
             return {}
+        if self._shapes_changed:
+            self._pooled_shape = float(np.median(list(self._shapes.values())))
+            self._shapes_changed = False
         n = len(ids)
         # The silos' rows are gathered at once; the rest is vectorised.
         rows = self._rows[np.fromiter(map(self._index.get, ids, repeat(0)), np.intp, count=n)]
-        lower = np.full(n, float(self.min_batch_size))
-        upper = self._uppers(rows[:, 0])
+        hard_lower = np.full(n, float(self.floor))
+        hard_upper = self._uppers(rows[:, 0])
         if total is not None:
             _check_positive_int("total", total)
         wanted = self.total_batch_size(n) if total is None else total
-        total = int(np.clip(wanted, lower.sum(), upper.sum()))
-        lower, upper = self._change_limits(rows[:, 1], total, lower, upper)
+        total = int(np.clip(wanted, hard_lower.sum(), hard_upper.sum()))
+        lower, upper = self._change_limits(rows[:, 1], rows[:, 6], total, hard_lower, hard_upper)
+        if self.allocator == "iterative":
+            speeds = self._speeds(ids)
+            if speeds is None:
+                sizes = _equal_split(total, hard_lower, hard_upper)
+                return dict(zip(ids, sizes.tolist(), strict=True))
+            return self._iterate(ids, total, lower, upper, speeds)
         if self.allocator == "linear":
             a, b, unfitted = self._linear_costs(rows)
             # Predicted speeds are needed only for the silos without a fitted cost.
             speeds = self._speeds(ids, only=unfitted.tolist()) if unfitted.size else None
+            if unfitted.size and speeds is None:  # no silo reported yet
+                sizes = _equal_split(total, hard_lower, hard_upper)
+                return dict(zip(ids, sizes.tolist(), strict=True))
             if speeds is not None:
                 a[unfitted] /= speeds
-            sizes = (
-                proportional(np.ones(n), total, lower=lower, upper=upper)
-                if unfitted.size and speeds is None
-                else linear_minmax(a, b, total, lower=lower, upper=upper)
-            )
-            return dict(zip(ids, sizes.tolist(), strict=True))
-        speeds = self._speeds(ids)
-        if speeds is None:
-            sizes = proportional(np.ones(n), total, lower=lower, upper=upper)
-        elif self.allocator == "iterative":
-            return self._iterate(ids, total, lower, upper, speeds)
+            sizes = linear_minmax(a, b, total, lower=lower, upper=upper)
         else:
+            speeds = self._speeds(ids)
+            if speeds is None:
+                sizes = _equal_split(total, hard_lower, hard_upper)
+                return dict(zip(ids, sizes.tolist(), strict=True))
+            a, b = 1.0 / speeds, np.zeros(n)
             sizes = proportional(speeds, total, lower=lower, upper=upper)
+        sizes = self._guard(sizes, a, b, total, lower, upper, hard_lower, hard_upper)
         return dict(zip(ids, sizes.tolist(), strict=True))
+
+    def _guard(
+        self,
+        sizes: np.ndarray,
+        a: np.ndarray,
+        b: np.ndarray,
+        total: int,
+        lower: np.ndarray,
+        upper: np.ndarray,
+        hard_lower: np.ndarray,
+        hard_upper: np.ndarray,
+    ) -> np.ndarray:
+        """The order guard, then the equal-split guard, on the predicted costs a, b."""
+        x = sizes.astype(np.int64)
+        if self.order_tolerance is not None and len(x) > 1:
+            x = order_guard(x, a, b, self.order_tolerance, lower=lower, upper=upper)
+        if self.equal_split_guard:
+            equal = _equal_split(total, hard_lower, hard_upper)
+            if np.max(a * x + b) >= np.max(a * equal + b):
+                return equal
+        return x
 
     # ------------------------------------------------------------ serialisation
     def state_dict(self) -> dict[str, Any]:
@@ -332,14 +555,22 @@ class BatchSizeBalancer:
                 "alpha": self.alpha,
                 "allocator": self.allocator,
                 "min_batch_size": self.min_batch_size,
+                "min_batch_fraction": self.min_batch_fraction,
                 "max_batch_size": self.max_batch_size,
                 "history": self.history,
                 "min_fit_spread": self.min_fit_spread,
                 "max_change_ratio": self.max_change_ratio,
+                "fit": self.fit,
+                "change_sigmas": self.change_sigmas,
+                "change_threshold": self.change_threshold,
+                "change_confirm": self.change_confirm,
+                "order_tolerance": self.order_tolerance,
+                "equal_split_guard": self.equal_split_guard,
                 "estimator_options": self.estimator_options,
                 "allocator_options": self.allocator_options,
             },
             "iterative": {"allocator": self._iterative.state(), "stepped": self._stepped},
+            "pooled_shape": {"value": self._pooled_shape, "stale": self._shapes_changed},
             "silos": {
                 silo: {
                     "estimator": state.estimator.state(),
@@ -349,6 +580,11 @@ class BatchSizeBalancer:
                     "fixed_time": state.fixed_time,
                     "last": state.last,
                     "reports": state.reports,
+                    "shape": state.shape,
+                    "noise": state.noise,
+                    "pending": [list(p) for p in state.pending],
+                    "boost": state.boost,
+                    "fit": None if state.fit is None else _fit_state(state.fit),
                 }
                 for silo, state in self._silos.items()
             },
@@ -360,7 +596,8 @@ class BatchSizeBalancer:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> BatchSizeBalancer:
-        """Rebuild a balancer from :meth:`state_dict`."""
+        """Rebuild a balancer from :meth:`state_dict`; settings missing from an older
+        state take their defaults."""
         balancer = cls(**state["config"])
         for silo, saved in state["silos"].items():
             balancer._register(
@@ -375,8 +612,25 @@ class BatchSizeBalancer:
                     fixed_time=saved.get("fixed_time"),
                     last=dict(saved.get("last", {})),
                     reports=int(saved.get("reports", len(saved["history"]))),
+                    shape=_optional_float(saved.get("shape")),
+                    noise=_optional_float(saved.get("noise")),
+                    pending=[
+                        (
+                            int(p[0]),
+                            float(p[1]),
+                            float(p[2]),
+                            float(p[3]),
+                            bool(p[4]) if len(p) > 4 else True,
+                        )
+                        for p in saved.get("pending", [])
+                    ],
+                    boost=float(saved.get("boost", 1.0)),
+                    fit=None if saved.get("fit") is None else _fit_from_state(saved["fit"]),
                 ),
             )
+        if "pooled_shape" in state:
+            balancer._pooled_shape = float(state["pooled_shape"]["value"])
+            balancer._shapes_changed = bool(state["pooled_shape"]["stale"])
         if "iterative" in state:
             balancer._iterative = IterativeAllocator.from_state(state["iterative"]["allocator"])
             balancer._stepped = {str(k): int(v) for k, v in state["iterative"]["stepped"].items()}
@@ -406,18 +660,21 @@ class BatchSizeBalancer:
         self._silos[silo_id] = state
         state.index = len(self._index) + 1
         self._index[silo_id] = state.index
+        if state.shape is not None:
+            self._shapes[state.index] = state.shape
+            self._shapes_changed = True
         if state.index >= len(self._rows):
             grown = np.array([_NO_ROW] * (2 * len(self._rows)), dtype=np.float64)
             grown[: len(self._rows)] = self._rows
             self._rows = grown
-        self._row(state)
+        self._row(state, refit=state.fit is None)
 
     def _uppers(self, caps: np.ndarray) -> np.ndarray:
         """Each silo's largest batch size: the balancer's and its own memory cap (inf)."""
         if self.max_batch_size is not None:
             caps = np.minimum(caps, self.max_batch_size)
         # A cap below the smallest batch size cannot be honoured: the minimum wins.
-        return np.where(np.isinf(caps), caps, np.maximum(caps, self.min_batch_size))
+        return np.where(np.isinf(caps), caps, np.maximum(caps, self.floor))
 
     def _iterate(
         self,
@@ -457,19 +714,24 @@ class BatchSizeBalancer:
         return state is not None and state.reports > 0
 
     def _change_limits(
-        self, last: np.ndarray, total: int, lower: np.ndarray, upper: np.ndarray
+        self,
+        last: np.ndarray,
+        boost: np.ndarray,
+        total: int,
+        lower: np.ndarray,
+        upper: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Narrow the bounds to ``max_change_ratio`` around each silo's last batch size
-        (``last``: NaN for a silo with fewer than two reports, which moves freely)."""
+        """Narrow the bounds to ``max_change_ratio`` (times ``boost``, the level ratio of
+        a change confirmed by the last report) around each silo's last reported batch size
+        (``last``: NaN for a silo that never reported, bounded around B_init)."""
         ratio = self.max_change_ratio
         if ratio is None:
             return lower, upper
-        settled = ~np.isnan(last)
-        if not settled.any():
-            return lower, upper
+        last = np.where(np.isnan(last), float(self.initial_batch_size), last)
+        ratios = ratio * boost
         # A memory cap still wins over the change limit.
-        lo = np.where(settled, np.minimum(np.maximum(lower, np.ceil(last / ratio)), upper), lower)
-        hi = np.where(settled, np.maximum(np.minimum(upper, np.floor(last * ratio)), lo), upper)
+        lo = np.minimum(np.maximum(lower, np.ceil(last / ratios)), upper)
+        hi = np.maximum(np.minimum(upper, np.floor(last * ratios)), lo)
         if lo.sum() > total or hi.sum() < total:
             return lower, upper
         return lo, hi
@@ -494,29 +756,57 @@ class BatchSizeBalancer:
         mean = float(np.mean(known))
         return np.array([mean if v is None else v for v in predicted], dtype=np.float64)
 
-    def _row(self, state: _SiloState) -> None:
-        """Refresh the silo's row of the table: memory cap (inf if none), last batch size
-        once it has reported twice (else NaN), the linear allocator's cost fit a, b of its
-        history (NaN, 0 without one), its smoothed fixed time (0 if none) and its local
-        steps per round."""
-        fit = None
-        if self.allocator == "linear" and state.history:
+    def _row(self, state: _SiloState, *, refit: bool = True) -> None:
+        """Refresh the silo's row of the table: memory cap (inf if none), last reported
+        batch size (NaN if none), the linear allocator's cost line a, b (NaN, 0 without
+        one), its smoothed fixed time (0 if none), its local steps per round and the
+        change limit's boost. ``refit=False`` keeps the robust fit restored from a
+        checkpoint."""
+        a, b = math.nan, 0.0
+        if not refit and state.fit is not None:
+            if self.fit == "robust":
+                a, b = state.fit.slope, state.fit.intercept
+        elif state.history and (self.fit == "robust" or self.change_sigmas is not None):
+            xs, ts = zip(*state.history, strict=True)
+            fit = fit_robust_cost(
+                xs,
+                ts,
+                prior_shape=self._pooled_shape if state.shape is None else state.shape,
+                prior_noise=state.noise,
+                prior_known=state.shape is not None,
+                min_relative_spread=self.min_fit_spread,
+            )
+            state.fit = fit
+            if state.shape is not None or fit.weight >= 0.5:
+                # The silo's own shape, once its batch sizes have identified it.
+                state.shape = fit.shape
+                self._shapes[state.index] = fit.shape
+                self._shapes_changed = True
+            if math.isfinite(fit.noise):
+                state.noise = fit.noise
+            if self.fit == "robust":
+                a, b = fit.slope, fit.intercept
+        else:
+            state.fit = None
+        if self.allocator == "linear" and self.fit == "wls" and state.history:
             xs, ts = zip(*state.history, strict=True)
             ages = np.arange(len(xs))[::-1]
-            fit = fit_linear_cost(
+            wls = fit_linear_cost(
                 xs,
                 ts,
                 weights=(1.0 - self.alpha) ** ages,
                 min_relative_spread=self.min_fit_spread,
             )
-        a, b = (math.nan, 0.0) if fit is None else fit
+            a, b = (math.nan, 0.0) if wls is None else wls
+        last = state.last.get("batch_size")
         self._rows[state.index] = (
             math.inf if state.max_batch_size is None else float(state.max_batch_size),
-            float(state.history[-1][0]) if len(state.history) >= 2 else math.nan,
+            math.nan if last is None else float(last),
             a,
             b,
             0.0 if state.fixed_time is None else state.fixed_time,
             state.steps,
+            state.boost,
         )
 
     def _linear_costs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -536,8 +826,148 @@ class BatchSizeBalancer:
         return a, b, unfitted
 
 
-_NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0, math.nan)
+_NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0, math.nan, 1.0)
 """The row of a silo that never reported."""
+
+
+def _equal_split(total: int, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """FedAvg's equal split of ``total`` within the bounds (silos in the order given)."""
+    n = len(lower)
+    share, extra = divmod(total, n)
+    sizes = np.full(n, share, dtype=np.int64)
+    sizes[:extra] += 1
+    if np.all(sizes >= lower) and np.all(sizes <= upper):
+        return sizes
+    return proportional(np.ones(n), total, lower=lower, upper=upper)
+
+
+def order_guard(
+    sizes: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    tolerance: float,
+    *,
+    lower: np.ndarray,
+    upper: np.ndarray,
+) -> np.ndarray:
+    """Repair batch sizes that invert the order of the silos' predicted speeds.
+
+    A silo's predicted speed is what its cost line ``t = a * x + b`` lets it process in
+    the allocation's common finish time T (the median predicted time of the silos no
+    bound holds): ``(T - b_i) / a_i`` (for ``b = 0`` proportional to its speed
+    ``1 / a_i``). Whenever silo i is predicted
+    faster than silo j by more than ``tolerance`` (relative) but gets a batch size more
+    than one sample smaller (j above its lower bound, i below its upper one), the sizes
+    are pooled: the silos are grouped into speed classes spanning a factor
+    ``1 + tolerance`` each, and pool-adjacent-violators along the classes (a block holding
+    fewer samples per silo than a slower one is merged with it at their mean) makes the
+    sizes non-decreasing in speed class; they are then rounded to the same total within
+    each silo's bounds. At the min-max
+    solution without binding bounds there is no inversion; the guard catches those left
+    by the bounds (change limits, caps) and by rounding. Bounds win over the order.
+
+    Parameters
+    ----------
+    sizes : numpy.ndarray
+        Integer batch sizes.
+    a, b : numpy.ndarray
+        Predicted per-sample and fixed cost of each silo.
+    tolerance : float
+        Relative speed difference within which two silos count as equally fast.
+    lower, upper : numpy.ndarray
+        Per-silo bounds the repair keeps.
+
+    Reference: the order-preservation of Chen et al., IEEE TCC 2021, Alg. 1 (batch size
+    proportional to predicted speed); the levelling is a pool-adjacent-violators step
+    (Ayer et al., Ann. Math. Stat. 26, 1955).
+    """
+    x = np.asarray(sizes, dtype=np.int64).copy()
+    n = len(x)
+    times = a * x + b
+    inside = (x > np.asarray(lower)) & (x < np.asarray(upper))
+    # The common finish time of the silos no bound holds (the median of their predicted
+    # times); all of them when every silo is at a bound.
+    round_time = float(np.median(times[inside])) if inside.any() else float(np.max(times))
+    speed = np.maximum(round_time - b, 0.0) / a
+    # Fast check (the usual case): along the silos sorted by speed, no silo below its
+    # upper bound holds fewer samples than a slower one (beyond the tolerance) above its
+    # lower bound; other inversions are the bounds' and cannot be repaired.
+    by_speed = np.argsort(speed, kind="stable")
+    ranked = speed[by_speed]
+    cut = np.searchsorted(ranked * (1.0 + tolerance), ranked, side="left")
+    xs = x[by_speed].astype(np.float64)
+    donors = np.where(xs > np.asarray(lower)[by_speed], xs, -np.inf)
+    most = np.maximum.accumulate(donors)
+    takers = xs < np.asarray(upper)[by_speed]
+    if not np.any(takers & (cut > 0) & (most[np.maximum(cut - 1, 0)] > xs + 1)):
+        return x
+    # Speed classes, from the slowest: a class spans a factor (1 + tolerance), so two
+    # silos further apart in speed are in different classes. Along the chain sorted by
+    # class, then by size, an inversion can only be between classes.
+    classes = np.empty(n, dtype=np.int64)
+    current, start = 0, float(speed[by_speed[0]])
+    for k in by_speed:
+        if speed[k] > start * (1.0 + tolerance):
+            current, start = current + 1, float(speed[k])
+        classes[k] = current
+    order = np.lexsort((x, classes))
+    xs = x[order].astype(np.float64)
+    # Pool adjacent violators: a block holding fewer samples per silo than the one before
+    # it is merged into it. Blocks: [sum of sizes, count].
+    blocks: list[list[float]] = []
+    for k in range(n):
+        blocks.append([xs[k], 1.0])
+        while len(blocks) > 1 and blocks[-1][0] / blocks[-1][1] < blocks[-2][0] / blocks[-2][1]:
+            high = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + high[0], blocks[-1][1] + high[1]]
+    if len(blocks) == n:
+        return x
+    # Each block's samples split evenly, the remainder to its fastest silos.
+    parts = []
+    for total, count in blocks:
+        base, extra = divmod(int(round(total)), int(count))
+        part = np.full(int(count), base, dtype=np.int64)
+        part[int(count) - extra :] += 1
+        parts.append(part)
+    pooled = np.empty(n, dtype=np.int64)
+    pooled[order] = np.concatenate(parts)
+    lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    if np.all(pooled >= lo) and np.all(pooled <= hi):
+        return pooled
+    return round_to_total(np.clip(pooled, lo, hi), int(x.sum()), lower=lo, upper=hi)
+
+
+def _fit_state(fit: CostFit) -> dict[str, Any]:
+    """A cost fit as JSON (NaN noise as null)."""
+    state = asdict(fit)
+    state["noise"] = None if math.isnan(fit.noise) else fit.noise
+    state["spread"] = list(fit.spread)
+    return state
+
+
+def _fit_from_state(state: dict[str, Any]) -> CostFit:
+    low, high = state["spread"]
+    return CostFit(
+        slope=float(state["slope"]),
+        intercept=float(state["intercept"]),
+        anchor=float(state["anchor"]),
+        level=float(state["level"]),
+        noise=math.nan if state.get("noise") is None else float(state["noise"]),
+        weight=float(state["weight"]),
+        spread=(float(low), float(high)),
+    )
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _real(value: object) -> bool:
+    return (
+        isinstance(value, int | float | np.integer | np.floating)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
 
 
 def _finite(value: object) -> bool:
@@ -553,3 +983,14 @@ def _check_count(name: str, value: object) -> None:
 def _check_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+BALANCER_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        name: parameter.default
+        for name, parameter in inspect.signature(BatchSizeBalancer.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+)
+"""The balancer's default settings, read from its constructor: the one set of defaults the
+strategies (:class:`~fl_lbbsp.strategies.config.BalancingConfig`) also use."""

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..core.balancer import BALANCER_DEFAULTS
+
 __all__ = [
     "BalancingConfig",
     "EncryptedClusterConfig",
@@ -43,13 +45,31 @@ class BalancingConfig(BaseModel):
         ``"iterative"`` is Alg. 2.
     min_batch_size : int (default: 1)
         Smallest batch size handed out.
+    min_batch_fraction : float (default: 0.25)
+        Floor of every batch size as a fraction of B_init, in [0, 1].
     max_batch_size : int | None (default: None)
         Largest batch size handed out (silos may report lower memory caps).
     max_change_ratio : float | None (default: 2.0)
-        After its first report, a silo's batch size changes by at most this factor from one
-        round to the next (one noisy or false report cannot swing it); ``None``: no limit.
+        A silo's batch size changes by at most this factor from one round to the next, its
+        first report included (relative to B_init), unless a change of its speed was
+        confirmed; ``None``: no limit.
+    fit : {"robust", "wls"} (default: "robust")
+        Cost fit of the linear allocator.
+    change_sigmas : float | None (default: 2.5)
+        Change detection threshold in robust noise scales; ``None``: no detection.
+    change_threshold : float (default: 0.2)
+        Smallest relative deviation that counts as a possible change.
+    change_confirm : int (default: 2)
+        Reports that confirm a change.
+    order_tolerance : float | None (default: 0.1)
+        Order guard tolerance; ``None``: no order guard.
+    equal_split_guard : bool (default: True)
+        Never ship an allocation predicted no faster than the equal split.
     estimator_options, allocator_options : dict (default: {})
         Extra arguments of the estimator and of the iterative allocator.
+
+    Every balancer default is :data:`fl_lbbsp.core.balancer.BALANCER_DEFAULTS`, the
+    defaults of :class:`~fl_lbbsp.core.BatchSizeBalancer` (see it for the details).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -58,12 +78,27 @@ class BalancingConfig(BaseModel):
     local_steps: int = Field(gt=0, strict=True)
     lr: float = Field(gt=0, allow_inf_nan=False)
     balance: bool = True
-    estimator: Literal["ema", "last", "narx", "change-ema"] = "ema"
-    alpha: float = Field(default=0.2, gt=0, le=1)
-    allocator: Literal["linear", "proportional", "iterative"] = "linear"
-    min_batch_size: int = Field(default=1, gt=0, strict=True)
-    max_batch_size: int | None = Field(default=None, gt=0)
-    max_change_ratio: float | None = Field(default=2.0, gt=1, allow_inf_nan=False)
+    estimator: Literal["ema", "last", "narx", "change-ema"] = BALANCER_DEFAULTS["estimator"]
+    alpha: float = Field(default=BALANCER_DEFAULTS["alpha"], gt=0, le=1)
+    allocator: Literal["linear", "proportional", "iterative"] = BALANCER_DEFAULTS["allocator"]
+    min_batch_size: int = Field(default=BALANCER_DEFAULTS["min_batch_size"], gt=0, strict=True)
+    min_batch_fraction: float = Field(default=BALANCER_DEFAULTS["min_batch_fraction"], ge=0, le=1)
+    max_batch_size: int | None = Field(default=BALANCER_DEFAULTS["max_batch_size"], gt=0)
+    max_change_ratio: float | None = Field(
+        default=BALANCER_DEFAULTS["max_change_ratio"], gt=1, allow_inf_nan=False
+    )
+    fit: Literal["robust", "wls"] = BALANCER_DEFAULTS["fit"]
+    change_sigmas: float | None = Field(
+        default=BALANCER_DEFAULTS["change_sigmas"], ge=0, allow_inf_nan=False
+    )
+    change_threshold: float = Field(
+        default=BALANCER_DEFAULTS["change_threshold"], gt=0, allow_inf_nan=False
+    )
+    change_confirm: int = Field(default=BALANCER_DEFAULTS["change_confirm"], ge=1, strict=True)
+    order_tolerance: float | None = Field(
+        default=BALANCER_DEFAULTS["order_tolerance"], ge=0, allow_inf_nan=False
+    )
+    equal_split_guard: bool = BALANCER_DEFAULTS["equal_split_guard"]
     estimator_options: dict[str, Any] = Field(default_factory=dict)
     allocator_options: dict[str, Any] = Field(default_factory=dict)
 

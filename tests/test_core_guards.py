@@ -1,0 +1,523 @@
+"""The balancer's default guards with injected times (no clock): never worse than the
+equal split (predicted), the first-report bound, the change reset (a step followed within
+2 rounds, a one-round spike ignored), the order of batch sizes, the batch size floor, and
+the robust cost fit; properties over random capacity mixes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from fl_lbbsp.core import BatchSizeBalancer, SiloReport, fit_robust_cost, linear_minmax
+from fl_lbbsp.core.balancer import BALANCER_DEFAULTS, order_guard
+
+TAU = 10
+
+
+def _report(balancer: BatchSizeBalancer, silo: str, size: int, seconds: float) -> None:
+    balancer.report(silo, SiloReport(batch_size=size, train_time=seconds, samples=size * TAU))
+
+
+def _round(
+    balancer: BatchSizeBalancer, ids: list[str], a: np.ndarray, b: np.ndarray, noise: np.ndarray
+) -> np.ndarray:
+    """One round on the lines t_i = a_i x + b_i (times noise); returns the sizes used."""
+    sizes = balancer.allocate(ids)
+    x = np.array([sizes[i] for i in ids])
+    for k, silo in enumerate(ids):
+        _report(balancer, silo, int(x[k]), float((a[k] * x[k] + b[k]) * noise[k]))
+    return x
+
+
+def _oracle(a: np.ndarray, b: np.ndarray, total: int, floor: int) -> float:
+    x = linear_minmax(a, b, total, lower=np.full(len(a), float(floor)))
+    return float(np.max(a * x + b))
+
+
+mixes = st.lists(st.floats(1.0, 8.0), min_size=2, max_size=7)
+shares = st.lists(st.floats(0.0, 1.0), min_size=7, max_size=7)
+
+
+# ------------------------------------------------------------------------------ defaults
+def test_the_defaults_are_the_robust_guarded_balancer() -> None:
+    # Execute
+    balancer = BatchSizeBalancer(initial_batch_size=48)
+
+    # Assert: one set of defaults, read from the constructor
+    assert BALANCER_DEFAULTS["allocator"] == balancer.allocator == "linear"
+    assert BALANCER_DEFAULTS["max_change_ratio"] == balancer.max_change_ratio == 2.0
+    assert balancer.fit == "robust" and balancer.equal_split_guard
+    assert balancer.floor == 12  # B_init / 4
+
+
+def test_strategy_config_defaults_are_the_balancer_defaults() -> None:
+    # Prepare
+    from fl_lbbsp.strategies.config import BalancingConfig
+
+    # Execute
+    config = BalancingConfig(initial_batch_size=48, local_steps=10, lr=0.1)
+
+    # Assert
+    for name, value in BALANCER_DEFAULTS.items():
+        if name.endswith("_options"):
+            assert getattr(config, name) == {}
+        elif name not in ("history", "min_fit_spread"):
+            assert getattr(config, name) == value, name
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"min_batch_fraction": -0.1}, "min_batch_fraction"),
+        ({"min_batch_fraction": 1.5}, "min_batch_fraction"),
+        ({"min_batch_fraction": math.nan}, "min_batch_fraction"),
+        ({"fit": "ols"}, "fit"),
+        ({"change_sigmas": -1.0}, "change_sigmas"),
+        ({"change_threshold": 0.0}, "change_threshold"),
+        ({"change_confirm": 0}, "change_confirm"),
+        ({"change_confirm": True}, "change_confirm"),
+        ({"order_tolerance": -0.5}, "order_tolerance"),
+        ({"max_change_ratio": 1.0}, "max_change_ratio"),
+    ],
+)
+def test_constructor_rejects_bad_guard_settings(kwargs: dict[str, Any], named: str) -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match=named):
+        BatchSizeBalancer(initial_batch_size=32, **kwargs)
+
+
+def test_old_checkpoint_without_the_new_settings_loads_with_the_defaults() -> None:
+    # Prepare: the state of a balancer of an earlier version (no guard settings)
+    old = {
+        "config": {"initial_batch_size": 32, "allocator": "linear", "max_change_ratio": 2.0},
+        "silos": {
+            "a": {
+                "estimator": {"name": "ema", "alpha": 0.2, "value": 64.0},
+                "history": [[32, 0.5], [32, 0.5]],
+                "max_batch_size": None,
+                "steps": 1.0,
+            }
+        },
+    }
+
+    # Execute
+    balancer = BatchSizeBalancer.from_state_dict(old)
+
+    # Assert
+    assert balancer.min_batch_fraction == BALANCER_DEFAULTS["min_batch_fraction"]
+    assert balancer.change_sigmas == BALANCER_DEFAULTS["change_sigmas"]
+    assert balancer.cost_line("a") is not None
+    assert sum(balancer.allocate(["a", "b"]).values()) == 64
+
+
+# ------------------------------------------------------------------ floor and first report
+@settings(max_examples=60, deadline=None)
+@given(
+    times=st.lists(st.floats(0.01, 100.0), min_size=2, max_size=8),
+    b_init=st.integers(4, 64),
+    fraction=st.sampled_from([0.0, 0.1, 0.25, 0.5]),
+)
+def test_no_batch_size_falls_below_the_floor(
+    times: list[float], b_init: int, fraction: float
+) -> None:
+    # Prepare: silos up to 10,000x apart in speed
+    balancer = BatchSizeBalancer(
+        initial_batch_size=b_init, min_batch_fraction=fraction, max_change_ratio=None
+    )
+    ids = [f"s{i}" for i in range(len(times))]
+    for silo, t in zip(ids, times, strict=True):
+        _report(balancer, silo, b_init, t)
+
+    # Execute
+    sizes = balancer.allocate(ids)
+
+    # Assert
+    floor = max(1, math.ceil(fraction * b_init))
+    assert balancer.floor == floor
+    assert min(sizes.values()) >= floor
+    assert sum(sizes.values()) == len(ids) * b_init
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    times=st.lists(st.floats(0.01, 100.0), min_size=2, max_size=8),
+    ratio=st.sampled_from([1.5, 2.0, 3.0]),
+)
+def test_first_reports_move_no_batch_size_past_the_ratio_from_b_init(
+    times: list[float], ratio: float
+) -> None:
+    # Prepare: one report each, at B_init
+    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=ratio)
+    ids = [f"s{i}" for i in range(len(times))]
+    for silo, t in zip(ids, times, strict=True):
+        _report(balancer, silo, 32, t)
+
+    # Execute
+    sizes = balancer.allocate(ids)
+
+    # Assert
+    assert all(32 / ratio - 1e-9 <= x <= 32 * ratio for x in sizes.values())
+
+
+# ----------------------------------------------------------------------- equal split
+def test_an_allocation_not_faster_than_the_equal_split_is_not_shipped() -> None:
+    # Prepare: a last ran 60 and b 4 (B_init 32); now a turns out 100x slower than b, so
+    # the change limit (2x) keeps a at >= 30 and b at <= 8: predicted worse than 32/32
+    balancer = BatchSizeBalancer(initial_batch_size=32, min_batch_fraction=0.0)
+    _report(balancer, "a", 60, 60.0)
+    _report(balancer, "b", 4, 0.04)
+
+    # Execute
+    sizes = balancer.allocate(["a", "b"])
+
+    # Assert: the equal split, whose predicted round time is lower
+    assert sizes == {"a": 32, "b": 32}
+    unguarded = BatchSizeBalancer(
+        initial_batch_size=32, min_batch_fraction=0.0, equal_split_guard=False
+    )
+    _report(unguarded, "a", 60, 60.0)
+    _report(unguarded, "b", 4, 0.04)
+    candidate = unguarded.allocate(["a", "b"])
+    assert candidate != sizes
+    predicted = balancer.predicted_round_time(candidate)
+    assert predicted is not None
+    assert predicted >= balancer.predicted_round_time(sizes)  # type: ignore[operator]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacities=mixes,
+    fixed=shares,
+    last=st.lists(st.integers(8, 96), min_size=7, max_size=7),
+)
+def test_predicted_round_time_is_never_above_the_equal_splits(
+    capacities: list[float], fixed: list[float], last: list[int]
+) -> None:
+    # Prepare: any last batch sizes (the change limit binds), times from the true lines
+    n = len(capacities)
+    a = 0.01 / np.asarray(capacities)
+    b = np.asarray(fixed[:n]) * a * 32
+    balancer = BatchSizeBalancer(initial_batch_size=32)
+    ids = [f"s{i}" for i in range(n)]
+    for k, silo in enumerate(ids):
+        _report(balancer, silo, last[k], float(a[k] * last[k] + b[k]))
+
+    # Execute
+    sizes = balancer.allocate(ids)
+
+    # Assert: strictly faster than the equal split by the balancer's own lines, or it is
+    # the equal split
+    equal = dict(zip(ids, [32] * n, strict=True))
+    predicted = balancer.predicted_round_time(sizes)
+    baseline = balancer.predicted_round_time(equal)
+    assert predicted is not None and baseline is not None
+    assert predicted < baseline or sorted(sizes.values()) == [32] * n
+    assert sum(sizes.values()) == 32 * n
+
+
+# ---------------------------------------------------------------------------- the order
+def test_order_guard_repairs_an_inversion_left_by_the_bounds() -> None:
+    # Prepare: silo 0 is twice as fast as silo 1 but its upper bound held it below
+    a = np.array([0.5, 1.0, 1.0])
+    b = np.zeros(3)
+    sizes = np.array([20, 40, 20])
+    lower = np.array([10.0, 10.0, 10.0])
+    upper = np.array([60.0, 60.0, 60.0])
+
+    # Execute
+    fixed = order_guard(sizes, a, b, 0.1, lower=lower, upper=upper)
+
+    # Assert: the faster silo gets at least the slower one's, the total is kept
+    assert fixed[0] >= fixed[1]
+    assert fixed.sum() == sizes.sum()
+
+
+def test_order_guard_leaves_silos_within_the_tolerance_alone() -> None:
+    # Prepare: 5% apart, tolerance 10%
+    a = np.array([1.0, 1.05])
+    sizes = np.array([30, 34])
+
+    # Execute
+    fixed = order_guard(sizes, a, np.zeros(2), 0.1, lower=np.zeros(2), upper=np.full(2, 99.0))
+
+    # Assert
+    assert fixed.tolist() == [30, 34]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.lists(
+        st.tuples(st.floats(0.1, 10.0), st.floats(0.0, 5.0), st.integers(1, 80)),
+        min_size=2,
+        max_size=8,
+    ),
+    tolerance=st.sampled_from([0.0, 0.1, 0.3]),
+)
+def test_order_guard_keeps_total_and_bounds_and_removes_inversions(
+    data: list[tuple[float, float, int]], tolerance: float
+) -> None:
+    # Prepare: unbounded above, floor 1
+    a = np.array([d[0] for d in data])
+    b = np.array([d[1] for d in data])
+    sizes = np.array([d[2] for d in data])
+    lower, upper = np.ones(len(data)), np.full(len(data), 1000.0)
+
+    # Execute
+    fixed = order_guard(sizes, a, b, tolerance, lower=lower, upper=upper)
+
+    # Assert: no silo predicted faster (by more than the tolerance, in the common finish
+    # time of the silos no bound holds) gets more than one sample less than a slower one
+    assert fixed.sum() == sizes.sum() and np.all(fixed >= 1)
+    times = a * sizes + b
+    inside = sizes > 1
+    round_time = float(np.median(times[inside])) if inside.any() else float(times.max())
+    speed = np.maximum(round_time - b, 0) / a
+    for i in range(len(data)):
+        for j in range(len(data)):
+            if speed[i] > speed[j] * (1 + tolerance):
+                assert fixed[i] >= fixed[j] - 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(capacities=mixes, seed=st.integers(0, 1000))
+def test_batch_sizes_follow_the_order_of_capacities_under_jitter(
+    capacities: list[float], seed: int
+) -> None:
+    # Prepare: per-sample cost 1 / capacity, 5% log-normal jitter, 12 rounds
+    rng = np.random.default_rng(seed)
+    n = len(capacities)
+    a = 0.01 / np.asarray(capacities)
+    ids = [f"s{i}" for i in range(n)]
+    balancer = BatchSizeBalancer(initial_batch_size=32)
+    for _ in range(12):
+        x = _round(balancer, ids, a, np.zeros(n), np.exp(0.05 * rng.standard_normal(n)))
+
+    # Assert: a silo at least 1.5x the capacity of another never gets a smaller batch
+    for i in range(n):
+        for j in range(n):
+            if capacities[i] >= 1.5 * capacities[j]:
+                assert x[i] >= x[j]
+
+
+# ----------------------------------------------------------------------- change reset
+def _steady(a: np.ndarray, b: np.ndarray, rounds: int = 10) -> tuple[BatchSizeBalancer, list[str]]:
+    balancer = BatchSizeBalancer(initial_batch_size=32)
+    ids = [f"s{i}" for i in range(len(a))]
+    for _ in range(rounds):
+        _round(balancer, ids, a, b, np.ones(len(a)))
+    return balancer, ids
+
+
+@pytest.mark.parametrize("factor", [0.5, 1 / 3, 2.0, 3.0])
+@pytest.mark.parametrize("fixed", [0.0, 0.1])
+def test_a_step_change_is_followed_within_two_rounds(factor: float, fixed: float) -> None:
+    # Prepare: 4 silos 4:2:1:1 in steady state; silo 0's capacity changes by `factor`
+    a = 0.01 / np.array([4.0, 2.0, 1.0, 1.0])
+    b = fixed * a * 32
+    balancer, ids = _steady(a, b)
+    changed = a.copy(), b.copy()
+    changed[0][0] /= factor
+    changed[1][0] /= factor
+    oracle = _oracle(changed[0], changed[1], 128, balancer.floor)
+
+    # Execute: rounds r and r+1 run at the new capacity with the old sizes
+    first = _round(balancer, ids, *changed, np.ones(4))
+    second = _round(balancer, ids, *changed, np.ones(4))
+    third = balancer.allocate(ids)
+
+    # Assert: round r+2 is within 5% of the oracle (noise-free)
+    x = np.array([third[i] for i in ids])
+    assert first.tolist() == second.tolist()
+    assert float(np.max(changed[0] * x + changed[1])) <= 1.05 * oracle
+    # the speed estimate restarted at the new level, the history at the confirming reports
+    assert balancer.predicted_speed("s0") == pytest.approx(
+        second[0] * TAU / (changed[0][0] * second[0] + changed[1][0])
+    )
+
+
+@pytest.mark.parametrize("spike", [0.3, 0.5, 3.0, 10.0])
+def test_a_one_round_spike_changes_nothing(spike: float) -> None:
+    # Prepare
+    a = 0.01 / np.array([4.0, 2.0, 1.0, 1.0])
+    b = 0.05 * a * 32
+    balancer, ids = _steady(a, b)
+    before = balancer.allocate(ids)
+    speed = balancer.predicted_speed("s1")
+
+    # Execute: silo 1 is `spike` times slower for one round only
+    noise = np.ones(4)
+    noise[1] = spike
+    _round(balancer, ids, a, b, noise)
+    during = balancer.allocate(ids)
+    _round(balancer, ids, a, b, np.ones(4))
+    after = balancer.allocate(ids)
+
+    # Assert
+    assert during == before == after
+    assert balancer.predicted_speed("s1") == pytest.approx(speed)
+
+
+def test_change_detection_off_lets_a_spike_through_the_estimate() -> None:
+    # Prepare
+    a = 0.01 / np.array([4.0, 1.0])
+    balancer = BatchSizeBalancer(initial_batch_size=32, change_sigmas=None)
+    ids = ["s0", "s1"]
+    for _ in range(6):
+        _round(balancer, ids, a, np.zeros(2), np.ones(2))
+    speed = balancer.predicted_speed("s1")
+
+    # Execute
+    _round(balancer, ids, a, np.zeros(2), np.array([1.0, 5.0]))
+
+    # Assert: the plain EMA takes it in
+    assert balancer.predicted_speed("s1") < speed  # type: ignore[operator]
+
+
+def test_checkpoint_mid_change_resumes_the_same_decisions() -> None:
+    # Prepare: a change seen once (held back), then a checkpoint
+    a = 0.01 / np.array([4.0, 2.0, 1.0])
+    balancer, ids = _steady(a, np.zeros(3))
+    slow = a.copy()
+    slow[0] *= 3
+    _round(balancer, ids, slow, np.zeros(3), np.ones(3))
+    restored = BatchSizeBalancer.from_json(balancer.to_json())
+
+    # Execute: the confirming round, on both
+    for each in (balancer, restored):
+        _round(each, ids, slow, np.zeros(3), np.ones(3))
+
+    # Assert
+    assert restored.allocate(ids) == balancer.allocate(ids)
+    assert restored.to_json() == balancer.to_json()
+
+
+# ------------------------------------------------------------------ the robust cost fit
+@settings(max_examples=80, deadline=None)
+@given(
+    slope=st.floats(0.001, 1.0),
+    shape=st.floats(0.0, 50.0),
+    sizes=st.lists(st.integers(5, 200), min_size=4, max_size=20, unique=True),
+)
+def test_robust_fit_recovers_a_noise_free_line(
+    slope: float, shape: float, sizes: list[int]
+) -> None:
+    # Prepare: batch sizes that really differ (at least 4 distinct, the extremes at least
+    # 10% of the last apart)
+    assume(max(sizes) - min(sizes) >= 0.1 * sizes[-1])
+    xs = np.asarray(sizes, dtype=float)
+    ts = slope * (xs + shape)
+
+    # Execute
+    fit = fit_robust_cost(xs, ts)
+
+    # Assert
+    assert fit.slope == pytest.approx(slope, rel=1e-6)
+    assert fit.intercept == pytest.approx(slope * shape, rel=1e-6, abs=1e-9)
+    assert fit.noise == pytest.approx(0.0, abs=1e-9)
+    assert fit.weight == 1.0 or shape < 1e-3  # a proportional line is its own prior
+
+
+def test_robust_fit_ignores_a_spike_that_least_squares_follows() -> None:
+    # Prepare: 10 observations of t = 0.1 x + 1, one of them 5x too slow
+    xs = np.array([20, 40, 20, 40, 30, 20, 40, 30, 20, 40], dtype=float)
+    ts = 0.1 * xs + 1.0
+    ts[4] *= 5
+
+    # Execute
+    fit = fit_robust_cost(xs, ts)
+
+    # Assert
+    assert fit.predict(30) == pytest.approx(4.0, rel=0.02)
+    assert fit.slope == pytest.approx(0.1, rel=0.05)
+
+
+def test_robust_fit_without_spread_is_the_prior_shape_through_the_level() -> None:
+    # Prepare: every observation at one batch size
+    xs = np.full(6, 32.0)
+    ts = np.array([3.0, 3.3, 2.9, 3.1, 3.0, 2.8])
+
+    # Execute
+    fit = fit_robust_cost(xs, ts, prior_shape=8.0)
+
+    # Assert: the line through the level with b / a = 8 samples
+    assert fit.weight == 0.0
+    assert fit.shape == pytest.approx(8.0)
+    assert 2.9 < fit.level < 3.1
+
+
+@pytest.mark.parametrize(
+    ("x", "t", "kwargs"),
+    [
+        ([], [], {}),
+        ([1.0, 2.0], [1.0], {}),
+        ([0.0, 2.0], [1.0, 2.0], {}),
+        ([1.0, 2.0], [1.0, -2.0], {}),
+        ([1.0, 2.0], [1.0, math.nan], {}),
+        ([1.0, 2.0], [1.0, 2.0], {"prior_shape": -1.0}),
+        ([1.0, 2.0], [1.0, 2.0], {"prior_noise": -0.1}),
+    ],
+)
+def test_robust_fit_rejects_bad_input(x: list[float], t: list[float], kwargs: dict) -> None:  # type: ignore[type-arg]
+    # Execute / Assert
+    with pytest.raises(ValueError):
+        fit_robust_cost(x, t, **kwargs)
+
+
+# ------------------------------------------------------------- random capacity mixes
+@settings(max_examples=40, deadline=None)
+@given(capacities=mixes, fixed=shares)
+def test_noise_free_mixes_reach_the_oracle_and_beat_fedavg(
+    capacities: list[float], fixed: list[float]
+) -> None:
+    # Prepare: any mix of capacities 1-8 and fixed costs up to the per-sample cost of
+    # B_init samples
+    n = len(capacities)
+    a = 0.01 / np.asarray(capacities)
+    b = np.asarray(fixed[:n]) * a * 32
+    ids = [f"s{i}" for i in range(n)]
+    balancer = BatchSizeBalancer(initial_batch_size=32)
+    oracle = _oracle(a, b, 32 * n, balancer.floor)
+    fedavg = float(np.max(a * 32 + b))
+
+    # Execute
+    times = []
+    for _ in range(12):
+        x = _round(balancer, ids, a, b, np.ones(n))
+        times.append(float(np.max(a * x + b)))
+
+    # Assert: never slower than FedAvg; from round 8 within 2% of the oracle
+    assert max(times) <= fedavg * (1 + 1e-9)
+    assert max(times[7:]) <= 1.02 * oracle
+
+
+@settings(max_examples=25, deadline=None)
+@given(capacities=mixes, fixed=shares, seed=st.integers(0, 10_000))
+def test_jittered_mixes_stay_near_the_oracle(
+    capacities: list[float], fixed: list[float], seed: int
+) -> None:
+    # Prepare: 10% log-normal jitter, the same draws for the balancer and the oracle
+    rng = np.random.default_rng(seed)
+    n = len(capacities)
+    a = 0.01 / np.asarray(capacities)
+    b = np.asarray(fixed[:n]) * a * 32
+    ids = [f"s{i}" for i in range(n)]
+    balancer = BatchSizeBalancer(initial_batch_size=32)
+    best = linear_minmax(a, b, 32 * n, lower=np.full(n, float(balancer.floor)))
+
+    # Execute: 30 rounds, the last 25 compared
+    ours, oracle, fedavg = [], [], []
+    for _ in range(30):
+        noise = np.exp(0.1 * rng.standard_normal(n) - 0.005)
+        x = _round(balancer, ids, a, b, noise)
+        ours.append(float(np.max((a * x + b) * noise)))
+        oracle.append(float(np.max((a * best + b) * noise)))
+        fedavg.append(float(np.max((a * 32 + b) * noise)))
+
+    # Assert: loose bounds, for any mix (the benchmark measures the tight ones)
+    assert np.mean(ours[5:]) <= 1.10 * np.mean(oracle[5:])
+    assert np.mean(ours) <= np.mean(fedavg) * (1 + 1e-9)
