@@ -14,6 +14,8 @@ from typing import Any, NoReturn, cast
 
 from pydantic import ValidationError
 
+from .core import BALANCER_DEFAULTS
+
 __all__ = ["main"]
 
 
@@ -80,7 +82,8 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
         metavar="N",
         help="narx: retrain the network after every N new reports (default: 10)",
     )
-    parser.add_argument("--alpha", type=float, default=0.2, help="EMA weight (default: 0.2)")
+    alpha = BALANCER_DEFAULTS["alpha"]
+    parser.add_argument("--alpha", type=float, default=alpha, help=f"EMA weight (default: {alpha})")
     parser.add_argument(
         "--parallel", type=int, default=1, help=f"{unit} computing at once (default: 1)"
     )
@@ -131,13 +134,24 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="B_init (default: 32)")
     parser.add_argument("--lr", type=float, default=0.05, help="eta (default: 0.05)")
     parser.add_argument(
-        "--allocator", default="linear", help="linear | proportional (default: linear)"
+        "--allocator",
+        default=BALANCER_DEFAULTS["allocator"],
+        help=f"linear | proportional (default: {BALANCER_DEFAULTS['allocator']})",
     )
     parser.add_argument(
         "--max-change-ratio",
         type=float,
-        default=2.0,
-        help="largest factor a silo's batch size may change by per round (default: 2.0)",
+        default=BALANCER_DEFAULTS["max_change_ratio"],
+        help="largest factor a silo's batch size may change by per round, its first report "
+        "included (from B_init); a change confirmed by 2 reports may move it up to r^3 in "
+        f"that round (default: {BALANCER_DEFAULTS['max_change_ratio']})",
+    )
+    parser.add_argument(
+        "--min-batch-fraction",
+        type=float,
+        default=BALANCER_DEFAULTS["min_batch_fraction"],
+        help="no silo gets a batch size below this share of B_init "
+        f"(default: {BALANCER_DEFAULTS['min_batch_fraction']})",
     )
     parser.add_argument(
         "--target-accuracy",
@@ -267,7 +281,9 @@ def _add_cluster_parser(sub: Any) -> None:
     cluster.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
     cluster.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default: 0)")
     cluster.add_argument(
-        "--allocator", default="linear", help="linear | proportional | iterative (default: linear)"
+        "--allocator",
+        default=BALANCER_DEFAULTS["allocator"],
+        help=f"linear | proportional | iterative (default: {BALANCER_DEFAULTS['allocator']})",
     )
     cluster.add_argument(
         "--cost-model",
@@ -414,6 +430,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         alpha=args.alpha,
         allocator=args.allocator,
         max_change_ratio=args.max_change_ratio,
+        min_batch_fraction=args.min_batch_fraction,
         parallel=args.parallel,
         out=out,
         encrypt=args.encrypt,

@@ -33,6 +33,7 @@ from .clients.emulation import (
     slowdowns_from_speeds,
 )
 from .clients.trainer import evaluate
+from .core import BALANCER_DEFAULTS
 from .core.estimators import ESTIMATORS, make_estimator
 from .datasets import ArrayDataset, DataSourceError, PartitionText, SourceSpec, load_source
 from .inprocess import InProcessGrid
@@ -120,9 +121,11 @@ class SimulationConfig(BaseModel):
         The model.
     seed : int (default: 0)
         Seed of the data split, partitioning, model init and reshuffling (>= 0).
-    estimator, alpha, allocator, max_change_ratio :
-        Balancer settings (see :class:`~fl_lbbsp.strategies.LBBSPFedAvg`); ``estimator``
-        is any name in :data:`fl_lbbsp.core.estimators.ESTIMATORS`.
+    estimator, alpha, allocator, max_change_ratio, min_batch_fraction :
+        Balancer settings (see :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; defaults
+        :data:`fl_lbbsp.core.BALANCER_DEFAULTS`); ``estimator`` is any name in
+        :data:`fl_lbbsp.core.estimators.ESTIMATORS`; no silo gets a batch size below
+        ``min_batch_fraction * batch_size``.
     estimator_options : dict (default: {})
         Extra arguments of the estimator (NARX ``warmup``, ...).
     parallel : int (default: 1)
@@ -177,7 +180,10 @@ class SimulationConfig(BaseModel):
     alpha: float = Field(default=0.2, gt=0, le=1)
     estimator_options: dict[str, Any] = Field(default_factory=dict)
     allocator: Literal["linear", "proportional"] = "linear"
-    max_change_ratio: float | None = Field(default=2.0, gt=1, allow_inf_nan=False)
+    max_change_ratio: float | None = Field(
+        default=BALANCER_DEFAULTS["max_change_ratio"], gt=1, allow_inf_nan=False
+    )
+    min_batch_fraction: float = Field(default=BALANCER_DEFAULTS["min_batch_fraction"], ge=0, le=1)
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/simulate")
     encrypt: Path | None = None
@@ -313,6 +319,7 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         "estimator_options": dict(config.estimator_options),
         "allocator": config.allocator,
         "max_change_ratio": config.max_change_ratio,
+        "balancer_options": {"min_batch_fraction": config.min_batch_fraction},
         "telemetry_path": config.telemetry_path(),
         "min_train_nodes": config.silos,
         "min_available_nodes": config.silos,

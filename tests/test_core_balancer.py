@@ -579,3 +579,25 @@ def test_sizes_do_not_depend_on_the_order_silos_are_listed(
     # Assert: the same sizes, listed in the order asked
     assert list(again) == shuffled
     assert again == sizes
+
+
+def test_balancer_says_which_silos_narx_still_predicts_by_its_ema_warm_up() -> None:
+    # Prepare: NARX with a warm-up of 4 reports (trained inline, deterministic)
+    balancer = BatchSizeBalancer(
+        initial_batch_size=16,
+        estimator="narx",
+        estimator_options={"warmup": 4, "background": False},
+    )
+    report = SiloReport(batch_size=16, train_time=0.5)
+
+    # Execute
+    for _ in range(3):
+        balancer.report("a", report)
+    balancer.report("b", report)
+    early = balancer.warming_up()
+    balancer.report("a", report)  # a's 4th report: its network is trained
+    later = balancer.warming_up()
+
+    # Assert
+    assert early == {"a": (3, 4), "b": (1, 4)}
+    assert later == {"b": (1, 4)}

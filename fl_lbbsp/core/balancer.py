@@ -418,6 +418,17 @@ class BatchSizeBalancer:
                 return "change"
         return "held" if held else "normal"
 
+    def warming_up(self) -> dict[str, tuple[int, int]]:
+        """Silos whose estimator still predicts by its EMA warm-up (NARX before its first
+        training, Sec. 3.2.2): silo id -> (reports so far, warm-up length)."""
+        out = {}
+        for silo, state in self._silos.items():
+            warmup = getattr(state.estimator, "warmup", None)
+            seen = getattr(state.estimator, "observations", None)
+            if isinstance(warmup, int) and isinstance(seen, int) and seen < warmup:
+                out[silo] = (seen, warmup)
+        return out
+
     def predicted_speed(self, silo_id: str) -> float | None:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
         state = self._silos.get(silo_id)

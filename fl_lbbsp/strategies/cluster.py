@@ -66,6 +66,12 @@ keys, telemetry_path :
     estimator_options, allocator_options : dict | None (default: None)
         Extra arguments of the estimator (NARX ``warmup``, ...) and of the iterative
         allocator (``step``, ``window``, ...).
+    balancer_options : dict | None (default: None)
+        Further balancer settings, by :class:`~fl_lbbsp.strategies.config.BalancingConfig`
+        name: ``min_batch_fraction`` (the floor as a share of B_init, 0.25), ``fit``
+        (``"robust"`` or ``"wls"``), ``change_sigmas``, ``change_threshold``,
+        ``change_confirm``, ``order_tolerance``, ``equal_split_guard``; each defaults to
+        :data:`fl_lbbsp.core.BALANCER_DEFAULTS`.
     min_train_nodes, min_available_nodes :
         As in :class:`flwr.serverapp.strategy.FedAvg` (every available worker trains).
     min_train_silos, max_num_examples, max_reply_bytes, extra_metric_keys :
@@ -102,6 +108,7 @@ keys, telemetry_path :
         max_change_ratio: float | None = 2.0,
         estimator_options: dict[str, Any] | None = None,
         allocator_options: dict[str, Any] | None = None,
+        balancer_options: dict[str, Any] | None = None,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
         min_train_nodes: int = 2,
@@ -127,6 +134,7 @@ keys, telemetry_path :
             max_change_ratio=max_change_ratio,
             estimator_options=estimator_options,
             allocator_options=allocator_options,
+            balancer_options=balancer_options,
             keys=keys,
             telemetry_path=telemetry_path,
             fraction_train=1.0,

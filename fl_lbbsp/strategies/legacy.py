@@ -95,6 +95,12 @@ class LBBSPStrategy(FedAvg):
         round; ``None``: no limit.
     estimator_options, allocator_options : dict | None (default: None)
         Extra arguments of the estimator and of the iterative allocator.
+    balancer_options : dict | None (default: None)
+        Further balancer settings, by :class:`~fl_lbbsp.strategies.config.BalancingConfig`
+        name: ``min_batch_fraction`` (the floor as a share of B_init, 0.25), ``fit``
+        (``"robust"`` or ``"wls"``), ``change_sigmas``, ``change_threshold``,
+        ``change_confirm``, ``order_tolerance``, ``equal_split_guard``; each defaults to
+        :data:`fl_lbbsp.core.BALANCER_DEFAULTS`.
     keys : RecordKeys | None (default: None)
         Names of the config and metric entries; the client's stable id is the
         ``keys.silo_id`` (``silo-id``) entry of its fit metrics (else its cid).
@@ -128,6 +134,7 @@ class LBBSPStrategy(FedAvg):
         max_change_ratio: float | None = 2.0,
         estimator_options: dict[str, Any] | None = None,
         allocator_options: dict[str, Any] | None = None,
+        balancer_options: dict[str, Any] | None = None,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
         min_train_silos: int = 1,
@@ -167,6 +174,7 @@ class LBBSPStrategy(FedAvg):
             max_change_ratio=max_change_ratio,
             estimator_options=estimator_options or {},
             allocator_options=allocator_options or {},
+            **(balancer_options or {}),
         )
         self.balancer = balancer_from_config(self.config)
         self.telemetry = TelemetryWriter(telemetry_path)

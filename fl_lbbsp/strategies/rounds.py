@@ -79,6 +79,17 @@ def allocate_batch_sizes(
     """
     if not config.balance:
         return {key: config.initial_batch_size for key in silo_of}
+    warming = balancer.warming_up()
+    if warming:
+        seen, warmup = min(warming.values())
+        log.info(
+            "%s: %d silo(s) still predicted by the EMA warm-up (%d of %d reports; "
+            "set the estimator's warmup to train sooner)",
+            config.estimator,
+            len(warming),
+            seen,
+            warmup,
+        )
     sizes = balancer.allocate(silo_of.values(), total=total)
     return {key: sizes[silo] for key, silo in silo_of.items()}
 
