@@ -27,6 +27,7 @@ real MNIST in ``../shared/data/mnist`` and skips (writing nothing) without it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,20 @@ def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[fl
     half = float(stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * statistics.stdev(values)
     half /= math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def seeds_needed(sd: float, margin: float, confidence: float = CONFIDENCE) -> int | None:
+    """Fewest seeds whose CI half-width ``t(n - 1) * sd / sqrt(n)`` is at most ``margin``:
+    how many seeds a true difference of 0 needs for its lower bound to stay above
+    ``-margin`` (``None`` beyond 10,000 seeds)."""
+    if sd <= 0.0:
+        return 2
+    from scipy import stats
+
+    for n in range(2, 10_001):
+        if float(stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n) <= margin:
+            return n
+    return None
 
 
 def time_to_target(
@@ -171,6 +186,7 @@ def compare_seed(
     lb_time, lb_rounds = time_to_target(lbbsp.elapsed, lbbsp.accuracy, target)
     fa_final, lb_final = final_accuracy(fedavg.accuracy, last), final_accuracy(lbbsp.accuracy, last)
     sizes = steady_batch_sizes(lbbsp.batch_sizes, steady_from) if lbbsp.batch_sizes else {}
+    sizes_fa = steady_batch_sizes(fedavg.batch_sizes, steady_from) if fedavg.batch_sizes else {}
     steady = lbbsp.round_times[steady_from - 1 :] or lbbsp.round_times
     steady_fa = fedavg.round_times[steady_from - 1 :] or fedavg.round_times
     return {
@@ -191,7 +207,23 @@ def compare_seed(
         "lbbsp_round_time": statistics.fmean(steady) if steady else None,
         "lbbsp_batch_sizes": sizes,
         "lbbsp_min_batch_size": min(sizes.values()) if sizes else None,
+        "noise_ratio": noise_ratio(sizes_fa, sizes),
     }
+
+
+def noise_ratio(fedavg: Mapping[str, float], lbbsp: Mapping[str, float]) -> float | None:
+    """Variance of LB-BSP's averaged update from minibatch sampling over FedAvg's, with the
+    silos weighted equally: ``mean_i(1 / B_i^LB) / mean_i(1 / B_i^FedAvg)``.
+
+    Each silo's tau steps at batch size B carry gradient noise of variance ~ 1/B; with
+    equal weights the average's variance is ~ mean_i(1/B_i). 1 means as noisy as FedAvg;
+    ``None`` without batch sizes.
+    """
+    if not fedavg or not lbbsp:
+        return None
+    return statistics.fmean(1.0 / b for b in lbbsp.values()) / statistics.fmean(
+        1.0 / b for b in fedavg.values()
+    )
 
 
 def aggregate(
@@ -208,9 +240,11 @@ def aggregate(
         mean, low, high = mean_ci(diffs, confidence)
     lower = None if low is None or not math.isfinite(low) else low
     sizes = [r["lbbsp_min_batch_size"] for r in rows if r.get("lbbsp_min_batch_size") is not None]
+    noise = [r["noise_ratio"] for r in rows if r.get("noise_ratio") is not None]
     return {
         "seeds": len(rows),
         "diff_mean": mean,
+        "diff_sd": statistics.stdev(diffs) if len(diffs) > 1 else None,
         "diff_low": lower,
         "diff_high": None if high is None or not math.isfinite(high) else high,
         "diff_goal_met": None if lower is None else lower >= GOAL_DIFF_POINTS,
@@ -221,6 +255,8 @@ def aggregate(
         "speedup_goal_met": bool(speedups)
         and all(s is not None and s >= GOAL_SPEEDUP for s in speedups),
         "min_batch_size": min(sizes) if sizes else None,
+        "noise_ratio": statistics.median(noise) if noise else None,
+        "seeds_needed": None if len(diffs) < 2 else seeds_needed(statistics.stdev(diffs), 1.0),
     }
 
 
@@ -305,8 +341,45 @@ def trace_of(events: Sequence[dict[str, Any]]) -> Trace:
     )
 
 
-def run_all(settings: Settings, telemetry: Path) -> dict[str, dict[int, dict[str, Any]]]:
-    """Every partition, seed and scheme; the per-seed comparisons by partition and seed."""
+_BALANCER_FIELDS = ("estimator", "alpha", "estimator_options", "allocator", "max_change_ratio")
+
+
+def cache_key(config: SimulationConfig, min_batch_size: int | None) -> str:
+    """What decides a run's result, hashed: the config without its output folder, and
+    for FedAvg without the balancer settings (it does not balance)."""
+    fields = config.model_dump(mode="json", exclude={"out"})
+    if config.scheme == "fedavg":
+        for name in _BALANCER_FIELDS:
+            fields.pop(name, None)
+    else:
+        fields["min_batch_size"] = min_batch_size
+    text = json.dumps(fields, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def cached_trace(config: SimulationConfig, min_batch_size: int | None, cache: Path | None) -> Trace:
+    """Run ``config`` (or read its trace from ``cache``, where a run of the same settings
+    left it) and return its :class:`Trace`."""
+    path = (
+        None
+        if cache is None
+        else cache / f"{config.scheme}-{cache_key(config, min_batch_size)}.json"
+    )
+    if path is not None and path.is_file():
+        return Trace(**json.loads(path.read_text()))
+    events = run(config, strategy=strategy_for(config, min_batch_size))
+    trace = trace_of(events)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(trace)))
+    return trace
+
+
+def run_all(
+    settings: Settings, telemetry: Path, *, cache: Path | None = None
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """Every partition, seed and scheme; the per-seed comparisons by partition and seed.
+    ``cache``: a folder of earlier runs' traces to reuse (and to add to)."""
     rows: dict[str, dict[int, dict[str, Any]]] = {}
     for partition in settings.partitions:
         rows[partition] = {}
@@ -316,8 +389,7 @@ def run_all(settings: Settings, telemetry: Path) -> dict[str, dict[int, dict[str
                 started = time.perf_counter()
                 folder = telemetry / partition.replace(":", "-") / f"seed{seed}"
                 config = settings.config(scheme, seed, partition, folder)
-                events = run(config, strategy=strategy_for(config, settings.min_batch_size))
-                traces[scheme] = trace_of(events)
+                traces[scheme] = cached_trace(config, settings.min_batch_size, cache)
                 log(
                     f"accuracy: {partition} seed {seed} {scheme} done "
                     f"({time.perf_counter() - started:.1f} s)"
@@ -393,10 +465,13 @@ def partition_table(summary: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 f"{_f(a['diff_mean'], '+.2f')} [{_f(a['diff_low'], '+.2f')}, "
                 f"{_f(a['diff_high'], '+.2f')}]",
                 f"{_met(a['diff_goal_met'])} (lower bound >= {GOAL_DIFF_POINTS:+.0f})",
+                _f(a["diff_sd"], ".2f"),
+                "-" if a["seeds_needed"] is None else str(a["seeds_needed"]),
                 _f(a["speedup_min"], ".2f"),
                 _f(a["speedup_median"], ".2f"),
                 f"{a['speedup_seeds_met']} of {a['seeds']}: {_met(a['speedup_goal_met'])}",
                 _f(a["min_batch_size"], "g"),
+                _f(a["noise_ratio"], ".2f"),
             ]
         )
     return {
@@ -406,10 +481,13 @@ def partition_table(summary: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "seeds",
             "LB-BSP - FedAvg, pts: mean [95% CI]",
             "accuracy goal",
+            "sd of per-seed diffs (pts)",
+            "seeds for +-1 pt CI",
             "min speed-up",
             "median speed-up",
             f"seeds with speed-up >= {GOAL_SPEEDUP}",
             "min steady B (any seed)",
+            "update noise vs FedAvg",
         ],
         "rows": body,
     }
@@ -446,7 +524,13 @@ def figures(summary: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
                 f"in points; mean {_f(a['diff_mean'], '+.2f')}, CI "
                 f"[{_f(a['diff_low'], '+.2f')}, {_f(a['diff_high'], '+.2f')}]. The paper "
                 "(Sec. 3.5, Fig. 13): tuning B alone loses no accuracy."
-                + ("" if a["diff_low"] is not None else " Needs at least 2 seeds."),
+                + (
+                    f" The per-seed differences spread with sd {a['diff_sd']:.2f} points: a "
+                    f"true difference of 0 needs about {a['seeds_needed'] or '> 10,000'} seeds "
+                    "for the lower bound to clear -1."
+                    if a["diff_sd"] is not None
+                    else " Needs at least 2 seeds."
+                ),
                 unit="points",
             )
         )
@@ -470,6 +554,18 @@ def figures(summary: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
                 None,
                 f"Median over rounds {STEADY_FROM} on of the slowest silo's batch size, the "
                 "smallest over seeds: how small the slow silos' steps got under the same eta.",
+            )
+        )
+        out.append(
+            _figure(
+                f"Update noise of LB-BSP relative to FedAvg, {partition}",
+                a["noise_ratio"],
+                ".2f",
+                None,
+                "mean_i(1/B_i) under LB-BSP over FedAvg's mean_i(1/B_init), steady batch "
+                "sizes, median over seeds: the variance of the averaged update from minibatch "
+                "sampling with the silos weighted equally (1: as noisy as FedAvg). FedAvg "
+                "at a batch size of B_init over this ratio would be as noisy.",
             )
         )
     return out
@@ -619,6 +715,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cli.add_argument("--target-share", type=float, default=TARGET_SHARE)
     cli.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="reuse (and keep) run traces in this folder, e.g. FedAvg across balancer "
+        "settings (default: no cache)",
+    )
+    cli.add_argument(
         "--mnist", type=Path, default=MNIST, help="MNIST IDX folder (default ../shared/data/mnist)"
     )
     args = cli.parse_args(argv)
@@ -664,7 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
-        rows = run_all(settings, Path(scratch))
+        rows = run_all(settings, Path(scratch), cache=args.cache)
     section = build_section(
         settings, rows, data_text=data_text, seconds=time.perf_counter() - started
     )

@@ -193,6 +193,7 @@ def _check_table(table: object, where: str) -> None:
 ACCURACY_SUMMARY_KEYS = (
     "seeds",
     "diff_mean",
+    "diff_sd",
     "diff_low",
     "diff_high",
     "diff_goal_met",
@@ -201,6 +202,8 @@ ACCURACY_SUMMARY_KEYS = (
     "speedup_seeds_met",
     "speedup_goal_met",
     "min_batch_size",
+    "noise_ratio",
+    "seeds_needed",
 )
 """What the ``accuracy`` section's ``summary`` holds for every partition."""
 

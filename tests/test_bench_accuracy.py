@@ -70,6 +70,25 @@ def test_mean_ci_contains_the_mean_and_widens_with_confidence(values: list[float
     assert low99 <= low + 1e-9 and high <= high99 + 1e-9
 
 
+def test_seeds_needed_is_the_smallest_n_whose_half_width_fits_the_margin() -> None:
+    # Execute
+    n = bench.seeds_needed(3.0, 1.0)
+
+    # Assert: t(0.975, n - 1) * 3 / sqrt(n) is 1.0002 at n = 37 and 0.986 at n = 38
+    assert n == 38
+    assert bench.seeds_needed(0.0, 1.0) == 2
+    assert bench.seeds_needed(1.0, 1.0) == 7  # t(0.975, 6) = 2.447 < sqrt(7) = 2.646
+
+
+def test_noise_ratio_is_the_mean_inverse_batch_size_over_fedavgs() -> None:
+    # Execute: FedAvg 2 x 32; LB-BSP 56 and 8 -> mean(1/56, 1/8) / (1/32)
+    ratio = bench.noise_ratio({"0": 32.0, "1": 32.0}, {"0": 56.0, "1": 8.0})
+
+    # Assert
+    assert ratio == pytest.approx((1 / 56 + 1 / 8) / 2 * 32)
+    assert bench.noise_ratio({}, {"0": 8.0}) is None
+
+
 def test_time_to_target_is_the_first_round_at_or_above_the_target() -> None:
     # Prepare: 0.9 at round 3 after 7.5 emulated seconds; it drops again later
     elapsed = [2.5, 5.0, 7.5, 10.0]
@@ -126,6 +145,7 @@ def test_compare_seed_on_injected_traces() -> None:
     assert row["diff_points"] == pytest.approx(100 * (2.74 - 2.81) / 3)
     assert row["lbbsp_batch_sizes"] == {"0": 57.0, "1": 7.0}
     assert row["lbbsp_min_batch_size"] == 7.0
+    assert row["noise_ratio"] == pytest.approx((1 / 57 + 1 / 7) / 2 * 32)
     assert (row["fedavg_round_time"], row["lbbsp_round_time"]) == (3.0, 1.0)
 
 
@@ -140,6 +160,8 @@ def test_aggregate_marks_both_goals_met() -> None:
     # Assert: sd = sqrt(0.625), t(0.975, 4) = 2.776
     half = T_975_4 * math.sqrt(0.625) / math.sqrt(5)
     assert result["diff_mean"] == pytest.approx(0.0)
+    assert result["diff_sd"] == pytest.approx(math.sqrt(0.625))
+    assert result["seeds_needed"] == bench.seeds_needed(math.sqrt(0.625), 1.0)
     assert (result["diff_low"], result["diff_high"]) == pytest.approx((-half, half))
     assert result["diff_goal_met"] is True
     assert result["speedup_min"] == 1.5 and result["speedup_median"] == 2.0
@@ -169,6 +191,7 @@ def test_aggregate_with_one_seed_or_a_missing_speedup_cannot_meet_the_goals() ->
 
     # Assert: no interval from one seed; a seed without a time to target counts as missed
     assert one["diff_mean"] == 0.5 and one["diff_low"] is None and one["diff_goal_met"] is None
+    assert one["diff_sd"] is None and one["seeds_needed"] is None
     assert missing["speedup_min"] is None and missing["speedup_goal_met"] is False
     assert missing["speedup_median"] == 2.0 and missing["speedup_seeds_met"] == 1
 
