@@ -14,6 +14,10 @@ says why)::
      "tables": [{"title": "...", "columns": ["a", "b"], "rows": [["x", "1"]]}],
      "plots": ["file.png"], "notes": ["..."]}
 
+Some sections carry more and are checked for it (:data:`SECTION_CHECKS`): ``accuracy``
+(``bench_accuracy.py``) has a per-partition table and a per-seed table, the two goal
+figures of every partition, and a machine-readable ``summary`` per partition.
+
 Run: ``python benchmarks/report.py [--results benchmarks/results]``.
 """
 
@@ -23,13 +27,14 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "GOAL_OPS",
+    "SECTION_CHECKS",
     "SECTION_ORDER",
     "SectionError",
     "goal_met",
@@ -46,7 +51,8 @@ __all__ = [
 ]
 
 SECTION_ORDER = (
-    "fl", "dynamics", "noise", "predictors", "cluster", "overhead", "he", "wallclock"
+    "fl", "dynamics", "noise", "accuracy", "predictors", "cluster", "overhead", "he",
+    "wallclock",
 )  # fmt: skip
 GOAL_OPS = ("<=", "<", ">=", ">")
 REPORT_NAME = "REPORT.md"
@@ -216,6 +222,75 @@ def _check_table(table: object, where: str) -> None:
             )
 
 
+ACCURACY_SUMMARY_KEYS = (
+    "seeds",
+    "diff_mean",
+    "diff_sd",
+    "diff_low",
+    "diff_high",
+    "diff_goal_met",
+    "speedup_min",
+    "speedup_median",
+    "speedup_seeds_met",
+    "speedup_goal_met",
+    "min_batch_size",
+    "noise_ratio",
+    "seeds_needed",
+)
+"""What the ``accuracy`` section's ``summary`` holds for every partition."""
+
+
+def _check_accuracy(data: Mapping[str, Any], source: str) -> None:
+    """The ``accuracy`` section: tables ``[per partition, per seed]`` whose first columns
+    are ``partition`` (and ``seed``), every partition of the per-seed table in the
+    per-partition one, a goal figure for the 95% lower bound and the smallest speed-up of
+    every partition, and a ``summary`` object with :data:`ACCURACY_SUMMARY_KEYS` per
+    partition."""
+    tables = data.get("tables", [])
+    if len(tables) < 2:
+        raise _fail(f"{source}.tables", "needs the per-partition and the per-seed table")
+    if tables[0]["columns"][0] != "partition":
+        raise _fail(f"{source}.tables[0].columns", "must start with 'partition'")
+    if tables[1]["columns"][:2] != ["partition", "seed"]:
+        raise _fail(f"{source}.tables[1].columns", "must start with 'partition', 'seed'")
+    partitions = [row[0] for row in tables[0]["rows"]]
+    if not partitions:
+        raise _fail(f"{source}.tables[0].rows", "must list at least one partition")
+    unknown = sorted({row[0] for row in tables[1]["rows"]} - set(partitions))
+    if unknown:
+        raise _fail(f"{source}.tables[1].rows", f"partitions {unknown} have no summary row")
+    for partition in partitions:
+        for kind in ("95% lower bound", "speed-up"):
+            if not any(
+                kind in f["label"] and f["label"].endswith(f", {partition}") and f.get("goal")
+                for f in data.get("figures", [])
+            ):
+                raise _fail(
+                    f"{source}.figures", f"no figure with a goal for the {kind} of {partition}"
+                )
+    summary = data.get("summary")
+    if not isinstance(summary, dict) or sorted(summary) != sorted(partitions):
+        raise _fail(f"{source}.summary", f"must be an object keyed by {partitions}")
+    for partition, values in summary.items():
+        where = f"{source}.summary[{partition!r}]"
+        if not isinstance(values, dict):
+            raise _fail(where, f"must be an object, got {values!r}")
+        missing = [k for k in ACCURACY_SUMMARY_KEYS if k not in values]
+        if missing:
+            raise _fail(where, f"missing {missing}")
+        for key, value in values.items():
+            if value is not None and not isinstance(value, bool) and not _is_number(value):
+                raise _fail(f"{where}.{key}", f"must be a number, a boolean or null: {value!r}")
+            if _is_number(value) and not math.isfinite(float(value)):
+                raise _fail(f"{where}.{key}", f"must be finite, got {value!r}")
+
+
+SECTION_CHECKS: dict[str, Callable[[Mapping[str, Any], str], None]] = {
+    "accuracy": _check_accuracy,
+}
+"""Checks beyond the common schema, by section id (run after it)."""
+
+
 def validate_section(data: object, *, source: str = "section") -> dict[str, Any]:
     """Check a section against the schema and return it.
 
@@ -247,6 +322,9 @@ def validate_section(data: object, *, source: str = "section") -> dict[str, Any]
             if not isinstance(item, str):
                 raise _fail(f"{source}.{key}[{k}]", f"must be a string, got {item!r}")
     _check_rules(data, source)
+    check = SECTION_CHECKS.get(data["section"])
+    if check is not None:
+        check(data, source)
     return data
 
 
