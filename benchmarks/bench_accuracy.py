@@ -42,6 +42,7 @@ from typing import Any
 
 from common import MNIST, machine, parser
 
+from fl_lbbsp.core import BALANCER_DEFAULTS
 from fl_lbbsp.core.estimators import ESTIMATORS
 from fl_lbbsp.report import run_cost_lines, summarise
 from fl_lbbsp.simulation import SimulationConfig, make_strategy, run
@@ -279,6 +280,7 @@ class Settings:
     allocator: str = "linear"
     max_change_ratio: float | None = 2.0
     min_batch_size: int | None = None
+    min_batch_fraction: float = BALANCER_DEFAULTS["min_batch_fraction"]
     """None: the strategy's own default."""
     target_share: float = TARGET_SHARE
 
@@ -299,6 +301,7 @@ class Settings:
             alpha=self.alpha,
             allocator=self.allocator,  # type: ignore[arg-type]
             max_change_ratio=self.max_change_ratio,
+            min_batch_fraction=self.min_batch_fraction,
             runtime="inprocess",
             emulate_wait=False,
             cost_model=self.cost_model,
@@ -341,13 +344,17 @@ def trace_of(events: Sequence[dict[str, Any]]) -> Trace:
     )
 
 
-_BALANCER_FIELDS = ("estimator", "alpha", "estimator_options", "allocator", "max_change_ratio")
+_BALANCER_FIELDS = (
+    "estimator", "alpha", "estimator_options", "allocator", "max_change_ratio",
+    "min_batch_fraction",
+)  # fmt: skip
+_DERIVED_FIELDS = ("time_dilation",)  # follows from the fields the key already holds
 
 
 def cache_key(config: SimulationConfig, min_batch_size: int | None) -> str:
     """What decides a run's result, hashed: the config without its output folder, and
     for FedAvg without the balancer settings (it does not balance)."""
-    fields = config.model_dump(mode="json", exclude={"out"})
+    fields = config.model_dump(mode="json", exclude={"out", *_DERIVED_FIELDS})
     if config.scheme == "fedavg":
         for name in _BALANCER_FIELDS:
             fields.pop(name, None)
@@ -713,6 +720,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="balancer's smallest batch size (default: the strategy's own default)",
     )
+    cli.add_argument(
+        "--min-batch-fraction",
+        type=float,
+        default=BALANCER_DEFAULTS["min_batch_fraction"],
+        help="balancer's floor as a share of B_init (default: the balancer's default)",
+    )
     cli.add_argument("--target-share", type=float, default=TARGET_SHARE)
     cli.add_argument(
         "--cache",
@@ -763,6 +776,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         allocator=args.allocator,
         max_change_ratio=args.max_change_ratio,
         min_batch_size=args.min_batch_size,
+        min_batch_fraction=args.min_batch_fraction,
         target_share=args.target_share,
     )
     started = time.perf_counter()
