@@ -151,7 +151,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=BALANCER_DEFAULTS["min_batch_fraction"],
         help="no silo gets a batch size below this share of B_init "
-        f"(default: {BALANCER_DEFAULTS['min_batch_fraction']})",
+        f"(default: {BALANCER_DEFAULTS['min_batch_fraction']:.3g})",
     )
     parser.add_argument(
         "--target-accuracy",

@@ -242,7 +242,9 @@ def test_change_limit_bounds_a_silo_claiming_a_hundred_times_its_speed(
     ratio: float | None, expected: tuple[int, int]
 ) -> None:
     # Prepare: two equal silos, two honest rounds each
-    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=ratio)
+    balancer = BatchSizeBalancer(
+        initial_batch_size=32, max_change_ratio=ratio, min_batch_fraction=0.25
+    )
     for _ in range(2):
         for silo in ("a", "b"):
             balancer.report(silo, SiloReport(batch_size=32, train_time=1.0))
@@ -267,8 +269,10 @@ def test_change_limit_bounds_a_silo_claiming_a_hundred_times_its_speed(
 def test_first_report_is_bounded_by_the_change_limit_around_b_init(
     ratio: float, expected: tuple[int, int]
 ) -> None:
-    # Prepare
-    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=ratio)
+    # Prepare: a floor of B_init / 4
+    balancer = BatchSizeBalancer(
+        initial_batch_size=32, max_change_ratio=ratio, min_batch_fraction=0.25
+    )
 
     # Execute: one report each, a is 7x as fast
     balancer.report("a", SiloReport(batch_size=32, train_time=1.0))
@@ -467,7 +471,7 @@ def test_balancer_max_batch_size_and_caps_combine() -> None:
 
 
 def test_caps_below_total_give_every_capped_silo_its_cap() -> None:
-    # Prepare
+    # Prepare: caps below the floor (B_init / 3, i.e. 3): the memory caps win
     balancer = BatchSizeBalancer(initial_batch_size=8, allocator="linear")
     balancer.report("a", SiloReport(batch_size=8, train_time=1.0, max_batch_size=2))
     balancer.report("b", SiloReport(batch_size=8, train_time=1.0, max_batch_size=3))

@@ -52,7 +52,7 @@ def test_the_defaults_are_the_robust_guarded_balancer() -> None:
     assert BALANCER_DEFAULTS["allocator"] == balancer.allocator == "linear"
     assert BALANCER_DEFAULTS["max_change_ratio"] == balancer.max_change_ratio == 2.0
     assert balancer.fit == "robust" and balancer.equal_split_guard
-    assert balancer.floor == 12  # B_init / 4
+    assert balancer.floor == 16  # B_init / 3
 
 
 def test_strategy_config_defaults_are_the_balancer_defaults() -> None:

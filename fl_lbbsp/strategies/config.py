@@ -45,7 +45,7 @@ class BalancingConfig(BaseModel):
         ``"iterative"`` is Alg. 2.
     min_batch_size : int (default: 1)
         Smallest batch size handed out.
-    min_batch_fraction : float (default: 0.25)
+    min_batch_fraction : float (default: 1/3)
         Floor of every batch size as a fraction of B_init, in [0, 1].
     max_batch_size : int | None (default: None)
         Largest batch size handed out (silos may report lower memory caps).
@@ -65,6 +65,8 @@ class BalancingConfig(BaseModel):
         Order guard tolerance; ``None``: no order guard.
     equal_split_guard : bool (default: True)
         Never ship an allocation predicted no faster than the equal split.
+    equal_split_margin : float (default: 0.05)
+        Predicted gain over the equal split an allocation must show to be shipped.
     estimator_options, allocator_options : dict (default: {})
         Extra arguments of the estimator and of the iterative allocator.
 
@@ -99,6 +101,9 @@ class BalancingConfig(BaseModel):
         default=BALANCER_DEFAULTS["order_tolerance"], ge=0, allow_inf_nan=False
     )
     equal_split_guard: bool = BALANCER_DEFAULTS["equal_split_guard"]
+    equal_split_margin: float = Field(
+        default=BALANCER_DEFAULTS["equal_split_margin"], ge=0, lt=1, allow_inf_nan=False
+    )
     estimator_options: dict[str, Any] = Field(default_factory=dict)
     allocator_options: dict[str, Any] = Field(default_factory=dict)
 

@@ -52,6 +52,7 @@ def balancer_from_config(config: BalancingConfig) -> BatchSizeBalancer:
         change_confirm=config.change_confirm,
         order_tolerance=config.order_tolerance,
         equal_split_guard=config.equal_split_guard,
+        equal_split_margin=config.equal_split_margin,
         estimator_options=config.estimator_options,
         allocator_options=config.allocator_options,
     )
