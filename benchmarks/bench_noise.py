@@ -542,6 +542,16 @@ def section(
                 fmt="d",
             )
         )
+        figures.append(
+            _figure(
+                f"share of step changes followed within 2 rounds, {label}",
+                quick / len(events) if events else None,
+                None if goal is None else {"op": ">=", "target": 1.0},
+                f"{quick} of {len(events)} changes (down and back, every seed); the figure "
+                "above is n/a when some change was not followed within the run",
+                fmt=".3f",
+            )
+        )
     if real:
         c = real[0]
         figures.append(
