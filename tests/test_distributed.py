@@ -119,12 +119,31 @@ def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
         ({"initial_batch_size": 0}, "initial_batch_size"),
         ({"initial_batch_size": 8, "every": 0}, "every"),
         ({"initial_batch_size": 8, "rank_ids": ["a", "b"]}, "rank_ids"),
+        ({"initial_batch_size": 8, "every": "often"}, "every"),
+        ({"initial_batch_size": 8, "overhead_share": 1.5}, "overhead_share"),
+        ({"initial_batch_size": 8, "max_every": 0}, "max_every"),
     ],
 )
 def test_coordinator_rejects_bad_arguments(options: dict[str, Any], message: str) -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match=message):
         LBBSPCoordinator(**options)
+
+
+def test_automatic_every_stays_within_its_bounds() -> None:
+    # Prepare
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every="auto", max_every=3)
+
+    # Execute
+    seen = set()
+    for _ in range(30):
+        coordinator.step(0.01)
+        seen.add(coordinator.current_every)
+
+    # Assert: k starts at 1 and never leaves [1, max_every]; every exchange is counted
+    assert seen <= {1, 2, 3}
+    assert 10 <= coordinator.overhead.rebalances <= 30
+    assert coordinator.overhead.per_iteration >= 0.0
 
 
 def test_step_without_a_time_is_an_error() -> None:

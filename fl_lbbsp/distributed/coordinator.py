@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -71,8 +71,13 @@ class Overhead:
     Parameters
     ----------
     seconds : float
-        Wall time spent in :meth:`LBBSPCoordinator.step` exchanging times (all_gather),
-        deciding and sharing the sizes (broadcast), summed.
+        Wall time this rank spent in :meth:`LBBSPCoordinator.step` exchanging times
+        (all_gather), deciding and sharing the sizes (broadcast), summed; it includes
+        waiting for ranks that reached the exchange later.
+    cost : float
+        The exchanges' own cost, summed: for each, the shortest time any rank spent in it
+        (the last rank to arrive waits for nobody), learnt at the next exchange; this
+        rank's own time for the latest one.
     rebalances : int
         How many times it ran.
     iterations : int
@@ -80,18 +85,19 @@ class Overhead:
     """
 
     seconds: float
+    cost: float
     rebalances: int
     iterations: int
 
     @property
     def per_rebalance(self) -> float:
-        """Mean seconds per exchange (0 before the first)."""
-        return self.seconds / self.rebalances if self.rebalances else 0.0
+        """Mean cost of one exchange in seconds (0 before the first)."""
+        return self.cost / self.rebalances if self.rebalances else 0.0
 
     @property
     def per_iteration(self) -> float:
-        """Seconds per iteration, amortised over every iteration (0 before the first)."""
-        return self.seconds / self.iterations if self.iterations else 0.0
+        """Cost per iteration, amortised over every iteration (0 before the first)."""
+        return self.cost / self.iterations if self.iterations else 0.0
 
 
 def _check_positive_int(name: str, value: object) -> int:
@@ -103,7 +109,7 @@ def _check_positive_int(name: str, value: object) -> int:
 class LBBSPCoordinator:
     """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer.
 
-    Every ``every`` iterations the ranks all_gather their compute times of the window;
+    Every k iterations the ranks all_gather their compute times of the window;
     each rank feeds every rank's report into its own
     :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer`, rank 0's allocation is broadcast
     so that all ranks agree on it, and :attr:`sizes` changes for the next batch. The global
@@ -116,9 +122,16 @@ class LBBSPCoordinator:
     ----------
     initial_batch_size : int
         B_init, every rank's batch size before the first decision; X = world * B_init.
-    every : int (default: 1)
+    every : int or "auto" (default: "auto")
         Rebalance every this many iterations (k); the times of the k iterations are
-        summed, so k > 1 amortises the exchange and smooths the noise.
+        summed, so k > 1 amortises the exchange and smooths the noise. ``"auto"``: after
+        each exchange rank 0 picks the next k (shared with the sizes) as the smallest that
+        keeps the exchange's cost within ``overhead_share`` of the iterations' wall time,
+        at most ``max_every``; k = 1 until the first cost is known.
+    overhead_share : float (default: 0.02)
+        With ``every="auto"``: the share of wall time balancing may take, in (0, 1).
+    max_every : int (default: 20)
+        With ``every="auto"``: the largest k.
     balance : bool (default: True)
         ``False``: the sizes stay at B_init and nothing is exchanged (plain DDP's equal
         split, with the same sampler).
@@ -146,7 +159,9 @@ class LBBSPCoordinator:
         self,
         *,
         initial_batch_size: int,
-        every: int = 1,
+        every: int | Literal["auto"] = "auto",
+        overhead_share: float = 0.02,
+        max_every: int = 20,
         balance: bool = True,
         balancer: BatchSizeBalancer | None = None,
         group: dist.ProcessGroup | None = None,
@@ -154,7 +169,11 @@ class LBBSPCoordinator:
         rank_ids: Sequence[str] | None = None,
     ) -> None:
         _check_positive_int("initial_batch_size", initial_batch_size)
-        _check_positive_int("every", every)
+        if every != "auto":
+            _check_positive_int("every", every)
+        _check_positive_int("max_every", max_every)
+        if not (isinstance(overhead_share, float | int) and 0 < overhead_share < 1):
+            raise ValueError(f"overhead_share must be in (0, 1), got {overhead_share!r}")
         self.group = group
         initialised = dist.is_available() and dist.is_initialized()
         self._rank = dist.get_rank(group) if initialised else 0
@@ -171,6 +190,9 @@ class LBBSPCoordinator:
             raise ValueError(f"rank_ids must name the {self._world} ranks once each, got {ids!r}")
         self.rank_ids = tuple(ids)
         self.every = every
+        self.overhead_share = float(overhead_share)
+        self.max_every = max_every
+        self._k = 1 if every == "auto" else every
         self.balance = bool(balance)
         self.balancer = (
             BatchSizeBalancer(initial_batch_size=initial_batch_size)
@@ -184,6 +206,9 @@ class LBBSPCoordinator:
         self.last_reports: dict[int, RankReport] = {}
         self._reset_window()
         self._overhead = 0.0
+        self._cost = 0.0
+        self._last_exchange = 0.0
+        self._last_step: float | None = None
         self._rebalances = 0
         self._began: float | None = None
         self._computed: float | None = None
@@ -223,7 +248,14 @@ class LBBSPCoordinator:
     @property
     def overhead(self) -> Overhead:
         """Time spent balancing so far."""
-        return Overhead(self._overhead, self._rebalances, self.iteration)
+        return Overhead(
+            self._overhead, self._cost + self._last_exchange, self._rebalances, self.iteration
+        )
+
+    @property
+    def current_every(self) -> int:
+        """k: iterations between the exchanges from now on."""
+        return self._k
 
     # ----------------------------------------------------------------- timing
     def begin(self, *, samples: int | None = None) -> None:
@@ -256,8 +288,8 @@ class LBBSPCoordinator:
 
     # ---------------------------------------------------------------- the loop
     def step(self, compute_time: float | None = None, *, samples: int | None = None) -> bool:
-        """End an iteration: record this rank's time and, every ``every`` iterations,
-        rebalance (a collective: every rank must call it).
+        """End an iteration: record this rank's time and, every k iterations, rebalance
+        (a collective: every rank must call it).
 
         Parameters
         ----------
@@ -284,18 +316,24 @@ class LBBSPCoordinator:
                 "no compute time: call begin() before the iteration and let the hook or "
                 "all_reduce_gradients() mark its end, or pass compute_time"
             )
+        now = time.perf_counter()
+        if self._last_step is not None:
+            self._window_wall += now - self._last_step
+        self._last_step = now
         self._window_time += seconds
         self._window_samples += self.batch_size if samples is None else int(samples)
         self._window_iterations += 1
         self.iteration += 1
         self._began = None
-        if not self.balance or self.iteration % self.every:
+        if not self.balance or self._window_iterations < self._k:
             return False
         started = time.perf_counter()
         mine = [self._window_time, float(self._window_samples), float(self.batch_size),
-                float(self._window_iterations)]  # fmt: skip
+                float(self._window_iterations), self._last_exchange, self._window_wall]  # fmt: skip
         rows = self._gather(mine)
         self._reset_window()
+        if self._rebalances:
+            self._cost += min(row[4] for row in rows)
         self.last_reports = {
             r: RankReport(int(row[2]), float(row[0]), int(row[1]), int(row[3]))
             for r, row in enumerate(rows)
@@ -314,15 +352,35 @@ class LBBSPCoordinator:
                 if self._rank == 0:
                     log.warning("rank %d: report left out at iteration %d: %s", r,
                                 self.iteration, err)  # fmt: skip
-        self._sizes = self._share(self._allocate())
-        self._overhead += time.perf_counter() - started
+        decided = self._share([*self._allocate(), self._next_every(rows)])
+        self._sizes, self._k = tuple(decided[:-1]), decided[-1]
         self._rebalances += 1
+        self._last_exchange = time.perf_counter() - started
+        self._overhead += self._last_exchange
+        self._last_step = time.perf_counter()
         return True
+
+    def _next_every(self, rows: list[list[float]]) -> int:
+        """k for the next window: fixed, or (``"auto"``) the smallest that keeps the
+        exchange's cost (the shortest time any rank spent in the last one) within the
+        overhead share of rank 0's wall time per iteration."""
+        if self.every != "auto":
+            return self.every
+        cost = min(row[4] for row in rows)
+        head = rows[0]
+        if cost <= 0 or head[5] <= 0:
+            return self._k
+        per_iteration = (
+            head[5] / max(head[3] - 1, 1) if self._rebalances == 0 else head[5] / head[3]
+        )
+        wanted = math.ceil(cost / (self.overhead_share * per_iteration))
+        return max(1, min(self.max_every, wanted))
 
     def _reset_window(self) -> None:
         self._window_time = 0.0
         self._window_samples = 0
         self._window_iterations = 0
+        self._window_wall = 0.0
 
     def _allocate(self) -> tuple[int, ...]:
         sizes = self.balancer.allocate(self.rank_ids, total=self.total)
@@ -350,16 +408,16 @@ class LBBSPCoordinator:
         )
         return [p.cpu().tolist() for p in parts]
 
-    def _share(self, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    def _share(self, values: list[int]) -> list[int]:
         if not self._distributed:
-            return sizes
-        tensor = torch.tensor(sizes, dtype=torch.int64, device=self.device)
+            return values
+        tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
         source = dist.get_global_rank(self.group, 0) if self.group is not None else 0
         self._collective(
             "broadcast of batch sizes",
             lambda: dist.broadcast(tensor, src=source, group=self.group),
         )
-        return tuple(int(x) for x in tensor.cpu().tolist())
+        return [int(x) for x in tensor.cpu().tolist()]
 
     # ----------------------------------------------------------- aggregation
     def register(self, model: DistributedDataParallel) -> DistributedDataParallel:
@@ -392,7 +450,7 @@ class LBBSPCoordinator:
             "iteration": self.iteration,
             "sizes": list(self._sizes),
             "rank_ids": list(self.rank_ids),
-            "every": self.every,
+            "every": self._k,
             "total": self.total,
         }
 
@@ -411,6 +469,7 @@ class LBBSPCoordinator:
         if self.total < self._world:
             raise ValueError(f"a global batch of {self.total} cannot feed {self._world} ranks")
         self._reset_window()
+        self._k = self._k if self.every != "auto" else int(state.get("every", 1))
         saved = tuple(int(x) for x in state["sizes"])
         if tuple(state["rank_ids"]) == self.rank_ids and sum(saved) == self.total:
             self._sizes = saved

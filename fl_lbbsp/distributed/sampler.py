@@ -91,6 +91,10 @@ class LBBSPBatchSampler(Sampler[list[int]]):
         Seed of the permutations (the same on every rank).
     num_batches : int | None (default: None)
         Stop after this many batches (iterations); ``None`` never stops.
+    start : int (default: 0)
+        Batches already trained (a resumed job): their indices are drawn and discarded
+        first, at the current sizes, so a resumed ``"global"`` run (whose total X does not
+        change) continues the same stream of global batches.
     """
 
     def __init__(
@@ -101,8 +105,11 @@ class LBBSPBatchSampler(Sampler[list[int]]):
         split: Split = "global",
         seed: int = 0,
         num_batches: int | None = None,
+        start: int = 0,
     ) -> None:
         _check_positive("num_samples", num_samples)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"start must be a non-negative integer, got {start!r}")
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -117,6 +124,7 @@ class LBBSPBatchSampler(Sampler[list[int]]):
         self.split: Split = split
         self.seed = seed
         self.num_batches = num_batches
+        self.start = start
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.split == "global":
@@ -125,6 +133,8 @@ class LBBSPBatchSampler(Sampler[list[int]]):
 
     def _global(self) -> Iterator[list[int]]:
         stream = _PermutationStream(self.num_samples, seed=self.seed)
+        for _ in range(self.start):
+            stream.take(sum(self.plan.sizes))
         produced = 0
         while self.num_batches is None or produced < self.num_batches:
             sizes, rank = self.plan.sizes, self.plan.rank
@@ -137,6 +147,8 @@ class LBBSPBatchSampler(Sampler[list[int]]):
         rank = self.plan.rank
         shard = torch.arange(rank, self.num_samples, len(self.plan.sizes))
         stream = _PermutationStream(len(shard), seed=self.seed * 1_000_003 + rank)
+        for _ in range(self.start):
+            stream.take(self.plan.sizes[rank])
         produced = 0
         while self.num_batches is None or produced < self.num_batches:
             yield shard[stream.take(self.plan.sizes[rank])].tolist()
@@ -155,6 +167,7 @@ def lbbsp_data_loader(
     split: Split = "global",
     seed: int = 0,
     num_batches: int | None = None,
+    start: int = 0,
     **loader_options: Any,
 ) -> DataLoader[Any]:
     """A DataLoader whose batches follow the plan: :class:`LBBSPBatchSampler` over
@@ -164,7 +177,7 @@ def lbbsp_data_loader(
     ----------
     dataset : Dataset or sequence
         The map-style dataset (``len()`` and integer indexing).
-    plan, split, seed, num_batches :
+    plan, split, seed, num_batches, start :
         As :class:`LBBSPBatchSampler`.
     **loader_options :
         Any other DataLoader argument (``collate_fn``, ``pin_memory``, ...).
