@@ -343,7 +343,8 @@ def section(
         "figures": figures,
         "tables": [
             {
-                "title": f"Per case and scheme (iteration times from iteration {settings.skip + 1})",
+                "title": "Per case and scheme (iteration times from iteration "
+                f"{settings.skip + 1})",
                 "columns": [
                     "case",
                     "scheme",

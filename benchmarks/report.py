@@ -45,7 +45,7 @@ __all__ = [
     "write_section",
 ]
 
-SECTION_ORDER = ("fl", "dynamics", "predictors", "cluster", "overhead", "he")
+SECTION_ORDER = ("fl", "dynamics", "predictors", "cluster", "ddp", "overhead", "he")
 GOAL_OPS = ("<=", "<", ">=", ">")
 REPORT_NAME = "REPORT.md"
 DEFAULT_FORMAT = ".4g"

@@ -49,6 +49,15 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
+def _every(text: str) -> int | str:
+    if text == "auto":
+        return text
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("--every must be a positive integer or auto")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument(
@@ -69,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="global",
         help="global: ranks split one global batch (BSP's exact gradient)",
     )
-    cli.add_argument("--every", type=int, default=1, help="rebalance every k iterations")
+    cli.add_argument("--every", type=_every, default="auto",
+                     help="rebalance every k iterations, or auto (default: auto)")  # fmt: skip
     cli.add_argument(
         "--slowdowns", default="", help="emulated slowdown k per rank, e.g. 4,2,1,1 (default: none)"
     )
@@ -86,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds a collective waits for a peer before failing",
     )
     args = cli.parse_args(argv)
-    for name in ("iterations", "batch_size", "every", "eval_every", "checkpoint_every"):
+    for name in ("iterations", "batch_size", "eval_every", "checkpoint_every"):
         if getattr(args, name) <= 0:
             cli.error(f"--{name.replace('_', '-')} must be positive")
     return args
