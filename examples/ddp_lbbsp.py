@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cli.add_argument("--json-log", type=Path, default=None, help="rank 0 writes a JSON log here")
     cli.add_argument("--checkpoint", type=Path, default=None)
     cli.add_argument("--checkpoint-every", type=int, default=50)
+    cli.add_argument("--die-at", type=int, default=None,
+                     help="(to try an elastic restart) the last rank exits at this iteration "
+                     "of the first attempt")  # fmt: skip
     cli.add_argument(
         "--timeout",
         type=float,
@@ -112,6 +115,14 @@ def per_rank(values: list[float], world: int, default: float, what: str) -> list
     return values
 
 
+def _first_attempt() -> bool:
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+
+
+def _first_attempt() -> bool:
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+
+
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     with torch.no_grad():
@@ -127,13 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank, world = init_distributed(timeout=args.timeout)
     try:
-        return train(args, rank, world)
-    except RankFailureError as err:  # a peer died: exit non-zero so torchrun restarts
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        code = train(args, rank, world)
+    except (RankFailureError, RuntimeError) as err:
+        # A peer died (in the balancer's exchange or the gradient all-reduce): say so in
+        # one line and exit at once, without tearing down the broken group, so that
+        # torchrun --max-restarts restarts the job from the last checkpoint.
+        text = " ".join(str(err).split())[:300]
+        if not isinstance(err, RankFailureError):
+            text = f"rank {rank}: training failed ({text}); exiting for torchrun to restart"
+        print(f"error: {text}", file=sys.stderr, flush=True)
+        os._exit(1)
+    dist.destroy_process_group()
+    return code
 
 
 def train(args: argparse.Namespace, rank: int, world: int) -> int:
@@ -189,8 +205,12 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         "iterations": [], "evaluations": [], "rebalances": [],
     }  # fmt: skip
     training_time = 0.0
+    computes: list[float | None] = []  # this rank's reported compute time per iteration
     batches = iter(loader)
     for iteration in range(start + 1, args.iterations + 1):
+        if iteration == args.die_at and rank == world - 1 and _first_attempt():
+            print(f"rank {rank}: dying at iteration {iteration} (--die-at)", flush=True)
+            os._exit(1)
         coordinator.begin()  # LB-BSP: the iteration's compute starts
         began = time.perf_counter()
         x, y = next(batches)
@@ -208,6 +228,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         changed = coordinator.step(reported)  # LB-BSP: gather times, next sizes
         wall = time.perf_counter() - began
         training_time += wall
+        computes.append(reported if measured is not None else None)
         if rank == 0:
             log["iterations"].append({"iteration": iteration, "wall": wall, "sizes": list(sizes),
                                       "compute": reported, "loss": loss.item()})  # fmt: skip
@@ -215,20 +236,22 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                 log["rebalances"].append({"iteration": iteration, "reports": {
                     str(r): [rep.batch_size, rep.compute_time, rep.iterations]
                     for r, rep in coordinator.last_reports.items()}})  # fmt: skip
-        if iteration % args.eval_every == 0 or iteration == args.iterations:
-            if rank == 0:
-                acc = accuracy(model, test_x, test_y)
-                log["evaluations"].append({"iteration": iteration, "time": training_time,
-                                           "accuracy": acc})  # fmt: skip
-                sizes_now = list(coordinator.sizes)
-                print(f"iteration {iteration}: accuracy {acc:.4f}, training time "
-                      f"{training_time:.2f} s, sizes {sizes_now}", flush=True)  # fmt: skip
-            if args.checkpoint is not None and iteration % args.checkpoint_every == 0 and rank == 0:
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "coordinator": coordinator.state_dict()}  # fmt: skip
-                args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(state, args.checkpoint.with_suffix(".tmp"))
-                os.replace(args.checkpoint.with_suffix(".tmp"), args.checkpoint)
+        evaluate = iteration % args.eval_every == 0 or iteration == args.iterations
+        save = args.checkpoint is not None and iteration % args.checkpoint_every == 0
+        if rank == 0 and evaluate:
+            acc = accuracy(model, test_x, test_y)
+            log["evaluations"].append({"iteration": iteration, "time": training_time,
+                                       "accuracy": acc})  # fmt: skip
+            sizes_now = list(coordinator.sizes)
+            print(f"iteration {iteration}: accuracy {acc:.4f}, training time "
+                  f"{training_time:.2f} s, sizes {sizes_now}", flush=True)  # fmt: skip
+        if rank == 0 and save:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "coordinator": coordinator.state_dict()}  # fmt: skip
+            args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(state, args.checkpoint.with_suffix(".tmp"))
+            os.replace(args.checkpoint.with_suffix(".tmp"), args.checkpoint)
+        if evaluate or save:
             dist.barrier()  # everyone starts the next iteration together
     overhead = coordinator.overhead
     if rank == 0:
@@ -239,9 +262,15 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
             "balancer_overhead_per_iteration": overhead.per_iteration,
             "balancer_overhead_per_rebalance": overhead.per_rebalance,
         }  # fmt: skip
-        if args.json_log is not None:
-            args.json_log.parent.mkdir(parents=True, exist_ok=True)
+    if args.json_log is not None:
+        # Rank 0 writes the log, every other rank its compute times beside it.
+        args.json_log.parent.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            log["compute"] = computes
             args.json_log.write_text(json.dumps(log))
+        else:
+            path = args.json_log.with_name(f"{args.json_log.stem}.rank{rank}.json")
+            path.write_text(json.dumps({"compute": computes}))
     return 0
 
 
