@@ -122,6 +122,7 @@ def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
         ({"initial_batch_size": 8, "every": "often"}, "every"),
         ({"initial_batch_size": 8, "overhead_share": 1.5}, "overhead_share"),
         ({"initial_batch_size": 8, "max_every": 0}, "max_every"),
+        ({"initial_batch_size": 8, "tolerance": 1.0}, "tolerance"),
     ],
 )
 def test_coordinator_rejects_bad_arguments(options: dict[str, Any], message: str) -> None:
@@ -253,6 +254,11 @@ def _worker_main(rank: int, store: str, out: str) -> None:
                 sizes.append(list(coordinator.sizes))
             result[f"sizes_every_{every}"] = sizes
             result[f"rebalances_every_{every}"] = coordinator.overhead.rebalances
+        # Times within 5% of each other: the sizes stay; with no tolerance they move.
+        for tolerance in (0.05, 0.0):
+            coordinator = LBBSPCoordinator(initial_batch_size=64, tolerance=tolerance)
+            coordinator.step((1.0, 1.04)[rank])
+            result[f"near_equal_{tolerance}"] = list(coordinator.sizes)
         # Unequal sizes from the injected times, then the gradients at those sizes.
         coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
         coordinator.step(TIMES[0][rank])
@@ -326,6 +332,21 @@ def test_sizes_follow_the_balancer_from_injected_times(
         assert result[f"sizes_every_{every}"] == expected
         assert result[f"rebalances_every_{every}"] == len(TIMES) // every
     assert expected[-1][0] > expected[-1][1]  # the rank reporting 3x the time gets less
+
+
+def test_sizes_stay_when_the_ranks_already_finish_together(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # Prepare: what the default balancer would do with times 1.0 and 1.04 s
+    balancer = BatchSizeBalancer(initial_batch_size=64)
+    for r, t in enumerate((1.0, 1.04)):
+        balancer.report(str(r), SiloReport(batch_size=64, train_time=t))
+    moved = balancer.allocate(["0", "1"], total=128)
+
+    # Assert: idle 2% is within the 5% tolerance; with 0 the allocation applies
+    for result in ranks:
+        assert result["near_equal_0.05"] == [64, 64]
+        assert result["near_equal_0.0"] == [moved["0"], moved["1"]]
 
 
 @pytest.mark.parametrize("path", ["ddp", "explicit"])
