@@ -44,6 +44,7 @@ class Case:
     slowdowns: tuple[float, ...] = ()
     burner: bool = False
     flower: bool = False
+    cost_model: str | None = None
 
     @property
     def emulated(self) -> bool:
@@ -74,6 +75,8 @@ FULL = Settings(
         Case("homogeneous-4", "homogeneous, 4 ranks", 4),
         Case("heterogeneous-4", "heterogeneous 4:2:1:1 (emulated), 4 ranks", 4,
              slowdowns=(4.0, 2.0, 1.0, 1.0), flower=True),
+        Case("cost-model-4", "heterogeneous 4:2:1:1 (emulated cost model), 4 ranks", 4,
+             slowdowns=(4.0, 2.0, 1.0, 1.0), cost_model="0.0004,0.002"),
         Case("burner-2", "heterogeneous, real: CPU burner on rank 0's core, 2 ranks", 2,
              burner=True),
     ),
@@ -117,6 +120,8 @@ def run_ddp(case: Case, scheme: str, settings: Settings, spec: str, out: Path) -
         command += ["--slowdowns", ",".join(f"{k:g}" for k in case.slowdowns)]
     if case.burner:
         command.append("--pin")
+    if case.cost_model is not None:
+        command += ["--cost-model", case.cost_model]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
@@ -335,13 +340,23 @@ def section(
         f"{settings.eval_every} iterations. Every DDP run is `examples/ddp_lbbsp.py` under "
         "`torchrun --standalone` (gloo, 1 torch thread per rank, every rank on this machine): "
         "plain DDP draws equal batches of the same global batch stream (DistributedSampler's "
-        "split); LB-BSP splits the same global batch by the balancer's sizes (rebalanced every "
-        "iteration, default balancer) and weights each rank's gradient by B_i / X in a DDP "
-        "communication hook. "
+        "split); LB-BSP splits the same global batch by the sizes of the default balancer "
+        "(`LBBSPCoordinator` defaults: times exchanged every k iterations, k chosen so the "
+        "exchange stays under 2% of the wall time; sizes kept while the idle fraction is "
+        "within 5%) and weights each rank's gradient by B_i / X in a DDP communication hook. "
         + (
             "Emulated cases: rank i waits (k_i - 1) t after computing for t "
-            f"({', '.join(c.label for c in emulated)}); plain DDP then measures compute "
-            "through the same hook with equal weights (DDP's mean), to know t. "
+            f"({', '.join(c.label for c in emulated if c.cost_model is None)}); plain DDP "
+            "then measures compute through the same hook with equal weights (DDP's mean), to "
+            "know t. "
+            + "".join(
+                f"In the cost-model case rank i instead waits until k_i (m B + b) has passed "
+                f"since its compute started, (m, b) = ({c.cost_model}) s, and reports that: "
+                "4 ranks computing at once on 2 cores are CPU-bound whatever the split, "
+                "which the modelled times (longer than the real compute) take out. "
+                for c in emulated
+                if c.cost_model is not None
+            )
             if emulated
             else ""
         )

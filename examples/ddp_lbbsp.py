@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
-from fl_lbbsp.clients.emulation import emulate_slowdown
+from fl_lbbsp.clients.emulation import CostModel, emulate_slowdown, emulated_time
 from fl_lbbsp.datasets import load_source, train_test_split
 from fl_lbbsp.distributed import (
     LBBSPCoordinator,
@@ -83,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cli.add_argument(
         "--slowdowns", default="", help="emulated slowdown k per rank, e.g. 4,2,1,1 (default: none)"
     )
+    cli.add_argument("--cost-model", type=CostModel.parse, default=None,
+                     help="emulate a batch time t(B) = k (m B + b) instead of k t: 'm,b' in "
+                     "seconds (per sample, per batch), waited out (default: none)")  # fmt: skip
     cli.add_argument("--threads", default="1", help="torch threads, one value or one per rank")
     cli.add_argument("--pin", action="store_true", help="pin rank r to CPU r mod #CPUs")
     cli.add_argument("--eval-every", type=int, default=25)
@@ -186,7 +189,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         if rank == 0:
             print(f"resumed from {args.checkpoint} at iteration {start}", flush=True)
     ddp = DistributedDataParallel(model)
-    emulating = any(k != 1.0 for k in slowdowns)
+    emulating = any(k != 1.0 for k in slowdowns) or args.cost_model is not None
     if args.mode == "lbbsp":
         coordinator.register(ddp)  # LB-BSP: weighted all-reduce, B_rank / X
     elif emulating:
@@ -221,7 +224,11 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         optimizer.step()
         measured = coordinator.compute_time()
         if emulating and measured is not None:
-            reported = emulate_slowdown(measured, slowdowns[rank])  # waits (k - 1) t
+            if args.cost_model is None:
+                reported = emulate_slowdown(measured, slowdowns[rank])  # waits (k - 1) t
+            else:  # waits until k (m B + b) has passed since the compute started
+                reported = emulated_time(measured, slowdowns[rank], cost=args.cost_model,
+                                         batch_size=len(x))  # fmt: skip
         else:
             reported = measured if measured is not None else time.perf_counter() - began
         sizes = coordinator.sizes
@@ -267,7 +274,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         args.json_log.parent.mkdir(parents=True, exist_ok=True)
         if rank == 0:
             log["compute"] = computes
-            args.json_log.write_text(json.dumps(log))
+            args.json_log.write_text(json.dumps(log, default=str))
         else:
             path = args.json_log.with_name(f"{args.json_log.stem}.rank{rank}.json")
             path.write_text(json.dumps({"compute": computes}))
