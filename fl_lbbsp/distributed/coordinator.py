@@ -130,7 +130,7 @@ class LBBSPCoordinator:
         at most ``max_every``; k = 1 until the first cost is known.
     overhead_share : float (default: 0.02)
         With ``every="auto"``: the share of wall time balancing may take, in (0, 1).
-    max_every : int (default: 20)
+    max_every : int (default: 100)
         With ``every="auto"``: the largest k.
     tolerance : float (default: 0.05)
         Keep the current sizes when the window's idle fraction
@@ -167,7 +167,7 @@ class LBBSPCoordinator:
         initial_batch_size: int,
         every: int | Literal["auto"] = "auto",
         overhead_share: float = 0.02,
-        max_every: int = 20,
+        max_every: int = 100,
         tolerance: float = 0.05,
         balance: bool = True,
         balancer: BatchSizeBalancer | None = None,
