@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 SECTION_ORDER = (
-    "fl", "dynamics", "noise", "accuracy", "predictors", "cluster", "overhead", "he",
+    "fl", "dynamics", "noise", "accuracy", "predictors", "cluster", "ddp", "overhead", "he",
     "wallclock",
 )  # fmt: skip
 GOAL_OPS = ("<=", "<", ">=", ">")

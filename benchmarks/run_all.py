@@ -3,10 +3,10 @@
 Each section is its own script, run in a fresh process from the repository root (so its
 timings do not share a process with the others): ``bench_fl.py`` (sections ``fl`` and
 ``dynamics``), ``bench_noise.py`` (section ``noise``), ``bench_accuracy.py`` (section
-``accuracy``), ``bench_predictors.py``, ``bench_cluster.py``, ``bench_overhead.py``,
-``bench_he.py``, ``bench_wallclock.py``. A missing script is skipped with a message; a
-failing one is reported and the others still run. Finally ``report.py`` validates every
-section JSON in the folder and writes ``REPORT.md``.
+``accuracy``), ``bench_predictors.py``, ``bench_cluster.py``, ``bench_ddp.py``,
+``bench_overhead.py``, ``bench_he.py``, ``bench_wallclock.py``. A missing script is skipped
+with a message; a failing one is reported and the others still run. Finally ``report.py``
+validates every section JSON in the folder and writes ``REPORT.md``.
 
 Run: ``python benchmarks/run_all.py [--smoke] [--out DIR] [--sections fl,cluster]``.
 """
@@ -32,6 +32,7 @@ SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "accuracy": ("bench_accuracy.py", ("accuracy",)),
     "predictors": ("bench_predictors.py", ("predictors",)),
     "cluster": ("bench_cluster.py", ("cluster",)),
+    "ddp": ("bench_ddp.py", ("ddp",)),
     "overhead": ("bench_overhead.py", ("overhead",)),
     "he": ("bench_he.py", ("he",)),
     "wallclock": ("bench_wallclock.py", ("wallclock",)),

@@ -25,7 +25,7 @@ def _load(name: str) -> object:
 @pytest.mark.slow
 def test_run_all_smoke_writes_valid_sections_and_the_report(tmp_path: Path) -> None:
     # Prepare: the sections this checkout can run
-    expected = {"noise", "accuracy", "predictors", "cluster", "overhead", "wallclock"}
+    expected = {"noise", "accuracy", "predictors", "cluster", "ddp", "overhead", "wallclock"}
     if (ROOT / "benchmarks" / "bench_fl.py").is_file():
         expected |= {"fl", "dynamics"}
     if all(importlib.util.find_spec(m) for m in ("tenseal", "phe", "gmpy2")):

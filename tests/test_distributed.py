@@ -1,0 +1,415 @@
+"""LB-BSP on torch.distributed: the per-rank sampler, the weighted gradient (DDP hook and
+explicit all-reduce) against the single-process gradient of the union batch, the sizes
+following the balancer from injected times, resuming from a balancer state, and a dead
+rank reported. Two gloo ranks spawned with torch.multiprocessing; every wait is bounded
+and no assertion depends on wall-clock speed."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from fl_lbbsp.core.balancer import BatchSizeBalancer, SiloReport
+from fl_lbbsp.distributed import LBBSPBatchSampler, LBBSPCoordinator, lbbsp_data_loader
+
+WORLD = 2
+SPAWN_TIMEOUT = 240.0  # seconds for a whole spawned test; generous on a loaded machine
+TIMES = ((1.0, 3.0), (1.2, 2.7), (0.9, 3.3))  # injected seconds per iteration, per rank
+B_INIT = 8
+
+
+class FixedPlan:
+    """A plan whose sizes the test sets."""
+
+    def __init__(self, sizes: tuple[int, ...], rank: int) -> None:
+        self.sizes = sizes
+        self.rank = rank
+
+
+# ----------------------------------------------------------------------------- sampler
+def test_global_split_gives_each_rank_its_slice_of_one_global_batch() -> None:
+    # Prepare: two ranks' samplers over the same stream, sizes (3, 5) then (6, 2)
+    plans = [FixedPlan((3, 5), 0), FixedPlan((3, 5), 1)]
+    iters = [iter(LBBSPBatchSampler(20, plan=p, seed=1)) for p in plans]
+    reference = iter(LBBSPBatchSampler(20, plan=FixedPlan((8,), 0), seed=1))
+
+    # Execute
+    first = [next(i) for i in iters]
+    for p in plans:
+        p.sizes = (6, 2)
+    second = [next(i) for i in iters]
+
+    # Assert: the slices are the global batch in order, at each iteration's sizes
+    assert [len(b) for b in first] == [3, 5] and [len(b) for b in second] == [6, 2]
+    assert first[0] + first[1] == next(reference)
+    assert second[0] + second[1] == next(reference)
+
+
+def test_shard_split_draws_from_disjoint_shards_at_the_plans_size() -> None:
+    # Prepare
+    plans = [FixedPlan((4, 7), 0), FixedPlan((4, 7), 1)]
+    samplers = [LBBSPBatchSampler(30, plan=p, split="shard", num_batches=3) for p in plans]
+
+    # Execute
+    batches = [list(s) for s in samplers]
+
+    # Assert: rank r only sees indices r mod 2; three batches of its size
+    assert [[len(b) for b in bs] for bs in batches] == [[4, 4, 4], [7, 7, 7]]
+    assert all(i % 2 == 0 for b in batches[0] for i in b)
+    assert all(i % 2 == 1 for b in batches[1] for i in b)
+    assert len(samplers[0]) == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"num_samples": 0}, "num_samples"),
+        ({"num_samples": 10, "split": "rows"}, "unknown split"),
+        ({"num_samples": 10, "seed": -1}, "seed"),
+        ({"num_samples": 10, "num_batches": 0}, "num_batches"),
+        ({"num_samples": 1, "split": "shard"}, "shards"),
+    ],
+)
+def test_sampler_rejects_bad_arguments(options: dict[str, Any], message: str) -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match=message):
+        LBBSPBatchSampler(plan=FixedPlan((2, 2), 0), **options)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"num_workers": 2}, "num_workers"), ({"batch_size": 4}, "batch_size"),
+     ({"shuffle": True}, "shuffle")],
+)  # fmt: skip
+def test_data_loader_refuses_what_would_break_the_plan(
+    options: dict[str, Any], message: str
+) -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match=message):
+        lbbsp_data_loader(list(range(10)), plan=FixedPlan((2, 2), 0), **options)
+
+
+# ------------------------------------------------------------------ single process
+def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
+    # Prepare
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+
+    # Execute
+    changed = coordinator.step(0.5)
+
+    # Assert: the whole global batch stays with the one rank
+    assert changed and coordinator.sizes == (B_INIT,) and coordinator.weight == 1.0
+    assert coordinator.overhead.rebalances == 1 and coordinator.overhead.iterations == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"initial_batch_size": 0}, "initial_batch_size"),
+        ({"initial_batch_size": 8, "every": 0}, "every"),
+        ({"initial_batch_size": 8, "rank_ids": ["a", "b"]}, "rank_ids"),
+        ({"initial_batch_size": 8, "every": "often"}, "every"),
+        ({"initial_batch_size": 8, "overhead_share": 1.5}, "overhead_share"),
+        ({"initial_batch_size": 8, "max_every": 0}, "max_every"),
+        ({"initial_batch_size": 8, "tolerance": 1.0}, "tolerance"),
+    ],
+)
+def test_coordinator_rejects_bad_arguments(options: dict[str, Any], message: str) -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match=message):
+        LBBSPCoordinator(**options)
+
+
+def test_automatic_every_stays_within_its_bounds() -> None:
+    # Prepare
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every="auto", max_every=3)
+
+    # Execute
+    seen = set()
+    for _ in range(30):
+        coordinator.step(0.01)
+        seen.add(coordinator.current_every)
+
+    # Assert: k starts at 1 and never leaves [1, max_every]; every exchange is counted
+    assert seen <= {1, 2, 3}
+    assert 10 <= coordinator.overhead.rebalances <= 30
+    assert coordinator.overhead.per_iteration >= 0.0
+
+
+def test_step_without_a_time_is_an_error() -> None:
+    # Prepare
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+
+    # Execute / Assert
+    with pytest.raises(RuntimeError, match="no compute time"):
+        coordinator.step()
+
+
+def test_begin_refuses_a_batch_of_another_size() -> None:
+    # Prepare
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+
+    # Execute / Assert
+    with pytest.raises(ValueError, match="draw ahead"):
+        coordinator.begin(samples=B_INIT + 1)
+
+
+# --------------------------------------------------------------- two spawned ranks
+def _expected_sizes(every: int) -> list[tuple[int, int]]:
+    """Sizes after each iteration: the default balancer fed the same (summed) reports."""
+    balancer = BatchSizeBalancer(initial_batch_size=B_INIT)
+    sizes = balancer.allocate(["0", "1"], total=WORLD * B_INIT)
+    out, window = [], [0.0, 0.0]
+    for k, times in enumerate(TIMES, start=1):
+        window = [w + t for w, t in zip(window, times, strict=True)]
+        if k % every == 0:
+            for r in range(WORLD):
+                report = SiloReport(
+                    batch_size=sizes[str(r)], train_time=window[r], samples=every * sizes[str(r)]
+                )
+                balancer.report(str(r), report)
+            sizes = balancer.allocate(["0", "1"], total=WORLD * B_INIT)
+            window = [0.0, 0.0]
+        out.append((sizes["0"], sizes["1"]))
+    return out
+
+
+def _init(rank: int, store: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    return torch.randn(40, 6, generator=generator), torch.randint(0, 3, (40,), generator=generator)
+
+
+def _union_gradient(indices: list[int]) -> list[torch.Tensor]:
+    x, y = _data()
+    model = _model()
+    F.cross_entropy(model(x[indices]), y[indices]).backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def _gradient_check(coordinator: LBBSPCoordinator, *, ddp: bool) -> dict[str, Any]:
+    """One iteration at the coordinator's sizes; this rank's aggregated gradient minus
+    the single-process gradient of the union batch."""
+    x, y = _data()
+    model = _model()
+    sampler = iter(LBBSPBatchSampler(len(x), plan=coordinator, seed=5))
+    mine = next(sampler)
+    gathered: list[list[int] | None] = [None] * WORLD
+    dist.all_gather_object(gathered, mine)
+    union = [i for part in gathered for i in (part or [])]
+    if ddp:
+        wrapped = coordinator.register(nn.parallel.DistributedDataParallel(model))
+        coordinator.begin(samples=len(mine))
+        F.cross_entropy(wrapped(x[mine]), y[mine]).backward()
+    else:
+        coordinator.begin(samples=len(mine))
+        F.cross_entropy(model(x[mine]), y[mine]).backward()
+        coordinator.all_reduce_gradients(model.parameters())
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    expected = _union_gradient(union)
+    return {
+        "sizes": [len(p or []) for p in gathered],
+        "union": len(union),
+        "max_error": max(float((g - e).abs().max()) for g, e in zip(grads, expected, strict=True)),
+        "scale": max(float(e.abs().max()) for e in expected),
+        "compute_time_measured": coordinator.compute_time() is not None,
+    }
+
+
+def _worker_main(rank: int, store: str, out: str) -> None:
+    _init(rank, store)
+    try:
+        result: dict[str, Any] = {}
+        for every in (1, 2):
+            coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=every)
+            sizes = []
+            for times in TIMES:
+                coordinator.step(times[rank])
+                sizes.append(list(coordinator.sizes))
+            result[f"sizes_every_{every}"] = sizes
+            result[f"rebalances_every_{every}"] = coordinator.overhead.rebalances
+        # Times within 5% of each other: the sizes stay; with no tolerance they move.
+        for tolerance in (0.05, 0.0):
+            coordinator = LBBSPCoordinator(initial_batch_size=64, tolerance=tolerance)
+            coordinator.step((1.0, 1.04)[rank])
+            result[f"near_equal_{tolerance}"] = list(coordinator.sizes)
+        # Unequal sizes from the injected times, then the gradients at those sizes.
+        coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+        coordinator.step(TIMES[0][rank])
+        result["ddp"] = _gradient_check(coordinator, ddp=True)
+        result["explicit"] = _gradient_check(coordinator, ddp=False)
+        # Resume: a new coordinator from the state continues exactly.
+        state = json.loads(json.dumps(coordinator.state_dict()))
+        resumed = LBBSPCoordinator(initial_batch_size=B_INIT)
+        resumed.load_state_dict(state)
+        result["resumed_sizes"] = list(resumed.sizes)
+        result["resumed_iteration"] = resumed.iteration
+        for times in TIMES[1:]:
+            coordinator.step(times[rank])
+            resumed.step(times[rank])
+        result["after_resume"] = [list(coordinator.sizes), list(resumed.sizes)]
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def _dying_worker(rank: int, store: str, out: str) -> None:
+    _init(rank, store)
+    if rank == 1:
+        os._exit(0)  # dies without a word, as a killed process would
+    from fl_lbbsp.distributed import RankFailureError
+
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    outcome = "no error"
+    try:
+        coordinator.step(1.0)
+    except RankFailureError as err:
+        outcome = f"RankFailureError: {err}"
+    Path(out, "rank0.json").write_text(json.dumps({"outcome": outcome}))
+    os._exit(0)  # the group cannot be torn down cleanly without its peer
+
+
+def _spawn(target: Any, tmp: Path) -> None:
+    """Run ``target(rank, store, out)`` on 2 spawned ranks; kill them after the timeout."""
+    context = mp.start_processes(
+        target, args=(str(tmp / "store"), str(tmp)), nprocs=WORLD, join=False,
+        start_method="spawn",
+    )  # fmt: skip
+    deadline = time.monotonic() + SPAWN_TIMEOUT
+    try:
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                pytest.fail(f"spawned ranks did not finish within {SPAWN_TIMEOUT:.0f} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("ddp")
+    _spawn(_worker_main, tmp)
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_sizes_follow_the_balancer_from_injected_times(
+    ranks: list[dict[str, Any]], every: int
+) -> None:
+    # Prepare: what the default balancer makes of the same reports
+    expected = [list(s) for s in _expected_sizes(every)]
+
+    # Assert: both ranks hold the balancer's sizes after every iteration
+    for result in ranks:
+        assert result[f"sizes_every_{every}"] == expected
+        assert result[f"rebalances_every_{every}"] == len(TIMES) // every
+    assert expected[-1][0] > expected[-1][1]  # the rank reporting 3x the time gets less
+
+
+def test_sizes_stay_when_the_ranks_already_finish_together(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # Prepare: what the default balancer would do with times 1.0 and 1.04 s
+    balancer = BatchSizeBalancer(initial_batch_size=64)
+    for r, t in enumerate((1.0, 1.04)):
+        balancer.report(str(r), SiloReport(batch_size=64, train_time=t))
+    moved = balancer.allocate(["0", "1"], total=128)
+
+    # Assert: idle 2% is within the 5% tolerance; with 0 the allocation applies
+    for result in ranks:
+        assert result["near_equal_0.05"] == [64, 64]
+        assert result["near_equal_0.0"] == [moved["0"], moved["1"]]
+
+
+@pytest.mark.parametrize("path", ["ddp", "explicit"])
+def test_weighted_gradient_equals_the_union_batch_gradient(
+    ranks: list[dict[str, Any]], path: str
+) -> None:
+    # Assert: unequal sizes, the global batch kept, the gradient the union batch's
+    for result in ranks:
+        check = result[path]
+        assert check["sizes"][0] != check["sizes"][1]
+        assert check["union"] == WORLD * B_INIT
+        assert check["max_error"] <= 1e-5 * max(1.0, check["scale"])
+        assert check["compute_time_measured"]
+
+
+def test_resume_from_the_balancer_state_continues_the_same_sizes(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # Assert
+    for result in ranks:
+        assert result["resumed_iteration"] == 1
+        assert result["resumed_sizes"] == result["ddp"]["sizes"]
+        before, after = result["after_resume"]
+        assert before == after
+
+
+def test_a_dead_rank_is_reported(tmp_path: Path) -> None:
+    # Execute: rank 1 exits before the exchange of times
+    _spawn(_dying_worker, tmp_path)
+
+    # Assert: rank 0 raised a RankFailureError naming itself and the iteration
+    outcome = json.loads((tmp_path / "rank0.json").read_text())["outcome"]
+    assert outcome.startswith("RankFailureError: rank 0: the exchange of compute times")
+    assert "torchrun --max-restarts" in outcome
+
+
+def test_resume_changes_world_size_keeps_the_global_batch() -> None:
+    # Prepare: a state saved by a 2-rank job
+    balancer = BatchSizeBalancer(initial_batch_size=B_INIT)
+    balancer.report("0", SiloReport(batch_size=B_INIT, train_time=1.0))
+    balancer.report("1", SiloReport(batch_size=B_INIT, train_time=3.0))
+    state = {
+        "version": 1, "balancer": balancer.state_dict(), "iteration": 7, "sizes": [12, 4],
+        "rank_ids": ["0", "1"], "every": 1, "total": 16,
+    }  # fmt: skip
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+
+    # Execute: restarted as a world of one
+    coordinator.load_state_dict(state)
+
+    # Assert: the one rank takes the whole global batch
+    assert coordinator.sizes == (16,) and coordinator.iteration == 7
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"version": 99}, "version"), ({"total": 0}, "cannot feed")],
+)
+def test_load_state_dict_rejects_bad_states(change: dict[str, Any], message: str) -> None:
+    # Prepare
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    state = {**coordinator.state_dict(), **change}
+
+    # Execute / Assert
+    with pytest.raises(ValueError, match=message):
+        LBBSPCoordinator(initial_batch_size=B_INIT).load_state_dict(state)

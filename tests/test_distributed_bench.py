@@ -1,0 +1,75 @@
+"""The ``ddp`` benchmark section, tiny: ``benchmarks/bench_ddp.py --smoke`` launches the
+example with torchrun (2 gloo ranks) and the Flower cluster mode, and writes a ``ddp.json``
+that follows the report schema; and the section's pure parts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ideal_time_of_fitted_cost_lines() -> None:
+    # Prepare: two ranks with t = 0.001 B + 0.01 and t = 0.002 B + 0.01, seen at two sizes
+    bench = _load("bench_ddp")
+    reports = {
+        "0": [(40, 0.05), (80, 0.09)],
+        "1": [(40, 0.09), (80, 0.17)],
+    }
+
+    # Execute
+    t_star = bench.ideal_time(reports, 120)
+
+    # Assert: (X + sum b/a) / sum 1/a = (120 + 10 + 5) / (1000 + 500)
+    assert t_star == pytest.approx(135 / 1500)
+
+
+def test_ideal_time_without_spread_is_total_over_summed_speeds() -> None:
+    # Prepare: each rank seen at one size only: b = 0, a = t / B
+    bench = _load("bench_ddp")
+
+    # Execute
+    t_star = bench.ideal_time({"0": [(50, 0.1)], "1": [(50, 0.05)]}, 100)
+
+    # Assert: X / (v_0 + v_1) = 100 / (500 + 1000)
+    assert t_star == pytest.approx(100 / 1500)
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_a_valid_ddp_section(tmp_path: Path) -> None:
+    # Execute: the smoke run, torchrun launches included
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_ddp.py"), "--smoke", "--out",
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT, check=False,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+
+    # Assert: the section validates; every case has plain DDP, LB-BSP (and Flower where run)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = _load("report")
+    data = report.validate_section(json.loads((tmp_path / "ddp.json").read_text()))
+    assert data["section"] == "ddp" and data["setting"].startswith("SMOKE RUN")
+    rows = data["tables"][0]["rows"]
+    schemes = {(row[0], row[1]) for row in rows}
+    assert any(s == "Flower cluster mode" for _, s in schemes)
+    assert {s for _, s in schemes} == {"plain DDP", "LB-BSP (DDP)", "Flower cluster mode"}
+    goals = [f for f in data["figures"] if f["goal"] is not None]
+    assert {f["goal"]["target"] for f in goals} == {0.95, 1.05, 1.8, -0.5}
