@@ -42,7 +42,7 @@ def test_run_all_smoke_writes_valid_sections_and_the_report(tmp_path: Path) -> N
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,  # every section's smoke run, on a machine that may be busy
         cwd=ROOT,
         check=False,
     )
