@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -334,7 +333,7 @@ def profile_line(
 
 def real_run(settings: Settings, seed: int) -> dict[str, float]:
     """LB-BSP, the oracle split and FedAvg on real compute under real contention."""
-    from bench_predictors import Burners, contention_schedule
+    from bench_predictors import Burners, contention, contention_schedule
     from bench_predictors import Settings as TraceSettings
 
     n, tau, b_init = settings.silos, settings.tau, settings.initial_batch_size
@@ -367,43 +366,31 @@ def real_run(settings: Settings, seed: int) -> dict[str, float]:
         )  # fmt: skip
         changes = contention_schedule(trace, rng)
         burners = Burners(settings.real_burners, cpus=None if core is None else [core], limit=600.0)
-        stop = threading.Event()
-        begin = time.perf_counter()
-
-        def drive() -> None:
-            for at, level in changes:
-                if stop.wait(max(0.0, at - (time.perf_counter() - begin))):
-                    return
-                burners.set_level(level)
-
-        driver = threading.Thread(target=drive, name="contention", daemon=True)
         lb, orc, fed, idle, fed_idle = [], [], [], [], []
         ids = [f"silo-{i}" for i in range(n)]
         try:
-            driver.start()
-            for r in range(settings.real_rounds):
-                sizes = balancer.allocate(ids)
-                x = [sizes[i] for i in ids]
-                times = np.zeros((3, n))
-                for k in range(n):
-                    plan = [(0, x[k]), (1, int(best[k])), (2, int(equal[k]))]
-                    for which, size in plan[r % 3 :] + plan[: r % 3]:  # rotate the order
-                        times[which, k] = slowdown[k] * _work(size, tau, data, weights)
-                for k, silo in enumerate(ids):
-                    balancer.report(
-                        silo,
-                        SiloReport(
-                            batch_size=x[k], train_time=float(times[0, k]), samples=x[k] * tau
-                        ),
-                    )
-                lb.append(times[0].max())
-                orc.append(times[1].max())
-                fed.append(times[2].max())
-                idle.append(idle_fraction(times[0]))
-                fed_idle.append(idle_fraction(times[2]))
+            with contention(burners, changes):
+                for r in range(settings.real_rounds):
+                    sizes = balancer.allocate(ids)
+                    x = [sizes[i] for i in ids]
+                    times = np.zeros((3, n))
+                    for k in range(n):
+                        plan = [(0, x[k]), (1, int(best[k])), (2, int(equal[k]))]
+                        for which, size in plan[r % 3 :] + plan[: r % 3]:  # rotate the order
+                            times[which, k] = slowdown[k] * _work(size, tau, data, weights)
+                    for k, silo in enumerate(ids):
+                        balancer.report(
+                            silo,
+                            SiloReport(
+                                batch_size=x[k], train_time=float(times[0, k]), samples=x[k] * tau
+                            ),
+                        )
+                    lb.append(times[0].max())
+                    orc.append(times[1].max())
+                    fed.append(times[2].max())
+                    idle.append(idle_fraction(times[0]))
+                    fed_idle.append(idle_fraction(times[2]))
         finally:
-            stop.set()
-            driver.join(timeout=5)
             burners.close()
     finally:
         if saved is not None:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,36 @@ def record_trace(settings: Settings, spec: str) -> Trace:
         cpus=None if trace.core is None else [trace.core],
         limit=settings.duration + 60.0,
     )
+    begin = time.perf_counter()
+    try:
+        with contention(burners, changes):
+            machine_usage()
+            while (now := time.perf_counter() - begin) < settings.duration:
+                level = burners.level
+                index = torch.randint(len(data), (settings.batch_size,), generator=generator)
+                tick = time.perf_counter()
+                optimizer.zero_grad(set_to_none=True)
+                F.cross_entropy(model(x_all[index]), y_all[index]).backward()
+                optimizer.step()
+                seconds = time.perf_counter() - tick
+                cpu, memory = machine_usage()
+                trace.start.append(now)
+                trace.seconds.append(seconds)
+                trace.speed.append(settings.batch_size / seconds)
+                trace.cpu.append(cpu)
+                trace.memory.append(memory)
+                trace.level.append(max(level, burners.level))
+    finally:
+        burners.close()
+        if saved_affinity is not None:
+            os.sched_setaffinity(0, saved_affinity)
+    return trace
+
+
+@contextlib.contextmanager
+def contention(burners: Burners, changes: list[tuple[float, int]]) -> Iterator[None]:
+    """While the block runs, set the burners' level at each ``(seconds, level)`` of
+    ``changes``, counted from entering it, from a thread of its own."""
     stop = threading.Event()
     begin = time.perf_counter()
 
@@ -259,31 +290,12 @@ def record_trace(settings: Settings, spec: str) -> Trace:
             burners.set_level(level)
 
     driver = threading.Thread(target=drive, name="contention", daemon=True)
+    driver.start()
     try:
-        driver.start()
-        machine_usage()
-        while (now := time.perf_counter() - begin) < settings.duration:
-            level = burners.level
-            index = torch.randint(len(data), (settings.batch_size,), generator=generator)
-            tick = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x_all[index]), y_all[index]).backward()
-            optimizer.step()
-            seconds = time.perf_counter() - tick
-            cpu, memory = machine_usage()
-            trace.start.append(now)
-            trace.seconds.append(seconds)
-            trace.speed.append(settings.batch_size / seconds)
-            trace.cpu.append(cpu)
-            trace.memory.append(memory)
-            trace.level.append(max(level, burners.level))
+        yield
     finally:
         stop.set()
         driver.join(timeout=5)
-        burners.close()
-        if saved_affinity is not None:
-            os.sched_setaffinity(0, saved_affinity)
-    return trace
 
 
 def _pin_to_one_core() -> set[int] | None:
