@@ -528,7 +528,7 @@ class _KnownNotices(logging.Filter):
     )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).lstrip().startswith(self._PREFIXES)
+        return not record.getMessage().lstrip().startswith(self._PREFIXES)
 
 
 def _setup_logging(quiet: bool, verbose: bool) -> None:

@@ -326,8 +326,8 @@ def test_per_silo_log_values_stay_short_with_many_silos() -> None:
         ("raybackend.py", logging.ERROR, "An exception was raised when processing", False),
         ("vce_api.py", logging.WARNING, "a warning of the engine", True),
         ("run_simulation.py", logging.WARNING, "fraction_evaluate is set to 0.0. ...", False),
-        ("run_simulation.py", logging.WARNING, "DEPRECATED FEATURE: The `run_simulation` "
-         "function is deprecated", False),
+        ("logger.py", logging.WARNING, "DEPRECATED FEATURE: %s\n\n  This is a deprecated "
+         "feature.", False),
         ("run_simulation.py", logging.ERROR, "the SuperLink is gone", True),
     ],
 )  # fmt: skip
@@ -338,7 +338,17 @@ def test_the_cli_keeps_flowers_per_reply_tracebacks_and_known_notices_out(
     from fl_lbbsp.cli import _setup_logging
 
     _setup_logging(quiet=False, verbose=False)
-    record = logging.LogRecord("flwr", level, f"/site-packages/flwr/{source}", 1, message, (), None)
+    # (Flower fills its deprecation notice in from an argument, as here)
+    args = ("The `run_simulation` function is deprecated and will be removed",)
+    record = logging.LogRecord(
+        "flwr",
+        level,
+        f"/site-packages/flwr/{source}",
+        1,
+        message,
+        args if "%s" in message else (),
+        None,
+    )
 
     # Execute
     passed = logging.getLogger("flwr").filter(record)
