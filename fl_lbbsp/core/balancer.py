@@ -550,7 +550,15 @@ class BatchSizeBalancer:
             a, b = 1.0 / speeds, np.zeros(n)
             sizes = proportional(speeds, total, lower=lower, upper=upper)
         sizes = self._guard(
-            sizes, a, b, total, lower, upper, hard_lower, hard_upper, self._margin(ids)
+            sizes,
+            a,
+            b,
+            total,
+            lower,
+            upper,
+            hard_lower,
+            hard_upper,
+            self._margin(ids) if self.equal_split_guard else 0.0,
         )
         return dict(zip(ids, sizes.tolist(), strict=True))
 

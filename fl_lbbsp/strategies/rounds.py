@@ -80,7 +80,8 @@ def allocate_batch_sizes(
     """
     if not config.balance:
         return {key: config.initial_batch_size for key in silo_of}
-    warming = balancer.warming_up()
+    # Only an estimator with a warm-up (NARX) has anything to say; no scan otherwise.
+    warming = balancer.warming_up() if config.estimator == "narx" else {}
     if warming:
         seen, warmup = min(warming.values())
         log.info(
