@@ -30,6 +30,7 @@ from .simulation import (
     run_engine,
 )
 from .strategies.cluster import LBBSPCluster
+from .strategies.fedavg import LBBSPFedAvg
 from .strategies.rounds import format_silos
 from .telemetry import read_telemetry
 
@@ -163,7 +164,7 @@ class ClusterConfig(BaseModel):
         return None if self.checkpoint_dir is None else self.checkpoint_dir / self.scheme
 
 
-def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
+def make_cluster_strategy(config: ClusterConfig) -> LBBSPFedAvg:
     """The parameter-server strategy of a cluster run (encrypted with ``config.encrypt``)."""
     settings: dict[str, Any] = dict(
         initial_batch_size=config.batch_size,

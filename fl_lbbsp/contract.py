@@ -118,6 +118,9 @@ class RecordKeys(BaseModel):
         gradient (or evaluation) was computed at.
     momentum : str (default: "momentum")
         Config (encrypted cluster mode): the SGD momentum the workers apply.
+    batch_offset : str (default: "batch-offset")
+        Config (cluster mode): where the worker's samples start in the round's global
+        batch.
 
     Every name must be a non-empty string.
     """
@@ -141,3 +144,4 @@ class RecordKeys(BaseModel):
     he_num_silos: str = "he-num-silos"
     model_version: str = "model-version"
     momentum: str = "momentum"
+    batch_offset: str = "batch-offset"

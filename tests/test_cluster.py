@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -70,7 +71,12 @@ def _step(aggregation: str, sizes: tuple[int, ...], times=(1.0, 1.0, 1.0), lr: f
         1, ArrayRecord(model.state_dict()), ConfigRecord(), FakeGrid(list(NODES))
     )
     # As if the balancer had sent these sizes (a reply must use the batch size it was sent)
-    strategy._sent = dict(zip(NODES, sizes, strict=True))
+    state = strategy.round
+    assert state is not None
+    state.instructions = {
+        node: replace(state.instructions[node], batch_size=size, share=size)
+        for node, size in zip(NODES, sizes, strict=True)
+    }
     replies = []
     for node, n, t, (x, y) in zip(NODES, sizes, times, _batches(sizes), strict=True):
         grads, _ = gradient(model, x, y)

@@ -57,7 +57,7 @@ def test_the_defaults_are_the_robust_guarded_balancer() -> None:
 
 def test_strategy_config_defaults_are_the_balancer_defaults() -> None:
     # Prepare
-    from fl_lbbsp.strategies.config import BalancingConfig
+    from fl_lbbsp.core.settings import BalancingConfig
 
     # Execute
     config = BalancingConfig(initial_batch_size=48, local_steps=10, lr=0.1)

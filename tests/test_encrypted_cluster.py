@@ -154,10 +154,10 @@ def test_worker_beyond_the_kept_history_is_left_out_with_a_warning(key_files, fl
     # Prepare: a strategy that has produced 3 aggregates and keeps only 2
     strategy = EncryptedLBBSPCluster(public_context=key_files.public, max_history=2, **SETTINGS)
     setup = WorkerSetup(num_workers=3)
-    strategy._initial = _initial(setup)
+    strategy.replicas.initial = _initial(setup)
     strategy.version = 3
-    strategy._aggregates = {2: ArrayRecord(), 3: ArrayRecord()}
-    strategy._node_version = {100: 3, 101: 1}
+    strategy.replicas.aggregates = {2: ArrayRecord(), 3: ArrayRecord()}
+    strategy.replicas.node_version = {100: 3, 101: 1}
 
     # Execute
     up_to_date, behind, fresh = (strategy.model_records(n) for n in (100, 101, 102))

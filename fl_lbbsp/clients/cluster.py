@@ -163,8 +163,8 @@ def _batch_indices(
     from its ``batch-offset``: together the workers draw exactly BSP's global batch.
     ``data="shard"``: a seeded draw from the worker's own shard.
     """
-    if setup.data == "full" and "batch-offset" in config:
-        offset = read_int(config, "batch-offset")
+    if setup.data == "full" and setup.keys.batch_offset in config:
+        offset = read_int(config, setup.keys.batch_offset)
         generator = torch.Generator().manual_seed(_seed(setup.seed, "global", server_round))
         order = torch.randperm(len(data), generator=generator)
         positions = torch.arange(offset, offset + batch_size) % len(data)

@@ -27,20 +27,16 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
-
-if TYPE_CHECKING:
-    from .fedavg import LBBSPFedAvg
 
 __all__ = [
     "FORMAT_VERSION",
@@ -65,6 +61,33 @@ _FILE = re.compile(r"^round-(\d+)\.ckpt$")
 _ARRAYS = "arrays"
 _META = "checkpoint"
 _EXTRA = "state-arrays."
+
+
+class Checkpointable(Protocol):
+    """What a strategy offers to be checkpointed (:class:`~fl_lbbsp.strategies.LBBSPFedAvg`).
+
+    ``round_offset`` and ``checkpoints`` are set by :func:`start_with_checkpoints` while
+    Flower's loop runs: the strategy adds the offset to every round number it sees and
+    writes a checkpoint to ``checkpoints`` after each training round.
+    """
+
+    server_config: Any
+    telemetry: Any
+    round_offset: int
+    checkpoints: CheckpointStore | None
+
+    @property
+    def scheme(self) -> str:
+        """The scheme's name."""
+
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """Settings a checkpoint must have been written with to be resumed."""
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """The state between two rounds."""
+
+    def load_checkpoint_state(self, state: Any, records: Any) -> None:
+        """Restore :meth:`checkpoint_state`."""
 
 
 class CheckpointError(ValueError):
@@ -230,7 +253,7 @@ def _sync_folder(directory: Path) -> None:
 
 
 # ------------------------------------------------------------------ strategy side
-def _manifest(strategy: LBBSPFedAvg) -> dict[str, Any]:
+def _manifest(strategy: Checkpointable) -> dict[str, Any]:
     return {
         "format": FORMAT_VERSION,
         "strategy": type(strategy).__name__,
@@ -240,7 +263,7 @@ def _manifest(strategy: LBBSPFedAvg) -> dict[str, Any]:
 
 
 def save_checkpoint(
-    store: CheckpointStore, strategy: LBBSPFedAvg, server_round: int, arrays: ArrayRecord
+    store: CheckpointStore, strategy: Checkpointable, server_round: int, arrays: ArrayRecord
 ) -> Path:
     """Write ``strategy``'s checkpoint of ``server_round`` with global model ``arrays``."""
     state, records = strategy.checkpoint_state()
@@ -257,7 +280,7 @@ def _flat(manifest: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(flat))  # type: ignore[no-any-return]
 
 
-def check_compatible(checkpoint: Checkpoint, strategy: LBBSPFedAvg) -> None:
+def check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
     """Raise :class:`CheckpointError` unless ``strategy`` can resume ``checkpoint``:
     same format version, strategy class, scheme and settings."""
     found, expected = _flat(checkpoint.manifest), _flat(_manifest(strategy))
@@ -301,7 +324,7 @@ def check_checkpoint_dir(given: Path, directory: Path) -> None:
         raise CheckpointError(f"{directory} is not a writable directory ({err.strerror})") from None
 
 
-def resume_point(strategy: LBBSPFedAvg) -> Checkpoint | None:
+def resume_point(strategy: Checkpointable) -> Checkpoint | None:
     """The checkpoint ``strategy.start`` would resume from (``None``: a fresh start).
 
     Raises
@@ -318,7 +341,7 @@ def resume_point(strategy: LBBSPFedAvg) -> Checkpoint | None:
 
 
 def start_with_checkpoints(
-    strategy: LBBSPFedAvg,
+    strategy: Checkpointable,
     start: Callable[..., Result],
     *,
     grid: Grid,
@@ -359,7 +382,8 @@ def start_with_checkpoints(
         )
         if done >= num_rounds:
             return Result(arrays=checkpoint.arrays)
-    with _shifted_rounds(strategy, done, store):
+    strategy.round_offset, strategy.checkpoints = done, store
+    try:
         result = start(
             grid=grid,
             initial_arrays=initial_arrays,
@@ -369,62 +393,14 @@ def start_with_checkpoints(
             evaluate_config=evaluate_config,
             evaluate_fn=None if evaluate_fn is None else _shift_fn(evaluate_fn, done),
         )
+    finally:
+        strategy.round_offset, strategy.checkpoints = 0, None
     return Result(
         arrays=result.arrays,
         train_metrics_clientapp=_shift_keys(result.train_metrics_clientapp, done),
         evaluate_metrics_clientapp=_shift_keys(result.evaluate_metrics_clientapp, done),
         evaluate_metrics_serverapp=_shift_keys(result.evaluate_metrics_serverapp, done),
     )
-
-
-@contextmanager
-def _shifted_rounds(strategy: LBBSPFedAvg, offset: int, store: CheckpointStore) -> Iterator[None]:
-    """While Flower's loop runs: round numbers shifted by ``offset``, and a checkpoint
-    after every aggregated training round.
-
-    The hooks are instance attributes that shadow the (most derived) methods for the
-    duration of the loop only; each calls the class's method with the real round.
-    """
-    cls = type(strategy)
-    sent: list[ArrayRecord] = []
-
-    def configure_train(
-        server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        sent[:] = [arrays]
-        return cls.configure_train(strategy, server_round + offset, arrays, config, grid)
-
-    def aggregate_train(
-        server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        arrays, metrics = cls.aggregate_train(strategy, server_round + offset, replies)
-        current = arrays if arrays is not None else sent[0]
-        try:
-            save_checkpoint(store, strategy, server_round + offset, current)
-        except OSError as err:
-            log.error("round %d: checkpoint not written: %s", server_round + offset, err)
-        return arrays, metrics
-
-    def configure_evaluate(
-        server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        return cls.configure_evaluate(strategy, server_round + offset, arrays, config, grid)
-
-    def aggregate_evaluate(server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return cls.aggregate_evaluate(strategy, server_round + offset, replies)
-
-    hooks = {
-        "configure_train": configure_train,
-        "aggregate_train": aggregate_train,
-        "configure_evaluate": configure_evaluate,
-        "aggregate_evaluate": aggregate_evaluate,
-    }
-    vars(strategy).update(hooks)
-    try:
-        yield
-    finally:
-        for name in hooks:
-            vars(strategy).pop(name, None)
 
 
 def _shift_fn(

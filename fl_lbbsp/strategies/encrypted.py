@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, Message, MetricRecord
 
+from ..contract import RecordKeys
+from ..core.engine import RoundState
+from ..core.screening import InvalidReplyError
 from ..crypto import (
     CKKSKeys,
     InvalidUpdateError,
@@ -40,11 +42,168 @@ from ..crypto import (
 from ..crypto.records import is_encrypted, update_from_record, update_to_record
 from .config import EncryptionConfig
 from .fedavg import LBBSPFedAvg
-from .validation import InvalidReplyError
 
-__all__ = ["EncryptedLBBSPFedAvg"]
+__all__ = ["EncryptedLBBSPFedAvg", "EncryptedSum", "server_keys"]
 
 log = logging.getLogger("fl_lbbsp")
+
+
+def server_keys(public_context: str | Path | CKKSKeys, fingerprint: str | None) -> CKKSKeys:
+    """The server's public keys; keys holding the secret key are refused."""
+    if not isinstance(public_context, CKKSKeys):
+        return load_server_keys(public_context, fingerprint=fingerprint)
+    if public_context.is_private:
+        raise ValueError(
+            "the server must not hold the secret key: pass the public context "
+            "(CKKSKeys.public() or public.ckks)"
+        )
+    if fingerprint is not None and fingerprint.strip() != public_context.fingerprint:
+        raise ValueError("public_context does not match the expected fingerprint")
+    return public_context
+
+
+class EncryptedSum:
+    """Sum of CKKS-encrypted, pre-weighted updates: the server adds what it cannot read.
+
+    Silo i sends ``Enc(w_i u_i)`` with ``w_i = n_i / S``; the sum and the plaintext
+    ``sum_i w_i`` are the next global record, which the silos decrypt and divide.
+
+    Parameters
+    ----------
+    he_keys : CKKSKeys
+        The federation's public keys.
+    keys : RecordKeys
+        Names of the contract's entries.
+    weight_key : str
+        The metric a silo's weight divides (``num-examples`` in FL, ``batch-size`` in
+        cluster mode).
+    total : {"dataset", "batch"} (default: "dataset")
+        The total S announced: the sum of the sampled silos' last dataset sizes (a silo not
+        yet heard from counts at the mean of the others), or the round's X.
+    initial_weight_total : float | None (default: None)
+        S while no sampled silo has reported a dataset size; ``None``: their number.
+    weight_tolerance : float (default: 1e-6)
+        Relative tolerance of the check ``w_i = n_i / S``.
+    """
+
+    def __init__(
+        self,
+        he_keys: CKKSKeys,
+        *,
+        keys: RecordKeys,
+        weight_key: str,
+        total: Literal["dataset", "batch"] = "dataset",
+        initial_weight_total: float | None = None,
+        weight_tolerance: float = 1e-6,
+    ) -> None:
+        self.he_keys = he_keys
+        self.keys = keys
+        self.weight_key = weight_key
+        self.total = total
+        self.initial_weight_total = initial_weight_total
+        self.weight_tolerance = weight_tolerance
+        self.num_examples: dict[str, float] = {}
+        self.weight_total = 1.0
+        self._checker: UpdateChecker | None = None
+        self._parsed: list[ParsedUpdate] = []
+        self._round: RoundState | None = None
+
+    def begin(self, arrays: ArrayRecord, state: RoundState) -> None:
+        """Learn the layout once; fix the round's total S."""
+        self._harvest()
+        if self._checker is None:
+            if is_encrypted(arrays):
+                layout = update_from_record(arrays).layout
+            else:
+                layout = tuple(
+                    TensorSpec(name=name, dtype=str(np.dtype(a.dtype)), shape=tuple(a.shape))
+                    for name, a in arrays.items()
+                )
+            self._checker = UpdateChecker(
+                self.he_keys, num_values=sum(spec.size for spec in layout), layout=layout
+            )
+        self._round = state
+        self._parsed = []
+        self.weight_total = self.total_for(state)
+
+    def total_for(self, state: RoundState) -> float:
+        """S for the round: X, or the sum of the sampled silos' known dataset sizes."""
+        if self.total == "batch":
+            return float(sum(i.batch_size for i in state.instructions.values()))
+        ids = [i.silo for i in state.instructions.values()]
+        known = [self.num_examples[s] for s in ids if s in self.num_examples]
+        if not known:
+            return float(self.initial_weight_total or max(len(ids), 1))
+        return float(math.fsum(known) + np.mean(known) * (len(ids) - len(known)))
+
+    def config(self, state: RoundState) -> dict[str, float | int]:
+        """S and the number of silos whose updates will be summed."""
+        return {
+            self.keys.he_weight_total: self.weight_total,
+            self.keys.he_num_silos: len(state.instructions),
+        }
+
+    def expected_bytes(self, arrays: ArrayRecord) -> int:
+        """The largest encrypted update of the model: chunks at their largest size."""
+        if self._checker is None or self._checker.num_values is None:
+            return sum(len(array.data) for array in arrays.values())
+        chunks = -(-self._checker.num_values // self.he_keys.config.slots)
+        return chunks * self._checker.chunk_bytes[1]
+
+    def parse(
+        self, record: ArrayRecord, metrics: Mapping[str, Any], state: RoundState
+    ) -> ParsedUpdate:
+        """The ciphertexts pass :class:`UpdateChecker` and the weight is ``n_i / S``."""
+        try:
+            update = update_from_record(record)
+            checker = self._checker or UpdateChecker(self.he_keys)
+            parsed = checker.check(update)
+        except InvalidUpdateError as err:
+            raise InvalidReplyError(str(err)) from err
+        n = float(metrics[self.weight_key])
+        expected = n / self.weight_total
+        if not math.isclose(update.weight, expected, rel_tol=self.weight_tolerance):
+            raise InvalidReplyError(
+                f"weight {update.weight!r} is not {self.weight_key} / S = "
+                f"{n:g} / {self.weight_total:g} = {expected!r}"
+            )
+        return parsed
+
+    def add(self, update: ParsedUpdate, *, weight: float) -> None:
+        """Keep an accepted update (its weight is inside the ciphertext)."""
+        self._parsed.append(update)
+
+    @property
+    def count(self) -> int:
+        """Updates added this round."""
+        return len(self._parsed)
+
+    def result(self) -> ArrayRecord:
+        """``sum_i Enc(w_i u_i)`` with ``sum_i w_i``."""
+        if not self._parsed:
+            raise ValueError("cannot aggregate zero updates")
+        return update_to_record(aggregate_updates(self.he_keys, self._parsed))
+
+    def _harvest(self) -> None:
+        """Every screened silo's dataset size of the last round (for the next S)."""
+        if self._round is not None:
+            for silo, record in self._round.reports.items():
+                if self.weight_key in record:
+                    self.num_examples[silo] = float(record[self.weight_key])
+
+    def settings(self) -> dict[str, Any]:
+        """The key fingerprint (the model is encrypted under it)."""
+        return {"fingerprint": self.he_keys.fingerprint}
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """Every silo's last dataset size (for the total S)."""
+        self._harvest()
+        return {"num_examples": dict(self.num_examples)}, {}
+
+    def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.num_examples = {str(s): float(n) for s, n in state["num_examples"].items()}
+        self._round = None
 
 
 class EncryptedLBBSPFedAvg(LBBSPFedAvg):
@@ -87,78 +246,23 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         weight_tolerance: float = 1e-6,
         **kwargs: Any,
     ) -> None:
-        self.encryption_config = EncryptionConfig(
+        checked = EncryptionConfig(
             initial_weight_total=initial_weight_total, weight_tolerance=weight_tolerance
         )
         super().__init__(**kwargs)
-        if isinstance(public_context, CKKSKeys):
-            if public_context.is_private:
-                raise ValueError(
-                    "the server must not hold the secret key: pass the public context "
-                    "(CKKSKeys.public() or public.ckks)"
-                )
-            if fingerprint is not None and fingerprint.strip() != public_context.fingerprint:
-                raise ValueError("public_context does not match the expected fingerprint")
-            self.he_keys = public_context
-        else:
-            self.he_keys = load_server_keys(public_context, fingerprint=fingerprint)
-        self.initial_weight_total = self.encryption_config.initial_weight_total
-        self.weight_tolerance = self.encryption_config.weight_tolerance
-        self._num_examples: dict[str, float] = {}
-        self._checker: UpdateChecker | None = None
-        self._weight_total = 1.0
-        self._parsed: dict[int, ParsedUpdate] = {}
+        self.he_keys = server_keys(public_context, fingerprint)
+        self.updates = EncryptedSum(
+            self.he_keys,
+            keys=self.keys,
+            weight_key=self.weighted_by_key,
+            initial_weight_total=checked.initial_weight_total,
+            weight_tolerance=checked.weight_tolerance,
+        )
 
     def summary(self) -> None:
         """Log the encryption settings, then LB-BSP's and FedAvg's."""
-        c = self.he_keys.config
-        log.info(
-            "CKKS: N=%d, primes %s bits, scale 2^%d, key %s...; the server only adds",
-            c.poly_modulus_degree,
-            list(c.coeff_mod_bit_sizes),
-            c.scale_bits,
-            self.he_keys.fingerprint[:16],
-        )
+        log_keys(self.he_keys)
         super().summary()
-
-    # ---------------------------------------------------------------- training
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """LB-BSP's per-node configs plus the weight total S and the number of silos."""
-        self._learn_layout(arrays)
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        silos = [self.silo_id(msg.metadata.dst_node_id) for msg in messages]
-        self._weight_total = self.weight_total(silos)
-        for msg in messages:
-            node_config = msg.content.config_records[self.configrecord_key]
-            node_config[self.keys.he_weight_total] = self._weight_total
-            node_config[self.keys.he_num_silos] = len(messages)
-        return messages
-
-    def weight_total(self, silos: Iterable[str]) -> float:
-        """The total S announced to ``silos``: the sum of their known ``num-examples``."""
-        ids = list(silos)
-        known = [self._num_examples[s] for s in ids if s in self._num_examples]
-        if not known:
-            return float(self.initial_weight_total or max(len(ids), 1))
-        return float(math.fsum(known) + np.mean(known) * (len(ids) - len(known)))
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Check every encrypted reply, leave out those that fail, add the others.
-
-        Returns the encrypted sum with its plaintext weight sum, and the train metrics of
-        the accepted silos; the balancer sees their ``train-time`` and ``he-time``. The
-        checks are :class:`LBBSPFedAvg`'s, with :class:`~fl_lbbsp.crypto.UpdateChecker`
-        and the weight ``num-examples / S`` in place of the plaintext array checks.
-        """
-        self._parsed = {}
-        try:
-            return super().aggregate_train(server_round, replies)
-        finally:
-            self._parsed = {}
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -172,91 +276,28 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
                 {
                     "event": "evaluate",
                     "scheme": self.scheme,
-                    "round": server_round,
+                    "round": server_round + self.round_offset,
                     "loss": loss,
                     "accuracy": accuracy,
                     "federated": True,
                 }
             )
             log.info(
-                "[%s] round %d | federated test accuracy %.4f", self.scheme, server_round, accuracy
+                "[%s] round %d | federated test accuracy %.4f",
+                self.scheme,
+                server_round + self.round_offset,
+                accuracy,
             )
         return metrics
 
-    # ----------------------------------------------------------------- helpers
-    def _learn_layout(self, arrays: ArrayRecord) -> None:
-        """Take the model's layout from the arrays sent out (metadata only, no values)."""
-        if self._checker is not None:
-            return
-        if is_encrypted(arrays):
-            layout = update_from_record(arrays).layout
-        else:
-            layout = tuple(
-                TensorSpec(name=name, dtype=str(np.dtype(a.dtype)), shape=tuple(a.shape))
-                for name, a in arrays.items()
-            )
-        self._checker = UpdateChecker(
-            self.he_keys, num_values=sum(spec.size for spec in layout), layout=layout
-        )
 
-    def _check_arrays(self, msg: Message) -> None:
-        """The ciphertexts pass :class:`UpdateChecker` and the weight is ``n_i / S``."""
-        try:
-            update = update_from_record(next(iter(msg.content.array_records.values())))
-            if self._checker is None:
-                self._checker = UpdateChecker(self.he_keys)
-            parsed = self._checker.check(update)
-        except InvalidUpdateError as err:
-            raise InvalidReplyError(str(err)) from err
-        metrics = next(iter(msg.content.metric_records.values()))
-        n = float(metrics[self.weighted_by_key])  # type: ignore[arg-type]
-        expected = n / self._weight_total
-        if not math.isclose(update.weight, expected, rel_tol=self.weight_tolerance):
-            raise InvalidReplyError(
-                f"weight {update.weight!r} is not {self.weighted_by_key} / S = "
-                f"{n:g} / {self._weight_total:g} = {expected!r}"
-            )
-        self._parsed[id(msg.content)] = parsed
-
-    def _expected_reply_bytes(self) -> int:
-        """The largest encrypted update of the model: chunks at their largest size."""
-        if self._checker is None or self._checker.num_values is None:
-            return super()._expected_reply_bytes()
-        chunks = -(-self._checker.num_values // self.he_keys.config.slots)
-        return chunks * self._checker.chunk_bytes[1]
-
-    def _record_report(self, msg: Message) -> tuple[str, dict[str, Any]]:
-        silo, record = super()._record_report(msg)
-        metric = next(iter(msg.content.metric_records.values()))
-        self._num_examples[silo] = float(metric[self.weighted_by_key])  # type: ignore[arg-type]
-        return silo, record
-
-    def _average_arrays(self, contents: list[RecordDict]) -> ArrayRecord:
-        parsed = []
-        for content in contents:
-            cached = self._parsed.get(id(content))
-            if cached is None:  # not seen by aggregate_train (direct call): check it now
-                cached = self._check_reply_content(content)
-            parsed.append(cached)
-        return update_to_record(aggregate_updates(self.he_keys, parsed))
-
-    def _check_reply_content(self, content: RecordDict) -> ParsedUpdate:
-        record = next(iter(content.array_records.values()))
-        checker = self._checker or UpdateChecker(self.he_keys)
-        return checker.check(update_from_record(record))
-
-    # -------------------------------------------------------------- checkpoints
-    def checkpoint_settings(self) -> dict[str, Any]:
-        """LB-BSP's settings plus the key fingerprint (the model is encrypted under it)."""
-        return {**super().checkpoint_settings(), "fingerprint": self.he_keys.fingerprint}
-
-    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """LB-BSP's state plus every silo's last ``num-examples`` (for the total S)."""
-        state, records = super().checkpoint_state()
-        state["num_examples"] = dict(self._num_examples)
-        return state, records
-
-    def load_checkpoint_state(self, state: dict[str, Any], records: dict[str, ArrayRecord]) -> None:
-        """Restore :meth:`checkpoint_state`."""
-        super().load_checkpoint_state(state, records)
-        self._num_examples = {str(s): float(n) for s, n in state["num_examples"].items()}
+def log_keys(he_keys: CKKSKeys) -> None:
+    """One line on the CKKS settings the server adds under."""
+    c = he_keys.config
+    log.info(
+        "CKKS: N=%d, primes %s bits, scale 2^%d, key %s...; the server only adds",
+        c.poly_modulus_degree,
+        list(c.coeff_mod_bit_sizes),
+        c.scale_bits,
+        he_keys.fingerprint[:16],
+    )

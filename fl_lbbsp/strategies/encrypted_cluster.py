@@ -24,25 +24,161 @@ Environments", IEEE TCC 2021, Sec. 3.4 and Alg. 3; Cheon et al., ASIACRYPT 2017 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..contract import INITIAL_MODEL, UPDATE_PREFIX
+from ..core.engine import RoundState
+from ..core.screening import InvalidReplyError
+from ..crypto import CKKSKeys, ParsedUpdate
 from ..crypto.records import is_encrypted
-from .cluster import LBBSPCluster
-from .config import EncryptedClusterConfig
-from .encrypted import EncryptedLBBSPFedAvg
-from .validation import InvalidReplyError
+from .config import EncryptedClusterConfig, ParameterServerConfig
+from .encrypted import EncryptedSum, log_keys, server_keys
+from .fedavg import LBBSPFedAvg
 
-__all__ = ["EncryptedLBBSPCluster"]
+__all__ = ["EncryptedLBBSPCluster", "ReplicaLog"]
 
 log = logging.getLogger("fl_lbbsp")
 
 
-class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
+class ReplicaLog(EncryptedSum):
+    """The encrypted parameter server's aggregates, one per model version.
+
+    An :class:`~fl_lbbsp.strategies.encrypted.EncryptedSum` with S = X whose every result
+    is aggregate ``v`` (the next model version); it keeps the initial model, the last
+    ``max_history`` aggregates and each worker's version, so that every worker gets what
+    brings its replica up to date.
+
+    Parameters
+    ----------
+    he_keys, keys, weight_key, weight_tolerance :
+        As in :class:`~fl_lbbsp.strategies.encrypted.EncryptedSum`.
+    max_history : int
+        Aggregates kept for workers that fall behind.
+    momentum : float
+        The SGD momentum the workers apply (a checkpoint setting).
+    """
+
+    def __init__(
+        self,
+        he_keys: CKKSKeys,
+        *,
+        keys: Any,
+        weight_key: str,
+        weight_tolerance: float,
+        max_history: int,
+        momentum: float,
+    ) -> None:
+        super().__init__(
+            he_keys,
+            keys=keys,
+            weight_key=weight_key,
+            total="batch",
+            weight_tolerance=weight_tolerance,
+        )
+        self.max_history = max_history
+        self.momentum = momentum
+        self.version = 0
+        """Aggregates produced so far: the workers' model version."""
+        self.initial: ArrayRecord | None = None
+        self.aggregates: dict[int, ArrayRecord] = {}
+        self.node_version: dict[int, int] = {}
+
+    def begin(self, arrays: ArrayRecord, state: RoundState) -> None:
+        """Keep the initial model (plaintext, the server's own) the first time."""
+        if self.initial is None:
+            if is_encrypted(arrays):
+                raise ValueError("the initial model must be plaintext (the server creates it)")
+            self.initial = arrays
+        super().begin(arrays, state)
+
+    def parse(
+        self, record: ArrayRecord, metrics: Mapping[str, Any], state: RoundState
+    ) -> ParsedUpdate:
+        """A gradient computed at the current version, checked as an encrypted update."""
+        version = metrics.get(self.keys.model_version)
+        if version != self.version:
+            raise InvalidReplyError(
+                f"gradient computed at model version {version!r}, expected {self.version}"
+            )
+        return super().parse(record, metrics, state)
+
+    def result(self) -> ArrayRecord:
+        """``sum_i Enc(w_i g_i)`` and ``sum_i w_i``: aggregate ``version + 1``."""
+        aggregate = super().result()
+        self.version += 1
+        self.aggregates[self.version] = aggregate
+        for old in [v for v in self.aggregates if v <= self.version - self.max_history]:
+            del self.aggregates[old]
+        return aggregate
+
+    def records_for(self, node: int) -> dict[str, ArrayRecord] | None:
+        """What ``node`` needs to reach the current version: the aggregates after the
+        last version it reported (and the initial model if it reported none), or ``None``
+        when the server no longer holds them."""
+        known = self.node_version.get(node)
+        records: dict[str, ArrayRecord] = {}
+        if known is None:
+            if self.initial is None:
+                return None
+            records[INITIAL_MODEL] = self.initial
+            known = 0
+        for version in range(known + 1, self.version + 1):
+            if version not in self.aggregates:
+                return None
+            records[f"{UPDATE_PREFIX}{version}"] = self.aggregates[version]
+        return records
+
+    def note_versions(self, replies: Iterable[Message]) -> None:
+        """A worker that replied with an error may have lost its replica: resend it all;
+        one that reports the current version holds it."""
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            if msg.has_error():
+                self.node_version.pop(node, None)
+                continue
+            metrics = list(msg.content.metric_records.values())
+            reported = metrics[0].get(self.keys.model_version) if len(metrics) == 1 else None
+            if reported == self.version:
+                self.node_version[node] = self.version
+
+    def settings(self) -> dict[str, Any]:
+        """The fingerprint and the parameter server's settings."""
+        return {
+            **super().settings(),
+            "parameter_server": {"momentum": self.momentum, "aggregation": "weighted"},
+        }
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """The model version, every worker's version, the initial model and the kept
+        aggregates (records ``initial-model`` and ``aggregate-<v>``)."""
+        state, records = super().state_dict()
+        state["version"] = self.version
+        state["node_version"] = {str(node): v for node, v in self.node_version.items()}
+        if self.initial is not None:
+            records[INITIAL_MODEL] = self.initial
+        for version, aggregate in self.aggregates.items():
+            records[f"{UPDATE_PREFIX}{version}"] = aggregate
+        return state, records
+
+    def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
+        """Restore :meth:`state_dict`."""
+        super().load_state_dict(state, records)
+        self.version = int(state["version"])
+        self.node_version = {int(node): int(v) for node, v in state["node_version"].items()}
+        self.initial = records.get(INITIAL_MODEL)
+        self.aggregates = {
+            int(name.removeprefix(UPDATE_PREFIX)): record
+            for name, record in records.items()
+            if name.startswith(UPDATE_PREFIX)
+        }
+
+
+class EncryptedLBBSPCluster(LBBSPFedAvg):
     """Parameter-server LB-BSP whose server adds encrypted gradients and never reads them.
 
     Workers run :func:`fl_lbbsp.clients.cluster.make_worker_app` with a secret context
@@ -69,11 +205,16 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
         Federated evaluation after every this many iterations (``None``: never).
     weight_tolerance : float (default: 1e-6)
         Relative tolerance when checking a reply's weight against ``batch-size / S``.
+    initial_batch_size, lr :
+        As in :class:`~fl_lbbsp.strategies.LBBSPCluster`.
+    momentum : float (default: 0.0)
+        SGD momentum the workers apply, in [0, 1).
+    aggregation : {"weighted"} (default: "weighted")
+        Encrypted gradients are weighted by batch size only.
     **kwargs :
-        Keyword arguments of :class:`~fl_lbbsp.strategies.LBBSPCluster`
-        (``initial_batch_size``, ``lr``, ``momentum``, ``allocator``, ...,
-        ``checkpoint_dir``); ``aggregation`` must be ``"weighted"``. A checkpoint also
-        holds the initial model, the kept aggregates, the model version and every
+        Keyword arguments of :class:`~fl_lbbsp.strategies.LBBSPFedAvg` (``keys``,
+        ``telemetry_path``, ``min_train_nodes``, ``allocator``, ..., ``checkpoint_dir``).
+        A checkpoint also holds the initial model, the kept aggregates, the model version and every
         worker's version, so that workers that keep running while the server restarts
         continue from their replicas.
 
@@ -83,83 +224,96 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
         On a bad setting; the message names the keyword and the value.
     """
 
+    weight_key = "batch_size"
+    cluster = True
+
     def __init__(
         self,
         *,
+        initial_batch_size: int,
+        lr: float,
+        public_context: str | Path | CKKSKeys,
+        fingerprint: str | None = None,
+        momentum: float = 0.0,
+        aggregation: Literal["weighted"] = "weighted",
         max_history: int = 32,
         evaluate_every: int | None = None,
+        weight_tolerance: float = 1e-6,
         **kwargs: Any,
     ) -> None:
-        self.replica_config = EncryptedClusterConfig(
-            max_history=max_history,
-            evaluate_every=evaluate_every,
-            aggregation=kwargs.get("aggregation", "weighted"),
+        checked = EncryptedClusterConfig(
+            max_history=max_history, evaluate_every=evaluate_every, aggregation=aggregation
         )
-        super().__init__(**kwargs)
-        self.max_history = self.replica_config.max_history
-        self.evaluate_every = self.replica_config.evaluate_every
-        self.fraction_evaluate = 0.0 if evaluate_every is None else 1.0
-        self.version = 0
+        self.ps_config = ParameterServerConfig(momentum=momentum, aggregation=aggregation)
+        super().__init__(
+            initial_batch_size=initial_batch_size,
+            local_steps=1,
+            lr=lr,
+            fraction_train=1.0,
+            fraction_evaluate=0.0 if evaluate_every is None else 1.0,
+            min_evaluate_nodes=0,
+            **kwargs,
+        )
+        self.he_keys = server_keys(public_context, fingerprint)
+        self.evaluate_every = checked.evaluate_every
+        self.replicas = ReplicaLog(
+            self.he_keys,
+            keys=self.keys,
+            weight_key=self.weighted_by_key,
+            weight_tolerance=weight_tolerance,
+            max_history=checked.max_history,
+            momentum=self.ps_config.momentum,
+        )
+        self.updates = self.replicas
+
+    @property
+    def version(self) -> int:
         """Aggregates produced so far: the workers' model version."""
-        self._initial: ArrayRecord | None = None
-        self._aggregates: dict[int, ArrayRecord] = {}
-        self._node_version: dict[int, int] = {}
+        return self.replicas.version
 
-    def weight_total(self, silos: Iterable[str]) -> float:
-        """S = X, the sum of the batch sizes sent this iteration: ``sum_i w_i = 1`` when
-        every worker replies."""
-        return float(sum(self._sent.values()))
+    @version.setter
+    def version(self, value: int) -> None:
+        self.replicas.version = value
 
-    # ------------------------------------------------------------------ training
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """LB-BSP's per-worker configs, with each worker's missing aggregates."""
-        if self._initial is None:
-            if is_encrypted(arrays):
-                raise ValueError("the initial model must be plaintext (the server creates it)")
-            self._initial = arrays
-        configs = {
-            msg.metadata.dst_node_id: msg.content.config_records[self.configrecord_key]
-            for msg in super().configure_train(server_round, arrays, config, grid)
-        }
-        self._messages = self._with_model(configs, MessageType.TRAIN)
-        return self._messages
+    @property
+    def scheme(self) -> str:
+        """``"lbbsp"`` when balancing, ``"bsp"`` otherwise."""
+        return "lbbsp" if self.config.balance else "bsp"
+
+    def summary(self) -> None:
+        """Log the encryption settings, then LB-BSP's and FedAvg's."""
+        log_keys(self.he_keys)
+        super().summary()
+
+    def model_records(self, node_id: int) -> dict[str, ArrayRecord] | None:
+        """What ``node_id`` needs to reach the current version (see
+        :meth:`ReplicaLog.records_for`)."""
+        return self.replicas.records_for(node_id)
+
+    def train_messages(
+        self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """Each worker's instruction with the aggregates its replica still lacks."""
+        configs = {int(node): self.node_config(state, node, config) for node in state.instructions}
+        return self._with_model(configs, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Check and add the encrypted gradients; note every worker's model version."""
         replies = list(replies)
-        self._note_versions(replies)
+        self.replicas.note_versions(replies)
         return super().aggregate_train(server_round, replies)
 
-    def _check_arrays(self, msg: Message) -> None:
-        version = self._reported_version(msg)
-        if version != self.version:
-            raise InvalidReplyError(
-                f"gradient computed at model version {version!r}, expected {self.version}"
-            )
-        super()._check_arrays(msg)
-
-    def _combine(self, server_round: int, contents: list[RecordDict]) -> ArrayRecord:
-        """``sum_i Enc(w_i g_i)`` and ``sum_i w_i``: the next aggregate the workers apply."""
-        aggregate = self._average_arrays(contents)
-        self.version += 1
-        self._aggregates[self.version] = aggregate
-        for old in [v for v in self._aggregates if v <= self.version - self.max_history]:
-            del self._aggregates[old]
-        return aggregate
-
-    # ---------------------------------------------------------------- evaluation
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Every ``evaluate_every`` iterations: each worker evaluates its replica."""
+        server_round += self.round_offset
         if self.evaluate_every is None or server_round % self.evaluate_every:
             return []
         configs = {}
-        for node in sorted(self._node_version):
+        for node in sorted(self.replicas.node_version):
             configs[node] = ConfigRecord(dict(config))
             configs[node][self.keys.server_round] = server_round
             configs[node][self.keys.lr] = self.config.lr
@@ -170,87 +324,28 @@ class EncryptedLBBSPCluster(EncryptedLBBSPFedAvg, LBBSPCluster):
     ) -> MetricRecord | None:
         """Average the workers' evaluation metrics; note their model versions."""
         replies = list(replies)
-        self._note_versions(replies)
+        self.replicas.note_versions(replies)
         return super().aggregate_evaluate(server_round, replies)
-
-    # ------------------------------------------------------------------- helpers
-    def model_records(self, node_id: int) -> dict[str, ArrayRecord] | None:
-        """What ``node_id`` needs to reach the current version: the aggregates after the
-        last version it reported (and the initial model if it reported none), or ``None``
-        when the server no longer holds them."""
-        known = self._node_version.get(node_id)
-        records: dict[str, ArrayRecord] = {}
-        if known is None:
-            if self._initial is None:
-                return None
-            records[INITIAL_MODEL] = self._initial
-            known = 0
-        for version in range(known + 1, self.version + 1):
-            if version not in self._aggregates:
-                return None
-            records[f"{UPDATE_PREFIX}{version}"] = self._aggregates[version]
-        return records
 
     def _with_model(self, configs: dict[int, ConfigRecord], message_type: str) -> list[Message]:
         """One message per node: its config (plus the momentum and target model version)
         and the records that bring its replica there; nodes too far behind are left out."""
         messages = []
         for node, node_config in configs.items():
-            records = self.model_records(node)
+            records = self.replicas.records_for(node)
             if records is None:
                 log.warning(
                     "[%s] worker %s left out: it is at model version %s and the server keeps "
                     "only the last %d aggregates (now at %d); restart it from a checkpoint",
                     self.scheme,
                     self.silo_id(node),
-                    self._node_version.get(node, "none"),
-                    self.max_history,
+                    self.replicas.node_version.get(node, "none"),
+                    self.replicas.max_history,
                     self.version,
                 )
                 continue
-            node_config[self.keys.momentum] = self.optimizer.momentum
+            node_config[self.keys.momentum] = self.ps_config.momentum
             node_config[self.keys.model_version] = self.version
             content = RecordDict({self.configrecord_key: node_config, **records})
             messages.append(Message(content=content, message_type=message_type, dst_node_id=node))
         return messages
-
-    # -------------------------------------------------------------- checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """The parent strategies' state plus the model version, every worker's version,
-        the initial model and the kept aggregates (records ``initial-model`` and
-        ``aggregate-<v>``)."""
-        state, records = super().checkpoint_state()
-        state["version"] = self.version
-        state["node_version"] = {str(node): v for node, v in self._node_version.items()}
-        if self._initial is not None:
-            records[INITIAL_MODEL] = self._initial
-        for version, aggregate in self._aggregates.items():
-            records[f"{UPDATE_PREFIX}{version}"] = aggregate
-        return state, records
-
-    def load_checkpoint_state(self, state: dict[str, Any], records: dict[str, ArrayRecord]) -> None:
-        """Restore :meth:`checkpoint_state`."""
-        super().load_checkpoint_state(state, records)
-        self.version = int(state["version"])
-        self._node_version = {int(node): int(v) for node, v in state["node_version"].items()}
-        self._initial = records.get(INITIAL_MODEL)
-        self._aggregates = {
-            int(name.removeprefix(UPDATE_PREFIX)): record
-            for name, record in records.items()
-            if name.startswith(UPDATE_PREFIX)
-        }
-
-    def _reported_version(self, msg: Message) -> object:
-        metrics = list(msg.content.metric_records.values())
-        return metrics[0].get(self.keys.model_version) if len(metrics) == 1 else None
-
-    def _note_versions(self, replies: list[Message]) -> None:
-        """A worker that replied with an error may have lost its replica: resend it all;
-        one that reports the current version holds it."""
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            if msg.has_error():
-                self._node_version.pop(node, None)
-                continue
-            if self._reported_version(msg) == self.version:
-                self._node_version[node] = self.version

@@ -1,5 +1,12 @@
 """LB-BSP on Flower's Message API: FedAvg with a per-silo batch size every round.
 
+A thin translation between Flower's messages and the round engine
+(:mod:`fl_lbbsp.core.engine`), which decides every batch size, screens every reply and
+feeds the balancer; the updates are summed in place by an
+:class:`~fl_lbbsp.strategies.updates.Updates` as each reply is accepted. The variants
+(cluster mode, the tau / eta baselines, backup workers, encrypted updates) are the same
+class with another engine option or another ``Updates``.
+
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated Environments",
 IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL: tune B per silo, keep tau and eta).
 """
@@ -8,14 +15,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
-import numpy as np
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -27,32 +32,26 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from ..contract import RecordKeys, read_float
-from ..core import BatchSizeBalancer
-from ..core.aggregation import weighted_average
-from ..telemetry import TelemetryWriter
-from .checkpoint import start_with_checkpoints
-from .config import BalancingConfig, ServerConfig
-from .deadline import DeadlineGrid, DeadlinePolicy, OverheadTracker, predicted_compute_time
-from .rounds import (
-    allocate_batch_sizes,
-    balancer_from_config,
-    feed_balancer,
-    log_round,
-    missing,
+from ..core.deadline import DeadlinePolicy
+from ..core.engine import (
+    FastestReplies,
+    InstructionRewriter,
+    Node,
+    Reply,
+    RoundEngine,
+    RoundState,
+    Verdict,
     silo_round_time,
 )
-from .validation import (
-    DEFAULT_EXTRA_METRIC_KEYS,
-    InvalidReplyError,
-    Layout,
-    check_array_record,
-    error_summary,
-    layout_of,
-    log_rejected,
-    log_skipped,
-    reply_checks,
-    reply_nbytes,
-)
+from ..core.screening import DEFAULT_EXTRA_METRIC_KEYS, InvalidReplyError
+from ..core.settings import BalancingConfig, BalancingOptions, ReplyLimits, balancing_config
+from ..telemetry import TelemetryWriter
+from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
+from .config import ServerConfig
+from .deadline import DeadlineGrid
+from .rounds import log_round
+from .updates import PlainMean, Updates
+from .validation import log_rejected, log_skipped, reply_nbytes
 
 __all__ = ["LBBSPFedAvg"]
 
@@ -82,34 +81,12 @@ class LBBSPFedAvg(FedAvg):
         Local SGD steps tau sent to every silo.
     lr : float
         Learning rate eta sent to every silo.
-    balance : bool (default: True)
-        ``False`` sends B_init to every silo: plain FedAvg with LB-BSP's telemetry, the
-        baseline to compare against.
-    estimator : str (default: "ema")
-        Speed predictor: ``"ema"``, ``"last"``, ``"narx"`` or ``"change-ema"``.
-    alpha : float (default: 0.2)
-        EMA weight of the latest observation, in (0, 1].
-    allocator : str (default: "linear")
-        ``"proportional"``: B_i proportional to predicted speed (Alg. 1). ``"linear"``:
-        also fits each silo's fixed per-round cost ``t = a*B + b`` once it has seen two
-        batch sizes, which settles in a few rounds where per-step overhead is large; it
-        equals proportional allocation when ``b = 0``. ``"iterative"``: Alg. 2.
-    min_batch_size : int (default: 1)
-        Smallest batch size handed to a silo.
-    max_batch_size : int | None (default: None)
-        Largest batch size handed to a silo; a silo's reported ``max-batch-size`` lowers it.
-    max_change_ratio : float | None (default: 2.0)
-        After its first report, a silo's batch size changes by at most this factor per
-        round, so one noisy or false speed report cannot swing it; ``None``: no limit.
-    estimator_options, allocator_options : dict | None (default: None)
-        Extra arguments of the estimator (NARX ``warmup``, ...) and of the iterative
-        allocator (``step``, ``window``, ...).
-    balancer_options : dict | None (default: None)
-        Further balancer settings, by :class:`~fl_lbbsp.strategies.config.BalancingConfig`
-        name: ``min_batch_fraction`` (the floor as a share of B_init, 0.25), ``fit``
-        (``"robust"`` or ``"wls"``), ``change_sigmas``, ``change_threshold``,
-        ``change_confirm``, ``order_tolerance``, ``equal_split_guard``; each defaults to
-        :data:`fl_lbbsp.core.BALANCER_DEFAULTS`.
+    **balancing : BalancingOptions
+        ``balance`` (default True; ``False`` sends B_init to every silo: plain FedAvg with
+        LB-BSP's telemetry, the baseline to compare against), ``estimator``,
+        ``allocator``, ``max_change_ratio``, ``min_batch_fraction`` and the other settings
+        of :class:`~fl_lbbsp.core.settings.BalancingConfig`, each defaulting to
+        :data:`fl_lbbsp.core.BALANCER_DEFAULTS` (``balancer_options``: the same as a dict).
     keys : RecordKeys | None (default: None)
         Names of the config and metric entries (``batch-size``, ``train-time``, ...).
     telemetry_path : str | Path | None (default: None)
@@ -177,6 +154,8 @@ evaluate_metrics_aggr_fn :
 
     weight_key = "num_examples"
     """Field of :class:`RecordKeys` naming the aggregation weight (the dataset size)."""
+    cluster = False
+    """Cluster mode: sample offsets in the instructions, unusable reports not aggregated."""
 
     def __init__(
         self,
@@ -184,16 +163,6 @@ evaluate_metrics_aggr_fn :
         initial_batch_size: int,
         local_steps: int,
         lr: float,
-        balance: bool = True,
-        estimator: str = "ema",
-        alpha: float = 0.2,
-        allocator: str = "linear",
-        min_batch_size: int = 1,
-        max_batch_size: int | None = None,
-        max_change_ratio: float | None = 2.0,
-        estimator_options: dict[str, Any] | None = None,
-        allocator_options: dict[str, Any] | None = None,
-        balancer_options: dict[str, Any] | None = None,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
         deadline_margin: float | None = 3.0,
@@ -214,9 +183,13 @@ evaluate_metrics_aggr_fn :
         max_reply_bytes: int | None = None,
         extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
         checkpoint_dir: str | Path | None = None,
+        updates: Updates[Any] | None = None,
+        rewriter: InstructionRewriter | None = None,
+        selector: FastestReplies | None = None,
+        **balancing: Unpack[BalancingOptions],
     ) -> None:
         self.keys = keys or RecordKeys()
-        self.server_config = ServerConfig(
+        server = self.server_config = ServerConfig(
             deadline_margin=deadline_margin,
             deadline_floor=deadline_floor,
             deadline_ceiling=deadline_ceiling,
@@ -229,7 +202,6 @@ evaluate_metrics_aggr_fn :
             telemetry_path=telemetry_path,  # type: ignore[arg-type]
             checkpoint_dir=checkpoint_dir,  # type: ignore[arg-type]
         )
-        server = self.server_config
         super().__init__(
             fraction_train=server.fraction_train,
             fraction_evaluate=server.fraction_evaluate,
@@ -242,60 +214,65 @@ evaluate_metrics_aggr_fn :
             train_metrics_aggr_fn=train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
-        self.config = BalancingConfig(
-            initial_batch_size=initial_batch_size,
-            local_steps=local_steps,
-            lr=lr,
-            balance=balance,
-            estimator=estimator,  # type: ignore[arg-type]
-            alpha=alpha,
-            allocator=allocator,  # type: ignore[arg-type]
-            min_batch_size=min_batch_size,
-            max_batch_size=max_batch_size,
-            max_change_ratio=max_change_ratio,
-            estimator_options=estimator_options or {},
-            allocator_options=allocator_options or {},
-            **(balancer_options or {}),
-        )
-        self.balancer = balancer_from_config(self.config)
-        self.telemetry = TelemetryWriter(server.telemetry_path)
-        self._silo_of_node: dict[int, str] = {}
-        self._sent: dict[int, int] = {}
-        self._round_started: float | None = None
-        # Round deadlines and reply polling
-        self._sent_at: float | None = None
-        self.deadline = DeadlinePolicy(
-            margin=server.deadline_margin,
-            floor=server.deadline_floor,
-            ceiling=server.deadline_ceiling,
-        )
-        self.poll_interval = server.poll_interval
-        self._overhead = OverheadTracker(self.deadline.overhead_rounds)
-        self._timeout_cap: float | None = None
-        self._round_deadline: float | None = None
-        # Reply validation and lost silos
-        limits, self.validator = reply_checks(
+        self.engine = RoundEngine(
+            config=balancing_config(
+                initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **balancing
+            ),
             keys=self.keys,
+            limits=ReplyLimits(
+                min_train_silos=min_train_silos,
+                max_num_examples=max_num_examples,
+                max_reply_bytes=max_reply_bytes,
+                extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
+            ),
             weight_key=self.weighted_by_key,
-            limits={
-                "min_train_silos": min_train_silos,
-                "max_num_examples": max_num_examples,
-                "max_reply_bytes": max_reply_bytes,
-                "extra_metric_keys": extra_metric_keys,
-            },
+            deadline=DeadlinePolicy(
+                margin=server.deadline_margin,
+                floor=server.deadline_floor,
+                ceiling=server.deadline_ceiling,
+            ),
+            rewriter=rewriter,
+            offsets=self.cluster,
+            require_valid_report=self.cluster,
         )
-        self.min_train_silos = limits.min_train_silos
-        self.max_reply_bytes = limits.max_reply_bytes
-        self._layout: Layout | None = None
-        self._sent_bytes = 0
-        self._messages: list[Message] = []
-        self._federation_size = 0
-        self._deadline_grid: DeadlineGrid | None = None
+        self.updates: Updates[Any] = updates or PlainMean()
+        self.selector = selector
+        self.telemetry = TelemetryWriter(server.telemetry_path)
+        self.poll_interval = server.poll_interval
+        self.round: RoundState | None = None
+        """The round in flight (``None`` before the first ``configure_train``)."""
+        self.round_offset = 0
+        """Rounds done before this run started (a resumed checkpoint's round)."""
+        self.checkpoints: CheckpointStore | None = None
+        """Where :meth:`start` writes a checkpoint after every round (``None``: nowhere)."""
+        self._grid: DeadlineGrid | None = None
+        self._timeout_cap: float | None = None
+
+    @property
+    def config(self) -> BalancingConfig:
+        """B_init, tau, eta and the balancer's settings."""
+        return self.engine.config
+
+    @property
+    def balancer(self) -> Any:
+        """The engine's :class:`~fl_lbbsp.core.BatchSizeBalancer`."""
+        return self.engine.balancer
+
+    @property
+    def min_train_silos(self) -> int:
+        """Fewest valid replies a round needs."""
+        return self.engine.limits.min_train_silos
 
     @property
     def scheme(self) -> str:
-        """``"lbbsp"`` when balancing, ``"fedavg"`` otherwise."""
-        return "lbbsp" if self.config.balance else "fedavg"
+        """``"lbbsp"`` (``"lbbsp-tau"``, ``"lbbsp-partial"``, ...) when balancing,
+        ``"fedavg"`` (``"partial"``) otherwise."""
+        rewriter = self.engine.rewriter
+        if self.selector is not None:
+            return "lbbsp-partial" if self.config.balance else "partial"
+        if not self.config.balance:
+            return "fedavg"
+        return "lbbsp" if rewriter is None else f"lbbsp-{rewriter.name}"
 
     def summary(self) -> None:
         """Log the LB-BSP settings, then FedAvg's."""
@@ -313,26 +290,15 @@ evaluate_metrics_aggr_fn :
         )
         super().summary()
 
-    # ---------------------------------------------------------------- training
     def silo_id(self, node_id: int) -> str:
         """The stable silo id last reported by ``node_id`` (``node-<id>`` before that)."""
-        return self._silo_of_node.get(node_id, f"node-{node_id}")
+        return self.engine.silo_id(node_id)
 
-    def batch_sizes(self, node_ids: Iterable[int]) -> dict[int, int]:
-        """Batch size of each node for the next round (B_init for all when not balancing).
-
-        The total is ``X = n * B_init`` for the largest number n of nodes sampled in any
-        round so far: when silos are gone (crashed, disconnected), the others take their
-        share, so the global batch stays the same.
-        """
-        silo_of = {node: self.silo_id(node) for node in node_ids}
-        total = self.config.initial_batch_size * max(len(silo_of), self._federation_size)
-        return allocate_batch_sizes(self.balancer, self.config, silo_of, total=total)
-
+    # ---------------------------------------------------------------- training
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Sample nodes like FedAvg, then give each its own ConfigRecord and batch size.
+        """Sample nodes like FedAvg; the engine gives each its instruction.
 
         Raises
         ------
@@ -340,42 +306,61 @@ evaluate_metrics_aggr_fn :
             With ``checkpoint_dir`` set, when the rounds are not run by :meth:`start`
             (e.g. by a wrapper strategy's own ``start``, which would never checkpoint).
         """
-        if self._deadline_grid is None and self.server_config.checkpoint_dir is not None:
+        if self._grid is None and self.server_config.checkpoint_dir is not None:
             raise ValueError(
                 f"{type(self).__name__}(checkpoint_dir=...) checkpoints only in its own "
                 "start(); inside a wrapper strategy (e.g. Flower's differential-privacy "
                 "wrappers) leave checkpoint_dir unset"
             )
-        sampled = list(
-            super().configure_train(server_round, arrays, ConfigRecord(dict(config)), grid)
+        server_round += self.round_offset
+        sampled = super().configure_train(server_round, arrays, ConfigRecord(dict(config)), grid)
+        state = self.engine.plan(
+            server_round,
+            [msg.metadata.dst_node_id for msg in sampled],
+            timeout_cap=self._timeout_cap,
         )
-        self._federation_size = max(self._federation_size, len(sampled))
-        sizes = self.batch_sizes(msg.metadata.dst_node_id for msg in sampled)
-        messages = []
-        for node_id, batch_size in sizes.items():
-            node_config = ConfigRecord(dict(config))
-            node_config[self.keys.batch_size] = batch_size
-            node_config[self.keys.local_steps] = self.config.local_steps
-            node_config[self.keys.lr] = self.config.lr
-            node_config[self.keys.server_round] = server_round
-            content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
-            messages.append(
-                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
+        state.model = arrays
+        self.updates.begin(arrays, state)
+        state.expected_bytes = self.updates.expected_bytes(arrays)
+        self.round = state
+        state.sent = self.train_messages(state, arrays, config)
+        return state.sent
+
+    def train_messages(
+        self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """One train message per instruction: the model and the node's own ConfigRecord."""
+        return [
+            Message(
+                content=RecordDict(
+                    {
+                        self.arrayrecord_key: arrays,
+                        self.configrecord_key: self.node_config(state, node, config),
+                    }
+                ),
+                message_type=MessageType.TRAIN,
+                dst_node_id=int(node),
             )
-        self._sent = sizes
-        self._messages = messages
-        # What a reply must look like: names, shapes and dtypes only, no copy of values.
-        self._layout = layout_of(arrays)
-        self._sent_bytes = sum(len(array.data) for array in arrays.values())
-        self._round_deadline = self.round_deadline(sizes)
-        self._sent_at = time.time()
-        self._round_started = time.perf_counter()
-        return messages
+            for node in state.instructions
+        ]
+
+    def node_config(self, state: RoundState, node: Node, config: ConfigRecord) -> ConfigRecord:
+        """The caller's config (copied) with the node's instruction and the round."""
+        ins, keys = state.instructions[node], self.keys
+        record = ConfigRecord(dict(config))
+        record[keys.batch_size] = ins.batch_size
+        record[keys.local_steps] = ins.local_steps
+        record[keys.lr] = ins.lr
+        record[keys.server_round] = state.server_round
+        if ins.batch_offset is not None:
+            record[keys.batch_offset] = ins.batch_offset
+        record.update(self.updates.config(state))
+        return record
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Check every reply, feed the valid ones to the balancer, average their parameters.
+        """Screen every reply, feed the valid ones to the balancer, sum their updates.
 
         Parameters are weighted by ``num-examples`` (the local dataset size), whatever
         batch size each silo ran with. Rejected replies (see the class notes) are logged
@@ -383,167 +368,150 @@ evaluate_metrics_aggr_fn :
         aggregate cannot be formed, the round is skipped: ``(None, None)``, and Flower
         keeps the previous global model.
         """
-        wall = None if self._round_started is None else time.perf_counter() - self._round_started
+        state = self.round
+        if state is None:
+            raise RuntimeError("aggregate_train called before configure_train")
+        wall = time.perf_counter() - state.started
         received_at = time.time()
         replies = list(replies)
         self._check_and_log_replies(replies, is_train=True, validate=False)
-        rejected: list[dict[str, Any]] = []
-        valid = self._screen(server_round, replies, rejected)
-        silos: dict[str, dict[str, Any]] = {}
-        accepted = []
-        for msg in valid:
-            silo, record = self._record_report(msg)
-            record["replied-at"] = msg.metadata.created_at
-            silos[silo] = record
-            if self._accept(silo, record):
-                accepted.append(msg)
-        arrays = metrics = None
-        skipped = None
-        if len(accepted) < self.min_train_silos:
-            skipped = (
-                f"{len(accepted)} valid repl{'y' if len(accepted) == 1 else 'ies'}, "
-                f"min_train_silos is {self.min_train_silos}"
-            )
-        else:
-            contents = [msg.content for msg in accepted]
+        state.waited = None if self._grid is None else self._grid.last_timeout
+        sent_ids = {msg.metadata.message_id for msg in state.sent} - {""}
+        accepted: list[tuple[Verdict[Any], RecordDict, float]] = []
+        for msg in replies:
+            reply = self._reply(msg, sent_ids)
+            verdict = self.engine.screen(state, reply, partial(self._parse, msg, reply, state))
+            if not verdict.accepted:
+                self._reject(state, verdict)
+                continue
+            metrics = reply.metrics or {}
+            counts = self.engine.report(state, verdict, metrics)
+            state.reports[verdict.silo]["replied-at"] = msg.metadata.created_at
+            if counts:
+                weight = read_float(metrics, self.weighted_by_key)
+                accepted.append((verdict, msg.content, weight))
+                if self.selector is None:
+                    self._add(verdict, weight)
+        kept, dropped = accepted, {}
+        if self.selector is not None:
+            times = {
+                v.silo: silo_round_time(state.reports[v.silo], self.keys) for v, _, _ in accepted
+            }
+            chosen = self.selector.select(times, sent=len(state.instructions))
+            kept = [a for a in accepted if a[0].silo in chosen]
+            dropped = {s: state.reports.pop(s) for s in times if s not in chosen}
+            for verdict, _, weight in kept:
+                self._add(verdict, weight)
+        arrays, metrics_out, skipped = self._result(state, [c for _, c, _ in kept])
+        extra = self.engine.close(
+            state, replied=(m.metadata.src_node_id for m in replies), wall=wall
+        )
+        extra["poll_interval"] = self.poll_interval
+        # last reply created (its silo's clock) -> here: reply transfer and polling
+        created = [r["replied-at"] for r in [*state.reports.values(), *dropped.values()]]
+        extra["reply_delay"] = received_at - max(created) if created else None
+        if self.selector is not None:
+            extra["dropped"] = dropped
+        log_round(
+            scheme=self.scheme,
+            server_round=state.server_round,
+            silos=state.reports,
+            keys=self.keys,
+            total_batch_size=state.total,
+            wall=wall,
+            telemetry=self.telemetry,
+            extra={**extra, "rejected": state.rejected, "skipped": skipped},
+        )
+        if self.checkpoints is not None:
             try:
-                arrays = self._combine(server_round, contents)
+                save_checkpoint(self.checkpoints, self, state.server_round, arrays or state.model)
+            except OSError as err:
+                log.error("round %d: checkpoint not written: %s", state.server_round, err)
+        return arrays, metrics_out
+
+    def _add(self, verdict: Verdict[Any], weight: float) -> None:
+        self.updates.add(verdict.update, weight=weight)
+
+    def _result(
+        self, state: RoundState, contents: list[RecordDict]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None, str | None]:
+        """The new global model and train metrics, or why the round is skipped."""
+        n = len(contents)
+        skipped = None
+        arrays = metrics = None
+        if n < self.min_train_silos:
+            replies = "reply" if n == 1 else "replies"
+            skipped = f"{n} valid {replies}, min_train_silos is {self.min_train_silos}"
+        else:
+            try:
+                arrays = self.updates.result()
             except ValueError as err:
                 skipped = f"no aggregate: {err}"
             else:
-                metrics = self._aggregate_metrics(server_round, contents)
+                metrics = self._train_metrics(state.server_round, contents)
         if skipped is not None:
             log_skipped(
-                self.telemetry, scheme=self.scheme, server_round=server_round, reason=skipped
+                self.telemetry, scheme=self.scheme, server_round=state.server_round, reason=skipped
             )
-        extra = self._deadline_report(replies, silos, wall, received_at)
-        self._log_round(
-            server_round, silos, wall, extra={**extra, "rejected": rejected, "skipped": skipped}
-        )
-        return arrays, metrics
+        return arrays, metrics, skipped
 
-    # ------------------------------------------------------------ validation
-    def _screen(
-        self, server_round: int, replies: list[Message], rejected: list[dict[str, Any]]
-    ) -> list[Message]:
-        """The replies that pass every check, in order; the others are rejected."""
-        sent_ids = {msg.metadata.message_id for msg in self._messages} - {""}
-        nodes: set[int] = set()
-        silos: set[str] = set()
-        valid = []
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            try:
-                self._check_origin(msg, sent_ids)
-                # The first reply of this round from a node, or for a silo, is the one.
-                if node in nodes:
-                    raise InvalidReplyError(f"a second reply from node {node} in this round")
-                nodes.add(node)
-                silo = self._claimed_silo(msg)
-                if silo in silos:
-                    raise InvalidReplyError(f"a second reply for silo {silo} in this round")
-                silos.add(silo)
-                if msg.has_error():
-                    reason = msg.error.reason or f"error code {msg.error.code}"
-                    raise InvalidReplyError(f"error reply: {error_summary(reason)}")
-                self._check_content(msg)
-            except InvalidReplyError as err:
-                self._reject(server_round, msg, str(err), rejected)
-                continue
-            valid.append(msg)
-        return valid
-
-    def _claimed_silo(self, msg: Message) -> str:
-        """The silo id a reply claims (its node's known id if it claims none)."""
-        node = msg.metadata.src_node_id
-        if not msg.has_content():
-            return self.silo_id(node)
-        record = msg.content.config_records.get(self.keys.silo_record)
-        if record is None or self.keys.silo_id not in record:
-            return self.silo_id(node)
-        value = record[self.keys.silo_id]
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            raise InvalidReplyError(f"{self.keys.silo_id} must be a string, got {value!r:.60}")
-        return str(value)
-
-    def _check_origin(self, msg: Message, sent_ids: set[str]) -> None:
-        """Whether the reply answers a train message of this round (``sent_ids``, once the
-        grid has given them ids), in time."""
-        node = msg.metadata.src_node_id
-        if sent_ids and msg.metadata.reply_to_message_id not in sent_ids:
-            raise InvalidReplyError("not a reply to a train message of this round (stale)")
-        if self._sent and node not in self._sent:
-            raise InvalidReplyError(f"node {node} was not sent a train message this round")
-        grid = self._deadline_grid
-        late = None if grid is None else grid.seconds_late(msg)
-        if grid is not None and late is not None:
-            raise InvalidReplyError(
-                f"arrived {late:.2f} s after the round deadline of {grid.last_timeout or 0:.1f} s"
-            )
-
-    def _check_content(self, msg: Message) -> None:
-        """Size, record structure, metrics and arrays of a reply."""
+    def _reply(self, msg: Message, sent_ids: set[str]) -> Reply:
+        """What the engine needs to know of ``msg``."""
+        meta = msg.metadata
+        node = meta.src_node_id
+        late = None if self._grid is None else self._grid.seconds_late(msg)
+        stale = bool(sent_ids) and meta.reply_to_message_id not in sent_ids
+        if msg.has_error():
+            reason = msg.error.reason or f"error code {msg.error.code}"
+            return Reply(node=node, stale=stale, seconds_late=late, error=reason)
         content = msg.content
-        cap = self.reply_cap()
-        size = reply_nbytes(content)
-        if size > cap:
-            raise InvalidReplyError(f"reply of {size} bytes is over the {cap}-byte cap")
+        record = content.config_records.get(self.keys.silo_record)
+        problem = None
         for kind, records in (
             ("ArrayRecords", content.array_records),
             ("MetricRecords", content.metric_records),
         ):
-            if len(records) != 1:
-                raise InvalidReplyError(f"{len(records)} {kind} in the reply, expected 1")
-        metrics = next(iter(content.metric_records.values()))
-        self.validator.check_metrics(
-            metrics, sent_batch_size=self.sent_batch_size(msg.metadata.src_node_id)
+            if len(records) != 1 and problem is None:
+                problem = f"{len(records)} {kind} in the reply, expected 1"
+        return Reply(
+            node=node,
+            stale=stale,
+            seconds_late=late,
+            silo=None if record is None else record.get(self.keys.silo_id),
+            metrics=None if problem else dict(next(iter(content.metric_records.values()))),
+            nbytes=reply_nbytes(content),
+            problem=problem,
         )
-        try:
-            self._check_arrays(msg)
-        except InvalidReplyError:
-            raise
-        except Exception as err:  # noqa: BLE001 - hostile bytes may break any parser
-            raise InvalidReplyError(f"unreadable arrays ({type(err).__name__}: {err})") from err
 
-    def sent_batch_size(self, node_id: int) -> int | None:
-        """The ``batch-size`` node ``node_id`` was sent this round, which its reply must
-        report (``None``: it was sent none)."""
-        return self._sent.get(node_id)
+    def _parse(self, msg: Message, reply: Reply, state: RoundState) -> Any:
+        record = next(iter(msg.content.array_records.values()))
+        return self.updates.parse(record, reply.metrics or {}, state)
 
-    def _check_arrays(self, msg: Message) -> None:
-        """Plaintext arrays: the global model's names, shapes and dtypes, all finite."""
-        if self._layout is None:
-            raise InvalidReplyError("no plaintext global model to compare the arrays with")
-        check_array_record(next(iter(msg.content.array_records.values())), self._layout)
-
-    def reply_cap(self) -> int:
-        """Largest reply in bytes accepted this round (``max_reply_bytes`` or automatic)."""
-        if self.max_reply_bytes is not None:
-            return self.max_reply_bytes
-        return 4 * self._expected_reply_bytes() + (1 << 20)
-
-    def _expected_reply_bytes(self) -> int:
-        return self._sent_bytes
-
-    def _reject(
-        self, server_round: int, msg: Message, reason: str, rejected: list[dict[str, Any]]
-    ) -> None:
+    def _reject(self, state: RoundState, verdict: Verdict[Any]) -> None:
         """One warning and one telemetry event for a reply left out of the round."""
-        node = msg.metadata.src_node_id
-        try:
-            silo = self._claimed_silo(msg)
-        except InvalidReplyError:
-            silo = self.silo_id(node)
-        rejected.append(
+        state.rejected.append(
             log_rejected(
                 self.telemetry,
                 scheme=self.scheme,
-                server_round=server_round,
-                silo=silo,
-                node=node,
-                reason=reason,
+                server_round=state.server_round,
+                silo=verdict.silo,
+                node=verdict.node,
+                reason=verdict.reason or "",
             )
         )
+
+    def _train_metrics(self, server_round: int, contents: list[RecordDict]) -> MetricRecord | None:
+        try:
+            return self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        except (ValueError, TypeError, ArithmeticError) as err:
+            log.warning("round %d: train metrics not aggregated: %s", server_round, err)
+            return None
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """As FedAvg's, in the run's round numbers."""
+        return super().configure_evaluate(server_round + self.round_offset, arrays, config, grid)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -552,9 +520,9 @@ evaluate_metrics_aggr_fn :
         Flower's aggregation fail: not one MetricRecord, a weight that is not a positive
         count, a value that is not a finite number, or keys other than the first valid
         reply's. Each is logged and written to the telemetry as ``rejected``."""
+        server_round += self.round_offset
         keys: set[str] | None = None
         usable: list[Message] = []
-        rejected: list[dict[str, Any]] = []
         for msg in replies:
             try:
                 if msg.has_content():
@@ -562,14 +530,22 @@ evaluate_metrics_aggr_fn :
                     if len(records) != 1:
                         raise InvalidReplyError(f"{len(records)} MetricRecords, expected 1")
                     metrics = next(iter(records.values()))
-                    self.validator.check_evaluation(metrics)
+                    self.engine.validator.check_evaluation(metrics)
                     keys = set(metrics) if keys is None else keys
                     if set(metrics) != keys:
                         raise InvalidReplyError(
                             f"metrics {sorted(metrics)} differ from the others' {sorted(keys)}"
                         )
             except InvalidReplyError as err:
-                self._reject(server_round, msg, f"evaluation: {err}", rejected)
+                node = msg.metadata.src_node_id
+                log_rejected(
+                    self.telemetry,
+                    scheme=self.scheme,
+                    server_round=server_round,
+                    silo=self.silo_id(node),
+                    node=node,
+                    reason=f"evaluation: {err}",
+                )
                 continue
             usable.append(msg)
         try:
@@ -578,77 +554,7 @@ evaluate_metrics_aggr_fn :
             log.warning("round %d: evaluation metrics not aggregated: %s", server_round, err)
             return None
 
-    def _aggregate_metrics(
-        self, server_round: int, contents: list[RecordDict]
-    ) -> MetricRecord | None:
-        try:
-            return self.train_metrics_aggr_fn(contents, self.weighted_by_key)
-        except (ValueError, TypeError, ArithmeticError) as err:
-            log.warning("round %d: train metrics not aggregated: %s", server_round, err)
-            return None
-
-    def _accept(self, silo: str, record: dict[str, Any]) -> bool:
-        """Whether a reply enters the aggregate: in FL every reply does, weighted by its
-        dataset size, even if its timing report was unusable for balancing."""
-        return True
-
-    def _combine(self, server_round: int, contents: list[RecordDict]) -> ArrayRecord:
-        """The new global arrays from the accepted replies (FedAvg: their weighted mean)."""
-        return self._average_arrays(contents)
-
-    def _record_report(self, msg: Message) -> tuple[str, dict[str, Any]]:
-        keys = self.keys
-        node_id = msg.metadata.src_node_id
-        silo_record = msg.content.config_records.get(keys.silo_record)
-        if silo_record is not None and keys.silo_id in silo_record:
-            self._silo_of_node[node_id] = str(silo_record[keys.silo_id])
-        silo = self.silo_id(node_id)
-        metrics = next(iter(msg.content.metric_records.values()))
-        record = feed_balancer(
-            self.balancer, silo, metrics, keys=keys, sent_batch_size=self._sent.get(node_id)
-        )
-        return silo, record
-
-    def _average_arrays(self, contents: list[RecordDict]) -> ArrayRecord:
-        """Average of the replies' arrays weighted by ``weighted_by_key``."""
-        names, averaged = self._weighted_layers(contents)
-        return _array_record(names, averaged)
-
-    def _weighted_layers(
-        self, contents: list[RecordDict], *, equal: bool = False
-    ) -> tuple[list[str], list[np.ndarray]]:
-        """Layer names and the weighted average of every reply's arrays (weights from
-        ``weighted_by_key``, or all equal)."""
-        records = [next(iter(c.array_records.values())) for c in contents]
-        names = list(records[0].keys())
-        layers = [[record[name].numpy() for name in names] for record in records]
-        weights = [
-            1.0
-            if equal
-            else read_float(next(iter(c.metric_records.values())), self.weighted_by_key)
-            for c in contents
-        ]
-        return names, [np.asarray(a) for a in weighted_average(layers, weights)]
-
-    def _log_round(
-        self,
-        server_round: int,
-        silos: dict[str, dict[str, Any]],
-        wall: float | None,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        log_round(
-            scheme=self.scheme,
-            server_round=server_round,
-            silos=silos,
-            keys=self.keys,
-            total_batch_size=sum(self._sent.values()),
-            wall=wall,
-            telemetry=self.telemetry,
-            extra=extra,
-        )
-
-    # --------------------------------------------------------- round deadlines
+    # ------------------------------------------------------ deadlines, checkpoints
     def start(
         self,
         grid: Grid,
@@ -696,92 +602,30 @@ evaluate_metrics_aggr_fn :
             The longest any round may wait (``start``'s ``timeout``).
         """
         self._timeout_cap = timeout
-        wrapped = DeadlineGrid(grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval)
-        self._deadline_grid = wrapped
-        return wrapped
-
-    def predicted_round_time(self, sizes: dict[int, int]) -> float | None:
-        """Predicted seconds for a round with these batch sizes (None: unknown)."""
-        compute = predicted_compute_time(
-            self.balancer,
-            {self.silo_id(node): size for node, size in sizes.items()},
-            self.config.local_steps,
+        self._grid = DeadlineGrid(
+            grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval
         )
-        return None if compute is None else compute + self._overhead.predict()
-
-    def round_deadline(self, sizes: dict[int, int]) -> float | None:
-        """Seconds the round with these batch sizes may take (None: no limit)."""
-        return self.deadline.timeout(self.predicted_round_time(sizes), cap=self._timeout_cap)
+        return self._grid
 
     def _timeout_for(self, timeout: float | None) -> float | None:
-        if self.deadline.margin is None or self._round_deadline is None:
+        if self.engine.deadline.margin is None or self.round is None or self.round.deadline is None:
             return timeout
-        return self._round_deadline
+        return self.round.deadline
 
-    def _deadline_report(
-        self,
-        replies: list[Message],
-        silos: dict[str, dict[str, Any]],
-        wall: float | None,
-        received_at: float,
-    ) -> dict[str, Any]:
-        """Note who sent no reply in time, learn the messaging overhead; telemetry fields."""
-        missed = missing(self._sent, (msg.metadata.src_node_id for msg in replies))
-        if missed:
-            log.warning(
-                "no usable reply from %s within %s s: left out, estimates kept",
-                ", ".join(self.silo_id(node) for node in missed),
-                "n/a" if self._round_deadline is None else f"{self._round_deadline:.1f}",
-            )
-        times = [
-            silo_round_time(r, self.keys)
-            for r in silos.values()
-            if "invalid-report" not in r and self.keys.train_time in r
-        ]
-        if not missed and wall is not None and times:
-            self._overhead.observe(wall, max(times))
-        return {
-            "deadline": self._round_deadline,
-            "missed": [self.silo_id(node) for node in missed],
-            "sent": {self.silo_id(node): size for node, size in self._sent.items()},
-            "poll_interval": self.poll_interval,
-            # last reply created (its silo's clock) -> here: reply transfer and polling,
-            # or the wait for a silo that missed the deadline
-            "reply_delay": received_at - max(r["replied-at"] for r in silos.values())
-            if silos
-            else None,
-            "sent_at": self._sent_at,
-        }
-
-    # -------------------------------------------------------------- checkpoints
     def checkpoint_settings(self) -> dict[str, Any]:
         """The settings a checkpoint must have been written with for this strategy to
         resume it (JSON values): those that decide batch sizes and updates."""
-        return {"balancing": self.config.model_dump(mode="json")}
+        return {"balancing": self.config.model_dump(mode="json"), **self.updates.settings()}
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """The state between two rounds: JSON (balancer, node -> silo ids, messaging
-        overhead, the most silos seen in a round) and ArrayRecords (none here; subclasses
-        add theirs)."""
-        state = {
-            "balancer": self.balancer.state_dict(),
-            "silo_of_node": {str(node): silo for node, silo in self._silo_of_node.items()},
-            "overhead": self._overhead.seen,
-            "federation_size": self._federation_size,
-        }
-        return state, {}
+        """The state between two rounds: the engine's (JSON) and the updates' (JSON and
+        ArrayRecords)."""
+        state, records = self.updates.state_dict()
+        return {**self.engine.state_dict(), **state}, records
 
-    def load_checkpoint_state(self, state: dict[str, Any], records: dict[str, ArrayRecord]) -> None:
+    def load_checkpoint_state(
+        self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]
+    ) -> None:
         """Restore :meth:`checkpoint_state`."""
-        self.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
-        self._silo_of_node = {int(node): str(silo) for node, silo in state["silo_of_node"].items()}
-        self._overhead = OverheadTracker(self.deadline.overhead_rounds, state["overhead"])
-        self._federation_size = int(state.get("federation_size", 0))
-
-
-def _array_record(names: list[str], arrays: list[np.ndarray]) -> ArrayRecord:
-    """The aggregate as an ArrayRecord; ValueError if it holds NaN or inf."""
-    for name, arr in zip(names, arrays, strict=True):
-        if not np.isfinite(arr).all():
-            raise ValueError(f"the aggregate of array {name!r} holds NaN or inf")
-    return ArrayRecord({name: Array(arr) for name, arr in zip(names, arrays, strict=True)})
+        self.engine.load_state_dict(state)
+        self.updates.load_state_dict(state, records)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,29 +37,24 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from ..contract import RecordKeys
-from ..telemetry import TelemetryWriter
-from .config import BalancingConfig
-from .rounds import (
-    allocate_batch_sizes,
-    balancer_from_config,
-    feed_balancer,
-    log_round,
-    missing,
-)
-from .validation import (
+from ..core.engine import Reply, RoundEngine, RoundState
+from ..core.screening import (
     DEFAULT_EXTRA_METRIC_KEYS,
     InvalidReplyError,
     Layout,
     check_npy_list,
     layout_of_npy,
-    log_rejected,
-    log_skipped,
-    reply_checks,
 )
+from ..core.settings import BalancingOptions, ReplyLimits, balancing_config
+from ..telemetry import TelemetryWriter
+from .rounds import log_round
+from .validation import log_rejected, log_skipped
 
 __all__ = ["LBBSPStrategy"]
 
 log = logging.getLogger("fl_lbbsp")
+
+_BALANCING = frozenset(BalancingOptions.__annotations__)
 
 
 class LBBSPStrategy(FedAvg):
@@ -77,30 +73,13 @@ class LBBSPStrategy(FedAvg):
         Local SGD steps tau sent to every client.
     lr : float
         Learning rate eta sent to every client.
-    balance : bool (default: True)
-        ``False`` sends B_init to everybody (plain FedAvg with LB-BSP's telemetry).
-    estimator : str (default: "ema")
-        Speed predictor: ``"ema"``, ``"last"``, ``"narx"`` or ``"change-ema"``.
-    alpha : float (default: 0.2)
-        EMA weight of the latest observation, in (0, 1].
-    allocator : str (default: "linear")
-        ``"proportional"`` (Alg. 1), ``"linear"`` (also fits a fixed per-round cost) or
-        ``"iterative"`` (Alg. 2).
-    min_batch_size : int (default: 1)
-        Smallest batch size handed to a client.
-    max_batch_size : int | None (default: None)
-        Largest batch size handed to a client; a reported ``max-batch-size`` lowers it.
-    max_change_ratio : float | None (default: 2.0)
-        After its first report, a client's batch size changes by at most this factor per
-        round; ``None``: no limit.
-    estimator_options, allocator_options : dict | None (default: None)
-        Extra arguments of the estimator and of the iterative allocator.
-    balancer_options : dict | None (default: None)
-        Further balancer settings, by :class:`~fl_lbbsp.strategies.config.BalancingConfig`
-        name: ``min_batch_fraction`` (the floor as a share of B_init, 0.25), ``fit``
-        (``"robust"`` or ``"wls"``), ``change_sigmas``, ``change_threshold``,
-        ``change_confirm``, ``order_tolerance``, ``equal_split_guard``; each defaults to
-        :data:`fl_lbbsp.core.BALANCER_DEFAULTS`.
+    **settings : Any
+        The balancing keywords (``balance``, ``estimator``, ``allocator``,
+        ``max_change_ratio``, ... of :class:`~fl_lbbsp.core.settings.BalancingConfig`,
+        defaults :data:`fl_lbbsp.core.BALANCER_DEFAULTS`), and everything
+        :class:`flwr.server.strategy.FedAvg` takes (``fraction_fit``,
+        ``min_fit_clients``, ``min_available_clients``, ``on_fit_config_fn``,
+        ``initial_parameters``, ``evaluate_fn``, ...).
     keys : RecordKeys | None (default: None)
         Names of the config and metric entries; the client's stable id is the
         ``keys.silo_id`` (``silo-id``) entry of its fit metrics (else its cid).
@@ -113,10 +92,6 @@ class LBBSPStrategy(FedAvg):
         per silo) before it reaches the balancer or FedAvg's average; a rejected one is
         logged, written to the telemetry and handed to FedAvg as a failure (so
         ``accept_failures=False`` drops the round). ``silo-id`` is accepted in the metrics.
-    **fedavg_kwargs : Any
-        Everything :class:`flwr.server.strategy.FedAvg` takes (``fraction_fit``,
-        ``min_fit_clients``, ``min_available_clients``, ``on_fit_config_fn``,
-        ``initial_parameters``, ``evaluate_fn``, ...).
     """
 
     def __init__(
@@ -125,65 +100,47 @@ class LBBSPStrategy(FedAvg):
         initial_batch_size: int,
         local_steps: int,
         lr: float,
-        balance: bool = True,
-        estimator: str = "ema",
-        alpha: float = 0.2,
-        allocator: str = "linear",
-        min_batch_size: int = 1,
-        max_batch_size: int | None = None,
-        max_change_ratio: float | None = 2.0,
-        estimator_options: dict[str, Any] | None = None,
-        allocator_options: dict[str, Any] | None = None,
-        balancer_options: dict[str, Any] | None = None,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
         min_train_silos: int = 1,
         max_num_examples: int | None = None,
         max_reply_bytes: int | None = None,
         extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
-        **fedavg_kwargs: Any,
+        **settings: Any,
     ) -> None:
-        super().__init__(**fedavg_kwargs)
+        balancing = {k: v for k, v in settings.items() if k in _BALANCING}
+        super().__init__(**{k: v for k, v in settings.items() if k not in _BALANCING})
         self.keys = keys or RecordKeys()
-        limits, self.validator = reply_checks(
+        self.engine = RoundEngine(
+            config=balancing_config(
+                initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **balancing
+            ),
             keys=self.keys,
+            limits=ReplyLimits(
+                min_train_silos=min_train_silos,
+                max_num_examples=max_num_examples,
+                max_reply_bytes=max_reply_bytes,
+                extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
+            ),
             weight_key=self.keys.num_examples,
-            limits={
-                "min_train_silos": min_train_silos,
-                "max_num_examples": max_num_examples,
-                "max_reply_bytes": max_reply_bytes,
-                "extra_metric_keys": extra_metric_keys,
-            },
             also_known=(self.keys.silo_id,),
         )
-        self.min_train_silos = limits.min_train_silos
-        self.max_reply_bytes = limits.max_reply_bytes
-        self._layout: Layout | None = None
-        self._sent_bytes = 0
-        self._federation_size = 0
-        self.config = BalancingConfig(
-            initial_batch_size=initial_batch_size,
-            local_steps=local_steps,
-            lr=lr,
-            balance=balance,
-            estimator=estimator,  # type: ignore[arg-type]
-            alpha=alpha,
-            allocator=allocator,  # type: ignore[arg-type]
-            min_batch_size=min_batch_size,
-            max_batch_size=max_batch_size,
-            max_change_ratio=max_change_ratio,
-            estimator_options=estimator_options or {},
-            allocator_options=allocator_options or {},
-            **(balancer_options or {}),
-        )
-        self.balancer = balancer_from_config(self.config)
         self.telemetry = TelemetryWriter(telemetry_path)
-        self._silo_of_cid: dict[str, str] = {}
-        self._sent: dict[str, int] = {}
-        self._round_started: float | None = None
+        self.round: RoundState | None = None
+        self._layout: Layout | None = None
 
     def __repr__(self) -> str:
         return f"LBBSPStrategy(scheme={self.scheme}, accept_failures={self.accept_failures})"
+
+    @property
+    def config(self) -> Any:
+        """B_init, tau, eta and the balancer's settings."""
+        return self.engine.config
+
+    @property
+    def balancer(self) -> Any:
+        """The engine's :class:`~fl_lbbsp.core.BatchSizeBalancer`."""
+        return self.engine.balancer
 
     @property
     def scheme(self) -> str:
@@ -192,33 +149,30 @@ class LBBSPStrategy(FedAvg):
 
     def silo_id(self, cid: str) -> str:
         """The stable silo id last reported by client ``cid`` (the cid before that)."""
-        return self._silo_of_cid.get(cid, cid)
+        return self.engine.silo_id(cid)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        """Sample clients like FedAvg, then give each its own FitIns and batch size."""
+        """Sample clients like FedAvg; the engine gives each its instruction."""
         sampled = super().configure_fit(server_round, parameters, client_manager)
-        self._federation_size = max(self._federation_size, len(sampled))
-        sizes = allocate_batch_sizes(
-            self.balancer,
-            self.config,
-            {client.cid: self.silo_id(client.cid) for client, _ in sampled},
-            total=self.config.initial_batch_size * max(len(sampled), self._federation_size),
-        )
         self._layout = layout_of_npy(parameters.tensors)
-        self._sent_bytes = sum(len(t) for t in parameters.tensors)
-        instructions = []
+        state = self.engine.plan(
+            server_round,
+            [client.cid for client, _ in sampled],
+            expected_bytes=sum(len(t) for t in parameters.tensors),
+        )
+        self.round = state
+        fit = []
         for client, ins in sampled:
+            sent = state.instructions[client.cid]
             config: dict[str, Scalar] = dict(ins.config)
-            config[self.keys.batch_size] = sizes[client.cid]
-            config[self.keys.local_steps] = self.config.local_steps
-            config[self.keys.lr] = self.config.lr
+            config[self.keys.batch_size] = sent.batch_size
+            config[self.keys.local_steps] = sent.local_steps
+            config[self.keys.lr] = sent.lr
             config[self.keys.server_round] = server_round
-            instructions.append((client, FitIns(ins.parameters, config)))
-        self._sent = sizes
-        self._round_started = time.perf_counter()
-        return instructions
+            fit.append((client, FitIns(ins.parameters, config)))
+        return fit
 
     def aggregate_fit(
         self,
@@ -226,45 +180,59 @@ class LBBSPStrategy(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Check every result, report the valid ones to the balancer, average like FedAvg.
+        """Screen every result, report the valid ones to the balancer, average like FedAvg.
 
         Rejected results go to FedAvg as failures; with fewer than ``min_train_silos``
         valid results the round is skipped (no new parameters).
         """
-        wall = None if self._round_started is None else time.perf_counter() - self._round_started
+        state = self.round
+        if state is None:
+            raise RuntimeError("aggregate_fit called before configure_fit")
+        wall = time.perf_counter() - state.started
         results = self._from_secure_aggregation(results)
-        valid, rejected = self._screen(server_round, results)
-        silos: dict[str, dict[str, Any]] = {}
-        for client, res in valid:
-            reported = res.metrics.get(self.keys.silo_id)
-            if reported is not None:
-                self._silo_of_cid[client.cid] = str(reported)
-            silo = self.silo_id(client.cid)
+        valid, rejected = [], []
+        for client, res in results:
             metrics = {**res.metrics, self.keys.num_examples: res.num_examples}
-            silos[silo] = feed_balancer(
-                self.balancer,
-                silo,
-                metrics,
-                keys=self.keys,
-                sent_batch_size=self._sent.get(client.cid),
+            reply = Reply(
+                node=client.cid,
+                silo=res.metrics.get(self.keys.silo_id),
+                metrics=metrics,
+                nbytes=sum(len(t) for t in res.parameters.tensors) + 64 * len(res.metrics),
             )
-        missed = missing(self._sent, (client.cid for client, _ in results))
+            verdict = self.engine.screen(state, reply, partial(self._check_arrays, res))
+            if not verdict.accepted:
+                entry = log_rejected(
+                    self.telemetry,
+                    scheme=self.scheme,
+                    server_round=server_round,
+                    silo=verdict.silo,
+                    node=client.cid,
+                    reason=verdict.reason or "",
+                )
+                rejected.append((entry, (client, res)))
+                continue
+            self.engine.report(state, verdict, metrics)
+            valid.append((client, res))
+        extra = self.engine.close(state, replied=(c.cid for c, _ in results), wall=None)
         skipped = None
-        if len(valid) < self.min_train_silos:
-            skipped = f"{len(valid)} valid results, min_train_silos is {self.min_train_silos}"
+        if len(valid) < self.engine.limits.min_train_silos:
+            skipped = (
+                f"{len(valid)} valid results, min_train_silos is "
+                f"{self.engine.limits.min_train_silos}"
+            )
             log_skipped(
                 self.telemetry, scheme=self.scheme, server_round=server_round, reason=skipped
             )
         log_round(
             scheme=self.scheme,
             server_round=server_round,
-            silos=silos,
+            silos=state.reports,
             keys=self.keys,
-            total_batch_size=sum(self._sent.values()),
+            total_batch_size=state.total,
             wall=wall,
             telemetry=self.telemetry,
             extra={
-                "missed": [self.silo_id(cid) for cid in missed],
+                "missed": extra["missed"],
                 "rejected": [entry for entry, _ in rejected],
                 "skipped": skipped,
             },
@@ -273,6 +241,11 @@ class LBBSPStrategy(FedAvg):
             return None, {}
         failures = [*failures, *(pair for _, pair in rejected)]
         return super().aggregate_fit(server_round, valid, failures)
+
+    def _check_arrays(self, res: FitRes) -> None:
+        if self._layout is None:
+            raise InvalidReplyError("no numpy global model to compare the parameters with")
+        check_npy_list(res.parameters.tensors, self._layout)
 
     def _from_secure_aggregation(
         self, results: list[tuple[ClientProxy, FitRes]]
@@ -300,60 +273,3 @@ class LBBSPStrategy(FedAvg):
         for _, res in results:
             res.parameters = cast
         return results
-
-    def _screen(
-        self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
-    ) -> tuple[
-        list[tuple[ClientProxy, FitRes]], list[tuple[dict[str, Any], tuple[ClientProxy, FitRes]]]
-    ]:
-        """The results that pass every check; the others with their telemetry entries."""
-        valid, rejected = [], []
-        cids: set[str] = set()
-        silos: set[str] = set()
-        for client, res in results:
-            silo = self.silo_id(client.cid)
-            try:
-                if self._sent and client.cid not in self._sent:
-                    raise InvalidReplyError(
-                        f"client {client.cid} was not sent a fit instruction this round"
-                    )
-                if client.cid in cids:
-                    raise InvalidReplyError(
-                        f"a second result from client {client.cid} in this round"
-                    )
-                cids.add(client.cid)
-                reported = res.metrics.get(self.keys.silo_id, silo)
-                if isinstance(reported, bool) or not isinstance(reported, str | int):
-                    raise InvalidReplyError(
-                        f"{self.keys.silo_id} must be a string, got {reported!r:.60}"
-                    )
-                silo = str(reported)
-                if silo in silos:
-                    raise InvalidReplyError(f"a second result for silo {silo} in this round")
-                silos.add(silo)
-                self._check_result(client.cid, res)
-            except InvalidReplyError as err:
-                entry = log_rejected(
-                    self.telemetry,
-                    scheme=self.scheme,
-                    server_round=server_round,
-                    silo=silo,
-                    node=client.cid,
-                    reason=str(err),
-                )
-                rejected.append((entry, (client, res)))
-                continue
-            valid.append((client, res))
-        return valid, rejected
-
-    def _check_result(self, cid: str, res: FitRes) -> None:
-        tensors = res.parameters.tensors
-        size = sum(len(t) for t in tensors) + 64 * len(res.metrics)
-        cap = self.max_reply_bytes or 4 * self._sent_bytes + (1 << 20)
-        if size > cap:
-            raise InvalidReplyError(f"reply of {size} bytes is over the {cap}-byte cap")
-        metrics = {**res.metrics, self.keys.num_examples: res.num_examples}
-        self.validator.check_metrics(metrics, sent_batch_size=self._sent.get(cid))
-        if self._layout is None:
-            raise InvalidReplyError("no numpy global model to compare the parameters with")
-        check_npy_list(tensors, self._layout)

@@ -1,149 +1,25 @@
-"""Round logic shared by the Message-API strategy and the legacy-API adapter.
+"""The round's log line and telemetry event, the same for every strategy.
 
-Both strategies turn a silo's reply metrics into a :class:`~fl_lbbsp.core.SiloReport`, feed
-it to the same :class:`~fl_lbbsp.core.BatchSizeBalancer`, ask it for the next batch sizes
-and log / record the round the same way; only the Flower types around them differ.
+The decisions are the round engine's (:mod:`fl_lbbsp.core.engine`); this module only
+shows them: one log line per round, readable for any number of silos, and one ``train``
+telemetry event.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
-from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from ..contract import RecordKeys
-from ..core import BatchSizeBalancer, InvalidReportError, SiloReport, idle_fraction
+from ..core import idle_fraction
+from ..core.engine import natural_key, silo_round_time
 from ..telemetry import TelemetryWriter
-from .config import BalancingConfig
 
-__all__ = [
-    "allocate_batch_sizes",
-    "balancer_from_config",
-    "feed_balancer",
-    "format_silos",
-    "log_round",
-    "missing",
-    "natural_key",
-    "silo_report",
-    "silo_round_time",
-]
+__all__ = ["format_silos", "log_round", "natural_key", "silo_round_time"]
 
 log = logging.getLogger("fl_lbbsp")
-
-K = TypeVar("K")
-
-
-def balancer_from_config(config: BalancingConfig) -> BatchSizeBalancer:
-    """The balancer a strategy with these settings uses (one place for both APIs)."""
-    return BatchSizeBalancer(
-        initial_batch_size=config.initial_batch_size,
-        estimator=config.estimator,
-        alpha=config.alpha,
-        allocator=config.allocator,
-        min_batch_size=config.min_batch_size,
-        min_batch_fraction=config.min_batch_fraction,
-        max_batch_size=config.max_batch_size,
-        max_change_ratio=config.max_change_ratio,
-        fit=config.fit,
-        change_sigmas=config.change_sigmas,
-        change_threshold=config.change_threshold,
-        change_confirm=config.change_confirm,
-        order_tolerance=config.order_tolerance,
-        equal_split_guard=config.equal_split_guard,
-        equal_split_margin=config.equal_split_margin,
-        estimator_options=config.estimator_options,
-        allocator_options=config.allocator_options,
-    )
-
-
-def allocate_batch_sizes(
-    balancer: BatchSizeBalancer,
-    config: BalancingConfig,
-    silo_of: Mapping[K, str],
-    *,
-    total: int | None = None,
-) -> dict[K, int]:
-    """Next batch size of each client key (node id, cid) from its silo's prediction.
-
-    Parameters
-    ----------
-    balancer : BatchSizeBalancer
-        The strategy's balancer.
-    config : BalancingConfig
-        The strategy's settings; ``balance=False`` gives B_init to everyone.
-    silo_of : Mapping
-        Client key (a node id or a legacy cid) -> stable silo id.
-    total : int | None (default: None)
-        The total X to split; ``None``: ``n * B_init`` for the n clients given.
-    """
-    if not config.balance:
-        return {key: config.initial_batch_size for key in silo_of}
-    # Only an estimator with a warm-up (NARX) has anything to say; no scan otherwise.
-    warming = balancer.warming_up() if config.estimator == "narx" else {}
-    if warming:
-        seen, warmup = min(warming.values())
-        log.info(
-            "%s: %d silo(s) still predicted by the EMA warm-up (%d of %d reports; "
-            "set the estimator's warmup to train sooner)",
-            config.estimator,
-            len(warming),
-            seen,
-            warmup,
-        )
-    sizes = balancer.allocate(silo_of.values(), total=total)
-    return {key: sizes[silo] for key, silo in silo_of.items()}
-
-
-def silo_report(
-    metrics: Mapping[str, Any], *, keys: RecordKeys, sent_batch_size: int | None
-) -> SiloReport:
-    """The balancer report in a silo's reply metrics, values as sent (validated later).
-
-    Parameters
-    ----------
-    metrics : Mapping[str, Any]
-        The reply's MetricRecord (Message API) or FitRes metrics (legacy API).
-    keys : RecordKeys
-        Names of the metric entries.
-    sent_batch_size : int | None
-        Batch size the server sent, used when the silo does not report one.
-    """
-    cap = metrics.get(keys.max_batch_size)
-    return SiloReport(
-        batch_size=metrics.get(keys.batch_size, sent_batch_size or 0),
-        train_time=metrics.get(keys.train_time, math.nan),
-        samples=metrics.get(keys.samples_processed),
-        cpu_percent=metrics.get(keys.cpu_percent),
-        memory_percent=metrics.get(keys.memory_percent),
-        max_batch_size=cap if cap else None,
-        fixed_time=metrics.get(keys.he_time),
-    )
-
-
-def feed_balancer(
-    balancer: BatchSizeBalancer,
-    silo: str,
-    metrics: Mapping[str, Any],
-    *,
-    keys: RecordKeys,
-    sent_batch_size: int | None,
-) -> dict[str, Any]:
-    """Report one silo's round to the balancer; return its telemetry record.
-
-    An unusable report (non-finite time, zero batch size, ...) is left out of balancing
-    with a warning and ``invalid-report`` in the record; the silo keeps its estimate.
-    """
-    record: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, list)}
-    record["batch-size-sent"] = sent_batch_size
-    try:
-        balancer.report(silo, silo_report(metrics, keys=keys, sent_batch_size=sent_batch_size))
-    except InvalidReportError as err:
-        log.warning("round report of silo %s left out of balancing: %s", silo, err)
-        record["invalid-report"] = str(err)
-    record["predicted-speed"] = balancer.predicted_speed(silo)
-    return record
 
 
 def log_round(
@@ -220,21 +96,6 @@ def log_round(
     )
 
 
-def silo_round_time(record: Mapping[str, Any], keys: RecordKeys) -> float:
-    """A silo's reported round: ``train-time`` plus ``he-time`` (encrypted mode) if any."""
-    return float(record[keys.train_time]) + float(record.get(keys.he_time, 0.0))
-
-
-def natural_key(silo: str) -> tuple[tuple[int, int, str], ...]:
-    """Sort key for silo ids in natural order: ``2`` before ``10``, ``silo-2`` before
-    ``silo-10`` (digit runs compare as numbers, the rest as text)."""
-    return tuple(
-        (0, int(part), "") if part.isdigit() else (1, 0, part)
-        for part in re.split(r"(\d+)", silo)
-        if part
-    )
-
-
 def format_silos(
     values: Mapping[str, Any],
     *,
@@ -283,9 +144,3 @@ def format_silos(
         f"max {show(numbers[-1])}; {largest_label}: "
         + " ".join(f"{s}={show(values[s])}" for s in top)
     )
-
-
-def missing(sent: Iterable[K], replied: Iterable[K]) -> list[K]:
-    """Keys that were sent a message but gave no usable reply, in sending order."""
-    got = set(replied)
-    return [key for key in sent if key not in got]

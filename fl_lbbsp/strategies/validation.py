@@ -1,99 +1,46 @@
-"""Checks on a silo's train reply before any of it is aggregated or fed to the balancer.
+"""Reply checks on Flower's record types; the rest of screening is in the core.
 
-One place for the Message-API strategies (plain FL, cluster, encrypted) and the legacy
-adapter. Every check raises :class:`InvalidReplyError` with a reason a person can act on;
-the strategy logs it, writes a ``rejected`` telemetry event and leaves the reply out of the
-sum, the weight normalisation and balancing.
-
-The order matters for cost: a reply's size is measured from its byte buffers, and every
-array's npy header (shape, dtype, data length) is read and compared with the global
-model's layout, before any value is touched; only then are the values checked for NaN and
-inf, on zero-copy views of the received bytes.
+The round engine (:mod:`fl_lbbsp.core.engine`) screens every train reply with the pure
+checks of :mod:`fl_lbbsp.core.screening`; this module adds what needs Flower's types (the
+layout of an ArrayRecord, a reply's size from its buffers, its arrays against the global
+model's layout) and the one-line log of a rejected reply or a skipped round.
 """
 
 from __future__ import annotations
 
-import io
 import logging
-import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.common.constant import SType
-from numpy.lib import format as npy
 
-from ..contract import RecordKeys
+from ..core.screening import (
+    DEFAULT_EXTRA_METRIC_KEYS,
+    MAX_SUMMARY,
+    ArraySpec,
+    InvalidReplyError,
+    Layout,
+    check_finite,
+    check_npy,
+    error_summary,
+    few,
+)
 from ..telemetry import TelemetryWriter
-from .config import ReplyLimits
 
 __all__ = [
     "DEFAULT_EXTRA_METRIC_KEYS",
-    "reply_checks",
-    "ArraySpec",
     "InvalidReplyError",
-    "ReplyValidator",
     "check_array_record",
-    "check_npy",
-    "check_npy_list",
-    "contract_metric_keys",
     "error_summary",
     "layout_of",
-    "layout_of_npy",
     "log_rejected",
     "log_skipped",
     "reply_nbytes",
 ]
 
-DEFAULT_EXTRA_METRIC_KEYS: tuple[str, ...] = (
-    "compute-time",
-    "busy-time",
-    "startup-time",
-    "slowdown",
-    "train-loss",
-)
-"""Metrics beyond the contract that the shipped silo and worker apps send."""
-
 log = logging.getLogger("fl_lbbsp")
-
-# Largest integer a float64 holds exactly: the bound on num-examples when none is set.
-_EXACT_INT = 2**53
-_NPY_HEADER_MAX = 10_000  # numpy's own default limit on an npy header
-_FINITE_CHUNK = 1 << 20  # values per isfinite() pass: bounds the temporary bool array
-
-
-class InvalidReplyError(ValueError):
-    """A train reply that must be left out of the round; the message is the reason."""
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """Name, dtype and shape of one array of the global model (no values).
-
-    Parameters
-    ----------
-    name : str
-        Key in the ArrayRecord.
-    dtype : numpy.dtype
-        Element type.
-    shape : tuple of int
-        Array shape.
-    """
-
-    name: str
-    dtype: np.dtype[Any]
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the array's values."""
-        return math.prod(self.shape) * self.dtype.itemsize
-
-
-Layout = tuple[ArraySpec, ...]
 
 
 def layout_of(record: ArrayRecord) -> Layout | None:
@@ -137,87 +84,13 @@ def _value_nbytes(value: object) -> int:
     return 8
 
 
-def _read_header(data: bytes, name: str) -> tuple[tuple[int, ...], np.dtype[Any], int]:
-    """Shape, dtype and data offset from an npy buffer's header (nothing else is read)."""
-    fp = io.BytesIO(data)
-    try:
-        version = npy.read_magic(fp)
-        if version == (1, 0):
-            shape, _, dtype = npy.read_array_header_1_0(fp, max_header_size=_NPY_HEADER_MAX)
-        elif version == (2, 0):
-            shape, _, dtype = npy.read_array_header_2_0(fp, max_header_size=_NPY_HEADER_MAX)
-        else:
-            raise ValueError(f"npy format version {version}")
-    except (ValueError, TypeError, SyntaxError) as err:
-        raise InvalidReplyError(f"array {name!r} is not a numpy array ({err})") from err
-    return tuple(shape), dtype, fp.tell()
-
-
-def check_npy(data: bytes, spec: ArraySpec) -> np.ndarray:
-    """Check that ``data`` is an npy buffer of exactly ``spec``'s shape and dtype.
-
-    The header is read and the data length compared before anything is allocated, so a
-    reply that claims a huge shape costs nothing.
+def check_array_record(record: ArrayRecord, layout: Layout) -> list[np.ndarray]:
+    """Check a reply's arrays against the global model's layout, then for NaN and inf.
 
     Returns
     -------
-    numpy.ndarray
-        A read-only, zero-copy view of the values (flat, in file order).
-
-    Raises
-    ------
-    InvalidReplyError
-        If the buffer is not an npy array of this shape and dtype, or has more or fewer
-        bytes than its header says.
-    """
-    shape, dtype, offset = _read_header(data, spec.name)
-    if dtype != spec.dtype:
-        raise InvalidReplyError(
-            f"array {spec.name!r} has dtype {dtype}, the global model has {spec.dtype}"
-        )
-    if shape != spec.shape:
-        raise InvalidReplyError(
-            f"array {spec.name!r} has shape {shape}, the global model has {spec.shape}"
-        )
-    if len(data) - offset != spec.nbytes:
-        raise InvalidReplyError(
-            f"array {spec.name!r} carries {len(data) - offset} bytes of values, its shape "
-            f"and dtype need {spec.nbytes}"
-        )
-    return np.frombuffer(data, dtype=dtype, count=math.prod(spec.shape), offset=offset)
-
-
-def layout_of_npy(tensors: Sequence[bytes]) -> Layout | None:
-    """The layout of a list of npy buffers (legacy ``Parameters``), arrays named by their
-    position; ``None`` if one is not an npy buffer. Reads the headers only."""
-    try:
-        headers = [_read_header(tensor, str(k)) for k, tensor in enumerate(tensors)]
-    except InvalidReplyError:
-        return None
-    return tuple(ArraySpec(str(k), dtype, shape) for k, (shape, dtype, _) in enumerate(headers))
-
-
-def check_npy_list(tensors: Sequence[bytes], layout: Layout) -> None:
-    """Check legacy ``Parameters.tensors`` against the global model's layout, then for NaN
-    and inf (see :func:`check_array_record`)."""
-    if len(tensors) != len(layout):
-        raise InvalidReplyError(f"{len(tensors)} arrays, the global model has {len(layout)}")
-    _check_finite(
-        [(spec.name, check_npy(t, spec)) for t, spec in zip(tensors, layout, strict=True)]
-    )
-
-
-def _finite(values: np.ndarray) -> bool:
-    if values.dtype.kind not in "fc":
-        return True
-    return all(
-        bool(np.isfinite(values[k : k + _FINITE_CHUNK]).all())
-        for k in range(0, values.size, _FINITE_CHUNK)
-    )
-
-
-def check_array_record(record: ArrayRecord, layout: Layout) -> None:
-    """Check a reply's arrays against the global model's layout, then for NaN and inf.
+    list of numpy.ndarray
+        Read-only, zero-copy views of the values, in the layout's order and shapes.
 
     Raises
     ------
@@ -233,22 +106,17 @@ def check_array_record(record: ArrayRecord, layout: Layout) -> None:
         extra = [n for n in names if n not in set(expected)]
         parts = []
         if missing:
-            parts.append(f"missing arrays {_few(missing)}")
+            parts.append(f"missing arrays {few(missing)}")
         if extra:
-            parts.append(f"unexpected arrays {_few(extra)}")
+            parts.append(f"unexpected arrays {few(extra)}")
         raise InvalidReplyError("; ".join(parts))
     views = []
     for spec in layout:
         array = record[spec.name]
         _check_metadata(array, spec)
         views.append((spec.name, check_npy(array.data, spec)))
-    _check_finite(views)
-
-
-def _check_finite(views: list[tuple[str, np.ndarray]]) -> None:
-    for name, values in views:
-        if not _finite(values):
-            raise InvalidReplyError(f"array {name!r} contains NaN or inf")
+    check_finite(views)
+    return [values.reshape(spec.shape) for (_, values), spec in zip(views, layout, strict=True)]
 
 
 def _check_metadata(array: Array, spec: ArraySpec) -> None:
@@ -268,249 +136,6 @@ def _check_metadata(array: Array, spec: ArraySpec) -> None:
         )
 
 
-def contract_metric_keys(keys: RecordKeys) -> frozenset[str]:
-    """Every metric the server-silo contract defines (shared/DESIGN.md)."""
-    return frozenset(
-        {
-            keys.num_examples,
-            keys.train_time,
-            keys.batch_size,
-            keys.samples_processed,
-            keys.cpu_percent,
-            keys.memory_percent,
-            keys.max_batch_size,
-            keys.he_time,
-            keys.model_version,
-        }
-    )
-
-
-class ReplyValidator:
-    """The settings a reply's metrics and size are checked against.
-
-    Parameters
-    ----------
-    keys : RecordKeys
-        Names of the contract's entries.
-    weight_key : str
-        The aggregation weight (``num-examples`` in FL, ``batch-size`` in cluster mode).
-    extra_metric_keys : iterable of str | None (default: DEFAULT_EXTRA_METRIC_KEYS)
-        Metrics accepted beyond the contract's; ``None`` accepts any.
-    max_num_examples : int | None (default: None)
-        Largest ``num-examples`` accepted; ``None``: 2**53 (the largest integer a float
-        holds exactly).
-    also_known : iterable of str (default: ())
-        More keys the caller's metrics legitimately hold, of any type (the legacy API's
-        ``silo-id``).
-    """
-
-    def __init__(
-        self,
-        *,
-        keys: RecordKeys,
-        weight_key: str,
-        extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
-        max_num_examples: int | None = None,
-        also_known: Iterable[str] = (),
-    ) -> None:
-        if isinstance(extra_metric_keys, str):
-            raise TypeError("extra_metric_keys must be an iterable of key names, not a string")
-        self.keys = keys
-        self.weight_key = weight_key
-        self.contract = contract_metric_keys(keys)
-        self.known = self.contract | frozenset(also_known)
-        self.extra = None if extra_metric_keys is None else frozenset(extra_metric_keys)
-        self.max_num_examples = max_num_examples
-
-    def check_metrics(self, metrics: Mapping[str, Any], *, sent_batch_size: int | None) -> None:
-        """Check a reply's metrics against the contract.
-
-        Parameters
-        ----------
-        metrics : Mapping[str, Any]
-            The reply's MetricRecord (or legacy FitRes metrics with ``num-examples``).
-        sent_batch_size : int | None
-            The batch size the server sent this silo; ``None`` skips that comparison.
-
-        Raises
-        ------
-        InvalidReplyError
-            On a missing required key (``num-examples``, ``train-time``, ``batch-size``),
-            a key that is neither in the contract nor allowed, a value that is not a finite
-            number, a train time that is not positive, a batch size other than the one
-            sent, ``num-examples`` <= 0 or above the bound, and contract counts or times
-            out of range.
-        """
-        k = self.keys
-        required = (k.num_examples, k.train_time, k.batch_size, self.weight_key)
-        missing = [key for key in dict.fromkeys(required) if key not in metrics]
-        if missing:
-            raise InvalidReplyError(f"missing metrics {_few(missing)}")
-        if self.extra is not None:
-            unknown = sorted(set(metrics) - self.known - self.extra)
-            if unknown:
-                raise InvalidReplyError(
-                    f"unexpected metrics {_few(unknown)} (allow them with extra_metric_keys)"
-                )
-        for key, value in metrics.items():
-            if key in self.contract:
-                _number(key, value)
-            elif key not in self.known and not _finite_metric(value):
-                raise InvalidReplyError(f"metric {key!r} is not a finite number: {_short(value)}")
-        time = float(metrics[k.train_time])
-        if time <= 0:
-            raise InvalidReplyError(f"{k.train_time} must be positive, got {time!r}")
-        batch = _count(k.batch_size, metrics[k.batch_size], high=_EXACT_INT)
-        if sent_batch_size is not None and batch != sent_batch_size:
-            raise InvalidReplyError(
-                f"{k.batch_size} {batch} differs from the {sent_batch_size} sent to this silo"
-            )
-        limit = _EXACT_INT if self.max_num_examples is None else self.max_num_examples
-        _count(k.num_examples, metrics[k.num_examples], high=limit)
-        if k.samples_processed in metrics:
-            _count(k.samples_processed, metrics[k.samples_processed], high=_EXACT_INT)
-        if k.max_batch_size in metrics:
-            _count(k.max_batch_size, metrics[k.max_batch_size], high=_EXACT_INT, low=0)
-        for key in (k.cpu_percent, k.memory_percent, k.he_time):
-            if key in metrics and float(metrics[key]) < 0:
-                raise InvalidReplyError(f"{key} must not be negative, got {metrics[key]!r}")
-
-    def check_evaluation(self, metrics: Mapping[str, Any]) -> None:
-        """Check an evaluation reply's metrics: the weight is a count in range, every value
-        a finite number (or list of them).
-
-        Raises
-        ------
-        InvalidReplyError
-            On a missing or out-of-range weight or a value that is not a finite number.
-        """
-        if self.weight_key not in metrics:
-            raise InvalidReplyError(f"missing metrics {self.weight_key!r}")
-        limit = _EXACT_INT if self.max_num_examples is None else self.max_num_examples
-        _count(self.weight_key, metrics[self.weight_key], high=limit)
-        for key, value in metrics.items():
-            if not _finite_metric(value):
-                raise InvalidReplyError(f"metric {key!r} is not a finite number: {_short(value)}")
-
-
-def _number(key: str, value: object) -> float:
-    if not _is_number(value):
-        raise InvalidReplyError(f"metric {key!r} must be a number, got {_short(value)}")
-    number = _as_float(value)
-    if not math.isfinite(number):
-        raise InvalidReplyError(f"metric {key!r} must be finite, got {_short(value)}")
-    return number
-
-
-def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float | np.integer | np.floating)
-
-
-def _as_float(value: Any) -> float:
-    try:
-        return float(value)
-    except OverflowError:  # an integer beyond the float range
-        return math.inf
-
-
-def _finite_metric(value: object) -> bool:
-    values = value if isinstance(value, list) else [value]
-    return all(_is_number(v) and math.isfinite(_as_float(v)) for v in values)
-
-
-def _count(key: str, value: object, *, high: int, low: int = 1) -> int:
-    number = _number(key, value)
-    if not number.is_integer() or not low <= number <= high:
-        bound = f"an integer in [{low}, {high}]"
-        raise InvalidReplyError(f"{key} must be {bound}, got {value!r}")
-    return int(number)
-
-
-def _few(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:5])
-    return shown if len(names) <= 5 else f"{shown} and {len(names) - 5} more"
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def reply_checks(
-    *,
-    keys: RecordKeys,
-    weight_key: str,
-    limits: Mapping[str, Any],
-    also_known: Iterable[str] = (),
-) -> tuple[ReplyLimits, ReplyValidator]:
-    """The validated reply limits of a strategy's keywords and the validator built on them.
-
-    Parameters
-    ----------
-    keys : RecordKeys
-        Names of the contract's entries.
-    weight_key : str
-        The aggregation weight's metric.
-    limits : Mapping[str, Any]
-        The strategy's ``min_train_silos``, ``max_num_examples``, ``max_reply_bytes`` and
-        ``extra_metric_keys`` keywords (validated by :class:`ReplyLimits`).
-    also_known : iterable of str (default: ())
-        As in :class:`ReplyValidator`.
-    """
-    checked = ReplyLimits(**limits)
-    validator = ReplyValidator(
-        keys=keys,
-        weight_key=weight_key,
-        extra_metric_keys=checked.extra_metric_keys,
-        max_num_examples=checked.max_num_examples,
-        also_known=also_known,
-    )
-    return checked, validator
-
-
-# An exception line of a traceback: "ImportError: message" or "pkg.mod.SomeError: message".
-_EXCEPTION_LINE = re.compile(
-    r"^\s*((?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)))"
-    r"(?:: (.*))?$"
-)
-# Exceptions that runtimes wrap a ClientApp's own exception in: never the cause.
-_WRAPPERS = frozenset({"ClientAppException", "RayTaskError", "RayActorError"})
-_FLOWER_REASON = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
-_MAX_SUMMARY = 300
-
-
-def error_summary(reason: str) -> str:
-    """One line for an error a silo sent back: ``"ExceptionType: message"``.
-
-    Runtimes wrap a ClientApp's exception in their own and in whole tracebacks (Ray's
-    ``ClientAppException`` carries the actor's traceback, Flower's simulation prints it as
-    ``<class '...'>:<'...'>``). The summary is the last exception line of the text that is
-    not such a wrapper, i.e. the exception the silo's code raised; failing that, the
-    wrapper's message, else the first non-empty line; at most 300 characters.
-
-    Parameters
-    ----------
-    reason : str
-        The error reply's reason, or any exception text.
-    """
-    text = reason.strip()
-    wrapped = _FLOWER_REASON.match(text)
-    if wrapped is not None:
-        name, text = wrapped.group(1), wrapped.group(2).strip()
-        if name not in _WRAPPERS and "\n" not in text:
-            return f"{name}: {text}"[:_MAX_SUMMARY]
-    found = None
-    for line in text.splitlines():
-        match = _EXCEPTION_LINE.match(line)
-        if match is not None and match.group(2) not in _WRAPPERS and match.group(3):
-            found = f"{match.group(2)}: {match.group(3).strip()}"
-    if found is None:
-        marker = re.search(r"occurred\. Message: (.+)", text)  # Flower's ClientAppException
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        found = marker.group(1).strip() if marker else (lines[0] if lines else "no reason given")
-    return found[:_MAX_SUMMARY]
-
-
 def log_rejected(
     telemetry: TelemetryWriter,
     *,
@@ -527,7 +152,7 @@ def log_rejected(
     only; the warning and the event carry its :func:`error_summary`.
     """
     summary = reason if "\n" not in reason.strip() else error_summary(reason)
-    summary = summary if len(summary) <= _MAX_SUMMARY else summary[:_MAX_SUMMARY] + "..."
+    summary = summary if len(summary) <= MAX_SUMMARY else summary[:MAX_SUMMARY] + "..."
     if summary != reason:
         log.debug(
             "round %d: reply of silo %s (node %s), in full: %s", server_round, silo, node, reason

@@ -1,0 +1,638 @@
+"""The round engine: every decision of an LB-BSP round, with no Flower and no torch.
+
+One round is ``plan`` -> ``screen`` and ``report`` for each reply -> ``close``:
+
+- :meth:`RoundEngine.plan` is the one place where a batch size is decided. It takes the
+  nodes sampled for the round and gives one :class:`Instruction` per node (batch size,
+  local steps, learning rate, where its samples start in cluster mode) and the round's
+  deadline; the total ``X = n * B_init`` stays that of the largest federation seen, so
+  the silos still there take the share of those gone.
+- :meth:`RoundEngine.screen` checks one reply (origin, duplicates, the claimed silo,
+  size, the contract's metrics, then the update through the adapter's parser) and gives
+  a :class:`Verdict`: accepted with its parsed update, or the reason it is not.
+- :meth:`RoundEngine.report` feeds an accepted reply's timing to the balancer and returns
+  the round's telemetry record of that silo.
+- :meth:`RoundEngine.close` notes who missed the round and learns the messaging overhead.
+
+The baselines are not subclasses: :class:`TauRewriter` and :class:`EtaRewriter` rewrite
+the instructions (local steps tau_i or learning rate eta_i from the balanced share), and
+:class:`FastestReplies` picks the replies a backup-worker round keeps. Aggregation is an
+:class:`~fl_lbbsp.core.aggregation.Aggregator`. :meth:`RoundEngine.state_dict` and
+:meth:`RoundEngine.load_state_dict` are all a checkpoint needs of the engine.
+
+Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
+Environments", IEEE TCC 2021: Sec. 3.3 (batch sizes from predicted speeds), Sec. 3.4
+(cluster mode, gradients weighted by batch size), Sec. 3.5 (FL: the same tau and eta for
+every silo; the tau and eta variants rejected in Fig. 13).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, Protocol, TypeVar
+
+from ..contract import STEP_BATCH_SIZE, RecordKeys
+from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
+from .deadline import DeadlinePolicy, OverheadTracker, predicted_compute_time
+from .screening import InvalidReplyError, ReplyValidator, error_summary
+from .settings import BalancingConfig, ReplyLimits, make_balancer
+
+__all__ = [
+    "EtaRewriter",
+    "FastestReplies",
+    "Instruction",
+    "InstructionRewriter",
+    "Node",
+    "Reply",
+    "RoundEngine",
+    "RoundState",
+    "TauRewriter",
+    "Verdict",
+    "natural_key",
+    "silo_round_time",
+]
+
+log = logging.getLogger("fl_lbbsp")
+
+U = TypeVar("U")
+
+Node = int | str
+"""A node id (Message API) or a client's cid (legacy API)."""
+
+
+def natural_key(silo: str) -> tuple[tuple[int, int, str], ...]:
+    """Sort key for silo ids in natural order: ``2`` before ``10``, ``silo-2`` before
+    ``silo-10`` (digit runs compare as numbers, the rest as text)."""
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part)
+        for part in re.split(r"(\d+)", silo)
+        if part
+    )
+
+
+def silo_round_time(record: Mapping[str, Any], keys: RecordKeys) -> float:
+    """A silo's reported round: ``train-time`` plus ``he-time`` (encrypted mode) if any."""
+    return float(record[keys.train_time]) + float(record.get(keys.he_time, 0.0))
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What one silo is told to do in one round.
+
+    Parameters
+    ----------
+    silo : str
+        The silo's stable id.
+    batch_size : int
+        The batch size it trains with (and must report back).
+    local_steps : int
+        Its local steps tau.
+    lr : float
+        Its learning rate eta.
+    share : int
+        Its share of the round's total X in batch-size units (the balancer's units); the
+        batch size itself unless a rewriter moved the share into tau or eta.
+    batch_offset : int | None (default: None)
+        Cluster mode: where its samples start in the round's global batch.
+    """
+
+    silo: str
+    batch_size: int
+    local_steps: int
+    lr: float
+    share: int
+    batch_offset: int | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the engine needs to know of one train reply, as the adapter read it.
+
+    Parameters
+    ----------
+    node : int
+        The node it came from.
+    silo : object (default: None)
+        The silo id it claims, as sent; ``None``: it claims none (its node's known id).
+    error : str | None (default: None)
+        An error reply's reason.
+    metrics : Mapping[str, Any] | None (default: None)
+        Its metrics (the contract's MetricRecord).
+    nbytes : int (default: 0)
+        Its size in bytes.
+    stale : bool (default: False)
+        It answers no train message of this round.
+    seconds_late : float | None (default: None)
+        How long after the deadline it came in; ``None``: in time.
+    problem : str | None (default: None)
+        What the adapter found wrong with its records (e.g. two ArrayRecords).
+    """
+
+    node: Node
+    silo: object = None
+    error: str | None = None
+    metrics: Mapping[str, Any] | None = None
+    nbytes: int = 0
+    stale: bool = False
+    seconds_late: float | None = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict(Generic[U]):
+    """The outcome of screening one reply: accepted with its update, or rejected."""
+
+    node: Node
+    silo: str
+    update: U | None = None
+    reason: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the reply passed every check."""
+        return self.reason is None
+
+
+@dataclass
+class RoundState:
+    """Everything about the round in flight, in one place.
+
+    Parameters
+    ----------
+    server_round : int
+        The round.
+    instructions : dict[int, Instruction]
+        Node -> what it was told.
+    total : int
+        X, the round's total batch size.
+    deadline : float | None
+        Seconds the round may take (``None``: no limit).
+    started : float (default: now)
+        ``time.perf_counter()`` when the round was planned.
+    sent_at : float (default: now)
+        ``time.time()`` when the round was planned.
+    expected_bytes : int (default: 0)
+        The size of the update a reply is expected to carry (for the size cap).
+    waited : float | None (default: None)
+        The timeout the grid actually waited, when the adapter knows it.
+    sent : list (default: [])
+        The adapter's own outgoing messages (a reply must answer one of them).
+    model : object (default: None)
+        The global model as sent (kept when the round ends without a new one).
+
+    ``nodes``, ``silos``, ``reports`` and ``rejected`` fill up as replies are screened.
+    """
+
+    server_round: int
+    instructions: dict[Node, Instruction]
+    total: int
+    deadline: float | None
+    started: float = field(default_factory=time.perf_counter)
+    sent_at: float = field(default_factory=time.time)
+    expected_bytes: int = 0
+    waited: float | None = None
+    sent: list[Any] = field(default_factory=list)
+    model: Any = None
+    nodes: set[Node] = field(default_factory=set)
+    silos: set[str] = field(default_factory=set)
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def shares(self) -> dict[str, int]:
+        """Silo -> its share of X this round."""
+        return {ins.silo: ins.share for ins in self.instructions.values()}
+
+
+class InstructionRewriter(Protocol):
+    """Changes what a silo is told after balancing (the tau and eta baselines)."""
+
+    @property
+    def name(self) -> str:
+        """Suffix of the scheme's name (``"tau"``, ``"eta"``)."""
+
+    def rewrite(self, instruction: Instruction, config: BalancingConfig) -> Instruction:
+        """The instruction actually sent, given the balanced one."""
+
+    def to_balancer_units(
+        self, metrics: Mapping[str, Any], keys: RecordKeys, config: BalancingConfig
+    ) -> dict[str, Any]:
+        """A reply's metrics in the balancer's units (a batch-size share of X)."""
+
+
+@dataclass(frozen=True)
+class TauRewriter:
+    """LB-BSP that tunes the local steps instead of the batch size (rejected in Sec. 3.5).
+
+    Silo i is sent ``tau_i = max(1, round(tau * x_i / B_init))`` steps at ``B_init``, so it
+    processes about ``x_i * tau`` samples, as under LB-BSP; eta stays the same for all.
+    Its reply's ``batch-size`` becomes the equivalent share ``round(samples / tau)``; the
+    batch size it really used goes to ``step-batch-size``, its steps to ``local-steps``.
+    """
+
+    name: str = "tau"
+
+    def rewrite(self, instruction: Instruction, config: BalancingConfig) -> Instruction:
+        """``B_init`` with the steps that process the balanced share."""
+        steps = max(1, round(config.local_steps * instruction.share / config.initial_batch_size))
+        return replace(instruction, batch_size=config.initial_batch_size, local_steps=steps)
+
+    def to_balancer_units(
+        self, metrics: Mapping[str, Any], keys: RecordKeys, config: BalancingConfig
+    ) -> dict[str, Any]:
+        """The equivalent share; metrics without a usable count are left as reported."""
+        converted = dict(metrics)
+        used, samples = (
+            _positive(metrics.get(keys.batch_size)),
+            _positive(metrics.get(keys.samples_processed)),
+        )
+        if used is not None and samples is not None:
+            converted[STEP_BATCH_SIZE] = metrics[keys.batch_size]
+            converted[keys.local_steps] = round(samples / used)
+            converted[keys.batch_size] = max(1, round(samples / config.local_steps))
+        return converted
+
+
+@dataclass(frozen=True)
+class EtaRewriter:
+    """LB-BSP that also scales the learning rate with the batch size (rejected in Sec. 3.5):
+    ``eta_i = eta * B_i / B_init``, the linear scaling rule of large-batch SGD."""
+
+    name: str = "eta"
+
+    def rewrite(self, instruction: Instruction, config: BalancingConfig) -> Instruction:
+        """The balanced batch size with its scaled learning rate."""
+        return replace(
+            instruction, lr=config.lr * instruction.batch_size / config.initial_batch_size
+        )
+
+    def to_balancer_units(
+        self, metrics: Mapping[str, Any], keys: RecordKeys, config: BalancingConfig
+    ) -> dict[str, Any]:
+        """Unchanged: the batch size is the share."""
+        return dict(metrics)
+
+
+@dataclass(frozen=True)
+class FastestReplies:
+    """Backup workers: keep only the k replies with the shortest reported round time.
+
+    The reported times decide, not the arrival order, so that silos emulated one after
+    the other rank as if they had run side by side.
+
+    Parameters
+    ----------
+    replies : int | None (default: None)
+        k; ``None``: one fewer than the silos sent the round (at least one).
+    """
+
+    replies: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.replies is not None and (
+            isinstance(self.replies, bool) or not int(self.replies) >= 1
+        ):
+            raise ValueError(f"replies must be a positive integer or None, got {self.replies!r}")
+
+    def kept(self, sent: int) -> int:
+        """Replies kept in a round sent to ``sent`` silos."""
+        return max(1, sent - 1) if self.replies is None else self.replies
+
+    def select(self, times: Mapping[str, float], *, sent: int) -> set[str]:
+        """The silos kept, given each accepted silo's reported round time."""
+        order = sorted(times, key=lambda silo: (times[silo], natural_key(silo)))
+        return set(order[: self.kept(sent)])
+
+
+class RoundEngine:
+    """Plans every round, screens every reply, feeds the balancer; no Flower, no torch.
+
+    Parameters
+    ----------
+    config : BalancingConfig
+        B_init, tau, eta and the balancer's settings.
+    keys : RecordKeys
+        Names of the contract's entries.
+    limits : ReplyLimits
+        What a reply may claim (``min_train_silos``, ``max_num_examples``, ...).
+    weight_key : str
+        The aggregation weight's metric (``num-examples`` in FL, ``batch-size`` in cluster
+        mode).
+    deadline : DeadlinePolicy | None (default: None)
+        How long a round may take; ``None``: ``DeadlinePolicy()``.
+    rewriter : InstructionRewriter | None (default: None)
+        Rewrites the balanced instructions (the tau and eta baselines).
+    offsets : bool (default: False)
+        Cluster mode: give each node where its samples start in the round's global batch.
+    require_valid_report : bool (default: False)
+        Leave a reply out of the aggregate when its timing report is unusable (cluster
+        mode: its gradient weight is its reported batch size); in FL every accepted reply
+        counts, weighted by its dataset size.
+    also_known : iterable of str (default: ())
+        Metric keys a reply may hold beyond the contract's (the legacy API's ``silo-id``).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: BalancingConfig,
+        keys: RecordKeys,
+        limits: ReplyLimits,
+        weight_key: str,
+        deadline: DeadlinePolicy | None = None,
+        rewriter: InstructionRewriter | None = None,
+        offsets: bool = False,
+        require_valid_report: bool = False,
+        also_known: Iterable[str] = (),
+    ) -> None:
+        self.config = config
+        self.keys = keys
+        self.limits = limits
+        self.weight_key = weight_key
+        self.deadline = deadline or DeadlinePolicy()
+        self.rewriter = rewriter
+        self.offsets = offsets
+        self.require_valid_report = require_valid_report
+        self.validator = ReplyValidator(
+            keys=keys,
+            weight_key=weight_key,
+            extra_metric_keys=limits.extra_metric_keys,
+            max_num_examples=limits.max_num_examples,
+            also_known=also_known,
+        )
+        self.balancer = make_balancer(config)
+        self.silo_of_node: dict[Node, str] = {}
+        self.federation_size = 0
+        self.overhead = OverheadTracker(self.deadline.overhead_rounds)
+
+    # ------------------------------------------------------------------ planning
+    def silo_id(self, node: Node) -> str:
+        """The stable silo id last reported by ``node`` (``node-<id>``, or a legacy
+        client's cid, before that)."""
+        return self.silo_of_node.get(node, node if isinstance(node, str) else f"node-{node}")
+
+    def total(self, sampled: int) -> int:
+        """X for a round sent to ``sampled`` nodes: ``n * B_init`` for the largest n seen."""
+        return self.config.initial_batch_size * max(sampled, self.federation_size)
+
+    def shares(self, silos: Mapping[Node, str], *, total: int) -> dict[Node, int]:
+        """Each node's share of ``total`` (B_init for all when not balancing)."""
+        if not self.config.balance:
+            return {node: self.config.initial_batch_size for node in silos}
+        # Only an estimator with a warm-up (NARX) has anything to say; no scan otherwise.
+        warming = self.balancer.warming_up() if self.config.estimator == "narx" else {}
+        if warming:
+            seen, warmup = min(warming.values())
+            log.info(
+                "%s: %d silo(s) still predicted by the EMA warm-up (%d of %d reports; "
+                "set the estimator's warmup to train sooner)",
+                self.config.estimator,
+                len(warming),
+                seen,
+                warmup,
+            )
+        sizes = self.balancer.allocate(silos.values(), total=total)
+        return {node: sizes[silo] for node, silo in silos.items()}
+
+    def plan(
+        self,
+        server_round: int,
+        nodes: Iterable[Node],
+        *,
+        timeout_cap: float | None = None,
+        expected_bytes: int = 0,
+    ) -> RoundState:
+        """Decide the round: one instruction per node, the total X and the deadline.
+
+        Parameters
+        ----------
+        server_round : int
+            The round.
+        nodes : iterable of int or str
+            The nodes (legacy API: the clients' cids) sampled for it.
+        timeout_cap : float | None (default: None)
+            The longest any round may wait (``start``'s ``timeout``).
+        expected_bytes : int (default: 0)
+            The size of the update a reply should carry (the model sent).
+        """
+        silos = {node: self.silo_id(node) for node in nodes}
+        self.federation_size = max(self.federation_size, len(silos))
+        total = self.total(len(silos))
+        c = self.config
+        instructions = {
+            node: Instruction(
+                silo=silos[node], batch_size=share, local_steps=c.local_steps, lr=c.lr, share=share
+            )
+            for node, share in self.shares(silos, total=total).items()
+        }
+        if self.rewriter is not None:
+            rewriter = self.rewriter
+            instructions = {n: rewriter.rewrite(i, c) for n, i in instructions.items()}
+        if self.offsets:
+            offset = 0
+            for node in sorted(instructions):
+                instructions[node] = replace(instructions[node], batch_offset=offset)
+                offset += instructions[node].batch_size
+        state = RoundState(
+            server_round=server_round,
+            instructions=instructions,
+            total=sum(i.share for i in instructions.values()),
+            deadline=None,
+            expected_bytes=expected_bytes,
+        )
+        state.deadline = self.deadline.timeout(self.predicted_round_time(state), cap=timeout_cap)
+        return state
+
+    def predicted_round_time(self, state: RoundState) -> float | None:
+        """Predicted seconds of the planned round (``None``: nothing predicted yet)."""
+        compute = predicted_compute_time(self.balancer, state.shares, self.config.local_steps)
+        return None if compute is None else compute + self.overhead.predict()
+
+    def reply_cap(self, state: RoundState) -> int:
+        """Largest reply in bytes accepted this round (``max_reply_bytes`` or four times
+        the update expected plus 1 MiB)."""
+        if self.limits.max_reply_bytes is not None:
+            return self.limits.max_reply_bytes
+        return 4 * state.expected_bytes + (1 << 20)
+
+    # ----------------------------------------------------------------- screening
+    def claimed_silo(self, reply: Reply) -> str:
+        """The silo id a reply claims (its node's known id if it claims none).
+
+        Raises
+        ------
+        InvalidReplyError
+            If the claim is not a string (or an integer).
+        """
+        if reply.silo is None:
+            return self.silo_id(reply.node)
+        if isinstance(reply.silo, bool) or not isinstance(reply.silo, str | int):
+            raise InvalidReplyError(f"{self.keys.silo_id} must be a string, got {reply.silo!r:.60}")
+        return str(reply.silo)
+
+    def screen(self, state: RoundState, reply: Reply, parse: Callable[[], U]) -> Verdict[U]:
+        """Check one reply; ``parse`` reads and checks its update, last.
+
+        In order: it answers this round, was sent to this node and came in time; it is
+        the first from its node and for its silo; it is not an error; its size is under
+        the cap; its records are well formed; its metrics keep the contract (with the
+        batch size sent); its update parses (``parse`` raises
+        :class:`~fl_lbbsp.core.screening.InvalidReplyError` with the reason).
+        """
+        node = reply.node
+        try:
+            silo = self.claimed_silo(reply)  # to name the silo in a rejection
+        except InvalidReplyError:
+            silo = self.silo_id(node)
+        try:
+            self._check_origin(state, reply)
+            # The first reply of this round from a node, or for a silo, is the one.
+            if node in state.nodes:
+                raise InvalidReplyError(f"a second reply from node {node} in this round")
+            state.nodes.add(node)
+            silo = self.claimed_silo(reply)
+            if silo in state.silos:
+                raise InvalidReplyError(f"a second reply for silo {silo} in this round")
+            state.silos.add(silo)
+            if reply.error is not None:
+                raise InvalidReplyError(f"error reply: {error_summary(reply.error)}")
+            cap = self.reply_cap(state)
+            if reply.nbytes > cap:
+                raise InvalidReplyError(f"reply of {reply.nbytes} bytes is over the {cap}-byte cap")
+            if reply.problem is not None:
+                raise InvalidReplyError(reply.problem)
+            sent = state.instructions.get(node)
+            self.validator.check_metrics(
+                reply.metrics or {}, sent_batch_size=None if sent is None else sent.batch_size
+            )
+            try:
+                update = parse()
+            except InvalidReplyError:
+                raise
+            except Exception as err:  # noqa: BLE001 - hostile bytes may break any parser
+                raise InvalidReplyError(f"unreadable arrays ({type(err).__name__}: {err})") from err
+        except InvalidReplyError as err:
+            return Verdict(node=node, silo=silo, reason=str(err))
+        return Verdict(node=node, silo=silo, update=update)
+
+    def _check_origin(self, state: RoundState, reply: Reply) -> None:
+        if reply.stale:
+            raise InvalidReplyError("not a reply to a train message of this round (stale)")
+        if state.instructions and reply.node not in state.instructions:
+            raise InvalidReplyError(f"node {reply.node} was not sent a train message this round")
+        if reply.seconds_late is not None:
+            waited = state.waited if state.waited is not None else state.deadline
+            raise InvalidReplyError(
+                f"arrived {reply.seconds_late:.2f} s after the round deadline of "
+                f"{waited or 0:.1f} s"
+            )
+
+    # ----------------------------------------------------------------- reporting
+    def report(self, state: RoundState, verdict: Verdict[Any], metrics: Mapping[str, Any]) -> bool:
+        """Feed an accepted reply's timing to the balancer; record it for the round.
+
+        An unusable report (non-finite time, zero batch size, ...) is left out of
+        balancing with a warning and ``invalid-report`` in the record; the silo keeps its
+        estimate.
+
+        Returns
+        -------
+        bool
+            Whether the reply enters the aggregate: always in FL; in cluster mode
+            (``require_valid_report``) only with a usable report.
+        """
+        keys, silo = self.keys, verdict.silo
+        self.silo_of_node[verdict.node] = silo
+        if self.rewriter is not None:
+            metrics = self.rewriter.to_balancer_units(metrics, keys, self.config)
+        sent = state.instructions.get(verdict.node)
+        share = None if sent is None else sent.share
+        record: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+        record["batch-size-sent"] = share
+        cap = metrics.get(keys.max_batch_size)
+        try:
+            self.balancer.report(
+                silo,
+                SiloReport(
+                    batch_size=metrics.get(keys.batch_size, share or 0),
+                    train_time=metrics.get(keys.train_time, math.nan),
+                    samples=metrics.get(keys.samples_processed),
+                    cpu_percent=metrics.get(keys.cpu_percent),
+                    memory_percent=metrics.get(keys.memory_percent),
+                    max_batch_size=cap if cap else None,
+                    fixed_time=metrics.get(keys.he_time),
+                ),
+            )
+        except InvalidReportError as err:
+            log.warning("round report of silo %s left out of balancing: %s", silo, err)
+            record["invalid-report"] = str(err)
+        record["predicted-speed"] = self.balancer.predicted_speed(silo)
+        state.reports[silo] = record
+        if self.require_valid_report and "invalid-report" in record:
+            log.warning(
+                "update of silo %s left out of this round: %s", silo, record["invalid-report"]
+            )
+            return False
+        return True
+
+    def close(
+        self, state: RoundState, *, replied: Iterable[Node], wall: float | None
+    ) -> dict[str, Any]:
+        """Note who sent no usable reply in time; learn the messaging overhead.
+
+        Returns
+        -------
+        dict
+            Telemetry fields of the round: ``deadline``, ``missed``, ``sent``, ``sent_at``.
+        """
+        got = set(replied)
+        missed = [node for node in state.instructions if node not in got]
+        if missed:
+            log.warning(
+                "no usable reply from %s within %s s: left out, estimates kept",
+                ", ".join(self.silo_id(node) for node in missed),
+                "n/a" if state.deadline is None else f"{state.deadline:.1f}",
+            )
+        times = [
+            silo_round_time(r, self.keys)
+            for r in state.reports.values()
+            if "invalid-report" not in r and self.keys.train_time in r
+        ]
+        if not missed and wall is not None and times:
+            self.overhead.observe(wall, max(times))
+        return {
+            "deadline": state.deadline,
+            "missed": [self.silo_id(node) for node in missed],
+            "sent": state.shares,
+            "sent_at": state.sent_at,
+        }
+
+    # -------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's state between two rounds (JSON values): the balancer, the node ->
+        silo ids, the messaging overhead, the most silos seen in a round."""
+        return {
+            "balancer": self.balancer.state_dict(),
+            "silo_of_node": {str(node): silo for node, silo in self.silo_of_node.items()},
+            "overhead": self.overhead.seen,
+            "federation_size": self.federation_size,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
+        self.silo_of_node = {int(node): str(silo) for node, silo in state["silo_of_node"].items()}
+        self.overhead = OverheadTracker(self.deadline.overhead_rounds, state["overhead"])
+        self.federation_size = int(state.get("federation_size", 0))
+
+
+def _positive(value: object) -> float | None:
+    """``value`` as a float if it is a finite positive number, else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None

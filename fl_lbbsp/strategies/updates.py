@@ -1,0 +1,193 @@
+"""How a strategy reads, checks and sums the updates in its replies (the Flower side).
+
+Each :class:`Updates` pairs a parser of a reply's ArrayRecord with one of the core's
+aggregators (:mod:`fl_lbbsp.core.aggregation`): the plaintext mean by dataset size
+(:class:`PlainMean`) and the parameter server's SGD step on the batch-size-weighted
+gradient (:class:`GradientUpdate`). The encrypted ones live in
+:mod:`fl_lbbsp.strategies.encrypted`. Replies are added one at a time as they are
+screened: the arrays are zero-copy views of the received bytes, accumulated in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol, TypeVar
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from ..core.aggregation import GradientStep, WeightedMean
+from ..core.engine import RoundState
+from ..core.optim import SGD
+from ..core.screening import InvalidReplyError, Layout
+from .validation import check_array_record, layout_of
+
+__all__ = ["GradientUpdate", "PlainMean", "Updates"]
+
+U = TypeVar("U")
+
+
+class Updates(Protocol[U]):
+    """The updates of one kind of strategy: parse, check and sum them, and checkpoint."""
+
+    def begin(self, arrays: ArrayRecord, state: RoundState) -> None:
+        """Start a round whose global model (as sent) is ``arrays``."""
+
+    def config(self, state: RoundState) -> dict[str, float | int]:
+        """Entries every train message of the round carries besides the instruction."""
+
+    def expected_bytes(self, arrays: ArrayRecord) -> int:
+        """The size of the update a reply should carry."""
+
+    def parse(self, record: ArrayRecord, metrics: Mapping[str, Any], state: RoundState) -> U:
+        """The reply's update, checked; :class:`InvalidReplyError` says why not."""
+
+    def add(self, update: U, *, weight: float) -> None:
+        """Accumulate one accepted update."""
+
+    @property
+    def count(self) -> int:
+        """Updates added this round."""
+
+    def result(self) -> ArrayRecord:
+        """The new global model; ``ValueError`` if none can be formed."""
+
+    def settings(self) -> dict[str, Any]:
+        """Settings a checkpoint must have been written with (JSON values)."""
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """State between two rounds: JSON values and ArrayRecords."""
+
+    def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
+        """Restore :meth:`state_dict`."""
+
+
+class PlainMean:
+    """FedAvg's mean of plaintext updates, weighted by dataset size, summed in place."""
+
+    def __init__(self) -> None:
+        self._mean = WeightedMean()
+        self._layout: Layout | None = None
+
+    def begin(self, arrays: ArrayRecord, state: RoundState) -> None:
+        """Learn the layout of ``arrays`` (names, shapes and dtypes, no values)."""
+        self._layout = layout_of(arrays)
+        if self._layout is not None:
+            self._mean.begin([np.empty(s.shape, dtype=s.dtype) for s in self._layout])
+
+    def config(self, state: RoundState) -> dict[str, float | int]:
+        """Nothing beyond the instruction."""
+        return {}
+
+    def expected_bytes(self, arrays: ArrayRecord) -> int:
+        """The model's own size."""
+        return sum(len(array.data) for array in arrays.values())
+
+    def parse(
+        self, record: ArrayRecord, metrics: Mapping[str, Any], state: RoundState
+    ) -> list[np.ndarray]:
+        """The global model's names, shapes and dtypes, all finite: zero-copy views."""
+        if self._layout is None:
+            raise InvalidReplyError("no plaintext global model to compare the arrays with")
+        return check_array_record(record, self._layout)
+
+    def add(self, update: list[np.ndarray], *, weight: float) -> None:
+        """Add ``weight * update`` to the running sum."""
+        self._mean.add(update, weight=weight)
+
+    @property
+    def count(self) -> int:
+        """Updates added this round."""
+        return self._mean.count
+
+    def result(self) -> ArrayRecord:
+        """The weighted mean, in the model's dtypes."""
+        return self._record(self._mean.result())
+
+    def _record(self, arrays: list[np.ndarray]) -> ArrayRecord:
+        assert self._layout is not None
+        return ArrayRecord(
+            {spec.name: Array(a) for spec, a in zip(self._layout, arrays, strict=True)}
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """None."""
+        return {}
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """None: the mean starts afresh every round."""
+        return {}, {}
+
+    def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
+        """Nothing to restore."""
+
+
+class GradientUpdate(PlainMean):
+    """The parameter server's step: SGD on the batch-size-weighted mean gradient.
+
+    Parameters
+    ----------
+    lr : float
+        eta.
+    momentum : float (default: 0.0)
+        SGD momentum; its buffers are checkpointed (record ``optimizer``).
+    aggregation : {"weighted", "naive"} (default: "weighted")
+        ``"weighted"``: ``g = sum_i x_i g_i / X`` (Sec. 3.4). ``"naive"``: the plain mean
+        of the workers' gradients (Eq. 6), for comparison.
+    """
+
+    def __init__(
+        self,
+        *,
+        lr: float,
+        momentum: float = 0.0,
+        aggregation: Literal["weighted", "naive"] = "weighted",
+    ) -> None:
+        super().__init__()
+        self.optimizer = SGD(lr=lr, momentum=momentum)
+        self.aggregation = aggregation
+        self._step = GradientStep(optimizer=self.optimizer)
+
+    def begin(self, arrays: ArrayRecord, state: RoundState) -> None:
+        """Start an iteration at the weights ``arrays``."""
+        self._layout = layout_of(arrays)
+        if self._layout is not None:
+            self._step.begin([arrays[spec.name].numpy() for spec in self._layout])
+
+    def add(self, update: list[np.ndarray], *, weight: float) -> None:
+        """Add a gradient, weighted by its batch size (or 1 when naive)."""
+        self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight)
+
+    @property
+    def count(self) -> int:
+        """Gradients added this iteration."""
+        return self._step.count
+
+    def result(self) -> ArrayRecord:
+        """The weights after one SGD step."""
+        return self._record(self._step.result())
+
+    def settings(self) -> dict[str, Any]:
+        """The momentum and the aggregation."""
+        return {
+            "parameter_server": {
+                "momentum": self.optimizer.momentum,
+                "aggregation": self.aggregation,
+            }
+        }
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """The SGD momentum buffers (record ``optimizer``)."""
+        if self.optimizer.buffers is None:
+            return {}, {}
+        record = ArrayRecord(
+            {f"{k:05d}": Array(np.asarray(b)) for k, b in enumerate(self.optimizer.buffers)}
+        )
+        return {}, {"optimizer": record}
+
+    def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
+        """Restore the momentum buffers."""
+        buffers = records.get("optimizer")
+        self.optimizer.buffers = (
+            None if buffers is None else [buffers[name].numpy() for name in sorted(buffers)]
+        )
