@@ -335,6 +335,8 @@ class RoundEngine:
         counts, weighted by its dataset size.
     also_known : iterable of str (default: ())
         Metric keys a reply may hold beyond the contract's (the legacy API's ``silo-id``).
+    selector : FastestReplies | None (default: None)
+        Backup workers: only the fastest accepted replies enter the aggregate.
     """
 
     def __init__(
@@ -349,8 +351,10 @@ class RoundEngine:
         offsets: bool = False,
         require_valid_report: bool = False,
         also_known: Iterable[str] = (),
+        selector: FastestReplies | None = None,
     ) -> None:
         self.config = config
+        self.selector = selector
         self.keys = keys
         self.limits = limits
         self.weight_key = weight_key
@@ -579,6 +583,16 @@ class RoundEngine:
             )
             return False
         return True
+
+    def select(self, state: RoundState, silos: Iterable[str]) -> tuple[set[str], dict[str, Any]]:
+        """The accepted silos whose updates enter the aggregate, and the records of those
+        dropped (taken out of the round's reports): all of them without a selector."""
+        accepted = list(silos)
+        if self.selector is None:
+            return set(accepted), {}
+        times = {silo: silo_round_time(state.reports[silo], self.keys) for silo in accepted}
+        kept = self.selector.select(times, sent=len(state.instructions))
+        return kept, {silo: state.reports.pop(silo) for silo in accepted if silo not in kept}
 
     def close(
         self, state: RoundState, *, replied: Iterable[Node], wall: float | None

@@ -125,10 +125,10 @@ class PartialAggregation(LBBSPFedAvg):
     @property
     def replies(self) -> int | None:
         """k, the replies aggregated per round (``None``: one fewer than sent)."""
-        assert self.selector is not None
-        return self.selector.replies
+        assert self.engine.selector is not None
+        return self.engine.selector.replies
 
     def kept(self, sent: int) -> int:
         """Replies aggregated in a round sent to ``sent`` silos."""
-        assert self.selector is not None
-        return self.selector.kept(sent)
+        assert self.engine.selector is not None
+        return self.engine.selector.kept(sent)

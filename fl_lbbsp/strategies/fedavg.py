@@ -41,9 +41,8 @@ from ..core.engine import (
     RoundEngine,
     RoundState,
     Verdict,
-    silo_round_time,
 )
-from ..core.screening import DEFAULT_EXTRA_METRIC_KEYS, InvalidReplyError
+from ..core.screening import DEFAULT_EXTRA_METRIC_KEYS
 from ..core.settings import BalancingConfig, BalancingOptions, ReplyLimits, balancing_config
 from ..telemetry import TelemetryWriter
 from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
@@ -51,7 +50,7 @@ from .config import ServerConfig
 from .deadline import DeadlineGrid
 from .rounds import log_round
 from .updates import PlainMean, Updates
-from .validation import log_rejected, log_skipped, reply_nbytes
+from .validation import log_rejected, log_skipped, reply_of, screen_evaluations
 
 __all__ = ["LBBSPFedAvg"]
 
@@ -232,11 +231,11 @@ evaluate_metrics_aggr_fn :
                 ceiling=server.deadline_ceiling,
             ),
             rewriter=rewriter,
+            selector=selector,
             offsets=self.cluster,
             require_valid_report=self.cluster,
         )
         self.updates: Updates[Any] = updates or PlainMean()
-        self.selector = selector
         self.telemetry = TelemetryWriter(server.telemetry_path)
         self.poll_interval = server.poll_interval
         self.round: RoundState | None = None
@@ -268,7 +267,7 @@ evaluate_metrics_aggr_fn :
         """``"lbbsp"`` (``"lbbsp-tau"``, ``"lbbsp-partial"``, ...) when balancing,
         ``"fedavg"`` (``"partial"``) otherwise."""
         rewriter = self.engine.rewriter
-        if self.selector is not None:
+        if self.engine.selector is not None:
             return "lbbsp-partial" if self.config.balance else "partial"
         if not self.config.balance:
             return "fedavg"
@@ -377,32 +376,28 @@ evaluate_metrics_aggr_fn :
         self._check_and_log_replies(replies, is_train=True, validate=False)
         state.waited = None if self._grid is None else self._grid.last_timeout
         sent_ids = {msg.metadata.message_id for msg in state.sent} - {""}
-        accepted: list[tuple[Verdict[Any], RecordDict, float]] = []
+        accepted: dict[str, tuple[Verdict[Any], RecordDict, float]] = {}
         for msg in replies:
-            reply = self._reply(msg, sent_ids)
+            late = None if self._grid is None else self._grid.seconds_late(msg)
+            reply = reply_of(msg, keys=self.keys, sent_ids=sent_ids, seconds_late=late)
             verdict = self.engine.screen(state, reply, partial(self._parse, msg, reply, state))
             if not verdict.accepted:
-                self._reject(state, verdict)
+                self._reject(state, verdict.silo, verdict.node, verdict.reason or "")
                 continue
             metrics = reply.metrics or {}
             counts = self.engine.report(state, verdict, metrics)
             state.reports[verdict.silo]["replied-at"] = msg.metadata.created_at
             if counts:
                 weight = read_float(metrics, self.weighted_by_key)
-                accepted.append((verdict, msg.content, weight))
-                if self.selector is None:
-                    self._add(verdict, weight)
-        kept, dropped = accepted, {}
-        if self.selector is not None:
-            times = {
-                v.silo: silo_round_time(state.reports[v.silo], self.keys) for v, _, _ in accepted
-            }
-            chosen = self.selector.select(times, sent=len(state.instructions))
-            kept = [a for a in accepted if a[0].silo in chosen]
-            dropped = {s: state.reports.pop(s) for s in times if s not in chosen}
-            for verdict, _, weight in kept:
-                self._add(verdict, weight)
-        arrays, metrics_out, skipped = self._result(state, [c for _, c, _ in kept])
+                accepted[verdict.silo] = (verdict, msg.content, weight)
+                if self.engine.selector is None:  # streaming: summed as it is accepted
+                    self.updates.add(verdict.update, weight=weight)
+        kept, dropped = self.engine.select(state, accepted)
+        if self.engine.selector is not None:
+            for silo in kept:
+                self.updates.add(accepted[silo][0].update, weight=accepted[silo][2])
+        kept_contents = [accepted[silo][1] for silo in accepted if silo in kept]
+        arrays, metrics_out, skipped = self._result(state, kept_contents)
         extra = self.engine.close(
             state, replied=(m.metadata.src_node_id for m in replies), wall=wall
         )
@@ -410,7 +405,7 @@ evaluate_metrics_aggr_fn :
         # last reply created (its silo's clock) -> here: reply transfer and polling
         created = [r["replied-at"] for r in [*state.reports.values(), *dropped.values()]]
         extra["reply_delay"] = received_at - max(created) if created else None
-        if self.selector is not None:
+        if self.engine.selector is not None:
             extra["dropped"] = dropped
         log_round(
             scheme=self.scheme,
@@ -428,9 +423,6 @@ evaluate_metrics_aggr_fn :
             except OSError as err:
                 log.error("round %d: checkpoint not written: %s", state.server_round, err)
         return arrays, metrics_out
-
-    def _add(self, verdict: Verdict[Any], weight: float) -> None:
-        self.updates.add(verdict.update, weight=weight)
 
     def _result(
         self, state: RoundState, contents: list[RecordDict]
@@ -455,48 +447,20 @@ evaluate_metrics_aggr_fn :
             )
         return arrays, metrics, skipped
 
-    def _reply(self, msg: Message, sent_ids: set[str]) -> Reply:
-        """What the engine needs to know of ``msg``."""
-        meta = msg.metadata
-        node = meta.src_node_id
-        late = None if self._grid is None else self._grid.seconds_late(msg)
-        stale = bool(sent_ids) and meta.reply_to_message_id not in sent_ids
-        if msg.has_error():
-            reason = msg.error.reason or f"error code {msg.error.code}"
-            return Reply(node=node, stale=stale, seconds_late=late, error=reason)
-        content = msg.content
-        record = content.config_records.get(self.keys.silo_record)
-        problem = None
-        for kind, records in (
-            ("ArrayRecords", content.array_records),
-            ("MetricRecords", content.metric_records),
-        ):
-            if len(records) != 1 and problem is None:
-                problem = f"{len(records)} {kind} in the reply, expected 1"
-        return Reply(
-            node=node,
-            stale=stale,
-            seconds_late=late,
-            silo=None if record is None else record.get(self.keys.silo_id),
-            metrics=None if problem else dict(next(iter(content.metric_records.values()))),
-            nbytes=reply_nbytes(content),
-            problem=problem,
-        )
-
     def _parse(self, msg: Message, reply: Reply, state: RoundState) -> Any:
         record = next(iter(msg.content.array_records.values()))
         return self.updates.parse(record, reply.metrics or {}, state)
 
-    def _reject(self, state: RoundState, verdict: Verdict[Any]) -> None:
+    def _reject(self, state: RoundState, silo: str, node: int | str, reason: str) -> None:
         """One warning and one telemetry event for a reply left out of the round."""
         state.rejected.append(
             log_rejected(
                 self.telemetry,
                 scheme=self.scheme,
                 server_round=state.server_round,
-                silo=verdict.silo,
-                node=verdict.node,
-                reason=verdict.reason or "",
+                silo=silo,
+                node=node,
+                reason=reason,
             )
         )
 
@@ -521,33 +485,17 @@ evaluate_metrics_aggr_fn :
         count, a value that is not a finite number, or keys other than the first valid
         reply's. Each is logged and written to the telemetry as ``rejected``."""
         server_round += self.round_offset
-        keys: set[str] | None = None
-        usable: list[Message] = []
-        for msg in replies:
-            try:
-                if msg.has_content():
-                    records = msg.content.metric_records
-                    if len(records) != 1:
-                        raise InvalidReplyError(f"{len(records)} MetricRecords, expected 1")
-                    metrics = next(iter(records.values()))
-                    self.engine.validator.check_evaluation(metrics)
-                    keys = set(metrics) if keys is None else keys
-                    if set(metrics) != keys:
-                        raise InvalidReplyError(
-                            f"metrics {sorted(metrics)} differ from the others' {sorted(keys)}"
-                        )
-            except InvalidReplyError as err:
-                node = msg.metadata.src_node_id
-                log_rejected(
-                    self.telemetry,
-                    scheme=self.scheme,
-                    server_round=server_round,
-                    silo=self.silo_id(node),
-                    node=node,
-                    reason=f"evaluation: {err}",
-                )
-                continue
-            usable.append(msg)
+        usable, rejected = screen_evaluations(replies, self.engine.validator)
+        for msg, reason in rejected:
+            node = msg.metadata.src_node_id
+            log_rejected(
+                self.telemetry,
+                scheme=self.scheme,
+                server_round=server_round,
+                silo=self.silo_id(node),
+                node=node,
+                reason=reason,
+            )
         try:
             return super().aggregate_evaluate(server_round, usable)
         except (ValueError, TypeError, ArithmeticError) as err:

@@ -9,19 +9,22 @@ model's layout) and the one-line log of a rejected reply or a skipped round.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.common.constant import SType
 
+from ..contract import RecordKeys
+from ..core.engine import Reply
 from ..core.screening import (
     DEFAULT_EXTRA_METRIC_KEYS,
     MAX_SUMMARY,
     ArraySpec,
     InvalidReplyError,
     Layout,
+    ReplyValidator,
     check_finite,
     check_npy,
     error_summary,
@@ -38,6 +41,8 @@ __all__ = [
     "log_rejected",
     "log_skipped",
     "reply_nbytes",
+    "reply_of",
+    "screen_evaluations",
 ]
 
 log = logging.getLogger("fl_lbbsp")
@@ -173,3 +178,74 @@ def log_skipped(telemetry: TelemetryWriter, *, scheme: str, server_round: int, r
     """One warning and one ``skipped`` telemetry event for a round left without a new model."""
     log.warning("round %d skipped: %s; the global model stays as it was", server_round, reason)
     telemetry.write({"event": "skipped", "scheme": scheme, "round": server_round, "reason": reason})
+
+
+def reply_of(
+    msg: Message, *, keys: RecordKeys, sent_ids: set[str], seconds_late: float | None
+) -> Reply:
+    """What the round engine needs to know of a train reply (no values are read).
+
+    Parameters
+    ----------
+    msg : Message
+        The reply.
+    keys : RecordKeys
+        Names of the contract's entries (the silo id's record and key).
+    sent_ids : set of str
+        Ids of the round's train messages (empty: not known, nothing is stale).
+    seconds_late : float | None
+        How long after the deadline it came in (``None``: in time).
+    """
+    meta = msg.metadata
+    node = meta.src_node_id
+    stale = bool(sent_ids) and meta.reply_to_message_id not in sent_ids
+    if msg.has_error():
+        reason = msg.error.reason or f"error code {msg.error.code}"
+        return Reply(node=node, stale=stale, seconds_late=seconds_late, error=reason)
+    content = msg.content
+    record = content.config_records.get(keys.silo_record)
+    problem = None
+    for kind, records in (
+        ("ArrayRecords", content.array_records),
+        ("MetricRecords", content.metric_records),
+    ):
+        if len(records) != 1 and problem is None:
+            problem = f"{len(records)} {kind} in the reply, expected 1"
+    return Reply(
+        node=node,
+        stale=stale,
+        seconds_late=seconds_late,
+        silo=None if record is None else record.get(keys.silo_id),
+        metrics=None if problem else dict(next(iter(content.metric_records.values()))),
+        nbytes=reply_nbytes(content),
+        problem=problem,
+    )
+
+
+def screen_evaluations(
+    replies: Iterable[Message], validator: ReplyValidator
+) -> tuple[list[Message], list[tuple[Message, str]]]:
+    """The evaluation replies Flower's aggregation can take, and the others with the
+    reason: not one MetricRecord, a weight that is not a positive count, a value that is
+    not a finite number, or keys other than the first valid reply's."""
+    keys: set[str] | None = None
+    usable: list[Message] = []
+    rejected: list[tuple[Message, str]] = []
+    for msg in replies:
+        try:
+            if msg.has_content():
+                records = msg.content.metric_records
+                if len(records) != 1:
+                    raise InvalidReplyError(f"{len(records)} MetricRecords, expected 1")
+                metrics = next(iter(records.values()))
+                validator.check_evaluation(metrics)
+                keys = set(metrics) if keys is None else keys
+                if set(metrics) != keys:
+                    raise InvalidReplyError(
+                        f"metrics {sorted(metrics)} differ from the others' {sorted(keys)}"
+                    )
+        except InvalidReplyError as err:
+            rejected.append((msg, f"evaluation: {err}"))
+            continue
+        usable.append(msg)
+    return usable, rejected
