@@ -43,12 +43,12 @@ from ..core.engine import (
     Verdict,
 )
 from ..core.screening import DEFAULT_EXTRA_METRIC_KEYS
-from ..core.settings import BalancingConfig, BalancingOptions, ReplyLimits, balancing_config
+from ..core.settings import BalancingOptions, ReplyLimits, balancing_config
 from ..telemetry import TelemetryWriter
 from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
 from .config import ServerConfig
 from .deadline import DeadlineGrid
-from .rounds import log_round
+from .rounds import EngineView, log_round
 from .updates import PlainMean, Updates
 from .validation import log_rejected, log_skipped, reply_of, screen_evaluations
 
@@ -57,7 +57,7 @@ __all__ = ["LBBSPFedAvg"]
 log = logging.getLogger("fl_lbbsp")
 
 
-class LBBSPFedAvg(FedAvg):
+class LBBSPFedAvg(EngineView, FedAvg):
     """FedAvg whose silos get batch sizes proportional to their predicted speed.
 
     Before each round the balancer predicts every silo's sample-processing speed (EMA by
@@ -248,21 +248,6 @@ evaluate_metrics_aggr_fn :
         self._timeout_cap: float | None = None
 
     @property
-    def config(self) -> BalancingConfig:
-        """B_init, tau, eta and the balancer's settings."""
-        return self.engine.config
-
-    @property
-    def balancer(self) -> Any:
-        """The engine's :class:`~fl_lbbsp.core.BatchSizeBalancer`."""
-        return self.engine.balancer
-
-    @property
-    def min_train_silos(self) -> int:
-        """Fewest valid replies a round needs."""
-        return self.engine.limits.min_train_silos
-
-    @property
     def scheme(self) -> str:
         """``"lbbsp"`` (``"lbbsp-tau"``, ``"lbbsp-partial"``, ...) when balancing,
         ``"fedavg"`` (``"partial"``) otherwise."""
@@ -288,10 +273,6 @@ evaluate_metrics_aggr_fn :
             c.allocator,
         )
         super().summary()
-
-    def silo_id(self, node_id: int) -> str:
-        """The stable silo id last reported by ``node_id`` (``node-<id>`` before that)."""
-        return self.engine.silo_id(node_id)
 
     # ---------------------------------------------------------------- training
     def configure_train(

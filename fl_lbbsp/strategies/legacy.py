@@ -47,7 +47,7 @@ from ..core.screening import (
 )
 from ..core.settings import BalancingOptions, ReplyLimits, balancing_config
 from ..telemetry import TelemetryWriter
-from .rounds import log_round
+from .rounds import EngineView, log_round
 from .validation import log_rejected, log_skipped
 
 __all__ = ["LBBSPStrategy"]
@@ -57,7 +57,7 @@ log = logging.getLogger("fl_lbbsp")
 _BALANCING = frozenset(BalancingOptions.__annotations__)
 
 
-class LBBSPStrategy(FedAvg):
+class LBBSPStrategy(EngineView, FedAvg):
     """Legacy-API FedAvg whose clients get batch sizes proportional to their speed.
 
     A drop-in for ``flwr.server.strategy.FedAvg``: add ``initial_batch_size``,
@@ -133,23 +133,9 @@ class LBBSPStrategy(FedAvg):
         return f"LBBSPStrategy(scheme={self.scheme}, accept_failures={self.accept_failures})"
 
     @property
-    def config(self) -> Any:
-        """B_init, tau, eta and the balancer's settings."""
-        return self.engine.config
-
-    @property
-    def balancer(self) -> Any:
-        """The engine's :class:`~fl_lbbsp.core.BatchSizeBalancer`."""
-        return self.engine.balancer
-
-    @property
     def scheme(self) -> str:
         """``"lbbsp"`` when balancing, ``"fedavg"`` otherwise."""
         return "lbbsp" if self.config.balance else "fedavg"
-
-    def silo_id(self, cid: str) -> str:
-        """The stable silo id last reported by client ``cid`` (the cid before that)."""
-        return self.engine.silo_id(cid)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -215,11 +201,8 @@ class LBBSPStrategy(FedAvg):
             valid.append((client, res))
         extra = self.engine.close(state, replied=(c.cid for c, _ in results), wall=None)
         skipped = None
-        if len(valid) < self.engine.limits.min_train_silos:
-            skipped = (
-                f"{len(valid)} valid results, min_train_silos is "
-                f"{self.engine.limits.min_train_silos}"
-            )
+        if len(valid) < self.min_train_silos:
+            skipped = f"{len(valid)} valid results, min_train_silos is {self.min_train_silos}"
             log_skipped(
                 self.telemetry, scheme=self.scheme, server_round=server_round, reason=skipped
             )

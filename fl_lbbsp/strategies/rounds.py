@@ -13,13 +13,40 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..contract import RecordKeys
-from ..core import idle_fraction
-from ..core.engine import natural_key, silo_round_time
+from ..core import BatchSizeBalancer, idle_fraction
+from ..core.engine import RoundEngine, natural_key, silo_round_time
+from ..core.settings import BalancingConfig
 from ..telemetry import TelemetryWriter
 
-__all__ = ["format_silos", "log_round", "natural_key", "silo_round_time"]
+__all__ = ["EngineView", "format_silos", "log_round", "natural_key", "silo_round_time"]
 
 log = logging.getLogger("fl_lbbsp")
+
+
+class EngineView:
+    """What both Flower adapters show of their :class:`~fl_lbbsp.core.engine.RoundEngine`."""
+
+    engine: RoundEngine
+
+    @property
+    def config(self) -> BalancingConfig:
+        """B_init, tau, eta and the balancer's settings."""
+        return self.engine.config
+
+    @property
+    def balancer(self) -> BatchSizeBalancer:
+        """The engine's balancer."""
+        return self.engine.balancer
+
+    @property
+    def min_train_silos(self) -> int:
+        """Fewest valid replies a round needs."""
+        return self.engine.limits.min_train_silos
+
+    def silo_id(self, node: int | str) -> str:
+        """The stable silo id last reported by ``node`` (``node-<id>``, or a legacy
+        client's cid, before that)."""
+        return self.engine.silo_id(node)
 
 
 def log_round(
