@@ -13,6 +13,14 @@ from collections.abc import Container, Mapping
 from pydantic import BaseModel, ConfigDict
 
 __all__ = [
+    "BUSY_TIME",
+    "COMPUTE_TIME",
+    "EVAL_ACCURACY",
+    "EVAL_LOSS",
+    "SILO_APP_METRICS",
+    "SLOWDOWN",
+    "STARTUP_TIME",
+    "TRAIN_LOSS",
     "ENCRYPTED_HEADER",
     "INITIAL_MODEL",
     "UPDATE_PREFIX",
@@ -68,6 +76,23 @@ def is_encrypted(record: Container[str]) -> bool:
     """Whether an ArrayRecord holds an encrypted update rather than plaintext arrays."""
     return ENCRYPTED_HEADER in record
 
+
+COMPUTE_TIME = "compute-time"
+"""Metric of the shipped silo apps: the real, unemulated seconds of compute."""
+BUSY_TIME = "busy-time"
+"""Metric of the shipped silo apps: real seconds in the ClientApp for the round."""
+STARTUP_TIME = "startup-time"
+"""Metric of the shipped silo apps: seconds from the ClientApp's start to training."""
+SLOWDOWN = "slowdown"
+"""Metric of the shipped silo apps: the emulated slowdown factor k."""
+TRAIN_LOSS = "train-loss"
+"""Metric of the shipped silo apps: the mean training loss of the round."""
+EVAL_LOSS = "eval-loss"
+"""Evaluation metric: the loss on the silo's test split."""
+EVAL_ACCURACY = "eval-acc"
+"""Evaluation metric: the accuracy on the silo's test split."""
+SILO_APP_METRICS: tuple[str, ...] = (COMPUTE_TIME, BUSY_TIME, STARTUP_TIME, SLOWDOWN, TRAIN_LOSS)
+"""Metrics beyond the contract's that the shipped silo and worker apps send."""
 
 STEP_BATCH_SIZE = "step-batch-size"
 """Telemetry field of the ``lbbsp-tau`` baseline: the batch size a silo used per step,

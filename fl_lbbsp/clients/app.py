@@ -20,7 +20,18 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..contract import RecordKeys, is_encrypted, read_float, read_int
+from ..contract import (
+    BUSY_TIME,
+    COMPUTE_TIME,
+    EVAL_ACCURACY,
+    EVAL_LOSS,
+    SLOWDOWN,
+    TRAIN_LOSS,
+    RecordKeys,
+    is_encrypted,
+    read_float,
+    read_int,
+)
 from ..datasets import (
     ArrayDataset,
     PartitionSpec,
@@ -333,10 +344,10 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
                 keys.cpu_percent: cpu,
                 keys.memory_percent: memory,
                 keys.max_batch_size: int(context.node_config.get(keys.max_batch_size, 0)),
-                "compute-time": result.compute_time,
-                "busy-time": time.perf_counter() - started,
-                "slowdown": factor,
-                "train-loss": result.loss,
+                COMPUTE_TIME: result.compute_time,
+                BUSY_TIME: time.perf_counter() - started,
+                SLOWDOWN: factor,
+                TRAIN_LOSS: result.loss,
                 **extra,
             }
         )
@@ -352,7 +363,7 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
             data = test_shard(setup, int(context.node_config.get("partition-id", 0)))
         loss, accuracy = evaluate(model, torch.from_numpy(data.x), torch.from_numpy(data.y))
         metrics = MetricRecord(
-            {keys.num_examples: len(data), "eval-loss": loss, "eval-acc": accuracy}
+            {keys.num_examples: len(data), EVAL_LOSS: loss, EVAL_ACCURACY: accuracy}
         )
         return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 

@@ -30,7 +30,19 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..contract import INITIAL_MODEL, UPDATE_PREFIX, RecordKeys, read_float, read_int
+from ..contract import (
+    BUSY_TIME,
+    COMPUTE_TIME,
+    EVAL_ACCURACY,
+    EVAL_LOSS,
+    INITIAL_MODEL,
+    SLOWDOWN,
+    TRAIN_LOSS,
+    UPDATE_PREFIX,
+    RecordKeys,
+    read_float,
+    read_int,
+)
 from ..core.optim import SGD
 from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
 from ..models import ModelName, build_model
@@ -360,10 +372,10 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
                 keys.cpu_percent: cpu,
                 keys.memory_percent: memory,
                 keys.max_batch_size: 0 if cost is None else int(cost.max_batch_size or 0),
-                "compute-time": compute_time,
-                "busy-time": time.perf_counter() - started,
-                "slowdown": factor,
-                "train-loss": loss,
+                COMPUTE_TIME: compute_time,
+                BUSY_TIME: time.perf_counter() - started,
+                SLOWDOWN: factor,
+                TRAIN_LOSS: loss,
                 **extra,
             }
         )
@@ -388,8 +400,8 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
             {
                 keys.num_examples: len(data),
                 keys.batch_size: len(data),  # the cluster strategy's weight key
-                "eval-loss": loss,
-                "eval-acc": accuracy,
+                EVAL_LOSS: loss,
+                EVAL_ACCURACY: accuracy,
                 keys.model_version: version,
             }
         )

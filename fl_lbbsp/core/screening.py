@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy
 
-from ..contract import RecordKeys
+from ..contract import SILO_APP_METRICS, RecordKeys
 
 __all__ = [
     "DEFAULT_EXTRA_METRIC_KEYS",
@@ -38,13 +38,7 @@ __all__ = [
     "layout_of_npy",
 ]
 
-DEFAULT_EXTRA_METRIC_KEYS: tuple[str, ...] = (
-    "compute-time",
-    "busy-time",
-    "startup-time",
-    "slowdown",
-    "train-loss",
-)
+DEFAULT_EXTRA_METRIC_KEYS: tuple[str, ...] = SILO_APP_METRICS
 """Metrics beyond the contract that the shipped silo and worker apps send."""
 
 # Largest integer a float64 holds exactly: the bound on num-examples when none is set.

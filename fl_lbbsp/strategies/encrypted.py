@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from ..contract import RecordKeys
+from ..contract import EVAL_ACCURACY, EVAL_LOSS, RecordKeys
 from ..core.engine import RoundState
 from ..core.screening import InvalidReplyError
 from ..crypto import (
@@ -269,9 +269,9 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
     ) -> MetricRecord | None:
         """Average the silos' evaluation metrics and log the federated test accuracy."""
         metrics = super().aggregate_evaluate(server_round, replies)
-        if metrics is not None and "eval-acc" in metrics:
-            accuracy = float(metrics["eval-acc"])  # type: ignore[arg-type]
-            loss = float(metrics.get("eval-loss", math.nan))  # type: ignore[arg-type]
+        if metrics is not None and EVAL_ACCURACY in metrics:
+            accuracy = float(metrics[EVAL_ACCURACY])  # type: ignore[arg-type]
+            loss = float(metrics.get(EVAL_LOSS, math.nan))  # type: ignore[arg-type]
             self.telemetry.write(
                 {
                     "event": "evaluate",

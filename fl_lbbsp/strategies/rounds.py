@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..contract import RecordKeys
+from ..contract import BUSY_TIME, RecordKeys
 from ..core import BatchSizeBalancer, idle_fraction
 from ..core.engine import RoundEngine, natural_key, silo_round_time
 from ..core.settings import BalancingConfig
@@ -89,7 +89,7 @@ def log_round(
     ]
     round_time = max(times) if times else None
     idle = idle_fraction(times) if times else None
-    busy = [float(r["busy-time"]) for r in silos.values() if "busy-time" in r]
+    busy = [float(r[BUSY_TIME]) for r in silos.values() if BUSY_TIME in r]
     # Server wall time beyond the longest silo's own busy time: messaging, scheduling.
     overhead = None if wall is None or not busy else max(wall - max(busy), 0.0)
     order = sorted(silos, key=natural_key)
