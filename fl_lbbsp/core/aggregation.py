@@ -251,12 +251,13 @@ class WeightedMean:
                 "the sum of the aggregation weights must be finite and positive: weight "
                 f"{value!r} against the first one's {scale!r}"
             )
-        for array, total_k, scratch in zip(arrays, self._sums, self._scratch, strict=True):
-            if factor == 1.0:
-                np.add(total_k, array, out=total_k)
-            else:
-                np.multiply(array, factor, out=scratch, dtype=np.float64)
-                np.add(total_k, scratch, out=total_k)
+        with np.errstate(over="ignore", invalid="ignore"):  # result() checks the sums
+            for array, total_k, scratch in zip(arrays, self._sums, self._scratch, strict=True):
+                if factor == 1.0:
+                    np.add(total_k, array, out=total_k)
+                else:
+                    np.multiply(array, factor, out=scratch, dtype=np.float64)
+                    np.add(total_k, scratch, out=total_k)
         self._scale = scale
         self._total = total
         self._count += 1
