@@ -1,7 +1,14 @@
 """LB-BSP decisions in pure numpy: speed estimators, allocators, rounding, the balancer
 and weighted aggregation. No Flower, no torch."""
 
-from .aggregation import normalised_weights, weighted_average, weighted_sum
+from .aggregation import (
+    Aggregator,
+    GradientStep,
+    WeightedMean,
+    normalised_weights,
+    weighted_average,
+    weighted_sum,
+)
 from .allocators import (
     CostFit,
     fit_linear_cost,
@@ -24,15 +31,18 @@ from .estimators import (
 from .rounding import integer_bounds, round_to_total
 
 __all__ = [
+    "Aggregator",
     "BALANCER_DEFAULTS",
     "BatchSizeBalancer",
     "ChangeAwareEMAEstimator",
     "CostFit",
     "EMAEstimator",
+    "GradientStep",
     "InvalidReportError",
     "LastValueEstimator",
     "SiloReport",
     "SpeedEstimator",
+    "WeightedMean",
     "estimator_from_state",
     "fit_linear_cost",
     "fit_robust_cost",

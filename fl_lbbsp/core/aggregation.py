@@ -162,12 +162,16 @@ class WeightedMean:
     allocation; :meth:`result` divides by the sum of the weights and casts each layer back
     to the reference's dtype.
 
-    Accumulating in float64 costs no measurable time over float32 on LeNet-5-sized
-    updates (the sum fits in cache; both are bound by reading the update) and keeps the
-    mean of a thousand float32 updates exact to float32 rounding, where a float32 running
-    sum (Flower's ``aggregate_arrayrecords``) drifts by up to ``n * eps``. Weights are
-    taken relative to the first one added, so neither huge nor subnormal dataset sizes
-    overflow or lose the update.
+    Why float64: replies are added in the order they arrive, which changes from run to
+    run. A float32 running sum (Flower's ``aggregate_arrayrecords``) rounds at every add,
+    so the global model depends on that order and drifts from the exact mean (up to
+    about 1,400 float32 ulps, 2e-6 relative, for 1,000 LeNet-5 updates); a float64 sum
+    rounded once at the end is within half an ulp of the exact mean, whatever the order.
+    It costs about 2.3 times a float32 add of the same loop: 0.2 s against 0.1 s for
+    1,000 LeNet-5-sized updates (61,706 float32) on a loaded 2-core machine, a quarter of
+    what decoding those replies with Flower's ``Array.numpy()`` takes (0.76 s). Weights
+    are taken relative to the first one added, so neither huge nor subnormal dataset
+    sizes overflow or lose the update.
 
     The constructor takes no arguments; call :meth:`begin` before the first :meth:`add`.
 
