@@ -387,7 +387,7 @@ class BatchSizeBalancer:
             new = float(report.fixed_time)
             old = state.fixed_time
             state.fixed_time = new if old is None else self.alpha * new + (1 - self.alpha) * old
-        state.last = {k: v for k, v in asdict(report).items() if v is not None}
+        state.last = {k: v for k, v in vars(report).items() if v is not None}
         # The silo's row (with its cost fit) is made as the report arrives, so that
         # allocate() only gathers rows.
         self._row(state)

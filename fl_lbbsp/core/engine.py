@@ -131,6 +131,8 @@ class Reply:
         How long after the deadline it came in; ``None``: in time.
     problem : str | None (default: None)
         What the adapter found wrong with its records (e.g. two ArrayRecords).
+    payload : object (default: None)
+        The update as received, for the adapter's parser.
     """
 
     node: Node
@@ -141,6 +143,7 @@ class Reply:
     stale: bool = False
     seconds_late: float | None = None
     problem: str | None = None
+    payload: Any = None
 
 
 @dataclass(frozen=True)

@@ -429,8 +429,7 @@ evaluate_metrics_aggr_fn :
         return arrays, metrics, skipped
 
     def _parse(self, msg: Message, reply: Reply, state: RoundState) -> Any:
-        record = next(iter(msg.content.array_records.values()))
-        return self.updates.parse(record, reply.metrics or {}, state)
+        return self.updates.parse(reply.payload, reply.metrics or {}, state)
 
     def _reject(self, state: RoundState, silo: str, node: int | str, reason: str) -> None:
         """One warning and one telemetry event for a reply left out of the round."""

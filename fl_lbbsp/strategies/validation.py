@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SType
 
 from ..contract import RecordKeys
@@ -42,6 +42,7 @@ __all__ = [
     "log_skipped",
     "reply_nbytes",
     "reply_of",
+    "split_records",
     "screen_evaluations",
 ]
 
@@ -59,25 +60,47 @@ def layout_of(record: ArrayRecord) -> Layout | None:
     return tuple(specs)
 
 
+def split_records(
+    content: RecordDict,
+) -> tuple[dict[str, ArrayRecord], dict[str, MetricRecord], dict[str, ConfigRecord]]:
+    """A reply's ArrayRecords, MetricRecords and ConfigRecords by name, in one pass
+    (Flower builds a new view at every access of ``content.metric_records``)."""
+    arrays: dict[str, ArrayRecord] = {}
+    metrics: dict[str, MetricRecord] = {}
+    configs: dict[str, ConfigRecord] = {}
+    for name, record in content.items():
+        if isinstance(record, ArrayRecord):
+            arrays[name] = record
+        elif isinstance(record, MetricRecord):
+            metrics[name] = record
+        elif isinstance(record, ConfigRecord):
+            configs[name] = record
+    return arrays, metrics, configs
+
+
 def reply_nbytes(content: RecordDict) -> int:
     """Approximate serialised size of a reply, from its buffers' lengths (no copy).
 
     Array data, metadata strings, record keys, strings and bytes count with their length,
     numbers with 8 bytes each.
     """
+    return _nbytes(*split_records(content))
+
+
+def _nbytes(
+    arrays: Mapping[str, ArrayRecord],
+    metrics: Mapping[str, MetricRecord],
+    configs: Mapping[str, ConfigRecord],
+) -> int:
     total = 0
-    for name, arrays in content.array_records.items():
+    for name, record in arrays.items():
         total += len(name)
-        for key, array in arrays.items():
+        for key, array in record.items():
             total += len(key) + len(array.data) + len(array.dtype) + len(array.stype)
             total += 8 * len(array.shape)
-    records: list[Mapping[str, Any]] = [
-        *content.metric_records.values(),
-        *content.config_records.values(),
-    ]
-    names = [*content.metric_records, *content.config_records]
-    for name, record in zip(names, records, strict=True):
-        total += len(name) + sum(len(key) + _value_nbytes(v) for key, v in record.items())
+    records: list[tuple[str, Mapping[str, Any]]] = [*metrics.items(), *configs.items()]
+    for name, values in records:
+        total += len(name) + sum(len(key) + _value_nbytes(v) for key, v in values.items())
     return total
 
 
@@ -202,13 +225,10 @@ def reply_of(
     if msg.has_error():
         reason = msg.error.reason or f"error code {msg.error.code}"
         return Reply(node=node, stale=stale, seconds_late=seconds_late, error=reason)
-    content = msg.content
-    record = content.config_records.get(keys.silo_record)
+    arrays, metrics, configs = split_records(msg.content)
+    record = configs.get(keys.silo_record)
     problem = None
-    for kind, records in (
-        ("ArrayRecords", content.array_records),
-        ("MetricRecords", content.metric_records),
-    ):
+    for kind, records in (("ArrayRecords", arrays), ("MetricRecords", metrics)):
         if len(records) != 1 and problem is None:
             problem = f"{len(records)} {kind} in the reply, expected 1"
     return Reply(
@@ -216,9 +236,10 @@ def reply_of(
         stale=stale,
         seconds_late=seconds_late,
         silo=None if record is None else record.get(keys.silo_id),
-        metrics=None if problem else dict(next(iter(content.metric_records.values()))),
-        nbytes=reply_nbytes(content),
+        metrics=None if problem else dict(next(iter(metrics.values()))),
+        nbytes=_nbytes(arrays, metrics, configs),
         problem=problem,
+        payload=None if problem else next(iter(arrays.values())),
     )
 
 
