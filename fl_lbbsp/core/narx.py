@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .estimators import EMAEstimator
+from .speed import EMAEstimator
 
 __all__ = ["NARXEstimator"]
 
