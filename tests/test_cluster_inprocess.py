@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fl_lbbsp.cluster import ClusterConfig, run_cluster_in_process, summarise_cluster
+from fl_lbbsp.runs.cluster import ClusterConfig, run_cluster_in_process, summarise_cluster
 
 
 def test_in_process_run_balances_by_the_cost_model(tmp_path: Path) -> None:

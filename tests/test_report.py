@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fl_lbbsp.contract import STEP_BATCH_SIZE
-from fl_lbbsp.report import fit_cost_line, run_cost_lines
+from fl_lbbsp.runs.summary import fit_cost_line, run_cost_lines
 
 
 def _round(sizes: list[int], a: float, b: float) -> dict[str, object]:
@@ -97,7 +97,7 @@ def test_comparison_plot_stays_readable(tmp_path, silos: int) -> None:  # type: 
     # Prepare
     import matplotlib.pyplot as plt
 
-    from fl_lbbsp.report import HEATMAP_FROM, comparison_figure, plot_comparison
+    from fl_lbbsp.runs.summary import HEATMAP_FROM, comparison_figure, plot_comparison
 
     summaries = {name: _summary(name, silos) for name in ("fedavg", "lbbsp")}
 

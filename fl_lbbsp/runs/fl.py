@@ -24,28 +24,28 @@ from pydantic import (
     model_validator,
 )
 
-from .clients.app import SiloSetup, make_client_app, silo_data, test_data
-from .clients.emulation import (
+from ..clients.app import SiloSetup, make_client_app, silo_data, test_data
+from ..clients.emulation import (
     CostModelText,
     SlowdownSchedule,
     Speeds,
     check_speeds,
     slowdowns_from_speeds,
 )
-from .clients.trainer import evaluate
-from .core import BALANCER_DEFAULTS
-from .core.estimators import ESTIMATORS, make_estimator
-from .datasets import ArrayDataset, DataSourceError, PartitionText, SourceSpec, load_source
-from .inprocess import InProcessGrid
-from .models import ModelName, build_model
-from .strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
-from .strategies.checkpoint import (
+from ..clients.trainer import evaluate
+from ..core import BALANCER_DEFAULTS
+from ..core.estimators import ESTIMATORS, make_estimator
+from ..datasets import ArrayDataset, DataSourceError, PartitionText, SourceSpec, load_source
+from ..models import ModelName, build_model
+from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
+from ..strategies.checkpoint import (
     CheckpointError,
     CheckpointStore,
     check_checkpoint_dir,
     resume_point,
 )
-from .telemetry import TelemetryWriter, read_telemetry
+from ..telemetry import TelemetryWriter, read_telemetry
+from .inprocess import InProcessGrid
 
 __all__ = [
     "SCHEMES",
@@ -147,7 +147,7 @@ class SimulationConfig(BaseModel):
         how busy the machine is (tests, balancing benchmarks). ``None``: measured times.
     runtime : {"ray", "inprocess"} (default: "ray")
         ``"ray"``: Flower's Simulation Engine. ``"inprocess"``: the same ServerApp body
-        and ClientApp on an :class:`~fl_lbbsp.inprocess.InProcessGrid` in this process,
+        and ClientApp on an :class:`~fl_lbbsp.runs.inprocess.InProcessGrid` in this process,
         silos one after the other (``parallel`` must be 1), with no engine start-up.
     out : Path (default: runs/simulate)
         Folder for telemetry and reports.
@@ -330,7 +330,7 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     if config.encrypt is None:
         strategy = _STRATEGIES[config.scheme]
         return strategy(fraction_evaluate=0.0, **settings)
-    from .strategies.encrypted import EncryptedLBBSPFedAvg
+    from ..strategies.encrypted import EncryptedLBBSPFedAvg
 
     return EncryptedLBBSPFedAvg(
         public_context=config.encrypt,
@@ -363,7 +363,7 @@ def train_federation(
     config : SimulationConfig
         The federation.
     grid : Grid
-        Flower's grid, or an :class:`~fl_lbbsp.inprocess.InProcessGrid`.
+        Flower's grid, or an :class:`~fl_lbbsp.runs.inprocess.InProcessGrid`.
     strategy : LBBSPFedAvg | None (default: None)
         A strategy from :func:`make_strategy` ``(config)``, e.g. one the caller observes;
         ``None`` builds it.
@@ -415,7 +415,7 @@ def central_evaluation(
 def check_key_files(key_dir: Path) -> None:
     """Fail fast on missing or mismatched key files: the server's public context and the
     silos' secret context must both load, under the same fingerprint."""
-    from .crypto import load_server_keys, load_silo_keys
+    from ..crypto import load_server_keys, load_silo_keys
 
     server = load_server_keys(key_dir)
     load_silo_keys(key_dir, fingerprint=server.fingerprint)

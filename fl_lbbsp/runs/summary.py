@@ -10,10 +10,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from .clients.emulation import CostModel, SlowdownSchedule
-from .contract import STEP_BATCH_SIZE
-from .core import fit_linear_cost, ideal_round_time, linear_minmax_continuous
-from .strategies.rounds import format_silos, natural_key
+from ..clients.emulation import CostModel, SlowdownSchedule
+from ..contract import STEP_BATCH_SIZE
+from ..core import fit_linear_cost, ideal_round_time, linear_minmax_continuous
+from ..strategies.rounds import format_silos, natural_key
 
 __all__ = [
     "CostLine",

@@ -17,21 +17,21 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .clients.app import SiloSetup, test_data
-from .clients.cluster import WorkerSetup, make_worker_app
-from .clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
-from .datasets import SourceSpec
-from .models import ModelName, build_model
-from .simulation import (
+from ..clients.app import SiloSetup, test_data
+from ..clients.cluster import WorkerSetup, make_worker_app
+from ..clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
+from ..datasets import SourceSpec
+from ..models import ModelName, build_model
+from ..strategies.cluster import LBBSPCluster
+from ..strategies.rounds import format_silos
+from ..telemetry import read_telemetry
+from .fl import (
     central_evaluation,
     check_estimator_name,
     check_estimator_options,
     prepare_run,
     run_engine,
 )
-from .strategies.cluster import LBBSPCluster
-from .strategies.rounds import format_silos
-from .telemetry import read_telemetry
 
 __all__ = ["ClusterConfig", "format_cluster_table", "run_cluster", "summarise_cluster"]
 
@@ -182,7 +182,7 @@ def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
     )
     if config.encrypt is None:
         return LBBSPCluster(**settings)
-    from .strategies.encrypted_cluster import EncryptedLBBSPCluster
+    from ..strategies.encrypted_cluster import EncryptedLBBSPCluster
 
     return EncryptedLBBSPCluster(
         public_context=config.encrypt, evaluate_every=config.eval_every, **settings
@@ -314,7 +314,7 @@ def run_cluster_in_process(config: ClusterConfig) -> list[dict[str, Any]]:
     telemetry events.
 
     The same ServerApp and worker ClientApp as :func:`run_cluster`, but through
-    :class:`~fl_lbbsp.inprocess.InProcessGrid`: the workers run one after the other in
+    :class:`~fl_lbbsp.runs.inprocess.InProcessGrid`: the workers run one after the other in
     this process (messages still serialised), with no Ray start-up, so short runs (tests,
     smoke benchmarks) take seconds. Emulated times are the same; the measured messaging
     overhead is not Flower's.
