@@ -9,39 +9,40 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
-import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from ..clients.app import SiloSetup, test_data
 from ..clients.cluster import WorkerSetup, make_worker_app
-from ..clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
-from ..datasets import SourceSpec
-from ..models import ModelName, build_model
 from ..strategies.cluster import LBBSPCluster
 from ..strategies.rounds import format_silos
 from ..telemetry import read_telemetry
-from .fl import (
-    central_evaluation,
-    check_estimator_name,
-    check_estimator_options,
-    prepare_run,
-    run_engine,
-)
+from .config import RunSettings
+from .engine import prepare_run, run_engine, start_rounds
 
-__all__ = ["ClusterConfig", "format_cluster_table", "run_cluster", "summarise_cluster"]
+__all__ = [
+    "ClusterConfig",
+    "format_cluster_table",
+    "make_cluster_strategy",
+    "run_cluster",
+    "run_cluster_in_process",
+    "summarise_cluster",
+]
 
 log = logging.getLogger("fl_lbbsp")
 
 Scheme = Literal["bsp", "lbbsp", "lbbsp-naive"]
 
 
-class ClusterConfig(BaseModel):
+class ClusterConfig(RunSettings):
     """One simulated cluster run.
+
+    The settings shared with FL runs (``speeds``, ``dataset``, ``model``, ``seed``, the
+    estimator, ...) are those of :class:`~fl_lbbsp.runs.config.RunSettings`; here, what
+    is particular to cluster runs.
 
     Parameters
     ----------
@@ -50,10 +51,6 @@ class ClusterConfig(BaseModel):
         LB-BSP with the naive (biased) mean.
     workers : int (default: 4)
         Number of workers.
-    speeds : tuple of float | None (default: None)
-        Emulated relative capacity of each worker (e.g. 4,2,1,1).
-    dataset : str (default: "embedded")
-        ``embedded``, ``mnist:PATH`` or ``cifar10:PATH``.
     data : {"full", "shard"} (default: "full")
         Workers sample from the whole training set, or each from its i.i.d. shard.
     iterations : int (default: 100)
@@ -64,16 +61,8 @@ class ClusterConfig(BaseModel):
         Learning rate of the server's SGD.
     momentum : float (default: 0.0)
         SGD momentum.
-    model : {"lenet5", "mlp"} (default: "lenet5")
-        The model.
-    seed : int (default: 0)
-        Seed of the data split, model init and sampling (>= 0).
-    estimator, alpha, allocator :
-        Balancer settings (``estimator`` any name in
-        :data:`fl_lbbsp.core.estimators.ESTIMATORS`; allocator ``linear``,
-        ``proportional`` or ``iterative``).
-    estimator_options : dict (default: {})
-        Extra arguments of the estimator (NARX ``warmup``, ``train_every``, ...).
+    allocator : {"linear", "proportional", "iterative"} (default: "linear")
+        The balancer's allocator.
     cost_model : str | None (default: None)
         GPU-shaped cost ``"m,b,C,x_max"`` of the fastest worker; worker i's is scaled by
         its slowdown. ``None``: real compute time times the slowdown (with real waits).
@@ -96,49 +85,29 @@ class ClusterConfig(BaseModel):
         (weights, momentum, balancer) and a rerun resumes from there. ``None``: none.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    unit: ClassVar[str] = "workers"
 
     scheme: Scheme = "lbbsp"
     workers: int = Field(default=4, gt=0, strict=True)
-    speeds: Speeds = None
-    dataset: SourceSpec = "embedded"
     data: Literal["full", "shard"] = "full"
     iterations: int = Field(default=100, gt=0, strict=True)
     batch_size: int = Field(default=64, gt=0, strict=True)
-    lr: float = Field(default=0.05, gt=0, allow_inf_nan=False)
     momentum: float = Field(default=0.0, ge=0, lt=1)
-    model: ModelName = "lenet5"
-    seed: int = Field(default=0, ge=0)
-    estimator: str = "ema"
-    estimator_options: dict[str, Any] = Field(default_factory=dict)
-    alpha: float = Field(default=0.2, gt=0, le=1)
-    allocator: Literal["linear", "proportional", "iterative"] = "linear"
-    cost_model: CostModelText | None = None
     wait: bool = False
     eval_every: int = Field(default=5, gt=0, strict=True)
-    parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs/cluster")
-    encrypt: Path | None = None
-    checkpoint_dir: Path | None = None
-
-    @field_validator("estimator")
-    @classmethod
-    def _estimator(cls, value: str) -> str:
-        return check_estimator_name(value)
 
     @model_validator(mode="after")
-    def _speeds_per_worker(self) -> ClusterConfig:
-        check_estimator_options(self.estimator, self.alpha, self.estimator_options)
-        check_speeds(self.speeds, self.workers, "workers")
+    def _cluster_checks(self) -> ClusterConfig:
         if self.encrypt is not None and self.scheme == "lbbsp-naive":
             raise ValueError("encrypt: encrypted gradients are weighted by batch size; "
                              f"scheme {self.scheme!r} is not supported")  # fmt: skip
         return self
 
     @property
-    def slowdowns(self) -> tuple[float, ...]:
-        """Emulated slowdown factor of each of the workers (1 for the fastest)."""
-        return slowdowns_from_speeds(self.speeds, self.workers)
+    def size(self) -> int:
+        """Number of workers."""
+        return self.workers
 
     def worker_setup(self) -> WorkerSetup:
         """Data/model/emulation setup shared by every worker."""
@@ -154,32 +123,15 @@ class ClusterConfig(BaseModel):
             secret_context=None if self.encrypt is None else str(self.encrypt),
         )
 
-    def telemetry_path(self) -> Path:
-        """JSON-lines telemetry file of this run."""
-        return self.out / f"{self.scheme}.jsonl"
-
-    def checkpoint_path(self) -> Path | None:
-        """Checkpoint folder of this run (``None``: no checkpoints)."""
-        return None if self.checkpoint_dir is None else self.checkpoint_dir / self.scheme
-
 
 def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
     """The parameter-server strategy of a cluster run (encrypted with ``config.encrypt``)."""
-    settings: dict[str, Any] = dict(
-        initial_batch_size=config.batch_size,
-        lr=config.lr,
-        momentum=config.momentum,
-        aggregation="naive" if config.scheme == "lbbsp-naive" else "weighted",
-        balance=config.scheme != "bsp",
-        estimator=config.estimator,
-        estimator_options=dict(config.estimator_options),
-        alpha=config.alpha,
-        allocator=config.allocator,
-        telemetry_path=config.telemetry_path(),
-        min_train_nodes=config.workers,
-        min_available_nodes=config.workers,
-        checkpoint_dir=config.checkpoint_path(),
-    )
+    settings: dict[str, Any] = {
+        **config.strategy_settings(),
+        "momentum": config.momentum,
+        "aggregation": "naive" if config.scheme == "lbbsp-naive" else "weighted",
+        "balance": config.scheme != "bsp",
+    }
     if config.encrypt is None:
         return LBBSPCluster(**settings)
     from ..strategies.encrypted_cluster import EncryptedLBBSPCluster
@@ -191,26 +143,15 @@ def make_cluster_strategy(config: ClusterConfig) -> LBBSPCluster:
 
 def _server_app(config: ClusterConfig) -> ServerApp:
     app = ServerApp()
-    # The held-out test set is the same split the FL silos use.
-    split = SiloSetup(dataset=config.dataset, seed=config.seed)
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        torch.manual_seed(config.seed)
-        test = test_data(split)
-        model = build_model(
-            config.model, input_shape=test.input_shape, num_classes=test.num_classes
-        )
-        strategy = make_cluster_strategy(config)
-        strategy.start(
-            grid=grid,
-            initial_arrays=ArrayRecord(model.state_dict()),
-            num_rounds=config.iterations,
-            train_config=ConfigRecord(),
-            # Encrypted: the server cannot read the model; the workers evaluate it.
-            evaluate_fn=None
-            if config.encrypt is not None
-            else central_evaluation(strategy, model, test, every=config.eval_every),
+        start_rounds(
+            config,
+            grid,
+            lambda: make_cluster_strategy(config),
+            rounds=config.iterations,
+            every=config.eval_every,
         )
 
     return app
