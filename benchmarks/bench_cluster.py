@@ -118,7 +118,7 @@ def summarise(
     """Per-scheme summaries (``summarise_cluster`` plus steady figures), the target
     accuracy (95% of BSP's final accuracy, as ``fl-lbbsp cluster``) and T*."""
     from fl_lbbsp.clients.emulation import slowdowns_from_speeds
-    from fl_lbbsp.runs.cluster import summarise_cluster
+    from fl_lbbsp.runs.summary import summarise as summarise_cluster
 
     final = [e["accuracy"] for e in events["bsp"] if e.get("event") == "evaluate"]
     target = 0.95 * final[-1]

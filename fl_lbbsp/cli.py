@@ -306,7 +306,8 @@ def _add_cluster_parser(sub: Any) -> None:
 
 
 def _run_cluster(args: argparse.Namespace) -> int:
-    from .runs.cluster import ClusterConfig, format_cluster_table, run_cluster, summarise_cluster
+    from .runs.cluster import ClusterConfig, run_cluster
+    from .runs.summary import format_table, run_failure, summarise
 
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     configs = {
@@ -336,8 +337,6 @@ def _run_cluster(args: argparse.Namespace) -> int:
         )
         for scheme in schemes
     }
-    from .runs.summary import run_failure
-
     events: dict[str, list[dict[str, Any]]] = {}
     for scheme, config in configs.items():
         with _progress(args, config.telemetry_path(), config.iterations, scheme, "iteration"):
@@ -350,8 +349,8 @@ def _run_cluster(args: argparse.Namespace) -> int:
         reference = events.get("bsp") or next(iter(events.values()))
         final = [e["accuracy"] for e in reference if e.get("event") == "evaluate"]
         target = 0.95 * final[-1] if final else None
-    summaries = {s: summarise_cluster(ev, target_accuracy=target) for s, ev in events.items()}
-    print(format_cluster_table(summaries))
+    summaries = {s: summarise(ev, target_accuracy=target) for s, ev in events.items()}
+    print(format_table(summaries))
     json_path = args.json or args.out / "cluster.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     report = {

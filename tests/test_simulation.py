@@ -49,7 +49,7 @@ def test_lbbsp_simulation_balances_emulated_silos(tmp_path) -> None:  # type: ig
 
 def test_cluster_simulation_balances_cost_model_workers(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Prepare: 4 workers of emulated capacity 4:2:1:1 on a GPU-shaped cost model
-    from fl_lbbsp.runs.cluster import ClusterConfig, run_cluster, summarise_cluster
+    from fl_lbbsp.runs.cluster import ClusterConfig, run_cluster
 
     config = ClusterConfig(
         scheme="lbbsp",
@@ -66,7 +66,7 @@ def test_cluster_simulation_balances_cost_model_workers(tmp_path) -> None:  # ty
 
     # Execute
     events = run_cluster(config)
-    summary = summarise_cluster(events, target_accuracy=0.0)
+    summary = summarise(events, target_accuracy=0.0)
 
     # Assert: the global batch stays 128; after the first report the batch sizes follow
     # the emulated capacities; the messaging overhead is measured every iteration

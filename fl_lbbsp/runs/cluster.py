@@ -11,25 +11,21 @@ import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from pydantic import Field, model_validator
 
 from ..clients.cluster import WorkerSetup, make_worker_app
 from ..strategies.cluster import LBBSPCluster
-from ..strategies.rounds import format_silos
 from ..telemetry import read_telemetry
 from .config import RunSettings
 from .engine import prepare_run, run_engine, start_rounds
 
 __all__ = [
     "ClusterConfig",
-    "format_cluster_table",
     "make_cluster_strategy",
     "run_cluster",
     "run_cluster_in_process",
-    "summarise_cluster",
 ]
 
 log = logging.getLogger("fl_lbbsp")
@@ -168,86 +164,6 @@ def run_cluster(config: ClusterConfig) -> list[dict[str, Any]]:
         parallel=config.parallel,
     )
     return read_telemetry(path)
-
-
-def summarise_cluster(
-    events: list[dict[str, Any]], *, target_accuracy: float | None = None
-) -> dict[str, Any]:
-    """Per-run figures: iterations and emulated time to the target accuracy, mean
-    emulated iteration time, idle fraction, and the real messaging overhead per
-    iteration (server wall time beyond the slowest worker's busy time)."""
-    config = next(e for e in events if e.get("event") == "config")
-    train = [e for e in events if e.get("event") == "train" and e.get("round_time")]
-    accuracy = {e["round"]: e["accuracy"] for e in events if e.get("event") == "evaluate"}
-    iteration = np.array([e["round_time"] for e in train])
-    overhead = np.array([e["overhead"] for e in train if e.get("overhead") is not None])
-    elapsed = np.cumsum(iteration)
-    reached = sorted(
-        r for r, a in accuracy.items() if target_accuracy is not None and a >= target_accuracy
-    )
-    first = reached[0] if reached else None
-    mean_iteration = float(iteration.mean()) if len(iteration) else None
-    mean_overhead = float(overhead.mean()) if len(overhead) else None
-    share = (
-        None
-        if mean_iteration is None or mean_overhead is None
-        else mean_overhead / (mean_iteration + mean_overhead)
-    )
-    final = train[-1]["silos"] if train else {}
-    return {
-        "scheme": config["scheme"],
-        "emulated": config.get("speeds") is not None or config.get("cost_model") is not None,
-        "speeds_emulated": config.get("speeds"),
-        "iterations": len(train),
-        "iteration_time_mean": mean_iteration,
-        "idle_fraction_mean": float(np.mean([e["idle_fraction"] for e in train]))
-        if train
-        else None,
-        "overhead_mean": mean_overhead,
-        "overhead_share": share,
-        "final_accuracy": accuracy[max(accuracy)] if accuracy else None,
-        "target_accuracy": target_accuracy,
-        "iterations_to_target": first,
-        "time_to_target": None
-        if first is None
-        else (0.0 if first == 0 else float(elapsed[min(first, len(elapsed)) - 1])),
-        "batch_sizes_final": {s: r.get("batch-size") for s, r in final.items()},
-        "accuracy": accuracy,
-    }
-
-
-def format_cluster_table(summaries: dict[str, dict[str, Any]]) -> str:
-    """Side-by-side table of cluster runs (iteration times emulated, overhead real)."""
-    rows = [
-        ("iteration time, mean (s)", "iteration_time_mean", "{:.3f}"),
-        ("idle fraction, mean", "idle_fraction_mean", "{:.1%}"),
-        ("messaging per iteration (s)", "overhead_mean", "{:.3f}"),
-        ("messaging share", "overhead_share", "{:.1%}"),
-        ("iterations to target", "iterations_to_target", "{}"),
-        ("time to target (s)", "time_to_target", "{:.2f}"),
-        ("final accuracy", "final_accuracy", "{:.4f}"),
-    ]
-    names = list(summaries)
-    width = max(len(r[0]) for r in rows) + 2
-    lines = ["".ljust(width) + "".join(n.rjust(13) for n in names)]
-    for label, key, pattern in rows:
-        cells = []
-        for name in names:
-            value = summaries[name].get(key)
-            cells.append(("-" if value is None else pattern.format(value)).rjust(13))
-        lines.append(label.ljust(width) + "".join(cells))
-    first = next(iter(summaries.values()))
-    if first.get("target_accuracy") is not None:
-        lines.append(f"target accuracy: {first['target_accuracy']:.4f}")
-    if first.get("emulated"):
-        lines.append(
-            f"iteration times are emulated (worker capacities {first.get('speeds_emulated')});"
-            " messaging is real wall time"
-        )
-    for name, summary in summaries.items():
-        sizes = format_silos(summary["batch_sizes_final"])
-        lines.append(f"final batch sizes ({name}): {sizes}")
-    return "\n".join(lines)
 
 
 def run_cluster_in_process(config: ClusterConfig) -> list[dict[str, Any]]:
