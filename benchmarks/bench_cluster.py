@@ -2,7 +2,7 @@
 4-worker parameter-server cluster (LeNet-5, MNIST), against the ideal T*.
 
 Four workers of emulated capacities 4:2:1:1 draw i.i.d. batches from the MNIST training
-split; one Flower round is one synchronous iteration (``fl_lbbsp.cluster.run_cluster``,
+split; one Flower round is one synchronous iteration (``fl_lbbsp.runs.cluster.run_cluster``,
 Simulation Engine). Each worker's batch time comes from a GPU-shaped cost model
 ``t_i(x) = k_i max(C, m x + b)`` (reported, not waited out); messaging is real.
 
@@ -78,7 +78,7 @@ def ideal_iteration_time(
 
 def run(settings: Settings, spec: str, out: Path) -> dict[str, list[dict[str, Any]]]:
     """The three schemes' telemetry events."""
-    from fl_lbbsp.cluster import ClusterConfig, run_cluster, run_cluster_in_process
+    from fl_lbbsp.runs.cluster import ClusterConfig, run_cluster, run_cluster_in_process
 
     events = {}
     for scheme in SCHEMES:
@@ -118,7 +118,7 @@ def summarise(
     """Per-scheme summaries (``summarise_cluster`` plus steady figures), the target
     accuracy (95% of BSP's final accuracy, as ``fl-lbbsp cluster``) and T*."""
     from fl_lbbsp.clients.emulation import slowdowns_from_speeds
-    from fl_lbbsp.cluster import summarise_cluster
+    from fl_lbbsp.runs.summary import summarise as summarise_cluster
 
     final = [e["accuracy"] for e in events["bsp"] if e.get("event") == "evaluate"]
     target = 0.95 * final[-1]

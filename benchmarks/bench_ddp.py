@@ -6,7 +6,7 @@ would run it: ``--mode ddp`` (equal batches, DDP's mean) or ``--mode lbbsp`` (ba
 batch sizes, weighted gradient). Cases: 2 and 4 homogeneous ranks; 4 ranks with emulated
 slowdowns 4:2:1:1 (rank i waits (k_i - 1) t after computing for t); 2 ranks of which rank
 0 shares its CPU core with a CPU-burning process (real heterogeneity: both ranks pinned to
-one core each). The Flower cluster mode (``fl_lbbsp.cluster``, every worker in this
+one core each). The Flower cluster mode (``fl_lbbsp.runs.cluster``, every worker in this
 process) runs the emulated case with the same data, model, global batch and optimiser.
 
 Run: ``python benchmarks/bench_ddp.py [--smoke] [--out DIR]``.
@@ -147,7 +147,7 @@ def run_ddp(case: Case, scheme: str, settings: Settings, spec: str, out: Path) -
 
 def run_flower(case: Case, settings: Settings, spec: str, out: Path) -> list[dict[str, Any]]:
     """The Flower cluster mode (LB-BSP, every worker in this process) on the same case."""
-    from fl_lbbsp.cluster import ClusterConfig, run_cluster_in_process
+    from fl_lbbsp.runs.cluster import ClusterConfig, run_cluster_in_process
 
     fastest = max(case.slowdowns)
     config = ClusterConfig(

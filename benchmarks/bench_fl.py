@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_lbbsp.core.estimators import ESTIMATORS
-from fl_lbbsp.report import CostLine, run_cost_lines, summarise
-from fl_lbbsp.simulation import SCHEMES, SimulationConfig, make_strategy, run
+from fl_lbbsp.runs.fl import SCHEMES, SimulationConfig, make_strategy, run
+from fl_lbbsp.runs.summary import CostLine, run_cost_lines, summarise
 from fl_lbbsp.strategies import LBBSPFedAvg
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@
    processing, the paper's other overhead).
 2. Server-side time per round as a share of the round: an FL federation (LB-BSP and
    FedAvg, 5 silos of emulated capacities 16:8:8:4:4, LeNet-5) runs in this process
-   (``fl_lbbsp.inprocess.InProcessGrid``); the strategy's ``configure_train`` +
+   (``fl_lbbsp.runs.inprocess.InProcessGrid``); the strategy's ``configure_train`` +
    ``aggregate_train`` time and the balancer's own time are set against the round time
    (the slowest silo's reported ``train-time``). Figures of the ``fl`` section that name an
    overhead are quoted when ``fl.json`` is in the results folder.
@@ -140,8 +140,8 @@ def fl_server_time(scheme: str, settings: Settings, spec: str) -> dict[str, floa
     from flwr.app import ArrayRecord, ConfigRecord
 
     from fl_lbbsp.clients.app import SiloSetup, make_client_app, silo_data
-    from fl_lbbsp.inprocess import InProcessGrid
     from fl_lbbsp.models import build_model
+    from fl_lbbsp.runs.inprocess import InProcessGrid
     from fl_lbbsp.strategies import LBBSPFedAvg
 
     logging.getLogger("flwr").setLevel(logging.WARNING)

@@ -24,7 +24,7 @@ from typing import Any
 from common import dataset, machine, parser
 from report import write_section
 
-from fl_lbbsp.simulation import SimulationConfig, run
+from fl_lbbsp.runs.fl import SimulationConfig, run
 
 GOAL = 0.05  # |wall ratio / emulated ratio - 1|
 

@@ -20,7 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fl_lbbsp.deploy import LocalFederation, run_app, slowdowns_from_speeds
+from fl_lbbsp.runs.deploy import LocalFederation, run_app, slowdowns_from_speeds
 from fl_lbbsp.telemetry import read_telemetry
 
 APP = Path(__file__).resolve().parent.parent / "examples" / "quickstart"

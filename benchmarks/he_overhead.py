@@ -58,8 +58,8 @@ from fl_lbbsp.crypto import (
     generate_keys,
     write_key_files,
 )
-from fl_lbbsp.inprocess import InProcessGrid
 from fl_lbbsp.models import build_model
+from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg
 from fl_lbbsp.strategies.encrypted import EncryptedLBBSPFedAvg
 from fl_lbbsp.telemetry import read_telemetry

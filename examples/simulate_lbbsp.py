@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fl_lbbsp.report import format_table, run_cost_lines, summarise
-from fl_lbbsp.simulation import SimulationConfig, run
+from fl_lbbsp.runs.fl import SimulationConfig, run
+from fl_lbbsp.runs.summary import format_table, run_cost_lines, summarise
 
 
 def main() -> None:

@@ -306,7 +306,8 @@ def _add_cluster_parser(sub: Any) -> None:
 
 
 def _run_cluster(args: argparse.Namespace) -> int:
-    from .cluster import ClusterConfig, format_cluster_table, run_cluster, summarise_cluster
+    from .runs.cluster import ClusterConfig, run_cluster
+    from .runs.summary import format_table, run_failure, summarise
 
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     configs = {
@@ -336,8 +337,6 @@ def _run_cluster(args: argparse.Namespace) -> int:
         )
         for scheme in schemes
     }
-    from .report import run_failure
-
     events: dict[str, list[dict[str, Any]]] = {}
     for scheme, config in configs.items():
         with _progress(args, config.telemetry_path(), config.iterations, scheme, "iteration"):
@@ -350,8 +349,8 @@ def _run_cluster(args: argparse.Namespace) -> int:
         reference = events.get("bsp") or next(iter(events.values()))
         final = [e["accuracy"] for e in reference if e.get("event") == "evaluate"]
         target = 0.95 * final[-1] if final else None
-    summaries = {s: summarise_cluster(ev, target_accuracy=target) for s, ev in events.items()}
-    print(format_cluster_table(summaries))
+    summaries = {s: summarise(ev, target_accuracy=target) for s, ev in events.items()}
+    print(format_table(summaries))
     json_path = args.json or args.out / "cluster.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     report = {
@@ -393,7 +392,7 @@ def _add_deploy_local(sub: Any) -> None:
 
 
 def _deploy_federation(args: argparse.Namespace) -> Any:
-    from .deploy import LocalFederation, slowdowns_from_speeds
+    from .runs.deploy import LocalFederation, slowdowns_from_speeds
 
     if args.silos <= 0:
         raise ValueError(f"--silos must be positive, got {args.silos}")
@@ -411,7 +410,7 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
 
 
 def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
-    from .simulation import Scheme, SimulationConfig
+    from .runs.fl import Scheme, SimulationConfig
 
     return SimulationConfig(
         scheme=cast(Scheme, scheme),  # checked against SCHEMES by main()
@@ -468,7 +467,7 @@ def _progress(
     nothing with ``--quiet``."""
     if args.quiet:
         return nullcontext()
-    from .progress import RoundProgress
+    from .runs.progress import RoundProgress
 
     return RoundProgress(path=telemetry, total=total, label=label, unit=unit)
 
@@ -550,8 +549,8 @@ def _setup_logging(quiet: bool, verbose: bool) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .report import format_table, plot_comparison, run_cost_lines, run_failure, summarise
-    from .simulation import run
+    from .runs.fl import run
+    from .runs.summary import format_table, plot_comparison, run_cost_lines, run_failure, summarise
 
     if args.command == "simulate":
         schemes = [args.scheme]
@@ -598,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "deploy-local":
-        from .deploy import serve
+        from .runs.deploy import serve
 
         try:
             federation = _deploy_federation(args)
@@ -613,7 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(_validation_message(err))
         except FileExistsError as err:
             parser.error(f"{err} (use --force)")
-    from .simulation import SCHEMES
+    from .runs.fl import SCHEMES
 
     chosen, flag = [], "--scheme"
     if args.command == "simulate":

@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 from fl_lbbsp.clients import LocalTraining, lbbsp_train
 from fl_lbbsp.contract import RecordKeys
-from fl_lbbsp.inprocess import InProcessGrid
+from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg
 from fl_lbbsp.strategies.validation import DEFAULT_EXTRA_METRIC_KEYS
 from fl_lbbsp.telemetry import read_telemetry

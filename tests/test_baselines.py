@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_lbbsp.core import SiloReport
-from fl_lbbsp.report import slowdowns_at
-from fl_lbbsp.simulation import SimulationConfig, run
+from fl_lbbsp.runs.fl import SimulationConfig, run
+from fl_lbbsp.runs.summary import slowdowns_at
 from fl_lbbsp.strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 
 pytestmark = pytest.mark.usefixtures("flower_task")

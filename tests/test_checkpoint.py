@@ -21,9 +21,10 @@ from flwr.serverapp.strategy import Result
 from fl_lbbsp.cli import main
 from fl_lbbsp.clients.app import SiloSetup, make_client_app
 from fl_lbbsp.clients.cluster import WorkerSetup, make_worker_app
-from fl_lbbsp.inprocess import InProcessGrid
 from fl_lbbsp.models import build_model
-from fl_lbbsp.simulation import SimulationConfig, make_strategy, start_telemetry
+from fl_lbbsp.runs.engine import start_telemetry
+from fl_lbbsp.runs.fl import SimulationConfig, make_strategy
+from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg
 from fl_lbbsp.strategies.checkpoint import (
     CheckpointError,

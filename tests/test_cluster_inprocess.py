@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fl_lbbsp.cluster import ClusterConfig, run_cluster_in_process, summarise_cluster
+from fl_lbbsp.runs.cluster import ClusterConfig, run_cluster_in_process
+from fl_lbbsp.runs.summary import summarise
 
 
 def test_in_process_run_balances_by_the_cost_model(tmp_path: Path) -> None:
@@ -25,4 +26,4 @@ def test_in_process_run_balances_by_the_cost_model(tmp_path: Path) -> None:
     last = train[-1]["silos"]
     assert last["0"]["batch-size"] > last["1"]["batch-size"]
     assert [e["round"] for e in events if e["event"] == "evaluate"] == [0, 2, 4]
-    assert summarise_cluster(events)["iterations"] == 4
+    assert summarise(events)["iterations"] == 4

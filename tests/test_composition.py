@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import (
 
 from fl_lbbsp.clients import LocalTraining, lbbsp_train
 from fl_lbbsp.contract import RecordKeys
-from fl_lbbsp.inprocess import InProcessGrid
+from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg, LBBSPStrategy
 from fl_lbbsp.strategies.composition import inner_strategy, start_wrapped
 from fl_lbbsp.telemetry import read_telemetry

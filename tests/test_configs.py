@@ -20,10 +20,10 @@ from fl_lbbsp.clients.app import SiloSetup
 from fl_lbbsp.clients.cluster import WorkerSetup
 from fl_lbbsp.clients.emulation import CostModel, SlowdownSchedule
 from fl_lbbsp.clients.trainer import TrainerConfig
-from fl_lbbsp.cluster import ClusterConfig
 from fl_lbbsp.contract import RecordKeys
 from fl_lbbsp.datasets import PartitionSpec
-from fl_lbbsp.simulation import SimulationConfig
+from fl_lbbsp.runs.cluster import ClusterConfig
+from fl_lbbsp.runs.fl import SimulationConfig
 from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg, LBBSPStrategy
 
 HAS_TENSEAL = importlib.util.find_spec("tenseal") is not None
@@ -215,6 +215,7 @@ def test_every_config_class_is_covered() -> None:
         "EncryptedClusterConfig",
         "TrainerConfig", "SiloSetup", "WorkerSetup", "CostModel", "SlowdownSchedule",
         "PartitionSpec", "CKKSConfig", "RecordKeys", "SimulationConfig", "ClusterConfig",
+        "RunSettings",  # the base of the two above: its fields are checked through them
     }  # fmt: skip
 
     # Execute

@@ -1,7 +1,7 @@
 """End to end on Flower's Deployment Engine: SuperLink + 3 SuperNodes over TLS on loopback,
 the quickstart app through ``flwr run``, one SuperNode killed in the last round.
 
-Every process is started by :class:`fl_lbbsp.deploy.LocalFederation`, which stops them all
+Every process is started by :class:`fl_lbbsp.runs.deploy.LocalFederation`, which stops them all
 by pid when the ``with`` block ends, whether the test passed or not.
 """
 
@@ -22,7 +22,7 @@ import psutil
 import pytest
 import tomli
 
-from fl_lbbsp.deploy import (
+from fl_lbbsp.runs.deploy import (
     LocalFederation,
     generate_tls,
     run_app,

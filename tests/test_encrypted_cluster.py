@@ -12,8 +12,8 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from fl_lbbsp.clients.cluster import WorkerSetup, make_worker_app, worker_data
-from fl_lbbsp.inprocess import InProcessGrid
 from fl_lbbsp.models import build_model
+from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPCluster
 
 pytest.importorskip("tenseal")

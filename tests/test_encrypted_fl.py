@@ -32,8 +32,8 @@ from fl_lbbsp.crypto.records import (  # noqa: E402
     update_from_record,
     update_to_record,
 )
-from fl_lbbsp.inprocess import InProcessGrid  # noqa: E402
 from fl_lbbsp.models import build_model  # noqa: E402
+from fl_lbbsp.runs.inprocess import InProcessGrid  # noqa: E402
 from fl_lbbsp.strategies import LBBSPFedAvg  # noqa: E402
 from fl_lbbsp.strategies.encrypted import EncryptedLBBSPFedAvg  # noqa: E402
 

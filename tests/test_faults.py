@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from numpy.lib import format as npy
 
-from fl_lbbsp.inprocess import InProcessGrid
+from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg
 
 pytestmark = pytest.mark.usefixtures("flower_task")

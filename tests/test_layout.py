@@ -34,7 +34,7 @@ def imported_modules(path: Path, *, module_level: bool = False) -> set[str]:
     ("folder", "forbidden", "module_level"),
     [
         # The silo side, anywhere in its code.
-        ("clients", ("fl_lbbsp.strategies", "fl_lbbsp.simulation", "fl_lbbsp.cluster"), False),
+        ("clients", ("fl_lbbsp.strategies", "fl_lbbsp.runs"), False),
         # The core imports with numpy alone (NARX's training imports torch when it runs).
         ("core", ("flwr", "torch", "fl_lbbsp.strategies", "fl_lbbsp.clients"), True),
     ],

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from fl_lbbsp.cli import main
-from fl_lbbsp.progress import RoundProgress, TelemetryFollower, round_ideal
+from fl_lbbsp.runs.progress import RoundProgress, TelemetryFollower, round_ideal
 
 # tau * (m * B + b) per silo, times its slowdown k: exact, load-free times
 CONFIG = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fl_lbbsp.contract import STEP_BATCH_SIZE
-from fl_lbbsp.report import fit_cost_line, run_cost_lines
+from fl_lbbsp.runs.summary import fit_cost_line, run_cost_lines
 
 
 def _round(sizes: list[int], a: float, b: float) -> dict[str, object]:
@@ -97,7 +97,7 @@ def test_comparison_plot_stays_readable(tmp_path, silos: int) -> None:  # type: 
     # Prepare
     import matplotlib.pyplot as plt
 
-    from fl_lbbsp.report import HEATMAP_FROM, comparison_figure, plot_comparison
+    from fl_lbbsp.runs.summary import HEATMAP_FROM, comparison_figure, plot_comparison
 
     summaries = {name: _summary(name, silos) for name in ("fedavg", "lbbsp")}
 
@@ -125,3 +125,45 @@ def test_comparison_plot_stays_readable(tmp_path, silos: int) -> None:  # type: 
             assert len(images) == 1 and images[0].get_array().shape == (silos, 6)
     assert path.stat().st_size > 10_000
     plt.close(figure)
+
+
+def _telemetry(config: dict[str, object]) -> list[dict[str, object]]:
+    """A config event and 3 aggregated rounds of 2 machines, accuracy 0.1 -> 0.7."""
+    events: list[dict[str, object]] = [{"event": "config", **config}]
+    for r in (1, 2, 3):
+        silos = {
+            "0": {"batch-size": 8 + r, "compute-time": 0.1, "train-time": 1.0},
+            "1": {"batch-size": 8 - r, "compute-time": 0.1, "train-time": 2.0},
+        }
+        events.append(
+            {"event": "train", "round": r, "round_time": 2.0, "idle_fraction": 0.25,
+             "wall_time": 2.5, "overhead": 0.5, "silos": silos}
+        )  # fmt: skip
+    events += [{"event": "evaluate", "round": r, "accuracy": 0.1 + 0.3 * r} for r in (0, 2)]
+    return events
+
+
+def test_one_summary_and_one_table_for_fl_and_cluster_runs() -> None:
+    # Prepare: an FL run and a cluster run of the same rounds
+    from fl_lbbsp.runs.summary import format_table, summarise
+
+    fl = _telemetry({"scheme": "lbbsp", "silos": 2, "batch_size": 8, "speeds": [2.0, 1.0]})
+    cluster = _telemetry({"scheme": "lbbsp", "workers": 2, "iterations": 3, "speeds": [2.0, 1.0]})
+
+    # Execute
+    fl_summary = summarise(fl, target_accuracy=0.6, steady_from=1)
+    cluster_summary = summarise(cluster, target_accuracy=0.6)
+    fl_table = format_table({"lbbsp": fl_summary})
+    cluster_table = format_table({"lbbsp": cluster_summary})
+
+    # Assert: shared figures alike; each table has its own rows and emulation note only
+    for summary in (fl_summary, cluster_summary):
+        assert summary["time_to_target"] == 4.0 and summary["final_accuracy"] == 0.7
+        assert summary["batch_sizes_final"] == {"0": 11, "1": 5} and summary["emulated"]
+    assert cluster_summary["iterations_to_target"] == 2
+    assert cluster_summary["overhead_share"] == pytest.approx(0.2)
+    assert "round time / T*" in fl_table and "messaging" not in fl_table
+    assert "messaging share" in cluster_table and "T*" not in cluster_table
+    assert "time to target accuracy (s)" in fl_table and "time to target" in cluster_table
+    assert "silo capacities [2.0, 1.0]" in fl_table
+    assert "worker capacities [2.0, 1.0]" in cluster_table

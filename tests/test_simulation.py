@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fl_lbbsp.report import fit_cost_line, summarise
-from fl_lbbsp.simulation import SimulationConfig, run
+from fl_lbbsp.runs.fl import SimulationConfig, run
+from fl_lbbsp.runs.summary import fit_cost_line, summarise
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def test_lbbsp_simulation_balances_emulated_silos(tmp_path) -> None:  # type: ig
 
 def test_cluster_simulation_balances_cost_model_workers(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Prepare: 4 workers of emulated capacity 4:2:1:1 on a GPU-shaped cost model
-    from fl_lbbsp.cluster import ClusterConfig, run_cluster, summarise_cluster
+    from fl_lbbsp.runs.cluster import ClusterConfig, run_cluster
 
     config = ClusterConfig(
         scheme="lbbsp",
@@ -66,7 +66,7 @@ def test_cluster_simulation_balances_cost_model_workers(tmp_path) -> None:  # ty
 
     # Execute
     events = run_cluster(config)
-    summary = summarise_cluster(events, target_accuracy=0.0)
+    summary = summarise(events, target_accuracy=0.0)
 
     # Assert: the global batch stays 128; after the first report the batch sizes follow
     # the emulated capacities; the messaging overhead is measured every iteration
@@ -84,8 +84,8 @@ def test_cluster_simulation_balances_cost_model_workers(tmp_path) -> None:  # ty
 def test_encrypted_cluster_keeps_worker_replicas_across_iterations(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Prepare: the workers' replicas live in Flower's node state between iterations
     pytest.importorskip("tenseal")
-    from fl_lbbsp.cluster import ClusterConfig, run_cluster
     from fl_lbbsp.crypto import generate_keys, write_key_files
+    from fl_lbbsp.runs.cluster import ClusterConfig, run_cluster
 
     keys = write_key_files(generate_keys(), tmp_path / "keys")
     config = ClusterConfig(

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fl_lbbsp.clients.emulation import CostModel, compute_slot, emulated_time
-from fl_lbbsp.report import slowdowns_at
-from fl_lbbsp.simulation import SimulationConfig
+from fl_lbbsp.runs.fl import SimulationConfig
+from fl_lbbsp.runs.summary import slowdowns_at
 
 
 class FakeClock:

@@ -37,7 +37,7 @@ from typing import IO
 
 import psutil
 
-from .clients.emulation import slowdowns_from_speeds
+from ..clients.emulation import slowdowns_from_speeds
 
 __all__ = [
     "LocalFederation",

@@ -1,5 +1,7 @@
-"""Summaries of simulated runs: steady round time against the ideal T*, idle fraction,
-accuracy and emulated time to a target accuracy; a side-by-side table and a plot."""
+"""Summaries of runs, FL and cluster alike: one summary per run (:func:`summarise`: round or
+iteration time, T*, idle fraction, messaging, accuracy and emulated time to a target
+accuracy), one side-by-side table (:func:`format_table`), the cost lines T* is computed
+from, and the comparison plot."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from .clients.emulation import CostModel, SlowdownSchedule
-from .contract import STEP_BATCH_SIZE
-from .core import fit_linear_cost, ideal_round_time, linear_minmax_continuous
-from .strategies.rounds import format_silos, natural_key
+from ..clients.emulation import CostModel, SlowdownSchedule
+from ..contract import STEP_BATCH_SIZE
+from ..core import fit_linear_cost, ideal_round_time, linear_minmax_continuous
+from ..strategies.rounds import format_silos, natural_key
 
 __all__ = [
     "CostLine",
@@ -165,22 +167,39 @@ def run_cost_lines(runs: dict[str, Events]) -> tuple[CostLine, dict[str, CostLin
 def summarise(
     events: Events,
     *,
-    cost: CostLine,
+    cost: CostLine | None = None,
     target_accuracy: float | None = None,
     steady_from: int = 4,
 ) -> dict[str, Any]:
-    """Summarise one run's telemetry.
+    """Summarise one run's telemetry, FL or cluster (told apart by its config event).
+
+    Every run: its scheme, whether its times are emulated (and the capacities), the final
+    accuracy, the emulated time to the target accuracy (the sum of the round times up to
+    the first evaluation at or above it; cluster runs: 0 if the initial model reaches it)
+    and the final batch sizes. FL runs add the steady round time against the ideal T*, the idle
+    fraction, the gap to the proportional split, wall-clock figures and one entry per
+    round (``rounds``). Cluster runs add the mean iteration time and idle fraction, the
+    real messaging overhead per iteration (server wall time beyond the slowest worker's
+    busy time), the iterations to the target and the accuracy per evaluation
+    (``accuracy``).
 
     Parameters
     ----------
     events : sequence of dict
         The run's telemetry (config, train and evaluate events).
-    cost : CostLine
-        Measured compute cost line of this machine, for T*.
+    cost : CostLine | None (default: None)
+        FL runs: measured compute cost line of this machine, for T* (runs compared with
+        each other share one, from :func:`run_cost_lines`); ``None``: this run's own.
+        Not used for cluster runs.
     target_accuracy : float | None (default: None)
         Accuracy whose first crossing gives ``time_to_target`` (emulated seconds).
     steady_from : int (default: 4)
-        First round counted as steady state.
+        FL runs: first round counted as steady state.
+
+    Raises
+    ------
+    ValueError
+        No round was aggregated (:func:`run_failure` says why).
     """
     config = next(e for e in events if e.get("event") == "config")
     # Skipped rounds (no valid reply) have no round time and change no model.
@@ -188,62 +207,118 @@ def summarise(
     if not train:
         raise ValueError(f"no aggregated round to summarise: {run_failure(events)}")
     accuracy = {e["round"]: e["accuracy"] for e in events if e.get("event") == "evaluate"}
+    cluster = _is_cluster(config)
+    elapsed = dict(zip([0] + [e["round"] for e in train], _cumulative(train), strict=True))
+    # The evaluations that can reach the target: after an aggregated round, and for cluster
+    # runs the initial model's too (0 iterations, 0 s).
+    reached = [
+        r
+        for r in sorted(accuracy)
+        if r in elapsed
+        and (r > 0 or cluster)
+        and target_accuracy is not None
+        and accuracy[r] >= target_accuracy
+    ]
+    first = reached[0] if reached else None
+    dilation = float(config.get("time_dilation") or 1.0)
+    summary = {
+        "scheme": config["scheme"],
+        "emulated": config.get("speeds") is not None
+        or config.get("cost_model") is not None
+        or dilation > 1.0,
+        "speeds_emulated": config.get("speeds"),
+        "final_accuracy": accuracy[max(accuracy)] if accuracy else None,
+        "target_accuracy": target_accuracy,
+        "time_to_target": None if first is None else elapsed[first],
+        "batch_sizes_final": {s: r.get("batch-size") for s, r in train[-1]["silos"].items()},
+    }
+    if cluster:
+        return summary | _cluster_figures(train, accuracy, first)
+    if cost is None:
+        cost = run_cost_lines({"run": events})[0]
+    return summary | _fl_figures(config, train, accuracy, elapsed, cost, steady_from)
+
+
+def _is_cluster(config: dict[str, Any]) -> bool:
+    """A cluster run's config (workers and iterations) rather than an FL run's."""
+    return "iterations" in config
+
+
+def _cumulative(train: list[dict[str, Any]]) -> list[float]:
+    """0 and the emulated time elapsed after each aggregated round."""
+    return [0.0, *np.cumsum([float(e["round_time"]) for e in train]).tolist()]
+
+
+def _cluster_figures(
+    train: list[dict[str, Any]], accuracy: dict[int, float], first: int | None
+) -> dict[str, Any]:
+    """A cluster run's iteration time, idle fraction and messaging overhead (real)."""
+    iteration = np.array([float(e["round_time"]) for e in train])
+    overhead = np.array([e["overhead"] for e in train if e.get("overhead") is not None])
+    mean_iteration = float(iteration.mean())
+    mean_overhead = float(overhead.mean()) if len(overhead) else None
+    return {
+        "iterations": len(train),
+        "iteration_time_mean": mean_iteration,
+        "idle_fraction_mean": float(np.mean([e["idle_fraction"] for e in train])),
+        "overhead_mean": mean_overhead,
+        "overhead_share": None
+        if mean_overhead is None
+        else mean_overhead / (mean_iteration + mean_overhead),
+        "iterations_to_target": first,
+        "accuracy": accuracy,
+    }
+
+
+def _fl_figures(
+    config: dict[str, Any],
+    train: list[dict[str, Any]],
+    accuracy: dict[int, float],
+    elapsed: dict[int, float],
+    cost: CostLine,
+    steady_from: int,
+) -> dict[str, Any]:
+    """An FL run's steady round time against T*, idle fraction, share deviation, wall
+    clock and per-round series."""
     total = int(config["batch_size"]) * int(config["silos"])
     steady = [e for e in train if e["round"] >= steady_from] or train
     # T* of each round: capacities may change over the rounds (slowdown schedules).
     ideals = np.array([cost.ideal(slowdowns_at(config, e["round"]), total) for e in steady])
     times = np.array([float(e["round_time"]) for e in steady])
-    ideal = float(np.mean(ideals))
     round_steady = float(np.mean(times))
-    round_median = float(np.median(times))
     walls = [float(e["wall_time"]) for e in steady if e.get("wall_time") is not None]
     wall_steady = float(np.mean(walls)) if walls else None
-    elapsed, rounds, time_to_target = 0.0, [], None
-    for event in train:
-        elapsed += float(event["round_time"])
-        acc = accuracy.get(event["round"])
-        reached = acc is not None and target_accuracy is not None and acc >= target_accuracy
-        if reached and time_to_target is None:
-            time_to_target = elapsed
-        rounds.append(
-            {
-                "round": event["round"],
-                "round_time": event["round_time"],
-                "ideal_round_time": cost.ideal(slowdowns_at(config, event["round"]), total),
-                "idle_fraction": event["idle_fraction"],
-                "wall_time": event["wall_time"],
-                "overhead": event.get("overhead"),
-                "elapsed_emulated": elapsed,
-                "accuracy": acc,
-                "batch_sizes": {s: r.get("batch-size") for s, r in event["silos"].items()},
-                "train_times": {s: r.get("train-time") for s, r in event["silos"].items()},
-            }
-        )
-    final = train[-1]["silos"] if train else {}
+    rounds = [
+        {
+            "round": event["round"],
+            "round_time": event["round_time"],
+            "ideal_round_time": cost.ideal(slowdowns_at(config, event["round"]), total),
+            "idle_fraction": event["idle_fraction"],
+            "wall_time": event["wall_time"],
+            "overhead": event.get("overhead"),
+            "elapsed_emulated": elapsed[event["round"]],
+            "accuracy": accuracy.get(event["round"]),
+            "batch_sizes": {s: r.get("batch-size") for s, r in event["silos"].items()},
+            "train_times": {s: r.get("train-time") for s, r in event["silos"].items()},
+        }
+        for event in train
+    ]
     return {
-        "scheme": config["scheme"],
         "share_deviation_steady": _share_deviation(steady),
-        "emulated": config.get("speeds") is not None
-        or float(config.get("time_dilation") or 1.0) > 1.0,
         "time_dilation": float(config.get("time_dilation") or 1.0),
         "wall_round_time_steady": wall_steady,
         "wall_over_emulated": None if wall_steady is None else wall_steady / round_steady,
         "total_wall_time": float(sum(float(e.get("wall_time") or 0.0) for e in train)),
         "emulate_wait": config.get("emulate_wait", True),
         "cost_model": config.get("cost_model"),
-        "speeds_emulated": config.get("speeds"),
         "round_time_steady": round_steady,
-        "ideal_round_time": ideal,
+        "ideal_round_time": float(np.mean(ideals)),
         "round_time_over_ideal": float(np.mean(times / ideals)),
-        "round_time_steady_median": round_median,
+        "round_time_steady_median": float(np.median(times)),
         "round_time_median_over_ideal": float(np.median(times / ideals)),
         "idle_fraction_steady": float(np.mean([e["idle_fraction"] for e in steady])),
-        "final_accuracy": accuracy.get(max(accuracy)) if accuracy else None,
         "best_accuracy": max(accuracy.values()) if accuracy else None,
-        "target_accuracy": target_accuracy,
-        "time_to_target": time_to_target,
-        "total_time_emulated": elapsed,
-        "batch_sizes_final": {s: r.get("batch-size") for s, r in final.items()},
+        "total_time_emulated": elapsed[train[-1]["round"]],
         "cost_line": {"a": cost.a, "b": cost.b},
         "rounds": rounds,
     }
@@ -286,32 +361,67 @@ def _fmt(value: Any, pattern: str) -> str:
     return pattern.format(value)
 
 
+_ROWS = (
+    # FL runs: emulated round times against T*
+    ("mean round time, steady (s)", "round_time_steady", "{:.3f}"),
+    # Cluster runs: emulated iteration times, real messaging
+    ("iteration time, mean (s)", "iteration_time_mean", "{:.3f}"),
+    ("ideal round time T* (s), mean", "ideal_round_time", "{:.3f}"),
+    ("round time / T*", "round_time_over_ideal", "{:.3f}"),
+    ("median round time / T*", "round_time_median_over_ideal", "{:.3f}"),
+    ("idle fraction, steady", "idle_fraction_steady", "{:.1%}"),
+    ("idle fraction, mean", "idle_fraction_mean", "{:.1%}"),
+    ("messaging per iteration (s)", "overhead_mean", "{:.3f}"),
+    ("messaging share", "overhead_share", "{:.1%}"),
+    ("max |B - proportional share|", "share_deviation_steady", "{:.1%}"),
+    # Every run
+    ("final accuracy", "final_accuracy", "{:.4f}"),
+    ("iterations to target", "iterations_to_target", "{}"),
+    ("time to target accuracy (s)", "time_to_target", "{:.2f}"),
+    # FL runs: totals and the wall clock beside the emulated times
+    ("total training time (s)", "total_time_emulated", "{:.2f}"),
+    ("wall clock: round time, steady (s)", "wall_round_time_steady", "{:.3f}"),
+    ("wall clock / emulated round time", "wall_over_emulated", "{:.2f}"),
+    ("wall clock: total training (s)", "total_wall_time", "{:.2f}"),
+)
+"""The table's rows: label, summary key, format. A row is shown when a run has its key."""
+
+
 def format_table(summaries: dict[str, dict[str, Any]]) -> str:
-    """Side-by-side table of the schemes: emulated times (what the silos report), and
-    beside them the wall-clock time the run took (labelled)."""
-    rows = [
-        ("mean round time, steady (s)", "round_time_steady", "{:.3f}"),
-        ("ideal round time T* (s), mean", "ideal_round_time", "{:.3f}"),
-        ("round time / T*", "round_time_over_ideal", "{:.3f}"),
-        ("median round time / T*", "round_time_median_over_ideal", "{:.3f}"),
-        ("idle fraction, steady", "idle_fraction_steady", "{:.1%}"),
-        ("max |B - proportional share|", "share_deviation_steady", "{:.1%}"),
-        ("final accuracy", "final_accuracy", "{:.4f}"),
-        ("time to target accuracy (s)", "time_to_target", "{:.2f}"),
-        ("total training time (s)", "total_time_emulated", "{:.2f}"),
-        ("wall clock: round time, steady (s)", "wall_round_time_steady", "{:.3f}"),
-        ("wall clock / emulated round time", "wall_over_emulated", "{:.2f}"),
-        ("wall clock: total training (s)", "total_wall_time", "{:.2f}"),
-    ]
+    """Side-by-side table of the runs of one comparison, FL or cluster: the rows their
+    summaries have (:func:`summarise`), then the target accuracy, what was emulated and
+    how, and each run's final batch sizes. Times are emulated (what the silos or workers
+    report); FL runs show the wall-clock time beside them, cluster runs the real
+    messaging overhead."""
+    rows = [row for row in _ROWS if any(row[1] in s for s in summaries.values())]
     names = list(summaries)
     width = max(len(r[0]) for r in rows) + 2
-    lines = ["".ljust(width) + "".join(n.rjust(12) for n in names)]
+    column = max([12, *(len(n) + 2 for n in names)])
+    lines = ["".ljust(width) + "".join(n.rjust(column) for n in names)]
     for label, key, pattern in rows:
-        cells = "".join(_fmt(summaries[n].get(key), pattern).rjust(12) for n in names)
+        cells = "".join(_fmt(summaries[n].get(key), pattern).rjust(column) for n in names)
         lines.append(label.ljust(width) + cells)
     first = next(iter(summaries.values()))
     if first.get("target_accuracy") is not None:
         lines.append(f"target accuracy: {first['target_accuracy']:.4f}")
+    lines.extend(_emulation_notes(first, summaries))
+    for name, summary in summaries.items():
+        sizes = format_silos(summary["batch_sizes_final"])
+        lines.append(f"final batch sizes ({name}): {sizes}")
+    return "\n".join(lines)
+
+
+def _emulation_notes(first: dict[str, Any], summaries: dict[str, dict[str, Any]]) -> list[str]:
+    """The lines that say which times are emulated and how (from the first run's
+    settings: every run of a comparison has the same)."""
+    if "iterations" in first:  # cluster runs
+        if not first.get("emulated"):
+            return []
+        return [
+            f"iteration times are emulated (worker capacities {first.get('speeds_emulated')});"
+            " messaging is real wall time"
+        ]
+    lines = []
     if first.get("cost_model"):
         wait = "waiting it out" if first.get("emulate_wait", True) else "without waiting"
         lines.append(
@@ -336,10 +446,7 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
         lines.append(
             "wall clock: silos did not wait out their slowdowns; it is not the emulated time"
         )
-    for name, summary in summaries.items():
-        sizes = format_silos(summary["batch_sizes_final"])
-        lines.append(f"final batch sizes ({name}): {sizes}")
-    return "\n".join(lines)
+    return lines
 
 
 HEATMAP_FROM = 9

@@ -1,0 +1,11 @@
+"""Runners: everything that runs a federation or a cluster and reports on it.
+
+- :mod:`.config`: the settings FL and cluster runs share (:class:`~.config.RunSettings`).
+- :mod:`.engine`: what every simulated run does before round 1 and around Flower.
+- :mod:`.fl`: FL runs (LB-BSP, FedAvg, baselines) on Flower's Simulation Engine or in process.
+- :mod:`.cluster`: cluster (parameter-server) runs, one synchronous iteration per round.
+- :mod:`.inprocess`: a Flower Grid that runs a ClientApp in this process.
+- :mod:`.deploy`: a local SuperLink and SuperNodes for ``flwr run``.
+- :mod:`.summary`: one summary and one table for FL and cluster runs, and the plot.
+- :mod:`.progress`: the live progress display fed by the telemetry.
+"""

@@ -1,0 +1,306 @@
+"""Run LB-BSP or FedAvg on Flower's Simulation Engine with emulated heterogeneous silos."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, ClassVar, Literal, get_args
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+from pydantic import Field, computed_field, model_validator
+
+from ..clients.app import SiloSetup, make_client_app, silo_data
+from ..clients.emulation import SlowdownSchedule
+from ..core import BALANCER_DEFAULTS
+from ..datasets import DataSourceError, PartitionText, load_source
+from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
+from ..telemetry import read_telemetry
+from .config import RunSettings
+from .engine import prepare_run, run_engine, start_rounds
+from .inprocess import InProcessGrid
+
+__all__ = [
+    "SCHEMES",
+    "SimulationConfig",
+    "make_server_app",
+    "make_strategy",
+    "run",
+    "train_federation",
+]
+
+log = logging.getLogger("fl_lbbsp")
+
+Scheme = Literal["fedavg", "lbbsp", "lbbsp-tau", "lbbsp-eta", "partial"]
+SCHEMES: tuple[str, ...] = get_args(Scheme)
+"""Schemes a simulation can run: FedAvg, LB-BSP and the baselines of
+:mod:`fl_lbbsp.strategies.baselines`."""
+
+
+class SimulationConfig(RunSettings):
+    """One simulated federation: data, silos, emulated speeds and training settings.
+
+    The settings shared with cluster runs (``speeds``, ``dataset``, ``batch_size`` (B_init),
+    ``lr`` (eta), ``model``, ``seed``, the estimator, ...) are those of
+    :class:`~fl_lbbsp.runs.config.RunSettings`; here, what is particular to FL runs.
+
+    Parameters
+    ----------
+    scheme : {"fedavg", "lbbsp", "lbbsp-tau", "lbbsp-eta", "partial"} (default: "lbbsp")
+        FedAvg (every silo at B_init), LB-BSP (batch size per predicted speed), or a
+        baseline: LB-BSP tuning tau instead of B (``lbbsp-tau``), LB-BSP scaling eta
+        with B (``lbbsp-eta``), partial aggregation of the fastest silos (``partial``).
+    silos : int (default: 5)
+        Number of silos.
+    slowdown_schedules : tuple of str | None (default: None)
+        A further slowdown of each silo over the rounds, multiplied onto the one from
+        ``speeds``: ``"1:1,10:2,20:1"`` halves the silo's capacity from round 10 to 19
+        (see :class:`~fl_lbbsp.clients.SlowdownSchedule`); one entry per silo, ``"1"``
+        for none. ``None``: capacities stay fixed.
+    partition : str (default: "labels:2")
+        ``iid``, ``labels:K`` or ``dirichlet:ALPHA``.
+    rounds : int (default: 20)
+        Federated rounds.
+    local_steps : int (default: 20)
+        Local steps tau.
+    allocator, max_change_ratio, min_batch_fraction :
+        Balancer settings (see :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; defaults
+        :data:`fl_lbbsp.core.BALANCER_DEFAULTS`); allocator ``linear`` or
+        ``proportional``; no silo gets a batch size below ``min_batch_fraction * batch_size``.
+    parallel : int (default: 1)
+        Silos computing at the same time (compute slots). On the Simulation Engine every
+        silo runs at once and waits out its emulated slowdown outside the slots, so the
+        waits overlap as on separate machines and a round's wall time follows its
+        emulated time (see :attr:`time_dilation`). 1 keeps the measured compute free of
+        contention between silos on a small machine.
+    partial_replies : int | None (default: None)
+        Scheme ``partial``: replies aggregated per round (``None``: all silos but one).
+    emulate_wait : bool (default: True)
+        Emulated silos wait ``(k - 1) * t`` after computing for ``t``; ``False`` reports
+        ``k * t`` without waiting, which keeps the reported times but not the wall
+        clock (the silos compute one after the other, so nothing contends).
+    cost_model : str | None (default: None)
+        Emulated step time ``"m,b"`` of the fastest silo (seconds per sample, per step):
+        silo i reports ``tau * k_i * (m * B_i + b)`` instead of its measured compute
+        time times k_i, and T* is exact. For runs whose batch sizes must not depend on
+        how busy the machine is (tests, balancing benchmarks). ``None``: measured times.
+    runtime : {"ray", "inprocess"} (default: "ray")
+        ``"ray"``: Flower's Simulation Engine. ``"inprocess"``: the same ServerApp body
+        and ClientApp on an :class:`~fl_lbbsp.runs.inprocess.InProcessGrid` in this process,
+        silos one after the other (``parallel`` must be 1), with no engine start-up.
+    out : Path (default: runs/simulate)
+        Folder for telemetry and reports.
+    encrypt : Path | None (default: None)
+        Key folder from ``fl-lbbsp keys generate``: silos send CKKS-encrypted updates
+        (``secret.ckks``), the server only adds them (``public.ckks``), and the test
+        accuracy is federated (each silo evaluates on its share of the test split).
+        ``None``: plaintext updates and central evaluation.
+    checkpoint_dir : Path | None (default: None)
+        Checkpoint folder: the strategy checkpoints every round in
+        ``checkpoint_dir/<scheme>`` and a rerun resumes from there (the telemetry file
+        is then kept, not restarted). ``None``: no checkpoints.
+    """
+
+    unit: ClassVar[str] = "silos"
+
+    scheme: Scheme = "lbbsp"
+    silos: int = Field(default=5, gt=0, strict=True)
+    slowdown_schedules: tuple[str, ...] | None = None
+    partition: PartitionText = "labels:2"
+    rounds: int = Field(default=20, gt=0, strict=True)
+    local_steps: int = Field(default=20, gt=0, strict=True)
+    allocator: Literal["linear", "proportional"] = "linear"
+    max_change_ratio: float | None = Field(
+        default=BALANCER_DEFAULTS["max_change_ratio"], gt=1, allow_inf_nan=False
+    )
+    min_batch_fraction: float = Field(default=BALANCER_DEFAULTS["min_batch_fraction"], ge=0, le=1)
+    out: Path = Path("runs/simulate")
+    partial_replies: int | None = Field(default=None, gt=0)
+    emulate_wait: bool = True
+    runtime: Literal["ray", "inprocess"] = "ray"
+
+    @model_validator(mode="after")
+    def _fl_checks(self) -> SimulationConfig:
+        if self.slowdown_schedules is not None:
+            if len(self.slowdown_schedules) != self.silos:
+                raise ValueError(
+                    f"slowdown_schedules lists {len(self.slowdown_schedules)} entries but "
+                    f"there are {self.silos} silos"
+                )
+            for text in self.slowdown_schedules:
+                SlowdownSchedule.parse(text)
+        if self.encrypt is not None and self.scheme not in ("fedavg", "lbbsp"):
+            raise ValueError(f"encrypt works with schemes fedavg and lbbsp, not {self.scheme!r}")
+        if self.runtime == "inprocess" and self.parallel != 1:
+            raise ValueError(
+                "runtime 'inprocess' runs silos one after the other: parallel must be 1"
+            )
+        return self
+
+    @property
+    def size(self) -> int:
+        """Number of silos."""
+        return self.silos
+
+    def schedules(self) -> tuple[SlowdownSchedule, ...]:
+        """Each silo's emulated slowdown over the rounds: its speed's factor times its
+        ``slowdown_schedules`` entry, times :attr:`time_dilation`."""
+        dilation = self.time_dilation
+        return tuple(
+            SlowdownSchedule(steps={r: dilation * k for r, k in schedule.steps.items()})
+            for schedule in self._capacity_schedules()
+        )
+
+    def _capacity_schedules(self) -> tuple[SlowdownSchedule, ...]:
+        extra = self.slowdown_schedules or ("1",) * self.silos
+        out = []
+        for k, text in zip(self.slowdowns, extra, strict=True):
+            steps = {1: 1.0} | SlowdownSchedule.parse(text).steps
+            out.append(SlowdownSchedule(steps={r: k * f for r, f in steps.items()}))
+        return tuple(out)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def time_dilation(self) -> float:
+        """Wall-clock seconds per second of the fastest emulated silo's own machine.
+
+        On the Simulation Engine silos compute ``parallel`` at a time (each alone on its
+        share of this machine) while their emulated waits overlap, so a round's wall time
+        follows its emulated time only if this machine can do the federation's compute in
+        that time: the federation's capacity, sum_i 1/k_i in units of the fastest silo, must
+        fit in ``parallel`` slots. Every silo is therefore emulated ``d`` times slower, with
+        ``d = max(1, 1.2 * max_r sum_i 1 / k_i(r) / parallel)`` (20% for queueing): capacity
+        ratios, and every ratio reported, stay as given; times are in units of a machine
+        ``d`` times slower than this one. 1 in process, without waits, or with a cost model
+        (whose times are the model's).
+        """
+        if self.runtime != "ray" or not self.emulate_wait or self.cost_model is not None:
+            return 1.0
+        schedules = self._capacity_schedules()
+        rounds = sorted({r for schedule in schedules for r in schedule.steps})
+        capacity = max(sum(1.0 / s.factor(r) for s in schedules) for r in rounds)
+        return max(1.0, round(_QUEUEING_SLACK * capacity / self.parallel, 3))
+
+    def silo_setup(self) -> SiloSetup:
+        """The data/model/emulation setup shared by every silo."""
+        return SiloSetup(
+            dataset=self.dataset,
+            partition=self.partition,
+            num_silos=self.silos,
+            seed=self.seed,
+            model=self.model,
+            slowdowns=tuple(str(s) for s in self.schedules()),
+            secret_context=None if self.encrypt is None else str(self.encrypt),
+            evaluate_on="train" if self.encrypt is None else "test",
+            emulate_wait=self.emulate_wait,
+            cost_model=self.cost_model,
+            compute_lock=None if self.runtime == "inprocess" else str(self.compute_slots()),
+            compute_slots=self.parallel,
+        )
+
+    def compute_slots(self) -> Path:
+        """Folder of the compute-slot lock files of this run's silos."""
+        return self.out / f".compute-slots-{self.scheme}"
+
+
+_STRATEGIES: dict[str, type[LBBSPFedAvg]] = {
+    "fedavg": LBBSPFedAvg,
+    "lbbsp": LBBSPFedAvg,
+    "lbbsp-tau": LBBSPTau,
+    "lbbsp-eta": LBBSPEta,
+    "partial": PartialAggregation,
+}
+
+
+def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
+    """The strategy of a simulated run: LB-BSP, FedAvg (LB-BSP with balancing off) or
+    a baseline (:mod:`fl_lbbsp.strategies.baselines`).
+
+    With ``config.encrypt`` it is :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`
+    with federated evaluation on every silo.
+    """
+    settings: dict[str, Any] = {
+        **config.strategy_settings(),
+        "local_steps": config.local_steps,
+        "balance": config.scheme not in ("fedavg", "partial"),
+        "max_change_ratio": config.max_change_ratio,
+        "min_batch_fraction": config.min_batch_fraction,
+    }
+    if config.scheme == "partial":
+        settings["replies"] = config.partial_replies
+    if config.encrypt is None:
+        strategy = _STRATEGIES[config.scheme]
+        return strategy(fraction_evaluate=0.0, **settings)
+    from ..strategies.encrypted import EncryptedLBBSPFedAvg
+
+    return EncryptedLBBSPFedAvg(
+        public_context=config.encrypt,
+        fraction_evaluate=1.0,
+        min_evaluate_nodes=config.silos,
+        **settings,
+    )
+
+
+def make_server_app(config: SimulationConfig, strategy: LBBSPFedAvg | None = None) -> ServerApp:
+    """A ServerApp running the configured strategy (or ``strategy``) with central
+    evaluation each round."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        train_federation(config, grid, strategy=strategy)
+
+    return app
+
+
+def train_federation(
+    config: SimulationConfig, grid: Grid, *, strategy: LBBSPFedAvg | None = None
+) -> LBBSPFedAvg:
+    """The ServerApp's body: run the configured strategy on ``grid`` for
+    ``config.rounds`` rounds, with central evaluation every round; return the strategy.
+
+    Parameters
+    ----------
+    config : SimulationConfig
+        The federation.
+    grid : Grid
+        Flower's grid, or an :class:`~fl_lbbsp.runs.inprocess.InProcessGrid`.
+    strategy : LBBSPFedAvg | None (default: None)
+        A strategy from :func:`make_strategy` ``(config)``, e.g. one the caller observes;
+        ``None`` builds it.
+    """
+    return start_rounds(
+        config, grid, lambda: strategy or make_strategy(config), rounds=config.rounds
+    )
+
+
+def run(config: SimulationConfig, *, strategy: LBBSPFedAvg | None = None) -> list[dict[str, Any]]:
+    """Run one simulated federation and return its telemetry events.
+
+    The silos' emulated capacities come from ``config.speeds``; every figure derived from
+    them is emulated. Data is loaded (and a bad path reported) before Flower starts.
+    ``strategy``: as in :func:`train_federation`.
+    """
+    load_source(config.dataset)  # fail fast on a bad dataset spec or path
+    try:  # partitions every silo's data (cached), refusing a split the data cannot give
+        silo_data(config.silo_setup(), 0)
+    except ValueError as err:
+        raise DataSourceError(f"--partition {config.partition}: {err}") from None
+    prepare_run(config, strategy or make_strategy(config))
+    path = config.telemetry_path()
+    if config.runtime == "inprocess":
+        grid = InProcessGrid(make_client_app(config.silo_setup()), num_nodes=config.silos)
+        train_federation(config, grid, strategy=strategy)
+    else:
+        # Every silo runs at once; the compute slots let `parallel` compute at a time.
+        run_engine(
+            make_server_app(config, strategy),
+            make_client_app(config.silo_setup()),
+            num_supernodes=config.silos,
+            parallel=config.silos,
+        )
+    return read_telemetry(path)
+
+
+_QUEUEING_SLACK = 1.2
+"""Headroom of the compute slots over the federation's capacity (see time_dilation)."""
