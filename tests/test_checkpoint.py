@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import FakeGrid
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Result
 
@@ -400,3 +400,36 @@ def test_a_resumed_run_keeps_its_telemetry(tmp_path) -> None:  # type: ignore[no
     # Assert: resumed, the events stay; a fresh run starts over with the config
     assert [json.loads(line)["event"] for line in kept.splitlines()] == ["config", "train"]
     assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["config"]
+
+
+def test_a_checkpoint_written_before_the_round_engine_resumes_where_it_left_off(
+    tmp_path,
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the round-2 checkpoint of a parameter server with momentum, written by
+    # fl_lbbsp before the round engine (tests/checkpoint_fixture.py), and what that version
+    # did in round 3
+    from checkpoint_fixture import NODES, SETTINGS, replies, sent_sizes
+
+    from fl_lbbsp.strategies.checkpoint import resume_point
+
+    fixture = Path(__file__).parent / "data" / "checkpoint-before-engine"
+    expected = json.loads((fixture / "expected.json").read_text())
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "round-000002.ckpt").write_bytes((fixture / "round-000002.ckpt").read_bytes())
+    strategy = LBBSPCluster(**SETTINGS, checkpoint_dir=folder)
+
+    # Execute: the resume point, then round 3 from it
+    checkpoint = resume_point(strategy)
+    assert checkpoint is not None and checkpoint.server_round == 2
+    strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
+    strategy.deadline_grid(FakeGrid(list(NODES)), timeout=60)  # type: ignore[arg-type]
+    grid = FakeGrid(list(NODES))
+    sent = sent_sizes(list(strategy.configure_train(3, checkpoint.arrays, ConfigRecord(), grid)))  # type: ignore[arg-type]
+    after, _ = strategy.aggregate_train(3, replies(3, sent))
+
+    # Assert: the same batch sizes (balancer restored) and weights (momentum restored)
+    assert sent == {int(node): size for node, size in expected["round_3_sizes"].items()}
+    assert after is not None
+    for name, values in expected["round_3_weights"].items():
+        np.testing.assert_allclose(after[name].numpy(), np.asarray(values), rtol=1e-6)
