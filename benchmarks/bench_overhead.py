@@ -347,7 +347,7 @@ def aggregation_times(
 
     from flwr.clientapp import ClientApp
 
-    from fl_lbbsp.inprocess import InProcessGrid
+    from fl_lbbsp.runs.inprocess import InProcessGrid
 
     flwr_log = logging.getLogger("flwr")
     level = flwr_log.level
