@@ -132,6 +132,16 @@ evaluate_metrics_aggr_fn :
         global model, the balancer and the rest of the strategy's state there (see
         :mod:`fl_lbbsp.strategies.checkpoint`), and a strategy started on a folder that
         holds a checkpoint of round k resumes with round k+1. ``None``: no checkpoints.
+    updates : Updates | None (default: None)
+        How the replies' updates are read, checked and summed
+        (:mod:`fl_lbbsp.strategies.updates`); ``None``: ``PlainMean``, FedAvg's mean by
+        dataset size. The variants pass theirs (an SGD step, an encrypted sum).
+    rewriter : InstructionRewriter | None (default: None)
+        Rewrites every instruction after balancing (the baselines'
+        :class:`~fl_lbbsp.core.engine.TauRewriter` and
+        :class:`~fl_lbbsp.core.engine.EtaRewriter`).
+    selector : FastestReplies | None (default: None)
+        Backup workers: only the fastest accepted replies enter the aggregate.
 
     Raises
     ------
