@@ -43,7 +43,12 @@ from ..crypto.records import is_encrypted, update_from_record, update_to_record
 from .config import EncryptionConfig
 from .fedavg import LBBSPFedAvg
 
-__all__ = ["EncryptedLBBSPFedAvg", "EncryptedSum", "server_keys"]
+__all__ = [
+    "EncryptedLBBSPFedAvg",
+    "EncryptedSum",
+    "log_federated_evaluation",
+    "server_keys",
+]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -269,26 +274,32 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
     ) -> MetricRecord | None:
         """Average the silos' evaluation metrics and log the federated test accuracy."""
         metrics = super().aggregate_evaluate(server_round, replies)
-        if metrics is not None and EVAL_ACCURACY in metrics:
-            accuracy = float(metrics[EVAL_ACCURACY])  # type: ignore[arg-type]
-            loss = float(metrics.get(EVAL_LOSS, math.nan))  # type: ignore[arg-type]
-            self.telemetry.write(
-                {
-                    "event": "evaluate",
-                    "scheme": self.scheme,
-                    "round": server_round + self.round_offset,
-                    "loss": loss,
-                    "accuracy": accuracy,
-                    "federated": True,
-                }
-            )
-            log.info(
-                "[%s] round %d | federated test accuracy %.4f",
-                self.scheme,
-                server_round + self.round_offset,
-                accuracy,
-            )
+        log_federated_evaluation(self, server_round + self.round_offset, metrics)
         return metrics
+
+
+def log_federated_evaluation(
+    strategy: LBBSPFedAvg, server_round: int, metrics: MetricRecord | None
+) -> None:
+    """One ``evaluate`` telemetry event and log line for the silos' own evaluation (the
+    server cannot evaluate an encrypted model)."""
+    if metrics is None or EVAL_ACCURACY not in metrics:
+        return
+    accuracy = float(metrics[EVAL_ACCURACY])  # type: ignore[arg-type]
+    loss = float(metrics.get(EVAL_LOSS, math.nan))  # type: ignore[arg-type]
+    strategy.telemetry.write(
+        {
+            "event": "evaluate",
+            "scheme": strategy.scheme,
+            "round": server_round,
+            "loss": loss,
+            "accuracy": accuracy,
+            "federated": True,
+        }
+    )
+    log.info(
+        "[%s] round %d | federated test accuracy %.4f", strategy.scheme, server_round, accuracy
+    )
 
 
 def log_keys(he_keys: CKKSKeys) -> None:

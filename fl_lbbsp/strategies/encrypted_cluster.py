@@ -37,7 +37,7 @@ from ..core.screening import InvalidReplyError
 from ..crypto import CKKSKeys, ParsedUpdate
 from ..crypto.records import is_encrypted
 from .config import EncryptedClusterConfig, ParameterServerConfig
-from .encrypted import EncryptedSum, log_keys, server_keys
+from .encrypted import EncryptedSum, log_federated_evaluation, log_keys, server_keys
 from .fedavg import LBBSPFedAvg
 
 __all__ = ["EncryptedLBBSPCluster", "ReplicaLog"]
@@ -325,7 +325,9 @@ class EncryptedLBBSPCluster(LBBSPFedAvg):
         """Average the workers' evaluation metrics; note their model versions."""
         replies = list(replies)
         self.replicas.note_versions(replies)
-        return super().aggregate_evaluate(server_round, replies)
+        metrics = super().aggregate_evaluate(server_round, replies)
+        log_federated_evaluation(self, server_round + self.round_offset, metrics)
+        return metrics
 
     def _with_model(self, configs: dict[int, ConfigRecord], message_type: str) -> list[Message]:
         """One message per node: its config (plus the momentum and target model version)
