@@ -32,6 +32,20 @@ class TelemetryWriter:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(event, sort_keys=True) + "\n")
 
+    def evaluation(
+        self, *, scheme: str, server_round: int, loss: float, accuracy: float, federated: bool
+    ) -> None:
+        """Write one ``evaluate`` event: the global model's loss and accuracy, evaluated by
+        the server on the held-out split or (``federated``) by the silos on theirs."""
+        event = {
+            "event": "evaluate",
+            "scheme": scheme,
+            "round": server_round,
+            "loss": loss,
+            "accuracy": accuracy,
+        }
+        self.write({**event, "federated": True} if federated else event)
+
     def drop_rounds_after(self, server_round: int) -> int:
         """Remove the file's events of rounds after ``server_round`` (a run resumed from
         that round's checkpoint redoes them); return how many were removed.

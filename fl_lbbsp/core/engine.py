@@ -40,7 +40,7 @@ from ..contract import STEP_BATCH_SIZE, RecordKeys
 from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .deadline import DeadlinePolicy, OverheadTracker, predicted_compute_time
 from .screening import InvalidReplyError, ReplyValidator, error_summary
-from .settings import BalancingConfig, ReplyLimits, make_balancer
+from .settings import BalancingConfig, ReplyLimits, balancing_config, make_balancer
 
 __all__ = [
     "EtaRewriter",
@@ -376,6 +376,52 @@ class RoundEngine:
         self.silo_of_node: dict[Node, str] = {}
         self.federation_size = 0
         self.overhead = OverheadTracker(self.deadline.overhead_rounds)
+
+    @classmethod
+    def from_keywords(
+        cls,
+        *,
+        initial_batch_size: int,
+        local_steps: int,
+        lr: float,
+        keys: RecordKeys,
+        weight_key: str,
+        min_train_silos: int,
+        max_num_examples: int | None,
+        max_reply_bytes: int | None,
+        extra_metric_keys: Iterable[str] | None,
+        balancing: Mapping[str, Any],
+        **options: Any,
+    ) -> RoundEngine:
+        """The engine of a strategy's keywords, validated (one place for every adapter).
+
+        Parameters
+        ----------
+        initial_batch_size, local_steps, lr : int, int, float
+            B_init, tau and eta.
+        keys, weight_key :
+            As in the constructor.
+        min_train_silos, max_num_examples, max_reply_bytes, extra_metric_keys :
+            The reply limits (:class:`~fl_lbbsp.core.settings.ReplyLimits`).
+        balancing : Mapping[str, Any]
+            The balancing keywords (:class:`~fl_lbbsp.core.settings.BalancingOptions`).
+        **options :
+            The constructor's other keywords (``deadline``, ``rewriter``, ...).
+        """
+        return cls(
+            config=balancing_config(
+                initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **balancing
+            ),
+            keys=keys,
+            limits=ReplyLimits(
+                min_train_silos=min_train_silos,
+                max_num_examples=max_num_examples,
+                max_reply_bytes=max_reply_bytes,
+                extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
+            ),
+            weight_key=weight_key,
+            **options,
+        )
 
     # ------------------------------------------------------------------ planning
     def silo_id(self, node: Node) -> str:

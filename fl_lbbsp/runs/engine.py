@@ -89,14 +89,12 @@ def central_evaluation(
             return None
         model.load_state_dict(arrays.to_torch_state_dict())
         loss, accuracy = evaluate(model, x, y)
-        strategy.telemetry.write(
-            {
-                "event": "evaluate",
-                "scheme": strategy.scheme,
-                "round": server_round,
-                "loss": loss,
-                "accuracy": accuracy,
-            }
+        strategy.telemetry.evaluation(
+            scheme=strategy.scheme,
+            server_round=server_round,
+            loss=loss,
+            accuracy=accuracy,
+            federated=False,
         )
         log.info("[%s] round %d | test accuracy %.4f", strategy.scheme, server_round, accuracy)
         return MetricRecord({"loss": loss, "accuracy": accuracy})

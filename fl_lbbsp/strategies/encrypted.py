@@ -287,15 +287,12 @@ def log_federated_evaluation(
         return
     accuracy = float(metrics[EVAL_ACCURACY])  # type: ignore[arg-type]
     loss = float(metrics.get(EVAL_LOSS, math.nan))  # type: ignore[arg-type]
-    strategy.telemetry.write(
-        {
-            "event": "evaluate",
-            "scheme": strategy.scheme,
-            "round": server_round,
-            "loss": loss,
-            "accuracy": accuracy,
-            "federated": True,
-        }
+    strategy.telemetry.evaluation(
+        scheme=strategy.scheme,
+        server_round=server_round,
+        loss=loss,
+        accuracy=accuracy,
+        federated=True,
     )
     log.info(
         "[%s] round %d | federated test accuracy %.4f", strategy.scheme, server_round, accuracy

@@ -43,7 +43,7 @@ from ..core.engine import (
     Verdict,
 )
 from ..core.screening import DEFAULT_EXTRA_METRIC_KEYS
-from ..core.settings import BalancingOptions, ReplyLimits, balancing_config
+from ..core.settings import BalancingOptions
 from ..telemetry import TelemetryWriter
 from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
 from .config import ServerConfig
@@ -223,18 +223,17 @@ evaluate_metrics_aggr_fn :
             train_metrics_aggr_fn=train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
-        self.engine = RoundEngine(
-            config=balancing_config(
-                initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **balancing
-            ),
+        self.engine = RoundEngine.from_keywords(
+            initial_batch_size=initial_batch_size,
+            local_steps=local_steps,
+            lr=lr,
             keys=self.keys,
-            limits=ReplyLimits(
-                min_train_silos=min_train_silos,
-                max_num_examples=max_num_examples,
-                max_reply_bytes=max_reply_bytes,
-                extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
-            ),
             weight_key=self.weighted_by_key,
+            min_train_silos=min_train_silos,
+            max_num_examples=max_num_examples,
+            max_reply_bytes=max_reply_bytes,
+            extra_metric_keys=extra_metric_keys,
+            balancing=balancing,
             deadline=DeadlinePolicy(
                 margin=server.deadline_margin,
                 floor=server.deadline_floor,

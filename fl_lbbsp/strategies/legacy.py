@@ -45,7 +45,7 @@ from ..core.screening import (
     check_npy_list,
     layout_of_npy,
 )
-from ..core.settings import BalancingOptions, ReplyLimits, balancing_config
+from ..core.settings import BalancingOptions
 from ..telemetry import TelemetryWriter
 from .rounds import EngineView, log_round
 from .validation import log_rejected, log_skipped
@@ -111,18 +111,17 @@ class LBBSPStrategy(EngineView, FedAvg):
         balancing = {k: v for k, v in settings.items() if k in _BALANCING}
         super().__init__(**{k: v for k, v in settings.items() if k not in _BALANCING})
         self.keys = keys or RecordKeys()
-        self.engine = RoundEngine(
-            config=balancing_config(
-                initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **balancing
-            ),
+        self.engine = RoundEngine.from_keywords(
+            initial_batch_size=initial_batch_size,
+            local_steps=local_steps,
+            lr=lr,
             keys=self.keys,
-            limits=ReplyLimits(
-                min_train_silos=min_train_silos,
-                max_num_examples=max_num_examples,
-                max_reply_bytes=max_reply_bytes,
-                extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
-            ),
             weight_key=self.keys.num_examples,
+            min_train_silos=min_train_silos,
+            max_num_examples=max_num_examples,
+            max_reply_bytes=max_reply_bytes,
+            extra_metric_keys=extra_metric_keys,
+            balancing=balancing,
             also_known=(self.keys.silo_id,),
         )
         self.telemetry = TelemetryWriter(telemetry_path)
