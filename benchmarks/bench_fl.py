@@ -263,6 +263,9 @@ def _scheme_figures(
         "over_ideal": summary["round_time_over_ideal"],
         "oracle": statistics.mean(steady_oracle) if steady_oracle else None,
         "over_oracle": oracle.over_oracle(STEADY_FROM),
+        "clean_over_oracle": oracle.clean_over_oracle(STEADY_FROM),
+        "sizes": _mean_sizes(summary["rounds"], STEADY_FROM),
+        "oracle_sizes": oracle.sizes[-1] if oracle.sizes else [],
         "noise": oracle.noise_level(),
         "mean_round_time": statistics.mean(oracle.round_time),
         "oracle_rounds": dict(zip(oracle.rounds, oracle.oracle, strict=True)),
@@ -275,6 +278,32 @@ def _scheme_figures(
         "overhead_seconds": statistics.median(overhead) if overhead else None,
         "rounds": summary["rounds"],
     }
+
+
+def _mean_sizes(rounds: Sequence[dict[str, Any]], start: int) -> list[float]:
+    """Each silo's mean batch size over the rounds from ``start`` (silos in id order)."""
+    steady = [r["batch_sizes"] for r in rounds if r["round"] >= start] or [
+        r["batch_sizes"] for r in rounds
+    ]
+    silos = sorted({s for sizes in steady for s in sizes}, key=lambda s: (len(s), s))
+    return [
+        statistics.mean(float(sizes[s]) for sizes in steady if sizes.get(s) is not None)
+        for s in silos
+    ]
+
+
+def _split_text(row: dict[str, Any]) -> str:
+    """Why a run is off the oracle: its split alone, on the true lines, against the
+    oracle's, and its mean batch sizes beside the oracle's."""
+    if row.get("clean_over_oracle") is None:
+        return ""
+    sizes = ":".join(f"{v:.0f}" for v in row["sizes"])
+    oracle = ":".join(str(v) for v in row["oracle_sizes"])
+    return (
+        f"noise-free (the batch sizes sent, on the true lines) its round time is "
+        f"{row['clean_over_oracle']:.3f} x the oracle's; mean batch sizes {sizes} against "
+        f"the oracle's {oracle}"
+    )
 
 
 def _values(per_seed: dict[int, dict[str, Any]], key: str) -> list[float]:
@@ -377,6 +406,8 @@ def _fl_section(
         for seed, row in lb.items()
         if seed in fedavg
     }
+    worst = max(lb, key=lambda seed: lb[seed]["over_oracle"] or 0.0, default=None)
+    why = "" if worst is None else f" Seed {worst}: " + _split_text(lb[worst]) + "."
     figures = [
         _worst_figure(
             "LB-BSP steady round time / oracle, worst seed",
@@ -386,7 +417,7 @@ def _fl_section(
             f"same per-round noise (what a balancer could still fix). The noise the silos "
             f"measured: log-sd {noise:.3f} of the per-silo, per-round noise factors (the "
             f"largest of the seeds' LB-BSP runs), so the goal is {goal:.2f} (1.05 at jitter "
-            "<= 10%, 1.10 above, issue 14).",
+            "<= 10%, 1.10 above, issue 14)." + why,
         ),
         _figure(
             "FedAvg steady round time / oracle",
@@ -750,6 +781,13 @@ def _dynamics_figures(
         "ideal": [ideal[r] for r in oracle.rounds],
         "clean_ratio": [c / o for c, o in zip(oracle.clean, oracle.oracle_clean, strict=True)],
         "follow": follow,
+        "after": [  # the first 4 rounds after each change (up to the next one)
+            [c / o for c, o in zip(oracle.clean, oracle.oracle_clean, strict=True)][
+                s : min(s + 4, e)
+            ]
+            for s, e in zip(starts, ends, strict=True)
+        ],
+        "clean_over_oracle": oracle.clean_over_oracle(steady_from),
         "over_oracle": [oracle.over_oracle(a, b) for a, b in spans],
         "over_ideal": [_over(oracle, ideal, a, b) for a, b in spans],
         "steady_over_oracle": oracle.over_oracle(steady_from),
@@ -785,8 +823,8 @@ def _dynamics_section(
     for label, result in per.items():
         if label == FEDAVG:
             continue
-        for (count, censored), change, what in zip(
-            result["follow"], changes, ("halves", "comes back"), strict=True
+        for (count, censored), after, change, what in zip(
+            result["follow"], result["after"], changes, ("halves", "comes back"), strict=True
         ):
             note = (
                 f"Rounds from round {change} (the first at the new capacity) to the first "
@@ -794,7 +832,8 @@ def _dynamics_section(
                 f"is within 5% of the oracle's (0: round {change} itself was). With "
                 "change_confirm = 2 a change is seen in the reports of rounds r and r+1 and "
                 "followed in round r+2: 2 is the best a balancer that ignores a one-round "
-                "spike can do."
+                "spike can do. Noise-free round time / the oracle's from round "
+                f"{change} on: " + ", ".join(f"{v:.3f}" for v in after) + "."
             )
             value: int | None = count
             if censored:
@@ -835,6 +874,8 @@ def _dynamics_section(
                         if is_default
                         else ""
                     )
+                    + f" Noise-free (the batch sizes sent, on the true lines): "
+                    f"{result['clean_over_oracle']:.3f} x the oracle's."
                     + f" Round time / FedAvg's (all rounds): {result['over_fedavg']:.3f}."
                 ).strip(),
             }

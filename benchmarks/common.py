@@ -154,6 +154,12 @@ class TelemetryOracle:
         oracle = self._select(self.oracle, start, end)
         return float(np.mean(times) / np.mean(oracle)) if times else None
 
+    def clean_over_oracle(self, start: int = 0, end: int | None = None) -> float | None:
+        """The same without the noise: what the split alone costs against the oracle's."""
+        times = self._select(self.clean, start, end)
+        oracle = self._select(self.oracle_clean, start, end)
+        return float(np.mean(times) / np.mean(oracle)) if times else None
+
     def noise_level(self) -> float:
         """Log-sd of the silo-rounds' noise factors: the run's jitter."""
         return float(np.std(np.log(self.noise))) if self.noise else 0.0
