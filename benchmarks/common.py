@@ -133,7 +133,9 @@ class TelemetryOracle:
     ``round_time``: the run's (emulated) round time; ``oracle``: the oracle split's, each
     silo's time at the oracle's batch size times the silo's noise factor of the round;
     ``clean`` and ``oracle_clean``: the same without the noise (the run's batch sizes and
-    the oracle's on the true lines); ``noise``: every silo-round's noise factor;
+    the oracle's on the true lines); ``equal``: FedAvg's equal split (B_init each) under
+    the same noise; ``oracle_idle``: the oracle split's idle fraction under the noise,
+    ``1 - mean_i t_i / max_i t_i``; ``noise``: every silo-round's noise factor;
     ``sizes``: the oracle's batch sizes per round."""
 
     rounds: list[int] = field(default_factory=list)
@@ -141,6 +143,8 @@ class TelemetryOracle:
     oracle: list[float] = field(default_factory=list)
     clean: list[float] = field(default_factory=list)
     oracle_clean: list[float] = field(default_factory=list)
+    equal: list[float] = field(default_factory=list)
+    oracle_idle: list[float] = field(default_factory=list)
     noise: list[float] = field(default_factory=list)
     sizes: list[list[int]] = field(default_factory=list)
 
@@ -153,6 +157,12 @@ class TelemetryOracle:
         times = self._select(self.round_time, start, end)
         oracle = self._select(self.oracle, start, end)
         return float(np.mean(times) / np.mean(oracle)) if times else None
+
+    def over_equal(self, start: int = 0, end: int | None = None) -> float | None:
+        """Mean round time over the mean of the equal split's under the same noise."""
+        times = self._select(self.round_time, start, end)
+        equal = self._select(self.equal, start, end)
+        return float(np.mean(times) / np.mean(equal)) if times else None
 
     def clean_over_oracle(self, start: int = 0, end: int | None = None) -> float | None:
         """The same without the noise: what the split alone costs against the oracle's."""
@@ -181,12 +191,14 @@ def telemetry_oracle(
     ``B_i`` it ran (for a silo that ran other than tau steps, scaled to tau steps). The
     oracle's round time is ``max_i k_i (a x*_i + b) noise_i(r)``, with ``x*`` the min-max
     split of the true lines (:func:`oracle_split`, the total ``n B_init``, every silo at
-    least ``floor``). Silos a scheme dropped (``dropped``: partial aggregation) count for
+    least ``floor``); the equal split's (FedAvg's) is ``max_i k_i (a B_init + b)
+    noise_i(r)``. Silos a scheme dropped (``dropped``: partial aggregation) count for
     the oracle, which aggregates every silo; skipped rounds are left out.
     """
     config = next(e for e in events if e.get("event") == "config")
     tau = float(config["local_steps"])
-    total = int(config["batch_size"]) * int(config["silos"])
+    b_init = int(config["batch_size"])
+    total = b_init * int(config["silos"])
     out = TelemetryOracle()
     for event in events:
         if event.get("event") != "train" or event.get("round_time") is None:
@@ -210,6 +222,8 @@ def telemetry_oracle(
         out.oracle.append(float(np.max(at_best * noise)))
         out.clean.append(float(max(e for s, e in zip(ids, expected, strict=True) if s in kept)))
         out.oracle_clean.append(float(np.max(at_best)))
+        out.equal.append(float(np.max(k * (a * b_init + b) * noise)))
+        out.oracle_idle.append(float(1.0 - np.mean(at_best * noise) / np.max(at_best * noise)))
         out.noise.extend(float(v) for v in noise)
         out.sizes.append([int(v) for v in best])
     return out

@@ -133,3 +133,18 @@ def test_rounds_within_counts_from_each_change_to_the_next(
 def test_oracle_goal_follows_the_jitter() -> None:
     assert common.oracle_goal(0.0) == common.oracle_goal(0.1) == 1.05
     assert common.oracle_goal(0.3) == common.oracle_goal("real") == 1.10
+
+
+def test_the_equal_split_runs_under_the_same_noise() -> None:
+    # Prepare: B_init 30 each would be FedAvg's split; the run sent 40 and 20
+    events = _run([{"0": _silo(40, 1.0, 1.2), "1": _silo(20, 2.0, 0.8)}])
+
+    # Execute
+    oracle = common.telemetry_oracle(events, A, B, floor=1)
+
+    # Assert
+    assert oracle.equal == pytest.approx([max(1.2 * (A * 30 + B), 0.8 * 2 * (A * 30 + B))])
+    assert oracle.over_equal() == pytest.approx(oracle.round_time[0] / oracle.equal[0])
+    x0, x1 = oracle.sizes[0]
+    times = [1.2 * (A * x0 + B), 0.8 * 2 * (A * x1 + B)]
+    assert oracle.oracle_idle == pytest.approx([1 - np.mean(times) / max(times)])

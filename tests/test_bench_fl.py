@@ -48,8 +48,10 @@ def test_smoke_run_writes_both_sections_following_the_schema(tmp_path) -> None: 
     # Prepare
     bench = _load_bench()
 
+    telemetry = tmp_path / "telemetry"
+
     # Execute
-    code = bench.main(["--smoke", "--out", str(tmp_path)])
+    code = bench.main(["--smoke", "--out", str(tmp_path), "--telemetry", str(telemetry)])
 
     # Assert
     assert code == 0
@@ -60,7 +62,7 @@ def test_smoke_run_writes_both_sections_following_the_schema(tmp_path) -> None: 
     labels = [f["label"] for f in fl["figures"]]
     assert "LB-BSP steady round time / T*" in labels
     assert "LB-BSP steady round time / oracle, worst seed" in labels
-    assert "LB-BSP round time / FedAvg's, worst seed" in labels
+    assert "LB-BSP round time / FedAvg's equal split under the same noise, worst seed" in labels
     assert [row[0] for row in fl["tables"][0]["rows"]] == ["FedAvg", "LB-BSP"]
     assert "round / oracle" in fl["tables"][0]["columns"]
     assert [row[:2] for row in fl["tables"][1]["rows"]] == [["FedAvg", "0"], ["LB-BSP", "0"]]
@@ -76,3 +78,11 @@ def test_smoke_run_writes_both_sections_following_the_schema(tmp_path) -> None: 
     ] * 2
     assert all(f["goal"] is None for f in follow if not f["label"].endswith(", default"))
     assert [row[0] for row in dynamics["tables"][0]["rows"]][-1] == "FedAvg"
+    # the sections rebuilt from the kept telemetry carry the same figures
+    again = tmp_path / "again"
+    rebuilt = ["--smoke", "--out", str(again), "--telemetry", str(telemetry), "--rebuild"]
+    assert bench.main(rebuilt) == 0
+    for name, section in (("fl", fl), ("dynamics", dynamics)):
+        copy = json.loads((again / f"{name}.json").read_text())
+        assert copy["figures"] == section["figures"] and copy["tables"] == section["tables"]
+        assert "rebuilt from the telemetry" in copy["notes"][-1]
