@@ -28,8 +28,12 @@ emulated k times slower reports k times its measured compute without waiting it 
 so the round times are emulated (the ideal T* uses the same machine's measured cost).
 
     python benchmarks/bench_fl.py [--out benchmarks/results] [--smoke] [--seeds 3]
+        [--telemetry DIR [--rebuild]]
 
 Writes ``fl.json`` and ``dynamics.json`` (the benchmark section schema) and their PNGs.
+With ``--telemetry DIR`` the runs' telemetry is kept there (with the server's aggregation
+seconds and each section's duration beside it); ``--rebuild`` then rebuilds both sections
+from it without running anything again.
 """
 
 from __future__ import annotations
