@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from common import machine, parser
+from common import WITHIN, machine, mark, oracle_goal, oracle_split, parser, rounds_within
 from report import goal_met, write_section
 
 from fl_lbbsp.core import (
@@ -49,11 +49,8 @@ from fl_lbbsp.core import (
     SiloReport,
     ideal_round_time,
     idle_fraction,
-    linear_minmax,
 )
 from fl_lbbsp.core.balancer import BALANCER_DEFAULTS
-
-WITHIN = 0.05  # "within 5% of the oracle"
 
 
 @dataclass(frozen=True)
@@ -164,11 +161,6 @@ class Run:
         }
 
 
-def oracle_split(a: np.ndarray, b: np.ndarray, total: int, floor: int) -> np.ndarray:
-    """The integer min-max split of the true cost lines, every silo at least ``floor``."""
-    return linear_minmax(a, b, total, lower=np.full(len(a), float(floor)))
-
-
 def simulate(
     a: np.ndarray,
     b: np.ndarray,
@@ -231,16 +223,7 @@ def rounds_to_oracle(
     """For each change round r (0-based, the first round at the new capacity): rounds from
     r to the first round whose noise-free round time is within ``within`` of the
     oracle's (``None``: none before the next change or the end)."""
-    out: list[int | None] = []
-    ends = [*changes[1:], len(run.lbbsp_clean)]
-    for start, end in zip(changes, ends, strict=True):
-        found = None
-        for r in range(start, end):
-            if run.lbbsp_clean[r] <= (1.0 + within) * run.oracle_clean[r]:
-                found = r - start
-                break
-        out.append(found)
-    return out
+    return rounds_within(run.lbbsp_clean, run.oracle_clean, changes, within=within)
 
 
 # ------------------------------------------------------------------------ the cells
@@ -436,15 +419,6 @@ def real_cells(settings: Settings) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- section
-def _goal_oracle(jitter_level: float | str) -> float:
-    """The round time / oracle goal of a cell: 1.05 at jitter <= 10%, else 1.10."""
-    return 1.05 if isinstance(jitter_level, float) and jitter_level <= 0.1 + 1e-12 else 1.10
-
-
-def _mark(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("met" if ok else "missed")
-
-
 def _figure(
     label: str,
     value: float | None,
@@ -590,7 +564,7 @@ def section(
             f"{c['spread']:g}:1", c["fixed"], f"{c['jitter']:.0%}", f"{c['oracle']:.3f}",
             f"{c['oracle_worst']:.3f}", f"{c['ideal']:.3f}", f"{c['idle']:.1%}",
             f"{c['fedavg_oracle']:.3f}", f"{c['fedavg_ideal']:.3f}", f"{c['fedavg_idle']:.1%}",
-            _mark(c["oracle"] <= _goal_oracle(c["jitter"]) and c["over_fedavg"] <= 1.0),
+            mark(c["oracle"] <= oracle_goal(c["jitter"]) and c["over_fedavg"] <= 1.0),
         ]
         for c in static
     ]  # fmt: skip
@@ -599,7 +573,7 @@ def section(
             f"{c['spread']:g}:1", c["target"], f"x1/{round(1 / c['factor'])}", f"{c['jitter']:.0%}",
             c["fixed"], _count(c["down"]), _count(c["back"]), f"{c['oracle']:.3f}",
             f"{c['fedavg_oracle']:.3f}",
-            _mark(c["rounds"] is not None and c["rounds"] <= 2 and c["over_fedavg"] <= 1.0)
+            mark(c["rounds"] is not None and c["rounds"] <= 2 and c["over_fedavg"] <= 1.0)
             if c["jitter"] <= 0.1 + 1e-12 else "no goal",
         ]
         for c in steps
@@ -608,7 +582,7 @@ def section(
         [
             f"{c['spread']:g}:1", f"{c['noise']:.2f}", f"{c['oracle']:.3f}", f"{c['ideal']:.3f}",
             f"{c['idle']:.1%}", f"{c['fedavg_oracle']:.3f}", f"{c['fedavg_ideal']:.3f}",
-            f"{c['fedavg_idle']:.1%}", _mark(c["oracle"] <= 1.10 and c["over_fedavg"] <= 1.0),
+            f"{c['fedavg_idle']:.1%}", mark(c["oracle"] <= 1.10 and c["over_fedavg"] <= 1.0),
         ]
         for c in real
     ]  # fmt: skip
@@ -737,7 +711,7 @@ def print_section(data: dict[str, Any]) -> None:
         met = goal_met(figure["value"], goal)
         value = "n/a" if figure["value"] is None else format(figure["value"], ".3f")
         target = "-" if goal is None else f"{goal['op']} {goal['target']}"
-        print(f"{figure['label']:<90} {value:>8}  goal {target:<8} {_mark(met) if goal else ''}")
+        print(f"{figure['label']:<90} {value:>8}  goal {target:<8} {mark(met) if goal else ''}")
     for table in data["tables"]:
         print(f"\n{table['title']}")
         widths = [

@@ -1,19 +1,43 @@
 """What every benchmark section script shares: its command line, the data it runs on,
-the machine it ran on, and writing its section and plots."""
+the machine it ran on, writing its section and plots, and the oracle split every FL
+benchmark measures a balancer against (shared/DESIGN.md, "The ideal to measure against")."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MNIST = ROOT.parent / "shared" / "data" / "mnist"
 
-__all__ = ["MNIST", "RESULTS", "ROOT", "dataset", "machine", "parser", "save_figure"]
+__all__ = [
+    "MNIST",
+    "RESULTS",
+    "ROOT",
+    "WITHIN",
+    "TelemetryOracle",
+    "dataset",
+    "machine",
+    "mark",
+    "oracle_goal",
+    "oracle_split",
+    "parser",
+    "rounds_within",
+    "save_figure",
+    "telemetry_oracle",
+]
+
+WITHIN = 0.05
+"""'Within 5% of the oracle'."""
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -56,3 +80,150 @@ def save_figure(figure: Any, out: Path, name: str) -> str:
 
     plt.close(figure)
     return name
+
+
+# ------------------------------------------------------------------ the oracle split
+def oracle_split(a: np.ndarray, b: np.ndarray, total: int, floor: int) -> np.ndarray:
+    """The integer min-max split of the true cost lines ``t_i = a_i x + b_i`` of ``total``
+    samples, every silo at least ``floor``: what a balancer that knew the lines would
+    send."""
+    from fl_lbbsp.core import linear_minmax
+
+    return linear_minmax(a, b, total, lower=np.full(len(a), float(floor)))
+
+
+def oracle_goal(jitter: float | str) -> float:
+    """The issue's goal for round time / oracle: 1.05 at jitter (log-sd of the per-round
+    noise) <= 10%, else 1.10 (also for real contention, ``jitter`` a string)."""
+    return 1.05 if isinstance(jitter, float | int) and jitter <= 0.1 + 1e-12 else 1.10
+
+
+def mark(ok: bool | None) -> str:
+    """``met``, ``missed`` or ``n/a`` (nothing to judge)."""
+    return "n/a" if ok is None else ("met" if ok else "missed")
+
+
+def rounds_within(
+    times: Sequence[float],
+    references: Sequence[float],
+    changes: Sequence[int],
+    *,
+    within: float = WITHIN,
+) -> list[int | None]:
+    """For each change (a 0-based position in ``times``, the first round at the new
+    capacity): the rounds from it to the first round whose time is within ``within`` of
+    its reference (0: the change round itself was), looking up to the next change or the
+    end; ``None`` when no round was."""
+    out: list[int | None] = []
+    ends = [*changes[1:], len(times)]
+    for start, end in zip(changes, ends, strict=True):
+        found = None
+        for r in range(start, end):
+            if times[r] <= (1.0 + within) * references[r]:
+                found = r - start
+                break
+        out.append(found)
+    return out
+
+
+@dataclass
+class TelemetryOracle:
+    """One run's rounds beside the oracle split under the same per-round noise.
+
+    ``round_time``: the run's (emulated) round time; ``oracle``: the oracle split's, each
+    silo's time at the oracle's batch size times the silo's noise factor of the round;
+    ``clean`` and ``oracle_clean``: the same without the noise (the run's batch sizes and
+    the oracle's on the true lines); ``equal``: FedAvg's equal split (B_init each) under
+    the same noise; ``oracle_idle``: the oracle split's idle fraction under the noise,
+    ``1 - mean_i t_i / max_i t_i``; ``noise``: every silo-round's noise factor;
+    ``sizes``: the oracle's batch sizes per round."""
+
+    rounds: list[int] = field(default_factory=list)
+    round_time: list[float] = field(default_factory=list)
+    oracle: list[float] = field(default_factory=list)
+    clean: list[float] = field(default_factory=list)
+    oracle_clean: list[float] = field(default_factory=list)
+    equal: list[float] = field(default_factory=list)
+    oracle_idle: list[float] = field(default_factory=list)
+    noise: list[float] = field(default_factory=list)
+    sizes: list[list[int]] = field(default_factory=list)
+
+    def _select(self, values: Sequence[float], start: int, end: int | None) -> list[float]:
+        stop = math.inf if end is None else end
+        return [v for r, v in zip(self.rounds, values, strict=True) if start <= r < stop]
+
+    def over_oracle(self, start: int = 0, end: int | None = None) -> float | None:
+        """Mean round time over the mean oracle's, rounds ``start`` <= r < ``end``."""
+        times = self._select(self.round_time, start, end)
+        oracle = self._select(self.oracle, start, end)
+        return float(np.mean(times) / np.mean(oracle)) if times else None
+
+    def over_equal(self, start: int = 0, end: int | None = None) -> float | None:
+        """Mean round time over the mean of the equal split's under the same noise."""
+        times = self._select(self.round_time, start, end)
+        equal = self._select(self.equal, start, end)
+        return float(np.mean(times) / np.mean(equal)) if times else None
+
+    def clean_over_oracle(self, start: int = 0, end: int | None = None) -> float | None:
+        """The same without the noise: what the split alone costs against the oracle's."""
+        times = self._select(self.clean, start, end)
+        oracle = self._select(self.oracle_clean, start, end)
+        return float(np.mean(times) / np.mean(oracle)) if times else None
+
+    def noise_level(self) -> float:
+        """Log-sd of the silo-rounds' noise factors: the run's jitter."""
+        return float(np.std(np.log(self.noise))) if self.noise else 0.0
+
+    def position(self, server_round: int) -> int:
+        """Index of the first round at or after ``server_round``."""
+        return next((k for k, r in enumerate(self.rounds) if r >= server_round), len(self.rounds))
+
+
+def telemetry_oracle(
+    events: Sequence[dict[str, Any]], a: float, b: float, *, floor: int
+) -> TelemetryOracle:
+    """The oracle split of a run of measured (not emulated) noise, from its telemetry.
+
+    Every silo computes on this machine, so silo i, emulated ``k_i`` times slower, has
+    the true cost line ``k_i (a x + b)`` for tau steps at batch size x (the one line fitted
+    on every scheme's compute times of a comparison). Its noise factor in round r is
+    ``t_i(r) / (k_i (a B_i + b))``, with ``t_i(r)`` its reported time at the batch size
+    ``B_i`` it ran (for a silo that ran other than tau steps, scaled to tau steps). The
+    oracle's round time is ``max_i k_i (a x*_i + b) noise_i(r)``, with ``x*`` the min-max
+    split of the true lines (:func:`oracle_split`, the total ``n B_init``, every silo at
+    least ``floor``); the equal split's (FedAvg's) is ``max_i k_i (a B_init + b)
+    noise_i(r)``. Silos a scheme dropped (``dropped``: partial aggregation) count for
+    the oracle, which aggregates every silo; skipped rounds are left out.
+    """
+    config = next(e for e in events if e.get("event") == "config")
+    tau = float(config["local_steps"])
+    b_init = int(config["batch_size"])
+    total = b_init * int(config["silos"])
+    out = TelemetryOracle()
+    for event in events:
+        if event.get("event") != "train" or event.get("round_time") is None:
+            continue
+        kept = event["silos"]
+        silos = {**kept, **(event.get("dropped") or {})}
+        ids = sorted(silos, key=lambda s: (len(s), s))
+        k, expected, times = (np.zeros(len(ids)) for _ in range(3))
+        for j, silo in enumerate(ids):
+            row = silos[silo]
+            x = float(row.get("step-batch-size", row["batch-size"]))
+            steps = float(row.get("samples-processed") or x * tau) / x
+            times[j] = float(row["train-time"])
+            k[j] = float(row.get("slowdown") or times[j] / float(row["compute-time"]))
+            expected[j] = k[j] * (a * x + b) * steps / tau
+        noise = times / expected
+        best = oracle_split(k * a, k * b, total, floor)
+        at_best = k * (a * best + b)
+        out.rounds.append(int(event["round"]))
+        out.round_time.append(float(event["round_time"]))
+        out.oracle.append(float(np.max(at_best * noise)))
+        out.clean.append(float(max(e for s, e in zip(ids, expected, strict=True) if s in kept)))
+        out.oracle_clean.append(float(np.max(at_best)))
+        out.equal.append(float(np.max(k * (a * b_init + b) * noise)))
+        out.oracle_idle.append(float(1.0 - np.mean(at_best * noise) / np.max(at_best * noise)))
+        out.noise.extend(float(v) for v in noise)
+        out.sizes.append([int(v) for v in best])
+    return out

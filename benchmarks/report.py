@@ -18,7 +18,9 @@ Some sections carry more and are checked for it (:data:`SECTION_CHECKS`): ``accu
 (``bench_accuracy.py``) has a per-partition table and a per-seed table, the two goal
 figures of every partition, and a machine-readable ``summary`` per partition.
 
-Run: ``python benchmarks/report.py [--results benchmarks/results]``.
+Run: ``python benchmarks/report.py [--results benchmarks/results] [--header FILE]``: the
+header (the lines between the title and the goals: how and when the sections were run) is
+kept from the existing ``REPORT.md`` unless ``--header`` gives new lines.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "main",
     "missed_by",
     "order_sections",
+    "read_header",
     "render_report",
     "render_section",
     "render_summary",
@@ -528,6 +531,23 @@ def render_report(sections: Sequence[Mapping[str, Any]], *, header: Sequence[str
     return "\n".join(lines).rstrip() + "\n"
 
 
+def read_header(path: Path) -> list[str]:
+    """The header of an existing report: its lines between the title and ``## Goals``
+    (empty when there is no such file)."""
+    if not path.is_file():
+        return []
+    lines = path.read_text().splitlines()
+    if not lines or not lines[0].startswith("# "):
+        return []
+    end = next((k for k, line in enumerate(lines) if line.strip() == "## Goals"), len(lines))
+    header = lines[1:end]
+    while header and not header[0].strip():
+        header.pop(0)
+    while header and not header[-1].strip():
+        header.pop()
+    return header
+
+
 def write_report(folder: Path, *, header: Sequence[str] = ()) -> Path:
     """Validate every section in ``folder`` and write ``folder/REPORT.md``."""
     sections = load_sections(folder)
@@ -545,9 +565,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=Path(__file__).resolve().parent / "results",
         help="folder of the section JSON files (default: benchmarks/results)",
     )
+    parser.add_argument(
+        "--header",
+        type=Path,
+        default=None,
+        help="markdown file whose lines head the report (default: keep the existing "
+        "REPORT.md's header)",
+    )
     args = parser.parse_args(argv)
+    if args.header is not None:
+        header = args.header.read_text().strip("\n").splitlines()
+    else:
+        header = read_header(args.results / REPORT_NAME)
     try:
-        path = write_report(args.results)
+        path = write_report(args.results, header=header)
     except SectionError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -298,3 +298,25 @@ def test_main_exits_2_on_a_malformed_file(tmp_path: Path, capsys: pytest.Capture
     # Assert
     assert code == 2
     assert "fl.json: missing 'title'" in capsys.readouterr().err
+
+
+def test_main_keeps_the_existing_header_unless_given_a_new_one(tmp_path: Path) -> None:
+    # Prepare: a report whose header says how its sections were run
+    report.write_section(_section(), tmp_path)
+    report.write_report(tmp_path, header=["Full run on 2 CPUs.", "- cluster: ok (2 min)"])
+    new = tmp_path / "header.md"
+    new.write_text("\nRerun of the cluster section.\n\n")
+
+    # Execute: regenerate without, then with --header
+    kept = report.main(["--results", str(tmp_path)])
+    kept_text = (tmp_path / "REPORT.md").read_text()
+    replaced = report.main(["--results", str(tmp_path), "--header", str(new)])
+    replaced_text = (tmp_path / "REPORT.md").read_text()
+
+    # Assert
+    assert kept == replaced == 0
+    assert report.read_header(tmp_path / "REPORT.md") == ["Rerun of the cluster section."]
+    assert kept_text.startswith("# Benchmark report\n\nFull run on 2 CPUs.\n- cluster: ok")
+    assert "Full run on 2 CPUs." not in replaced_text
+    assert replaced_text.startswith("# Benchmark report\n\nRerun of the cluster section.\n\n##")
+    assert report.read_header(tmp_path / "missing.md") == []
