@@ -561,22 +561,18 @@ class BatchSizeBalancer:
             upper,
             hard_lower,
             hard_upper,
-            self._margin(ids) if self.equal_split_guard else 0.0,
+            self._margin(rows[:, 7]) if self.equal_split_guard else 0.0,
         )
         return dict(zip(ids, sizes.tolist(), strict=True))
 
-    def _margin(self, ids: Sequence[str]) -> float:
+    def _margin(self, errors: np.ndarray) -> float:
         """The predicted gain over the equal split an allocation must show: twice the
         largest standard error of a silo's fitted time (its fit's relative noise over the
-        square root of its reports), at most ``equal_split_margin``, which applies while
-        a silo has no noise estimate yet."""
-        worst = 0.0
-        for silo in ids:
-            state = self._silos.get(silo)
-            if state is None or state.noise is None or not math.isfinite(state.noise):
-                return self.equal_split_margin
-            worst = max(worst, state.noise / math.sqrt(max(1, len(state.history))))
-        return min(self.equal_split_margin, 2.0 * worst)
+        square root of its reports; ``errors``, a column of the silos' rows), at most
+        ``equal_split_margin``, which applies while a silo has no noise estimate yet."""
+        if not errors.size or np.isnan(errors).any():
+            return self.equal_split_margin
+        return min(self.equal_split_margin, 2.0 * float(errors.max()))
 
     def _guard(
         self,
@@ -856,6 +852,7 @@ class BatchSizeBalancer:
             )
             a, b = (math.nan, 0.0) if wls is None else wls
         last = state.last.get("batch_size")
+        noise = math.nan if state.noise is None else state.noise
         self._rows[state.index] = (
             math.inf if state.max_batch_size is None else float(state.max_batch_size),
             math.nan if last is None else float(last),
@@ -864,6 +861,8 @@ class BatchSizeBalancer:
             0.0 if state.fixed_time is None else state.fixed_time,
             state.steps,
             state.boost,
+            # standard error of the fitted time (NaN: no noise estimate yet)
+            noise / math.sqrt(max(1, len(state.history))),
         )
 
     def _linear_costs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -883,7 +882,7 @@ class BatchSizeBalancer:
         return a, b, unfitted
 
 
-_NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0, math.nan, 1.0)
+_NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0, math.nan, 1.0, math.nan)
 """The row of a silo that never reported."""
 
 
