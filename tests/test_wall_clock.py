@@ -3,6 +3,10 @@ slowdown from the moment they queued, and the federation is dilated to fit the s
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -135,3 +139,33 @@ def test_the_federation_is_dilated_to_fit_the_compute_slots(
         assert silo_side == pytest.approx(expected)
         report_side = slowdowns_at(config.model_dump(mode="json"), server_round)
         assert report_side == pytest.approx(silo_side)
+
+
+@pytest.mark.slow
+def test_wallclock_section_smoke_run_writes_a_valid_section(tmp_path: Path) -> None:
+    # Prepare: the section's pipeline in process (its Ray runtime is run end to end by
+    # tests/test_simulation.py); silos really wait, one after the other
+    root = Path(__file__).resolve().parents[1]
+    command = [
+        sys.executable, str(root / "benchmarks" / "bench_wallclock.py"), "--smoke",
+        "--runtime", "inprocess", "--out", str(tmp_path),
+    ]  # fmt: skip
+
+    # Execute
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, cwd=root, check=False,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+
+    # Assert: the section validates, says how it ran, and compares both schemes in both clocks
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import report  # type: ignore[import-not-found]
+
+    data = report.validate_section(json.loads((tmp_path / "wallclock.json").read_text()))
+    assert data["section"] == "wallclock" and "runtime inprocess" in data["setting"]
+    labels = [f["label"] for f in data["figures"]]
+    assert "LB-BSP / FedAvg round time, emulated" in labels
+    assert "LB-BSP / FedAvg round time, wall clock" in labels
+    assert {row[0] for row in data["tables"][0]["rows"]} == {"fedavg", "lbbsp"}
+    assert all(float(v) > 0 for row in data["tables"][0]["rows"] for v in row[2:4])
