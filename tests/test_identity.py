@@ -249,8 +249,10 @@ def test_a_bad_registry_is_refused_at_construction(content: dict[str, Any], tmp_
 
 def test_signed_bytes_cover_every_field() -> None:
     # Prepare
-    base: dict[str, Any] = {"run_id": 1, "server_round": 1, "silo": "a",
-                            "metrics": {"n": 1, "t": 0.5}, "arrays": [("w", b"\x00\x01")]}  # fmt: skip
+    arrays = [("w", b"\x00\x01")]
+    base: dict[str, Any] = {
+        "run_id": 1, "server_round": 1, "silo": "a", "metrics": {"n": 1, "t": 0.5}, "arrays": arrays
+    }  # fmt: skip
     changes = [{"run_id": 2}, {"server_round": 2}, {"silo": "b"}, {"metrics": {"n": 2, "t": 0.5}},
                {"arrays": [("w", b"\x00\x02")]}, {"arrays": [("v", b"\x00\x01")]}]  # fmt: skip
 

@@ -190,7 +190,9 @@ class SiloRegistry:
         if signature is None:
             raise InvalidReplyError("unsigned reply (the silo registry requires signatures)")
         if not isinstance(signature, str):
-            raise InvalidReplyError(f"signature must be base64 text, got {type(signature).__name__}")
+            raise InvalidReplyError(
+                f"signature must be base64 text, got {type(signature).__name__}"
+            )
         try:
             raw = base64.b64decode(signature, validate=True)
         except (binascii.Error, ValueError):

@@ -209,9 +209,7 @@ def model_problem(
         return None
     norm, before = _norm(arrays), _norm(last)
     if before > 0 and not before / max_ratio <= norm <= before * max_ratio:
-        return (
-            f"its norm {norm:.4g} is not within {max_ratio:g}x of the last model's {before:.4g}"
-        )
+        return f"its norm {norm:.4g} is not within {max_ratio:g}x of the last model's {before:.4g}"
     return None
 
 
