@@ -119,6 +119,15 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     _add_shared_flags(parser, unit="silos")
     parser.add_argument("--silos", type=int, default=5, help="number of silos (default: 5)")
     parser.add_argument(
+        "--silo-registry",
+        type=Path,
+        default=None,
+        metavar="KEYDIR",
+        help="check every reply's signature against KEYDIR/registry.json from `fl-lbbsp keys "
+        "silos --silos N`; silo i signs with KEYDIR/silo-<i>.key (default: silo ids are "
+        "believed)",
+    )
+    parser.add_argument(
         "--speeds",
         type=_speeds,
         default=None,
@@ -486,6 +495,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         emulate_wait=not args.no_wait,
         cost_model=args.cost_model,
         runtime="inprocess" if args.in_process else "ray",
+        silo_registry=args.silo_registry,
     )
 
 
@@ -672,6 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for scheme in chosen:
         if scheme not in SCHEMES:
             parser.error(f"unknown {flag} {scheme!r}: expected one of {', '.join(SCHEMES)}")
+    from .core.identity import IdentityError
     from .datasets import DataSourceError
     from .strategies.checkpoint import CheckpointError
 
@@ -690,6 +701,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(err))
     except CheckpointError as err:
         _fail(f"--checkpoint-dir: {err}")
+    except IdentityError as err:
+        _fail(f"--silo-registry: {err}")
     except key_errors as err:  # key files missing, of the wrong kind, or altered
         _fail(f"--encrypt: {err}")
     except RunFailedError as err:

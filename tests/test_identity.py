@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 
 from fl_lbbsp.cli import main
-from fl_lbbsp.clients.app import _checked_model
+from fl_lbbsp.clients.app import SiloSetup, _checked_model, make_client_app, silo_data
 from fl_lbbsp.contract import LAST_MODEL
 from fl_lbbsp.core.identity import (
     IdentityError,
@@ -25,7 +25,10 @@ from fl_lbbsp.core.identity import (
     sign_reply,
     signed_arrays,
     signed_bytes,
+    write_silo_keys,
 )
+from fl_lbbsp.models import build_model
+from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg
 
 pytestmark = pytest.mark.usefixtures("flower_task")
@@ -304,3 +307,53 @@ def test_silo_accepts_a_model_within_the_factor_and_a_first_model() -> None:
     # Assert
     assert refused is None and kept is near
     assert refused_first is None and float(first["w"][0]) == 1e6
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--silo-registry", "/no/such/keys"], "not a readable silo registry"),
+        (["--silo-registry", "KEYS", "--silos", "3"], "silo 2 is not in the silo registry"),
+    ],
+)
+def test_simulate_with_a_bad_silo_registry_exits_2_with_one_line(
+    argv: list[str], message: str, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: a key folder of two silos
+    write_silo_keys(tmp_path / "keys", ["0", "1"])
+    argv = [str(tmp_path / "keys") if a == "KEYS" else a for a in argv]
+
+    # Execute
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "--in-process", "--out", str(tmp_path / "out"), *argv])
+
+    # Assert
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith("fl-lbbsp: error: --silo-registry:") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_silo_apps_sign_and_the_server_accepts_every_reply(tmp_path, fl_log) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: three in-process silos with keys from one folder, the server its registry
+    write_silo_keys(tmp_path / "keys", ["0", "1", "2"])
+    setup = SiloSetup(num_silos=3, model="mlp", signing_key=str(tmp_path / "keys"))
+    grid = InProcessGrid(make_client_app(setup), num_nodes=3)
+    data = silo_data(setup, 0)
+    model = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
+    strategy = LBBSPFedAvg(
+        initial_batch_size=8, local_steps=2, lr=0.05, min_train_nodes=3, min_available_nodes=3,
+        fraction_evaluate=0.0, silo_registry=tmp_path / "keys" / "registry.json",
+        telemetry_path=tmp_path / "t.jsonl",
+    )  # fmt: skip
+
+    # Execute
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=2)
+
+    # Assert: two rounds of three signed replies, none rejected, no identity warning
+    assert sorted(result.train_metrics_clientapp) == [1, 2]
+    events = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    rounds = [e for e in events if e["event"] == "train"]
+    assert [sorted(e["silos"]) for e in rounds] == [["0", "1", "2"]] * 2
+    assert not [e for e in events if e["event"] == "rejected"]
+    assert not [w for w in _warnings(fl_log) if "unverified" in w or "rejected" in w]

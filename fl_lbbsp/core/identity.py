@@ -40,6 +40,7 @@ __all__ = [
     "IdentityError",
     "SiloRegistry",
     "SiloKeyFiles",
+    "check_silo_keys",
     "key_file_name",
     "load_registry",
     "load_signing_key",
@@ -295,6 +296,27 @@ def load_signing_key(path: str | Path) -> Ed25519PrivateKey:
     if not isinstance(key, Ed25519PrivateKey):
         raise IdentityError(f"{path}: not an Ed25519 private key")
     return key
+
+
+def check_silo_keys(folder: str | Path, silos: Sequence[str]) -> SiloRegistry:
+    """The registry of a key folder whose ``silo-<id>.key`` files all match it (a
+    simulation's silos sign with those files).
+
+    Raises
+    ------
+    IdentityError
+        The registry or a silo's key file is missing or unreadable, a silo is not in the
+        registry, or its key is not the one registered.
+    """
+    registry = load_registry(folder)
+    for silo in silos:
+        public = registry.keys.get(silo)
+        if public is None:
+            raise IdentityError(f"{folder}: silo {silo} is not in the silo registry")
+        key = load_signing_key(Path(folder) / key_file_name(silo))
+        if _public_pem(key.public_key()) != _public_pem(public):
+            raise IdentityError(f"{folder}: silo {silo}'s key is not the one registered")
+    return registry
 
 
 @dataclass(frozen=True)
