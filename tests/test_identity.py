@@ -16,6 +16,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, Re
 
 from fl_lbbsp.cli import main
 from fl_lbbsp.clients.app import SiloSetup, _checked_model, make_client_app, silo_data
+from fl_lbbsp.clients.cluster import WorkerSetup, make_worker_app, worker_data
 from fl_lbbsp.contract import LAST_MODEL
 from fl_lbbsp.core.identity import (
     IdentityError,
@@ -29,7 +30,7 @@ from fl_lbbsp.core.identity import (
 )
 from fl_lbbsp.models import build_model
 from fl_lbbsp.runs.inprocess import InProcessGrid
-from fl_lbbsp.strategies import LBBSPFedAvg
+from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg
 
 pytestmark = pytest.mark.usefixtures("flower_task")
 
@@ -356,4 +357,26 @@ def test_silo_apps_sign_and_the_server_accepts_every_reply(tmp_path, fl_log) -> 
     rounds = [e for e in events if e["event"] == "train"]
     assert [sorted(e["silos"]) for e in rounds] == [["0", "1", "2"]] * 2
     assert not [e for e in events if e["event"] == "rejected"]
+    assert not [w for w in _warnings(fl_log) if "unverified" in w or "rejected" in w]
+
+
+def test_cluster_workers_sign_and_the_server_accepts_every_reply(tmp_path, fl_log) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: three in-process workers with keys from one folder, the server its registry
+    write_silo_keys(tmp_path / "keys", ["0", "1", "2"])
+    setup = WorkerSetup(num_workers=3, model="mlp", signing_key=str(tmp_path / "keys"))
+    grid = InProcessGrid(make_worker_app(setup), num_nodes=3)
+    data = worker_data(setup, 0)
+    model = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
+    strategy = LBBSPCluster(
+        initial_batch_size=8, lr=0.05, min_train_nodes=3, min_available_nodes=3,
+        silo_registry=tmp_path / "keys", telemetry_path=tmp_path / "t.jsonl",
+    )  # fmt: skip
+
+    # Execute
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=2)
+
+    # Assert: two iterations of three signed replies, none rejected
+    events = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    rounds = [e for e in events if e["event"] == "train"]
+    assert [sorted(e["silos"]) for e in rounds] == [["0", "1", "2"]] * 2
     assert not [w for w in _warnings(fl_log) if "unverified" in w or "rejected" in w]
