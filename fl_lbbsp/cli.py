@@ -119,6 +119,15 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     _add_shared_flags(parser, unit="silos")
     parser.add_argument("--silos", type=int, default=5, help="number of silos (default: 5)")
     parser.add_argument(
+        "--silo-registry",
+        type=Path,
+        default=None,
+        metavar="KEYDIR",
+        help="check every reply's signature against KEYDIR/registry.json from `fl-lbbsp keys "
+        "silos --silos N`; silo i signs with KEYDIR/silo-<i>.key (default: silo ids are "
+        "believed)",
+    )
+    parser.add_argument(
         "--speeds",
         type=_speeds,
         default=None,
@@ -209,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(compare)
     _add_cluster_parser(sub)
     _add_deploy_local(sub)
-    keys = sub.add_parser("keys", help="CKKS keys for encrypted updates")
+    keys = sub.add_parser("keys", help="CKKS keys for encrypted updates, silos' signing keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     generate = keys_sub.add_parser(
         "generate",
@@ -229,7 +238,52 @@ def build_parser() -> argparse.ArgumentParser:
         "--scale-bits", type=int, default=40, help="log2 of the CKKS scale (default: 40)"
     )
     generate.add_argument("--force", action="store_true", help="replace existing key files")
+    silos = keys_sub.add_parser(
+        "silos",
+        help="write one Ed25519 signing key per silo (silo-<id>.key) and registry.json "
+        "(silo id -> public key) for the server's --silo-registry",
+    )
+    silos.add_argument("--out", type=Path, required=True, help="folder for the key files")
+    silos.add_argument(
+        "--silos", type=int, default=None, help="number of silos, ids 0..N-1 (or --ids)"
+    )
+    silos.add_argument(
+        "--ids", default=None, help="comma-separated silo ids (default: 0..N-1 of --silos)"
+    )
+    silos.add_argument(
+        "--dataset-sizes",
+        type=_sizes,
+        default=None,
+        help="each silo's declared dataset size, comma-separated (default: none declared)",
+    )
+    silos.add_argument("--force", action="store_true", help="replace existing key files")
     return parser
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid --dataset-sizes {text!r}: expected integers like 600,450"
+        ) from None
+
+
+def _silo_keys(args: argparse.Namespace) -> int:
+    from .core.identity import write_silo_keys
+
+    if (args.silos is None) == (args.ids is None):
+        raise ValueError("give the silos with exactly one of --silos N and --ids A,B,...")
+    if args.ids is not None:
+        ids = [s.strip() for s in args.ids.split(",") if s.strip()]
+    elif args.silos <= 0:
+        raise ValueError(f"--silos must be positive, got {args.silos}")
+    else:
+        ids = [str(k) for k in range(args.silos)]
+    files = write_silo_keys(args.out, ids, dataset_sizes=args.dataset_sizes, overwrite=args.force)
+    print(f"signing keys (give silo-<id>.key to that silo only): {args.out}")
+    print(f"silo registry (give to the server, --silo-registry): {files.registry}")
+    return 0
 
 
 def _bit_sizes(text: str) -> tuple[int, ...]:
@@ -441,6 +495,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         emulate_wait=not args.no_wait,
         cost_model=args.cost_model,
         runtime="inprocess" if args.in_process else "ray",
+        silo_registry=args.silo_registry,
     )
 
 
@@ -607,11 +662,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(getattr(args, "quiet", False), getattr(args, "verbose", False))
     if args.command == "keys":
         try:
-            return _generate_keys(args)
+            return _silo_keys(args) if args.keys_command == "silos" else _generate_keys(args)
         except ValidationError as err:
             parser.error(_validation_message(err))
         except FileExistsError as err:
             parser.error(f"{err} (use --force)")
+        except ValueError as err:
+            parser.error(str(err))
     from .runs.fl import SCHEMES
 
     chosen, flag = [], "--scheme"
@@ -625,6 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for scheme in chosen:
         if scheme not in SCHEMES:
             parser.error(f"unknown {flag} {scheme!r}: expected one of {', '.join(SCHEMES)}")
+    from .core.identity import IdentityError
     from .datasets import DataSourceError
     from .strategies.checkpoint import CheckpointError
 
@@ -643,6 +701,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(err))
     except CheckpointError as err:
         _fail(f"--checkpoint-dir: {err}")
+    except IdentityError as err:
+        _fail(f"--silo-registry: {err}")
     except key_errors as err:  # key files missing, of the wrong kind, or altered
         _fail(f"--encrypt: {err}")
     except RunFailedError as err:

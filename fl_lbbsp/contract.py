@@ -22,6 +22,8 @@ __all__ = [
     "STARTUP_TIME",
     "TRAIN_LOSS",
     "ENCRYPTED_HEADER",
+    "LAST_MODEL",
+    "MODEL_REFUSED",
     "INITIAL_MODEL",
     "UPDATE_PREFIX",
     "STEP_BATCH_SIZE",
@@ -94,6 +96,12 @@ EVAL_ACCURACY = "eval-acc"
 SILO_APP_METRICS: tuple[str, ...] = (COMPUTE_TIME, BUSY_TIME, STARTUP_TIME, SLOWDOWN, TRAIN_LOSS)
 """Metrics beyond the contract's that the shipped silo and worker apps send."""
 
+MODEL_REFUSED = "model-refused"
+"""Entry of a silo's reply ConfigRecord (``silo``): why it refused the global model it was
+sent (NaN or inf, a norm far from its last model's) and trained from its last model."""
+LAST_MODEL = "lbbsp-last-model"
+"""ArrayRecord of a silo's Context state: its model after its last round of training."""
+
 STEP_BATCH_SIZE = "step-batch-size"
 """Telemetry field of the ``lbbsp-tau`` baseline: the batch size a silo used per step,
 where ``batch-size`` holds its equivalent share of the round's work."""
@@ -128,6 +136,9 @@ class RecordKeys(BaseModel):
         Reply ConfigRecord (and node_config): the silo's stable id.
     silo_record : str (default: "silo")
         Key of the reply's ConfigRecord that carries the silo id.
+    signature : str (default: "signature")
+        Reply ConfigRecord (``silo_record``): the silo's Ed25519 signature of the reply
+        (:mod:`fl_lbbsp.core.identity`), checked when the server has a silo registry.
     he_time : str (default: "he-time")
         Metric: seconds spent decrypting the global model and encrypting the update
         (encrypted mode), apart from ``train-time``; the linear allocator's fixed cost.
@@ -164,6 +175,7 @@ class RecordKeys(BaseModel):
     max_batch_size: str = "max-batch-size"
     silo_id: str = "silo-id"
     silo_record: str = "silo"
+    signature: str = "signature"
     he_time: str = "he-time"
     he_weight_total: str = "he-weight-total"
     he_num_silos: str = "he-num-silos"

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
+from collections.abc import Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,6 +29,8 @@ from ..contract import (
     COMPUTE_TIME,
     EVAL_ACCURACY,
     EVAL_LOSS,
+    LAST_MODEL,
+    MODEL_REFUSED,
     SLOWDOWN,
     TRAIN_LOSS,
     RecordKeys,
@@ -32,6 +38,8 @@ from ..contract import (
     read_float,
     read_int,
 )
+from ..core.identity import key_file_name, load_signing_key, sign_reply, signed_arrays
+from ..core.screening import model_problem
 from ..datasets import (
     ArrayDataset,
     PartitionSpec,
@@ -112,6 +120,17 @@ class SiloSetup(BaseModel):
         overlap outside the slots. ``None``: silos compute whenever they are run.
     compute_slots : int (default: 1)
         Silos computing at the same time when ``compute_lock`` is set.
+    signing_key : str | None (default: None)
+        The silos' Ed25519 signing keys from ``fl-lbbsp keys silos``: a key file, or their
+        folder (silo ``s`` then uses ``silo-<s>.key``); a node's
+        ``node_config["signing-key"]`` overrides it. With a key every train reply is
+        signed (:mod:`fl_lbbsp.core.identity`). ``None``: replies are unsigned.
+    max_model_ratio : float | None (default: 10.0)
+        A global model (decrypted aggregate) whose L2 norm is more than this factor
+        above or below the silo's last model's, or that holds NaN or inf, is refused with
+        one warning: the silo trains from its last model instead and says so in its reply
+        (``model-refused`` in its ``silo`` ConfigRecord). ``None``: only NaN and inf are
+        refused.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -131,6 +150,8 @@ class SiloSetup(BaseModel):
     cost_model: CostModelText | None = None
     compute_lock: str | None = None
     compute_slots: int = Field(default=1, gt=0)
+    signing_key: str | None = None
+    max_model_ratio: float | None = Field(default=10.0, gt=1)
 
 
 @lru_cache(maxsize=4)
@@ -230,18 +251,79 @@ def secret_context_of(context: Context, default: str | None) -> str | None:
     return None if value in (None, "") else str(value)
 
 
+def signing_key_of(context: Context, default: str | None) -> str | None:
+    """The node's signing key path: ``node_config["signing-key"]``, else ``default``;
+    ``None`` (or empty): unsigned replies."""
+    value = context.node_config.get("signing-key", default)
+    return None if value in (None, "") else str(value)
+
+
+@lru_cache(maxsize=64)
+def _signing_key(path: str, silo_id: str) -> Ed25519PrivateKey:
+    file = Path(path)
+    return load_signing_key(file / key_file_name(silo_id) if file.is_dir() else file)
+
+
 def train_reply(
-    msg: Message, *, arrays: ArrayRecord, metrics: MetricRecord, keys: RecordKeys, silo_id: str
+    msg: Message,
+    *,
+    arrays: ArrayRecord,
+    metrics: MetricRecord,
+    keys: RecordKeys,
+    silo_id: str,
+    signing_key: str | None = None,
+    notes: Mapping[str, str] | None = None,
 ) -> Message:
-    """The reply to a train message: the arrays, the metrics and the silo's id."""
-    content = RecordDict(
-        {
-            "arrays": arrays,
-            "metrics": metrics,
-            keys.silo_record: ConfigRecord({keys.silo_id: silo_id}),
-        }
-    )
+    """The reply to a train message: the arrays, the metrics and the silo's id.
+
+    Parameters
+    ----------
+    msg : Message
+        The train message answered.
+    arrays, metrics : ArrayRecord, MetricRecord
+        The update and the contract's metrics.
+    keys : RecordKeys
+        Names of the contract's entries.
+    silo_id : str
+        The silo's id.
+    signing_key : str | None (default: None)
+        The silo's key file (or key folder): the reply is signed over the message's run,
+        its ``server-round``, the silo id, the metrics and the arrays.
+    notes : Mapping[str, str] | None (default: None)
+        More entries of the ``silo`` ConfigRecord (``model-refused``).
+    """
+    silo = ConfigRecord({keys.silo_id: silo_id, **(notes or {})})
+    if signing_key is not None:
+        config = msg.content.config_records.get("config") or ConfigRecord()
+        silo[keys.signature] = sign_reply(
+            _signing_key(signing_key, silo_id),
+            run_id=msg.metadata.run_id,
+            server_round=read_int(config, keys.server_round, 1),
+            silo=silo_id,
+            metrics=metrics,
+            arrays=signed_arrays(arrays),
+        )
+    content = RecordDict({"arrays": arrays, "metrics": metrics, keys.silo_record: silo})
     return Message(content=content, reply_to=msg)
+
+
+def _checked_model(
+    state: dict[str, torch.Tensor], context: Context, max_ratio: float | None
+) -> tuple[dict[str, torch.Tensor], str | None]:
+    """The global model, or the silo's last model (with the reason) when it refuses it."""
+    last_record = context.state.array_records.get(LAST_MODEL)
+    last = None if last_record is None else last_record.to_torch_state_dict()
+    reason = model_problem(
+        [t.detach().cpu().numpy() for t in state.values()],
+        None if last is None or max_ratio is None else [t.numpy() for t in last.values()],
+        max_ratio=max_ratio or math.inf,
+    )
+    if reason is None:
+        return state, None
+    if last is None:
+        raise ValueError(f"global model refused and no earlier model to keep: {reason}")
+    log.warning("global model refused: %s; training from the last model kept", reason)
+    return last, reason
 
 
 def _seed(*parts: object) -> int:
@@ -293,6 +375,7 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
         silo_id = str(context.node_config.get(keys.silo_id, partition_id))
         secret_context = secret_context_of(context, setup.secret_context)
         state, he_time = _open_arrays(msg.content.array_records["arrays"], secret_context)
+        state, refused = _checked_model(state, context, setup.max_model_ratio)
         model, data = _model_and_data(state, context)
         factor = _slowdown(setup, context, partition_id).factor(instructions.server_round)
         generator = torch.Generator().manual_seed(
@@ -351,7 +434,16 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
                 **extra,
             }
         )
-        return train_reply(msg, arrays=arrays, metrics=metrics, keys=keys, silo_id=silo_id)
+        context.state[LAST_MODEL] = ArrayRecord(model.state_dict())
+        return train_reply(
+            msg,
+            arrays=arrays,
+            metrics=metrics,
+            keys=keys,
+            silo_id=silo_id,
+            signing_key=signing_key_of(context, setup.signing_key),
+            notes=None if refused is None else {MODEL_REFUSED: refused},
+        )
 
     @app.evaluate()
     def evaluate_local(msg: Message, context: Context) -> Message:

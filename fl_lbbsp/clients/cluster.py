@@ -46,7 +46,7 @@ from ..contract import (
 from ..core.optim import SGD
 from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
 from ..models import ModelName, build_model
-from .app import _seed, _silo_keys, _split, secret_context_of, train_reply
+from .app import _seed, _silo_keys, _split, secret_context_of, signing_key_of, train_reply
 from .emulation import (
     CostModel,
     CostModelText,
@@ -100,6 +100,10 @@ class WorkerSetup(BaseModel):
     secret_context : str | None (default: None)
         Encrypted mode: the secret CKKS context (``secret.ckks`` or its key folder); a
         node's ``node_config["secret-context"]`` overrides it. ``None``: plaintext.
+    signing_key : str | None (default: None)
+        The workers' Ed25519 signing keys from ``fl-lbbsp keys silos`` (a key file, or
+        their folder: worker ``w`` uses ``silo-<w>.key``); a node's
+        ``node_config["signing-key"]`` overrides it. ``None``: unsigned replies.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -116,6 +120,7 @@ class WorkerSetup(BaseModel):
     torch_threads: int = Field(default=1, gt=0)
     keys: RecordKeys = RecordKeys()
     secret_context: str | None = None
+    signing_key: str | None = None
 
 
 def worker_data(setup: WorkerSetup, worker: int) -> ArrayDataset:
@@ -379,7 +384,14 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
                 **extra,
             }
         )
-        return train_reply(msg, arrays=arrays, metrics=metrics, keys=keys, silo_id=worker_id)
+        return train_reply(
+            msg,
+            arrays=arrays,
+            metrics=metrics,
+            keys=keys,
+            silo_id=worker_id,
+            signing_key=signing_key_of(context, setup.signing_key),
+        )
 
     @app.evaluate()
     def evaluate_replica(msg: Message, context: Context) -> Message:

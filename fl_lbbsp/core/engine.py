@@ -7,8 +7,9 @@ One round is ``plan`` -> ``screen`` and ``report`` for each reply -> ``close``:
   local steps, learning rate, where its samples start in cluster mode) and the round's
   deadline; the total ``X = n * B_init`` stays that of the largest federation seen, so
   the silos still there take the share of those gone.
-- :meth:`RoundEngine.screen` checks one reply (origin, duplicates, the claimed silo,
-  size, the contract's metrics, then the update through the adapter's parser) and gives
+- :meth:`RoundEngine.screen` checks one reply (origin, the silo's signature when there is
+  a silo registry, duplicates, the claimed silo, size, the contract's metrics, then the
+  update through the adapter's parser) and gives
   a :class:`Verdict`: accepted with its parsed update, or the reason it is not.
 - :meth:`RoundEngine.report` feeds an accepted reply's timing to the balancer and returns
   the round's telemetry record of that silo.
@@ -39,6 +40,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from ..contract import STEP_BATCH_SIZE, RecordKeys
 from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .deadline import DeadlinePolicy, OverheadTracker, predicted_compute_time
+from .identity import SiloRegistry
 from .screening import InvalidReplyError, ReplyValidator, error_summary
 from .settings import BalancingConfig, ReplyLimits, balancing_config, make_balancer
 
@@ -133,6 +135,10 @@ class Reply:
         What the adapter found wrong with its records (e.g. two ArrayRecords).
     payload : object (default: None)
         The update as received, for the adapter's parser.
+    signature : object (default: None)
+        The silo's signature it carries (``None``: unsigned).
+    signed_arrays : callable | None (default: None)
+        Gives its update's arrays in order as (name, bytes), for the signature check.
     """
 
     node: Node
@@ -144,6 +150,8 @@ class Reply:
     seconds_late: float | None = None
     problem: str | None = None
     payload: Any = None
+    signature: object = None
+    signed_arrays: Callable[[], Iterable[tuple[str, bytes]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,8 @@ class RoundState:
         The adapter's own outgoing messages (a reply must answer one of them).
     model : object (default: None)
         The global model as sent (kept when the round ends without a new one).
+    run_id : int (default: 0)
+        The Flower run, as the silos' signatures must name it.
 
     ``nodes``, ``silos``, ``reports`` and ``rejected`` fill up as replies are screened.
     """
@@ -201,6 +211,7 @@ class RoundState:
     waited: float | None = None
     sent: list[Any] = field(default_factory=list)
     model: Any = None
+    run_id: int = 0
     nodes: set[Node] = field(default_factory=set)
     silos: set[str] = field(default_factory=set)
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -340,6 +351,11 @@ class RoundEngine:
         Metric keys a reply may hold beyond the contract's (the legacy API's ``silo-id``).
     selector : FastestReplies | None (default: None)
         Backup workers: only the fastest accepted replies enter the aggregate.
+    registry : SiloRegistry | None (default: None)
+        The federation's silos and their public keys
+        (:mod:`fl_lbbsp.core.identity`): every reply must be signed by the key of the
+        silo it claims, for this run and round. ``None``: silo ids are believed (one
+        warning when the engine is built).
     """
 
     def __init__(
@@ -355,8 +371,15 @@ class RoundEngine:
         require_valid_report: bool = False,
         also_known: Iterable[str] = (),
         selector: FastestReplies | None = None,
+        registry: SiloRegistry | None = None,
     ) -> None:
         self.config = config
+        self.registry = registry
+        if registry is None:
+            log.warning(
+                "silo identities are unverified: any node may reply as any silo (give the "
+                "strategy a silo_registry from `fl-lbbsp keys silos` to check signatures)"
+            )
         self.selector = selector
         self.keys = keys
         self.limits = limits
@@ -531,8 +554,10 @@ class RoundEngine:
     def screen(self, state: RoundState, reply: Reply, parse: Callable[[], U]) -> Verdict[U]:
         """Check one reply; ``parse`` reads and checks its update, last.
 
-        In order: it answers this round, was sent to this node and came in time; it is
-        the first from its node and for its silo; it is not an error; its size is under
+        In order: it answers this round, was sent to this node and came in time; with a
+        silo registry, it is signed by the key of the silo it claims, for this run and
+        round (:meth:`verify`; nothing else in it is trusted before); it is the first
+        from its node and for its silo; it is not an error; its size is under
         the cap; its records are well formed; its metrics keep the contract (with the
         batch size sent); its update parses (``parse`` raises
         :class:`~fl_lbbsp.core.screening.InvalidReplyError` with the reason).
@@ -544,6 +569,8 @@ class RoundEngine:
             silo = self.silo_id(node)
         try:
             self._check_origin(state, reply)
+            if self.registry is not None and reply.error is None:
+                self.verify(state, reply)
             # The first reply of this round from a node, or for a silo, is the one.
             if node in state.nodes:
                 raise InvalidReplyError(f"a second reply from node {node} in this round")
@@ -572,6 +599,29 @@ class RoundEngine:
         except InvalidReplyError as err:
             return Verdict(node=node, silo=silo, reason=str(err))
         return Verdict(node=node, silo=silo, update=update)
+
+    def verify(self, state: RoundState, reply: Reply) -> None:
+        """Check a reply's signature against the silo registry (before the duplicate
+        checks, so that an impostor replying first cannot shut the honest silo out).
+
+        Raises
+        ------
+        InvalidReplyError
+            A malformed reply, a silo not in the registry, a missing signature, or one
+            that is not the claimed silo's over this run, round, metrics and arrays.
+        """
+        if self.registry is None:
+            return
+        if reply.problem is not None:
+            raise InvalidReplyError(reply.problem)
+        self.registry.verify(
+            reply.signature,
+            run_id=state.run_id,
+            server_round=state.server_round,
+            silo=self.claimed_silo(reply),
+            metrics=reply.metrics or {},
+            arrays=() if reply.signed_arrays is None else reply.signed_arrays(),
+        )
 
     def _check_origin(self, state: RoundState, reply: Reply) -> None:
         if reply.stale:

@@ -37,6 +37,7 @@ __all__ = [
     "error_summary",
     "few",
     "layout_of_npy",
+    "model_problem",
 ]
 
 DEFAULT_EXTRA_METRIC_KEYS: tuple[str, ...] = SILO_APP_METRICS
@@ -179,6 +180,42 @@ def check_finite(views: list[tuple[str, np.ndarray]]) -> None:
     for name, values in views:
         if not _finite(values):
             raise InvalidReplyError(f"array {name!r} contains NaN or inf")
+
+
+def model_problem(
+    arrays: Sequence[np.ndarray], last: Sequence[np.ndarray] | None, *, max_ratio: float
+) -> str | None:
+    """Why a silo must refuse a global model (a decrypted aggregate), or ``None``.
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray
+        The model received.
+    last : sequence of numpy.ndarray | None
+        The silo's last model (``None``: it has none yet, only finiteness is checked).
+    max_ratio : float
+        The model's L2 norm must lie within ``[last / max_ratio, last * max_ratio]`` of
+        the last model's (not checked when the last norm is 0).
+
+    Returns
+    -------
+    str | None
+        The reason (NaN or inf, a norm out of range), or ``None`` for a usable model.
+    """
+    for k, values in enumerate(arrays):
+        if not _finite(np.ravel(values)):
+            return f"array {k} contains NaN or inf"
+    if last is None:
+        return None
+    norm, before = _norm(arrays), _norm(last)
+    if before > 0 and not before / max_ratio <= norm <= before * max_ratio:
+        return f"its norm {norm:.4g} is not within {max_ratio:g}x of the last model's {before:.4g}"
+    return None
+
+
+def _norm(arrays: Sequence[np.ndarray]) -> float:
+    total = sum(float(np.vdot(a, a).real) for a in (np.asarray(x, np.float64) for x in arrays))
+    return math.sqrt(total) if math.isfinite(total) else math.inf
 
 
 def contract_metric_keys(keys: RecordKeys) -> frozenset[str]:

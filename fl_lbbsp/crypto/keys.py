@@ -24,6 +24,7 @@ from typing import Any
 
 import tenseal as ts
 
+from ..core.identity import write_file
 from .config import CKKSConfig
 
 __all__ = [
@@ -172,11 +173,11 @@ def write_key_files(keys: CKKSKeys, out_dir: str | Path, *, overwrite: bool = Fa
         for path in (files.secret, files.public, files.fingerprint, files.config):
             if path.exists():
                 raise FileExistsError(f"{path} exists; not replacing keys without overwrite")
-    _write(files.secret, keys.to_bytes(private=True), mode=0o600)
-    _write(files.public, keys.to_bytes(private=False), mode=0o644)
-    _write(files.fingerprint, (keys.fingerprint + "\n").encode(), mode=0o644)
+    write_file(files.secret, keys.to_bytes(private=True), mode=0o600)
+    write_file(files.public, keys.to_bytes(private=False), mode=0o644)
+    write_file(files.fingerprint, (keys.fingerprint + "\n").encode(), mode=0o644)
     meta = {"fingerprint": keys.fingerprint, "ckks": keys.config.model_dump(mode="json")}
-    _write(files.config, (json.dumps(meta, indent=2) + "\n").encode(), mode=0o644)
+    write_file(files.config, (json.dumps(meta, indent=2) + "\n").encode(), mode=0o644)
     return files
 
 
@@ -289,10 +290,3 @@ def _from_bytes(data: bytes, *, expect_private: bool | None, source: str = "key 
     if degree != config.poly_modulus_degree or context.global_scale != config.scale:
         raise KeyFileError(f"{source}: context parameters do not match the header")
     return CKKSKeys(context=context, config=config, fingerprint=fingerprint)
-
-
-def _write(path: Path, data: bytes, *, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.chmod(path, mode)

@@ -116,7 +116,7 @@ RUN_FILE = "run.json"
 
 _NOT_RUN_SETTINGS = frozenset(
     {"out", "rounds", "iterations", "runtime", "parallel", "emulate_wait", "wait",
-     "checkpoint_dir", "encrypt", "eval_every", "time_dilation"}
+     "checkpoint_dir", "encrypt", "eval_every", "time_dilation", "silo_registry"}
 )  # fmt: skip
 """Config fields a resumed run may change: where output goes, how long it runs and how
 the silos are scheduled, none of which changes a round's result."""

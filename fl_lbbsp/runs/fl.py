@@ -13,6 +13,7 @@ from pydantic import Field, computed_field, model_validator
 from ..clients.app import SiloSetup, make_client_app, silo_data
 from ..clients.emulation import SlowdownSchedule
 from ..core import BALANCER_DEFAULTS
+from ..core.identity import check_silo_keys
 from ..datasets import DataSourceError, PartitionText, load_source
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 from ..telemetry import read_telemetry
@@ -95,6 +96,11 @@ class SimulationConfig(RunSettings):
         (``secret.ckks``), the server only adds them (``public.ckks``), and the test
         accuracy is federated (each silo evaluates on its share of the test split).
         ``None``: plaintext updates and central evaluation.
+    silo_registry : Path | None (default: None)
+        Key folder from ``fl-lbbsp keys silos``: the server checks every reply's
+        signature against its ``registry.json``, silo ``i`` signs with its
+        ``silo-<i>.key`` (all in this process, as a simulation must). ``None``: unsigned
+        replies, silo ids believed.
     checkpoint_dir : Path | None (default: None)
         Checkpoint folder: the strategy checkpoints every round in
         ``checkpoint_dir/<scheme>`` and a rerun resumes from there (the telemetry file
@@ -118,6 +124,7 @@ class SimulationConfig(RunSettings):
     partial_replies: int | None = Field(default=None, gt=0)
     emulate_wait: bool = True
     runtime: Literal["ray", "inprocess"] = "ray"
+    silo_registry: Path | None = None
 
     @model_validator(mode="after")
     def _fl_checks(self) -> SimulationConfig:
@@ -196,6 +203,7 @@ class SimulationConfig(RunSettings):
             cost_model=self.cost_model,
             compute_lock=None if self.runtime == "inprocess" else str(self.compute_slots()),
             compute_slots=self.parallel,
+            signing_key=None if self.silo_registry is None else str(self.silo_registry),
         )
 
     def compute_slots(self) -> Path:
@@ -228,6 +236,9 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     }
     if config.scheme == "partial":
         settings["replies"] = config.partial_replies
+    if config.silo_registry is not None:
+        silos = [str(k) for k in range(config.silos)]
+        settings["silo_registry"] = check_silo_keys(config.silo_registry, silos)
     if config.encrypt is None:
         strategy = _STRATEGIES[config.scheme]
         return strategy(fraction_evaluate=0.0, **settings)

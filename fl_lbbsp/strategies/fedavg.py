@@ -42,6 +42,7 @@ from ..core.engine import (
     RoundState,
     Verdict,
 )
+from ..core.identity import SiloRegistry, load_registry
 from ..core.screening import DEFAULT_EXTRA_METRIC_KEYS
 from ..core.settings import BalancingOptions
 from ..telemetry import TelemetryWriter
@@ -142,6 +143,14 @@ evaluate_metrics_aggr_fn :
         :class:`~fl_lbbsp.core.engine.EtaRewriter`).
     selector : FastestReplies | None (default: None)
         Backup workers: only the fastest accepted replies enter the aggregate.
+    silo_registry : str | Path | Mapping | SiloRegistry | None (default: None)
+        The federation's silos and their public signing keys (``registry.json`` from
+        ``fl-lbbsp keys silos``, its key folder, its loaded content or a
+        :class:`~fl_lbbsp.core.identity.SiloRegistry`): every train reply must carry the
+        signature of the silo it claims over this run, round, metrics and arrays (or
+        ciphertexts), checked before anything else in it is trusted; an unsigned,
+        mis-signed, another silo's or replayed reply is rejected. ``None``: silo ids are
+        believed, with one warning at construction.
 
     Raises
     ------
@@ -195,6 +204,7 @@ evaluate_metrics_aggr_fn :
         updates: Updates[Any] | None = None,
         rewriter: InstructionRewriter | None = None,
         selector: FastestReplies | None = None,
+        silo_registry: str | Path | Mapping[str, Any] | SiloRegistry | None = None,
         **balancing: Unpack[BalancingOptions],
     ) -> None:
         self.keys = keys or RecordKeys()
@@ -241,6 +251,7 @@ evaluate_metrics_aggr_fn :
             ),
             rewriter=rewriter,
             selector=selector,
+            registry=None if silo_registry is None else load_registry(silo_registry),
             offsets=self.cluster,
             require_valid_report=self.cluster,
         )
@@ -313,6 +324,7 @@ evaluate_metrics_aggr_fn :
         state.expected_bytes = self.updates.expected_bytes(arrays)
         self.round = state
         state.sent = self.train_messages(state, arrays, config)
+        state.run_id = state.sent[0].metadata.run_id if state.sent else 0
         return state.sent
 
     def train_messages(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from flwr.common.constant import SType
 
 from ..contract import RecordKeys
 from ..core.engine import Reply
+from ..core.identity import signed_arrays
 from ..core.screening import (
     DEFAULT_EXTRA_METRIC_KEYS,
     MAX_SUMMARY,
@@ -231,6 +233,7 @@ def reply_of(
     for kind, records in (("ArrayRecords", arrays), ("MetricRecords", metrics)):
         if len(records) != 1 and problem is None:
             problem = f"{len(records)} {kind} in the reply, expected 1"
+    payload = None if problem else next(iter(arrays.values()))
     return Reply(
         node=node,
         stale=stale,
@@ -239,7 +242,9 @@ def reply_of(
         metrics=None if problem else dict(next(iter(metrics.values()))),
         nbytes=_nbytes(arrays, metrics, configs),
         problem=problem,
-        payload=None if problem else next(iter(arrays.values())),
+        payload=payload,
+        signature=None if record is None else record.get(keys.signature),
+        signed_arrays=None if payload is None else partial(signed_arrays, payload),
     )
 
 

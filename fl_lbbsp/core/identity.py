@@ -1,0 +1,387 @@
+"""Silo identity: Ed25519 signing keys, the registry of the federation's silos, and the
+signature every reply carries (``cryptography`` only: no Flower, no TenSEAL).
+
+Each silo holds a private signing key; the server holds a registry mapping each silo id to
+its public key (and, optionally, the dataset size the silo declared when it was enrolled).
+A silo signs :func:`signed_bytes` of each reply: the run, the round, its silo id, its
+metrics as canonical JSON and the sha256 digest of every array's bytes in order (for an
+encrypted update, of every ciphertext chunk and its header). The server checks the
+signature with :meth:`SiloRegistry.verify` before it trusts anything in the reply, so an
+impostor, an edited reply or a reply replayed from another round or run is rejected.
+
+``fl-lbbsp keys silos`` writes the key files and the registry (:func:`write_silo_keys`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import math
+import numbers
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from .screening import InvalidReplyError
+
+__all__ = [
+    "REGISTRY_FILE",
+    "IdentityError",
+    "SiloRegistry",
+    "SiloKeyFiles",
+    "check_silo_keys",
+    "key_file_name",
+    "load_registry",
+    "load_signing_key",
+    "sign_reply",
+    "signed_arrays",
+    "signed_bytes",
+    "write_file",
+    "write_silo_keys",
+]
+
+REGISTRY_FILE = "registry.json"
+"""Name of the registry ``fl-lbbsp keys silos`` writes beside the silos' key files."""
+
+_TAG = b"fl-lbbsp reply signature v1\n"  # domain separation: these bytes sign nothing else
+
+
+class IdentityError(ValueError):
+    """A key file or registry that cannot be used; the message names the file and why."""
+
+
+def key_file_name(silo: str) -> str:
+    """The file name of silo ``silo``'s private key in a key folder: ``silo-<id>.key``."""
+    return f"silo-{silo}.key"
+
+
+def write_file(path: Path, data: bytes, *, mode: int) -> None:
+    """Write ``data`` to ``path`` created with permissions ``mode`` (no window in which a
+    private key is readable by others)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.chmod(path, mode)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def signed_bytes(
+    *,
+    run_id: int,
+    server_round: int,
+    silo: str,
+    metrics: Mapping[str, Any],
+    arrays: Iterable[tuple[str, bytes]],
+) -> bytes:
+    """The bytes a silo signs for one reply (and the server verifies).
+
+    Parameters
+    ----------
+    run_id : int
+        The Flower run the reply belongs to.
+    server_round : int
+        The round it answers.
+    silo : str
+        The silo id it claims.
+    metrics : Mapping[str, Any]
+        Its MetricRecord (numbers or lists of numbers), as canonical JSON: keys sorted,
+        no whitespace, floats as Python writes them.
+    arrays : iterable of (str, bytes)
+        Its update's arrays in record order, each as its name and its bytes (the npy
+        buffer, or a ciphertext chunk or header); only their sha256 digests enter.
+
+    Returns
+    -------
+    bytes
+        A domain tag followed by the canonical JSON of all of the above.
+    """
+    body = {
+        "run": int(run_id),
+        "round": int(server_round),
+        "silo": str(silo),
+        "metrics": {str(k): _plain(v) for k, v in metrics.items()},
+        "arrays": [[str(name), _digest(data)] for name, data in arrays],
+    }
+    return _TAG + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _plain(value: Any) -> Any:
+    """A metric value as JSON holds it, the same on both sides (numpy scalars, NaN)."""
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool | str) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else repr(number)
+    return repr(value)
+
+
+def signed_arrays(record: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+    """What a signature covers of an update: each array's name and bytes (its ``data``),
+    in record order; an ArrayRecord of npy buffers, or of an encrypted update's header and
+    ciphertext chunks alike."""
+    return [(str(name), array.data) for name, array in record.items()]
+
+
+def sign_reply(key: Ed25519PrivateKey, **fields: Any) -> str:
+    """The base64 Ed25519 signature of :func:`signed_bytes` of ``fields``."""
+    return base64.b64encode(key.sign(signed_bytes(**fields))).decode()
+
+
+@dataclass(frozen=True)
+class SiloRegistry:
+    """The federation's silos: each silo id's public key and declared dataset size.
+
+    Parameters
+    ----------
+    keys : Mapping[str, Ed25519PublicKey]
+        Silo id -> its public signing key.
+    dataset_sizes : Mapping[str, int] (default: {})
+        Silo id -> the dataset size it declared when enrolled (optional per silo).
+    """
+
+    keys: Mapping[str, Ed25519PublicKey]
+    dataset_sizes: Mapping[str, int] = field(default_factory=dict)
+
+    def __contains__(self, silo: object) -> bool:
+        return silo in self.keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def verify(self, signature: object, **fields: Any) -> None:
+        """Check a reply's signature over :func:`signed_bytes` of ``fields``.
+
+        Parameters
+        ----------
+        signature : object
+            The signature the reply carries (base64 text); ``None``: unsigned.
+        **fields :
+            ``run_id``, ``server_round``, ``silo``, ``metrics``, ``arrays`` as the server
+            knows them (its own run and round, the claimed silo, what it received).
+
+        Raises
+        ------
+        InvalidReplyError
+            The silo is not registered, the reply is unsigned, or the signature is not
+            that of the silo's key over these fields (forged, edited, another silo's, or
+            made for another round or run).
+        """
+        silo = str(fields["silo"])
+        public = self.keys.get(silo)
+        if public is None:
+            raise InvalidReplyError(f"silo {silo} is not in the silo registry")
+        if signature is None:
+            raise InvalidReplyError("unsigned reply (the silo registry requires signatures)")
+        if not isinstance(signature, str):
+            raise InvalidReplyError(
+                f"signature must be base64 text, got {type(signature).__name__}"
+            )
+        try:
+            raw = base64.b64decode(signature, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidReplyError("signature is not base64") from None
+        try:
+            public.verify(raw, signed_bytes(**fields))
+        except InvalidSignature:
+            raise InvalidReplyError(
+                f"bad signature: not silo {silo}'s over this reply, run "
+                f"{fields['run_id']} and round {fields['server_round']} (forged, edited or "
+                "replayed)"
+            ) from None
+
+    def to_json(self) -> dict[str, Any]:
+        """The registry file's content: ``{"silos": {id: {"public-key": PEM, ...}}}``."""
+        silos: dict[str, dict[str, Any]] = {}
+        for silo, public in self.keys.items():
+            entry: dict[str, Any] = {"public-key": _public_pem(public)}
+            if silo in self.dataset_sizes:
+                entry["dataset-size"] = self.dataset_sizes[silo]
+            silos[silo] = entry
+        return {"silos": silos}
+
+
+def _public_pem(key: Ed25519PublicKey) -> str:
+    return key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
+
+
+def load_registry(source: str | Path | Mapping[str, Any] | SiloRegistry) -> SiloRegistry:
+    """A registry from its JSON file, its loaded content, or a registry (returned as is).
+
+    Parameters
+    ----------
+    source : str | Path | Mapping | SiloRegistry
+        ``registry.json`` (or the key folder holding it) as written by
+        ``fl-lbbsp keys silos``, or its content; a mapping may also give public keys
+        directly as ``{silo: Ed25519PublicKey}``.
+
+    Raises
+    ------
+    IdentityError
+        The file is missing or unreadable, or an entry is not a PEM Ed25519 public key
+        or has a dataset size that is not a positive integer.
+    """
+    if isinstance(source, SiloRegistry):
+        return source
+    name = "silo registry"
+    if isinstance(source, str | Path):
+        path = Path(source)
+        path = path / REGISTRY_FILE if path.is_dir() else path
+        name = str(path)
+        try:
+            content: Any = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise IdentityError(f"{name}: not a readable silo registry ({err})") from None
+    else:
+        content = source
+    silos = content.get("silos", content) if isinstance(content, Mapping) else None
+    if not isinstance(silos, Mapping) or not silos:
+        raise IdentityError(f"{name}: expected {{'silos': {{silo-id: entry}}}} with a silo")
+    keys: dict[str, Ed25519PublicKey] = {}
+    sizes: dict[str, int] = {}
+    for silo, entry in silos.items():
+        if isinstance(entry, Ed25519PublicKey):
+            keys[str(silo)] = entry
+            continue
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("public-key"), str):
+            raise IdentityError(f"{name}: silo {silo} has no 'public-key' PEM")
+        try:
+            public = serialization.load_pem_public_key(entry["public-key"].encode())
+        except ValueError as err:
+            raise IdentityError(f"{name}: silo {silo}'s public key is unreadable ({err})") from None
+        if not isinstance(public, Ed25519PublicKey):
+            raise IdentityError(f"{name}: silo {silo}'s public key is not an Ed25519 key")
+        keys[str(silo)] = public
+        size = entry.get("dataset-size")
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise IdentityError(
+                    f"{name}: silo {silo}'s dataset-size must be a positive integer, got {size!r}"
+                )
+            sizes[str(silo)] = size
+    return SiloRegistry(keys=keys, dataset_sizes=sizes)
+
+
+def load_signing_key(path: str | Path) -> Ed25519PrivateKey:
+    """A silo's private signing key from its PEM file (``silo-<id>.key``).
+
+    Raises
+    ------
+    IdentityError
+        The file is missing, unreadable or not an unencrypted Ed25519 private key.
+    """
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as err:
+        raise IdentityError(f"{path}: not a readable signing key ({err})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise IdentityError(f"{path}: not an Ed25519 private key")
+    return key
+
+
+def check_silo_keys(folder: str | Path, silos: Sequence[str]) -> SiloRegistry:
+    """The registry of a key folder whose ``silo-<id>.key`` files all match it (a
+    simulation's silos sign with those files).
+
+    Raises
+    ------
+    IdentityError
+        The registry or a silo's key file is missing or unreadable, a silo is not in the
+        registry, or its key is not the one registered.
+    """
+    registry = load_registry(folder)
+    for silo in silos:
+        public = registry.keys.get(silo)
+        if public is None:
+            raise IdentityError(f"{folder}: silo {silo} is not in the silo registry")
+        key = load_signing_key(Path(folder) / key_file_name(silo))
+        if _public_pem(key.public_key()) != _public_pem(public):
+            raise IdentityError(f"{folder}: silo {silo}'s key is not the one registered")
+    return registry
+
+
+@dataclass(frozen=True)
+class SiloKeyFiles:
+    """What :func:`write_silo_keys` wrote: each silo's key file and the registry."""
+
+    keys: Mapping[str, Path]
+    registry: Path
+
+
+def write_silo_keys(
+    out: str | Path,
+    silos: Sequence[str],
+    *,
+    dataset_sizes: Sequence[int] | None = None,
+    overwrite: bool = False,
+) -> SiloKeyFiles:
+    """Generate one Ed25519 key per silo; write ``silo-<id>.key`` (mode 0600) for each and
+    ``registry.json`` (public keys, declared dataset sizes) for the server.
+
+    Parameters
+    ----------
+    out : str | Path
+        The folder (created if needed).
+    silos : sequence of str
+        The silo ids, distinct.
+    dataset_sizes : sequence of int | None (default: None)
+        Each silo's declared dataset size, in the order of ``silos``; ``None``: none.
+    overwrite : bool (default: False)
+        Replace existing files; otherwise an existing one raises ``FileExistsError``.
+
+    Raises
+    ------
+    ValueError
+        No silo, a repeated id, or dataset sizes that do not match the silos or are not
+        positive.
+    """
+    if not silos or len(set(silos)) != len(silos):
+        raise ValueError(f"silo ids must be distinct and at least one, got {list(silos)}")
+    if dataset_sizes is not None and (
+        len(dataset_sizes) != len(silos) or any(n <= 0 for n in dataset_sizes)
+    ):
+        raise ValueError(
+            f"--dataset-sizes needs one positive size per silo ({len(silos)}), "
+            f"got {list(dataset_sizes)}"
+        )
+    folder = Path(out)
+    paths = {silo: folder / key_file_name(silo) for silo in silos}
+    registry = folder / REGISTRY_FILE
+    if not overwrite:
+        for path in (*paths.values(), registry):
+            if path.exists():
+                raise FileExistsError(f"{path} exists; not replacing keys without overwrite")
+    folder.mkdir(parents=True, exist_ok=True)
+    public: dict[str, Ed25519PublicKey] = {}
+    for silo, path in paths.items():
+        key = Ed25519PrivateKey.generate()
+        pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        write_file(path, pem, mode=0o600)
+        public[silo] = key.public_key()
+    sizes = {} if dataset_sizes is None else dict(zip(silos, dataset_sizes, strict=True))
+    content = SiloRegistry(keys=public, dataset_sizes=sizes).to_json()
+    write_file(registry, (json.dumps(content, indent=2) + "\n").encode(), mode=0o644)
+    return SiloKeyFiles(keys=paths, registry=registry)
