@@ -709,7 +709,9 @@ class LocalFederation:
         env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         # Child processes import the same fl_lbbsp as this one (a source checkout or
         # an installed copy alike).
-        package_root = str(Path(__file__).resolve().parent.parent)
+        # (the folder holding the fl_lbbsp package: this file is fl_lbbsp/runs/deploy.py;
+        # fl_lbbsp/ itself on the path would shadow packages such as `datasets`)
+        package_root = str(Path(__file__).resolve().parents[2])
         paths = [package_root, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
