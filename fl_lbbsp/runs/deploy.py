@@ -12,7 +12,18 @@ connection is written to ``<workdir>/flwr-home/config.toml`` so that
 runs an app against it without touching ``~/.flwr``. Leaving the ``with`` block (normally,
 by an exception or by Ctrl-C) stops every process it started, by pid: each launched
 process, and every descendant found at teardown (Flower's SuperExec, ServerApp and
-ClientApp processes), SIGTERM first, SIGKILL after a grace period.
+ClientApp processes), SIGTERM first, SIGKILL after a grace period, then every process a
+crashed parent left behind (:meth:`LocalFederation.leftovers`: descendants seen earlier,
+and any process whose ``FLWR_HOME`` is one of the federation's).
+
+With TLS, Flower's SuperNode authentication is on by default: :func:`generate_node_keys`
+makes one EC key pair per silo, each public key is registered with the SuperLink
+(``flwr supernode register``) before its SuperNode starts with the private key, and the
+SuperLink runs with ``--enable-supernode-auth``, so a node without a registered key (one
+that has the public CA file, say) is refused. :meth:`LocalFederation.supervise` restarts
+a SuperNode that died (:class:`RestartPolicy`) and reports a dead SuperLink; :func:`serve`
+(``fl-lbbsp deploy-local``) and :func:`run_app` use it, and :func:`run_app` reports the
+run's final status (:attr:`RunOutcome.exit_code` is 0 only for ``finished:completed``).
 
 Nothing here imports Flower: the pieces are Flower's own command-line programs.
 """
@@ -938,7 +949,6 @@ def serve(
 
     # SIGINT explicitly too: a shell starting this in the background ignores it otherwise.
     previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
-    code = 1
     try:
         with federation:
             print(federation.describe(), flush=True)
@@ -965,8 +975,7 @@ def serve(
                 time.sleep(check_every)
     except KeyboardInterrupt:
         print("\nstopping the federation ...", file=sys.stderr, flush=True)
-        code = 0 if app is None else 1
-        return code
+        return 0 if app is None else 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -1097,11 +1106,16 @@ def run_app(
             echo.write(_strip_ansi(source.read().decode("utf-8", errors="replace")))
             echo.flush()
     returncode = None if stopped is not None else proc.returncode
+    superlink = federation.superlink
+    if stopped is None and superlink is not None and not superlink.alive():
+        # flwr run noticed first (its stream broke): report the cause all the same
+        code = superlink.popen.returncode
+        stopped = f"superlink exited with code {code}; see {superlink.log_path}"
     seconds = time.monotonic() - start
     output = _strip_ansi(stream.read_text(encoding="utf-8", errors="replace"))
     match = re.search(r"Successfully started run (\d+)", output)
     run_id = int(match.group(1)) if match else None
-    superlink_up = federation.superlink is None or federation.superlink.alive()
+    superlink_up = superlink is None or superlink.alive()
     status = None if run_id is None or not superlink_up else run_status(federation, run_id)
     return RunOutcome(run_id, returncode, status, output, seconds, stopped)
 
