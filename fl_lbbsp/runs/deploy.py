@@ -607,7 +607,7 @@ class LocalFederation:
             with contextlib.suppress(psutil.Error):
                 if pid not in current and psutil.Process(pid).create_time() == created:
                     found.add(pid)
-        homes = str(self.workdir / "homes")
+        homes = str(self.workdir / "homes") + os.sep
         me = os.getpid()
         for proc in psutil.process_iter(["pid"]):
             if proc.pid in current or proc.pid == me:
