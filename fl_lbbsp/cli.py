@@ -443,6 +443,36 @@ def _add_deploy_local(sub: Any) -> None:
         action="store_true",
         help="let silos compute at the same time (default: one at a time on this machine)",
     )
+    deploy.add_argument(
+        "--no-node-auth",
+        action="store_true",
+        help="let any SuperNode join (default with TLS: Flower's SuperNode authentication, "
+        "one key per silo registered with the SuperLink; unknown nodes are refused)",
+    )
+    deploy.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="leave a SuperNode that dies out (default: log it and start it again)",
+    )
+    deploy.add_argument(
+        "--app",
+        type=Path,
+        default=None,
+        help="run this Flower app on the federation (flwr run --stream), then stop; the "
+        "exit code is 0 only if the run ended finished:completed",
+    )
+    deploy.add_argument(
+        "--run-config",
+        type=Path,
+        default=None,
+        help="TOML file of run-config overrides for --app (flwr run --run-config)",
+    )
+    deploy.add_argument(
+        "--run-timeout",
+        type=float,
+        default=24 * 3600.0,
+        help="seconds before the --app run is stopped (default: 86400)",
+    )
 
 
 def _deploy_federation(args: argparse.Namespace) -> Any:
@@ -459,6 +489,7 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
         num_silos=args.silos,
         slowdowns=None if args.speeds is None else slowdowns_from_speeds(args.speeds),
         insecure=args.insecure,
+        node_auth=not (args.insecure or args.no_node_auth),
         serialize_compute=not args.parallel_compute,
     )
 
@@ -652,13 +683,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "deploy-local":
-        from .runs.deploy import serve
+        from .runs.deploy import RestartPolicy, serve
 
         try:
             federation = _deploy_federation(args)
         except ValueError as err:
             parser.error(str(err))
-        return serve(federation)
+        if args.app is not None and not (args.app / "pyproject.toml").is_file():
+            parser.error(f"--app {args.app} is not a Flower app (no pyproject.toml)")
+        if args.run_config is not None and args.app is None:
+            parser.error("--run-config needs --app")
+        if args.run_config is not None and not args.run_config.is_file():
+            parser.error(f"--run-config {args.run_config} is not a file")
+        if not args.run_timeout > 0:
+            parser.error(f"--run-timeout must be positive, got {args.run_timeout}")
+        return serve(
+            federation,
+            policy=RestartPolicy(restart=not args.no_restart),
+            app=args.app,
+            run_config=None if args.run_config is None else args.run_config.resolve(),
+            run_timeout=args.run_timeout,
+        )
     _setup_logging(getattr(args, "quiet", False), getattr(args, "verbose", False))
     if args.command == "keys":
         try:

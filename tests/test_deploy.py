@@ -7,6 +7,7 @@ by pid when the ``with`` block ends, whether the test passed or not.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 import signal
@@ -24,6 +25,8 @@ import tomli
 
 from fl_lbbsp.runs.deploy import (
     LocalFederation,
+    RestartPolicy,
+    free_port,
     generate_tls,
     run_app,
     slowdowns_from_speeds,
@@ -72,6 +75,21 @@ def _wait_for_round(path: Path, server_round: int, stop: threading.Event) -> boo
             return True
         time.sleep(0.1)
     return False
+
+
+def _rogue_supernode(fed: LocalFederation, folder: Path) -> subprocess.Popen[bytes]:
+    """A SuperNode that has what any process on this machine has: the public CA file."""
+    env = fed.environment()
+    env["FLWR_HOME"] = str(folder / "home")
+    folder.mkdir(parents=True, exist_ok=True)
+    assert fed.tls is not None
+    args = [str(fed.bin_dir / "flower-supernode"), "--superlink", fed.address]
+    args += ["--root-certificates", str(fed.tls.ca_cert), "--host", fed.host]
+    args += ["--port", str(free_port(fed.host)), "--isolation", "subprocess"]
+    with (folder / "rogue.log").open("wb") as log:
+        return subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 def _alive(pid: int) -> bool:
@@ -189,6 +207,8 @@ def test_deploy_local_cli_starts_a_federation_and_ctrl_c_stops_it(tmp_path) -> N
 
 @pytest.mark.slow
 def test_flwr_run_over_tls_balances_silos_and_survives_a_killed_supernode(tmp_path) -> None:
+    """Also: the killed SuperNode is restarted by the supervision (``deploy-local``'s), the
+    run's final status is read, and a rogue SuperNode with only the CA file cannot join."""
     # Prepare
     telemetry = tmp_path / "telemetry.jsonl"
     seen_pids: set[int] = set()
@@ -233,15 +253,31 @@ def test_flwr_run_over_tls_balances_silos_and_survives_a_killed_supernode(tmp_pa
                     "poll-interval": 0.1,
                 },
                 timeout=RUN_LIMIT,
+                policy=RestartPolicy(),  # what deploy-local does while the run lasts
             )
         finally:
             stop.set()
             killer.join(timeout=15)
             seen_pids.update(fed.process_tree())
 
-        # Assert: the run finished
+        # Execute: a rogue SuperNode (no registered key) tries to join the federation
+        rogue = _rogue_supernode(fed, tmp_path / "rogue")
+        try:
+            rogue_code = rogue.wait(timeout=START_LIMIT)
+        finally:
+            stop_processes([rogue.pid])
+        rogue_log = (tmp_path / "rogue" / "rogue.log").read_text(errors="replace")
+
+        # Assert: refused (Flower's SuperNode authentication), not one of the nodes
+        assert fed.node_auth
+        assert rogue_code != 0, rogue_log[-2000:]
+        assert "SuperNode authentication is enabled" in rogue_log, rogue_log[-2000:]
+        assert "SuperNode ID:" not in rogue_log
+
+        # Assert: the run finished, and the dead SuperNode was started again
         assert outcome.status == "finished:completed", outcome.output[-4000:]
-        assert outcome.returncode == 0
+        assert outcome.returncode == 0 and outcome.exit_code == 0
+        assert "restarted by fl_lbbsp" in fed.supernodes[2].log_text()
         events = read_telemetry(telemetry)
         train = [e for e in events if e["event"] == "train"]
         assert [e["round"] for e in train] == [1, 2, 3, 4]
@@ -270,3 +306,49 @@ def test_flwr_run_over_tls_balances_silos_and_survives_a_killed_supernode(tmp_pa
     # Every process started (and every descendant seen) is gone
     assert not [pid for pid in seen_pids if _alive(pid)]
     assert time.monotonic() - started < RUN_LIMIT + START_LIMIT
+
+
+@pytest.mark.slow
+def test_deploy_local_app_run_ends_nonzero_and_leaves_nothing_when_the_superlink_dies(
+    tmp_path,
+) -> None:
+    # Prepare: deploy-local running the quickstart for many rounds
+    config = write_run_config(
+        tmp_path / "run.toml",
+        {"num-server-rounds": 100, "model": "mlp", "local-steps": 5, "min-nodes": 2,
+         "cost-model": "0.0004,0.002", "deadline-floor": DEADLINE_FLOOR,
+         "deadline-ceiling": DEADLINE_CEILING},
+    )  # fmt: skip
+    cmd = [sys.executable, "-m", "fl_lbbsp.cli", "deploy-local", "--silos", "2"]
+    cmd += ["--workdir", str(tmp_path / "fed"), "--app", str(APP), "--run-config", str(config)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    seen: set[int] = set()
+    superlink = serverapp = None
+    try:
+        deadline = time.monotonic() + 2 * START_LIMIT  # start, then the ServerApp's start
+        while serverapp is None and time.monotonic() < deadline and proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                seen.add(child.pid)
+                with contextlib.suppress(psutil.Error):
+                    line = " ".join(child.cmdline())
+                    superlink = child if "flower-superlink" in line else superlink
+                    serverapp = child if "flwr-serverapp" in line else serverapp
+            time.sleep(0.2)
+        assert superlink is not None and serverapp is not None, "no ServerApp started"
+
+        # Execute: the SuperLink crashes mid-run
+        superlink.kill()
+        out, _ = proc.communicate(timeout=START_LIMIT)
+
+        # Assert: a nonzero exit a script can see, the final line says why
+        assert proc.returncode == 1, out[-3000:]
+        assert "superlink exited with code -9" in out, out[-3000:]
+        assert "ended unknown" in out
+        # ... and nothing left behind: not the ServerApp, not any other process
+        time.sleep(0.5)
+        assert not _alive(serverapp.pid)
+        assert not [pid for pid in seen if _alive(pid)]
+    finally:
+        stop_processes([pid for pid in seen if _alive(pid)] or [proc.pid])

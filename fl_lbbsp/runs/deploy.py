@@ -12,7 +12,18 @@ connection is written to ``<workdir>/flwr-home/config.toml`` so that
 runs an app against it without touching ``~/.flwr``. Leaving the ``with`` block (normally,
 by an exception or by Ctrl-C) stops every process it started, by pid: each launched
 process, and every descendant found at teardown (Flower's SuperExec, ServerApp and
-ClientApp processes), SIGTERM first, SIGKILL after a grace period.
+ClientApp processes), SIGTERM first, SIGKILL after a grace period, then every process a
+crashed parent left behind (:meth:`LocalFederation.leftovers`: descendants seen earlier,
+and any process whose ``FLWR_HOME`` is one of the federation's).
+
+With TLS, Flower's SuperNode authentication is on by default: :func:`generate_node_keys`
+makes one EC key pair per silo, each public key is registered with the SuperLink
+(``flwr supernode register``) before its SuperNode starts with the private key, and the
+SuperLink runs with ``--enable-supernode-auth``, so a node without a registered key (one
+that has the public CA file, say) is refused. :meth:`LocalFederation.supervise` restarts
+a SuperNode that died (:class:`RestartPolicy`) and reports a dead SuperLink; :func:`serve`
+(``fl-lbbsp deploy-local``) and :func:`run_app` use it, and :func:`run_app` reports the
+run's final status (:attr:`RunOutcome.exit_code` is 0 only for ``finished:completed``).
 
 Nothing here imports Flower: the pieces are Flower's own command-line programs.
 """
@@ -42,10 +53,14 @@ from ..clients.emulation import slowdowns_from_speeds
 __all__ = [
     "LocalFederation",
     "ManagedProcess",
+    "NodeKeys",
+    "RestartPolicy",
     "RunOutcome",
     "SiloNode",
     "TlsFiles",
+    "exit_code_for",
     "free_port",
+    "generate_node_keys",
     "generate_tls",
     "run_app",
     "run_status",
@@ -182,6 +197,60 @@ def generate_tls(
     return files
 
 
+@dataclass(frozen=True)
+class NodeKeys:
+    """A SuperNode's authentication key pair (Flower's SuperNode authentication)."""
+
+    private_key: Path
+    """OpenSSH private key (``flower-supernode --auth-supernode-private-key``), mode 0600."""
+    public_key: Path
+    """OpenSSH public key, registered with ``flwr supernode register``."""
+
+
+def generate_node_keys(folder: str | Path, names: Sequence[str]) -> dict[str, NodeKeys]:
+    """Create one EC (NIST P-384) key pair per SuperNode in ``folder``.
+
+    Parameters
+    ----------
+    folder : str | Path
+        Where ``<name>`` and ``<name>.pub`` are written (created if missing; private
+        keys get mode 0600).
+    names : sequence of str
+        One key pair per name (the silo ids).
+
+    Returns
+    -------
+    dict of str to NodeKeys
+        The key files of each name.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    found: dict[str, NodeKeys] = {}
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.startswith("."):
+            raise ValueError(f"silo id {name!r} cannot name a key file")
+        key = ec.generate_private_key(ec.SECP384R1())
+        files = NodeKeys(private_key=out / name, public_key=out / f"{name}.pub")
+        files.private_key.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.OpenSSH,
+                serialization.NoEncryption(),
+            )
+        )
+        files.private_key.chmod(0o600)
+        files.public_key.write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+            )
+        )
+        found[name] = files
+    return found
+
+
 # ------------------------------------------------------------------- processes
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that nothing listens on right now."""
@@ -198,6 +267,12 @@ class ManagedProcess:
     popen: subprocess.Popen[bytes]
     log_path: Path
     _log: IO[bytes] | None = field(default=None, repr=False)
+    args: tuple[str, ...] = ()
+    """Command line it was started with (a restart runs it again)."""
+    home: str = ""
+    """Name of its FLWR_HOME under ``<workdir>/homes``."""
+    started_at: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` when it was started."""
 
     @property
     def pid(self) -> int:
@@ -225,6 +300,55 @@ class SiloNode:
     slowdown: float
     port: int
     """Port of the SuperNode's own Runtime API (its ClientApps connect to it)."""
+
+
+@dataclass
+class RestartPolicy:
+    """When a dead SuperNode is started again: at once the first time, then after a delay
+    that doubles with every start that did not last (a node that dies while the SuperLink
+    still holds it online, or a broken one, is not restarted in a tight loop).
+
+    Parameters
+    ----------
+    restart : bool (default: True)
+        ``False``: a dead SuperNode is logged and left out.
+    first_delay : float (default: 1.0)
+        Seconds before the second restart of a node whose previous start did not last.
+    max_delay : float (default: 10.0)
+        Longest delay between two restarts.
+    stable_after : float (default: 60.0)
+        A node up this long counts as healthy: its next death restarts it at once.
+    """
+
+    restart: bool = True
+    first_delay: float = 1.0
+    max_delay: float = 10.0
+    stable_after: float = 60.0
+    _failures: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def delay(self, name: str, *, uptime: float) -> float | None:
+        """Seconds to wait before restarting ``name``, which died after ``uptime`` s up;
+        ``None``: leave it out. Each call counts one death."""
+        if not self.restart:
+            return None
+        failures = 0 if uptime >= self.stable_after else self._failures.get(name, 0) + 1
+        self._failures[name] = failures
+        if failures <= 1:
+            return 0.0 if failures == 0 else self.first_delay
+        return float(min(self.max_delay, self.first_delay * 2 ** (failures - 1)))
+
+
+def exit_code_for(status: str | None) -> int:
+    """Exit code for a run's final status: 0 for ``finished:completed``, else 1.
+
+    Parameters
+    ----------
+    status : str | None
+        Flower's run status (``finished:completed``, ``finished:failed``,
+        ``finished:stopped``, ``running``, ...); ``None`` when it could not be read (the
+        SuperLink is gone, the run never started).
+    """
+    return 0 if status == "finished:completed" else 1
 
 
 def stop_processes(pids: Sequence[int], *, grace: float = 5.0) -> list[int]:
@@ -287,6 +411,12 @@ class LocalFederation:
     insecure : bool (default: False)
         Run without TLS. By default a CA and a server certificate are generated in
         ``<workdir>/tls`` and every connection to the SuperLink is TLS.
+    node_auth : bool | None (default: None)
+        Flower's SuperNode authentication: one key pair per silo in ``<workdir>/node-keys``,
+        each public key registered with the SuperLink (``flwr supernode register``)
+        before its SuperNode starts, the SuperLink started with
+        ``--enable-supernode-auth``; a node with any other key (or none) cannot join.
+        ``None``: on with TLS, off with ``insecure`` (Flower requires TLS for it).
     serialize_compute : bool (default: True)
         Give every SuperNode ``compute-lock=<workdir>/compute.lock`` in its node config:
         the quickstart's silos then take turns computing (like the simulation's
@@ -310,6 +440,7 @@ class LocalFederation:
         slowdowns: Sequence[float] | None = None,
         silo_ids: Sequence[str] | None = None,
         insecure: bool = False,
+        node_auth: bool | None = None,
         serialize_compute: bool = True,
         node_config: Mapping[str, str | int | float] | None = None,
         connection: str = CONNECTION,
@@ -329,6 +460,10 @@ class LocalFederation:
         self.workdir = Path(workdir).resolve()
         self.num_silos = num_silos
         self.insecure = insecure
+        if node_auth and insecure:
+            raise ValueError("SuperNode authentication needs TLS: drop insecure or node_auth")
+        self.node_auth = (not insecure) if node_auth is None else node_auth
+        self.node_keys: dict[str, NodeKeys] = {}
         self.connection = connection
         self.startup_timeout = startup_timeout
         self._extra_node_config = dict(node_config or {})
@@ -347,6 +482,8 @@ class LocalFederation:
         self.supernodes: list[ManagedProcess] = []
         self.node_ids: dict[str, int] = {}
         self._started: list[ManagedProcess] = []
+        self._seen: dict[int, float] = {}  # pid -> create time of every process seen
+        self._restart_at: dict[int, float] = {}  # silo index -> when to start it again
 
     # ---------------------------------------------------------------- public
     @property
@@ -393,11 +530,17 @@ class LocalFederation:
         (self.workdir / "logs").mkdir(exist_ok=True)
         if not self.insecure:
             self.tls = generate_tls(self.workdir / "tls", hosts=(self.host, "localhost"))
+        if self.node_auth:
+            names = [s.silo_id for s in self.silos]
+            self.node_keys = generate_node_keys(self.workdir / "node-keys", names)
         self.port = free_port(self.host)
         self._write_flower_config()
         try:
             self.superlink = self._spawn("superlink", self._superlink_args(), "superlink")
             self._wait_for_superlink()
+            if self.node_auth:
+                for silo in self.silos:
+                    self._register(silo.silo_id)
             for i, silo in enumerate(self.silos):
                 silo = SiloNode(
                     silo_id=silo.silo_id,
@@ -433,10 +576,101 @@ class LocalFederation:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.popen.wait(timeout=10)
 
+    def restart_silo(self, index: int) -> ManagedProcess:
+        """Start SuperNode ``index`` again with its command line, key and port; its log
+        continues in the same file."""
+        old = self.supernodes[index]
+        if old.alive():
+            raise RuntimeError(f"{old.name} (pid {old.pid}) is still running")
+        if old._log is not None:
+            old._log.close()
+            old._log = None
+        proc = self._spawn(old.name, list(old.args), old.home, append=True)
+        self.supernodes[index] = proc
+        return proc
+
+    def remember(self) -> None:
+        """Note every process of the federation now running (its descendants included),
+        so that :meth:`stop` finds them even after their parent died (a SuperLink killed
+        outright leaves its SuperExec and ServerApp behind, reparented)."""
+        for pid in self.process_tree():
+            with contextlib.suppress(psutil.Error):
+                self._seen.setdefault(pid, psutil.Process(pid).create_time())
+
+    def leftovers(self) -> list[int]:
+        """Pids of processes of this federation still running that are not the SuperLink,
+        a SuperNode or their descendants: those seen by :meth:`remember` and those whose
+        environment names a Flower home of this federation (orphans of a crash)."""
+        current = set(self.process_tree())
+        found: set[int] = set()
+        for pid, created in self._seen.items():
+            with contextlib.suppress(psutil.Error):
+                if pid not in current and psutil.Process(pid).create_time() == created:
+                    found.add(pid)
+        homes = str(self.workdir / "homes") + os.sep
+        me = os.getpid()
+        for proc in psutil.process_iter(["pid"]):
+            if proc.pid in current or proc.pid == me:
+                continue
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get("FLWR_HOME", "").startswith(homes):
+                    found.add(proc.pid)
+        return sorted(found)
+
+    def supervise(
+        self, policy: RestartPolicy, *, log: IO[str] | None = None, now: float | None = None
+    ) -> str | None:
+        """One supervision step: restart SuperNodes that died (when ``policy`` says so and
+        its delay has passed), report the SuperLink's death.
+
+        Parameters
+        ----------
+        policy : RestartPolicy
+            Whether and when a dead SuperNode is started again.
+        log : IO[str] | None (default: None)
+            Where a death or restart is reported, one line each (default: stderr).
+        now : float | None (default: None)
+            ``time.monotonic()`` (a parameter for tests).
+
+        Returns
+        -------
+        str | None
+            Why the federation must stop (the SuperLink exited), else ``None``.
+        """
+        out = sys.stderr if log is None else log
+        now = time.monotonic() if now is None else now
+        self.remember()
+        if self.superlink is not None and not self.superlink.alive():
+            code = self.superlink.popen.returncode
+            return f"superlink exited with code {code}; see {self.superlink.log_path}"
+        for index, proc in enumerate(self.supernodes):
+            if proc.alive():
+                continue
+            if index not in self._restart_at:
+                delay = policy.delay(proc.name, uptime=now - proc.started_at)
+                action = "left out" if delay is None else f"restarting in {delay:g} s"
+                print(
+                    f"{proc.name} (pid {proc.pid}) exited with code {proc.popen.returncode}; "
+                    f"see {proc.log_path}; {action}",
+                    file=out,
+                    flush=True,
+                )
+                self._restart_at[index] = float("inf") if delay is None else now + delay
+            if now >= self._restart_at[index]:
+                del self._restart_at[index]
+                new = self.restart_silo(index)
+                print(f"{proc.name} restarted (pid {new.pid})", file=out, flush=True)
+        return None
+
     def stop(self, *, grace: float = 5.0) -> None:
-        """Stop every process started, SuperNodes first, and close the log files."""
+        """Stop every process started, SuperNodes first, then any process of the
+        federation left behind (:meth:`leftovers`), and close the log files."""
+        self.remember()
         nodes_first = [*reversed(self._started)]
         stop_processes([p.pid for p in nodes_first if p.alive()], grace=grace)
+        left = self.leftovers()
+        if left:
+            stop_processes(left, grace=grace)
         for proc in nodes_first:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=grace)
@@ -453,6 +687,11 @@ class LocalFederation:
         lines = [
             f"SuperLink  {self.address}  "
             + ("INSECURE (no TLS)" if self.tls is None else f"TLS, CA {self.tls.ca_cert}")
+            + (
+                f", SuperNode authentication (keys in {self.workdir / 'node-keys'})"
+                if self.node_auth
+                else ", SuperNode authentication OFF: any node can join"
+            )
             + (f"  pid {self.superlink.pid}" if self.superlink else ""),
         ]
         for silo, proc in zip(self.silos, self.supernodes, strict=False):
@@ -481,7 +720,9 @@ class LocalFederation:
         env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         # Child processes import the same fl_lbbsp as this one (a source checkout or
         # an installed copy alike).
-        package_root = str(Path(__file__).resolve().parent.parent)
+        # (the folder holding the fl_lbbsp package: this file is fl_lbbsp/runs/deploy.py;
+        # fl_lbbsp/ itself on the path would shadow packages such as `datasets`)
+        package_root = str(Path(__file__).resolve().parents[2])
         paths = [package_root, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
@@ -489,11 +730,35 @@ class LocalFederation:
         env.update(self._extra_env)
         return env
 
-    def _spawn(self, name: str, args: list[str], home: str) -> ManagedProcess:
+    def _register(self, silo_id: str) -> None:
+        """Register a silo's public key with the SuperLink (``flwr supernode register``)."""
+        keys = self.node_keys[silo_id]
+        args = [str(self.bin_dir / "flwr"), "supernode", "register", str(keys.public_key)]
+        args += [self.connection, "--name", silo_id, "--format", "json"]
+        res = subprocess.run(
+            args,
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=self.startup_timeout,
+            check=False,
+        )
+        if res.returncode != 0:
+            raise RuntimeError(
+                f"registering {silo_id}'s public key failed (exit {res.returncode}): "
+                f"{_strip_ansi(res.stdout + res.stderr).strip()[-2000:]}"
+            )
+
+    def _spawn(
+        self, name: str, args: list[str], home: str, *, append: bool = False
+    ) -> ManagedProcess:
         env = self._base_env()
         env["FLWR_HOME"] = str(self.workdir / "homes" / home)
         log_path = self.workdir / "logs" / f"{name}.log"
-        log = log_path.open("wb")
+        log = log_path.open("ab" if append else "wb")
+        if append:
+            log.write(b"\n----- restarted by fl_lbbsp -----\n")
+            log.flush()
         popen = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
@@ -504,7 +769,9 @@ class LocalFederation:
             start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
-        proc = ManagedProcess(name=name, popen=popen, log_path=log_path, _log=log)
+        proc = ManagedProcess(
+            name=name, popen=popen, log_path=log_path, _log=log, args=tuple(args), home=home
+        )
         self._started.append(proc)
         return proc
 
@@ -521,6 +788,8 @@ class LocalFederation:
         ]
         if self.tls is None:
             return [*args, "--insecure"]
+        if self.node_auth:
+            args.append("--enable-supernode-auth")
         return [
             *args,
             "--ssl-ca-certfile",
@@ -554,6 +823,8 @@ class LocalFederation:
         ]
         if self.tls is None:
             return [*args, "--insecure"]
+        if self.node_auth:
+            args += ["--auth-supernode-private-key", str(self.node_keys[silo.silo_id].private_key)]
         return [*args, "--root-certificates", str(self.tls.ca_cert)]
 
     def _write_flower_config(self) -> None:
@@ -632,23 +903,46 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
-def serve(federation: LocalFederation, *, check_every: float = 1.0) -> int:
-    """Start ``federation``, print how to use it, keep it up until Ctrl-C or SIGTERM.
+def serve(
+    federation: LocalFederation,
+    *,
+    check_every: float = 1.0,
+    policy: RestartPolicy | None = None,
+    app: str | Path | None = None,
+    run_config: str | Path | None = None,
+    run_timeout: float = 24 * 3600.0,
+) -> int:
+    """Start ``federation``, print how to use it, keep it up until Ctrl-C or SIGTERM (or,
+    with ``app``, until that app's run ended), supervising it all along.
 
-    Every process is stopped on the way out, whatever ends it.
+    A SuperNode that dies is logged and started again (``policy``); the federation stops
+    only on Ctrl-C / SIGTERM, at the end of ``app``'s run, or when the SuperLink dies.
+    Every process is stopped on the way out, whatever ends it, the ServerApp and any
+    other process a dead SuperLink left behind included.
 
     Parameters
     ----------
     federation : LocalFederation
         The federation to start (not started yet).
     check_every : float (default: 1.0)
-        Seconds between two checks that every process is still running.
+        Seconds between two supervision steps.
+    policy : RestartPolicy | None (default: None)
+        Whether and when dead SuperNodes are restarted; ``None``: ``RestartPolicy()``.
+    app : str | Path | None (default: None)
+        A Flower app to run on the federation (``flwr run APP --stream``) once it is up;
+        its final status decides the exit code.
+    run_config : str | Path | None (default: None)
+        TOML file of run-config overrides for ``app`` (``flwr run --run-config``).
+    run_timeout : float (default: 86400.0)
+        Seconds before ``app``'s run is stopped.
 
     Returns
     -------
     int
-        0 after Ctrl-C / SIGTERM, 1 if the SuperLink or a SuperNode exited on its own.
+        Without ``app``: 0 after Ctrl-C / SIGTERM, 1 if the SuperLink exited on its own.
+        With ``app``: 0 if the run ended ``finished:completed``, else 1.
     """
+    policy = RestartPolicy() if policy is None else policy
 
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -658,21 +952,30 @@ def serve(federation: LocalFederation, *, check_every: float = 1.0) -> int:
     try:
         with federation:
             print(federation.describe(), flush=True)
+            if app is not None:
+                extra = () if run_config is None else ("--run-config", str(run_config))
+                print(f"\nrunning {app}; Ctrl-C stops it and the federation.", flush=True)
+                outcome = run_app(
+                    federation,
+                    app,
+                    extra_args=extra,
+                    timeout=run_timeout,
+                    policy=policy,
+                    check_every=check_every,
+                    echo=sys.stdout,
+                )
+                print(outcome.summary(), file=sys.stderr, flush=True)
+                return outcome.exit_code
             print("\nCtrl-C stops the SuperLink and every SuperNode.", flush=True)
             while True:
-                for proc in federation.processes:
-                    if not proc.alive():
-                        print(
-                            f"{proc.name} exited with code {proc.popen.returncode}; "
-                            f"see {proc.log_path}. Stopping everything.",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        return 1
+                reason = federation.supervise(policy)
+                if reason is not None:
+                    print(f"{reason}. Stopping everything.", file=sys.stderr, flush=True)
+                    return 1
                 time.sleep(check_every)
     except KeyboardInterrupt:
         print("\nstopping the federation ...", file=sys.stderr, flush=True)
-        return 0
+        return 0 if app is None else 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -685,13 +988,33 @@ class RunOutcome:
     run_id: int | None
     """Run id printed by ``flwr run`` (None if it did not start)."""
     returncode: int | None
-    """Exit code of ``flwr run`` (None when it was stopped at the timeout)."""
+    """Exit code of ``flwr run`` (None when it was stopped: timeout, SuperLink died)."""
     status: str | None
-    """Run status from ``flwr ls`` (``finished:completed`` on success)."""
+    """Run status from ``flwr ls`` (``finished:completed`` on success; None when it could
+    not be read)."""
     output: str
     """What ``flwr run`` printed: the run's log stream."""
     seconds: float
     """Wall-clock seconds from ``flwr run`` to the end of the stream."""
+    stopped: str | None = None
+    """Why the run was cut short by this side (timeout, the SuperLink died), else None."""
+
+    @property
+    def completed(self) -> bool:
+        """Whether the run ended ``finished:completed``."""
+        return self.status == "finished:completed"
+
+    @property
+    def exit_code(self) -> int:
+        """0 if the run completed, 1 otherwise (:func:`exit_code_for`)."""
+        return exit_code_for(self.status)
+
+    def summary(self) -> str:
+        """One line: the run, its final status and, if cut short, why."""
+        run = "run" if self.run_id is None else f"run {self.run_id}"
+        status = self.status or "unknown (not readable from the SuperLink)"
+        why = f"; {self.stopped}" if self.stopped else ""
+        return f"{run} ended {status} after {self.seconds:.0f} s{why}"
 
 
 def write_run_config(path: str | Path, values: Mapping[str, str | int | float | bool]) -> Path:
@@ -709,6 +1032,10 @@ def run_app(
     run_config: Mapping[str, str | int | float | bool] | None = None,
     timeout: float = 600.0,
     name: str = "run",
+    extra_args: Sequence[str] = (),
+    policy: RestartPolicy | None = None,
+    check_every: float = 1.0,
+    echo: IO[str] | None = None,
 ) -> RunOutcome:
     """Run a Flower app on ``federation`` with ``flwr run --stream`` and wait for its end.
 
@@ -723,38 +1050,74 @@ def run_app(
     timeout : float (default: 600.0)
         Seconds before ``flwr run`` is stopped (by pid).
     name : str (default: "run")
-        Stem of the run-config file written to the federation's folder.
+        Stem of the run-config file and of the stream's log in the federation's folder.
+    extra_args : sequence of str (default: ())
+        More ``flwr run`` arguments (``--run-config FILE``).
+    policy : RestartPolicy | None (default: None)
+        Supervise the federation while the run lasts: restart dead SuperNodes as this
+        says, and stop the run when the SuperLink dies. ``None``: no supervision.
+    check_every : float (default: 1.0)
+        Seconds between two checks of the run (and supervision steps).
+    echo : IO[str] | None (default: None)
+        Where the run's stream is copied as it comes (``None``: nowhere).
+
+    Returns
+    -------
+    RunOutcome
+        Its ``status`` is the run's final status (``finished:completed``,
+        ``finished:failed``, ...); ``exit_code`` is 0 only for a completed run.
     """
-    args = federation.run_command(app, "--stream")
+    args = [*federation.run_command(app, "--stream"), *extra_args]
     if run_config:
         path = write_run_config(federation.workdir / f"{name}.toml", run_config)
         args += ["--run-config", str(path)]
-    env = federation.environment()
+    stream = federation.workdir / "logs" / f"{name}-flwr-run.log"
+    stream.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    proc = subprocess.Popen(
-        args,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        returncode: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        stop_processes([proc.pid])
-        out, _ = proc.communicate()
-        returncode = None
-    finally:
-        if proc.poll() is None:
-            stop_processes([proc.pid])
+    stopped: str | None = None
+    with stream.open("wb") as sink, stream.open("rb") as source:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=federation.environment(),
+            start_new_session=True,
+        )
+        try:
+            while proc.poll() is None:
+                if echo is not None:
+                    echo.write(_strip_ansi(source.read().decode("utf-8", errors="replace")))
+                    echo.flush()
+                if time.monotonic() - start > timeout:
+                    stopped = f"stopped after the {timeout:g} s timeout"
+                    break
+                if policy is not None:
+                    stopped = federation.supervise(policy)
+                    if stopped is not None:
+                        break
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=check_every)
+        finally:
+            if proc.poll() is None:
+                stop_processes([proc.pid])
+                proc.wait()
+        if echo is not None:
+            echo.write(_strip_ansi(source.read().decode("utf-8", errors="replace")))
+            echo.flush()
+    returncode = None if stopped is not None else proc.returncode
+    superlink = federation.superlink
+    if stopped is None and superlink is not None and not superlink.alive():
+        # flwr run noticed first (its stream broke): report the cause all the same
+        code = superlink.popen.returncode
+        stopped = f"superlink exited with code {code}; see {superlink.log_path}"
     seconds = time.monotonic() - start
-    output = _strip_ansi(out.decode("utf-8", errors="replace"))
+    output = _strip_ansi(stream.read_text(encoding="utf-8", errors="replace"))
     match = re.search(r"Successfully started run (\d+)", output)
     run_id = int(match.group(1)) if match else None
-    status = None if run_id is None else run_status(federation, run_id)
-    return RunOutcome(run_id, returncode, status, output, seconds)
+    superlink_up = superlink is None or superlink.alive()
+    status = None if run_id is None or not superlink_up else run_status(federation, run_id)
+    return RunOutcome(run_id, returncode, status, output, seconds, stopped)
 
 
 def run_status(federation: LocalFederation, run_id: int) -> str | None:

@@ -42,7 +42,9 @@ __all__ = [
     "FORMAT_VERSION",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointInvalidError",
     "CheckpointStore",
+    "check_arrays",
     "check_checkpoint_dir",
     "check_compatible",
     "resume_point",
@@ -92,6 +94,24 @@ class Checkpointable(Protocol):
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read or resumed by this strategy."""
+
+
+class CheckpointInvalidError(CheckpointError):
+    """A readable checkpoint whose contents fail validation (an edited file whose digest
+    was recomputed, or a bug): one line naming the field, e.g.
+    ``<path>: invalid field state.balancer.silos.w1.estimator.value: ...``.
+
+    Parameters
+    ----------
+    message : str
+        The one-line message.
+    field : str
+        Dotted name of the field that failed (``state.federation_size``, ...).
+    """
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -204,9 +224,18 @@ class CheckpointStore:
             manifest = json.loads(str(meta["manifest"]))
             state = json.loads(str(meta["state"]))
             arrays = content.array_records[_ARRAYS]
-            server_round = int(manifest["round"])
         except Exception as err:  # noqa: BLE001 - any decoding failure means unreadable
             raise CheckpointError(f"{path} is not a readable checkpoint: {err}") from err
+        from .checkpoint_schema import validate_checkpoint
+
+        if not isinstance(manifest, dict) or not isinstance(state, dict):
+            raise CheckpointInvalidError(
+                f"{path}: invalid field {'manifest' if not isinstance(manifest, dict) else 'state'}"
+                ": not a JSON object",
+                field="manifest" if not isinstance(manifest, dict) else "state",
+            )
+        validate_checkpoint(manifest, state, where=str(path))
+        server_round = int(manifest["round"])
         records = {
             name.removeprefix(_EXTRA): record
             for name, record in content.array_records.items()
@@ -228,6 +257,8 @@ class CheckpointStore:
             path = self.path(server_round)
             try:
                 return self.load(path)
+            except CheckpointInvalidError:
+                raise  # readable but edited: refused, never skipped for an older one
             except (CheckpointError, OSError) as err:
                 log.warning("skipping checkpoint %s: %s", path, err)
         if rounds:
@@ -324,20 +355,63 @@ def check_checkpoint_dir(given: Path, directory: Path) -> None:
         raise CheckpointError(f"{directory} is not a writable directory ({err.strerror})") from None
 
 
-def resume_point(strategy: Checkpointable) -> Checkpoint | None:
+def resume_point(strategy: Checkpointable, *, max_silos: int | None = None) -> Checkpoint | None:
     """The checkpoint ``strategy.start`` would resume from (``None``: a fresh start).
+
+    Parameters
+    ----------
+    strategy : Checkpointable
+        The strategy; its ``server_config.checkpoint_dir`` is searched.
+    max_silos : int | None (default: None)
+        The configured federation size (a registry, a deployment's silos): a checkpoint
+        that knows more silos or a larger federation is refused. ``None``: the silos
+        the checkpoint has seen bound its federation size (always checked on load).
 
     Raises
     ------
     CheckpointError
         If the newest readable checkpoint belongs to another strategy or settings, or
         none of the checkpoint files is readable.
+    CheckpointInvalidError
+        If the newest readable checkpoint's contents fail validation.
     """
     directory = strategy.server_config.checkpoint_dir
     checkpoint = None if directory is None else CheckpointStore(directory).latest()
     if checkpoint is not None:
+        if max_silos is not None:
+            from .checkpoint_schema import validate_checkpoint
+
+            validate_checkpoint(
+                checkpoint.manifest,
+                checkpoint.state,
+                where=str(checkpoint.path),
+                max_silos=max_silos,
+            )
         check_compatible(checkpoint, strategy)
     return checkpoint
+
+
+def check_arrays(checkpoint: Checkpoint, initial_arrays: ArrayRecord) -> None:
+    """Refuse a checkpoint whose model has the initial model's names but other shapes.
+
+    A model of other names (an encrypted model, whose records hold ciphertexts) is not
+    compared.
+
+    Raises
+    ------
+    CheckpointInvalidError
+        Naming the first array whose shape differs.
+    """
+    if set(checkpoint.arrays) != set(initial_arrays):
+        return
+    for name, array in checkpoint.arrays.items():
+        found, expected = tuple(array.shape), tuple(initial_arrays[name].shape)
+        if found != expected:
+            raise CheckpointInvalidError(
+                f"{checkpoint.path}: invalid field arrays.{name}: shape {list(found)}, "
+                f"the model's is {list(expected)}",
+                field=f"arrays.{name}",
+            )
 
 
 def start_with_checkpoints(
@@ -367,6 +441,7 @@ def start_with_checkpoints(
     checkpoint = resume_point(strategy)
     done = 0
     if checkpoint is not None:
+        check_arrays(checkpoint, initial_arrays)
         strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
         done = checkpoint.server_round
         initial_arrays = checkpoint.arrays

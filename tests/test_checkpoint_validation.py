@@ -1,0 +1,218 @@
+"""Edited checkpoints (digest recomputed) are refused on load with one line naming the
+field, never obeyed and never a KeyError (issue 16, item 5)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord
+
+from fl_lbbsp.cli import main
+from fl_lbbsp.runs.fl import SimulationConfig
+from fl_lbbsp.strategies.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointInvalidError,
+    CheckpointStore,
+    check_arrays,
+    resume_point,
+)
+from fl_lbbsp.strategies.checkpoint_schema import validate_checkpoint
+
+FIXTURE = Path(__file__).parent / "data" / "checkpoint-before-engine" / "round-000002.ckpt"
+Edit = Callable[[dict[str, Any], dict[str, Any]], None]
+
+
+def _original() -> Checkpoint:
+    return CheckpointStore(FIXTURE.parent).load(FIXTURE)
+
+
+def _resaved(folder: Path, edit: Edit) -> Path:
+    """The fixture's round-2 checkpoint, edited by ``edit(manifest, state)`` and written
+    again with a digest of the edited contents (what an attacker with write access does)."""
+    original = _original()
+    manifest, state = copy.deepcopy(original.manifest), copy.deepcopy(original.state)
+    edit(manifest, state)
+    return CheckpointStore(folder).save(
+        2, arrays=original.arrays, manifest=manifest, state=state, records=original.records
+    )
+
+
+def _silo(state: dict[str, Any]) -> dict[str, Any]:
+    return state["balancer"]["silos"]["w11"]  # type: ignore[no-any-return]
+
+
+def _set(path: str, value: Any) -> Edit:
+    def edit(manifest: dict[str, Any], state: dict[str, Any]) -> None:
+        root, *keys = path.split(".")
+        target = manifest if root == "manifest" else state
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+
+    return edit
+
+
+def _delete(path: str) -> Edit:
+    def edit(manifest: dict[str, Any], state: dict[str, Any]) -> None:
+        root, *keys = path.split(".")
+        target = manifest if root == "manifest" else state
+        for key in keys[:-1]:
+            target = target[key]
+        del target[keys[-1]]
+
+    return edit
+
+
+EDITS = [
+    pytest.param(_delete("state.balancer"), "state.balancer", id="balancer-missing"),
+    pytest.param(_set("state.federation_size", 10**6), "state.federation_size", id="huge-fed"),
+    pytest.param(_set("state.federation_size", 4), "state.federation_size", id="fed>seen"),
+    pytest.param(_set("state.federation_size", -1), "state.federation_size", id="fed<0"),
+    pytest.param(
+        _set("state.balancer.silos.w11.estimator.value", -400.0),
+        "state.balancer.silos.w11.estimator.value",
+        id="negative-speed",
+    ),
+    pytest.param(
+        _set("state.balancer.silos.w11.estimator.value", float("inf")),
+        "state.balancer.silos.w11.estimator.value",
+        id="infinite-speed",
+    ),
+    pytest.param(
+        _set("state.balancer.silos.w11.history", [[16, 0.04, 9]]),
+        "state.balancer.silos.w11.history",
+        id="history-shape",
+    ),
+    pytest.param(
+        _set("state.balancer.silos.w11.history", [[14_600_000, 0.04]]),
+        "state.balancer.silos.w11.history",
+        id="history-batch-huge",
+    ),
+    pytest.param(
+        _set("state.balancer.silos.w11.max_batch_size", 0),
+        "state.balancer.silos.w11.max_batch_size",
+        id="memory-cap-0",
+    ),
+    pytest.param(
+        _set("state.balancer.silos.w11.last.train_time", -1.0),
+        "state.balancer.silos.w11.last.train_time",
+        id="negative-time",
+    ),
+    pytest.param(
+        _delete("state.balancer.silos.w11.estimator"),
+        "state.balancer.silos.w11.estimator",
+        id="estimator-missing",
+    ),
+    pytest.param(
+        _set("state.balancer.config.initial_batch_size", -16),
+        "state.balancer.config",
+        id="balancer-config",
+    ),
+    pytest.param(_set("state.overhead", [0.0, -5.0]), "state.overhead", id="overhead"),
+    pytest.param(_set("state.silo_of_node", {"x": "w11"}), "state.silo_of_node", id="node-id"),
+    pytest.param(_delete("manifest.round"), "manifest.round", id="round-missing"),
+    pytest.param(_set("manifest.round", 0), "manifest.round", id="round-0"),
+    pytest.param(_set("manifest.settings.balancing.alpha", 7.0), "manifest.settings", id="alpha"),
+]
+
+
+@pytest.mark.parametrize(("edit", "field"), EDITS)
+def test_an_edited_checkpoint_is_refused_naming_the_field(tmp_path, edit, field) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    path = _resaved(tmp_path, edit)
+
+    # Execute
+    with pytest.raises(CheckpointInvalidError) as info:
+        CheckpointStore(tmp_path).load(path)
+
+    # Assert: one line naming the field, and it is a CheckpointError (the CLI's exit 2)
+    assert info.value.field.startswith(field), info.value.field
+    message = str(info.value)
+    assert "\n" not in message and field in message and str(path) in message
+    assert isinstance(info.value, CheckpointError)
+
+
+def test_an_edited_newest_checkpoint_is_not_skipped_for_an_older_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: an untouched round 1, an edited round 2
+    original = _original()
+    store = CheckpointStore(tmp_path)
+    store.save(1, arrays=original.arrays, manifest={**original.manifest, "round": 1},
+               state=original.state)  # fmt: skip
+    _resaved(tmp_path, _set("state.federation_size", 10**6))
+
+    # Execute / Assert
+    with pytest.raises(CheckpointInvalidError, match="federation_size"):
+        store.latest()
+
+
+def test_the_untouched_checkpoint_passes() -> None:
+    # Execute / Assert: the fixture as written, and bounded by its own federation
+    original = _original()
+    validate_checkpoint(original.manifest, original.state, max_silos=3)
+
+
+def test_a_federation_larger_than_configured_is_refused() -> None:
+    # Prepare
+    original = _original()
+
+    # Execute / Assert
+    with pytest.raises(CheckpointInvalidError, match="state.federation_size") as info:
+        validate_checkpoint(original.manifest, original.state, max_silos=2, where="ckpt")
+    assert info.value.field == "state.federation_size"
+
+
+def test_resume_point_bounds_the_federation_with_the_configured_size(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    from checkpoint_fixture import SETTINGS
+
+    from fl_lbbsp.strategies import LBBSPCluster
+
+    (tmp_path / FIXTURE.name).write_bytes(FIXTURE.read_bytes())
+    strategy = LBBSPCluster(**SETTINGS, checkpoint_dir=tmp_path)
+
+    # Execute / Assert
+    assert resume_point(strategy, max_silos=3) is not None
+    with pytest.raises(CheckpointInvalidError, match="the federation has 2"):
+        resume_point(strategy, max_silos=2)
+
+
+def test_a_model_of_other_shapes_is_refused() -> None:
+    # Prepare
+    checkpoint = Checkpoint(
+        2, ArrayRecord({"w": Array(np.zeros((3, 4), dtype=np.float32))}), {}, {}, {}, None
+    )
+    same = ArrayRecord({"w": Array(np.zeros((3, 4), dtype=np.float32))})
+    other = ArrayRecord({"w": Array(np.zeros((30, 4), dtype=np.float32))})
+    encrypted = ArrayRecord({"ciphertext": Array(np.zeros(7, dtype=np.uint8))})
+
+    # Execute / Assert
+    check_arrays(checkpoint, same)
+    check_arrays(checkpoint, encrypted)  # other names: not compared
+    with pytest.raises(CheckpointInvalidError, match=r"arrays\.w: shape \[3, 4\]"):
+        check_arrays(checkpoint, other)
+
+
+def test_cli_refuses_an_edited_checkpoint_with_one_line_and_exit_2(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: an edited checkpoint where the run would resume from
+    folder = tmp_path / "ckpt"
+    config = SimulationConfig(silos=3, model="mlp", out=tmp_path, checkpoint_dir=folder)
+    path = config.checkpoint_path()
+    assert path is not None
+    _resaved(path, _delete("state.balancer"))
+    argv = ["simulate", "--silos", "3", "--model", "mlp", "--out", str(tmp_path)]
+
+    # Execute
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--checkpoint-dir", str(folder)])
+
+    # Assert
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2
+    assert len(err.splitlines()) == 1, err
+    assert "state.balancer" in err and "Traceback" not in err and "KeyError" not in err
