@@ -40,7 +40,13 @@ from ..contract import STEP_BATCH_SIZE, RecordKeys
 from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .deadline import DeadlinePolicy, OverheadTracker, predicted_compute_time
 from .screening import InvalidReplyError, ReplyValidator, error_summary
-from .settings import BalancingConfig, ReplyLimits, balancing_config, make_balancer
+from .settings import (
+    BalancingConfig,
+    ReplyLimits,
+    balancing_config,
+    make_balancer,
+    make_claim_checker,
+)
 
 __all__ = [
     "EtaRewriter",
@@ -376,6 +382,7 @@ class RoundEngine:
         self.silo_of_node: dict[Node, str] = {}
         self.federation_size = 0
         self.overhead = OverheadTracker(self.deadline.overhead_rounds)
+        self.claims = make_claim_checker(config, overhead_rounds=self.deadline.overhead_rounds)
 
     @classmethod
     def from_keywords(
@@ -586,18 +593,44 @@ class RoundEngine:
             )
 
     # ----------------------------------------------------------------- reporting
-    def report(self, state: RoundState, verdict: Verdict[Any], metrics: Mapping[str, Any]) -> bool:
-        """Feed an accepted reply's timing to the balancer; record it for the round.
+    def report(
+        self,
+        state: RoundState,
+        verdict: Verdict[Any],
+        metrics: Mapping[str, Any],
+        *,
+        observed: float | None = None,
+    ) -> bool:
+        """Bound an accepted reply's claims, feed its timing to the balancer; record it.
 
-        An unusable report (non-finite time, zero batch size, ...) is left out of
-        balancing with a warning and ``invalid-report`` in the record; the silo keeps its
-        estimate.
+        The claims are bounded first (:mod:`fl_lbbsp.core.claims`): in FL a dataset size
+        other than the silo's pinned (or declared) one, or over ``max_dataset_size``, is
+        rejected with one warning (the update is left out, the balancer not fed); claimed
+        times are clipped to ``[min_claimed_time, max_claimed_time]`` and, with
+        ``check_times`` and ``observed``, a claim the observation contradicts is replaced
+        by it, with one warning (the record keeps the claim as ``claimed-train-time`` /
+        ``claimed-he-time``). An unusable report (non-finite time, zero batch size, ...)
+        is left out of balancing with a warning and ``invalid-report`` in the record; the
+        silo keeps its estimate.
+
+        Parameters
+        ----------
+        state : RoundState
+            The round.
+        verdict : Verdict
+            The accepted reply's verdict.
+        metrics : Mapping[str, Any]
+            Its metrics.
+        observed : float | None (default: None)
+            Seconds the server observed from sending the silo its instruction to
+            receiving its reply (the adapter's ``received_at - sent_at``); ``None``: not
+            observed (no cross-check).
 
         Returns
         -------
         bool
-            Whether the reply enters the aggregate: always in FL; in cluster mode
-            (``require_valid_report``) only with a usable report.
+            Whether the reply enters the aggregate: in FL unless its dataset size is
+            rejected; in cluster mode (``require_valid_report``) only with a usable report.
         """
         keys, silo = self.keys, verdict.silo
         self.silo_of_node[verdict.node] = silo
@@ -607,6 +640,19 @@ class RoundEngine:
         share = None if sent is None else sent.share
         record: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         record["batch-size-sent"] = share
+        if self.weight_key == keys.num_examples and keys.num_examples in metrics:
+            refused = self.claims.check_size(silo, metrics[keys.num_examples])
+            if refused is not None:
+                log.warning(
+                    "round %d: update of silo %s left out, claim rejected: %s",
+                    state.server_round,
+                    silo,
+                    refused,
+                )
+                record["invalid-report"] = record["rejected-claim"] = refused
+                state.reports[silo] = record
+                return False
+        metrics = self._bounded_times(state, silo, metrics, record, observed)
         cap = metrics.get(keys.max_batch_size)
         try:
             self.balancer.report(
@@ -632,6 +678,43 @@ class RoundEngine:
             )
             return False
         return True
+
+    def _bounded_times(
+        self,
+        state: RoundState,
+        silo: str,
+        metrics: Mapping[str, Any],
+        record: dict[str, Any],
+        observed: float | None,
+    ) -> Mapping[str, Any]:
+        """The metrics with their claimed times bounded and cross-checked
+        (:meth:`~fl_lbbsp.core.claims.ClaimChecker.check_times`); ``record`` notes the
+        claims and the observation."""
+        keys = self.keys
+        train, he = _real(metrics.get(keys.train_time)), _real(metrics.get(keys.he_time))
+        if train is None:
+            return metrics  # the balancer rejects it
+        if not self.config.check_times:
+            observed = None
+        if observed is not None:
+            record["observed-time"] = observed
+            record["claimed-time"] = train + (he or 0.0)
+        checked = self.claims.check_times(train, he, observed=observed)
+        if checked.note is None:
+            return metrics
+        log.warning(
+            "round %d: claimed times of silo %s replaced: %s",
+            state.server_round,
+            silo,
+            checked.note,
+        )
+        bounded = dict(metrics)
+        record["claimed-train-time"] = train
+        bounded[keys.train_time] = record[keys.train_time] = checked.train_time
+        if he is not None:
+            record["claimed-he-time"] = he
+            bounded[keys.he_time] = record[keys.he_time] = checked.he_time
+        return bounded
 
     def select(self, state: RoundState, silos: Iterable[str]) -> tuple[set[str], dict[str, Any]]:
         """The accepted silos whose updates enter the aggregate, and the records of those
@@ -668,6 +751,13 @@ class RoundEngine:
         ]
         if not missed and wall is not None and times:
             self.overhead.observe(wall, max(times))
+        self.claims.learn_overhead(
+            [
+                r["observed-time"] - r["claimed-time"]
+                for r in state.reports.values()
+                if "observed-time" in r
+            ]
+        )
         return {
             "deadline": state.deadline,
             "missed": [self.silo_id(node) for node in missed],
@@ -684,6 +774,7 @@ class RoundEngine:
             "silo_of_node": {str(node): silo for node, silo in self.silo_of_node.items()},
             "overhead": self.overhead.seen,
             "federation_size": self.federation_size,
+            "claims": self.claims.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -692,6 +783,14 @@ class RoundEngine:
         self.silo_of_node = {int(node): str(silo) for node, silo in state["silo_of_node"].items()}
         self.overhead = OverheadTracker(self.deadline.overhead_rounds, state["overhead"])
         self.federation_size = int(state.get("federation_size", 0))
+        self.claims.load_state_dict(state.get("claims", {}))
+
+
+def _real(value: object) -> float | None:
+    """``value`` as a float if it is a finite real number, else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _positive(value: object) -> float | None:

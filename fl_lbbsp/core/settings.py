@@ -13,6 +13,7 @@ from typing import Any, Literal, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .balancer import BALANCER_DEFAULTS, BatchSizeBalancer
+from .claims import ClaimChecker
 
 __all__ = [
     "BalancingConfig",
@@ -20,6 +21,7 @@ __all__ = [
     "ReplyLimits",
     "balancing_config",
     "make_balancer",
+    "make_claim_checker",
 ]
 
 
@@ -45,6 +47,11 @@ class BalancingOptions(TypedDict, total=False):
     estimator_options: dict[str, Any] | None
     allocator_options: dict[str, Any] | None
     balancer_options: dict[str, Any] | None
+    max_dataset_size: int | None
+    check_times: bool
+    time_tolerance: float
+    min_claimed_time: float
+    max_claimed_time: float
 
 
 class BalancingConfig(BaseModel):
@@ -93,6 +100,31 @@ class BalancingConfig(BaseModel):
         Predicted gain over the equal split an allocation must show to be shipped.
     estimator_options, allocator_options : dict (default: {})
         Extra arguments of the estimator and of the iterative allocator.
+    max_dataset_size : int | None (default: 10_000_000)
+        Bounded claims (:mod:`fl_lbbsp.core.claims`): the largest ``num-examples`` (the
+        aggregation weight in FL) a silo may claim; a silo's size is pinned at its first
+        accepted report and a reply claiming another is rejected. Ten million samples is
+        beyond a cross-silo dataset of today (ImageNet-1k holds 1.28 million) and keeps a
+        ``10**9`` grab out by default; raise it for larger silos, or declare the sizes
+        (a declared size is configuration, not a claim, and is not capped). ``None``: no
+        cap beyond ``max_num_examples``.
+    check_times : bool (default: True)
+        Cross-check each reply's ``train-time`` (plus ``he-time``) against the wall time
+        the server observed between sending the silo its instruction and receiving its
+        reply, where the adapter observes one: a claim the observation contradicts is
+        replaced by it, with one warning. Leave it on wherever silos really wait
+        (deployments, the Simulation Engine with emulated waits); the runners switch it
+        off for emulation without waits (in process, ``emulate_wait=False``, a cost
+        model), whose reported times are emulated and no wall time can confirm them.
+    time_tolerance : float (default: 2.0)
+        How far a claim may be from the observation before it counts as contradicted:
+        below ``(observed - overhead) / time_tolerance`` (``overhead``: the messaging
+        overhead learned from earlier rounds) or above ``observed * time_tolerance``;
+        > 1. A liar thus gains at most this factor of speed.
+    min_claimed_time, max_claimed_time : float (default: 1e-6, 86400.0)
+        Finite positive bounds of a claimed time in seconds (``train-time``; ``he-time``
+        up to ``max_claimed_time``): a claim outside is clipped to them with a warning,
+        whether or not times are observed.
 
     Every balancer default is :data:`fl_lbbsp.core.balancer.BALANCER_DEFAULTS`, the
     defaults of :class:`~fl_lbbsp.core.BatchSizeBalancer` (see it for the details).
@@ -130,9 +162,19 @@ class BalancingConfig(BaseModel):
     )
     estimator_options: dict[str, Any] = Field(default_factory=dict)
     allocator_options: dict[str, Any] = Field(default_factory=dict)
+    max_dataset_size: int | None = Field(default=10_000_000, gt=0, strict=True)
+    check_times: bool = True
+    time_tolerance: float = Field(default=2.0, gt=1, allow_inf_nan=False)
+    min_claimed_time: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
+    max_claimed_time: float = Field(default=86400.0, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _bounds(self) -> BalancingConfig:
+        if self.max_claimed_time <= self.min_claimed_time:
+            raise ValueError(
+                f"max_claimed_time ({self.max_claimed_time}) is not above min_claimed_time "
+                f"({self.min_claimed_time})"
+            )
         if self.max_batch_size is not None and self.max_batch_size < self.min_batch_size:
             raise ValueError(
                 f"max_batch_size ({self.max_batch_size}) is below min_batch_size "
@@ -196,6 +238,26 @@ def make_balancer(config: BalancingConfig) -> BatchSizeBalancer:
         equal_split_margin=config.equal_split_margin,
         estimator_options=config.estimator_options,
         allocator_options=config.allocator_options,
+    )
+
+
+def make_claim_checker(config: BalancingConfig, *, overhead_rounds: int = 3) -> ClaimChecker:
+    """The bounds on the silos' claims of a strategy with these settings.
+
+    Parameters
+    ----------
+    config : BalancingConfig
+        The settings (``max_dataset_size``, ``time_tolerance``, ``min_claimed_time``,
+        ``max_claimed_time``).
+    overhead_rounds : int (default: 3)
+        Recent rounds whose messaging overhead is kept (the deadline policy's).
+    """
+    return ClaimChecker(
+        max_dataset_size=config.max_dataset_size,
+        tolerance=config.time_tolerance,
+        min_time=config.min_claimed_time,
+        max_time=config.max_claimed_time,
+        overhead_rounds=overhead_rounds,
     )
 
 

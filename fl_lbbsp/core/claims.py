@@ -1,0 +1,221 @@
+"""Bounded claims: what a silo says of itself is checked against what the server knows.
+
+A silo's reply carries three claims the server acts on: its dataset size
+(``num-examples``, its say in the FL aggregate), its compute time (``train-time``, from
+which its speed and next batch size follow) and, in encrypted mode, its encryption time
+(``he-time``, a fixed cost in its cost line and in the round's deadline). The
+:class:`ClaimChecker` bounds each one:
+
+- The dataset size is pinned at the silo's first accepted report (or declared beforehand,
+  e.g. by a silo registry) and capped: a later change, or a claim over the cap, is
+  rejected. Rejection, not re-weighting with the pinned value, keeps the aggregate honest
+  in both paths: in encrypted mode the silo pre-weights its update by its own claim
+  inside the ciphertext, where the server cannot change the weight.
+- The claimed times are clipped to finite positive bounds, and, where the server observed
+  the wall time from sending a silo its instruction to receiving its reply, checked
+  against it: the compute happened inside that wall time, so a claim above it (times
+  ``tolerance``) is impossible, and one far below it, once the messaging overhead is
+  taken off, is contradicted; either is replaced by the observation.
+
+The observation bounds the speed a silo can claim: LB-BSP hands out batch sizes in
+proportion to predicted speed (Chen et al., "Accelerating Distributed Learning in
+Non-Dedicated Environments", IEEE TCC 2021, Sec. 3.3, Alg. 1), so a silo that reports
+its time divided by f would get about f times its share and make every round wait for it;
+with the check it gains at most a factor ``tolerance``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .deadline import OverheadTracker
+
+__all__ = ["CheckedTimes", "ClaimChecker"]
+
+log = logging.getLogger("fl_lbbsp")
+
+
+@dataclass(frozen=True)
+class CheckedTimes:
+    """A reply's times after the checks.
+
+    Parameters
+    ----------
+    train_time : float
+        The compute time to believe.
+    he_time : float | None
+        The encryption time to believe (``None``: none claimed).
+    note : str | None (default: None)
+        Why the claim was changed (``None``: believed as claimed).
+    """
+
+    train_time: float
+    he_time: float | None
+    note: str | None = None
+
+
+class ClaimChecker:
+    """Pins dataset sizes and bounds claimed times (see the module's notes).
+
+    Parameters
+    ----------
+    max_dataset_size : int | None (default: 10_000_000)
+        Largest dataset size a silo may claim; ``None``: no cap.
+    tolerance : float (default: 2.0)
+        A claimed round time ``c`` (``train-time`` plus ``he-time``) is contradicted by
+        an observed wall time ``o`` when ``c * tolerance < o - h`` (``h`` the learned
+        messaging overhead) or ``c > o * tolerance``; > 1.
+    min_time, max_time : float (default: 1e-6, 86400.0)
+        Finite positive bounds of a claimed time in seconds.
+    overhead_rounds : int (default: 3)
+        The messaging overhead is the largest of this many recent rounds' (each round's
+        the median over its silos of observed minus claimed time).
+    declared_sizes : Mapping[str, int] | None (default: None)
+        Silo id -> dataset size declared beforehand (a silo registry); these are not
+        capped, and a silo's claim must match its declared size.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_dataset_size: int | None = 10_000_000,
+        tolerance: float = 2.0,
+        min_time: float = 1e-6,
+        max_time: float = 86400.0,
+        overhead_rounds: int = 3,
+        declared_sizes: Mapping[str, int] | None = None,
+    ) -> None:
+        if not tolerance > 1 or not math.isfinite(tolerance):
+            raise ValueError(f"tolerance must be finite and > 1, got {tolerance!r}")
+        if not 0 < min_time < max_time or not math.isfinite(max_time):
+            raise ValueError(f"time bounds must be 0 < min < max < inf, got {min_time}, {max_time}")
+        self.max_dataset_size = max_dataset_size
+        self.tolerance = float(tolerance)
+        self.min_time = float(min_time)
+        self.max_time = float(max_time)
+        self.sizes: dict[str, int] = {}
+        """Silo -> its pinned dataset size."""
+        self.declared: dict[str, int] = {}
+        """Silo -> its declared dataset size."""
+        self.overhead_rounds = overhead_rounds
+        self.overhead = OverheadTracker(overhead_rounds)
+        """Messaging overhead between a silo's compute and the server's observation."""
+        self.declare(declared_sizes or {})
+
+    def declare(self, sizes: Mapping[str, int]) -> None:
+        """Declare silos' dataset sizes (silo id -> size), e.g. from a silo registry.
+
+        Raises
+        ------
+        ValueError
+            If a size is not a positive integer.
+        """
+        for silo, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise ValueError(f"declared size of silo {silo} must be a positive integer")
+            self.declared[str(silo)] = size
+
+    # ------------------------------------------------------------ dataset sizes
+    def check_size(self, silo: str, claimed: Any) -> str | None:
+        """Check a reply's dataset size; pin it at the silo's first accepted claim.
+
+        Returns
+        -------
+        str | None
+            Why the claim is rejected; ``None`` if it is accepted.
+        """
+        if isinstance(claimed, bool) or not isinstance(claimed, int | float):
+            return f"num-examples {claimed!r:.40} is not a number"
+        size = float(claimed)
+        expected = self.declared.get(silo, self.sizes.get(silo))
+        if expected is not None:
+            if size != expected:
+                source = "declared" if silo in self.declared else "pinned at its first report"
+                return f"num-examples {size:g} differs from its {expected} ({source})"
+            return None
+        cap = self.max_dataset_size
+        if cap is not None and size > cap:
+            return (
+                f"num-examples {size:g} is over max_dataset_size {cap} "
+                "(raise it, or declare the silo's size, to accept it)"
+            )
+        if not size.is_integer() or size <= 0:
+            return f"num-examples {size:g} is not a positive integer"
+        self.sizes[silo] = int(size)
+        return None
+
+    # -------------------------------------------------------------------- times
+    def check_times(
+        self, train_time: float, he_time: float | None, *, observed: float | None
+    ) -> CheckedTimes:
+        """Bound a reply's claimed times; cross-check them with ``observed`` if given.
+
+        The bounds first: ``train_time`` is clipped to ``[min_time, max_time]``,
+        ``he_time`` to ``[0, max_time]``. Then, with ``observed`` (seconds from sending
+        the instruction to receiving the reply) and the learned overhead ``h``: a total
+        ``c = train_time + he_time`` above ``observed * tolerance`` is cut to ``observed``
+        (the train-time kept as far as it fits, the he-time taking the rest); one below
+        ``(observed - h) / tolerance`` becomes ``observed - h``, the missing time added
+        to the train-time (the claim that sets the speed).
+
+        Parameters
+        ----------
+        train_time : float
+            The claimed compute time (finite; the balancer rejects the rest).
+        he_time : float | None
+            The claimed encryption time, if any.
+        observed : float | None
+            The observed wall time; ``None``: none (no cross-check).
+        """
+        notes = []
+        train, he = train_time, he_time
+        if math.isfinite(train) and not self.min_time <= train <= self.max_time:
+            train = min(max(train, self.min_time), self.max_time)
+            notes.append(f"train-time {train_time:g} s clipped to {train:g} s")
+        if he is not None and math.isfinite(he) and not 0 <= he <= self.max_time:
+            he = min(max(he, 0.0), self.max_time)
+            notes.append(f"he-time {he_time:g} s clipped to {he:g} s")
+        if observed is not None and math.isfinite(observed) and observed > 0:
+            fixed = he or 0.0
+            claimed = train + fixed
+            net = observed - self.overhead.predict()
+            if claimed > observed * self.tolerance:
+                train = min(train, observed)
+                he = None if he is None else observed - train
+                notes.append(
+                    f"claimed {claimed:.4g} s is above the {observed:.4g} s observed: "
+                    f"train-time {train:.4g} s, he-time {he or 0.0:.4g} s"
+                )
+            elif claimed * self.tolerance < net:
+                train = net - fixed
+                notes.append(
+                    f"claimed {claimed:.4g} s is far below the {net:.4g} s observed "
+                    f"(net of {self.overhead.predict():.3g} s overhead): train-time "
+                    f"{train:.4g} s"
+                )
+        return CheckedTimes(train, he, "; ".join(notes) or None)
+
+    def learn_overhead(self, gaps: list[float]) -> None:
+        """Learn one round's messaging overhead from its silos' gaps (observed minus
+        claimed time): their median, which a minority of liars cannot move (a silo that
+        under-reports widens its own gap, so the wall time minus the slowest claim, which
+        the deadline's overhead uses, would let the slowest silo, a liar, set it)."""
+        if gaps:
+            ordered = sorted(max(0.0, g) for g in gaps)
+            half = len(ordered) // 2
+            median = ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
+            self.overhead.observe(median, 0.0)
+
+    # -------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The pinned sizes and the learned overhead (JSON values)."""
+        return {"sizes": dict(self.sizes), "overhead": self.overhead.seen}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.sizes = {str(s): int(n) for s, n in state.get("sizes", {}).items()}
+        self.overhead = OverheadTracker(self.overhead_rounds, state.get("overhead", ()))
