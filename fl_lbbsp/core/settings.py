@@ -16,6 +16,7 @@ from .balancer import BALANCER_DEFAULTS, BatchSizeBalancer
 from .claims import ClaimChecker
 
 __all__ = [
+    "CLAIM_SETTINGS",
     "BalancingConfig",
     "BalancingOptions",
     "ReplyLimits",
@@ -239,6 +240,13 @@ def make_balancer(config: BalancingConfig) -> BatchSizeBalancer:
         estimator_options=config.estimator_options,
         allocator_options=config.allocator_options,
     )
+
+
+CLAIM_SETTINGS = frozenset(
+    {"max_dataset_size", "check_times", "time_tolerance", "min_claimed_time", "max_claimed_time"}
+)
+"""The :class:`BalancingConfig` fields that bound the silos' claims: they change nothing
+for an honest silo, so a checkpoint written under other bounds may be resumed."""
 
 
 def make_claim_checker(config: BalancingConfig, *, overhead_rounds: int = 3) -> ClaimChecker:

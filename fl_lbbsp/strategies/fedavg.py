@@ -43,7 +43,7 @@ from ..core.engine import (
     Verdict,
 )
 from ..core.screening import DEFAULT_EXTRA_METRIC_KEYS
-from ..core.settings import BalancingOptions
+from ..core.settings import CLAIM_SETTINGS, BalancingOptions
 from ..telemetry import TelemetryWriter
 from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
 from .config import ServerConfig
@@ -142,6 +142,10 @@ evaluate_metrics_aggr_fn :
         :class:`~fl_lbbsp.core.engine.EtaRewriter`).
     selector : FastestReplies | None (default: None)
         Backup workers: only the fastest accepted replies enter the aggregate.
+    clock : Callable[[], float] (default: time.monotonic)
+        The clock that times each reply from its train message's push to its pull: the
+        wall time the silo's claimed ``train-time`` and ``he-time`` are checked against
+        (``check_times``; :mod:`fl_lbbsp.core.claims`). Injected by tests.
 
     Raises
     ------
@@ -195,6 +199,7 @@ evaluate_metrics_aggr_fn :
         updates: Updates[Any] | None = None,
         rewriter: InstructionRewriter | None = None,
         selector: FastestReplies | None = None,
+        clock: Callable[[], float] = time.monotonic,
         **balancing: Unpack[BalancingOptions],
     ) -> None:
         self.keys = keys or RecordKeys()
@@ -253,6 +258,7 @@ evaluate_metrics_aggr_fn :
         """Rounds done before this run started (a resumed checkpoint's round)."""
         self.checkpoints: CheckpointStore | None = None
         """Where :meth:`start` writes a checkpoint after every round (``None``: nowhere)."""
+        self.clock = clock
         self._grid: DeadlineGrid | None = None
         self._timeout_cap: float | None = None
 
@@ -375,7 +381,8 @@ evaluate_metrics_aggr_fn :
                 self._reject(state, verdict.silo, verdict.node, verdict.reason or "")
                 continue
             metrics = reply.metrics or {}
-            counts = self.engine.report(state, verdict, metrics)
+            observed = None if self._grid is None else self._grid.observed(msg)
+            counts = self.engine.report(state, verdict, metrics, observed=observed)
             state.reports[verdict.silo]["replied-at"] = msg.metadata.created_at
             if counts:
                 weight = read_float(metrics, self.weighted_by_key)
@@ -540,7 +547,7 @@ evaluate_metrics_aggr_fn :
         """
         self._timeout_cap = timeout
         self._grid = DeadlineGrid(
-            grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval
+            grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval, clock=self.clock
         )
         return self._grid
 
@@ -552,7 +559,8 @@ evaluate_metrics_aggr_fn :
     def checkpoint_settings(self) -> dict[str, Any]:
         """The settings a checkpoint must have been written with for this strategy to
         resume it (JSON values): those that decide batch sizes and updates."""
-        return {"balancing": self.config.model_dump(mode="json"), **self.updates.settings()}
+        balancing = self.config.model_dump(mode="json", exclude=set(CLAIM_SETTINGS))
+        return {"balancing": balancing, **self.updates.settings()}
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
         """The state between two rounds: the engine's (JSON) and the updates' (JSON and
