@@ -73,7 +73,7 @@ class ClaimChecker:
         Finite positive bounds of a claimed time in seconds.
     overhead_rounds : int (default: 3)
         The messaging overhead is the largest of this many recent rounds' (each round's
-        the median over its silos of observed minus claimed time).
+        the lower median over its silos of observed minus claimed time).
     declared_sizes : Mapping[str, int] | None (default: None)
         Silo id -> dataset size declared beforehand (a silo registry); these are not
         capped, and a silo's claim must match its declared size.
@@ -201,14 +201,13 @@ class ClaimChecker:
 
     def learn_overhead(self, gaps: list[float]) -> None:
         """Learn one round's messaging overhead from its silos' gaps (observed minus
-        claimed time): their median, which a minority of liars cannot move (a silo that
-        under-reports widens its own gap, so the wall time minus the slowest claim, which
-        the deadline's overhead uses, would let the slowest silo, a liar, set it)."""
+        claimed time): their lower median, which a minority of liars cannot raise (a silo
+        that under-reports widens its own gap; the wall time minus the slowest claim, which
+        the deadline's overhead uses, would let the slowest silo, a liar, set it). With two
+        silos it is the smaller gap."""
         if gaps:
             ordered = sorted(max(0.0, g) for g in gaps)
-            half = len(ordered) // 2
-            median = ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
-            self.overhead.observe(median, 0.0)
+            self.overhead.observe(ordered[(len(ordered) - 1) // 2], 0.0)
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
