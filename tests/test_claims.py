@@ -315,7 +315,7 @@ def test_claim_settings_are_fields_of_the_balancing_config() -> None:
     # Assert: documented defaults
     config = BalancingConfig(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1)
     assert CLAIM_SETTINGS.issubset(BalancingConfig.model_fields)
-    assert config.max_dataset_size == 10_000_000 and config.check_times
+    assert config.max_dataset_size == 10_000_000 and config.check_times is None
     assert config.time_tolerance == 2.0
 
 

@@ -694,7 +694,7 @@ class RoundEngine:
         train, he = _real(metrics.get(keys.train_time)), _real(metrics.get(keys.he_time))
         if train is None:
             return metrics  # the balancer rejects it
-        if not self.config.check_times:
+        if self.config.check_times is False:
             observed = None
         if observed is not None:
             record["observed-time"] = observed

@@ -49,7 +49,7 @@ class BalancingOptions(TypedDict, total=False):
     allocator_options: dict[str, Any] | None
     balancer_options: dict[str, Any] | None
     max_dataset_size: int | None
-    check_times: bool
+    check_times: bool | None
     time_tolerance: float
     min_claimed_time: float
     max_claimed_time: float
@@ -109,14 +109,16 @@ class BalancingConfig(BaseModel):
         ``10**9`` grab out by default; raise it for larger silos, or declare the sizes
         (a declared size is configuration, not a claim, and is not capped). ``None``: no
         cap beyond ``max_num_examples``.
-    check_times : bool (default: True)
+    check_times : bool | None (default: None)
         Cross-check each reply's ``train-time`` (plus ``he-time``) against the wall time
         the server observed between sending the silo its instruction and receiving its
-        reply, where the adapter observes one: a claim the observation contradicts is
-        replaced by it, with one warning. Leave it on wherever silos really wait
-        (deployments, the Simulation Engine with emulated waits); the runners switch it
-        off for emulation without waits (in process, ``emulate_wait=False``, a cost
-        model), whose reported times are emulated and no wall time can confirm them.
+        reply: a claim the observation contradicts is replaced by it, with one warning.
+        ``None``: on where silos really wait, i.e. on Flower's own grids (a deployment,
+        the Simulation Engine), off on any other (the in-process grid, a test's), where
+        silos run one after the other or report emulated times no wall time can
+        confirm; the simulation runner also switches it off for emulation without waits
+        (``emulate_wait=False``, a cost model). ``True`` / ``False``: on / off
+        everywhere.
     time_tolerance : float (default: 2.0)
         How far a claim may be from the observation before it counts as contradicted:
         below ``(observed - overhead) / time_tolerance`` (``overhead``: the messaging
@@ -164,7 +166,7 @@ class BalancingConfig(BaseModel):
     estimator_options: dict[str, Any] = Field(default_factory=dict)
     allocator_options: dict[str, Any] = Field(default_factory=dict)
     max_dataset_size: int | None = Field(default=10_000_000, gt=0, strict=True)
-    check_times: bool = True
+    check_times: bool | None = None
     time_tolerance: float = Field(default=2.0, gt=1, allow_inf_nan=False)
     min_claimed_time: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
     max_claimed_time: float = Field(default=86400.0, gt=0, allow_inf_nan=False)

@@ -226,10 +226,8 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         "max_change_ratio": config.max_change_ratio,
         "min_batch_fraction": config.min_batch_fraction,
         # Claimed times are checked against the wall time only where silos really wait
-        # in parallel: not in process (one after the other), nor with emulated times.
-        "check_times": config.runtime == "ray"
-        and config.emulate_wait
-        and config.cost_model is None,
+        # (None: on Flower's grids, off in process), not with emulated times.
+        "check_times": None if config.emulate_wait and config.cost_model is None else False,
     }
     if config.scheme == "partial":
         settings["replies"] = config.partial_replies

@@ -259,6 +259,7 @@ evaluate_metrics_aggr_fn :
         self.checkpoints: CheckpointStore | None = None
         """Where :meth:`start` writes a checkpoint after every round (``None``: nowhere)."""
         self.clock = clock
+        self._observe = False
         self._grid: DeadlineGrid | None = None
         self._timeout_cap: float | None = None
 
@@ -381,7 +382,7 @@ evaluate_metrics_aggr_fn :
                 self._reject(state, verdict.silo, verdict.node, verdict.reason or "")
                 continue
             metrics = reply.metrics or {}
-            observed = None if self._grid is None else self._grid.observed(msg)
+            observed = self._grid.observed(msg) if self._grid and self._observe else None
             counts = self.engine.report(state, verdict, metrics, observed=observed)
             state.reports[verdict.silo]["replied-at"] = msg.metadata.created_at
             if counts:
@@ -546,6 +547,9 @@ evaluate_metrics_aggr_fn :
             The longest any round may wait (``start``'s ``timeout``).
         """
         self._timeout_cap = timeout
+        check = self.config.check_times
+        # Silos really wait behind Flower's own grids (deployment, Simulation Engine).
+        self._observe = type(grid).__module__.startswith("flwr.") if check is None else check
         self._grid = DeadlineGrid(
             grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval, clock=self.clock
         )
