@@ -10,7 +10,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -340,3 +343,108 @@ def test_a_liar_gains_at_most_the_tolerance(
     # Assert: from round 3 on the round is at most the tolerance (2) times the honest one
     for server_round in range(3, 7):
         assert lied[server_round - 1] <= 2.0 * honest[server_round - 1] + 1e-9
+
+
+# ------------------------------------------------------------- strategy wiring
+class _Clock:
+    """An injected clock: the grid moves it to each reply's arrival."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _ClockedGrid(Grid):
+    """Node n replies ``arrival[n]`` clock-seconds after the push, one reply per pull,
+    claiming ``claims[n]`` seconds of train-time."""
+
+    def __init__(self, clock: _Clock, arrival: dict[int, float], claims: dict[int, float]):
+        self.clock, self.arrival, self.claims = clock, arrival, claims
+        self.queue: list[tuple[float, Message]] = []
+
+    def set_run(self, run: Any) -> None:
+        raise NotImplementedError
+
+    @property
+    def run(self) -> Any:
+        raise NotImplementedError
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        raise NotImplementedError
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.arrival)
+
+    def get_nodes(self) -> Any:
+        raise NotImplementedError
+
+    def send_and_receive(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def push_messages(self, messages: Any) -> list[str]:
+        ids = []
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"m{i}"
+            node = msg.metadata.dst_node_id
+            b, tau = int(msg.content["config"]["batch-size"]), TAU
+            metrics = MetricRecord(
+                {
+                    "num-examples": 100,
+                    "train-time": self.claims[node],
+                    "batch-size": b,
+                    "samples-processed": b * tau,
+                }
+            )
+            content = RecordDict(
+                {
+                    "arrays": msg.content["arrays"],
+                    "metrics": metrics,
+                    "silo": ConfigRecord({"silo-id": f"s{node}"}),
+                }
+            )
+            self.queue.append((self.clock.now + self.arrival[node], Message(content, reply_to=msg)))
+            ids.append(f"m{i}")
+        self.queue.sort(key=lambda pair: pair[0])
+        return ids
+
+    def pull_messages(self, message_ids: Any) -> list[Message]:
+        if not self.queue:
+            return []
+        at, reply = self.queue.pop(0)
+        self.clock.now = at
+        return [reply]
+
+
+@pytest.mark.usefixtures("flower_task")
+@pytest.mark.parametrize(("check", "replaced"), [(True, True), (None, False), (False, False)])
+def test_the_strategy_times_each_reply_with_its_clock(check: bool | None, replaced: bool) -> None:
+    # Prepare: silo 2 claims 0.001 s but its reply comes 1 s after the push; silo 1 is
+    # honest (0.5 s claimed, 0.51 s observed)
+    from fl_lbbsp.strategies import LBBSPFedAvg
+
+    clock = _Clock()
+    inner = _ClockedGrid(clock, arrival={1: 0.51, 2: 1.0}, claims={1: 0.5, 2: 0.001})
+    strategy = LBBSPFedAvg(
+        initial_batch_size=B_INIT,
+        local_steps=TAU,
+        lr=0.1,
+        fraction_evaluate=0.0,
+        check_times=check,
+        clock=clock,
+    )
+    grid = strategy.deadline_grid(inner, timeout=60)
+    arrays = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
+
+    # Execute: one round through the strategy (None: a test grid is not Flower's: off)
+    sent = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    replies = list(grid.send_and_receive(sent))
+    strategy.aggregate_train(1, replies)
+
+    # Assert
+    assert strategy.round is not None
+    reports = strategy.round.reports
+    assert reports["s1"]["train-time"] == 0.5
+    assert reports["s2"]["train-time"] == (pytest.approx(1.0) if replaced else 0.001)
+    assert ("observed-time" in reports["s2"]) is replaced
