@@ -175,6 +175,27 @@ def test_the_learned_overhead_is_the_silos_lower_median_gap() -> None:
     assert checker.check_times(0.2, None, observed=0.211).note is None
 
 
+@pytest.mark.parametrize(
+    ("claimed", "observed", "replaced"),
+    [(0.3, 0.3 + 3.5, False), (0.3, 0.3 + 4.2, True), (0.003, 10.0, True)],
+    ids=["jitter", "beyond-jitter", "liar"],
+)
+def test_messaging_jitter_within_twice_the_overhead_is_no_lie(
+    claimed: float, observed: float, replaced: bool
+) -> None:
+    # Prepare: the silos' typical gap is 1.75 s (a SuperNode polling every 3 s, pushing
+    # every 0.5 s: a delay of 0 to 3.5 s)
+    checker = ClaimChecker()
+    checker.learn_overhead([0.5, 1.75, 3.0])
+
+    # Execute
+    checked = checker.check_times(claimed, None, observed=observed)
+
+    # Assert: a replaced claim becomes the observation net of the typical overhead
+    assert (checked.note is not None) is replaced
+    assert checked.train_time == pytest.approx(observed - 1.75 if replaced else claimed)
+
+
 # ------------------------------------------------------------------ he-time, bounds
 def test_he_time_of_a_million_seconds_does_not_pin_the_deadline() -> None:
     # Prepare: encrypted rounds, one silo claiming he-time = 10^6

@@ -15,7 +15,10 @@ which its speed and next batch size follow) and, in encrypted mode, its encrypti
   the wall time from sending a silo its instruction to receiving its reply, checked
   against it: the compute happened inside that wall time, so a claim above it (times
   ``tolerance``) is impossible, and one far below it, once the messaging overhead is
-  taken off, is contradicted; either is replaced by the observation.
+  taken off, is contradicted; either is replaced by the observation. The overhead is
+  learned from earlier rounds as the silos' typical gap between observed and claimed
+  time, ``h``; a gap up to ``2 h`` is messaging jitter, not a lie (a delay uniform on
+  ``[0, 2 h]``, as the Flower SuperNode's polling every 3 s gives, stays within it).
 
 The observation bounds the speed a silo can claim: LB-BSP hands out batch sizes in
 proportion to predicted speed (Chen et al., "Accelerating Distributed Learning in
@@ -67,7 +70,7 @@ class ClaimChecker:
         Largest dataset size a silo may claim; ``None``: no cap.
     tolerance : float (default: 2.0)
         A claimed round time ``c`` (``train-time`` plus ``he-time``) is contradicted by
-        an observed wall time ``o`` when ``c * tolerance < o - h`` (``h`` the learned
+        an observed wall time ``o`` when ``c * tolerance < o - 2 h`` (``h`` the learned
         messaging overhead) or ``c > o * tolerance``; > 1.
     min_time, max_time : float (default: 1e-6, 86400.0)
         Finite positive bounds of a claimed time in seconds.
@@ -159,7 +162,7 @@ class ClaimChecker:
         the instruction to receiving the reply) and the learned overhead ``h``: a total
         ``c = train_time + he_time`` above ``observed * tolerance`` is cut to ``observed``
         (the train-time kept as far as it fits, the he-time taking the rest); one below
-        ``(observed - h) / tolerance`` becomes ``observed - h``, the missing time added
+        ``(observed - 2 h) / tolerance`` becomes ``observed - h``, the missing time added
         to the train-time (the claim that sets the speed).
 
         Parameters
@@ -182,7 +185,8 @@ class ClaimChecker:
         if observed is not None and math.isfinite(observed) and observed > 0:
             fixed = he or 0.0
             claimed = train + fixed
-            net = observed - self.overhead.predict()
+            overhead = self.overhead.predict()
+            net = observed - overhead
             if claimed > observed * self.tolerance:
                 train = min(train, observed)
                 he = None if he is None else observed - train
@@ -190,11 +194,11 @@ class ClaimChecker:
                     f"claimed {claimed:.4g} s is above the {observed:.4g} s observed: "
                     f"train-time {train:.4g} s, he-time {he or 0.0:.4g} s"
                 )
-            elif claimed * self.tolerance < net:
+            elif claimed * self.tolerance < net - overhead:
                 train = net - fixed
                 notes.append(
                     f"claimed {claimed:.4g} s is far below the {net:.4g} s observed "
-                    f"(net of {self.overhead.predict():.3g} s overhead): train-time "
+                    f"(net of {overhead:.3g} s overhead): train-time "
                     f"{train:.4g} s"
                 )
         return CheckedTimes(train, he, "; ".join(notes) or None)
