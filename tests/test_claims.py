@@ -469,3 +469,68 @@ def test_the_strategy_times_each_reply_with_its_clock(check: bool | None, replac
     assert reports["s1"]["train-time"] == 0.5
     assert reports["s2"]["train-time"] == (pytest.approx(1.0) if replaced else 0.001)
     assert ("observed-time" in reports["s2"]) is replaced
+
+
+# ------------------------------------------------------------- encrypted path
+@pytest.mark.usefixtures("flower_task")
+def test_a_num_examples_grab_is_refused_in_the_encrypted_path(tmp_path: Any) -> None:
+    # Prepare: silos a and b honest (100 and 300 samples), c claims 10^9 and pre-weights
+    # its ciphertext by it, its values small enough for the CKKS range (round 1: S = 3,
+    # the number of silos); believed, it would take the aggregate to about 1e-7
+    pytest.importorskip("tenseal")
+    from conftest import FakeGrid, make_reply
+
+    from fl_lbbsp.crypto import (
+        decrypt_update,
+        encrypt_update,
+        flatten,
+        generate_keys,
+        load_silo_keys,
+        write_key_files,
+    )
+    from fl_lbbsp.crypto.records import update_from_record, update_to_record
+    from fl_lbbsp.strategies.encrypted import EncryptedLBBSPFedAvg
+
+    files = write_key_files(generate_keys(), tmp_path / "keys")
+    keys = load_silo_keys(files.secret)
+    strategy = EncryptedLBBSPFedAvg(
+        public_context=files.public,
+        initial_batch_size=16,
+        local_steps=4,
+        lr=0.05,
+        min_train_nodes=3,
+        min_available_nodes=3,
+        fraction_evaluate=0.0,
+    )
+    grid = FakeGrid([1, 2, 3])
+    initial = ArrayRecord({"w": Array(np.zeros(8, dtype=np.float32))})
+    list(strategy.configure_train(1, initial, ConfigRecord(), grid))  # type: ignore[arg-type]
+
+    def reply(node: int, silo: str, value: float, n: int) -> Message:
+        flat, layout = flatten({"w": np.full(8, value, dtype=np.float32)})
+        update = encrypt_update(keys, flat, weight=n, total=3.0, layout=layout, max_contributors=3)
+        metrics = MetricRecord(
+            {"num-examples": n, "train-time": 1.0, "batch-size": 16, "samples-processed": 64}
+        )
+        content = RecordDict(
+            {
+                "arrays": update_to_record(update),
+                "metrics": metrics,
+                "silo": ConfigRecord({"silo-id": silo}),
+            }
+        )
+        return make_reply(content, node_id=node)  # type: ignore[no-any-return]
+
+    # Execute
+    arrays, _ = strategy.aggregate_train(
+        1, [reply(1, "a", 1.0, 100), reply(2, "b", 3.0, 300), reply(3, "c", 1e-7, 10**9)]
+    )
+    second = list(strategy.configure_train(2, initial, ConfigRecord(), grid))  # type: ignore[arg-type]
+
+    # Assert: the mean of a and b only; c's claim sets neither S nor its pinned size
+    assert arrays is not None
+    np.testing.assert_allclose(
+        decrypt_update(keys, update_from_record(arrays)), np.full(8, 2.5), rtol=1e-3
+    )
+    assert {m.content["config"]["he-weight-total"] for m in second} == {600.0}
+    assert strategy.engine.claims.sizes == {"a": 100, "b": 300}
