@@ -15,10 +15,12 @@ which its speed and next batch size follow) and, in encrypted mode, its encrypti
   the wall time from sending a silo its instruction to receiving its reply, checked
   against it: the compute happened inside that wall time, so a claim above it (times
   ``tolerance``) is impossible, and one far below it, once the messaging overhead is
-  taken off, is contradicted; either is replaced by the observation. The overhead is
-  learned from earlier rounds as the silos' typical gap between observed and claimed
-  time, ``h``; a gap up to ``2 h`` is messaging jitter, not a lie (a delay uniform on
-  ``[0, 2 h]``, as the Flower SuperNode's polling every 3 s gives, stays within it).
+  taken off, is contradicted; either is replaced by the observation. The overhead ``h``
+  is the largest gap between observed and claimed time an honest silo showed in recent
+  rounds (:func:`honest_gap`): messaging and its jitter (the Flower SuperNode polls for
+  work every 3 s and pushes every 0.5 s), which no claim can be judged within. In the
+  first observed round, before any is learned, the round engine takes the largest gap
+  of the silos that replied before (0 for the first reply).
 
 The observation bounds the speed a silo can claim: LB-BSP hands out batch sizes in
 proportion to predicted speed (Chen et al., "Accelerating Distributed Learning in
@@ -31,15 +33,28 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .deadline import OverheadTracker
 
-__all__ = ["CheckedTimes", "ClaimChecker"]
+__all__ = ["CheckedTimes", "ClaimChecker", "honest_gap"]
 
 log = logging.getLogger("fl_lbbsp")
+
+
+def honest_gap(gaps: Iterable[float]) -> float | None:
+    """The largest gap between observed and claimed time that an honest silo of the
+    round showed, as far as ``f`` liars cannot raise it: the ``(f + 1)``-th largest of
+    ``gaps`` (negative ones as 0), with ``f = max(1, (n - 1) // 3)`` of ``n`` silos (fewer
+    than a third lying, one at least; a silo that under-reports widens its own gap). With
+    two silos it is the smaller gap; with one, its own. ``None``: no gap."""
+    ordered = sorted((max(0.0, g) for g in gaps), reverse=True)
+    if not ordered:
+        return None
+    liars = max(1, (len(ordered) - 1) // 3)
+    return ordered[min(liars, len(ordered) - 1)]
 
 
 @dataclass(frozen=True)
@@ -70,13 +85,14 @@ class ClaimChecker:
         Largest dataset size a silo may claim; ``None``: no cap.
     tolerance : float (default: 2.0)
         A claimed round time ``c`` (``train-time`` plus ``he-time``) is contradicted by
-        an observed wall time ``o`` when ``c * tolerance < o - 2 h`` (``h`` the learned
-        messaging overhead) or ``c > o * tolerance``; > 1.
+        an observed wall time ``o`` when ``(c + h) * tolerance < o`` (``h`` the learned
+        messaging overhead: the claim with its messaging is far below the observation)
+        or ``c > o * tolerance``; > 1.
     min_time, max_time : float (default: 1e-6, 86400.0)
         Finite positive bounds of a claimed time in seconds.
     overhead_rounds : int (default: 3)
         The messaging overhead is the largest of this many recent rounds' (each round's
-        the lower median over its silos of observed minus claimed time).
+        :func:`honest_gap`).
     declared_sizes : Mapping[str, int] | None (default: None)
         Silo id -> dataset size declared beforehand (a silo registry); these are not
         capped, and a silo's claim must match its declared size.
@@ -153,7 +169,12 @@ class ClaimChecker:
 
     # -------------------------------------------------------------------- times
     def check_times(
-        self, train_time: float, he_time: float | None, *, observed: float | None
+        self,
+        train_time: float,
+        he_time: float | None,
+        *,
+        observed: float | None,
+        overhead: float | None = None,
     ) -> CheckedTimes:
         """Bound a reply's claimed times; cross-check them with ``observed`` if given.
 
@@ -161,9 +182,11 @@ class ClaimChecker:
         ``he_time`` to ``[0, max_time]``. Then, with ``observed`` (seconds from sending
         the instruction to receiving the reply) and the learned overhead ``h``: a total
         ``c = train_time + he_time`` above ``observed * tolerance`` is cut to ``observed``
-        (the train-time kept as far as it fits, the he-time taking the rest); one below
-        ``(observed - 2 h) / tolerance`` becomes ``observed - h``, the missing time added
-        to the train-time (the claim that sets the speed).
+        (the train-time kept as far as it fits, the he-time taking the rest); one with
+        ``(c + h) * tolerance < observed`` becomes ``observed - h``, the missing time
+        added to the train-time (the claim that sets the speed). A lie is thus caught
+        when the liar's true time exceeds about ``tolerance`` times the messaging
+        overhead (below, the wall time cannot tell it from messaging jitter).
 
         Parameters
         ----------
@@ -173,6 +196,9 @@ class ClaimChecker:
             The claimed encryption time, if any.
         observed : float | None
             The observed wall time; ``None``: none (no cross-check).
+        overhead : float | None (default: None)
+            The messaging overhead ``h`` to take off; ``None``: the one learned from
+            earlier rounds (0 before any).
         """
         notes = []
         train, he = train_time, he_time
@@ -185,7 +211,8 @@ class ClaimChecker:
         if observed is not None and math.isfinite(observed) and observed > 0:
             fixed = he or 0.0
             claimed = train + fixed
-            overhead = self.overhead.predict()
+            if overhead is None:
+                overhead = self.overhead.predict()
             net = observed - overhead
             if claimed > observed * self.tolerance:
                 train = min(train, observed)
@@ -194,7 +221,7 @@ class ClaimChecker:
                     f"claimed {claimed:.4g} s is above the {observed:.4g} s observed: "
                     f"train-time {train:.4g} s, he-time {he or 0.0:.4g} s"
                 )
-            elif claimed * self.tolerance < net - overhead:
+            elif (claimed + overhead) * self.tolerance < observed:
                 train = net - fixed
                 notes.append(
                     f"claimed {claimed:.4g} s is far below the {net:.4g} s observed "
@@ -203,15 +230,18 @@ class ClaimChecker:
                 )
         return CheckedTimes(train, he, "; ".join(notes) or None)
 
-    def learn_overhead(self, gaps: list[float]) -> None:
+    @property
+    def learned(self) -> bool:
+        """Whether a messaging overhead was learned (after the first observed round)."""
+        return bool(self.overhead.seen)
+
+    def learn_overhead(self, gaps: Iterable[float]) -> None:
         """Learn one round's messaging overhead from its silos' gaps (observed minus
-        claimed time): their lower median, which a minority of liars cannot raise (a silo
-        that under-reports widens its own gap; the wall time minus the slowest claim, which
-        the deadline's overhead uses, would let the slowest silo, a liar, set it). With two
-        silos it is the smaller gap."""
-        if gaps:
-            ordered = sorted(max(0.0, g) for g in gaps)
-            self.overhead.observe(ordered[(len(ordered) - 1) // 2], 0.0)
+        claimed time): their :func:`honest_gap` (the wall time minus the slowest claim,
+        which the deadline's overhead uses, would let the slowest silo, a liar, set it)."""
+        gap = honest_gap(gaps)
+        if gap is not None:
+            self.overhead.observe(gap, 0.0)
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -696,10 +696,25 @@ class RoundEngine:
             return metrics  # the balancer rejects it
         if self.config.check_times is False:
             observed = None
+        overhead = None
         if observed is not None:
+            if not self.claims.learned:
+                # First observed round, no overhead learned yet: the reference is the
+                # largest gap of the silos reported before in this round (0 for the
+                # first). Replies come in arrival order, so the later ones, with more
+                # messaging jitter, are held to the earlier ones' jitter; one liar cannot
+                # hide behind its own gap.
+                overhead = max(
+                    (
+                        r["observed-time"] - r["claimed-time"]
+                        for r in state.reports.values()
+                        if "observed-time" in r
+                    ),
+                    default=0.0,
+                )
             record["observed-time"] = observed
             record["claimed-time"] = train + (he or 0.0)
-        checked = self.claims.check_times(train, he, observed=observed)
+        checked = self.claims.check_times(train, he, observed=observed, overhead=overhead)
         if checked.note is None:
             return metrics
         log.warning(

@@ -121,10 +121,11 @@ class BalancingConfig(BaseModel):
         everywhere.
     time_tolerance : float (default: 2.0)
         How far a claim may be from the observation before it counts as contradicted:
-        below ``(observed - 2 * overhead) / time_tolerance`` (``overhead``: the silos'
-        typical messaging overhead learned from earlier rounds; twice it is jitter) or
-        above ``observed * time_tolerance``; > 1. A liar thus gains at most this factor
-        of speed, beyond the messaging jitter.
+        the claim plus the messaging overhead (the largest gap, jitter included, an
+        honest silo showed in recent rounds) times ``time_tolerance`` below the
+        observation, or the claim above ``observed * time_tolerance``; > 1. A liar thus
+        gains at most this factor of speed, once its true time exceeds about this
+        factor times the messaging overhead.
     min_claimed_time, max_claimed_time : float (default: 1e-6, 86400.0)
         Finite positive bounds of a claimed time in seconds (``train-time``; ``he-time``
         up to ``max_claimed_time``): a claim outside is clipped to them with a warning,
