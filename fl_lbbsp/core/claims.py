@@ -120,6 +120,10 @@ class ClaimChecker:
         """Silo -> its pinned dataset size."""
         self.declared: dict[str, int] = {}
         """Silo -> its declared dataset size."""
+        self.distrusted: set[str] = set()
+        """Silos whose claimed time an observation once contradicted as far below it:
+        timed by the server since (their claim, or the observation net of the overhead
+        if that is longer)."""
         self.overhead_rounds = overhead_rounds
         self.overhead = OverheadTracker(overhead_rounds)
         """Messaging overhead between a silo's compute and the server's observation."""
@@ -175,6 +179,7 @@ class ClaimChecker:
         *,
         observed: float | None,
         overhead: float | None = None,
+        silo: str | None = None,
     ) -> CheckedTimes:
         """Bound a reply's claimed times; cross-check them with ``observed`` if given.
 
@@ -199,6 +204,11 @@ class ClaimChecker:
         overhead : float | None (default: None)
             The messaging overhead ``h`` to take off; ``None``: the one learned from
             earlier rounds (0 before any).
+        silo : str | None (default: None)
+            The silo: one whose claim was once far below its observation (once an
+            overhead is learned) is distrusted from then on, its train-time at least
+            ``observed - h`` (less its he-time), so that a liar cannot slip back in with
+            lies that hide in the messaging jitter.
         """
         notes = []
         train, he = train_time, he_time
@@ -228,6 +238,14 @@ class ClaimChecker:
                     f"(net of {overhead:.3g} s overhead): train-time "
                     f"{train:.4g} s"
                 )
+                if silo is not None and self.learned:  # not on round 1's provisional h
+                    self.distrusted.add(silo)
+            elif silo in self.distrusted and net - fixed > train:
+                train = net - fixed
+                notes.append(
+                    f"timed by the server since a contradicted claim: {net:.4g} s observed "
+                    f"(net of {overhead:.3g} s overhead), train-time {train:.4g} s"
+                )
         return CheckedTimes(train, he, "; ".join(notes) or None)
 
     @property
@@ -245,10 +263,15 @@ class ClaimChecker:
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The pinned sizes and the learned overhead (JSON values)."""
-        return {"sizes": dict(self.sizes), "overhead": self.overhead.seen}
+        """The pinned sizes, the distrusted silos and the learned overhead (JSON)."""
+        return {
+            "sizes": dict(self.sizes),
+            "distrusted": sorted(self.distrusted),
+            "overhead": self.overhead.seen,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.sizes = {str(s): int(n) for s, n in state.get("sizes", {}).items()}
+        self.distrusted = {str(s) for s in state.get("distrusted", [])}
         self.overhead = OverheadTracker(self.overhead_rounds, state.get("overhead", ()))

@@ -714,7 +714,9 @@ class RoundEngine:
                 )
             record["observed-time"] = observed
             record["claimed-time"] = train + (he or 0.0)
-        checked = self.claims.check_times(train, he, observed=observed, overhead=overhead)
+        checked = self.claims.check_times(
+            train, he, observed=observed, overhead=overhead, silo=silo
+        )
         if checked.note is None:
             return metrics
         log.warning(
