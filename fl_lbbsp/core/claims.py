@@ -26,12 +26,13 @@ The observation bounds the speed a silo can claim: LB-BSP hands out batch sizes 
 proportion to predicted speed (Chen et al., "Accelerating Distributed Learning in
 Non-Dedicated Environments", IEEE TCC 2021, Sec. 3.3, Alg. 1), so a silo that reports
 its time divided by f would get about f times its share and make every round wait for it;
-with the check it gains at most a factor ``tolerance``.
+with the check it gains at most a factor ``tolerance`` once its true time exceeds about
+``tolerance`` times the messaging overhead (a lie within the messaging jitter cannot be
+told from it), and a silo caught once is timed by the server from then on.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -40,8 +41,6 @@ from typing import Any
 from .deadline import OverheadTracker
 
 __all__ = ["CheckedTimes", "ClaimChecker", "honest_gap"]
-
-log = logging.getLogger("fl_lbbsp")
 
 
 def honest_gap(gaps: Iterable[float]) -> float | None:

@@ -10,8 +10,9 @@ One round is ``plan`` -> ``screen`` and ``report`` for each reply -> ``close``:
 - :meth:`RoundEngine.screen` checks one reply (origin, duplicates, the claimed silo,
   size, the contract's metrics, then the update through the adapter's parser) and gives
   a :class:`Verdict`: accepted with its parsed update, or the reason it is not.
-- :meth:`RoundEngine.report` feeds an accepted reply's timing to the balancer and returns
-  the round's telemetry record of that silo.
+- :meth:`RoundEngine.report` bounds an accepted reply's claims (dataset size pinned and
+  capped, times checked against the wall time observed, :mod:`fl_lbbsp.core.claims`),
+  feeds its timing to the balancer and returns the round's telemetry record of that silo.
 - :meth:`RoundEngine.close` notes who missed the round and learns the messaging overhead.
 
 The baselines are not subclasses: :class:`TauRewriter` and :class:`EtaRewriter` rewrite
