@@ -8,6 +8,7 @@ and validates them here, so a bad value raises :class:`pydantic.ValidationError`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -253,7 +254,12 @@ CLAIM_SETTINGS = frozenset(
 for an honest silo, so a checkpoint written under other bounds may be resumed."""
 
 
-def make_claim_checker(config: BalancingConfig, *, overhead_rounds: int = 3) -> ClaimChecker:
+def make_claim_checker(
+    config: BalancingConfig,
+    *,
+    overhead_rounds: int = 3,
+    declared_sizes: Mapping[str, int] | None = None,
+) -> ClaimChecker:
     """The bounds on the silos' claims of a strategy with these settings.
 
     Parameters
@@ -263,6 +269,9 @@ def make_claim_checker(config: BalancingConfig, *, overhead_rounds: int = 3) -> 
         ``max_claimed_time``).
     overhead_rounds : int (default: 3)
         Recent rounds whose messaging overhead is kept (the deadline policy's).
+    declared_sizes : Mapping[str, int] | None (default: None)
+        Silo id -> dataset size declared beforehand (a silo registry); later ones can be
+        added with :meth:`~fl_lbbsp.core.claims.ClaimChecker.declare`.
     """
     return ClaimChecker(
         max_dataset_size=config.max_dataset_size,
@@ -270,6 +279,7 @@ def make_claim_checker(config: BalancingConfig, *, overhead_rounds: int = 3) -> 
         min_time=config.min_claimed_time,
         max_time=config.max_claimed_time,
         overhead_rounds=overhead_rounds,
+        declared_sizes=declared_sizes,
     )
 
 
