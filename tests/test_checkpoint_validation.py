@@ -115,6 +115,14 @@ EDITS = [
         id="balancer-config",
     ),
     pytest.param(_set("state.overhead", [0.0, -5.0]), "state.overhead", id="overhead"),
+    pytest.param(
+        _set("state.claims", {"sizes": {"w11": -100}}), "state.claims.sizes.w11", id="size<0"
+    ),
+    pytest.param(
+        _set("state.claims", {"overhead": [float("nan")]}),
+        "state.claims.overhead",
+        id="claims-overhead",
+    ),
     pytest.param(_set("state.silo_of_node", {"x": "w11"}), "state.silo_of_node", id="node-id"),
     pytest.param(_delete("manifest.round"), "manifest.round", id="round-missing"),
     pytest.param(_set("manifest.round", 0), "manifest.round", id="round-0"),

@@ -134,6 +134,26 @@ def test_impostor_replying_first_is_rejected_and_the_honest_silo_accepted(
     assert len(lines) == 1 and lines[0].startswith("round 1: reply of silo a (node 13)")
 
 
+def test_a_registrys_declared_dataset_size_bounds_a_signed_claim(silo_keys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the registry declares silo a's dataset at 100 samples; a's signed reply
+    # claims 10^6 (a registered silo that lies about its size)
+    registry = SiloRegistry(
+        keys={silo: key.public_key() for silo, key in silo_keys.items()},
+        dataset_sizes={"a": 100},
+    )
+    strategy = _strategy(tmp_path, silo_registry=registry)
+    grab = _reply(11, "a", key=silo_keys["a"], value=100.0, num_examples=10**6)
+    honest = [_reply(n, s, key=silo_keys[s]) for n, s in zip(NODES[1:], SILOS[1:], strict=True)]
+
+    # Execute
+    arrays, _ = strategy.aggregate_train(1, [grab, *honest])
+
+    # Assert: the signature holds, but the claim contradicts the declared size: a's update
+    # is left out and b and c make the mean
+    assert arrays is not None
+    np.testing.assert_allclose(arrays["w"].numpy(), np.ones(3))
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -174,8 +194,10 @@ def test_without_a_registry_one_warning_and_replies_are_believed(tmp_path, fl_lo
     strategy = _strategy(tmp_path)
     replies = [_reply(n, s, key=None) for n, s in zip(NODES, SILOS, strict=True)]
     arrays, _ = strategy.aggregate_train(1, replies)
+    assert arrays is not None
+    strategy.configure_train(2, arrays, ConfigRecord(), FakeGrid(list(NODES)))
 
-    # Assert
+    # Assert: one warning in all, when the first round was planned
     unverified = [w for w in _warnings(fl_log) if "unverified" in w]
     assert len(unverified) == 1
     assert arrays is not None and not _rejected(tmp_path)

@@ -776,7 +776,16 @@ class BatchSizeBalancer:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Narrow the bounds to ``max_change_ratio`` (times ``boost``, the level ratio of
         a change confirmed by the last report) around each silo's last reported batch size
-        (``last``: NaN for a silo that never reported, bounded around B_init)."""
+        (``last``: NaN for a silo that never reported, bounded around B_init).
+
+        The first report is bounded too, around B_init: the equal split every silo ran
+        round 1 with is the prior of LB-BSP before any speed is known (Chen et al., IEEE
+        TCC 2021, Sec. 3.3: batch sizes in proportion to predicted speeds, all equal
+        before the first prediction; FedAvg's split, which the design's benchmarks use as
+        the reference), so one report, true or not, moves a silo at most
+        ``max_change_ratio`` from it (a silo reporting a thousandth of its time gets
+        ``2 * B_init`` in round 2, not most of X). What a silo claims is bounded by the
+        round engine's claim checks (:mod:`fl_lbbsp.core.claims`)."""
         ratio = self.max_change_ratio
         if ratio is None:
             return lower, upper

@@ -11,8 +11,9 @@ One round is ``plan`` -> ``screen`` and ``report`` for each reply -> ``close``:
   a silo registry, duplicates, the claimed silo, size, the contract's metrics, then the
   update through the adapter's parser) and gives
   a :class:`Verdict`: accepted with its parsed update, or the reason it is not.
-- :meth:`RoundEngine.report` feeds an accepted reply's timing to the balancer and returns
-  the round's telemetry record of that silo.
+- :meth:`RoundEngine.report` bounds an accepted reply's claims (dataset size pinned and
+  capped, times checked against the wall time observed, :mod:`fl_lbbsp.core.claims`),
+  feeds its timing to the balancer and returns the round's telemetry record of that silo.
 - :meth:`RoundEngine.close` notes who missed the round and learns the messaging overhead.
 
 The baselines are not subclasses: :class:`TauRewriter` and :class:`EtaRewriter` rewrite
@@ -42,7 +43,13 @@ from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .deadline import DeadlinePolicy, OverheadTracker, predicted_compute_time
 from .identity import SiloRegistry
 from .screening import InvalidReplyError, ReplyValidator, error_summary
-from .settings import BalancingConfig, ReplyLimits, balancing_config, make_balancer
+from .settings import (
+    BalancingConfig,
+    ReplyLimits,
+    balancing_config,
+    make_balancer,
+    make_claim_checker,
+)
 
 __all__ = [
     "EtaRewriter",
@@ -355,7 +362,7 @@ class RoundEngine:
         The federation's silos and their public keys
         (:mod:`fl_lbbsp.core.identity`): every reply must be signed by the key of the
         silo it claims, for this run and round. ``None``: silo ids are believed (one
-        warning when the engine is built).
+        warning when the first round is planned).
     """
 
     def __init__(
@@ -375,11 +382,7 @@ class RoundEngine:
     ) -> None:
         self.config = config
         self.registry = registry
-        if registry is None:
-            log.warning(
-                "silo identities are unverified: any node may reply as any silo (give the "
-                "strategy a silo_registry from `fl-lbbsp keys silos` to check signatures)"
-            )
+        self._unverified_warned = registry is not None
         self.selector = selector
         self.keys = keys
         self.limits = limits
@@ -399,6 +402,11 @@ class RoundEngine:
         self.silo_of_node: dict[Node, str] = {}
         self.federation_size = 0
         self.overhead = OverheadTracker(self.deadline.overhead_rounds)
+        self.claims = make_claim_checker(
+            config,
+            overhead_rounds=self.deadline.overhead_rounds,
+            declared_sizes=None if registry is None else registry.dataset_sizes,
+        )
 
     @classmethod
     def from_keywords(
@@ -496,6 +504,12 @@ class RoundEngine:
         expected_bytes : int (default: 0)
             The size of the update a reply should carry (the model sent).
         """
+        if not self._unverified_warned:  # once, when the federation first meets its silos
+            self._unverified_warned = True
+            log.warning(
+                "silo identities are unverified: any node may reply as any silo (give the "
+                "strategy a silo_registry from `fl-lbbsp keys silos` to check signatures)"
+            )
         silos = {node: self.silo_id(node) for node in nodes}
         self.federation_size = max(self.federation_size, len(silos))
         total = self.total(len(silos))
@@ -636,18 +650,44 @@ class RoundEngine:
             )
 
     # ----------------------------------------------------------------- reporting
-    def report(self, state: RoundState, verdict: Verdict[Any], metrics: Mapping[str, Any]) -> bool:
-        """Feed an accepted reply's timing to the balancer; record it for the round.
+    def report(
+        self,
+        state: RoundState,
+        verdict: Verdict[Any],
+        metrics: Mapping[str, Any],
+        *,
+        observed: float | None = None,
+    ) -> bool:
+        """Bound an accepted reply's claims, feed its timing to the balancer; record it.
 
-        An unusable report (non-finite time, zero batch size, ...) is left out of
-        balancing with a warning and ``invalid-report`` in the record; the silo keeps its
-        estimate.
+        The claims are bounded first (:mod:`fl_lbbsp.core.claims`): in FL a dataset size
+        other than the silo's pinned (or declared) one, or over ``max_dataset_size``, is
+        rejected with one warning (the update is left out, the balancer not fed); claimed
+        times are clipped to ``[min_claimed_time, max_claimed_time]`` and, with
+        ``check_times`` and ``observed``, a claim the observation contradicts is replaced
+        by it, with one warning (the record keeps the claim as ``claimed-train-time`` /
+        ``claimed-he-time``). An unusable report (non-finite time, zero batch size, ...)
+        is left out of balancing with a warning and ``invalid-report`` in the record; the
+        silo keeps its estimate.
+
+        Parameters
+        ----------
+        state : RoundState
+            The round.
+        verdict : Verdict
+            The accepted reply's verdict.
+        metrics : Mapping[str, Any]
+            Its metrics.
+        observed : float | None (default: None)
+            Seconds the server observed from sending the silo its instruction to
+            receiving its reply (the adapter's ``received_at - sent_at``); ``None``: not
+            observed (no cross-check).
 
         Returns
         -------
         bool
-            Whether the reply enters the aggregate: always in FL; in cluster mode
-            (``require_valid_report``) only with a usable report.
+            Whether the reply enters the aggregate: in FL unless its dataset size is
+            rejected; in cluster mode (``require_valid_report``) only with a usable report.
         """
         keys, silo = self.keys, verdict.silo
         self.silo_of_node[verdict.node] = silo
@@ -657,6 +697,19 @@ class RoundEngine:
         share = None if sent is None else sent.share
         record: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         record["batch-size-sent"] = share
+        if self.weight_key == keys.num_examples and keys.num_examples in metrics:
+            refused = self.claims.check_size(silo, metrics[keys.num_examples])
+            if refused is not None:
+                log.warning(
+                    "round %d: update of silo %s left out, claim rejected: %s",
+                    state.server_round,
+                    silo,
+                    refused,
+                )
+                record["invalid-report"] = record["rejected-claim"] = refused
+                state.reports[silo] = record
+                return False
+        metrics = self._bounded_times(state, silo, metrics, record, observed)
         cap = metrics.get(keys.max_batch_size)
         try:
             self.balancer.report(
@@ -682,6 +735,60 @@ class RoundEngine:
             )
             return False
         return True
+
+    def _bounded_times(
+        self,
+        state: RoundState,
+        silo: str,
+        metrics: Mapping[str, Any],
+        record: dict[str, Any],
+        observed: float | None,
+    ) -> Mapping[str, Any]:
+        """The metrics with their claimed times bounded and cross-checked
+        (:meth:`~fl_lbbsp.core.claims.ClaimChecker.check_times`); ``record`` notes the
+        claims and the observation."""
+        keys = self.keys
+        train, he = _real(metrics.get(keys.train_time)), _real(metrics.get(keys.he_time))
+        if train is None:
+            return metrics  # the balancer rejects it
+        if self.config.check_times is False:
+            observed = None
+        overhead = None
+        if observed is not None:
+            if not self.claims.learned:
+                # First observed round, no overhead learned yet: the reference is the
+                # largest gap of the silos reported before in this round (0 for the
+                # first). Replies come in arrival order, so the later ones, with more
+                # messaging jitter, are held to the earlier ones' jitter; one liar cannot
+                # hide behind its own gap.
+                overhead = max(
+                    (
+                        r["observed-time"] - r["claimed-time"]
+                        for r in state.reports.values()
+                        if "observed-time" in r
+                    ),
+                    default=0.0,
+                )
+            record["observed-time"] = observed
+            record["claimed-time"] = train + (he or 0.0)
+        checked = self.claims.check_times(
+            train, he, observed=observed, overhead=overhead, silo=silo
+        )
+        if checked.note is None:
+            return metrics
+        log.warning(
+            "round %d: claimed times of silo %s replaced: %s",
+            state.server_round,
+            silo,
+            checked.note,
+        )
+        bounded = dict(metrics)
+        record["claimed-train-time"] = train
+        bounded[keys.train_time] = record[keys.train_time] = checked.train_time
+        if he is not None:
+            record["claimed-he-time"] = he
+            bounded[keys.he_time] = record[keys.he_time] = checked.he_time
+        return bounded
 
     def select(self, state: RoundState, silos: Iterable[str]) -> tuple[set[str], dict[str, Any]]:
         """The accepted silos whose updates enter the aggregate, and the records of those
@@ -718,6 +825,13 @@ class RoundEngine:
         ]
         if not missed and wall is not None and times:
             self.overhead.observe(wall, max(times))
+        self.claims.learn_overhead(
+            [
+                r["observed-time"] - r["claimed-time"]
+                for r in state.reports.values()
+                if "observed-time" in r
+            ]
+        )
         return {
             "deadline": state.deadline,
             "missed": [self.silo_id(node) for node in missed],
@@ -734,6 +848,7 @@ class RoundEngine:
             "silo_of_node": {str(node): silo for node, silo in self.silo_of_node.items()},
             "overhead": self.overhead.seen,
             "federation_size": self.federation_size,
+            "claims": self.claims.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -742,6 +857,14 @@ class RoundEngine:
         self.silo_of_node = {int(node): str(silo) for node, silo in state["silo_of_node"].items()}
         self.overhead = OverheadTracker(self.deadline.overhead_rounds, state["overhead"])
         self.federation_size = int(state.get("federation_size", 0))
+        self.claims.load_state_dict(state.get("claims", {}))
+
+
+def _real(value: object) -> float | None:
+    """``value`` as a float if it is a finite real number, else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _positive(value: object) -> float | None:

@@ -8,18 +8,22 @@ and validates them here, so a bad value raises :class:`pydantic.ValidationError`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .balancer import BALANCER_DEFAULTS, BatchSizeBalancer
+from .claims import ClaimChecker
 
 __all__ = [
+    "CLAIM_SETTINGS",
     "BalancingConfig",
     "BalancingOptions",
     "ReplyLimits",
     "balancing_config",
     "make_balancer",
+    "make_claim_checker",
 ]
 
 
@@ -45,6 +49,11 @@ class BalancingOptions(TypedDict, total=False):
     estimator_options: dict[str, Any] | None
     allocator_options: dict[str, Any] | None
     balancer_options: dict[str, Any] | None
+    max_dataset_size: int | None
+    check_times: bool | None
+    time_tolerance: float
+    min_claimed_time: float
+    max_claimed_time: float
 
 
 class BalancingConfig(BaseModel):
@@ -93,6 +102,35 @@ class BalancingConfig(BaseModel):
         Predicted gain over the equal split an allocation must show to be shipped.
     estimator_options, allocator_options : dict (default: {})
         Extra arguments of the estimator and of the iterative allocator.
+    max_dataset_size : int | None (default: 10_000_000)
+        Bounded claims (:mod:`fl_lbbsp.core.claims`): the largest ``num-examples`` (the
+        aggregation weight in FL) a silo may claim; a silo's size is pinned at its first
+        accepted report and a reply claiming another is rejected. Ten million samples is
+        beyond a cross-silo dataset of today (ImageNet-1k holds 1.28 million) and keeps a
+        ``10**9`` grab out by default; raise it for larger silos, or declare the sizes
+        (a declared size is configuration, not a claim, and is not capped). ``None``: no
+        cap beyond ``max_num_examples``.
+    check_times : bool | None (default: None)
+        Cross-check each reply's ``train-time`` (plus ``he-time``) against the wall time
+        the server observed between sending the silo its instruction and receiving its
+        reply: a claim the observation contradicts is replaced by it, with one warning.
+        ``None``: on where silos really wait, i.e. on Flower's own grids (a deployment,
+        the Simulation Engine), off on any other (the in-process grid, a test's), where
+        silos run one after the other or report emulated times no wall time can
+        confirm; the simulation runner also switches it off for emulation without waits
+        (``emulate_wait=False``, a cost model). ``True`` / ``False``: on / off
+        everywhere.
+    time_tolerance : float (default: 2.0)
+        How far a claim may be from the observation before it counts as contradicted:
+        the claim plus the messaging overhead (the largest gap, jitter included, an
+        honest silo showed in recent rounds) times ``time_tolerance`` below the
+        observation, or the claim above ``observed * time_tolerance``; > 1. A liar thus
+        gains at most this factor of speed, once its true time exceeds about this
+        factor times the messaging overhead.
+    min_claimed_time, max_claimed_time : float (default: 1e-6, 86400.0)
+        Finite positive bounds of a claimed time in seconds (``train-time``; ``he-time``
+        up to ``max_claimed_time``): a claim outside is clipped to them with a warning,
+        whether or not times are observed.
 
     Every balancer default is :data:`fl_lbbsp.core.balancer.BALANCER_DEFAULTS`, the
     defaults of :class:`~fl_lbbsp.core.BatchSizeBalancer` (see it for the details).
@@ -130,9 +168,19 @@ class BalancingConfig(BaseModel):
     )
     estimator_options: dict[str, Any] = Field(default_factory=dict)
     allocator_options: dict[str, Any] = Field(default_factory=dict)
+    max_dataset_size: int | None = Field(default=10_000_000, gt=0, strict=True)
+    check_times: bool | None = None
+    time_tolerance: float = Field(default=2.0, gt=1, allow_inf_nan=False)
+    min_claimed_time: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
+    max_claimed_time: float = Field(default=86400.0, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _bounds(self) -> BalancingConfig:
+        if self.max_claimed_time <= self.min_claimed_time:
+            raise ValueError(
+                f"max_claimed_time ({self.max_claimed_time}) is not above min_claimed_time "
+                f"({self.min_claimed_time})"
+            )
         if self.max_batch_size is not None and self.max_batch_size < self.min_batch_size:
             raise ValueError(
                 f"max_batch_size ({self.max_batch_size}) is below min_batch_size "
@@ -196,6 +244,42 @@ def make_balancer(config: BalancingConfig) -> BatchSizeBalancer:
         equal_split_margin=config.equal_split_margin,
         estimator_options=config.estimator_options,
         allocator_options=config.allocator_options,
+    )
+
+
+CLAIM_SETTINGS = frozenset(
+    {"max_dataset_size", "check_times", "time_tolerance", "min_claimed_time", "max_claimed_time"}
+)
+"""The :class:`BalancingConfig` fields that bound the silos' claims: they change nothing
+for an honest silo, so a checkpoint written under other bounds may be resumed."""
+
+
+def make_claim_checker(
+    config: BalancingConfig,
+    *,
+    overhead_rounds: int = 3,
+    declared_sizes: Mapping[str, int] | None = None,
+) -> ClaimChecker:
+    """The bounds on the silos' claims of a strategy with these settings.
+
+    Parameters
+    ----------
+    config : BalancingConfig
+        The settings (``max_dataset_size``, ``time_tolerance``, ``min_claimed_time``,
+        ``max_claimed_time``).
+    overhead_rounds : int (default: 3)
+        Recent rounds whose messaging overhead is kept (the deadline policy's).
+    declared_sizes : Mapping[str, int] | None (default: None)
+        Silo id -> dataset size declared beforehand (a silo registry); later ones can be
+        added with :meth:`~fl_lbbsp.core.claims.ClaimChecker.declare`.
+    """
+    return ClaimChecker(
+        max_dataset_size=config.max_dataset_size,
+        tolerance=config.time_tolerance,
+        min_time=config.min_claimed_time,
+        max_time=config.max_claimed_time,
+        overhead_rounds=overhead_rounds,
+        declared_sizes=declared_sizes,
     )
 
 

@@ -233,6 +233,9 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         "balance": config.scheme not in ("fedavg", "partial"),
         "max_change_ratio": config.max_change_ratio,
         "min_batch_fraction": config.min_batch_fraction,
+        # Claimed times are checked against the wall time only where silos really wait
+        # (None: on Flower's grids, off in process), not with emulated times.
+        "check_times": None if config.emulate_wait and config.cost_model is None else False,
     }
     if config.scheme == "partial":
         settings["replies"] = config.partial_replies

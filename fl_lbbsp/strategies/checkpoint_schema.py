@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -144,6 +144,38 @@ class _Bounds(_Open):
     min_fit_spread: float = Field(default=0.1, ge=0, allow_inf_nan=False)
 
 
+def _finite_seconds(value: list[float]) -> list[float]:
+    for i, seconds in enumerate(value):
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"entry {i}: {seconds} is not a finite number of seconds >= 0")
+    return value
+
+
+class ClaimsState(_Open):
+    """The claim checker's state (:mod:`fl_lbbsp.core.claims`) in a checkpoint.
+
+    Parameters
+    ----------
+    sizes : dict of str to int (default: {})
+        Silo id -> its pinned dataset size (a positive integer).
+    distrusted : list of str (default: [])
+        Silos timed by the server since they were caught lying.
+    overhead : list of float (default: [])
+        The learned messaging overhead of recent rounds, seconds (finite, >= 0).
+    """
+
+    sizes: dict[str, Annotated[int, Field(gt=0, strict=True)]] = Field(
+        default_factory=dict, max_length=MAX_SILOS
+    )
+    distrusted: list[str] = Field(default_factory=list, max_length=MAX_SILOS)
+    overhead: list[float] = Field(default_factory=list, max_length=100_000)
+
+    @field_validator("overhead")
+    @classmethod
+    def _seconds(cls, value: list[float]) -> list[float]:
+        return _finite_seconds(value)
+
+
 class EngineState(_Open):
     """The round engine's state in a checkpoint.
 
@@ -157,12 +189,15 @@ class EngineState(_Open):
         Measured messaging overhead, seconds (finite, >= 0).
     federation_size : int (default: 0)
         The most silos seen in a round; at most the silos the checkpoint knows.
+    claims : ClaimsState (default: empty)
+        The bounds on the silos' claims (pinned dataset sizes, distrusted silos).
     """
 
     balancer: BalancerState
     silo_of_node: dict[str, str] = Field(default_factory=dict, max_length=MAX_SILOS)
     overhead: list[float] = Field(default_factory=list, max_length=100_000)
     federation_size: int = Field(default=0, ge=0, le=MAX_SILOS, strict=True)
+    claims: ClaimsState = Field(default_factory=ClaimsState)
 
     @field_validator("silo_of_node")
     @classmethod
@@ -175,10 +210,7 @@ class EngineState(_Open):
     @field_validator("overhead")
     @classmethod
     def _seconds(cls, value: list[float]) -> list[float]:
-        for i, seconds in enumerate(value):
-            if not (math.isfinite(seconds) and seconds >= 0):
-                raise ValueError(f"entry {i}: {seconds} is not a finite number of seconds >= 0")
-        return value
+        return _finite_seconds(value)
 
     @model_validator(mode="after")
     def _size(self) -> EngineState:

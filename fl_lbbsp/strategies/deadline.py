@@ -42,6 +42,9 @@ class DeadlineGrid(Grid):
         Gets the ``timeout`` the caller passed, returns the one to use.
     poll_interval : float | None (default: 0.1)
         Longest pause between two pulls; ``None`` uses the wrapped grid's own loop.
+    clock : Callable[[], float] (default: time.monotonic)
+        Seconds on the clock that times each reply from the push (:meth:`observed`);
+        injected by tests.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class DeadlineGrid(Grid):
         *,
         timeout_fn: Callable[[float | None], float | None],
         poll_interval: float | None = 0.1,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if poll_interval is not None and not poll_interval > 0:
             raise ValueError(f"poll_interval must be positive or None, got {poll_interval!r}")
@@ -58,6 +62,8 @@ class DeadlineGrid(Grid):
         self.poll_interval = poll_interval
         self.last_timeout: float | None = None
         self._late: dict[int, float] = {}
+        self.clock = clock
+        self._observed: dict[int, float] = {}
 
     # Plain delegation ---------------------------------------------------------
     def set_run(self, run: Run) -> None:
@@ -108,6 +114,7 @@ class DeadlineGrid(Grid):
         timeout = self.timeout_fn(timeout)
         self.last_timeout = timeout
         self._late = {}
+        self._observed = {}
         if self.poll_interval is None:
             return self.grid.send_and_receive(messages, timeout=timeout)
         return self._collect(list(messages), timeout, self.poll_interval)
@@ -117,12 +124,19 @@ class DeadlineGrid(Grid):
         ``send_and_receive``, came in; ``None`` if it was on time (or not collected here)."""
         return self._late.get(id(reply))
 
+    def observed(self, reply: Message) -> float | None:
+        """Seconds from pushing the last ``send_and_receive``'s messages to pulling
+        ``reply`` (the wall time its silo took, as the server saw it); ``None`` if it was
+        not collected here (``poll_interval=None``)."""
+        return self._observed.get(id(reply))
+
     def _collect(
         self, messages: list[Message], timeout: float | None, interval: float
     ) -> list[Message]:
         if not messages:
             return []
         pending = {mid for mid in self.grid.push_messages(messages) if mid}
+        pushed = self.clock()
         end = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
         pause = min(_FIRST_PAUSE, interval) / 2
@@ -130,6 +144,8 @@ class DeadlineGrid(Grid):
             got = list(self.grid.pull_messages(list(pending)))
             if end is not None and (late := time.monotonic() - end) > 0:
                 self._late.update((id(reply), late) for reply in got)
+            received = self.clock()
+            self._observed.update((id(reply), received - pushed) for reply in got)
             replies.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             if not pending:

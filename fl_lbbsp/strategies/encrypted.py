@@ -193,7 +193,8 @@ class EncryptedSum:
         """Every screened silo's dataset size of the last round (for the next S)."""
         if self._round is not None:
             for silo, record in self._round.reports.items():
-                if self.weight_key in record:
+                # A rejected claim (fl_lbbsp.core.claims) must not set S.
+                if self.weight_key in record and "rejected-claim" not in record:
                     self.num_examples[silo] = float(record[self.weight_key])
 
     def settings(self) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from ..core.engine import (
 )
 from ..core.identity import SiloRegistry, load_registry
 from ..core.screening import DEFAULT_EXTRA_METRIC_KEYS
-from ..core.settings import BalancingOptions
+from ..core.settings import CLAIM_SETTINGS, BalancingOptions
 from ..telemetry import TelemetryWriter
 from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
 from .config import ServerConfig
@@ -150,7 +150,11 @@ evaluate_metrics_aggr_fn :
         signature of the silo it claims over this run, round, metrics and arrays (or
         ciphertexts), checked before anything else in it is trusted; an unsigned,
         mis-signed, another silo's or replayed reply is rejected. ``None``: silo ids are
-        believed, with one warning at construction.
+        believed, with one warning when the first round is planned.
+    clock : Callable[[], float] (default: time.monotonic)
+        The clock that times each reply from its train message's push to its pull: the
+        wall time the silo's claimed ``train-time`` and ``he-time`` are checked against
+        (``check_times``; :mod:`fl_lbbsp.core.claims`). Injected by tests.
 
     Raises
     ------
@@ -205,6 +209,7 @@ evaluate_metrics_aggr_fn :
         rewriter: InstructionRewriter | None = None,
         selector: FastestReplies | None = None,
         silo_registry: str | Path | Mapping[str, Any] | SiloRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
         **balancing: Unpack[BalancingOptions],
     ) -> None:
         self.keys = keys or RecordKeys()
@@ -264,6 +269,8 @@ evaluate_metrics_aggr_fn :
         """Rounds done before this run started (a resumed checkpoint's round)."""
         self.checkpoints: CheckpointStore | None = None
         """Where :meth:`start` writes a checkpoint after every round (``None``: nowhere)."""
+        self.clock = clock
+        self._observe = False
         self._grid: DeadlineGrid | None = None
         self._timeout_cap: float | None = None
 
@@ -387,7 +394,8 @@ evaluate_metrics_aggr_fn :
                 self._reject(state, verdict.silo, verdict.node, verdict.reason or "")
                 continue
             metrics = reply.metrics or {}
-            counts = self.engine.report(state, verdict, metrics)
+            observed = self._grid.observed(msg) if self._grid and self._observe else None
+            counts = self.engine.report(state, verdict, metrics, observed=observed)
             state.reports[verdict.silo]["replied-at"] = msg.metadata.created_at
             if counts:
                 weight = read_float(metrics, self.weighted_by_key)
@@ -551,8 +559,11 @@ evaluate_metrics_aggr_fn :
             The longest any round may wait (``start``'s ``timeout``).
         """
         self._timeout_cap = timeout
+        check = self.config.check_times
+        # Silos really wait behind Flower's own grids (deployment, Simulation Engine).
+        self._observe = type(grid).__module__.startswith("flwr.") if check is None else check
         self._grid = DeadlineGrid(
-            grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval
+            grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval, clock=self.clock
         )
         return self._grid
 
@@ -564,7 +575,8 @@ evaluate_metrics_aggr_fn :
     def checkpoint_settings(self) -> dict[str, Any]:
         """The settings a checkpoint must have been written with for this strategy to
         resume it (JSON values): those that decide batch sizes and updates."""
-        return {"balancing": self.config.model_dump(mode="json"), **self.updates.settings()}
+        balancing = self.config.model_dump(mode="json", exclude=set(CLAIM_SETTINGS))
+        return {"balancing": balancing, **self.updates.settings()}
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
         """The state between two rounds: the engine's (JSON) and the updates' (JSON and

@@ -196,8 +196,8 @@ class LBBSPStrategy(EngineView, FedAvg):
                 )
                 rejected.append((entry, (client, res)))
                 continue
-            self.engine.report(state, verdict, metrics)
-            valid.append((client, res))
+            if self.engine.report(state, verdict, metrics):  # False: a claim rejected
+                valid.append((client, res))
         extra = self.engine.close(state, replied=(c.cid for c, _ in results), wall=None)
         skipped = None
         if len(valid) < self.min_train_silos:

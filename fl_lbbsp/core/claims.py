@@ -1,0 +1,276 @@
+"""Bounded claims: what a silo says of itself is checked against what the server knows.
+
+A silo's reply carries three claims the server acts on: its dataset size
+(``num-examples``, its say in the FL aggregate), its compute time (``train-time``, from
+which its speed and next batch size follow) and, in encrypted mode, its encryption time
+(``he-time``, a fixed cost in its cost line and in the round's deadline). The
+:class:`ClaimChecker` bounds each one:
+
+- The dataset size is pinned at the silo's first accepted report (or declared beforehand,
+  e.g. by a silo registry) and capped: a later change, or a claim over the cap, is
+  rejected. Rejection, not re-weighting with the pinned value, keeps the aggregate honest
+  in both paths: in encrypted mode the silo pre-weights its update by its own claim
+  inside the ciphertext, where the server cannot change the weight.
+- The claimed times are clipped to finite positive bounds, and, where the server observed
+  the wall time from sending a silo its instruction to receiving its reply, checked
+  against it: the compute happened inside that wall time, so a claim above it (times
+  ``tolerance``) is impossible, and one far below it, once the messaging overhead is
+  taken off, is contradicted; either is replaced by the observation. The overhead ``h``
+  is the largest gap between observed and claimed time an honest silo showed in recent
+  rounds (:func:`honest_gap`): messaging and its jitter (the Flower SuperNode polls for
+  work every 3 s and pushes every 0.5 s), which no claim can be judged within. In the
+  first observed round, before any is learned, the round engine takes the largest gap
+  of the silos that replied before (0 for the first reply).
+
+The observation bounds the speed a silo can claim: LB-BSP hands out batch sizes in
+proportion to predicted speed (Chen et al., "Accelerating Distributed Learning in
+Non-Dedicated Environments", IEEE TCC 2021, Sec. 3.3, Alg. 1), so a silo that reports
+its time divided by f would get about f times its share and make every round wait for it;
+with the check it gains at most a factor ``tolerance`` once its true time exceeds about
+``tolerance`` times the messaging overhead (a lie within the messaging jitter cannot be
+told from it), and a silo caught once is timed by the server from then on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .deadline import OverheadTracker
+
+__all__ = ["CheckedTimes", "ClaimChecker", "honest_gap"]
+
+
+def honest_gap(gaps: Iterable[float]) -> float | None:
+    """The largest gap between observed and claimed time that an honest silo of the
+    round showed, as far as ``f`` liars cannot raise it: the ``(f + 1)``-th largest of
+    ``gaps`` (negative ones as 0), with ``f = max(1, (n - 1) // 3)`` of ``n`` silos (fewer
+    than a third lying, one at least; a silo that under-reports widens its own gap). With
+    two silos it is the smaller gap; with one, its own. ``None``: no gap."""
+    ordered = sorted((max(0.0, g) for g in gaps), reverse=True)
+    if not ordered:
+        return None
+    liars = max(1, (len(ordered) - 1) // 3)
+    return ordered[min(liars, len(ordered) - 1)]
+
+
+@dataclass(frozen=True)
+class CheckedTimes:
+    """A reply's times after the checks.
+
+    Parameters
+    ----------
+    train_time : float
+        The compute time to believe.
+    he_time : float | None
+        The encryption time to believe (``None``: none claimed).
+    note : str | None (default: None)
+        Why the claim was changed (``None``: believed as claimed).
+    """
+
+    train_time: float
+    he_time: float | None
+    note: str | None = None
+
+
+class ClaimChecker:
+    """Pins dataset sizes and bounds claimed times (see the module's notes).
+
+    Parameters
+    ----------
+    max_dataset_size : int | None (default: 10_000_000)
+        Largest dataset size a silo may claim; ``None``: no cap.
+    tolerance : float (default: 2.0)
+        A claimed round time ``c`` (``train-time`` plus ``he-time``) is contradicted by
+        an observed wall time ``o`` when ``(c + h) * tolerance < o`` (``h`` the learned
+        messaging overhead: the claim with its messaging is far below the observation)
+        or ``c > o * tolerance``; > 1.
+    min_time, max_time : float (default: 1e-6, 86400.0)
+        Finite positive bounds of a claimed time in seconds.
+    overhead_rounds : int (default: 3)
+        The messaging overhead is the largest of this many recent rounds' (each round's
+        :func:`honest_gap`).
+    declared_sizes : Mapping[str, int] | None (default: None)
+        Silo id -> dataset size declared beforehand (a silo registry); these are not
+        capped, and a silo's claim must match its declared size.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_dataset_size: int | None = 10_000_000,
+        tolerance: float = 2.0,
+        min_time: float = 1e-6,
+        max_time: float = 86400.0,
+        overhead_rounds: int = 3,
+        declared_sizes: Mapping[str, int] | None = None,
+    ) -> None:
+        if not tolerance > 1 or not math.isfinite(tolerance):
+            raise ValueError(f"tolerance must be finite and > 1, got {tolerance!r}")
+        if not 0 < min_time < max_time or not math.isfinite(max_time):
+            raise ValueError(f"time bounds must be 0 < min < max < inf, got {min_time}, {max_time}")
+        self.max_dataset_size = max_dataset_size
+        self.tolerance = float(tolerance)
+        self.min_time = float(min_time)
+        self.max_time = float(max_time)
+        self.sizes: dict[str, int] = {}
+        """Silo -> its pinned dataset size."""
+        self.declared: dict[str, int] = {}
+        """Silo -> its declared dataset size."""
+        self.distrusted: set[str] = set()
+        """Silos whose claimed time an observation once contradicted as far below it:
+        timed by the server since (their claim, or the observation net of the overhead
+        if that is longer)."""
+        self.overhead_rounds = overhead_rounds
+        self.overhead = OverheadTracker(overhead_rounds)
+        """Messaging overhead between a silo's compute and the server's observation."""
+        self.declare(declared_sizes or {})
+
+    def declare(self, sizes: Mapping[str, int]) -> None:
+        """Declare silos' dataset sizes (silo id -> size), e.g. from a silo registry.
+
+        Raises
+        ------
+        ValueError
+            If a size is not a positive integer.
+        """
+        for silo, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise ValueError(f"declared size of silo {silo} must be a positive integer")
+            self.declared[str(silo)] = size
+
+    # ------------------------------------------------------------ dataset sizes
+    def check_size(self, silo: str, claimed: Any) -> str | None:
+        """Check a reply's dataset size; pin it at the silo's first accepted claim.
+
+        Returns
+        -------
+        str | None
+            Why the claim is rejected; ``None`` if it is accepted.
+        """
+        if isinstance(claimed, bool) or not isinstance(claimed, int | float):
+            return f"num-examples {claimed!r:.40} is not a number"
+        size = float(claimed)
+        expected = self.declared.get(silo, self.sizes.get(silo))
+        if expected is not None:
+            if size != expected:
+                source = "declared" if silo in self.declared else "pinned at its first report"
+                return f"num-examples {size:g} differs from its {expected} ({source})"
+            return None
+        cap = self.max_dataset_size
+        if cap is not None and size > cap:
+            return (
+                f"num-examples {size:g} is over max_dataset_size {cap} "
+                "(raise it, or declare the silo's size, to accept it)"
+            )
+        if not size.is_integer() or size <= 0:
+            return f"num-examples {size:g} is not a positive integer"
+        self.sizes[silo] = int(size)
+        return None
+
+    # -------------------------------------------------------------------- times
+    def check_times(
+        self,
+        train_time: float,
+        he_time: float | None,
+        *,
+        observed: float | None,
+        overhead: float | None = None,
+        silo: str | None = None,
+    ) -> CheckedTimes:
+        """Bound a reply's claimed times; cross-check them with ``observed`` if given.
+
+        The bounds first: ``train_time`` is clipped to ``[min_time, max_time]``,
+        ``he_time`` to ``[0, max_time]``. Then, with ``observed`` (seconds from sending
+        the instruction to receiving the reply) and the learned overhead ``h``: a total
+        ``c = train_time + he_time`` above ``observed * tolerance`` is cut to ``observed``
+        (the train-time kept as far as it fits, the he-time taking the rest); one with
+        ``(c + h) * tolerance < observed`` becomes ``observed - h``, the missing time
+        added to the train-time (the claim that sets the speed). A lie is thus caught
+        when the liar's true time exceeds about ``tolerance`` times the messaging
+        overhead (below, the wall time cannot tell it from messaging jitter).
+
+        Parameters
+        ----------
+        train_time : float
+            The claimed compute time (finite; the balancer rejects the rest).
+        he_time : float | None
+            The claimed encryption time, if any.
+        observed : float | None
+            The observed wall time; ``None``: none (no cross-check).
+        overhead : float | None (default: None)
+            The messaging overhead ``h`` to take off; ``None``: the one learned from
+            earlier rounds (0 before any).
+        silo : str | None (default: None)
+            The silo: one whose claim was once far below its observation (once an
+            overhead is learned) is distrusted from then on, its train-time at least
+            ``observed - h`` (less its he-time), so that a liar cannot slip back in with
+            lies that hide in the messaging jitter.
+        """
+        notes = []
+        train, he = train_time, he_time
+        if math.isfinite(train) and not self.min_time <= train <= self.max_time:
+            train = min(max(train, self.min_time), self.max_time)
+            notes.append(f"train-time {train_time:g} s clipped to {train:g} s")
+        if he is not None and math.isfinite(he) and not 0 <= he <= self.max_time:
+            he = min(max(he, 0.0), self.max_time)
+            notes.append(f"he-time {he_time:g} s clipped to {he:g} s")
+        if observed is not None and math.isfinite(observed) and observed > 0:
+            fixed = he or 0.0
+            claimed = train + fixed
+            if overhead is None:
+                overhead = self.overhead.predict()
+            net = observed - overhead
+            if claimed > observed * self.tolerance:
+                train = min(train, observed)
+                he = None if he is None else observed - train
+                notes.append(
+                    f"claimed {claimed:.4g} s is above the {observed:.4g} s observed: "
+                    f"train-time {train:.4g} s, he-time {he or 0.0:.4g} s"
+                )
+            elif (claimed + overhead) * self.tolerance < observed:
+                train = net - fixed
+                notes.append(
+                    f"claimed {claimed:.4g} s is far below the {net:.4g} s observed "
+                    f"(net of {overhead:.3g} s overhead): train-time "
+                    f"{train:.4g} s"
+                )
+                if silo is not None and self.learned:  # not on round 1's provisional h
+                    self.distrusted.add(silo)
+            elif silo in self.distrusted and net - fixed > train:
+                train = net - fixed
+                notes.append(
+                    f"timed by the server since a contradicted claim: {net:.4g} s observed "
+                    f"(net of {overhead:.3g} s overhead), train-time {train:.4g} s"
+                )
+        return CheckedTimes(train, he, "; ".join(notes) or None)
+
+    @property
+    def learned(self) -> bool:
+        """Whether a messaging overhead was learned (after the first observed round)."""
+        return bool(self.overhead.seen)
+
+    def learn_overhead(self, gaps: Iterable[float]) -> None:
+        """Learn one round's messaging overhead from its silos' gaps (observed minus
+        claimed time): their :func:`honest_gap` (the wall time minus the slowest claim,
+        which the deadline's overhead uses, would let the slowest silo, a liar, set it)."""
+        gap = honest_gap(gaps)
+        if gap is not None:
+            self.overhead.observe(gap, 0.0)
+
+    # -------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The pinned sizes, the distrusted silos and the learned overhead (JSON)."""
+        return {
+            "sizes": dict(self.sizes),
+            "distrusted": sorted(self.distrusted),
+            "overhead": self.overhead.seen,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.sizes = {str(s): int(n) for s, n in state.get("sizes", {}).items()}
+        self.distrusted = {str(s) for s in state.get("distrusted", [])}
+        self.overhead = OverheadTracker(self.overhead_rounds, state.get("overhead", ()))
