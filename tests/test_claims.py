@@ -134,7 +134,7 @@ def test_check_times_off_ignores_the_observation() -> None:
 @pytest.mark.parametrize(
     ("claimed", "he", "observed", "expected_train", "expected_he"),
     [
-        (0.001, None, 1.0, 1.0, None),  # far below: the observation (no overhead learned)
+        (0.001, None, 1.0, 1.0, None),  # far below: the observation (an overhead of 0)
         (0.6, None, 1.0, 0.6, None),  # within the tolerance: believed
         (5.0, None, 1.0, 1.0, None),  # far above the wall time: cut to it
         (0.5, 1e6, 1.0, 0.5, 0.5),  # he-time far above: the rest of the wall time
@@ -150,8 +150,9 @@ def test_a_contradicted_claim_is_replaced_by_the_observation(
     expected_he: float | None,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Prepare
+    # Prepare: a round taught the checker a messaging overhead of 0
     checker = ClaimChecker()
+    checker.learn_overhead([0.0])
 
     # Execute
     with caplog.at_level(logging.WARNING, logger="fl_lbbsp"):
@@ -185,10 +186,43 @@ def test_the_learned_overhead_is_the_largest_honest_gap(gaps: list[float], expec
     assert checker.check_times(0.2, None, observed=0.211).note is None
 
 
-def test_a_silo_caught_lying_is_timed_by_the_server_from_then_on() -> None:
-    # Prepare: an overhead of 0.01 s learned; silo x caught claiming 1 ms of 1 s
+def test_before_any_overhead_is_learned_no_claim_is_judged_too_small() -> None:
+    # Prepare: nothing learned (a first round: its wall times hold cold starts)
+    checker = ClaimChecker()
+
+    # Execute
+    below = checker.check_times(0.001, None, observed=30.0, silo="x")
+    above = checker.check_times(90.0, None, observed=30.0, silo="x")
+
+    # Assert: the claim below is believed and counts no strike; one above the wall time
+    # is impossible whatever the overhead, and is cut
+    assert below.train_time == 0.001 and below.note is None
+    assert above.train_time == 30.0 and above.note is not None
+    assert not checker.contradicted and not checker.distrusted
+
+
+def test_one_contradicted_round_then_a_consistent_one_brands_no_silo() -> None:
+    # Prepare: an overhead of 0.01 s learned
     checker = ClaimChecker()
     checker.learn_overhead([0.01])
+
+    # Execute: one round's start-up spike, then a consistent round, then another spike
+    spike = checker.check_times(0.1, None, observed=5.0, silo="x")
+    checker.check_times(0.1, None, observed=0.12, silo="x")
+    checker.check_times(0.1, None, observed=5.0, silo="x")
+    later = checker.check_times(0.1, None, observed=0.15, silo="x")
+
+    # Assert: each spike replaced for its round only; x is still believed
+    assert spike.note is not None and later.note is None and later.train_time == 0.1
+    assert checker.distrusted == set()
+
+
+def test_a_silo_caught_lying_is_timed_by_the_server_from_then_on() -> None:
+    # Prepare: an overhead of 0.01 s learned; silo x caught claiming 1 ms of 1 s in two
+    # rounds in a row (strikes, default 2)
+    checker = ClaimChecker()
+    checker.learn_overhead([0.01])
+    checker.check_times(0.001, None, observed=1.0, silo="x")
     checker.check_times(0.001, None, observed=1.0, silo="x")
 
     # Execute: both claim 0.6 s of 1 s, within the tolerance
@@ -598,3 +632,36 @@ def test_a_num_examples_grab_is_refused_in_the_encrypted_path(tmp_path: Any) -> 
     )
     assert {m.content["config"]["he-weight-total"] for m in second} == {600.0}
     assert strategy.engine.claims.sizes == {"a": 100, "b": 300}
+
+
+@pytest.mark.parametrize(
+    ("observed", "replaced"),
+    [
+        ((17.5, 17.6, 18.1), set()),  # every silo's cold start (Ray actors, ClientApps)
+        ((0.11, 0.21, 5.0), {"silo-2"}),  # silo 2 claims 0.3 s of a 5 s round: a lie
+    ],
+    ids=["cold-start", "first-round-liar"],
+)
+def test_the_first_observed_round_is_judged_against_its_own_gaps(
+    observed: tuple[float, ...], replaced: set[str]
+) -> None:
+    # Prepare: nothing learned; three silos claim 0.1, 0.2 and 0.3 s
+    engine = _engine(check_times=True)
+    state = engine.plan(1, range(3))
+    claims = (0.1, 0.2, 0.3)
+
+    # Execute: replies in arrival order, the round closed
+    for node, (claim, seen) in enumerate(zip(claims, observed, strict=True)):
+        _report(engine, state, node, _metrics(B_INIT, claim), observed=seen)
+    engine.close(state, replied=range(3), wall=max(observed))
+
+    # Assert: a claim is replaced only when the round's other gaps contradict it, and the
+    # balancer is fed what was believed
+    for node, claim in enumerate(claims):
+        record = state.reports[f"silo-{node}"]
+        assert ("claimed-train-time" in record) is (f"silo-{node}" in replaced)
+        believed = record[KEYS.train_time]
+        assert (believed == claim) is (f"silo-{node}" not in replaced)
+        assert engine.balancer.predicted_speed(f"silo-{node}") == pytest.approx(
+            B_INIT * TAU / believed
+        )

@@ -18,9 +18,11 @@ which its speed and next batch size follow) and, in encrypted mode, its encrypti
   taken off, is contradicted; either is replaced by the observation. The overhead ``h``
   is the largest gap between observed and claimed time an honest silo showed in recent
   rounds (:func:`honest_gap`): messaging and its jitter (the Flower SuperNode polls for
-  work every 3 s and pushes every 0.5 s), which no claim can be judged within. In the
-  first observed round, before any is learned, the round engine takes the largest gap
-  of the silos that replied before (0 for the first reply).
+  work every 3 s and pushes every 0.5 s), which no claim can be judged within. Without a
+  learned or given overhead no claim is judged too small; the round engine therefore
+  judges the first observed round's claims when that round closes, against its own
+  :func:`honest_gap` (a first round's wall times hold cold starts, Ray actors and
+  ClientApp processes starting, that every silo shares and that dwarf any compute).
 
 The observation bounds the speed a silo can claim: LB-BSP hands out batch sizes in
 proportion to predicted speed (Chen et al., "Accelerating Distributed Learning in
@@ -28,7 +30,9 @@ Non-Dedicated Environments", IEEE TCC 2021, Sec. 3.3, Alg. 1), so a silo that re
 its time divided by f would get about f times its share and make every round wait for it;
 with the check it gains at most a factor ``tolerance`` once its true time exceeds about
 ``tolerance`` times the messaging overhead (a lie within the messaging jitter cannot be
-told from it), and a silo caught once is timed by the server from then on.
+told from it), and a silo caught in ``strikes`` consecutive rounds is timed by the
+server from then on (one round's start-up spike on a busy machine does not brand an honest
+silo for good).
 """
 
 from __future__ import annotations
@@ -95,6 +99,9 @@ class ClaimChecker:
     declared_sizes : Mapping[str, int] | None (default: None)
         Silo id -> dataset size declared beforehand (a silo registry); these are not
         capped, and a silo's claim must match its declared size.
+    strikes : int (default: 2)
+        Consecutive rounds whose claim an observation contradicts as far too small before
+        a silo is timed by the server for good; >= 1.
     """
 
     def __init__(
@@ -106,7 +113,10 @@ class ClaimChecker:
         max_time: float = 86400.0,
         overhead_rounds: int = 3,
         declared_sizes: Mapping[str, int] | None = None,
+        strikes: int = 2,
     ) -> None:
+        if strikes < 1:
+            raise ValueError(f"strikes must be >= 1, got {strikes!r}")
         if not tolerance > 1 or not math.isfinite(tolerance):
             raise ValueError(f"tolerance must be finite and > 1, got {tolerance!r}")
         if not 0 < min_time < max_time or not math.isfinite(max_time):
@@ -119,10 +129,13 @@ class ClaimChecker:
         """Silo -> its pinned dataset size."""
         self.declared: dict[str, int] = {}
         """Silo -> its declared dataset size."""
+        self.strikes = strikes
+        self.contradicted: dict[str, int] = {}
+        """Silo -> consecutive rounds its claimed time was contradicted as far too small."""
         self.distrusted: set[str] = set()
-        """Silos whose claimed time an observation once contradicted as far below it:
-        timed by the server since (their claim, or the observation net of the overhead
-        if that is longer)."""
+        """Silos whose claimed time observations contradicted as far below them in
+        ``strikes`` consecutive rounds: timed by the server since (their claim, or the
+        observation net of the overhead if that is longer)."""
         self.overhead_rounds = overhead_rounds
         self.overhead = OverheadTracker(overhead_rounds)
         """Messaging overhead between a silo's compute and the server's observation."""
@@ -202,10 +215,11 @@ class ClaimChecker:
             The observed wall time; ``None``: none (no cross-check).
         overhead : float | None (default: None)
             The messaging overhead ``h`` to take off; ``None``: the one learned from
-            earlier rounds (0 before any).
+            earlier rounds. Before any is learned (and none is given) no claim is judged
+            too small.
         silo : str | None (default: None)
-            The silo: one whose claim was once far below its observation (once an
-            overhead is learned) is distrusted from then on, its train-time at least
+            The silo: one whose claim was far below its observation in ``strikes``
+            consecutive rounds is distrusted from then on, its train-time at least
             ``observed - h`` (less its he-time), so that a liar cannot slip back in with
             lies that hide in the messaging jitter.
         """
@@ -220,6 +234,7 @@ class ClaimChecker:
         if observed is not None and math.isfinite(observed) and observed > 0:
             fixed = he or 0.0
             claimed = train + fixed
+            judged = overhead is not None or self.learned
             if overhead is None:
                 overhead = self.overhead.predict()
             net = observed - overhead
@@ -230,21 +245,26 @@ class ClaimChecker:
                     f"claimed {claimed:.4g} s is above the {observed:.4g} s observed: "
                     f"train-time {train:.4g} s, he-time {he or 0.0:.4g} s"
                 )
-            elif (claimed + overhead) * self.tolerance < observed:
+            elif judged and (claimed + overhead) * self.tolerance < observed:
                 train = net - fixed
                 notes.append(
                     f"claimed {claimed:.4g} s is far below the {net:.4g} s observed "
                     f"(net of {overhead:.3g} s overhead): train-time "
                     f"{train:.4g} s"
                 )
-                if silo is not None and self.learned:  # not on round 1's provisional h
-                    self.distrusted.add(silo)
+                if silo is not None:
+                    self.contradicted[silo] = self.contradicted.get(silo, 0) + 1
+                    if self.contradicted[silo] >= self.strikes:
+                        self.distrusted.add(silo)
+                return CheckedTimes(train, he, "; ".join(notes))
             elif silo in self.distrusted and net - fixed > train:
                 train = net - fixed
                 notes.append(
                     f"timed by the server since a contradicted claim: {net:.4g} s observed "
                     f"(net of {overhead:.3g} s overhead), train-time {train:.4g} s"
                 )
+            if silo is not None and judged:
+                self.contradicted.pop(silo, None)  # a consistent round ends the streak
         return CheckedTimes(train, he, "; ".join(notes) or None)
 
     @property
@@ -266,6 +286,7 @@ class ClaimChecker:
         return {
             "sizes": dict(self.sizes),
             "distrusted": sorted(self.distrusted),
+            "contradicted": dict(self.contradicted),
             "overhead": self.overhead.seen,
         }
 
@@ -273,4 +294,5 @@ class ClaimChecker:
         """Restore :meth:`state_dict`."""
         self.sizes = {str(s): int(n) for s, n in state.get("sizes", {}).items()}
         self.distrusted = {str(s) for s in state.get("distrusted", [])}
+        self.contradicted = {str(s): int(n) for s, n in state.get("contradicted", {}).items()}
         self.overhead = OverheadTracker(self.overhead_rounds, state.get("overhead", ()))

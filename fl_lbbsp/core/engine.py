@@ -40,6 +40,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..contract import STEP_BATCH_SIZE, RecordKeys
 from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
+from .claims import honest_gap
 from .deadline import DeadlinePolicy, OverheadTracker, predicted_compute_time
 from .identity import SiloRegistry
 from .screening import InvalidReplyError, ReplyValidator, error_summary
@@ -205,7 +206,9 @@ class RoundState:
     run_id : int (default: 0)
         The Flower run, as the silos' signatures must name it.
 
-    ``nodes``, ``silos``, ``reports`` and ``rejected`` fill up as replies are screened.
+    ``nodes``, ``silos``, ``reports`` and ``rejected`` fill up as replies are screened;
+    ``held`` keeps the timings the engine judges only when the round closes (the first
+    observed round's, see :meth:`RoundEngine.report`).
     """
 
     server_round: int
@@ -223,6 +226,7 @@ class RoundState:
     silos: set[str] = field(default_factory=set)
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    held: dict[str, tuple[Mapping[str, Any], int | None, float]] = field(default_factory=dict)
 
     @property
     def shares(self) -> dict[str, int]:
@@ -709,7 +713,43 @@ class RoundEngine:
                 record["invalid-report"] = record["rejected-claim"] = refused
                 state.reports[silo] = record
                 return False
-        metrics = self._bounded_times(state, silo, metrics, record, observed)
+        if self.config.check_times is False:
+            observed = None
+        train = _real(metrics.get(keys.train_time))
+        if train is not None and observed is not None:
+            record["observed-time"] = observed
+            record["claimed-time"] = train + (_real(metrics.get(keys.he_time)) or 0.0)
+            if not self.claims.learned and not self.require_valid_report:
+                # No overhead learned yet: judged at close, against the whole round's
+                # gaps (a first round's wall times hold cold starts; one silo's alone
+                # cannot tell a lie from a slow start)
+                state.held[silo] = (metrics, share, observed)
+                state.reports[silo] = record
+                return True
+        self._feed(state, silo, metrics, record, share, observed)
+        state.reports[silo] = record
+        if self.require_valid_report and "invalid-report" in record:
+            log.warning(
+                "update of silo %s left out of this round: %s", silo, record["invalid-report"]
+            )
+            return False
+        return True
+
+    def _feed(
+        self,
+        state: RoundState,
+        silo: str,
+        metrics: Mapping[str, Any],
+        record: dict[str, Any],
+        share: int | None,
+        observed: float | None,
+        *,
+        overhead: float | None = None,
+    ) -> None:
+        """Bound a report's claimed times and feed it to the balancer; note it in
+        ``record``."""
+        keys = self.keys
+        metrics = self._bounded_times(state, silo, metrics, record, observed, overhead)
         cap = metrics.get(keys.max_batch_size)
         try:
             self.balancer.report(
@@ -728,13 +768,6 @@ class RoundEngine:
             log.warning("round report of silo %s left out of balancing: %s", silo, err)
             record["invalid-report"] = str(err)
         record["predicted-speed"] = self.balancer.predicted_speed(silo)
-        state.reports[silo] = record
-        if self.require_valid_report and "invalid-report" in record:
-            log.warning(
-                "update of silo %s left out of this round: %s", silo, record["invalid-report"]
-            )
-            return False
-        return True
 
     def _bounded_times(
         self,
@@ -743,34 +776,16 @@ class RoundEngine:
         metrics: Mapping[str, Any],
         record: dict[str, Any],
         observed: float | None,
+        overhead: float | None,
     ) -> Mapping[str, Any]:
-        """The metrics with their claimed times bounded and cross-checked
-        (:meth:`~fl_lbbsp.core.claims.ClaimChecker.check_times`); ``record`` notes the
-        claims and the observation."""
+        """The metrics with their claimed times bounded and cross-checked against
+        ``observed`` net of ``overhead`` (``None``: the learned one)
+        (:meth:`~fl_lbbsp.core.claims.ClaimChecker.check_times`); ``record`` notes what
+        changed."""
         keys = self.keys
         train, he = _real(metrics.get(keys.train_time)), _real(metrics.get(keys.he_time))
         if train is None:
             return metrics  # the balancer rejects it
-        if self.config.check_times is False:
-            observed = None
-        overhead = None
-        if observed is not None:
-            if not self.claims.learned:
-                # First observed round, no overhead learned yet: the reference is the
-                # largest gap of the silos reported before in this round (0 for the
-                # first). Replies come in arrival order, so the later ones, with more
-                # messaging jitter, are held to the earlier ones' jitter; one liar cannot
-                # hide behind its own gap.
-                overhead = max(
-                    (
-                        r["observed-time"] - r["claimed-time"]
-                        for r in state.reports.values()
-                        if "observed-time" in r
-                    ),
-                    default=0.0,
-                )
-            record["observed-time"] = observed
-            record["claimed-time"] = train + (he or 0.0)
         checked = self.claims.check_times(
             train, he, observed=observed, overhead=overhead, silo=silo
         )
@@ -825,6 +840,17 @@ class RoundEngine:
         ]
         if not missed and wall is not None and times:
             self.overhead.observe(wall, max(times))
+        if state.held:
+            # the first observed round: each claim judged against the round's honest gap
+            reference = honest_gap(
+                r["observed-time"] - r["claimed-time"]
+                for r in state.reports.values()
+                if "observed-time" in r
+            )
+            for silo, (metrics, share, observed) in state.held.items():
+                record = state.reports[silo]
+                self._feed(state, silo, metrics, record, share, observed, overhead=reference)
+            state.held.clear()
         self.claims.learn_overhead(
             [
                 r["observed-time"] - r["claimed-time"]

@@ -160,6 +160,8 @@ class ClaimsState(_Open):
         Silo id -> its pinned dataset size (a positive integer).
     distrusted : list of str (default: [])
         Silos timed by the server since they were caught lying.
+    contradicted : dict of str to int (default: {})
+        Silo -> consecutive rounds its claimed time was contradicted (not yet distrusted).
     overhead : list of float (default: [])
         The learned messaging overhead of recent rounds, seconds (finite, >= 0).
     """
@@ -168,6 +170,9 @@ class ClaimsState(_Open):
         default_factory=dict, max_length=MAX_SILOS
     )
     distrusted: list[str] = Field(default_factory=list, max_length=MAX_SILOS)
+    contradicted: dict[str, Annotated[int, Field(ge=0, strict=True)]] = Field(
+        default_factory=dict, max_length=MAX_SILOS
+    )
     overhead: list[float] = Field(default_factory=list, max_length=100_000)
 
     @field_validator("overhead")
