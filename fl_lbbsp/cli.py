@@ -450,6 +450,15 @@ def _add_deploy_local(sub: Any) -> None:
         "one key per silo registered with the SuperLink; unknown nodes are refused)",
     )
     deploy.add_argument(
+        "--silo-registry",
+        metavar="KEYDIR",
+        default=None,
+        help="signed replies: give each SuperNode its signing-key KEYDIR/silo-<id>.key "
+        "from `fl-lbbsp keys silos --ids silo-0,silo-1,...` and the app run config "
+        "silo-registry=KEYDIR/registry.json; `auto`: generate them in WORKDIR/silo-keys "
+        "(default: unsigned replies)",
+    )
+    deploy.add_argument(
         "--no-restart",
         action="store_true",
         help="leave a SuperNode that dies out (default: log it and start it again)",
@@ -491,6 +500,7 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
         insecure=args.insecure,
         node_auth=not (args.insecure or args.no_node_auth),
         serialize_compute=not args.parallel_compute,
+        silo_registry=args.silo_registry,
     )
 
 
