@@ -693,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "deploy-local":
-        from .runs.deploy import RestartPolicy, serve
+        from .runs.deploy import RestartPolicy, read_run_config, serve
 
         try:
             federation = _deploy_federation(args)
@@ -705,6 +705,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--run-config needs --app")
         if args.run_config is not None and not args.run_config.is_file():
             parser.error(f"--run-config {args.run_config} is not a file")
+        if args.run_config is not None:
+            try:
+                read_run_config(args.run_config)
+            except ValueError as err:
+                parser.error(f"--run-config {args.run_config}: {err}")
         if not args.run_timeout > 0:
             parser.error(f"--run-timeout must be positive, got {args.run_timeout}")
         return serve(

@@ -140,6 +140,31 @@ def test_a_key_folder_that_misses_a_silo_is_refused_in_one_line(tmp_path, capsys
     assert "silo silo-0 is not in the silo registry" in err.splitlines()[-1]
 
 
+def test_deploy_local_refuses_a_run_config_that_is_not_toml(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    bad = tmp_path / "bad.toml"
+    bad.write_text("num-server-rounds = \n")
+
+    # Execute
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "deploy-local",
+                "--workdir",
+                str(tmp_path),
+                "--app",
+                str(APP),
+                "--run-config",
+                str(bad),
+            ]
+        )
+
+    # Assert: refused before anything starts, in one line
+    assert exit_info.value.code == 2
+    assert f"--run-config {bad}:" in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "logs").exists()
+
+
 def test_the_registry_joins_the_users_run_config_for_the_app(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Prepare: the user's overrides file (a nested table too), a federation that
     # starts nothing, and a `flwr run` that prints the run id

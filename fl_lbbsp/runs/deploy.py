@@ -999,7 +999,8 @@ def serve(
         A Flower app to run on the federation (``flwr run APP --stream``) once it is up;
         its final status decides the exit code.
     run_config : str | Path | None (default: None)
-        TOML file of run-config overrides for ``app`` (``flwr run --run-config``).
+        TOML file of run-config overrides for ``app``, merged with the federation's own
+        (:meth:`LocalFederation.app_run_config`) into one ``flwr run --run-config`` file.
     run_timeout : float (default: 86400.0)
         Seconds before ``app``'s run is stopped.
 
