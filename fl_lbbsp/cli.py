@@ -450,6 +450,15 @@ def _add_deploy_local(sub: Any) -> None:
         "one key per silo registered with the SuperLink; unknown nodes are refused)",
     )
     deploy.add_argument(
+        "--silo-registry",
+        metavar="KEYDIR",
+        default=None,
+        help="signed replies: give each SuperNode its signing-key KEYDIR/silo-<id>.key "
+        "from `fl-lbbsp keys silos --ids silo-0,silo-1,...` and the app run config "
+        "silo-registry=KEYDIR/registry.json; `auto`: generate them in WORKDIR/silo-keys "
+        "(default: unsigned replies)",
+    )
+    deploy.add_argument(
         "--no-restart",
         action="store_true",
         help="leave a SuperNode that dies out (default: log it and start it again)",
@@ -491,6 +500,7 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
         insecure=args.insecure,
         node_auth=not (args.insecure or args.no_node_auth),
         serialize_compute=not args.parallel_compute,
+        silo_registry=args.silo_registry,
     )
 
 
@@ -683,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "deploy-local":
-        from .runs.deploy import RestartPolicy, serve
+        from .runs.deploy import RestartPolicy, read_run_config, serve
 
         try:
             federation = _deploy_federation(args)
@@ -695,6 +705,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--run-config needs --app")
         if args.run_config is not None and not args.run_config.is_file():
             parser.error(f"--run-config {args.run_config} is not a file")
+        if args.run_config is not None:
+            try:
+                read_run_config(args.run_config)
+            except ValueError as err:
+                parser.error(f"--run-config {args.run_config}: {err}")
         if not args.run_timeout > 0:
             parser.error(f"--run-timeout must be positive, got {args.run_timeout}")
         return serve(

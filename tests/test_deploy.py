@@ -1,5 +1,6 @@
 """End to end on Flower's Deployment Engine: SuperLink + 3 SuperNodes over TLS on loopback,
-the quickstart app through ``flwr run``, one SuperNode killed in the last round.
+the quickstart app through ``flwr run`` with signed replies, one SuperNode killed in the
+last round.
 
 Every process is started by :class:`fl_lbbsp.runs.deploy.LocalFederation`, which stops them all
 by pid when the ``with`` block ends, whether the test passed or not.
@@ -23,6 +24,7 @@ import psutil
 import pytest
 import tomli
 
+from fl_lbbsp.core.identity import write_silo_keys
 from fl_lbbsp.runs.deploy import (
     LocalFederation,
     RestartPolicy,
@@ -207,9 +209,12 @@ def test_deploy_local_cli_starts_a_federation_and_ctrl_c_stops_it(tmp_path) -> N
 
 @pytest.mark.slow
 def test_flwr_run_over_tls_balances_silos_and_survives_a_killed_supernode(tmp_path) -> None:
-    """Also: the killed SuperNode is restarted by the supervision (``deploy-local``'s), the
-    run's final status is read, and a rogue SuperNode with only the CA file cannot join."""
-    # Prepare
+    """Also: every silo signs its replies and the server checks them against the silo
+    registry (``deploy-local --silo-registry``), the killed SuperNode is restarted by the
+    supervision (``deploy-local``'s), the run's final status is read, and a rogue SuperNode
+    with only the CA file cannot join."""
+    # Prepare: one signing key per silo, the registry for the server
+    keys = write_silo_keys(tmp_path / "silo-keys", ["silo-0", "silo-1", "silo-2"])
     telemetry = tmp_path / "telemetry.jsonl"
     seen_pids: set[int] = set()
     stop = threading.Event()
@@ -217,7 +222,10 @@ def test_flwr_run_over_tls_balances_silos_and_survives_a_killed_supernode(tmp_pa
     started = time.monotonic()
 
     with LocalFederation(
-        tmp_path / "fed", num_silos=3, slowdowns=slowdowns_from_speeds(SPEEDS)
+        tmp_path / "fed",
+        num_silos=3,
+        slowdowns=slowdowns_from_speeds(SPEEDS),
+        silo_registry=tmp_path / "silo-keys",
     ) as fed:
         seen_pids.update(fed.process_tree())
         assert fed.tls is not None
@@ -283,6 +291,15 @@ def test_flwr_run_over_tls_balances_silos_and_survives_a_killed_supernode(tmp_pa
         assert [e["round"] for e in train] == [1, 2, 3, 4]
         assert any(e["event"] == "finished" for e in events)
         assert killed_at, "silo-2 was never killed"
+
+        # ... every reply was signed by its silo and accepted: none rejected while all
+        # three silos are up, and none for its signature in any round (round 4 may see a
+        # stray reply of the killed node, rejected as not sent a message this round)
+        assert fed.app_run_config() == {"silo-registry": str(keys.registry)}
+        assert all(e["rejected"] == [] for e in train[:3]), [e["rejected"] for e in train]
+        rejected = [e["reason"] for e in events if e["event"] == "rejected"]
+        assert not [r for r in rejected if re.search("signature|unsigned|registry", r)], rejected
+        assert "silo identities are unverified" not in outcome.output
 
         # ... batch sizes follow the emulated speeds while all three silos are up
         for event in train[:3]:

@@ -25,6 +25,13 @@ a SuperNode that died (:class:`RestartPolicy`) and reports a dead SuperLink; :fu
 (``fl-lbbsp deploy-local``) and :func:`run_app` use it, and :func:`run_app` reports the
 run's final status (:attr:`RunOutcome.exit_code` is 0 only for ``finished:completed``).
 
+With ``silo_registry`` (``fl-lbbsp deploy-local --silo-registry KEYDIR``, or ``auto`` to
+generate the keys) every SuperNode gets its own Ed25519 signing key as
+``signing-key=".../silo-<id>.key"`` in its ``--node-config``, and :func:`run_app` (and the
+printed ``flwr run`` command) give the app ``silo-registry=".../registry.json"`` in its run
+config: the quickstart's silos then sign their train replies and its server rejects any
+reply that is not signed by the silo it claims (:mod:`fl_lbbsp.core.identity`).
+
 Nothing here imports Flower: the pieces are Flower's own command-line programs.
 """
 
@@ -36,6 +43,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -49,8 +57,20 @@ from typing import IO
 import psutil
 
 from ..clients.emulation import slowdowns_from_speeds
+from ..core.identity import (
+    REGISTRY_FILE,
+    check_silo_keys,
+    key_file_name,
+    write_silo_keys,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Flower depends on tomli
+    import tomli as tomllib
 
 __all__ = [
+    "AUTO_SILO_KEYS",
     "LocalFederation",
     "ManagedProcess",
     "NodeKeys",
@@ -62,6 +82,7 @@ __all__ = [
     "free_port",
     "generate_node_keys",
     "generate_tls",
+    "read_run_config",
     "run_app",
     "run_status",
     "serve",
@@ -72,6 +93,9 @@ __all__ = [
 
 CONNECTION = "lbbsp-local"
 """Name of the SuperLink connection written to the federation's Flower configuration."""
+
+AUTO_SILO_KEYS = "auto"
+"""``silo_registry`` value that generates the silos' signing keys in ``<workdir>/silo-keys``."""
 
 _NODE_ID = re.compile(r"SuperNode ID: (\d+)")
 
@@ -424,6 +448,13 @@ class LocalFederation:
         other down, noise the emulation would multiply by each silo's slowdown.
     node_config : Mapping[str, str | int | float] | None (default: None)
         Extra ``--node-config`` entries given to every SuperNode.
+    silo_registry : str | Path | None (default: None)
+        Signed replies: a key folder of ``fl-lbbsp keys silos`` (``registry.json`` and a
+        ``silo-<id>.key`` for every silo id, checked here), or ``"auto"``
+        (:data:`AUTO_SILO_KEYS`) to generate one in ``<workdir>/silo-keys`` at start.
+        Each SuperNode gets ``signing-key=<folder>/silo-<id>.key`` in its node config;
+        :meth:`app_run_config` gives the app ``silo-registry=<folder>/registry.json``
+        (:func:`run_app` passes it). ``None``: replies are unsigned.
     connection : str (default: "lbbsp-local")
         Name of the SuperLink connection in the written Flower configuration.
     env : Mapping[str, str] | None (default: None)
@@ -443,6 +474,7 @@ class LocalFederation:
         node_auth: bool | None = None,
         serialize_compute: bool = True,
         node_config: Mapping[str, str | int | float] | None = None,
+        silo_registry: str | Path | None = None,
         connection: str = CONNECTION,
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 90.0,
@@ -459,6 +491,14 @@ class LocalFederation:
             raise ValueError(f"need {num_silos} distinct silo ids, got {ids}")
         self.workdir = Path(workdir).resolve()
         self.num_silos = num_silos
+        self._generate_silo_keys = str(silo_registry) == AUTO_SILO_KEYS
+        self.silo_keys: Path | None = None
+        """Folder of the silos' signing keys and ``registry.json`` (None: unsigned)."""
+        if self._generate_silo_keys:
+            self.silo_keys = self.workdir / "silo-keys"
+        elif silo_registry is not None:
+            self.silo_keys = Path(silo_registry).resolve()
+            check_silo_keys(self.silo_keys, ids)  # IdentityError (a ValueError) if unusable
         self.insecure = insecure
         if node_auth and insecure:
             raise ValueError("SuperNode authentication needs TLS: drop insecure or node_auth")
@@ -507,6 +547,17 @@ class LocalFederation:
         env["FLWR_HOME"] = str(self.flwr_home)
         return env
 
+    @property
+    def registry_file(self) -> Path | None:
+        """The silo registry the app's server checks signatures with (None: unsigned)."""
+        return None if self.silo_keys is None else self.silo_keys / REGISTRY_FILE
+
+    def app_run_config(self) -> dict[str, str]:
+        """Run-config entries the federation gives an app: ``silo-registry`` with signed
+        replies, else none (Flower refuses keys an app does not declare)."""
+        registry = self.registry_file
+        return {} if registry is None else {"silo-registry": str(registry)}
+
     def run_command(self, app: str | Path, *extra: str) -> list[str]:
         """``flwr run APP CONNECTION *extra`` against this federation."""
         return [str(self.bin_dir / "flwr"), "run", str(app), self.connection, *extra]
@@ -533,6 +584,9 @@ class LocalFederation:
         if self.node_auth:
             names = [s.silo_id for s in self.silos]
             self.node_keys = generate_node_keys(self.workdir / "node-keys", names)
+        if self._generate_silo_keys and self.silo_keys is not None:
+            ids = [s.silo_id for s in self.silos]
+            write_silo_keys(self.silo_keys, ids, overwrite=True)
         self.port = free_port(self.host)
         self._write_flower_config()
         try:
@@ -699,12 +753,23 @@ class LocalFederation:
                 f"SuperNode  silo-id={silo.silo_id} partition-id={silo.partition_id}/"
                 f"{self.num_silos} slowdown={silo.slowdown:g} (emulated)  pid {proc.pid}"
             )
+        if self.silo_keys is not None:
+            lines.append(
+                f"signed replies: each SuperNode's signing-key in {self.silo_keys}, "
+                f"the server's silo-registry {self.registry_file}"
+            )
+        command = (
+            f"  FLWR_HOME={self.flwr_home} {self.bin_dir / 'flwr'} run examples/quickstart "
+            f"{self.connection} --stream"
+        )
+        overrides = " ".join(f"{k}={_toml(v)}" for k, v in self.app_run_config().items())
+        if overrides:
+            command += f" --run-config {shlex.quote(overrides)}"
         lines += [
             f"logs: {self.workdir / 'logs'}",
             "",
             "Run the quickstart app against it (from the repository root):",
-            f"  FLWR_HOME={self.flwr_home} {self.bin_dir / 'flwr'} run examples/quickstart "
-            f"{self.connection} --stream",
+            command,
         ]
         return "\n".join(lines)
 
@@ -808,6 +873,8 @@ class LocalFederation:
             "slowdown": silo.slowdown,
             **self._extra_node_config,
         }
+        if self.silo_keys is not None:
+            config["signing-key"] = str(self.silo_keys / key_file_name(silo.silo_id))
         args = [
             str(self.bin_dir / "flower-supernode"),
             "--superlink",
@@ -932,7 +999,8 @@ def serve(
         A Flower app to run on the federation (``flwr run APP --stream``) once it is up;
         its final status decides the exit code.
     run_config : str | Path | None (default: None)
-        TOML file of run-config overrides for ``app`` (``flwr run --run-config``).
+        TOML file of run-config overrides for ``app``, merged with the federation's own
+        (:meth:`LocalFederation.app_run_config`) into one ``flwr run --run-config`` file.
     run_timeout : float (default: 86400.0)
         Seconds before ``app``'s run is stopped.
 
@@ -953,12 +1021,12 @@ def serve(
         with federation:
             print(federation.describe(), flush=True)
             if app is not None:
-                extra = () if run_config is None else ("--run-config", str(run_config))
+                overrides = None if run_config is None else read_run_config(run_config)
                 print(f"\nrunning {app}; Ctrl-C stops it and the federation.", flush=True)
                 outcome = run_app(
                     federation,
                     app,
-                    extra_args=extra,
+                    run_config=overrides,
                     timeout=run_timeout,
                     policy=policy,
                     check_every=check_every,
@@ -1017,6 +1085,31 @@ class RunOutcome:
         return f"{run} ended {status} after {self.seconds:.0f} s{why}"
 
 
+def read_run_config(path: str | Path) -> dict[str, str | int | float | bool]:
+    """Run-config overrides from a TOML file, nested tables flattened to dotted keys as
+    Flower does (so that they can be merged with the federation's own entries).
+
+    Raises
+    ------
+    ValueError
+        The file is not TOML, or holds a value that is not a string, number or bool.
+    """
+    found: dict[str, str | int | float | bool] = {}
+
+    def _flatten(table: Mapping[str, object], prefix: str) -> None:
+        for key, value in table.items():
+            if isinstance(value, Mapping):
+                _flatten(value, f"{prefix}{key}.")
+            elif isinstance(value, str | int | float | bool):
+                found[f"{prefix}{key}"] = value
+            else:
+                raise ValueError(f"{path}: run-config {prefix}{key} is a {type(value).__name__}")
+
+    with Path(path).open("rb") as handle:
+        _flatten(tomllib.load(handle), "")
+    return found
+
+
 def write_run_config(path: str | Path, values: Mapping[str, str | int | float | bool]) -> Path:
     """Write run-config overrides as a TOML file for ``flwr run --run-config FILE``."""
     target = Path(path)
@@ -1046,13 +1139,15 @@ def run_app(
     app : str | Path
         Folder of the Flower app (with its ``pyproject.toml``).
     run_config : Mapping | None (default: None)
-        Run-config overrides (keys of the app's ``[tool.flwr.app.config]``).
+        Run-config overrides (keys of the app's ``[tool.flwr.app.config]``), on top of
+        the federation's own (:meth:`LocalFederation.app_run_config`: its
+        ``silo-registry`` with signed replies).
     timeout : float (default: 600.0)
         Seconds before ``flwr run`` is stopped (by pid).
     name : str (default: "run")
         Stem of the run-config file and of the stream's log in the federation's folder.
     extra_args : sequence of str (default: ())
-        More ``flwr run`` arguments (``--run-config FILE``).
+        More ``flwr run`` arguments (not ``--run-config``: give ``run_config``).
     policy : RestartPolicy | None (default: None)
         Supervise the federation while the run lasts: restart dead SuperNodes as this
         says, and stop the run when the SuperLink dies. ``None``: no supervision.
@@ -1068,8 +1163,9 @@ def run_app(
         ``finished:failed``, ...); ``exit_code`` is 0 only for a completed run.
     """
     args = [*federation.run_command(app, "--stream"), *extra_args]
-    if run_config:
-        path = write_run_config(federation.workdir / f"{name}.toml", run_config)
+    overrides = {**federation.app_run_config(), **(run_config or {})}
+    if overrides:
+        path = write_run_config(federation.workdir / f"{name}.toml", overrides)
         args += ["--run-config", str(path)]
     stream = federation.workdir / "logs" / f"{name}-flwr-run.log"
     stream.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,10 @@
 
 What LB-BSP needs from a silo, on top of a plain FedAvg ClientApp, is three things: use
 the ``batch-size`` of the train message, measure the compute time of the local steps and
-send it back as ``train-time`` with a stable ``silo-id``.
+send it back as ``train-time`` with a stable ``silo-id``. With node-config
+``signing-key`` (a ``silo-<id>.key`` of ``fl-lbbsp keys silos``, given by
+``fl-lbbsp deploy-local --silo-registry``) the silo also signs its train reply, so that a
+server with the silo registry can tell it from an impostor's.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ import contextlib
 import time
 import zlib
 from collections.abc import Iterator
+from functools import lru_cache
 
 import psutil
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -25,6 +30,8 @@ from fl_lbbsp.clients import (
     machine_usage,
     train_local,
 )
+from fl_lbbsp.contract import RecordKeys
+from fl_lbbsp.core.identity import load_signing_key, sign_reply, signed_arrays
 
 from .task import build_model_for, local_train_set
 
@@ -62,6 +69,38 @@ def _compute_slot(context: Context) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@lru_cache(maxsize=8)
+def _signing_key(path: str) -> Ed25519PrivateKey:
+    return load_signing_key(path)
+
+
+def _silo_record(
+    msg: Message,
+    context: Context,
+    *,
+    silo_id: str,
+    server_round: int,
+    arrays: ArrayRecord,
+    metrics: MetricRecord,
+) -> ConfigRecord:
+    """The reply's ``silo`` record: the silo id and, with node-config ``signing-key``, the
+    silo's signature over this run, round, silo id, metrics and arrays (what the server's
+    silo registry checks)."""
+    keys = RecordKeys()
+    record = ConfigRecord({keys.silo_id: silo_id})
+    path = str(context.node_config.get("signing-key", ""))
+    if path:
+        record[keys.signature] = sign_reply(
+            _signing_key(path),
+            run_id=msg.metadata.run_id,
+            server_round=server_round,
+            silo=silo_id,
+            metrics=metrics,
+            arrays=signed_arrays(arrays),
+        )
+    return record
 
 
 def _warm_up(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -135,13 +174,11 @@ def train(msg: Message, context: Context) -> Message:
             "train-loss": result.loss,
         }
     )
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord(model.state_dict()),
-            "metrics": metrics,
-            "silo": ConfigRecord({"silo-id": silo_id}),
-        }
+    arrays = ArrayRecord(model.state_dict())
+    silo = _silo_record(
+        msg, context, silo_id=silo_id, server_round=server_round, arrays=arrays, metrics=metrics
     )
+    content = RecordDict({"arrays": arrays, "metrics": metrics, RecordKeys().silo_record: silo})
     return Message(content=content, reply_to=msg)
 
 
