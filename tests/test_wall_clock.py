@@ -169,3 +169,27 @@ def test_wallclock_section_smoke_run_writes_a_valid_section(tmp_path: Path) -> N
     assert "LB-BSP / FedAvg round time, wall clock" in labels
     assert {row[0] for row in data["tables"][0]["rows"]} == {"fedavg", "lbbsp"}
     assert all(float(v) > 0 for row in data["tables"][0]["rows"] for v in row[2:4])
+
+
+@pytest.mark.parametrize(
+    ("env", "niceness"),
+    [(None, 0), ("15", None), ("5", None)],
+    ids=["default", "ray-default-asked-for", "user-set"],
+)
+def test_simulated_silos_run_at_normal_priority_unless_the_user_says(
+    env: str | None, niceness: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: Ray's own default starts workers at niceness 15, starved by any busy process
+    from fl_lbbsp.runs.engine import ray_init_args
+
+    if env is None:
+        monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    else:
+        monkeypatch.setenv("RAY_worker_niceness", env)
+
+    # Execute
+    args = ray_init_args(2)
+
+    # Assert: niceness 0 asked of Ray, or the user's environment left to Ray
+    assert args["num_cpus"] == 2 and args["include_dashboard"] is False
+    assert args.get("_system_config", {}).get("worker_niceness") == niceness

@@ -38,6 +38,7 @@ __all__ = [
     "central_evaluation",
     "check_key_files",
     "prepare_run",
+    "ray_init_args",
     "run_engine",
     "start_rounds",
     "start_telemetry",
@@ -214,19 +215,36 @@ def start_telemetry(path: Path, config: BaseModel, *, resume: bool = False) -> N
     TelemetryWriter(path).write({"event": "config", **config.model_dump(mode="json")})
 
 
+def ray_init_args(cpus: int) -> dict[str, Any]:
+    """``ray.init`` arguments of the Simulation Engine: ``cpus`` CPUs, no dashboard, the
+    workers at the driver's niceness unless ``RAY_worker_niceness`` is set (see
+    :func:`run_engine`)."""
+    args: dict[str, Any] = {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": False}
+    if "RAY_worker_niceness" not in os.environ:
+        args["_system_config"] = {"worker_niceness": 0}
+    return args
+
+
 def run_engine(
     server_app: ServerApp, client_app: ClientApp, *, num_supernodes: int, parallel: int
 ) -> None:
     """Run a ServerApp and ClientApp on Flower's Simulation Engine (Ray), with
-    ``parallel`` ClientApps computing at once."""
+    ``parallel`` ClientApps computing at once.
+
+    Ray starts its workers (here: the silos' ClientApps) at niceness 15, below every
+    ordinary process: on a busy machine a silo then gets a sliver of a core (about 1.5% of
+    one beside a process at niceness 0, measured on this 2-core machine under two CPU
+    burners) and its timings measure the other jobs, not its emulated capacity. The
+    silos run at the driver's niceness instead, unless ``RAY_worker_niceness`` is set.
+    """
     cpus = os.cpu_count() or 1
     backend_config = {
         "client_resources": {"num_cpus": cpus / parallel, "num_gpus": 0.0},
-        "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": False},
+        "init_args": ray_init_args(cpus),
     }
     run_simulation(
         server_app=server_app,
         client_app=client_app,
         num_supernodes=num_supernodes,
-        backend_config=backend_config,  # type: ignore[arg-type]
+        backend_config=backend_config,
     )
