@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from fl_lbbsp.contract import RecordKeys
 from fl_lbbsp.core.claims import ClaimChecker
-from fl_lbbsp.core.engine import RoundEngine, RoundState, Verdict
+from fl_lbbsp.core.engine import FastestReplies, RoundEngine, RoundState, Verdict
 from fl_lbbsp.core.settings import CLAIM_SETTINGS, BalancingConfig, ReplyLimits, balancing_config
 
 KEYS = RecordKeys()
@@ -665,3 +665,28 @@ def test_the_first_observed_round_is_judged_against_its_own_gaps(
         assert engine.balancer.predicted_speed(f"silo-{node}") == pytest.approx(
             B_INIT * TAU / believed
         )
+
+
+def test_a_first_round_reply_the_selector_drops_is_still_timed() -> None:
+    # Prepare: backup workers (keep the 2 fastest of 3), nothing learned yet
+    engine = RoundEngine(
+        config=balancing_config(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1),
+        keys=KEYS,
+        limits=ReplyLimits(),
+        weight_key=KEYS.num_examples,
+        selector=FastestReplies(replies=2),
+    )
+    state = engine.plan(1, range(3))
+    claims = (0.1, 0.2, 0.4)
+
+    # Execute: the replies, the selection, the close
+    for node, claim in enumerate(claims):
+        _report(engine, state, node, _metrics(B_INIT, claim), observed=claim + 0.01)
+    kept, dropped = engine.select(state, [f"silo-{n}" for n in range(3)])
+    engine.close(state, replied=range(3), wall=0.41)
+
+    # Assert: silo 2 is dropped from the aggregate, but the balancer knows its speed and
+    # its record (in the dropped ones) says so
+    assert kept == {"silo-0", "silo-1"} and set(dropped) == {"silo-2"}
+    assert engine.balancer.predicted_speed("silo-2") == pytest.approx(B_INIT * TAU / 0.4)
+    assert dropped["silo-2"]["predicted-speed"] == pytest.approx(B_INIT * TAU / 0.4)

@@ -226,7 +226,9 @@ class RoundState:
     silos: set[str] = field(default_factory=set)
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     rejected: list[dict[str, Any]] = field(default_factory=list)
-    held: dict[str, tuple[Mapping[str, Any], int | None, float]] = field(default_factory=dict)
+    held: dict[str, tuple[Mapping[str, Any], dict[str, Any], int | None, float]] = field(
+        default_factory=dict
+    )
 
     @property
     def shares(self) -> dict[str, int]:
@@ -723,7 +725,7 @@ class RoundEngine:
                 # No overhead learned yet: judged at close, against the whole round's
                 # gaps (a first round's wall times hold cold starts; one silo's alone
                 # cannot tell a lie from a slow start)
-                state.held[silo] = (metrics, share, observed)
+                state.held[silo] = (metrics, record, share, observed)
                 state.reports[silo] = record
                 return True
         self._feed(state, silo, metrics, record, share, observed)
@@ -847,8 +849,8 @@ class RoundEngine:
                 for r in state.reports.values()
                 if "observed-time" in r
             )
-            for silo, (metrics, share, observed) in state.held.items():
-                record = state.reports[silo]
+            # (a silo the selector dropped is fed too: its timing is no less true)
+            for silo, (metrics, record, share, observed) in state.held.items():
                 self._feed(state, silo, metrics, record, share, observed, overhead=reference)
             state.held.clear()
         self.claims.learn_overhead(
