@@ -842,24 +842,20 @@ class RoundEngine:
         ]
         if not missed and wall is not None and times:
             self.overhead.observe(wall, max(times))
+        # observed minus claimed time of each timed reply: the messaging overhead
+        gaps = [
+            r["observed-time"] - r["claimed-time"]
+            for r in state.reports.values()
+            if "observed-time" in r
+        ]
         if state.held:
             # the first observed round: each claim judged against the round's honest gap
-            reference = honest_gap(
-                r["observed-time"] - r["claimed-time"]
-                for r in state.reports.values()
-                if "observed-time" in r
-            )
             # (a silo the selector dropped is fed too: its timing is no less true)
+            reference = honest_gap(gaps)
             for silo, (metrics, record, share, observed) in state.held.items():
                 self._feed(state, silo, metrics, record, share, observed, overhead=reference)
             state.held.clear()
-        self.claims.learn_overhead(
-            [
-                r["observed-time"] - r["claimed-time"]
-                for r in state.reports.values()
-                if "observed-time" in r
-            ]
-        )
+        self.claims.learn_overhead(gaps)
         return {
             "deadline": state.deadline,
             "missed": [self.silo_id(node) for node in missed],
