@@ -147,6 +147,27 @@ def test_compare_seed_on_injected_traces() -> None:
     assert row["lbbsp_min_batch_size"] == 7.0
     assert row["noise_ratio"] == pytest.approx((1 / 57 + 1 / 7) / 2 * 32)
     assert (row["fedavg_round_time"], row["lbbsp_round_time"]) == (3.0, 1.0)
+    # the swing: mean |change| over the last 3 rounds, averaged over both schemes
+    assert row["swing"] == pytest.approx(((0.03 + 0.02) / 2 + (0.03 + 0.02) / 2) / 2)
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "last", "expected"),
+    [
+        ([0.1, 0.5, 0.4, 0.6], 3, (0.1 + 0.2) / 2),  # only the last 3 rounds count
+        ([0.1, None, 0.4, 0.6], 10, (0.3 + 0.2) / 2),  # rounds without evaluation skipped
+        ([0.8, 0.8, 0.8], 3, 0.0),  # a plateau does not swing
+        ([0.7], 3, None),  # one round: no change to measure
+    ],
+)
+def test_swing_is_the_mean_round_to_round_change_of_the_last_rounds(
+    accuracy: list[float | None], last: int, expected: float | None
+) -> None:
+    # Execute
+    value = bench.swing(accuracy, last)
+
+    # Assert
+    assert value == (None if expected is None else pytest.approx(expected))
 
 
 def test_aggregate_marks_both_goals_met() -> None:
