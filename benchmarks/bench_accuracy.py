@@ -735,7 +735,7 @@ def _ratio(text: str) -> float | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the section and write ``accuracy.json``; 0 also when skipped (no MNIST)."""
     cli = parser(__doc__.split("\n\n")[0])
-    cli.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: 8)")
+    cli.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: 12)")
     cli.add_argument("--rounds", type=int, default=None, help=f"rounds (default: {ROUNDS})")
     cli.add_argument("--local-steps", type=int, default=None, help="tau (default: 20)")
     cli.add_argument("--batch-size", type=int, default=None, help="B_init (default: 32)")
@@ -803,7 +803,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     settings = Settings(
         dataset=dataset,
-        seeds=tuple(range(args.seeds or (2 if args.smoke else 8))),
+        seeds=tuple(range(args.seeds or (2 if args.smoke else 12))),
         partitions=tuple(p.strip() for p in args.partitions.split(",") if p.strip()),
         rounds=args.rounds or (2 if args.smoke else ROUNDS),
         local_steps=args.local_steps or (2 if args.smoke else 20),
