@@ -413,3 +413,57 @@ def test_load_state_dict_rejects_bad_states(change: dict[str, Any], message: str
     # Execute / Assert
     with pytest.raises(ValueError, match=message):
         LBBSPCoordinator(initial_batch_size=B_INIT).load_state_dict(state)
+
+
+# ------------------------------------------------------------------- restart attempts
+TORCHRUN_ENV = ("TORCHELASTIC_USE_AGENT_STORE", "GROUP_WORLD_SIZE", "TORCHELASTIC_MAX_RESTARTS",
+                "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                "TORCHELASTIC_RESTART_COUNT")  # fmt: skip
+
+
+def test_attempt_store_namespaces_the_keys_of_each_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: a store standing in for torchrun's agent store, shared by two attempts
+    from fl_lbbsp.distributed.runtime import attempt_store
+
+    timeout = datetime.timedelta(seconds=30)
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "GROUP_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port), "WORLD_SIZE": "2",
+           "TORCHELASTIC_RUN_ID": "job"}  # fmt: skip
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    # Execute: attempt 0 writes a rank's address, attempt 1 looks for it
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    first = attempt_store(timeout)
+    assert first is not None
+    first.set("rank_1", "dead peer")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    second = attempt_store(timeout)
+    assert second is not None
+
+    # Assert: the key lives under the first attempt's prefix; the second does not see it
+    assert agent.get("fl_lbbsp/job/attempt_0/rank_1") == b"dead peer"
+    assert first.check(["rank_1"]) and not second.check(["rank_1"])
+
+
+def test_attempt_store_is_none_outside_a_single_torchrun_agent(
+    monkeypatch: pytest.MonkeyPatch, fl_log: pytest.LogCaptureFixture
+) -> None:
+    # Prepare
+    from fl_lbbsp.distributed.runtime import attempt_store
+
+    timeout = datetime.timedelta(seconds=1)
+    for name in TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+    # Execute / Assert: no agent store (a plain launch): the default rendezvous
+    assert attempt_store(timeout) is None
+    # several agents: the restart counts may differ between nodes, so no prefix, a warning
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    assert attempt_store(timeout) is None
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in fl_log.text
