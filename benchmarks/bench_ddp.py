@@ -21,12 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import ROOT, dataset, machine, parser
+from common import RESULTS, ROOT, dataset, machine, parser
 from report import write_section
 
 EXAMPLE = ROOT / "examples" / "ddp_lbbsp.py"
@@ -420,8 +420,24 @@ def attach_targets(runs: dict[str, dict[str, Any]]) -> None:
 
 def main() -> int:
     """Run every case, write ``ddp.json``."""
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    cli = parser(__doc__.splitlines()[0])
+    cli.add_argument("--cases", default="",
+                     help="comma-separated case keys to run (default: all); a partial run "
+                     "is for comparisons and needs an --out other than the report's")  # fmt: skip
+    cli.add_argument("--batch-size", type=int, default=None,
+                     help="B_init per rank (default: the settings', 64); like --cases")  # fmt: skip
+    args = cli.parse_args()
+    if (args.cases or args.batch_size is not None) and args.out.resolve() == RESULTS.resolve():
+        cli.error("--cases and --batch-size write a partial section: pass --out DIR")
     settings = SMOKE if args.smoke else FULL
+    if args.cases:
+        keys = [k.strip() for k in args.cases.split(",") if k.strip()]
+        unknown = sorted(set(keys) - {c.key for c in settings.cases})
+        if unknown:
+            cli.error(f"unknown case(s) {unknown}; known: {[c.key for c in settings.cases]}")
+        settings = replace(settings, cases=tuple(c for c in settings.cases if c.key in keys))
+    if args.batch_size is not None:
+        settings = replace(settings, batch_size=args.batch_size)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("fl_lbbsp").setLevel(logging.WARNING)
     spec, data = dataset()

@@ -147,6 +147,29 @@ def test_automatic_every_stays_within_its_bounds() -> None:
     assert coordinator.overhead.per_iteration >= 0.0
 
 
+def test_cpu_time_of_the_compute_leaves_out_the_wait_for_a_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: injected clocks; the rank computes 0.02 s of CPU over 0.05 s of wall time
+    # (it queued for a core the rest of the time)
+    from fl_lbbsp.distributed import coordinator as module
+
+    wall, cpu = iter([10.0, 10.05]), iter([3.0, 3.02])
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(wall))
+    monkeypatch.setattr(module.time, "process_time", lambda: next(cpu))
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    assert coordinator.compute_cpu_time() is None and coordinator.began_at is None
+
+    # Execute
+    coordinator.begin()
+    coordinator.mark_computed()
+
+    # Assert: the CPU seconds and the wall seconds of the same compute, and its start
+    assert coordinator.compute_cpu_time() == pytest.approx(0.02)
+    assert coordinator.compute_time() == pytest.approx(0.05)
+    assert coordinator.began_at == 10.0
+
+
 def test_step_without_a_time_is_an_error() -> None:
     # Prepare
     coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)

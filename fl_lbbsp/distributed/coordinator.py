@@ -222,6 +222,8 @@ class LBBSPCoordinator:
         self._rebalances = 0
         self._began: float | None = None
         self._computed: float | None = None
+        self._began_cpu: float | None = None
+        self._computed_cpu: float | None = None
         self._expected: int | None = None
 
     # ---------------------------------------------------------------- the plan
@@ -283,18 +285,42 @@ class LBBSPCoordinator:
                 f"{self.batch_size} (did the loader draw ahead? use num_workers=0)"
             )
         self._computed = None
+        self._computed_cpu = None
+        self._began_cpu = time.process_time()
         self._began = time.perf_counter()
 
     def mark_computed(self) -> None:
         """Mark the end of this rank's local compute (the hook calls it per bucket; the
         last call, the last bucket, counts)."""
         self._computed = time.perf_counter()
+        self._computed_cpu = time.process_time()
 
     def compute_time(self) -> float | None:
         """Seconds from :meth:`begin` to the end of local compute, ``None`` if unknown."""
         if self._began is None or self._computed is None:
             return None
         return self._computed - self._began
+
+    def compute_cpu_time(self) -> float | None:
+        """CPU seconds this process used from :meth:`begin` to the end of local compute,
+        ``None`` if unknown.
+
+        Unlike :meth:`compute_time` it leaves out the time the rank waited for a core, so
+        it is the rank's own work when several ranks share the cores of one host: the
+        time to scale when emulating a slower machine of its own
+        (:func:`~fl_lbbsp.clients.emulation.emulated_time` with ``started``), where the
+        wall time would multiply the ranks' contention by the slowdown. Not for real
+        heterogeneity: a co-tenant on a rank's core slows its wall time, not its CPU time.
+        """
+        if self._began_cpu is None or self._computed_cpu is None:
+            return None
+        return self._computed_cpu - self._began_cpu
+
+    @property
+    def began_at(self) -> float | None:
+        """``time.perf_counter()`` at the last :meth:`begin` (``None`` before it, or after
+        :meth:`step`)."""
+        return self._began
 
     # ---------------------------------------------------------------- the loop
     def step(self, compute_time: float | None = None, *, samples: int | None = None) -> bool:
