@@ -169,10 +169,17 @@ def run_flower(case: Case, settings: Settings, spec: str, out: Path) -> list[dic
 
 
 # ----------------------------------------------------------------------- summarising
-def ideal_time(reports: dict[str, list[tuple[int, float]]], total: int) -> float | None:
+def ideal_time(
+    reports: dict[str, list[tuple[int, float]]], total: int, floor: int = 0
+) -> float | None:
     """T* = (X + sum b_i / a_i) / sum 1 / a_i from each rank's fitted cost t_i = a_i B + b_i
     (least squares over its (batch size, seconds per iteration) reports; b_i = 0 when its
-    batch sizes spread by less than 10%), DESIGN.md "The ideal to measure against"."""
+    batch sizes spread by less than 10%), DESIGN.md "The ideal to measure against".
+
+    ``floor`` > 0: the ideal when no batch may be smaller (the balancer's smallest batch
+    size, ``min_batch_fraction`` of B_init): ranks whose ideal batch falls below it get the
+    floor, the others split the rest, and T* is the slowest of them all.
+    """
     a, b = [], []
     for pairs in reports.values():
         xs = np.array([p[0] for p in pairs], dtype=np.float64)
@@ -187,8 +194,27 @@ def ideal_time(reports: dict[str, list[tuple[int, float]]], total: int) -> float
                 continue
         a.append(float(np.mean(ts / xs)))
         b.append(0.0)
-    inverse = 1.0 / np.array(a)
-    return float((total + np.sum(np.array(b) * inverse)) / np.sum(inverse))
+    slopes, intercepts = np.array(a), np.array(b)
+    fixed = np.zeros(len(slopes), dtype=bool)
+    while True:
+        free = ~fixed
+        if not free.any():
+            return float(np.max(slopes * floor + intercepts))
+        inverse = 1.0 / slopes[free]
+        rest = total - floor * int(fixed.sum())
+        t_star = float((rest + np.sum(intercepts[free] * inverse)) / np.sum(inverse))
+        below = free & ((t_star - intercepts) / slopes < floor)
+        if not below.any():
+            pinned = slopes[fixed] * floor + intercepts[fixed]
+            return max([t_star, *pinned.tolist()])
+        fixed |= below
+
+
+def smallest_batch(initial_batch_size: int) -> int:
+    """The default balancer's smallest batch size for B_init (``min_batch_fraction``)."""
+    from fl_lbbsp.core.balancer import BatchSizeBalancer
+
+    return BatchSizeBalancer(initial_batch_size=initial_batch_size).floor
 
 
 def _reached(evaluations: list[tuple[int, float, float]], target: float) -> tuple[Any, Any]:
@@ -208,6 +234,7 @@ def summarise_ddp(log: dict[str, Any], skip: int) -> dict[str, Any]:
         for rank, (size, seconds, count) in rebalance["reports"].items():
             reports.setdefault(rank, []).append((size, seconds / count))
     total = sum(its[0]["sizes"])
+    floor = smallest_batch(int(log["config"]["batch_size"]))
     per_rank = log["rank_compute"]
     measured = all(t is not None for times in per_rank for t in times)
     slowest = np.max(np.array(per_rank, dtype=np.float64), axis=0) if measured else None
@@ -216,6 +243,7 @@ def summarise_ddp(log: dict[str, Any], skip: int) -> dict[str, Any]:
         "iteration_time": float(np.mean([it["wall"] for it in later])),
         "compute_time": None if slowest is None else float(np.mean(slowest[skip:])),
         "t_star": ideal_time(reports, total) if reports else None,
+        "t_star_floor": ideal_time(reports, total, floor) if reports else None,
         "evaluations": [(e["iteration"], e["time"], e["accuracy"]) for e in log["evaluations"]],
         "final_accuracy": log["evaluations"][-1]["accuracy"],
         "final_sizes": summary["final_sizes"],
@@ -224,7 +252,7 @@ def summarise_ddp(log: dict[str, Any], skip: int) -> dict[str, Any]:
     }
 
 
-def summarise_flower(events: list[dict[str, Any]], skip: int) -> dict[str, Any]:
+def summarise_flower(events: list[dict[str, Any]], skip: int, floor: int = 0) -> dict[str, Any]:
     """The same figures for the Flower cluster mode: an iteration is the emulated round
     time (slowest worker) plus the real messaging overhead."""
     train = [e for e in events if e.get("event") == "train" and e.get("round_time")]
@@ -243,6 +271,7 @@ def summarise_flower(events: list[dict[str, Any]], skip: int) -> dict[str, Any]:
         "iteration_time": float(np.mean(times[skip:] if len(times) > skip else times)),
         "compute_time": float(np.mean(rounds[skip:] if len(rounds) > skip else rounds)),
         "t_star": ideal_time(reports, int(train[-1]["total_batch_size"])),
+        "t_star_floor": ideal_time(reports, int(train[-1]["total_batch_size"]), floor),
         "evaluations": [
             (r, float(elapsed[min(r, len(elapsed)) - 1]), a) for r, a in accuracy if r >= 1
         ],  # fmt: skip
@@ -283,6 +312,11 @@ def case_figures(case: Case, runs: dict[str, dict[str, Any]]) -> list[dict[str, 
                 {"op": "<=", "target": 1.05} if hetero_goal else None,
                 note="the slowest rank's compute time per iteration (what balancing controls) "
                 "over T* from each rank's fitted cost line; the paper: within 5% of the ideal"),
+        _figure(f"{case.label}: LB-BSP iteration time / T* at the smallest batch",
+                _ratio(lb["compute_time"], lb["t_star_floor"]), ".3f",
+                note="the same over the ideal when no batch is below the balancer's smallest "
+                "batch size (min_batch_fraction of B_init, an accuracy guard): with a large "
+                "fixed cost per batch the slowest rank's ideal batch falls below it"),
         _figure(f"{case.label}: LB-BSP wall time per iteration / T*",
                 _ratio(lb["iteration_time"], lb["t_star"]), ".3f",
                 note="the whole iteration: compute, the all-reduce, the optimiser step, the "
@@ -452,8 +486,9 @@ def main() -> int:
                     for s in SCHEMES}  # fmt: skip
             if case.flower:
                 runs["flower"] = summarise_flower(
-                    run_flower(case, settings, spec, out), settings.skip
-                )
+                    run_flower(case, settings, spec, out), settings.skip,
+                    smallest_batch(settings.batch_size),
+                )  # fmt: skip
             attach_targets(runs)
             results[case.key] = runs
             for scheme, s in runs.items():

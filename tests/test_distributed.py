@@ -123,6 +123,7 @@ def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
         ({"initial_batch_size": 8, "overhead_share": 1.5}, "overhead_share"),
         ({"initial_batch_size": 8, "max_every": 0}, "max_every"),
         ({"initial_batch_size": 8, "tolerance": 1.0}, "tolerance"),
+        ({"initial_batch_size": 8, "noise_sigmas": -1.0}, "noise_sigmas"),
     ],
 )
 def test_coordinator_rejects_bad_arguments(options: dict[str, Any], message: str) -> None:
@@ -168,6 +169,32 @@ def test_cpu_time_of_the_compute_leaves_out_the_wait_for_a_core(
     assert coordinator.compute_cpu_time() == pytest.approx(0.02)
     assert coordinator.compute_time() == pytest.approx(0.05)
     assert coordinator.began_at == 10.0
+
+
+def _window(times: list[float]) -> list[float]:
+    """One rank's row of an exchange (as ``step`` gathers it) for per-iteration times."""
+    return [sum(times), 8.0 * len(times), 8.0, float(len(times)), 0.0, 0.0,
+            sum(t * t for t in times)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("slow", "noise_sigmas", "held"),
+    [
+        ([0.6, 1.8, 0.6, 1.8], 2.0, True),  # 8% idle, but the lead is within the noise
+        ([0.6, 1.8, 0.6, 1.8], None, False),  # the same without the noise test
+        ([1.2, 1.2, 1.2, 1.2], 2.0, False),  # a steady lead: a slower rank, moved
+        ([1.04, 1.04, 1.04, 1.04], None, True),  # 2% idle: within the tolerance
+    ],
+)
+def test_sizes_are_held_while_the_slowest_ranks_lead_is_within_the_noise(
+    slow: list[float], noise_sigmas: float | None, held: bool
+) -> None:
+    # Prepare: two ranks' windows of 4 injected iteration times; rank 1 steady at 1.0 s
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, noise_sigmas=noise_sigmas)
+    rows = [_window(slow), _window([1.0] * 4)]
+
+    # Execute / Assert
+    assert coordinator._balanced(rows) is held
 
 
 def test_step_without_a_time_is_an_error() -> None:
