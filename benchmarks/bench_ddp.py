@@ -4,7 +4,8 @@ mode side by side (LeNet-5, MNIST), homogeneous and heterogeneous ranks.
 Every DDP run is ``examples/ddp_lbbsp.py`` launched with torchrun (gloo, CPU), as a user
 would run it: ``--mode ddp`` (equal batches, DDP's mean) or ``--mode lbbsp`` (balanced
 batch sizes, weighted gradient). Cases: 2 and 4 homogeneous ranks; 4 ranks with emulated
-slowdowns 4:2:1:1 (rank i waits (k_i - 1) t after computing for t); 2 ranks of which rank
+slowdowns 4:2:1:1 (rank i computes for t of CPU time and waits until k_i t has passed since
+its compute started); 2 ranks of which rank
 0 shares its CPU core with a CPU-burning process (real heterogeneity: both ranks pinned to
 one core each). The Flower cluster mode (``fl_lbbsp.runs.cluster``, every worker in this
 process) runs the emulated case with the same data, model, global batch and optimiser.
@@ -379,10 +380,14 @@ def section(
         "exchange stays under 2% of the wall time; sizes kept while the idle fraction is "
         "within 5%) and weights each rank's gradient by B_i / X in a DDP communication hook. "
         + (
-            "Emulated cases: rank i waits (k_i - 1) t after computing for t "
-            f"({', '.join(c.label for c in emulated if c.cost_model is None)}); plain DDP "
-            "then measures compute through the same hook with equal weights (DDP's mean), to "
-            "know t. "
+            "Emulated cases: rank i computes for t seconds of CPU time and waits until k_i t "
+            "has passed since its compute started (a machine k_i times slower, of its own: "
+            "the time it queued for one of the shared cores is in the wait, not multiplied "
+            f"by k_i) ({', '.join(c.label for c in emulated if c.cost_model is None)}); "
+            "plain DDP then measures compute through the same hook with equal weights (DDP's "
+            "mean), to know t. The 4 emulated machines need 1/4 + 1/2 + 1 + 1 = 2.75 of this "
+            "machine's cores at T*, more than its 2 (shared with other jobs): there the wall "
+            "time is bound by the total CPU work, which no split reduces. "
             + "".join(
                 f"In the cost-model case rank i instead waits until k_i (m B + b) has passed "
                 f"since its compute started, (m, b) = ({c.cost_model}) s, and reports that: "

@@ -1,8 +1,8 @@
 """LB-BSP in a DDP training script: LeNet-5 on MNIST with per-rank batch sizes.
 
 Launch with torchrun (gloo on CPU, NCCL on GPU), e.g. 4 ranks of which rank 0 behaves as a
-machine 4x slower and rank 1 as one 2x slower (emulated: after computing for t a rank
-waits (k - 1) t, fl_lbbsp.clients.emulation)::
+machine 4x slower and rank 1 as one 2x slower (emulated, fl_lbbsp.clients.emulation: a rank
+whose compute took t of CPU time waits until k t has passed since the compute started)::
 
     torchrun --standalone --nproc-per-node 4 examples/ddp_lbbsp.py \\
         --dataset mnist:../shared/data/mnist --slowdowns 4,2,1,1 --iterations 300
