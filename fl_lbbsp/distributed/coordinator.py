@@ -392,13 +392,17 @@ class LBBSPCoordinator:
             for r, row in enumerate(rows)
         }
         for r, report in self.last_reports.items():
+            # One iteration is the balancer's round: the window's mean per iteration, so
+            # that its cost fit (batch size -> time of a round) does not mix windows of
+            # different lengths (every="auto" changes k).
+            count = max(report.iterations, 1)
             try:
                 self.balancer.report(
                     self.rank_ids[r],
                     SiloReport(
                         batch_size=report.batch_size,
-                        train_time=report.compute_time,
-                        samples=report.samples,
+                        train_time=report.compute_time / count,
+                        samples=max(1, round(report.samples / count)),
                     ),
                 )
             except InvalidReportError as err:
