@@ -110,7 +110,7 @@ class LBBSPCoordinator:
     """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer.
 
     Every k iterations the ranks all_gather their compute times of the window;
-    each rank feeds every rank's report into its own
+    each rank feeds every rank's report (the window's mean iteration) into its own
     :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer`, rank 0's allocation is broadcast
     so that all ranks agree on it, and :attr:`sizes` changes for the next batch. The global
     batch ``X = world_size * initial_batch_size`` stays fixed. Gradients are weighted by
