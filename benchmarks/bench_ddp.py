@@ -4,7 +4,8 @@ mode side by side (LeNet-5, MNIST), homogeneous and heterogeneous ranks.
 Every DDP run is ``examples/ddp_lbbsp.py`` launched with torchrun (gloo, CPU), as a user
 would run it: ``--mode ddp`` (equal batches, DDP's mean) or ``--mode lbbsp`` (balanced
 batch sizes, weighted gradient). Cases: 2 and 4 homogeneous ranks; 4 ranks with emulated
-slowdowns 4:2:1:1 (rank i waits (k_i - 1) t after computing for t); 2 ranks of which rank
+slowdowns 4:2:1:1 (rank i computes for t of CPU time and waits until k_i t has passed since
+its compute started); 2 ranks of which rank
 0 shares its CPU core with a CPU-burning process (real heterogeneity: both ranks pinned to
 one core each). The Flower cluster mode (``fl_lbbsp.runs.cluster``, every worker in this
 process) runs the emulated case with the same data, model, global batch and optimiser.
@@ -21,12 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import ROOT, dataset, machine, parser
+from common import RESULTS, ROOT, dataset, machine, parser
 from report import write_section
 
 EXAMPLE = ROOT / "examples" / "ddp_lbbsp.py"
@@ -169,10 +170,17 @@ def run_flower(case: Case, settings: Settings, spec: str, out: Path) -> list[dic
 
 
 # ----------------------------------------------------------------------- summarising
-def ideal_time(reports: dict[str, list[tuple[int, float]]], total: int) -> float | None:
+def ideal_time(
+    reports: dict[str, list[tuple[int, float]]], total: int, floor: int = 0
+) -> float | None:
     """T* = (X + sum b_i / a_i) / sum 1 / a_i from each rank's fitted cost t_i = a_i B + b_i
     (least squares over its (batch size, seconds per iteration) reports; b_i = 0 when its
-    batch sizes spread by less than 10%), DESIGN.md "The ideal to measure against"."""
+    batch sizes spread by less than 10%), DESIGN.md "The ideal to measure against".
+
+    ``floor`` > 0: the ideal when no batch may be smaller (the balancer's smallest batch
+    size, ``min_batch_fraction`` of B_init): ranks whose ideal batch falls below it get the
+    floor, the others split the rest, and T* is the slowest of them all.
+    """
     a, b = [], []
     for pairs in reports.values():
         xs = np.array([p[0] for p in pairs], dtype=np.float64)
@@ -187,8 +195,27 @@ def ideal_time(reports: dict[str, list[tuple[int, float]]], total: int) -> float
                 continue
         a.append(float(np.mean(ts / xs)))
         b.append(0.0)
-    inverse = 1.0 / np.array(a)
-    return float((total + np.sum(np.array(b) * inverse)) / np.sum(inverse))
+    slopes, intercepts = np.array(a), np.array(b)
+    fixed = np.zeros(len(slopes), dtype=bool)
+    while True:
+        free = ~fixed
+        if not free.any():
+            return float(np.max(slopes * floor + intercepts))
+        inverse = 1.0 / slopes[free]
+        rest = total - floor * int(fixed.sum())
+        t_star = float((rest + np.sum(intercepts[free] * inverse)) / np.sum(inverse))
+        below = free & ((t_star - intercepts) / slopes < floor)
+        if not below.any():
+            pinned = slopes[fixed] * floor + intercepts[fixed]
+            return max([t_star, *pinned.tolist()])
+        fixed |= below
+
+
+def smallest_batch(initial_batch_size: int) -> int:
+    """The default balancer's smallest batch size for B_init (``min_batch_fraction``)."""
+    from fl_lbbsp.core.balancer import BatchSizeBalancer
+
+    return BatchSizeBalancer(initial_batch_size=initial_batch_size).floor
 
 
 def _reached(evaluations: list[tuple[int, float, float]], target: float) -> tuple[Any, Any]:
@@ -208,6 +235,7 @@ def summarise_ddp(log: dict[str, Any], skip: int) -> dict[str, Any]:
         for rank, (size, seconds, count) in rebalance["reports"].items():
             reports.setdefault(rank, []).append((size, seconds / count))
     total = sum(its[0]["sizes"])
+    floor = smallest_batch(int(log["config"]["batch_size"]))
     per_rank = log["rank_compute"]
     measured = all(t is not None for times in per_rank for t in times)
     slowest = np.max(np.array(per_rank, dtype=np.float64), axis=0) if measured else None
@@ -216,6 +244,7 @@ def summarise_ddp(log: dict[str, Any], skip: int) -> dict[str, Any]:
         "iteration_time": float(np.mean([it["wall"] for it in later])),
         "compute_time": None if slowest is None else float(np.mean(slowest[skip:])),
         "t_star": ideal_time(reports, total) if reports else None,
+        "t_star_floor": ideal_time(reports, total, floor) if reports else None,
         "evaluations": [(e["iteration"], e["time"], e["accuracy"]) for e in log["evaluations"]],
         "final_accuracy": log["evaluations"][-1]["accuracy"],
         "final_sizes": summary["final_sizes"],
@@ -224,7 +253,7 @@ def summarise_ddp(log: dict[str, Any], skip: int) -> dict[str, Any]:
     }
 
 
-def summarise_flower(events: list[dict[str, Any]], skip: int) -> dict[str, Any]:
+def summarise_flower(events: list[dict[str, Any]], skip: int, floor: int = 0) -> dict[str, Any]:
     """The same figures for the Flower cluster mode: an iteration is the emulated round
     time (slowest worker) plus the real messaging overhead."""
     train = [e for e in events if e.get("event") == "train" and e.get("round_time")]
@@ -243,6 +272,7 @@ def summarise_flower(events: list[dict[str, Any]], skip: int) -> dict[str, Any]:
         "iteration_time": float(np.mean(times[skip:] if len(times) > skip else times)),
         "compute_time": float(np.mean(rounds[skip:] if len(rounds) > skip else rounds)),
         "t_star": ideal_time(reports, int(train[-1]["total_batch_size"])),
+        "t_star_floor": ideal_time(reports, int(train[-1]["total_batch_size"]), floor),
         "evaluations": [
             (r, float(elapsed[min(r, len(elapsed)) - 1]), a) for r, a in accuracy if r >= 1
         ],  # fmt: skip
@@ -283,6 +313,11 @@ def case_figures(case: Case, runs: dict[str, dict[str, Any]]) -> list[dict[str, 
                 {"op": "<=", "target": 1.05} if hetero_goal else None,
                 note="the slowest rank's compute time per iteration (what balancing controls) "
                 "over T* from each rank's fitted cost line; the paper: within 5% of the ideal"),
+        _figure(f"{case.label}: LB-BSP iteration time / T* at the smallest batch",
+                _ratio(lb["compute_time"], lb["t_star_floor"]), ".3f",
+                note="the same over the ideal when no batch is below the balancer's smallest "
+                "batch size (min_batch_fraction of B_init, an accuracy guard): with a large "
+                "fixed cost per batch the slowest rank's ideal batch falls below it"),
         _figure(f"{case.label}: LB-BSP wall time per iteration / T*",
                 _ratio(lb["iteration_time"], lb["t_star"]), ".3f",
                 note="the whole iteration: compute, the all-reduce, the optimiser step, the "
@@ -345,10 +380,14 @@ def section(
         "exchange stays under 2% of the wall time; sizes kept while the idle fraction is "
         "within 5%) and weights each rank's gradient by B_i / X in a DDP communication hook. "
         + (
-            "Emulated cases: rank i waits (k_i - 1) t after computing for t "
-            f"({', '.join(c.label for c in emulated if c.cost_model is None)}); plain DDP "
-            "then measures compute through the same hook with equal weights (DDP's mean), to "
-            "know t. "
+            "Emulated cases: rank i computes for t seconds of CPU time and waits until k_i t "
+            "has passed since its compute started (a machine k_i times slower, of its own: "
+            "the time it queued for one of the shared cores is in the wait, not multiplied "
+            f"by k_i) ({', '.join(c.label for c in emulated if c.cost_model is None)}); "
+            "plain DDP then measures compute through the same hook with equal weights (DDP's "
+            "mean), to know t. The 4 emulated machines need 1/4 + 1/2 + 1 + 1 = 2.75 of this "
+            "machine's cores at T*, more than its 2 (shared with other jobs): there the wall "
+            "time is bound by the total CPU work, which no split reduces. "
             + "".join(
                 f"In the cost-model case rank i instead waits until k_i (m B + b) has passed "
                 f"since its compute started, (m, b) = ({c.cost_model}) s, and reports that: "
@@ -420,8 +459,24 @@ def attach_targets(runs: dict[str, dict[str, Any]]) -> None:
 
 def main() -> int:
     """Run every case, write ``ddp.json``."""
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    cli = parser(__doc__.splitlines()[0])
+    cli.add_argument("--cases", default="",
+                     help="comma-separated case keys to run (default: all); a partial run "
+                     "is for comparisons and needs an --out other than the report's")  # fmt: skip
+    cli.add_argument("--batch-size", type=int, default=None,
+                     help="B_init per rank (default: the settings', 64); like --cases")  # fmt: skip
+    args = cli.parse_args()
+    if (args.cases or args.batch_size is not None) and args.out.resolve() == RESULTS.resolve():
+        cli.error("--cases and --batch-size write a partial section: pass --out DIR")
     settings = SMOKE if args.smoke else FULL
+    if args.cases:
+        keys = [k.strip() for k in args.cases.split(",") if k.strip()]
+        unknown = sorted(set(keys) - {c.key for c in settings.cases})
+        if unknown:
+            cli.error(f"unknown case(s) {unknown}; known: {[c.key for c in settings.cases]}")
+        settings = replace(settings, cases=tuple(c for c in settings.cases if c.key in keys))
+    if args.batch_size is not None:
+        settings = replace(settings, batch_size=args.batch_size)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("fl_lbbsp").setLevel(logging.WARNING)
     spec, data = dataset()
@@ -436,8 +491,9 @@ def main() -> int:
                     for s in SCHEMES}  # fmt: skip
             if case.flower:
                 runs["flower"] = summarise_flower(
-                    run_flower(case, settings, spec, out), settings.skip
-                )
+                    run_flower(case, settings, spec, out), settings.skip,
+                    smallest_batch(settings.batch_size),
+                )  # fmt: skip
             attach_targets(runs)
             results[case.key] = runs
             for scheme, s in runs.items():

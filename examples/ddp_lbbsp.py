@@ -1,8 +1,8 @@
 """LB-BSP in a DDP training script: LeNet-5 on MNIST with per-rank batch sizes.
 
 Launch with torchrun (gloo on CPU, NCCL on GPU), e.g. 4 ranks of which rank 0 behaves as a
-machine 4x slower and rank 1 as one 2x slower (emulated: after computing for t a rank
-waits (k - 1) t, fl_lbbsp.clients.emulation)::
+machine 4x slower and rank 1 as one 2x slower (emulated, fl_lbbsp.clients.emulation: a rank
+whose compute took t of CPU time waits until k t has passed since the compute started)::
 
     torchrun --standalone --nproc-per-node 4 examples/ddp_lbbsp.py \\
         --dataset mnist:../shared/data/mnist --slowdowns 4,2,1,1 --iterations 300
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
-from fl_lbbsp.clients.emulation import CostModel, emulate_slowdown, emulated_time
+from fl_lbbsp.clients.emulation import CostModel, emulated_time
 from fl_lbbsp.datasets import load_source, train_test_split
 from fl_lbbsp.distributed import (
     LBBSPCoordinator,
@@ -116,10 +116,6 @@ def per_rank(values: list[float], world: int, default: float, what: str) -> list
     if len(values) != world:
         raise SystemExit(f"error: {what} lists {len(values)} values for {world} ranks")
     return values
-
-
-def _first_attempt() -> bool:
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
 def _first_attempt() -> bool:
@@ -224,11 +220,14 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         optimizer.step()
         measured = coordinator.compute_time()
         if emulating and measured is not None:
-            if args.cost_model is None:
-                reported = emulate_slowdown(measured, slowdowns[rank])  # waits (k - 1) t
-            else:  # waits until k (m B + b) has passed since the compute started
-                reported = emulated_time(measured, slowdowns[rank], cost=args.cost_model,
-                                         batch_size=len(x))  # fmt: skip
+            # A machine k times slower, of its own: t is this rank's CPU time (the ranks
+            # share this host's cores; the wall time would multiply their contention by
+            # k), and the rank waits until k t (or k (m B + b)) has passed since its
+            # compute started, so the time it queued for a core is part of the wait.
+            cpu = coordinator.compute_cpu_time()
+            reported = emulated_time(measured if cpu is None else cpu, slowdowns[rank],
+                                     cost=args.cost_model, batch_size=len(x),
+                                     started=coordinator.began_at)  # fmt: skip
         else:
             reported = measured if measured is not None else time.perf_counter() - began
         sizes = coordinator.sizes

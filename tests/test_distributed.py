@@ -123,6 +123,7 @@ def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
         ({"initial_batch_size": 8, "overhead_share": 1.5}, "overhead_share"),
         ({"initial_batch_size": 8, "max_every": 0}, "max_every"),
         ({"initial_batch_size": 8, "tolerance": 1.0}, "tolerance"),
+        ({"initial_batch_size": 8, "noise_sigmas": -1.0}, "noise_sigmas"),
     ],
 )
 def test_coordinator_rejects_bad_arguments(options: dict[str, Any], message: str) -> None:
@@ -145,6 +146,75 @@ def test_automatic_every_stays_within_its_bounds() -> None:
     assert seen <= {1, 2, 3}
     assert 10 <= coordinator.overhead.rebalances <= 30
     assert coordinator.overhead.per_iteration >= 0.0
+
+
+def test_cpu_time_of_the_compute_leaves_out_the_wait_for_a_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: injected clocks; the rank computes 0.02 s of CPU over 0.05 s of wall time
+    # (it queued for a core the rest of the time)
+    from fl_lbbsp.distributed import coordinator as module
+
+    wall, cpu = iter([10.0, 10.05]), iter([3.0, 3.02])
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(wall))
+    monkeypatch.setattr(module.time, "process_time", lambda: next(cpu))
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    assert coordinator.compute_cpu_time() is None and coordinator.began_at is None
+
+    # Execute
+    coordinator.begin()
+    coordinator.mark_computed()
+
+    # Assert: the CPU seconds and the wall seconds of the same compute, and its start
+    assert coordinator.compute_cpu_time() == pytest.approx(0.02)
+    assert coordinator.compute_time() == pytest.approx(0.05)
+    assert coordinator.began_at == 10.0
+
+
+def _window(times: list[float]) -> list[float]:
+    """One rank's row of an exchange (as ``step`` gathers it) for per-iteration times."""
+    return [sum(times), 8.0 * len(times), 8.0, float(len(times)), 0.0, 0.0,
+            sum(t * t for t in times)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("slow", "noise_sigmas", "held"),
+    [
+        ([0.6, 1.8, 0.6, 1.8], 2.0, True),  # 8% idle, but the lead is within the noise
+        ([0.6, 1.8, 0.6, 1.8], None, False),  # the same without the noise test
+        ([1.2, 1.2, 1.2, 1.2], 2.0, False),  # a steady lead: a slower rank, moved
+        ([1.04, 1.04, 1.04, 1.04], None, True),  # 2% idle: within the tolerance
+    ],
+)
+def test_sizes_are_held_while_the_slowest_ranks_lead_is_within_the_noise(
+    slow: list[float], noise_sigmas: float | None, held: bool
+) -> None:
+    # Prepare: two ranks' windows of 4 injected iteration times; rank 1 steady at 1.0 s
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, noise_sigmas=noise_sigmas)
+    rows = [_window(slow), _window([1.0] * 4)]
+
+    # Execute / Assert
+    assert coordinator._balanced(rows) is held
+
+
+def test_the_balancer_sees_the_windows_mean_iteration_whatever_its_length() -> None:
+    # Prepare: a world of one, windows of 1 then 3 then 2 iterations of 0.5 s each
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
+    fed: list[SiloReport] = []
+    real = coordinator.balancer.report
+    coordinator.balancer.report = lambda silo, report: (fed.append(report), real(silo, report))  # type: ignore[method-assign]
+
+    # Execute
+    for every in (1, 3, 2):
+        coordinator.every = coordinator._k = every
+        for _ in range(every):
+            coordinator.step(0.5)
+
+    # Assert: every report to the balancer is one iteration (0.5 s, B samples); the
+    # exchanged window keeps its totals
+    assert [(r.batch_size, r.train_time, r.samples) for r in fed] == [(B_INIT, 0.5, B_INIT)] * 3
+    assert coordinator.last_reports[0].compute_time == pytest.approx(1.0)
+    assert coordinator.last_reports[0].iterations == 2
 
 
 def test_step_without_a_time_is_an_error() -> None:
@@ -413,3 +483,57 @@ def test_load_state_dict_rejects_bad_states(change: dict[str, Any], message: str
     # Execute / Assert
     with pytest.raises(ValueError, match=message):
         LBBSPCoordinator(initial_batch_size=B_INIT).load_state_dict(state)
+
+
+# ------------------------------------------------------------------- restart attempts
+TORCHRUN_ENV = ("TORCHELASTIC_USE_AGENT_STORE", "GROUP_WORLD_SIZE", "TORCHELASTIC_MAX_RESTARTS",
+                "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                "TORCHELASTIC_RESTART_COUNT")  # fmt: skip
+
+
+def test_attempt_store_namespaces_the_keys_of_each_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: a store standing in for torchrun's agent store, shared by two attempts
+    from fl_lbbsp.distributed.runtime import attempt_store
+
+    timeout = datetime.timedelta(seconds=30)
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "GROUP_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port), "WORLD_SIZE": "2",
+           "TORCHELASTIC_RUN_ID": "job"}  # fmt: skip
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    # Execute: attempt 0 writes a rank's address, attempt 1 looks for it
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    first = attempt_store(timeout)
+    assert first is not None
+    first.set("rank_1", "dead peer")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    second = attempt_store(timeout)
+    assert second is not None
+
+    # Assert: the key lives under the first attempt's prefix; the second does not see it
+    assert agent.get("fl_lbbsp/job/attempt_0/rank_1") == b"dead peer"
+    assert first.check(["rank_1"]) and not second.check(["rank_1"])
+
+
+def test_attempt_store_is_none_outside_a_single_torchrun_agent(
+    monkeypatch: pytest.MonkeyPatch, fl_log: pytest.LogCaptureFixture
+) -> None:
+    # Prepare
+    from fl_lbbsp.distributed.runtime import attempt_store
+
+    timeout = datetime.timedelta(seconds=1)
+    for name in TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+    # Execute / Assert: no agent store (a plain launch): the default rendezvous
+    assert attempt_store(timeout) is None
+    # several agents: the restart counts may differ between nodes, so no prefix, a warning
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    assert attempt_store(timeout) is None
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in fl_log.text

@@ -52,6 +52,23 @@ def test_ideal_time_without_spread_is_total_over_summed_speeds() -> None:
     assert t_star == pytest.approx(100 / 1500)
 
 
+def test_ideal_time_with_a_floor_pins_the_ranks_below_it() -> None:
+    # Prepare: t = 0.004 B + 0.01 (4x slower, the same fixed part scaled) and t = 0.001 B
+    # + 0.0025, X = 100; unbounded, the slow rank's ideal batch is 18.5
+    bench = _load("bench_ddp")
+    reports = {"0": [(20, 0.09), (40, 0.17)], "1": [(80, 0.0825), (60, 0.0625)]}
+    free = bench.ideal_time(reports, 100)
+
+    # Execute
+    floored = bench.ideal_time(reports, 100, 30)
+
+    # Assert: (X + sum b/a) / sum 1/a unbounded; with the floor rank 0 gets 30 samples
+    # (0.13 s) and rank 1 the other 70 (0.0725 s): the slowest is the floored rank
+    assert free == pytest.approx((100 + 2.5 + 2.5) / 1250)
+    assert floored == pytest.approx(0.13)
+    assert bench.ideal_time(reports, 100, 10) == pytest.approx(free)
+
+
 @pytest.mark.slow
 def test_smoke_run_writes_a_valid_ddp_section(tmp_path: Path) -> None:
     # Execute: the smoke run, torchrun launches included

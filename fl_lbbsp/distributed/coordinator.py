@@ -110,7 +110,7 @@ class LBBSPCoordinator:
     """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer.
 
     Every k iterations the ranks all_gather their compute times of the window;
-    each rank feeds every rank's report into its own
+    each rank feeds every rank's report (the window's mean iteration) into its own
     :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer`, rank 0's allocation is broadcast
     so that all ranks agree on it, and :attr:`sizes` changes for the next batch. The global
     batch ``X = world_size * initial_batch_size`` stays fixed. Gradients are weighted by
@@ -138,6 +138,13 @@ class LBBSPCoordinator:
         most this: the ranks already finish together, and moving samples on noise alone
         only makes the slowest rank slower. The reports still reach the balancer. 0:
         apply every allocation. The paper's target is within 5% of the ideal.
+    noise_sigmas : float | None (default: 2.0)
+        Keep the current sizes too when the slowest rank is not slower than the others'
+        mean by more than this many standard errors of that difference (from each rank's
+        spread of per-iteration times within the window): its lead is within the noise
+        (ranks sharing cores, co-tenants coming and going), and moving samples after it
+        chases the noise. Needs windows of at least 2 iterations; off with ``tolerance``
+        0. ``None``: only ``tolerance`` holds the sizes.
     balance : bool (default: True)
         ``False``: the sizes stay at B_init and nothing is exchanged (plain DDP's equal
         split, with the same sampler).
@@ -169,6 +176,7 @@ class LBBSPCoordinator:
         overhead_share: float = 0.02,
         max_every: int = 100,
         tolerance: float = 0.05,
+        noise_sigmas: float | None = 2.0,
         balance: bool = True,
         balancer: BatchSizeBalancer | None = None,
         group: dist.ProcessGroup | None = None,
@@ -184,6 +192,11 @@ class LBBSPCoordinator:
         if not (isinstance(tolerance, float | int) and 0 <= tolerance < 1):
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
         self.tolerance = float(tolerance)
+        if noise_sigmas is not None and not (
+            isinstance(noise_sigmas, float | int) and 0 <= noise_sigmas < math.inf
+        ):
+            raise ValueError(f"noise_sigmas must be a finite number >= 0, got {noise_sigmas!r}")
+        self.noise_sigmas = None if noise_sigmas is None else float(noise_sigmas)
         self.group = group
         initialised = dist.is_available() and dist.is_initialized()
         self._rank = dist.get_rank(group) if initialised else 0
@@ -222,6 +235,8 @@ class LBBSPCoordinator:
         self._rebalances = 0
         self._began: float | None = None
         self._computed: float | None = None
+        self._began_cpu: float | None = None
+        self._computed_cpu: float | None = None
         self._expected: int | None = None
 
     # ---------------------------------------------------------------- the plan
@@ -283,18 +298,42 @@ class LBBSPCoordinator:
                 f"{self.batch_size} (did the loader draw ahead? use num_workers=0)"
             )
         self._computed = None
+        self._computed_cpu = None
+        self._began_cpu = time.process_time()
         self._began = time.perf_counter()
 
     def mark_computed(self) -> None:
         """Mark the end of this rank's local compute (the hook calls it per bucket; the
         last call, the last bucket, counts)."""
         self._computed = time.perf_counter()
+        self._computed_cpu = time.process_time()
 
     def compute_time(self) -> float | None:
         """Seconds from :meth:`begin` to the end of local compute, ``None`` if unknown."""
         if self._began is None or self._computed is None:
             return None
         return self._computed - self._began
+
+    def compute_cpu_time(self) -> float | None:
+        """CPU seconds this process used from :meth:`begin` to the end of local compute,
+        ``None`` if unknown.
+
+        Unlike :meth:`compute_time` it leaves out the time the rank waited for a core, so
+        it is the rank's own work when several ranks share the cores of one host: the
+        time to scale when emulating a slower machine of its own
+        (:func:`~fl_lbbsp.clients.emulation.emulated_time` with ``started``), where the
+        wall time would multiply the ranks' contention by the slowdown. Not for real
+        heterogeneity: a co-tenant on a rank's core slows its wall time, not its CPU time.
+        """
+        if self._began_cpu is None or self._computed_cpu is None:
+            return None
+        return self._computed_cpu - self._began_cpu
+
+    @property
+    def began_at(self) -> float | None:
+        """``time.perf_counter()`` at the last :meth:`begin` (``None`` before it, or after
+        :meth:`step`)."""
+        return self._began
 
     # ---------------------------------------------------------------- the loop
     def step(self, compute_time: float | None = None, *, samples: int | None = None) -> bool:
@@ -333,6 +372,7 @@ class LBBSPCoordinator:
             self._window_wall += now - self._last_step
         self._last_step = now
         self._window_time += seconds
+        self._window_square += seconds * seconds
         self._window_samples += self.batch_size if samples is None else int(samples)
         self._window_iterations += 1
         self.iteration += 1
@@ -341,7 +381,8 @@ class LBBSPCoordinator:
             return False
         started = time.perf_counter()
         mine = [self._window_time, float(self._window_samples), float(self.batch_size),
-                float(self._window_iterations), self._last_exchange, self._window_wall]  # fmt: skip
+                float(self._window_iterations), self._last_exchange, self._window_wall,
+                self._window_square]  # fmt: skip
         rows = self._gather(mine)
         self._reset_window()
         if self._rebalances:
@@ -351,13 +392,17 @@ class LBBSPCoordinator:
             for r, row in enumerate(rows)
         }
         for r, report in self.last_reports.items():
+            # One iteration is the balancer's round: the window's mean per iteration, so
+            # that its cost fit (batch size -> time of a round) does not mix windows of
+            # different lengths (every="auto" changes k).
+            count = max(report.iterations, 1)
             try:
                 self.balancer.report(
                     self.rank_ids[r],
                     SiloReport(
                         batch_size=report.batch_size,
-                        train_time=report.compute_time,
-                        samples=report.samples,
+                        train_time=report.compute_time / count,
+                        samples=max(1, round(report.samples / count)),
                     ),
                 )
             except InvalidReportError as err:
@@ -374,14 +419,30 @@ class LBBSPCoordinator:
         return True
 
     def _balanced(self, rows: list[list[float]]) -> bool:
-        """Whether the window's idle fraction is within the tolerance (Sec. 3.1: the
-        ranks finish together)."""
+        """Whether the ranks already finish together (Sec. 3.1): the window's idle
+        fraction is within the tolerance, or the slowest rank's lead is within the noise
+        (``noise_sigmas``). Never with ``tolerance`` 0."""
         if self.tolerance <= 0:
             return False
         times = [row[0] / row[3] for row in rows if row[3] > 0 and math.isfinite(row[0])]
         if len(times) != len(rows) or max(times) <= 0:
             return False
-        return 1.0 - sum(times) / len(times) / max(times) <= self.tolerance
+        if 1.0 - sum(times) / len(times) / max(times) <= self.tolerance:
+            return True
+        if self.noise_sigmas is None or len(rows) < 2:
+            return False
+        variances = []  # of each rank's mean time per iteration over the window
+        for row, mean in zip(rows, times, strict=True):
+            count = row[3]
+            if count < 2 or not math.isfinite(row[6]):
+                return False
+            spread = max(row[6] - count * mean * mean, 0.0) / (count - 1)
+            variances.append(spread / count)
+        slowest = max(range(len(times)), key=times.__getitem__)
+        others = [r for r in range(len(times)) if r != slowest]
+        lead = times[slowest] - sum(times[r] for r in others) / len(others)
+        error = math.sqrt(variances[slowest] + sum(variances[r] for r in others) / len(others) ** 2)
+        return lead <= self.noise_sigmas * error
 
     def _next_every(self, rows: list[list[float]]) -> int:
         """k for the next window: fixed, or (``"auto"``) the smallest that keeps the
@@ -401,6 +462,7 @@ class LBBSPCoordinator:
 
     def _reset_window(self) -> None:
         self._window_time = 0.0
+        self._window_square = 0.0
         self._window_samples = 0
         self._window_iterations = 0
         self._window_wall = 0.0
