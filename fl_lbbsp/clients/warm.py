@@ -147,11 +147,11 @@ def _encode(header: dict[str, Any], arrays: NamedArrays) -> list[bytes | memoryv
     specs = []
     buffers: list[bytes | memoryview] = []
     for name, array in arrays:
-        data = np.ascontiguousarray(array)
+        data = np.asarray(array, order="C")  # 0-d arrays stay 0-d
         if data.dtype.kind not in _DTYPE_KINDS:
             raise TypeError(f"array {name!r} has dtype {data.dtype}, not a number type")
         specs.append({"name": str(name), "dtype": data.dtype.str, "shape": list(data.shape)})
-        buffers.append(data.data.cast("B"))
+        buffers.append(data.reshape(-1).data.cast("B"))
     text = json.dumps({**header, "arrays": specs}).encode()
     return [_PREFIX.pack(_MAGIC, len(text)), text, *buffers]
 
@@ -473,7 +473,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, _stop)
     worker = WarmWorker(folder=args.folder, handler=handle)
     log.info("warm silo worker serving %s (pid %d)", worker.socket_path, os.getpid())
-    print(f"serving {worker.socket_path}", flush=True)
     try:
         worker.serve_forever()
     except KeyboardInterrupt:
