@@ -111,9 +111,11 @@ def test_wrong_token_is_refused(folder: Path) -> None:
 
 def test_another_users_process_is_refused(folder: Path) -> None:
     # the worker only serves one user id; this process's is not it
-    with WarmWorker(folder=folder, handler=_doubling, uid=os.getuid() + 1):
-        with pytest.raises(WarmWorkerError, match="another user"):
-            call_worker(folder, _request())
+    with (
+        WarmWorker(folder=folder, handler=_doubling, uid=os.getuid() + 1),
+        pytest.raises(WarmWorkerError, match="another user"),
+    ):
+        call_worker(folder, _request())
 
 
 def test_token_file_readable_by_others_is_not_used(folder: Path) -> None:
@@ -161,9 +163,11 @@ def test_stale_socket_of_a_dead_worker_falls_back_and_is_replaced(folder: Path) 
 
 
 def test_second_worker_on_a_served_folder_is_refused(folder: Path) -> None:
-    with WarmWorker(folder=folder, handler=_doubling):
-        with pytest.raises(RuntimeError, match="already serves"):
-            WarmWorker(folder=folder, handler=_doubling)
+    with (
+        WarmWorker(folder=folder, handler=_doubling),
+        pytest.raises(RuntimeError, match="already serves"),
+    ):
+        WarmWorker(folder=folder, handler=_doubling)
 
 
 def test_worker_lost_mid_task_falls_back(folder: Path) -> None:
@@ -288,7 +292,8 @@ def test_quickstart_task_gives_the_same_update_in_the_worker_and_in_process(
 def test_worker_process_serves_and_stops_on_sigterm(folder: Path) -> None:
     """``python -m fl_lbbsp.clients.warm``: serves the quickstart task, then SIGTERM
     removes its socket and token."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
     proc = subprocess.Popen(
         [sys.executable, "-m", "fl_lbbsp.clients.warm", "--folder", str(folder)],
         env=env,

@@ -296,7 +296,9 @@ class WarmWorker:
             return
         try:
             header, arrays = _recv(conn)
-        except (EOFError, ValueError, KeyError, TypeError, OSError) as err:
+        except EOFError:  # a probe (is it serving?) or a client gone
+            return
+        except (ValueError, KeyError, TypeError, OSError) as err:
             log.warning("unreadable request: %s", err)
             return
         token = str(header.get("token", ""))
