@@ -3,6 +3,7 @@ the ClientApp's fallback, and the quickstart task run through it. No timing asse
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import stat
@@ -29,6 +30,7 @@ from fl_lbbsp.clients.warm import (
     call_worker,
     run_task,
 )
+from fl_lbbsp.runs.deploy import LocalFederation, ManagedProcess, RestartPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -327,3 +329,61 @@ def test_quickstart_client_app_imports_no_torch() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------- the workers in deploy-local
+def _node_config(fed: LocalFederation, index: int) -> dict[str, object]:
+    from flwr.common.config import parse_config_args
+
+    args = fed._supernode_args(fed.silos[index])
+    return dict(parse_config_args([args[args.index("--node-config") + 1]]))
+
+
+def test_each_supernode_gets_its_workers_folder_and_a_faster_task_poll(tmp_path: Path) -> None:
+    fed = LocalFederation(tmp_path, num_silos=2, insecure=True)
+    folders = [_node_config(fed, i)["warm-worker"] for i in range(2)]
+    assert folders == [str(fed.warm_folder("silo-0")), str(fed.warm_folder("silo-1"))]
+    assert fed._worker_args("silo-1")[-2:] == ["--folder", folders[1]]
+    assert fed._base_env()["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.2"
+
+    off = LocalFederation(tmp_path, num_silos=2, insecure=True, warm_workers=False)
+    assert "warm-worker" not in _node_config(off, 0)
+    explicit = LocalFederation(
+        tmp_path, insecure=True, env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "2"}
+    )
+    assert explicit._base_env()["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "2"
+    with pytest.raises(ValueError, match="task_poll_interval"):
+        LocalFederation(tmp_path, insecure=True, task_poll_interval=0.0)
+
+
+def test_a_workdir_too_deep_for_a_socket_gets_a_short_worker_folder(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    fed = LocalFederation(deep, num_silos=1, insecure=True)
+    folder = fed.warm_folder("silo-0")
+    assert not folder.is_relative_to(fed.workdir)
+    assert len(os.fsencode(folder / SOCKET_FILE)) <= 100
+    fed.stop()  # removes the temporary folder
+    assert not folder.parent.exists()
+
+
+def test_supervise_restarts_a_dead_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fed = LocalFederation(tmp_path, num_silos=1, insecure=True)
+    worker = ManagedProcess(
+        name="silo-0-worker",
+        popen=subprocess.Popen(["sh", "-c", "exit 3"]),
+        log_path=tmp_path / "w.log",
+        args=("sh", "-c", "exit 3"),
+    )
+    worker.popen.wait()
+    worker.started_at = 100.0
+    fed.workers = [worker]
+    restarted: list[int] = []
+    monkeypatch.setattr(fed, "restart_worker", lambda index: restarted.append(index) or worker)
+    log = io.StringIO()
+    assert fed.supervise(RestartPolicy(), log=log, now=200.0) is None
+    assert restarted == [0]
+    assert "silo-0-worker" in log.getvalue() and "exited with code 3" in log.getvalue()
+    restarted.clear()
+    assert fed.supervise(RestartPolicy(restart=False), log=log, now=300.0) is None
+    assert restarted == []
+    assert "trains in its ClientApp processes" in log.getvalue()
