@@ -120,6 +120,15 @@ def test_another_users_process_is_refused(folder: Path) -> None:
         call_worker(folder, _request())
 
 
+def test_refusal_before_a_large_request_is_read_is_still_a_refusal(folder: Path) -> None:
+    big = _request(arrays=[("w", np.zeros(4_000_000, dtype=np.float32))])  # 16 MB
+    with (
+        WarmWorker(folder=folder, handler=_doubling, uid=os.getuid() + 1),
+        pytest.raises(WarmWorkerError, match="another user"),
+    ):
+        run_task(big, folder=folder, fallback=_doubling)
+
+
 def test_token_file_readable_by_others_is_not_used(folder: Path) -> None:
     with WarmWorker(folder=folder, handler=_doubling):
         (folder / TOKEN_FILE).chmod(0o644)

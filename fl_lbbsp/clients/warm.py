@@ -399,7 +399,9 @@ def call_worker(
             "process_started": request.process_started,
         }
         try:
-            _send(sock, header, request.arrays)
+            # refused before it read everything? its answer says so (else: lost)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                _send(sock, header, request.arrays)
             reply, arrays = _recv(sock)
         except (EOFError, ConnectionError, TimeoutError) as err:
             raise WorkerUnavailableError(f"warm worker in {base} lost mid-task: {err}") from err
