@@ -1,11 +1,24 @@
-"""Deployed round time against the slowest silo's compute, with Flower's 3 s reply polling
-and with LBBSPFedAvg's finer ``poll-interval``.
+"""Deployed round overhead (wall time minus the slowest silo's emulated compute), before and
+after the warm silo worker, and the deployed LB-BSP/FedAvg wall-clock ratio against the
+emulated one.
 
-Starts a local deployment (SuperLink + N SuperNodes, TLS, emulated speeds), runs the
-quickstart app once per polling setting through ``flwr run``, and reports per round the
-wall time of the round (messages pushed -> all replies aggregated), the slowest reported
-compute time (emulated: silo i computes t, waits (k_i - 1) t, reports k_i t) and each
-ClientApp's start-up time (Flower launches one ClientApp process per message).
+Part 1 starts a local deployment (SuperLink + N SuperNodes, TLS, SuperNode
+authentication, signed replies: ``silo_registry="auto"``, emulated speeds) once per
+setting and run, alternating the settings against load drift, runs the quickstart app
+through ``flwr run`` and reports per round the wall time of the round (messages pushed ->
+all replies aggregated), the slowest reported compute time (emulated: silo i computes t,
+waits until k_i t has passed, reports k_i t), ClientApp start-up, dispatch and reply
+delay. Settings:
+
+- ``before``: no warm worker, Flower's SuperExec task poll (1 s): every ClientApp
+  process imports torch and loads the data and the model;
+- ``after``: a warm worker per silo (:mod:`fl_lbbsp.clients.warm`) and a 0.2 s task poll.
+
+Part 2 (``--ratio-rounds`` > 0) runs LB-BSP and FedAvg on the ``after`` deployment with
+an emulated cost model (``--cost-model``: every silo reports, and waits out,
+``tau k (m B + b)``), so that each round computes >= 5 s, and compares the deployed
+wall-clock ratio LB-BSP/FedAvg with the emulated one (sum of the slowest silo's
+emulated compute per round).
 
     python benchmarks/deploy_round_time.py --out runs/bench-deploy
 
@@ -16,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -75,6 +89,44 @@ def _summary(steady: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+SETTINGS: dict[str, dict[str, Any]] = {
+    "before": {"warm_workers": False, "task_poll_interval": None},
+    "after": {"warm_workers": True, "task_poll_interval": 0.2},
+}
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _run(
+    fed: LocalFederation, args: argparse.Namespace, name: str, config: dict[str, Any]
+) -> tuple[list[dict[str, Any]], float, float]:
+    telemetry = (args.out / f"{name}.jsonl").resolve()
+    telemetry.unlink(missing_ok=True)
+    load_before = _load()
+    outcome = run_app(
+        fed,
+        APP,
+        run_config={
+            "local-steps": args.local_steps,
+            "batch-size": args.batch_size,
+            "model": args.model,
+            "min-nodes": args.silos,
+            "poll-interval": args.poll_interval,
+            "telemetry": str(telemetry),
+            **config,
+        },
+        timeout=1800,
+        name=name,
+    )
+    if outcome.status != "finished:completed":
+        raise SystemExit(f"{name}: run ended {outcome.status}\n{outcome.output[-3000:]}")
+    rows = _rounds(read_telemetry(telemetry))[args.skip :]
+    print(name, f"{outcome.seconds:.1f} s, load {load_before:.1f}-{_load():.1f}", flush=True)
+    return rows, load_before, _load()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--silos", type=int, default=3)
@@ -83,17 +135,25 @@ def main() -> None:
     parser.add_argument("--local-steps", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--model", default="lenet5")
-    parser.add_argument(
-        "--polls", default="0,0.1", help="poll-interval values; 0 = Flower's own 3 s loop"
-    )
+    parser.add_argument("--poll-interval", type=float, default=0.1, help="reply polling (s)")
+    parser.add_argument("--settings", default="before,after", help=f"of {sorted(SETTINGS)}")
     parser.add_argument("--skip", type=int, default=1, help="first rounds left out per run")
     parser.add_argument("--repeat", type=int, default=2, help="runs per setting, alternated")
+    parser.add_argument(
+        "--ratio-rounds", type=int, default=6, help="rounds per scheme of part 2 (0: skip it)"
+    )
+    parser.add_argument(
+        "--cost-model",
+        default="0.0025,0.005",
+        help="part 2: emulated 'm,b' of the fastest silo (s per sample, s per step)",
+    )
     parser.add_argument("--insecure", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-deploy"))
     args = parser.parse_args()
 
     speeds = [float(s) for s in args.speeds.split(",")]
     slowdowns = slowdowns_from_speeds(speeds)
+    settings = [s for s in args.settings.split(",") if s]
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
         "setup": {
@@ -105,65 +165,102 @@ def main() -> None:
             "batch_size": args.batch_size,
             "model": args.model,
             "tls": not args.insecure,
+            "signed_replies": True,
+            "poll_interval": args.poll_interval,
+            "cpus": os.cpu_count(),
         },
         "runs": {},
+        "ratio": {},
     }
-    with LocalFederation(
-        args.out / "federation",
-        num_silos=args.silos,
-        slowdowns=slowdowns,
-        insecure=args.insecure,
-    ) as fed:
-        polls = [float(p) for p in args.polls.split(",")]
-        for repeat in range(args.repeat):  # alternate the settings against load drift
-            for poll in polls:
-                label = "flower-3s" if poll <= 0 else f"poll-{poll:g}s"
-                telemetry = (args.out / f"{label}-{repeat}.jsonl").resolve()
-                telemetry.unlink(missing_ok=True)
-                outcome = run_app(
+
+    def federation(setting: str, name: str) -> LocalFederation:
+        return LocalFederation(
+            args.out / f"federation-{name}",
+            num_silos=args.silos,
+            slowdowns=slowdowns,
+            insecure=args.insecure,
+            silo_registry="auto",
+            **SETTINGS[setting],
+        )
+
+    for repeat in range(args.repeat):  # alternate the settings against load drift
+        for setting in settings:
+            name = f"{setting}-{repeat}"
+            with federation(setting, name) as fed:
+                rows, l0, l1 = _run(fed, args, name, {"num-server-rounds": args.rounds})
+            run = results["runs"].setdefault(setting, {**SETTINGS[setting], "rounds": []})
+            run["rounds"] += rows
+            run.setdefault("load", []).append([l0, l1])
+    for run in results["runs"].values():
+        run["summary"] = _summary(run["rounds"])
+
+    if args.ratio_rounds > 0:
+        with federation("after", "ratio") as fed:
+            for scheme in ("lbbsp", "fedavg"):
+                rows, l0, l1 = _run(
                     fed,
-                    APP,
-                    run_config={
-                        "num-server-rounds": args.rounds,
-                        "local-steps": args.local_steps,
-                        "batch-size": args.batch_size,
-                        "model": args.model,
-                        "min-nodes": args.silos,
-                        "poll-interval": poll,
-                        "telemetry": str(telemetry),
+                    args,
+                    f"ratio-{scheme}",
+                    {
+                        "num-server-rounds": args.ratio_rounds,
+                        "scheme": scheme,
+                        "cost-model": args.cost_model,
                     },
-                    timeout=900,
-                    name=f"{label}-{repeat}",
                 )
-                if outcome.status != "finished:completed":
-                    raise SystemExit(
-                        f"{label}: run ended {outcome.status}\n{outcome.output[-3000:]}"
-                    )
-                run = results["runs"].setdefault(
-                    label, {"poll_interval": poll if poll > 0 else 3.0, "rounds": []}
-                )
-                run["rounds"] += _rounds(read_telemetry(telemetry))[args.skip :]
-                print(label, repeat, f"{outcome.seconds:.1f} s", flush=True)
-        for run in results["runs"].values():
-            run["summary"] = _summary(run["rounds"])
+                results["ratio"][scheme] = {
+                    "rounds": rows,
+                    "load": [l0, l1],
+                    "summary": _summary(rows),
+                }
 
     (args.out / "deploy_round_time.json").write_text(json.dumps(results, indent=2))
     lines = [
         f"Deployed round time, {args.silos} silos, emulated speeds {args.speeds}, "
-        f"{args.model}, tau={args.local_steps}, rounds {args.skip + 1}-{args.rounds} of "
-        f"{args.repeat} runs per setting (shared 2-core machine)",
+        f"{args.model}, tau={args.local_steps}, TLS, signed replies, reply polling "
+        f"{args.poll_interval:g} s, rounds {args.skip + 1}-{args.rounds} of {args.repeat} "
+        f"runs per setting ({os.cpu_count()}-core machine, other jobs running)",
         "",
-        "| replies polled | wall / round (s) | slowest compute (s) | wall - compute (s) "
-        "| ClientApp start-up (s) | dispatch (s) | reply delay (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| setting | wall / round (s) | slowest compute (s, emulated) | overhead: wall - compute "
+        "(s) | ClientApp start-up (s) | dispatch (s) | reply delay (s) | load average |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, run in results["runs"].items():
         s = run["summary"]
+        loads = [x for pair in run["load"] for x in pair]
         lines.append(
             f"| {label} | {s['mean_wall']:.2f} | {s['mean_slowest_compute']:.2f} "
             f"| {s['mean_overhead']:.2f} | {s['mean_max_startup']:.2f} "
-            f"| {s['mean_dispatch_delay']:.2f} | {s['mean_reply_delay']:.2f} |"
+            f"| {s['mean_dispatch_delay']:.2f} | {s['mean_reply_delay']:.2f} "
+            f"| {min(loads):.1f}-{max(loads):.1f} |"
         )
+    if results["ratio"]:
+        lb, fa = results["ratio"]["lbbsp"]["summary"], results["ratio"]["fedavg"]["summary"]
+        emulated = lb["mean_slowest_compute"] / fa["mean_slowest_compute"]
+        deployed = lb["mean_wall"] / fa["mean_wall"]
+        results["ratio"]["emulated_ratio"] = emulated
+        results["ratio"]["deployed_ratio"] = deployed
+        (args.out / "deploy_round_time.json").write_text(json.dumps(results, indent=2))
+        lines += [
+            "",
+            f"LB-BSP vs FedAvg deployed ('after'), emulated cost model m,b = {args.cost_model} "
+            f"(fastest silo), rounds {args.skip + 1}-{args.ratio_rounds}:",
+            "",
+            "| scheme | wall / round (s) | slowest compute (s, emulated) | overhead (s) "
+            "| load average |",
+            "|---|---|---|---|---|",
+        ]
+        for scheme in ("lbbsp", "fedavg"):
+            r = results["ratio"][scheme]
+            s = r["summary"]
+            lines.append(
+                f"| {scheme} | {s['mean_wall']:.2f} | {s['mean_slowest_compute']:.2f} "
+                f"| {s['mean_overhead']:.2f} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |"
+            )
+        lines += [
+            "",
+            f"LB-BSP/FedAvg: emulated {emulated:.3f}, deployed wall-clock {deployed:.3f} "
+            f"({100 * (deployed / emulated - 1):+.1f}%)",
+        ]
     (args.out / "deploy_round_time.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

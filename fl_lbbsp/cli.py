@@ -459,6 +459,13 @@ def _add_deploy_local(sub: Any) -> None:
         "(default: unsigned replies)",
     )
     deploy.add_argument(
+        "--no-warm-worker",
+        action="store_true",
+        help="no warm silo worker beside each SuperNode: every ClientApp process (one per "
+        "message) imports torch and loads the data and the model itself (default: a warm "
+        "worker per silo holds them)",
+    )
+    deploy.add_argument(
         "--no-restart",
         action="store_true",
         help="leave a SuperNode that dies out (default: log it and start it again)",
@@ -501,6 +508,7 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
         node_auth=not (args.insecure or args.no_node_auth),
         serialize_compute=not args.parallel_compute,
         silo_registry=args.silo_registry,
+        warm_workers=not args.no_warm_worker,
     )
 
 

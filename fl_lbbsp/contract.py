@@ -21,6 +21,7 @@ __all__ = [
     "SLOWDOWN",
     "STARTUP_TIME",
     "TRAIN_LOSS",
+    "WARM_WORKER",
     "ENCRYPTED_HEADER",
     "LAST_MODEL",
     "MODEL_REFUSED",
@@ -93,7 +94,17 @@ EVAL_LOSS = "eval-loss"
 """Evaluation metric: the loss on the silo's test split."""
 EVAL_ACCURACY = "eval-acc"
 """Evaluation metric: the accuracy on the silo's test split."""
-SILO_APP_METRICS: tuple[str, ...] = (COMPUTE_TIME, BUSY_TIME, STARTUP_TIME, SLOWDOWN, TRAIN_LOSS)
+WARM_WORKER = "warm-worker"
+"""Metric of the quickstart silo: 1 when its warm worker trained, 0 when the ClientApp
+process did (:mod:`fl_lbbsp.clients.warm`)."""
+SILO_APP_METRICS: tuple[str, ...] = (
+    COMPUTE_TIME,
+    BUSY_TIME,
+    STARTUP_TIME,
+    SLOWDOWN,
+    TRAIN_LOSS,
+    WARM_WORKER,
+)
 """Metrics beyond the contract's that the shipped silo and worker apps send."""
 
 MODEL_REFUSED = "model-refused"

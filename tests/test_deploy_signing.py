@@ -101,6 +101,7 @@ def test_auto_generates_the_keys_in_the_workdir_at_start(tmp_path, monkeypatch) 
     monkeypatch.setattr(fed, "_spawn", spawn)
     monkeypatch.setattr(fed, "_wait_for_superlink", lambda: None)
     monkeypatch.setattr(fed, "_wait_for_supernodes", lambda: None)
+    monkeypatch.setattr(fed, "_wait_for_workers", lambda: None)
 
     # Execute
     with fed:

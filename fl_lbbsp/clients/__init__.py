@@ -1,16 +1,45 @@
-"""The silo side: sampler, trainer, slowdown emulation, the Flower ClientApp and an adapter
-for existing train functions (:func:`lbbsp_train`)."""
+"""The silo side: sampler, trainer, slowdown emulation, the Flower ClientApp, an adapter
+for existing train functions (:func:`lbbsp_train`) and the warm silo worker
+(:mod:`fl_lbbsp.clients.warm`).
 
-from .adapter import LocalTraining, lbbsp_train
-from .emulation import (
-    CostModel,
-    OutOfMemoryError,
-    SlowdownSchedule,
-    emulate_slowdown,
-    emulated_time,
-)
-from .sampler import ResizableBatchSampler, check_batch_size
-from .trainer import TrainerConfig, TrainResult, evaluate, machine_usage, train_local
+The names below are imported on first use (PEP 562), so that a light module of this
+package (:mod:`~fl_lbbsp.clients.warm`, which Flower's per-message ClientApp process
+imports) does not pull in torch through the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .adapter import LocalTraining, lbbsp_train
+    from .emulation import (
+        CostModel,
+        OutOfMemoryError,
+        SlowdownSchedule,
+        emulate_slowdown,
+        emulated_time,
+    )
+    from .sampler import ResizableBatchSampler, check_batch_size
+    from .trainer import TrainerConfig, TrainResult, evaluate, machine_usage, train_local
+
+_WHERE = {
+    "LocalTraining": ".adapter",
+    "lbbsp_train": ".adapter",
+    "CostModel": ".emulation",
+    "OutOfMemoryError": ".emulation",
+    "SlowdownSchedule": ".emulation",
+    "emulate_slowdown": ".emulation",
+    "emulated_time": ".emulation",
+    "ResizableBatchSampler": ".sampler",
+    "check_batch_size": ".sampler",
+    "TrainerConfig": ".trainer",
+    "TrainResult": ".trainer",
+    "evaluate": ".trainer",
+    "machine_usage": ".trainer",
+    "train_local": ".trainer",
+}
 
 __all__ = [
     "CostModel",
@@ -28,3 +57,16 @@ __all__ = [
     "machine_usage",
     "train_local",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -32,6 +32,15 @@ printed ``flwr run`` command) give the app ``silo-registry=".../registry.json"``
 config: the quickstart's silos then sign their train replies and its server rejects any
 reply that is not signed by the silo it claims (:mod:`fl_lbbsp.core.identity`).
 
+With ``warm_workers`` (the default; ``fl-lbbsp deploy-local --no-warm-worker`` turns it
+off) every silo also gets a warm worker (:mod:`fl_lbbsp.clients.warm`): a long-lived
+process holding torch, the data and the model, started before its SuperNode, supervised
+and stopped with it; its folder is the SuperNode's node config ``warm-worker``. Flower
+starts a new ClientApp process for every message, and the quickstart's then imports
+no torch and hands the training to the worker. ``task_poll_interval`` sets how often each
+SuperNode's SuperExec asks for a ClientApp to launch (Flower's
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s by default; 0.2 s here).
+
 Nothing here imports Flower: the pieces are Flower's own command-line programs.
 """
 
@@ -44,10 +53,12 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +109,8 @@ AUTO_SILO_KEYS = "auto"
 """``silo_registry`` value that generates the silos' signing keys in ``<workdir>/silo-keys``."""
 
 _NODE_ID = re.compile(r"SuperNode ID: (\d+)")
+_TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+_SOCKET_PATH_MAX = 100  # bytes of a Unix socket path (sun_path holds 104-108)
 
 
 # --------------------------------------------------------------------------- TLS
@@ -461,6 +474,15 @@ class LocalFederation:
         Extra environment variables for every process.
     startup_timeout : float (default: 90.0)
         Seconds to wait for the SuperLink to listen and every SuperNode to register.
+    warm_workers : bool (default: True)
+        Start a warm silo worker (:mod:`fl_lbbsp.clients.warm`) beside every SuperNode,
+        in ``<workdir>/warm/<silo-id>`` (a short folder under the system's temporary
+        folder when that path is too long for a Unix socket), given to the SuperNode as
+        node config ``warm-worker``. ``False``: every ClientApp process trains itself.
+    task_poll_interval : float | None (default: 0.2)
+        Seconds between a SuperExec's requests for work (Flower's
+        ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 0.01-60; unset: Flower's 1 s). An
+        explicit ``env`` entry wins. ``None``: Flower's default.
     """
 
     def __init__(
@@ -478,6 +500,8 @@ class LocalFederation:
         connection: str = CONNECTION,
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 90.0,
+        warm_workers: bool = True,
+        task_poll_interval: float | None = 0.2,
     ) -> None:
         if num_silos <= 0:
             raise ValueError(f"num_silos must be positive, got {num_silos!r}")
@@ -511,6 +535,17 @@ class LocalFederation:
             lock = str(self.workdir / "compute.lock")
             self._extra_node_config = {"compute-lock": lock, **self._extra_node_config}
         self._extra_env = dict(env or {})
+        if task_poll_interval is not None:
+            if not 0.01 <= task_poll_interval <= 60:
+                raise ValueError(
+                    f"task_poll_interval must be in [0.01, 60], got {task_poll_interval}"
+                )
+            self._extra_env.setdefault(_TASK_POLL_ENV, f"{task_poll_interval:g}")
+        self.warm_workers = warm_workers
+        self.workers: list[ManagedProcess] = []
+        """The silos' warm workers (empty without ``warm_workers``), in silo order."""
+        self._warm_root: Path | None = None
+        self._worker_restart_at: dict[int, float] = {}
         self.host = "127.0.0.1"
         self.port = 0
         self.tls: TlsFiles | None = None
@@ -595,6 +630,13 @@ class LocalFederation:
             if self.node_auth:
                 for silo in self.silos:
                     self._register(silo.silo_id)
+            if self.warm_workers:
+                for i, silo in enumerate(self.silos):
+                    self.workers.append(
+                        self._spawn(
+                            f"{silo.silo_id}-worker", self._worker_args(silo.silo_id), f"worker-{i}"
+                        )
+                    )
             for i, silo in enumerate(self.silos):
                 silo = SiloNode(
                     silo_id=silo.silo_id,
@@ -607,6 +649,7 @@ class LocalFederation:
                     self._spawn(silo.silo_id, self._supernode_args(silo), f"node-{i}")
                 )
             self._wait_for_supernodes()
+            self._wait_for_workers()
         except BaseException:
             self.stop()
             raise
@@ -642,6 +685,30 @@ class LocalFederation:
         proc = self._spawn(old.name, list(old.args), old.home, append=True)
         self.supernodes[index] = proc
         return proc
+
+    def restart_worker(self, index: int) -> ManagedProcess:
+        """Start silo ``index``'s warm worker again (same folder; a new token); its log
+        continues in the same file."""
+        old = self.workers[index]
+        if old.alive():
+            raise RuntimeError(f"{old.name} (pid {old.pid}) is still running")
+        if old._log is not None:
+            old._log.close()
+            old._log = None
+        proc = self._spawn(old.name, list(old.args), old.home, append=True)
+        self.workers[index] = proc
+        return proc
+
+    def warm_folder(self, silo_id: str) -> Path:
+        """Folder of a silo's warm worker (its socket and token): node config
+        ``warm-worker`` of its SuperNode."""
+        if self._warm_root is None:
+            root = self.workdir / "warm"
+            longest = max(len(os.fsencode(root / s.silo_id / "worker.sock")) for s in self.silos)
+            if longest > _SOCKET_PATH_MAX:
+                root = Path(tempfile.mkdtemp(prefix="lbbsp-warm-"))
+            self._warm_root = root
+        return self._warm_root / silo_id
 
     def remember(self) -> None:
         """Note every process of the federation now running (its descendants included),
@@ -714,6 +781,27 @@ class LocalFederation:
                 del self._restart_at[index]
                 new = self.restart_silo(index)
                 print(f"{proc.name} restarted (pid {new.pid})", file=out, flush=True)
+        for index, proc in enumerate(self.workers):
+            if proc.alive():
+                continue
+            if index not in self._worker_restart_at:
+                delay = policy.delay(proc.name, uptime=now - proc.started_at)
+                action = (
+                    "its silo trains in its ClientApp processes"
+                    if delay is None
+                    else f"restarting in {delay:g} s"
+                )
+                print(
+                    f"{proc.name} (pid {proc.pid}) exited with code {proc.popen.returncode}; "
+                    f"see {proc.log_path}; {action}",
+                    file=out,
+                    flush=True,
+                )
+                self._worker_restart_at[index] = float("inf") if delay is None else now + delay
+            if now >= self._worker_restart_at[index]:
+                del self._worker_restart_at[index]
+                new = self.restart_worker(index)
+                print(f"{proc.name} restarted (pid {new.pid})", file=out, flush=True)
         return None
 
     def stop(self, *, grace: float = 5.0) -> None:
@@ -735,6 +823,9 @@ class LocalFederation:
             if proc._log is not None:
                 proc._log.close()
                 proc._log = None
+        root = self._warm_root
+        if root is not None and not root.is_relative_to(self.workdir):
+            shutil.rmtree(root, ignore_errors=True)  # a short temporary folder of ours
 
     def describe(self) -> str:
         """What runs where, and the command to run an app against it."""
@@ -752,6 +843,11 @@ class LocalFederation:
             lines.append(
                 f"SuperNode  silo-id={silo.silo_id} partition-id={silo.partition_id}/"
                 f"{self.num_silos} slowdown={silo.slowdown:g} (emulated)  pid {proc.pid}"
+            )
+        for silo, proc in zip(self.silos, self.workers, strict=False):
+            lines.append(
+                f"warm worker  silo-id={silo.silo_id}  {self.warm_folder(silo.silo_id)}  "
+                f"pid {proc.pid}"
             )
         if self.silo_keys is not None:
             lines.append(
@@ -875,6 +971,8 @@ class LocalFederation:
         }
         if self.silo_keys is not None:
             config["signing-key"] = str(self.silo_keys / key_file_name(silo.silo_id))
+        if self.warm_workers:
+            config["warm-worker"] = str(self.warm_folder(silo.silo_id))
         args = [
             str(self.bin_dir / "flower-supernode"),
             "--superlink",
@@ -893,6 +991,30 @@ class LocalFederation:
         if self.node_auth:
             args += ["--auth-supernode-private-key", str(self.node_keys[silo.silo_id].private_key)]
         return [*args, "--root-certificates", str(self.tls.ca_cert)]
+
+    def _worker_args(self, silo_id: str) -> list[str]:
+        folder = self.warm_folder(silo_id)
+        return [sys.executable, "-m", "fl_lbbsp.clients.warm", "--folder", str(folder)]
+
+    def _wait_for_workers(self) -> None:
+        """Wait until every warm worker answers on its socket (it imports torch first)."""
+        deadline = time.monotonic() + self.startup_timeout
+        pending = {
+            str(self.warm_folder(s.silo_id) / "worker.sock"): proc
+            for s, proc in zip(self.silos, self.workers, strict=False)
+        }
+        while pending and time.monotonic() < deadline:
+            for path, proc in list(pending.items()):
+                self._check_alive(proc)
+                with (
+                    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe,
+                    contextlib.suppress(OSError),
+                ):
+                    probe.connect(path)
+                    del pending[path]
+            time.sleep(0.2)
+        if pending:
+            raise TimeoutError(f"warm workers {sorted(pending)} did not start in time")
 
     def _write_flower_config(self) -> None:
         lines = [
