@@ -676,28 +676,24 @@ class LocalFederation:
     def restart_silo(self, index: int) -> ManagedProcess:
         """Start SuperNode ``index`` again with its command line, key and port; its log
         continues in the same file."""
-        old = self.supernodes[index]
-        if old.alive():
-            raise RuntimeError(f"{old.name} (pid {old.pid}) is still running")
-        if old._log is not None:
-            old._log.close()
-            old._log = None
-        proc = self._spawn(old.name, list(old.args), old.home, append=True)
-        self.supernodes[index] = proc
-        return proc
+        return self._restart(self.supernodes, index)
 
     def restart_worker(self, index: int) -> ManagedProcess:
         """Start silo ``index``'s warm worker again (same folder; a new token); its log
         continues in the same file."""
-        old = self.workers[index]
+        return self._restart(self.workers, index)
+
+    def _restart(self, processes: list[ManagedProcess], index: int) -> ManagedProcess:
+        """Start ``processes[index]`` again with its command line and home; its log
+        continues in the same file."""
+        old = processes[index]
         if old.alive():
             raise RuntimeError(f"{old.name} (pid {old.pid}) is still running")
         if old._log is not None:
             old._log.close()
             old._log = None
-        proc = self._spawn(old.name, list(old.args), old.home, append=True)
-        self.workers[index] = proc
-        return proc
+        processes[index] = self._spawn(old.name, list(old.args), old.home, append=True)
+        return processes[index]
 
     def warm_folder(self, silo_id: str) -> Path:
         """Folder of a silo's warm worker (its socket and token): node config
