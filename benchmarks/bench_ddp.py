@@ -343,15 +343,45 @@ def case_figures(case: Case, runs: dict[str, dict[str, Any]]) -> list[dict[str, 
     return figures
 
 
+def speedup_bounds(
+    settings: Settings, results: dict[str, dict[str, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """The most any split could gain over plain DDP in each emulated case: plain DDP's
+    throughput with every rank at the fastest speed (the homogeneous case of as many ranks)
+    over plain DDP's in the case. A split only moves samples between ranks, so balanced
+    unequal ranks cannot beat equal fast ones: where this is below a speed-up goal, the
+    goal asks more than this machine's iteration (the all-reduce, the optimiser step and the
+    cores the ranks share) leaves to balancing."""
+    homogeneous = {c.ranks: c.key for c in settings.cases if not (c.emulated or c.burner)}
+    figures = []
+    for case in settings.cases:
+        if not case.emulated or case.ranks not in homogeneous:
+            continue
+        fast = results[homogeneous[case.ranks]]["ddp"]["throughput"]
+        slow = results[case.key]["ddp"]["throughput"]
+        figures.append(
+            _figure(f"{case.label}: the most any split could gain over plain DDP",
+                    _ratio(fast, slow), ".2f", unit="x",
+                    note=f"plain DDP with {case.ranks} equal fast ranks, {fast:.0f} samples/s, "
+                    f"over plain DDP here, {slow:.0f}: the throughput bound of a perfect split")
+        )  # fmt: skip
+    return figures
+
+
 def _cell(value: Any, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
 def section(
-    results: dict[str, dict[str, dict[str, Any]]], settings: Settings, data: str, smoke: bool
+    results: dict[str, dict[str, dict[str, Any]]],
+    settings: Settings,
+    data: str,
+    smoke: bool,
+    load: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """The ``ddp`` section in the benchmark schema."""
-    figures: list[dict[str, Any]] = []
+    """The ``ddp`` section in the benchmark schema; ``load``: the 1-minute load average at
+    the start and the end of the run."""
+    figures: list[dict[str, Any]] = speedup_bounds(settings, results)
     rows = []
     for case in settings.cases:
         runs = results[case.key]
@@ -378,7 +408,9 @@ def section(
         "split); LB-BSP splits the same global batch by the sizes of the default balancer "
         "(`LBBSPCoordinator` defaults: times exchanged every k iterations, k chosen so the "
         "exchange stays under 2% of the wall time; sizes kept while the idle fraction is "
-        "within 5%) and weights each rank's gradient by B_i / X in a DDP communication hook. "
+        "within 5%, or while the slowest rank's lead over the others' mean is within 2 "
+        "standard errors of the window's per-iteration times) and weights each rank's "
+        "gradient by B_i / X in a DDP communication hook. "
         + (
             "Emulated cases: rank i computes for t seconds of CPU time and waits until k_i t "
             "has passed since its compute started (a machine k_i times slower, of its own: "
@@ -400,7 +432,13 @@ def section(
             else ""
         )
         + "The real case pins each rank to one core and a CPU-burning process to rank 0's. "
-        "Times are wall-clock on a shared machine (other jobs ran beside it). The Flower "
+        "Times are wall-clock"
+        + (
+            f" (1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end)"
+            if load
+            else ""
+        )  # fmt: skip
+        + ". The Flower "
         "cluster mode (LB-BSP, linear allocator, every worker in this process one after the "
         "other) reports the emulated iteration time (slowest worker) plus its real messaging. "
         f"Machine: {machine()}."
@@ -483,7 +521,7 @@ def main() -> int:
     if args.smoke:
         spec, data = "embedded", "the embedded digits (scikit-learn, 1,797 images)"
     results: dict[str, dict[str, dict[str, Any]]] = {}
-    started = time.perf_counter()
+    started, load_start = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         for case in settings.cases:
@@ -501,7 +539,9 @@ def main() -> int:
                       f"{s['iteration_time']:.4f} s (T* {_cell(s['t_star'], '.4f')}), time to "
                       f"target {_cell(s['time_to_target'], '.2f')} s, final accuracy "
                       f"{s['final_accuracy']:.4f}", flush=True)  # fmt: skip
-    path = write_section(section(results, settings, data, args.smoke), args.out)
+    path = write_section(
+        section(results, settings, data, args.smoke, (load_start, os.getloadavg()[0])), args.out
+    )
     print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
     return 0
 

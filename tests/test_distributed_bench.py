@@ -69,6 +69,34 @@ def test_ideal_time_with_a_floor_pins_the_ranks_below_it() -> None:
     assert bench.ideal_time(reports, 100, 10) == pytest.approx(free)
 
 
+def test_speedup_bound_is_equal_fast_ranks_over_the_unequal_ones() -> None:
+    # Prepare: the smoke cases (homogeneous 2 ranks, emulated 2:1 on 2 ranks) with plain
+    # DDP throughputs of 1,000 (equal fast ranks) and 800 samples/s (unequal ranks)
+    bench = _load("bench_ddp")
+    results = {
+        "homogeneous-2": {"ddp": {"throughput": 1000.0}},
+        "heterogeneous-2": {"ddp": {"throughput": 800.0}},
+    }
+
+    # Execute
+    figures = bench.speedup_bounds(bench.SMOKE, results)
+
+    # Assert: one bound, for the emulated case: no split of 2:1 ranks beats 2 fast ranks
+    assert [f["label"] for f in figures] == [
+        "heterogeneous 2:1 (emulated), 2 ranks: the most any split could gain over plain DDP"
+    ]
+    assert figures[0]["value"] == pytest.approx(1.25) and figures[0]["goal"] is None
+
+
+def test_no_speedup_bound_without_a_homogeneous_case_of_as_many_ranks() -> None:
+    # Prepare: only the emulated case ran
+    bench = _load("bench_ddp")
+    settings = bench.replace(bench.SMOKE, cases=bench.SMOKE.cases[1:])
+
+    # Execute / Assert
+    assert bench.speedup_bounds(settings, {"heterogeneous-2": {"ddp": {"throughput": 1.0}}}) == []
+
+
 @pytest.mark.slow
 def test_smoke_run_writes_a_valid_ddp_section(tmp_path: Path) -> None:
     # Execute: the smoke run, torchrun launches included
