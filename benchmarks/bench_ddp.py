@@ -9,8 +9,11 @@ its compute started); 2 ranks of which rank
 0 shares its CPU core with a CPU-burning process (real heterogeneity: both ranks pinned to
 one core each). The Flower cluster mode (``fl_lbbsp.runs.cluster``, every worker in this
 process) runs the emulated case with the same data, model, global batch and optimiser.
+Each DDP case and scheme runs ``--repeats`` times (default 3), the schemes alternated; the
+figures are those of the run of median throughput, the throughput ratio the median of the
+pairs'.
 
-Run: ``python benchmarks/bench_ddp.py [--smoke] [--out DIR]``.
+Run: ``python benchmarks/bench_ddp.py [--smoke] [--out DIR] [--repeats N]``.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class Settings:
     momentum: float = 0.9
     seed: int = 0
     timeout: float = 900.0
+    repeats: int = 3
 
 
 FULL = Settings(
@@ -83,6 +87,7 @@ FULL = Settings(
     ),
 )  # fmt: skip
 SMOKE = Settings(
+    repeats=1,
     iterations=12,
     eval_every=6,
     skip=2,
@@ -300,9 +305,9 @@ def case_figures(case: Case, runs: dict[str, dict[str, Any]]) -> list[dict[str, 
     ddp, lb = runs["ddp"], runs["lbbsp"]
     figures = [
         _figure(f"{case.label}: LB-BSP throughput / plain DDP's",
-                _ratio(lb["throughput"], ddp["throughput"]), ".3f",
+                _median_ratio(lb, ddp), ".3f",
                 {"op": ">=", "target": 0.95} if not case.emulated and not case.burner else None,
-                unit="x", note=f"{lb['throughput']:.0f} vs {ddp['throughput']:.0f} samples/s"),
+                unit="x", note=_throughput_note(lb, ddp)),
     ]  # fmt: skip
     if not (case.emulated or case.burner):
         return figures
@@ -368,6 +373,23 @@ def speedup_bounds(
     return figures
 
 
+def _median_ratio(lb: dict[str, Any], ddp: dict[str, Any]) -> float | None:
+    """Median over the alternated repeats of LB-BSP's throughput / plain DDP's in the same
+    pair (the pair shares the load of its minutes)."""
+    pairs = zip(lb.get("throughputs", [lb["throughput"]]),
+                ddp.get("throughputs", [ddp["throughput"]]), strict=True)  # fmt: skip
+    ratios = sorted(r for a, b in pairs if (r := _ratio(a, b)) is not None)
+    return ratios[(len(ratios) - 1) // 2] if ratios else None
+
+
+def _throughput_note(lb: dict[str, Any], ddp: dict[str, Any]) -> str:
+    runs = lb.get("throughputs", [lb["throughput"]])
+    if len(runs) == 1:
+        return f"{lb['throughput']:.0f} vs {ddp['throughput']:.0f} samples/s"
+    span = ", ".join(f"{a:.0f} vs {b:.0f}" for a, b in zip(runs, ddp["throughputs"], strict=True))
+    return f"median of {len(runs)} alternated pairs; samples/s per pair: {span}"
+
+
 def _cell(value: Any, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -401,7 +423,9 @@ def section(
         f"{'SMOKE RUN (tiny, not a measurement). ' if smoke else ''}"
         f"LeNet-5 on {data}; B_init = {settings.batch_size} per rank (global batch "
         f"{settings.batch_size} x ranks), SGD lr {settings.lr}, momentum {settings.momentum}, "
-        f"{settings.iterations} iterations per run, seed {settings.seed}, test accuracy every "
+        f"{settings.iterations} iterations per run, seed {settings.seed}, {settings.repeats} "
+        "run(s) per case and scheme, alternated (the table: the run of median throughput), "
+        f"test accuracy every "
         f"{settings.eval_every} iterations. Every DDP run is `examples/ddp_lbbsp.py` under "
         "`torchrun --standalone` (gloo, 1 torch thread per rank, every rank on this machine): "
         "plain DDP draws equal batches of the same global batch stream (DistributedSampler's "
@@ -487,6 +511,13 @@ def section(
     }
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median throughput among a scheme's repeats (its figures stay those of one
+    run), with every repeat's throughput kept as ``throughputs``."""
+    ordered = sorted(runs, key=lambda s: float(s["throughput"]))
+    return {**ordered[(len(ordered) - 1) // 2], "throughputs": [s["throughput"] for s in runs]}
+
+
 def attach_targets(runs: dict[str, dict[str, Any]]) -> None:
     """Target (95% of plain DDP's final accuracy) and each run's time to it."""
     target = 0.95 * runs["ddp"]["final_accuracy"]
@@ -501,6 +532,9 @@ def main() -> int:
     cli.add_argument("--cases", default="",
                      help="comma-separated case keys to run (default: all); a partial run "
                      "is for comparisons and needs an --out other than the report's")  # fmt: skip
+    cli.add_argument("--repeats", type=int, default=None,
+                     help="runs per case and scheme, alternated; figures from the run of "
+                     "median throughput (default: 3; smoke: 1)")  # fmt: skip
     cli.add_argument("--batch-size", type=int, default=None,
                      help="B_init per rank (default: the settings', 64); like --cases")  # fmt: skip
     args = cli.parse_args()
@@ -515,6 +549,10 @@ def main() -> int:
         settings = replace(settings, cases=tuple(c for c in settings.cases if c.key in keys))
     if args.batch_size is not None:
         settings = replace(settings, batch_size=args.batch_size)
+    if args.repeats is not None:
+        if args.repeats < 1:
+            cli.error("--repeats must be >= 1")
+        settings = replace(settings, repeats=args.repeats)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("fl_lbbsp").setLevel(logging.WARNING)
     spec, data = dataset()
@@ -525,8 +563,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         for case in settings.cases:
-            runs = {s: summarise_ddp(run_ddp(case, s, settings, spec, out), settings.skip)
-                    for s in SCHEMES}  # fmt: skip
+            # the schemes alternate, repeat after repeat, so that load drift hits both
+            repeats: dict[str, list[dict[str, Any]]] = {s: [] for s in SCHEMES}
+            for _ in range(settings.repeats):
+                for s in SCHEMES:
+                    repeats[s].append(
+                        summarise_ddp(run_ddp(case, s, settings, spec, out), settings.skip)
+                    )
+            runs = {s: median_run(repeats[s]) for s in SCHEMES}
             if case.flower:
                 runs["flower"] = summarise_flower(
                     run_flower(case, settings, spec, out), settings.skip,

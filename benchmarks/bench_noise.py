@@ -483,8 +483,11 @@ def section(
     settings: Settings,
     smoke: bool,
     seconds: float,
+    load: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """The section JSON (schema of benchmarks/report.py)."""
+    """The section JSON (schema of benchmarks/report.py); ``load``: the 1-minute load
+    average at the start and the end of the run (the real-contention run shares the
+    machine with whatever else runs)."""
     low = [c for c in static if c["jitter"] <= 0.1 + 1e-12]
     high = [c for c in static if c["jitter"] > 0.1 + 1e-12]
     figures = []
@@ -682,7 +685,12 @@ def section(
         f"average); the three schemes run back to back in every round and silo (rotating "
         f"order), so they share the contention but not its exact draws; the oracle uses the "
         f"work's line profiled before the burners start; seeds {list(settings.real_seeds)}. "
-        f"Machine: {machine()}; {seconds:.0f} s in all."
+        f"Machine: {machine()}; {seconds:.0f} s in all"
+        + (
+            f", 1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end."
+            if load
+            else "."
+        )  # fmt: skip
         + (" Smoke run: tiny settings, the figures mean nothing." if smoke else "")
     )
     notes = [
@@ -804,9 +812,12 @@ def main(
     cli.add_argument("--no-real", action="store_true", help="skip the real-contention run")
     args = cli.parse_args(argv)
     settings = SMOKE if args.smoke else FULL
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()[0]
     static, steps, real = run(settings, real=not args.no_real)
-    data = section(static, steps, real, settings, args.smoke, time.perf_counter() - start)
+    data = section(
+        static, steps, real, settings, args.smoke, time.perf_counter() - start,
+        (load, os.getloadavg()[0]),
+    )  # fmt: skip
     path = write_section(data, args.out)
     report(data)
     print(f"wrote {path}")

@@ -88,6 +88,29 @@ def test_speedup_bound_is_equal_fast_ranks_over_the_unequal_ones() -> None:
     assert figures[0]["value"] == pytest.approx(1.25) and figures[0]["goal"] is None
 
 
+def test_repeats_report_the_median_run_and_the_median_pair_ratio() -> None:
+    # Prepare: 3 alternated pairs; LB-BSP's throughputs 1,000, 900, 1,200, plain DDP's
+    # 1,000, 1,000, 800 (the third pair ran while the machine was faster)
+    bench = _load("bench_ddp")
+    lb = [{"throughput": t, "run": k} for k, t in enumerate((1000.0, 900.0, 1200.0))]
+    ddp = [{"throughput": t, "run": k} for k, t in enumerate((1000.0, 1000.0, 800.0))]
+
+    # Execute
+    lb_run, ddp_run = bench.median_run(lb), bench.median_run(ddp)
+    ratio = bench._median_ratio(lb_run, ddp_run)
+
+    # Assert: one whole run of median throughput per scheme (not a mix of runs); the
+    # ratio is the median of the pairs' ratios (1.0, 0.9, 1.5), not of the medians' (1.0)
+    assert (lb_run["run"], lb_run["throughput"]) == (0, 1000.0)
+    assert ddp_run["run"] in (0, 1) and ddp_run["throughput"] == 1000.0
+    assert lb_run["throughputs"] == [1000.0, 900.0, 1200.0]
+    assert ratio == pytest.approx(1.0)
+    assert bench._median_ratio(
+        {"throughput": 1.0, "throughputs": [900.0, 1200.0, 1100.0]},
+        {"throughput": 1.0, "throughputs": [1000.0, 800.0, 1000.0]},
+    ) == pytest.approx(1.1)
+
+
 def test_no_speedup_bound_without_a_homogeneous_case_of_as_many_ranks() -> None:
     # Prepare: only the emulated case ran
     bench = _load("bench_ddp")
