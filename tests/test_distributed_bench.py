@@ -70,18 +70,19 @@ def test_ideal_time_with_a_floor_pins_the_ranks_below_it() -> None:
 
 
 def test_speedup_bound_is_equal_fast_ranks_over_the_unequal_ones() -> None:
-    # Prepare: the smoke cases (homogeneous 2 ranks, emulated 2:1 on 2 ranks) with plain
-    # DDP throughputs of 1,000 (equal fast ranks) and 800 samples/s (unequal ranks)
+    # Prepare: the smoke cases (homogeneous 2 ranks, emulated 2:1 on 2 ranks); equal fast
+    # ranks: plain DDP 900, LB-BSP 1,000 samples/s; unequal ranks: plain DDP 800
     bench = _load("bench_ddp")
     results = {
-        "homogeneous-2": {"ddp": {"throughput": 1000.0}},
-        "heterogeneous-2": {"ddp": {"throughput": 800.0}},
+        "homogeneous-2": {"ddp": {"throughput": 900.0}, "lbbsp": {"throughput": 1000.0}},
+        "heterogeneous-2": {"ddp": {"throughput": 800.0}, "lbbsp": {"throughput": 950.0}},
     }
 
     # Execute
     figures = bench.speedup_bounds(bench.SMOKE, results)
 
-    # Assert: one bound, for the emulated case: no split of 2:1 ranks beats 2 fast ranks
+    # Assert: one bound, for the emulated case, from the best of the equal fast ranks' runs:
+    # no split of 2:1 ranks beats 2 fast ranks
     assert [f["label"] for f in figures] == [
         "heterogeneous 2:1 (emulated), 2 ranks: the most any split could gain over plain DDP"
     ]
