@@ -60,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -737,13 +737,13 @@ class LocalFederation:
     def supervise(
         self, policy: RestartPolicy, *, log: IO[str] | None = None, now: float | None = None
     ) -> str | None:
-        """One supervision step: restart SuperNodes that died (when ``policy`` says so and
-        its delay has passed), report the SuperLink's death.
+        """One supervision step: restart SuperNodes and warm silo workers that died (when
+        ``policy`` says so and its delay has passed), report the SuperLink's death.
 
         Parameters
         ----------
         policy : RestartPolicy
-            Whether and when a dead SuperNode is started again.
+            Whether and when a dead SuperNode or worker is started again.
         log : IO[str] | None (default: None)
             Where a death or restart is reported, one line each (default: stderr).
         now : float | None (default: None)
@@ -760,45 +760,42 @@ class LocalFederation:
         if self.superlink is not None and not self.superlink.alive():
             code = self.superlink.popen.returncode
             return f"superlink exited with code {code}; see {self.superlink.log_path}"
-        for index, proc in enumerate(self.supernodes):
-            if proc.alive():
-                continue
-            if index not in self._restart_at:
-                delay = policy.delay(proc.name, uptime=now - proc.started_at)
-                action = "left out" if delay is None else f"restarting in {delay:g} s"
-                print(
-                    f"{proc.name} (pid {proc.pid}) exited with code {proc.popen.returncode}; "
-                    f"see {proc.log_path}; {action}",
-                    file=out,
-                    flush=True,
-                )
-                self._restart_at[index] = float("inf") if delay is None else now + delay
-            if now >= self._restart_at[index]:
-                del self._restart_at[index]
-                new = self.restart_silo(index)
-                print(f"{proc.name} restarted (pid {new.pid})", file=out, flush=True)
-        for index, proc in enumerate(self.workers):
-            if proc.alive():
-                continue
-            if index not in self._worker_restart_at:
-                delay = policy.delay(proc.name, uptime=now - proc.started_at)
-                action = (
-                    "its silo trains in its ClientApp processes"
-                    if delay is None
-                    else f"restarting in {delay:g} s"
-                )
-                print(
-                    f"{proc.name} (pid {proc.pid}) exited with code {proc.popen.returncode}; "
-                    f"see {proc.log_path}; {action}",
-                    file=out,
-                    flush=True,
-                )
-                self._worker_restart_at[index] = float("inf") if delay is None else now + delay
-            if now >= self._worker_restart_at[index]:
-                del self._worker_restart_at[index]
-                new = self.restart_worker(index)
-                print(f"{proc.name} restarted (pid {new.pid})", file=out, flush=True)
+        self._revive(self.supernodes, self._restart_at, self.restart_silo, "left out",
+                     policy, now, out)  # fmt: skip
+        self._revive(self.workers, self._worker_restart_at, self.restart_worker,
+                     "its silo trains in its ClientApp processes", policy, now, out)  # fmt: skip
         return None
+
+    @staticmethod
+    def _revive(
+        processes: list[ManagedProcess],
+        restart_at: dict[int, float],
+        restart: Callable[[int], ManagedProcess],
+        left_out: str,
+        policy: RestartPolicy,
+        now: float,
+        out: IO[str],
+    ) -> None:
+        """Report each dead process of ``processes`` once, with what happens next
+        (``left_out`` when ``policy`` gives no delay), and ``restart`` it once its delay
+        (kept in ``restart_at``, by index) has passed."""
+        for index, proc in enumerate(processes):
+            if proc.alive():
+                continue
+            if index not in restart_at:
+                delay = policy.delay(proc.name, uptime=now - proc.started_at)
+                action = left_out if delay is None else f"restarting in {delay:g} s"
+                print(
+                    f"{proc.name} (pid {proc.pid}) exited with code {proc.popen.returncode}; "
+                    f"see {proc.log_path}; {action}",
+                    file=out,
+                    flush=True,
+                )
+                restart_at[index] = float("inf") if delay is None else now + delay
+            if now >= restart_at[index]:
+                del restart_at[index]
+                new = restart(index)
+                print(f"{proc.name} restarted (pid {new.pid})", file=out, flush=True)
 
     def stop(self, *, grace: float = 5.0) -> None:
         """Stop every process started, SuperNodes first, then any process of the
