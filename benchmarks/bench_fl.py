@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -49,10 +50,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from common import (
     MNIST,
     RESULTS,
     TelemetryOracle,
+    informed_follows,
     mark,
     oracle_goal,
     rounds_within,
@@ -82,6 +85,8 @@ LAST_ROUNDS = 3
 silos from round to round)."""
 CHANGES = (10, 20)
 """Dynamics: silo 0's capacity halves at the first round and comes back at the second."""
+CHANGED = 0
+"""Dynamics: the silo whose capacity changes (its position among the silos in id order)."""
 RECOVERED = 1.05
 """'Within 5%': of the oracle (dynamics), the line drawn in the plots."""
 FOLLOW_GOAL = 2
@@ -172,6 +177,8 @@ class Runs:
         self.unrecorded: list[str] = []
         """Runs rebuilt without recorded aggregation seconds (counted as 0)."""
         self.started = time.perf_counter()
+        self.load = os.getloadavg()[0]
+        """The 1-minute load average when the runs started."""
 
     def get(self, config: SimulationConfig) -> tuple[list[dict[str, Any]], list[float]]:
         """The run's telemetry and aggregation seconds per round."""
@@ -193,10 +200,12 @@ class Runs:
         seconds = json.loads(record.read_text()) if record.is_file() else {}
         if not self.rebuild:
             seconds[section] = time.perf_counter() - self.started
+            seconds[f"{section}-load"] = [self.load, os.getloadavg()[0]]
             record.write_text(json.dumps(seconds))
-            return f"This section took {seconds[section]:.0f} s on this machine."
+            took = f"{seconds[section]:.0f} s on this machine{_load(seconds, section)}"
+            return f"This section took {took}."
         text = (
-            f"This section took {seconds[section]:.0f} s on this machine"
+            f"This section took {seconds[section]:.0f} s on this machine" + _load(seconds, section)
             if section in seconds
             else "This section's duration was not recorded"
         )
@@ -208,6 +217,14 @@ class Runs:
                 "there (aggregation takes milliseconds)."
             )
         return text
+
+
+def _load(record: dict[str, Any], section: str) -> str:
+    """The section's recorded 1-minute load averages at its start and end, as text."""
+    load = record.get(f"{section}-load")
+    if not load:
+        return ""
+    return f", 1-minute load average {load[0]:.1f} at the start and {load[1]:.1f} at the end"
 
 
 def _time_aggregation(strategy: LBBSPFedAvg) -> list[float]:
@@ -823,7 +840,14 @@ def bench_dynamics(
     # One cost line for the comparison: one T* (per round) and one oracle for all runs.
     line, _ = run_cost_lines(runs)
     per = {
-        label: _dynamics_figures(events, line, floor(base), (steady_from, *changes), rounds)
+        label: _dynamics_figures(
+            events,
+            line,
+            floor(base),
+            (steady_from, *changes),
+            rounds,
+            total=base["silos"] * base["batch_size"],
+        )
         for label, events in runs.items()
     }
     fedavg = per[FEDAVG]["mean_round_time"]
@@ -844,9 +868,12 @@ def _dynamics_figures(
     floor: int,
     phases: tuple[int, int, int],
     rounds: int,
+    *,
+    total: int,
 ) -> dict[str, Any]:
-    """One run's rounds against the oracle and T*, per phase, and the rounds it took to
-    get within 5% of the oracle after each change."""
+    """One run's rounds against the oracle and T*, per phase, the rounds it took to get
+    within 5% of the oracle after each change, and whether an informed balancer under the
+    run's measured noise (:func:`common.informed_follows`) followed each change in time."""
     steady_from, *changes = phases
     summary = summarise(events, cost=line, steady_from=steady_from)
     oracle = telemetry_oracle(events, line.a, line.b, floor=floor)
@@ -868,6 +895,16 @@ def _dynamics_figures(
         "clean_ratio": [c / o for c, o in zip(oracle.clean, oracle.oracle_clean, strict=True)],
         "follow": follow,
         "within_10": rounds_within(oracle.clean, oracle.oracle_clean, starts, within=0.10),
+        "informed": informed_follows(
+            np.asarray(oracle.slowdowns) * line.a,
+            np.asarray(oracle.slowdowns) * line.b,
+            np.asarray(oracle.factors),
+            starts,
+            CHANGED,
+            total,
+            floor,
+            confirm=BALANCER_DEFAULTS["change_confirm"],
+        ),
         "after": [  # the first 4 rounds after each change (up to the next one)
             [c / o for c, o in zip(oracle.clean, oracle.oracle_clean, strict=True)][
                 s : min(s + 4, e)
@@ -882,6 +919,35 @@ def _dynamics_figures(
         "mean_round_time": statistics.mean(oracle.round_time),
         "over_equal": oracle.over_equal(),
     }
+
+
+def _informed_text(followed: bool) -> str:
+    """What the informed balancer did with one change of one run."""
+    confirm = BALANCER_DEFAULTS["change_confirm"]
+    return (
+        "An informed balancer (every silo's true line known, the changed silo's new level "
+        f"taken from its {confirm} reports that confirm the change, under this run's "
+        f"measured noise) {'follows' if followed else 'does not follow'} it within "
+        f"{confirm} rounds."
+    )
+
+
+def _repeats_text(per: dict[str, dict[str, Any]], event: int) -> str:
+    """The same change in every LB-BSP run: the predictor matters only for a silo without
+    a fitted line, so the runs repeat the default balancer under other noise draws."""
+    runs = []
+    for label, result in per.items():
+        if label == FEDAVG:
+            continue
+        count, censored = result["follow"][event]
+        informed = "yes" if result["informed"][event] else "no"
+        runs.append(f"{label}: {count}{'+' if censored else ''} (informed: {informed})")
+    return (
+        "The speed predictor matters only for a silo without a fitted cost line, so each "
+        "LB-BSP run of this section repeats the default balancer under its own noise: "
+        + "; ".join(runs)
+        + "."
+    )
 
 
 def _over(oracle: TelemetryOracle, ideal: dict[int, float], start: int, end: int) -> float | None:
@@ -910,13 +976,15 @@ def _dynamics_section(
     for label, result in per.items():
         if label == FEDAVG:
             continue
-        for (count, censored), rough, after, change, what in zip(
-            result["follow"],
-            result["within_10"],
-            result["after"],
-            changes,
-            ("halves", "comes back"),
-            strict=True,
+        for event, ((count, censored), rough, after, change, what) in enumerate(
+            zip(
+                result["follow"],
+                result["within_10"],
+                result["after"],
+                changes,
+                ("halves", "comes back"),
+                strict=True,
+            )
         ):
             note = (
                 f"Rounds from round {change} (the first at the new capacity) to the first "
@@ -941,6 +1009,9 @@ def _dynamics_section(
                 else:
                     value = None
                     note += "round(s), too few rounds to tell against the goal."
+            note += " " + _informed_text(result["informed"][event])
+            if label == default:
+                note += " " + _repeats_text(per, event)
             if label != default:
                 note += " No goal: the issue's goal is on the default."
             elif noise > 0.1 + 1e-12:
@@ -1051,7 +1122,10 @@ def _dynamics_section(
         + ".",
         "Goals (issue 14), on the default balancer: rounds to within 5% of the oracle "
         f"after a step change <= {FOLLOW_GOAL}, round time / oracle <= 1.05 at jitter <= "
-        "10% (1.10 above), never slower than FedAvg. One seed: a single run per predictor.",
+        "10% (1.10 above), never slower than FedAvg. One seed: a single run per predictor "
+        "(the predictor matters only for a silo without a fitted cost line, so the "
+        "predictors' runs also repeat the default balancer under other noise: the follow "
+        "figures list them).",
     ]
     return {
         "section": "dynamics",

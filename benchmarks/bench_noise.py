@@ -41,7 +41,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from common import WITHIN, machine, mark, oracle_goal, oracle_split, parser, rounds_within
+from common import (
+    WITHIN,
+    informed_follows,
+    machine,
+    mark,
+    oracle_goal,
+    oracle_split,
+    parser,
+    rounds_within,
+)
 from report import goal_met, write_section
 
 from fl_lbbsp.core import (
@@ -226,49 +235,6 @@ def rounds_to_oracle(
     return rounds_within(run.lbbsp_clean, run.oracle_clean, changes, within=within)
 
 
-def informed_follow(
-    a: np.ndarray,
-    b: np.ndarray,
-    noise: np.ndarray,
-    multipliers: np.ndarray,
-    changes: Sequence[int],
-    target: int,
-    settings: Settings,
-    *,
-    floor: int,
-    confirm: int = BALANCER_DEFAULTS["change_confirm"],
-    within: float = WITHIN,
-) -> list[bool]:
-    """For each change: whether an informed balancer follows it within ``confirm``
-    rounds, the reference for the step goal.
-
-    The informed balancer knows every silo's true line, except the changed silo's new
-    level, which it takes from the ``confirm`` reports that confirm the change (the
-    geometric mean of their noise factors, the same draws LB-BSP saw): the best any
-    balancer that ignores a one-round spike can know at round r + confirm. Before that
-    it sends the oracle split of the old lines. Followed: a round from r to r + confirm
-    whose noise-free round time is within ``within`` of the oracle's."""
-    tau, total = settings.tau, settings.silos * settings.initial_batch_size
-    out = []
-    for r in changes:
-        old = max(r - 1, 0)
-        slope_old, fixed_old = tau * a * multipliers[old], tau * b * multipliers[old]
-        slope, fixed = tau * a * multipliers[r], tau * b * multipliers[r]
-        best = oracle_split(slope, fixed, total, floor)
-        reference = float((slope * best + fixed).max())
-        split = oracle_split(slope_old, fixed_old, total, floor)
-        ok = float((slope * split + fixed).max()) <= (1.0 + within) * reference
-        if r + confirm < len(noise):
-            level = float(np.exp(np.mean(np.log(noise[r : r + confirm, target]))))
-            guess_slope, guess_fixed = slope.copy(), fixed.copy()
-            guess_slope[target] *= level
-            guess_fixed[target] *= level
-            x = oracle_split(guess_slope, guess_fixed, total, floor)
-            ok = ok or float((slope * x + fixed).max()) <= (1.0 + within) * reference
-        out.append(ok)
-    return out
-
-
 # ------------------------------------------------------------------------ the cells
 def static_cells(settings: Settings) -> list[dict[str, Any]]:
     """Constant capacities: spread x fixed cost x jitter, each over the seeds."""
@@ -310,7 +276,18 @@ def step_cells(settings: Settings) -> list[dict[str, Any]]:
             run = simulate(a, b, noise, m, settings)
             per_seed.append(run.ratios(settings.warmup))
             counts.append(rounds_to_oracle(run, changes))
-            informed.extend(informed_follow(a, b, noise, m, changes, index, settings, floor=floor))
+            informed.extend(
+                informed_follows(
+                    settings.tau * a * m,
+                    settings.tau * b * m,
+                    noise,
+                    changes,
+                    index,
+                    settings.silos * settings.initial_batch_size,
+                    floor,
+                    confirm=BALANCER_DEFAULTS["change_confirm"],
+                )
+            )
         key_of = {"spread": spread, "target": target, "factor": factor, "jitter": sigma}
         cell = _summarise({**key_of, "fixed": fixed}, per_seed)
         down = [c[0] for c in counts]

@@ -26,6 +26,7 @@ __all__ = [
     "WITHIN",
     "TelemetryOracle",
     "dataset",
+    "informed_follows",
     "machine",
     "mark",
     "oracle_goal",
@@ -126,6 +127,66 @@ def rounds_within(
     return out
 
 
+def informed_follows(
+    slopes: np.ndarray,
+    fixed: np.ndarray,
+    noise: np.ndarray,
+    changes: Sequence[int],
+    target: int,
+    total: int,
+    floor: int,
+    *,
+    confirm: int,
+    within: float = WITHIN,
+) -> list[bool]:
+    """For each change: whether an informed balancer follows it within ``confirm``
+    rounds, the reference for the goal of following a step change.
+
+    The informed balancer knows every silo's true cost line of every round (``slopes``
+    and ``fixed``, one row per round), except the changed silo's (``target``) new level,
+    which it takes from the ``confirm`` reports that confirm the change: the geometric
+    mean of that silo's noise factors ``noise[r : r + confirm, target]``, the same draws a
+    balancer saw. That is the best any balancer that ignores a one-round spike can know at
+    round r + confirm. Before then it sends the oracle split of the lines of round r - 1.
+    Followed: a round from r to r + confirm whose noise-free round time (its split on the
+    true lines of the round) is within ``within`` of the oracle split's.
+
+    Parameters
+    ----------
+    slopes, fixed : numpy.ndarray
+        Per-round true cost lines ``t_i = slopes[r, i] * x + fixed[r, i]``.
+    noise : numpy.ndarray
+        Per-round multiplicative noise factors of each silo, the same shape.
+    changes : sequence of int
+        The first round (0-based row) at each new capacity.
+    target : int
+        The changed silo's column.
+    total, floor : int
+        The total batch size X and the smallest batch size of the oracle split.
+    confirm : int
+        Reports that confirm a change (the balancer's ``change_confirm``).
+    within : float (default: WITHIN)
+        Relative distance to the oracle that counts as followed.
+    """
+    out = []
+    for r in changes:
+        slope, fix = slopes[r], fixed[r]
+        best = oracle_split(slope, fix, total, floor)
+        reference = float((slope * best + fix).max())
+        old = max(r - 1, 0)
+        split = oracle_split(slopes[old], fixed[old], total, floor)
+        ok = float((slope * split + fix).max()) <= (1.0 + within) * reference
+        if r + confirm < len(noise):
+            level = float(np.exp(np.mean(np.log(noise[r : r + confirm, target]))))
+            guess_slope, guess_fixed = slope.copy(), fix.copy()
+            guess_slope[target] *= level
+            guess_fixed[target] *= level
+            x = oracle_split(guess_slope, guess_fixed, total, floor)
+            ok = ok or float((slope * x + fix).max()) <= (1.0 + within) * reference
+        out.append(ok)
+    return out
+
+
 @dataclass
 class TelemetryOracle:
     """One run's rounds beside the oracle split under the same per-round noise.
@@ -136,7 +197,8 @@ class TelemetryOracle:
     the oracle's on the true lines); ``equal``: FedAvg's equal split (B_init each) under
     the same noise; ``oracle_idle``: the oracle split's idle fraction under the noise,
     ``1 - mean_i t_i / max_i t_i``; ``noise``: every silo-round's noise factor;
-    ``sizes``: the oracle's batch sizes per round."""
+    ``sizes``: the oracle's batch sizes per round; ``slowdowns`` and ``factors``: each
+    round's emulated slowdowns k_i and noise factors, silos in id order."""
 
     rounds: list[int] = field(default_factory=list)
     round_time: list[float] = field(default_factory=list)
@@ -147,6 +209,8 @@ class TelemetryOracle:
     oracle_idle: list[float] = field(default_factory=list)
     noise: list[float] = field(default_factory=list)
     sizes: list[list[int]] = field(default_factory=list)
+    slowdowns: list[list[float]] = field(default_factory=list)
+    factors: list[list[float]] = field(default_factory=list)
 
     def _select(self, values: Sequence[float], start: int, end: int | None) -> list[float]:
         stop = math.inf if end is None else end
@@ -226,4 +290,6 @@ def telemetry_oracle(
         out.oracle_idle.append(float(1.0 - np.mean(at_best * noise) / np.max(at_best * noise)))
         out.noise.extend(float(v) for v in noise)
         out.sizes.append([int(v) for v in best])
+        out.slowdowns.append([float(v) for v in k])
+        out.factors.append([float(v) for v in noise])
     return out

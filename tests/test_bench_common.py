@@ -79,6 +79,8 @@ def test_each_silos_noise_factor_of_the_round_is_applied_to_the_oracles_time() -
     assert oracle.oracle_clean[1] == pytest.approx(oracle.oracle_clean[0])
     assert oracle.clean[1] == pytest.approx(oracle.clean[0])
     assert oracle.noise_level() == pytest.approx(np.std(np.log([1, 1, 1.3, 0.9])))
+    np.testing.assert_allclose(oracle.factors, [[1.0, 1.0], [1.3, 0.9]])
+    np.testing.assert_allclose(oracle.slowdowns, [[1.0, 2.0], [1.0, 2.0]])
 
 
 def test_dropped_silos_count_for_the_oracle_and_other_step_counts_are_scaled_to_tau() -> None:
@@ -148,3 +150,53 @@ def test_the_equal_split_runs_under_the_same_noise() -> None:
     x0, x1 = oracle.sizes[0]
     times = [1.2 * (A * x0 + B), 0.8 * 2 * (A * x1 + B)]
     assert oracle.oracle_idle == pytest.approx([1 - np.mean(times) / max(times)])
+
+
+def _halving(noise_of_target: tuple[float, float]) -> tuple[np.ndarray, ...]:
+    """Three silos on proportional lines, silo 0 twice as slow from row 2 on, no noise
+    but silo 0's in rows 2 and 3 (the reports that confirm the change)."""
+    slopes = np.tile([1.0, 2.0, 2.0], (6, 1))
+    slopes[2:, 0] = 2.0
+    noise = np.ones((6, 3))
+    noise[2:4, 0] = noise_of_target
+    return slopes, np.zeros_like(slopes), noise
+
+
+def test_an_informed_balancer_follows_a_change_from_its_confirming_reports() -> None:
+    # Prepare: the confirming reports carry no noise
+    slopes, fixed, noise = _halving((1.0, 1.0))
+
+    # Execute
+    followed = common.informed_follows(slopes, fixed, noise, [2], 0, 120, 1, confirm=2)
+
+    # Assert: the old split is not within 5% of the new oracle's, the informed one is
+    old = common.oracle_split(slopes[1], fixed[1], 120, 1)
+    best = common.oracle_split(slopes[2], fixed[2], 120, 1)
+    assert (slopes[2] * old).max() > 1.05 * (slopes[2] * best).max()
+    assert followed == [True]
+
+
+@pytest.mark.parametrize("level", [(0.8, 0.8), (1.25, 1.25)])
+def test_an_informed_balancer_misled_by_its_confirming_reports_does_not_follow(
+    level: tuple[float, float],
+) -> None:
+    # Prepare: both confirming reports 20-25% off the silo's new line
+    slopes, fixed, noise = _halving(level)
+
+    # Execute
+    followed = common.informed_follows(slopes, fixed, noise, [2], 0, 120, 1, confirm=2)
+
+    # Assert
+    assert followed == [False]
+
+
+def test_an_informed_balancer_needs_the_confirming_rounds_to_have_run() -> None:
+    # Prepare: the change is in the last row, no report confirms it
+    slopes, fixed, noise = _halving((1.0, 1.0))
+    slopes[2:5, 0] = 1.0
+
+    # Execute
+    followed = common.informed_follows(slopes, fixed, noise, [5], 0, 120, 1, confirm=2)
+
+    # Assert
+    assert followed == [False]

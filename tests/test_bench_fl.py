@@ -77,6 +77,13 @@ def test_smoke_run_writes_both_sections_following_the_schema(tmp_path) -> None: 
         {"op": "<=", "target": 2}
     ] * 2
     assert all(f["goal"] is None for f in follow if not f["label"].endswith(", default"))
+    # beside each: what an informed balancer did under the run's noise, and for the
+    # default the same change in every LB-BSP run (each repeats the default balancer)
+    assert all("An informed balancer" in f["note"] for f in follow)
+    assert all(
+        f["note"].count("(informed: ") == 2 for f in follow if f["label"].endswith(", default")
+    )
+    assert "load average" in dynamics["notes"][-1]
     assert [row[0] for row in dynamics["tables"][0]["rows"]][-1] == "FedAvg"
     # the sections rebuilt from the kept telemetry carry the same figures
     again = tmp_path / "again"
