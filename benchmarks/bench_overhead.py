@@ -98,18 +98,17 @@ def balancer_times(allocator: str, silos: int, rounds: int, seed: int) -> dict[s
     decide, ingest = [], []
     for _ in range(rounds):
         noise = rng.uniform(0.95, 1.05, silos)
-        reports = [
-            SiloReport(
+        reports = {
+            i: SiloReport(
                 batch_size=sizes[i],
                 train_time=float((per_sample[k] * sizes[i] + fixed[k]) * noise[k]),
                 cpu_percent=50.0,
                 memory_percent=40.0,
             )
             for k, i in enumerate(ids)
-        ]
+        }
         start = time.perf_counter()
-        for silo, report in zip(ids, reports, strict=True):
-            balancer.report(silo, report)
+        balancer.report_round(reports)
         ingest.append(time.perf_counter() - start)
         start = time.perf_counter()
         sizes = balancer.allocate(ids)

@@ -70,6 +70,7 @@ SECTION_RULES: dict[str, dict[str, tuple[Any, ...]]] = {
             "LB-BSP round time / FedAvg's, worst cell",
             "rounds to within 5% of the oracle after a step change, worst step cell at "
             "jitter <= 10%",
+            "LB-BSP round time / oracle, worst cell with a machine-wide slowdown",
         ),
         "tables": (
             (
@@ -80,6 +81,11 @@ SECTION_RULES: dict[str, dict[str, tuple[Any, ...]]] = {
             (
                 "spread", "silo", "capacity", "jitter", "fixed cost", "rounds (down)",
                 "rounds (back)", "LB-BSP / oracle", "FedAvg / oracle", "goals",
+            ),
+            (
+                "spread", "fixed cost", "LB-BSP / oracle", "worst seed",
+                "without the shared factor", "rounds within 5%",
+                "without the shared factor, within 5%", "FedAvg / oracle", "goals",
             ),
             (
                 "spread", "noise (log-sd)", "LB-BSP / oracle", "LB-BSP / T*", "LB-BSP idle",

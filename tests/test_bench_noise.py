@@ -151,9 +151,10 @@ def test_smoke_run_writes_a_section_the_report_accepts(smoke: tuple[dict[str, An
         assert goal is None or goal["op"] in OPS
         assert figure["note"]
     assert "## Noise" in text and "LB-BSP round time / oracle" in text
-    static, steps, real = section["tables"]
+    static, steps, shared, real = section["tables"]
     assert len(static["rows"]) == 2 * 2 * 2  # spreads x fixed costs x jitters
     assert len(steps["rows"]) == 2 * 2 and len(real["rows"]) == 1
+    assert len(shared["rows"]) == 2 * 2  # spreads x fixed costs, a shared slowdown each
 
 
 @pytest.mark.parametrize(
@@ -161,7 +162,7 @@ def test_smoke_run_writes_a_section_the_report_accepts(smoke: tuple[dict[str, An
     [
         ("figures", [], "missing the figure"),
         ("figures.0.goal", None, "must carry its goal"),
-        ("tables", [], "must hold 3 tables"),
+        ("tables", [], "must hold 4 tables"),
         ("tables.1.columns", ["spread", "silo"], r"tables\[1\].columns: must be"),
     ],
 )

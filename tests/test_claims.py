@@ -329,6 +329,7 @@ def test_absurd_train_times_are_clipped_with_a_warning(
     # Execute
     with caplog.at_level(logging.WARNING, logger="fl_lbbsp"):
         counts = _report(engine, state, 0, _metrics(B_INIT, claimed))
+    engine.close(state, replied=[0], wall=None)
 
     # Assert: clipped, one warning, the claim kept on the record, a finite speed
     record = state.reports["silo-0"]
@@ -369,6 +370,7 @@ def test_num_examples_claims_are_bounded(
     # Execute
     with caplog.at_level(logging.WARNING, logger="fl_lbbsp"):
         counts = _report(engine, state, 0, _metrics(B_INIT, 0.5, num_examples=claim))
+    engine.close(state, replied=[0], wall=None)
 
     # Assert: a rejected claim leaves the update out, with one line, and feeds nothing
     assert counts is accepted

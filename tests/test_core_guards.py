@@ -111,6 +111,7 @@ def test_old_checkpoint_without_the_new_settings_loads_with_the_defaults() -> No
     # Assert
     assert balancer.min_batch_fraction == BALANCER_DEFAULTS["min_batch_fraction"]
     assert balancer.change_sigmas == BALANCER_DEFAULTS["change_sigmas"]
+    assert balancer.common_noise == BALANCER_DEFAULTS["common_noise"]
     assert balancer.cost_line("a") is not None
     assert sum(balancer.allocate(["a", "b"]).values()) == 64
 
@@ -394,6 +395,145 @@ def test_checkpoint_mid_change_resumes_the_same_decisions() -> None:
     # Assert
     assert restored.allocate(ids) == balancer.allocate(ids)
     assert restored.to_json() == balancer.to_json()
+
+
+# ------------------------------------------------------- a slowdown every silo shares
+def _shared_round(
+    balancer: BatchSizeBalancer,
+    ids: list[str],
+    a: np.ndarray,
+    b: np.ndarray,
+    noise: np.ndarray,
+) -> dict[str, int]:
+    """One round on the lines t_i = a_i x + b_i (times noise), reported together."""
+    sizes = balancer.allocate(ids)
+    errors = balancer.report_round(
+        {
+            silo: SiloReport(
+                batch_size=sizes[silo],
+                train_time=float((a[k] * sizes[silo] + b[k]) * noise[k]),
+                samples=sizes[silo] * TAU,
+            )
+            for k, silo in enumerate(ids)
+        }
+    )
+    assert errors == {}
+    return sizes
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    factors=st.lists(st.floats(0.25, 4.0), min_size=6, max_size=6),
+    jitter=st.lists(st.floats(0.9, 1.1), min_size=4 * 14, max_size=4 * 14),
+)
+def test_a_slowdown_every_silo_shares_leaves_the_batch_sizes_unchanged(
+    factors: list[float], jitter: list[float]
+) -> None:
+    # Prepare: 4 silos 4:2:1:1 with their own jitter; after 8 rounds one run of the
+    # federation also has a factor shared by every silo of each round
+    a = 0.01 / np.array([4.0, 2.0, 1.0, 1.0])
+    b = 0.1 * a * 32
+    own = np.asarray(jitter).reshape(14, 4)
+    ids = [f"s{i}" for i in range(4)]
+    plain, shared = (
+        BatchSizeBalancer(initial_batch_size=32),
+        BatchSizeBalancer(initial_batch_size=32),
+    )
+
+    # Execute
+    sizes = []
+    for r in range(14):
+        factor = factors[r - 8] if r >= 8 else 1.0
+        sizes.append(
+            (
+                _shared_round(plain, ids, a, b, own[r]),
+                _shared_round(shared, ids, a, b, own[r] * factor),
+            )
+        )
+
+    # Assert: the same batch sizes in every round (the best split is the same)
+    assert all(x == y for x, y in sizes)
+    assert shared.common_factor == pytest.approx(plain.common_factor * factors[-1])
+
+
+@pytest.mark.parametrize(("common_noise", "restarted"), [(True, False), (False, True)])
+def test_a_two_round_slowdown_of_every_silo_is_not_a_change_of_each(
+    common_noise: bool, restarted: bool
+) -> None:
+    # Prepare: steady state, then every silo 1.6x slower for 2 rounds
+    a = 0.01 / np.array([4.0, 2.0, 1.0, 1.0])
+    b = 0.05 * a * 32
+    balancer = BatchSizeBalancer(initial_batch_size=32, common_noise=common_noise)
+    ids = [f"s{i}" for i in range(4)]
+    for _ in range(10):
+        _shared_round(balancer, ids, a, b, np.ones(4))
+    before = balancer.allocate(ids)
+
+    # Execute
+    for _ in range(2):
+        _shared_round(balancer, ids, a, b, np.full(4, 1.6))
+
+    # Assert: without taking it out, each silo's history restarts from the 2 slow reports
+    histories = [len(balancer._silos[silo].history) for silo in ids]
+    assert (histories == [2] * 4) is restarted
+    if not restarted:
+        assert balancer.allocate(ids) == before
+
+
+def test_one_silos_change_is_still_followed_when_the_round_is_reported_together() -> None:
+    # Prepare: 5 silos in steady state; silo 0's capacity halves
+    a = 0.01 / np.array([4.0, 2.0, 2.0, 1.0, 1.0])
+    b = 0.05 * a * 32
+    balancer = BatchSizeBalancer(initial_batch_size=32)
+    ids = [f"s{i}" for i in range(5)]
+    for _ in range(10):
+        _shared_round(balancer, ids, a, b, np.ones(5))
+    slow = a.copy(), b.copy()
+    slow[0][0] *= 2
+    slow[1][0] *= 2
+
+    # Execute: rounds r and r+1 at the new capacity
+    for _ in range(2):
+        _shared_round(balancer, ids, *slow, np.ones(5))
+    third = balancer.allocate(ids)
+
+    # Assert: round r+2 within 5% of the oracle, no factor taken out (one silo moved)
+    x = np.array([third[i] for i in ids])
+    oracle = _oracle(slow[0], slow[1], 160, balancer.floor)
+    assert float(np.max(slow[0] * x + slow[1])) <= 1.05 * oracle
+    assert balancer.common_factor == pytest.approx(1.0)
+
+
+def test_fewer_than_three_silos_near_their_history_take_no_factor_out() -> None:
+    # Prepare: two silos in steady state
+    a = 0.01 / np.array([2.0, 1.0])
+    balancer = BatchSizeBalancer(initial_batch_size=32)
+    ids = ["s0", "s1"]
+    for _ in range(6):
+        _shared_round(balancer, ids, a, np.zeros(2), np.ones(2))
+
+    # Execute: both 1.5x slower
+    _shared_round(balancer, ids, a, np.zeros(2), np.full(2, 1.5))
+
+    # Assert: a median of 2 would be one silo's own deviation: nothing is taken out
+    assert balancer.common_factor == 1.0
+
+
+def test_an_unusable_report_of_the_round_is_returned_and_the_others_fed() -> None:
+    # Prepare
+    balancer = BatchSizeBalancer(initial_batch_size=32)
+    reports = {
+        "ok": SiloReport(batch_size=32, train_time=0.5, samples=32 * TAU),
+        "bad": SiloReport(batch_size=32, train_time=math.nan, samples=32 * TAU),
+    }
+
+    # Execute
+    errors = balancer.report_round(reports)
+
+    # Assert
+    assert set(errors) == {"bad"} and "train time" in str(errors["bad"])
+    assert balancer.silo_ids == ["ok"]
+    assert balancer.predicted_speed("ok") == pytest.approx(32 * TAU / 0.5)
 
 
 # ------------------------------------------------------------------ the robust cost fit

@@ -227,6 +227,19 @@ class BatchSizeBalancer:
         Smallest relative deviation that counts as a possible change, > 0.
     change_confirm : int (default: 2)
         Reports in a row, deviating to the same side, that confirm a change, >= 1.
+    common_noise : bool (default: True)
+        Take out of a round's reports the slowdown that all its silos share
+        (:meth:`report_round`): the round's common factor is the median, over the silos
+        whose report lies near their own earlier reports (the same test as the change
+        detection's, at least 3 such silos), of the report's deviation from them, and
+        every report of the round is divided by it before it reaches the estimators, the
+        cost fits and the change detection (median polish, Tukey, "Exploratory Data
+        Analysis", 1977, Ch. 11). A factor shared by every silo leaves the min-max split
+        unchanged, so it is noise to the balancer: without this, a busy machine or a
+        shared cluster slowing every silo for a round or two is confirmed as a change of
+        every silo and restarts all their histories. Deviations where a silo has not been
+        observed (a batch size moved away from its history) do not count: there a shared
+        error of the fitted lines would pass for a shared slowdown.
     order_tolerance : float | None (default: 0.1)
         Order guard: if silo i's predicted speed (samples it can process in the
         allocation's predicted round time) exceeds silo j's by more than this fraction, i
@@ -266,6 +279,7 @@ class BatchSizeBalancer:
         change_sigmas: float | None = 2.5,
         change_threshold: float = 0.2,
         change_confirm: int = 2,
+        common_noise: bool = True,
         order_tolerance: float | None = 0.1,
         equal_split_guard: bool = True,
         equal_split_margin: float = 0.05,
@@ -328,6 +342,9 @@ class BatchSizeBalancer:
         if change_confirm < 1:
             raise ValueError(f"change_confirm must be an integer >= 1, got {change_confirm!r}")
         self.change_confirm = int(change_confirm)
+        self.common_noise = bool(common_noise)
+        self.common_factor = 1.0
+        """The common factor taken out of the last round's reports (1: none)."""
         if order_tolerance is not None and (not _real(order_tolerance) or order_tolerance < 0):
             raise ValueError(f"order_tolerance must be >= 0 or None, got {order_tolerance!r}")
         self.order_tolerance = None if order_tolerance is None else float(order_tolerance)
@@ -356,8 +373,52 @@ class BatchSizeBalancer:
             If the report is unusable; the silo's state is then left unchanged.
         """
         report.validate()
+        self._take(silo_id, report, scale=1.0)
+
+    def report_round(self, reports: Mapping[str, SiloReport]) -> dict[str, InvalidReportError]:
+        """Feed one round's reports, the round's common slowdown taken out of them
+        (``common_noise``; the strategies and the cluster coordinator report this way).
+
+        Parameters
+        ----------
+        reports : mapping of str to SiloReport
+            Each reporting silo's report of the round.
+
+        Returns
+        -------
+        dict of str to InvalidReportError
+            The reports that could not be used, by silo (their silos' states are left
+            unchanged); the others are fed.
+        """
+        errors: dict[str, InvalidReportError] = {}
+        valid: dict[str, SiloReport] = {}
+        for silo, report in reports.items():
+            try:
+                report.validate()
+            except InvalidReportError as err:
+                errors[silo] = err
+            else:
+                valid[silo] = report
+        scale = 1.0
+        if self.common_noise:
+            deviations = []
+            for silo, report in valid.items():
+                state = self._silos.get(silo)
+                level = None if state is None else self._near_level(state, report.batch_size)
+                if level is not None:
+                    deviations.append(math.log(report.train_time / level))
+            if len(deviations) >= 3:
+                scale = math.exp(float(np.median(deviations)))
+        self.common_factor = scale
+        for silo, report in valid.items():
+            self._take(silo, report, scale=scale)
+        return errors
+
+    def _take(self, silo_id: str, report: SiloReport, *, scale: float) -> None:
+        """Feed a valid report whose time, divided by ``scale``, is the silo's own."""
         state = self._state(silo_id)
-        x, t, speed = int(report.batch_size), float(report.train_time), report.speed
+        x, t = int(report.batch_size), float(report.train_time) / scale
+        speed = report.speed * scale
         verdict = self._screen(state, x, t, speed)
         state.reports += 1
         state.boost = 1.0
@@ -401,19 +462,14 @@ class BatchSizeBalancer:
         the single-report limit, or by a longer run whose mean deviation (each clipped at
         the limit, so that one spike cannot carry it) exceeds the limit divided by the
         square root of its length (a CUSUM-like test for a step hidden in the noise)."""
-        fit = state.fit
-        if self.change_sigmas is None or fit is None or len(state.history) < 2:
+        if self.change_sigmas is None:
             state.pending.clear()
             return "normal"
-        # The prediction from the reports at nearly the same batch size (moved along the
-        # fitted slope by at most min_fit_spread), so that an error of the line's shape
-        # (a fixed cost not identified yet) is not taken for a change.
-        reach = self.min_fit_spread * x
-        near = [bt + fit.slope * (x - bx) for bx, bt in state.history if abs(bx - x) < reach]
-        if len(near) < 2:
+        level = self._near_level(state, x)
+        if level is None:
             state.pending.clear()
             return "normal"
-        deviation = math.log(t / robust_level(near))
+        deviation = math.log(t / level)
         noise = 0.0 if state.noise is None else state.noise
         floor = math.log1p(self.change_threshold)
         limit = max(floor, self.change_sigmas * noise)
@@ -436,6 +492,18 @@ class BatchSizeBalancer:
             if mean > max(floor, limit / math.sqrt(len(run))):
                 return "change"
         return "held" if held else "normal"
+
+    def _near_level(self, state: _SiloState, x: int) -> float | None:
+        """The silo's time at batch size ``x`` from its reports at nearly the same batch
+        size (within ``min_fit_spread``, moved along the fitted slope), at least 2 of
+        them, so that an error of the line's shape (a fixed cost not identified yet) does
+        not count; ``None`` without a fit or such reports."""
+        fit = state.fit
+        if fit is None or len(state.history) < 2:
+            return None
+        reach = self.min_fit_spread * x
+        near = [bt + fit.slope * (x - bx) for bx, bt in state.history if abs(bx - x) < reach]
+        return robust_level(near) if len(near) >= 2 else None
 
     def warming_up(self) -> dict[str, tuple[int, int]]:
         """Silos whose estimator still predicts by its EMA warm-up (NARX before its first
@@ -616,6 +684,7 @@ class BatchSizeBalancer:
                 "change_sigmas": self.change_sigmas,
                 "change_threshold": self.change_threshold,
                 "change_confirm": self.change_confirm,
+                "common_noise": self.common_noise,
                 "order_tolerance": self.order_tolerance,
                 "equal_split_guard": self.equal_split_guard,
                 "equal_split_margin": self.equal_split_margin,

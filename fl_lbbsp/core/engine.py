@@ -208,7 +208,8 @@ class RoundState:
 
     ``nodes``, ``silos``, ``reports`` and ``rejected`` fill up as replies are screened;
     ``held`` keeps the timings the engine judges only when the round closes (the first
-    observed round's, see :meth:`RoundEngine.report`).
+    observed round's, see :meth:`RoundEngine.report`); ``feed`` the usable reports, fed
+    to the balancer together when the round closes.
     """
 
     server_round: int
@@ -229,6 +230,7 @@ class RoundState:
     held: dict[str, tuple[Mapping[str, Any], dict[str, Any], int | None, float]] = field(
         default_factory=dict
     )
+    feed: dict[str, tuple[SiloReport, dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def shares(self) -> dict[str, int]:
@@ -748,28 +750,28 @@ class RoundEngine:
         *,
         overhead: float | None = None,
     ) -> None:
-        """Bound a report's claimed times and feed it to the balancer; note it in
-        ``record``."""
+        """Bound a report's claimed times and queue it for the balancer, which gets the
+        round's reports together when it closes (:meth:`BatchSizeBalancer.report_round`);
+        note it in ``record``."""
         keys = self.keys
         metrics = self._bounded_times(state, silo, metrics, record, observed, overhead)
         cap = metrics.get(keys.max_batch_size)
+        report = SiloReport(
+            batch_size=metrics.get(keys.batch_size, share or 0),
+            train_time=metrics.get(keys.train_time, math.nan),
+            samples=metrics.get(keys.samples_processed),
+            cpu_percent=metrics.get(keys.cpu_percent),
+            memory_percent=metrics.get(keys.memory_percent),
+            max_batch_size=cap if cap else None,
+            fixed_time=metrics.get(keys.he_time),
+        )
         try:
-            self.balancer.report(
-                silo,
-                SiloReport(
-                    batch_size=metrics.get(keys.batch_size, share or 0),
-                    train_time=metrics.get(keys.train_time, math.nan),
-                    samples=metrics.get(keys.samples_processed),
-                    cpu_percent=metrics.get(keys.cpu_percent),
-                    memory_percent=metrics.get(keys.memory_percent),
-                    max_batch_size=cap if cap else None,
-                    fixed_time=metrics.get(keys.he_time),
-                ),
-            )
+            report.validate()
         except InvalidReportError as err:
             log.warning("round report of silo %s left out of balancing: %s", silo, err)
             record["invalid-report"] = str(err)
-        record["predicted-speed"] = self.balancer.predicted_speed(silo)
+        else:
+            state.feed[silo] = (report, record)
 
     def _bounded_times(
         self,
@@ -856,12 +858,21 @@ class RoundEngine:
                 self._feed(state, silo, metrics, record, share, observed, overhead=reference)
             state.held.clear()
         self.claims.learn_overhead(gaps)
+        self._feed_balancer(state)
         return {
             "deadline": state.deadline,
             "missed": [self.silo_id(node) for node in missed],
             "sent": state.shares,
             "sent_at": state.sent_at,
         }
+
+    def _feed_balancer(self, state: RoundState) -> None:
+        """Feed the round's usable reports to the balancer at once (so that it can take
+        out the slowdown they share) and note each silo's new predicted speed."""
+        self.balancer.report_round({silo: report for silo, (report, _) in state.feed.items()})
+        for silo, (_, record) in state.feed.items():
+            record["predicted-speed"] = self.balancer.predicted_speed(silo)
+        state.feed.clear()
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class BalancingOptions(TypedDict, total=False):
     change_sigmas: float | None
     change_threshold: float
     change_confirm: int
+    common_noise: bool
     order_tolerance: float | None
     equal_split_guard: bool
     equal_split_margin: float
@@ -94,6 +95,8 @@ class BalancingConfig(BaseModel):
         Smallest relative deviation that counts as a possible change.
     change_confirm : int (default: 2)
         Reports that confirm a change.
+    common_noise : bool (default: True)
+        Take the slowdown shared by every silo of a round out of its reports.
     order_tolerance : float | None (default: 0.1)
         Order guard tolerance; ``None``: no order guard.
     equal_split_guard : bool (default: True)
@@ -159,6 +162,7 @@ class BalancingConfig(BaseModel):
         default=BALANCER_DEFAULTS["change_threshold"], gt=0, allow_inf_nan=False
     )
     change_confirm: int = Field(default=BALANCER_DEFAULTS["change_confirm"], ge=1, strict=True)
+    common_noise: bool = BALANCER_DEFAULTS["common_noise"]
     order_tolerance: float | None = Field(
         default=BALANCER_DEFAULTS["order_tolerance"], ge=0, allow_inf_nan=False
     )
@@ -239,6 +243,7 @@ def make_balancer(config: BalancingConfig) -> BatchSizeBalancer:
         change_sigmas=config.change_sigmas,
         change_threshold=config.change_threshold,
         change_confirm=config.change_confirm,
+        common_noise=config.common_noise,
         order_tolerance=config.order_tolerance,
         equal_split_guard=config.equal_split_guard,
         equal_split_margin=config.equal_split_margin,

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..core.balancer import BatchSizeBalancer, InvalidReportError, SiloReport
+from ..core.balancer import BatchSizeBalancer, SiloReport
 
 __all__ = ["LBBSPCoordinator", "Overhead", "RankFailureError", "RankReport"]
 
@@ -391,24 +391,25 @@ class LBBSPCoordinator:
             r: RankReport(int(row[2]), float(row[0]), int(row[1]), int(row[3]))
             for r, row in enumerate(rows)
         }
-        for r, report in self.last_reports.items():
-            # One iteration is the balancer's round: the window's mean per iteration, so
-            # that its cost fit (batch size -> time of a round) does not mix windows of
-            # different lengths (every="auto" changes k).
-            count = max(report.iterations, 1)
-            try:
-                self.balancer.report(
-                    self.rank_ids[r],
-                    SiloReport(
-                        batch_size=report.batch_size,
-                        train_time=report.compute_time / count,
-                        samples=max(1, round(report.samples / count)),
-                    ),
+        # One iteration is the balancer's round: the window's mean per iteration, so that
+        # its cost fit (batch size -> time of a round) does not mix windows of different
+        # lengths (every="auto" changes k). The ranks' reports are fed together, so that
+        # a slowdown they all share (a busy node) is taken out of them.
+        errors = self.balancer.report_round(
+            {
+                self.rank_ids[r]: SiloReport(
+                    batch_size=report.batch_size,
+                    train_time=report.compute_time / max(report.iterations, 1),
+                    samples=max(1, round(report.samples / max(report.iterations, 1))),
                 )
-            except InvalidReportError as err:
-                if self._rank == 0:
+                for r, report in self.last_reports.items()
+            }
+        )
+        if self._rank == 0:
+            for r, rank_id in enumerate(self.rank_ids):
+                if rank_id in errors:
                     log.warning("rank %d: report left out at iteration %d: %s", r,
-                                self.iteration, err)  # fmt: skip
+                                self.iteration, errors[rank_id])  # fmt: skip
         sizes = self._sizes if self._balanced(rows) else self._allocate()
         decided = self._share([*sizes, self._next_every(rows)])
         self._sizes, self._k = tuple(decided[:-1]), decided[-1]

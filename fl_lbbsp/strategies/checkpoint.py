@@ -313,12 +313,21 @@ def _flat(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
     """Raise :class:`CheckpointError` unless ``strategy`` can resume ``checkpoint``:
-    same format version, strategy class, scheme and settings."""
+    same format version, strategy class, scheme and settings. A setting newer than the
+    checkpoint (absent from its manifest) is not compared: the run resumes with the
+    strategy's value of it."""
     found, expected = _flat(checkpoint.manifest), _flat(_manifest(strategy))
+    newer = [name for name in expected if name not in found]
+    if newer:
+        log.info(
+            "checkpoint %s predates the settings %s: resumed with this strategy's values",
+            checkpoint.path,
+            ", ".join(newer),
+        )
     differences = [
         f"{name}={found.get(name)!r} (this strategy: {expected.get(name)!r})"
         for name in dict.fromkeys([*expected, *found])
-        if found.get(name) != expected.get(name)
+        if name in found and found.get(name) != expected.get(name)
     ]
     if differences:
         raise CheckpointError(
