@@ -692,3 +692,28 @@ def test_a_first_round_reply_the_selector_drops_is_still_timed() -> None:
     assert kept == {"silo-0", "silo-1"} and set(dropped) == {"silo-2"}
     assert engine.balancer.predicted_speed("silo-2") == pytest.approx(B_INIT * TAU / 0.4)
     assert dropped["silo-2"]["predicted-speed"] == pytest.approx(B_INIT * TAU / 0.4)
+
+
+# ------------------------------------------------------------ the round fed together
+def test_the_engine_feeds_a_round_together_and_a_shared_slowdown_is_taken_out() -> None:
+    # Prepare: 4 silos 4:2:1:1 in steady state (no claim checks: the slowdown is real)
+    engine = _engine(check_times=False)
+    _federation(engine, (1.0, 2.0, 4.0, 4.0), rounds=8, observe=False)
+    state = engine.plan(9, range(4))
+    before = engine.balancer.to_json()
+
+    # Execute: every silo 1.5x slower this round; the balancer is fed at the close
+    for node, instruction in state.instructions.items():
+        k = (1.0, 2.0, 4.0, 4.0)[int(node)]
+        seconds = 1.5 * _true_time(k, instruction.batch_size)
+        _report(engine, state, int(node), _metrics(instruction.batch_size, seconds))
+    fed_early = engine.balancer.to_json() != before
+    extra = engine.close(state, replied=list(state.instructions), wall=None)
+
+    # Assert: nothing fed before the close; the shared factor taken out, no silo restarted
+    assert not fed_early
+    assert extra["common_factor"] == pytest.approx(1.5)
+    for node in range(4):
+        silo = f"silo-{node}"
+        assert len(engine.balancer._silos[silo].history) > 2
+        assert state.reports[silo]["predicted-speed"] == engine.balancer.predicted_speed(silo)

@@ -827,7 +827,9 @@ class RoundEngine:
         Returns
         -------
         dict
-            Telemetry fields of the round: ``deadline``, ``missed``, ``sent``, ``sent_at``.
+            Telemetry fields of the round: ``deadline``, ``missed``, ``sent``, ``sent_at``
+            and ``common_factor`` (the slowdown the round's silos shared, taken out of
+            their reports: :meth:`BatchSizeBalancer.report_round`).
         """
         got = set(replied)
         missed = [node for node in state.instructions if node not in got]
@@ -864,6 +866,7 @@ class RoundEngine:
             "missed": [self.silo_id(node) for node in missed],
             "sent": state.shares,
             "sent_at": state.sent_at,
+            "common_factor": self.balancer.common_factor,
         }
 
     def _feed_balancer(self, state: RoundState) -> None:
