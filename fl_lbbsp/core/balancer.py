@@ -365,7 +365,8 @@ class BatchSizeBalancer:
 
     # ------------------------------------------------------------------ reports
     def report(self, silo_id: str, report: SiloReport) -> None:
-        """Feed one silo's round report into its estimator.
+        """Feed one silo's round report into its estimator, judged alone (no slowdown
+        shared with other silos is taken out: feed a whole round with :meth:`report_round`).
 
         Raises
         ------
