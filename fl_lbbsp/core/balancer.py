@@ -374,7 +374,8 @@ class BatchSizeBalancer:
             If the report is unusable; the silo's state is then left unchanged.
         """
         report.validate()
-        self._take(silo_id, report, scale=1.0)
+        state = self._state(silo_id)
+        self._take(state, report, scale=1.0, level=self._near_level(state, report.batch_size))
 
     def report_round(self, reports: Mapping[str, SiloReport]) -> dict[str, InvalidReportError]:
         """Feed one round's reports, the round's common slowdown taken out of them
@@ -400,27 +401,31 @@ class BatchSizeBalancer:
                 errors[silo] = err
             else:
                 valid[silo] = report
+        # Each silo's level near its batch size, once: the common factor's and the change
+        # detection's reference.
+        states = {silo: self._state(silo) for silo in valid}
+        levels = {silo: self._near_level(states[silo], r.batch_size) for silo, r in valid.items()}
+        deviations = [
+            math.log(valid[silo].train_time / level)
+            for silo, level in levels.items()
+            if level is not None
+        ]
         scale = 1.0
-        if self.common_noise:
-            deviations = []
-            for silo, report in valid.items():
-                state = self._silos.get(silo)
-                level = None if state is None else self._near_level(state, report.batch_size)
-                if level is not None:
-                    deviations.append(math.log(report.train_time / level))
-            if len(deviations) >= 3:
-                scale = math.exp(float(np.median(deviations)))
+        if self.common_noise and len(deviations) >= 3:
+            scale = math.exp(float(np.median(deviations)))
         self.common_factor = scale
         for silo, report in valid.items():
-            self._take(silo, report, scale=scale)
+            self._take(states[silo], report, scale=scale, level=levels[silo])
         return errors
 
-    def _take(self, silo_id: str, report: SiloReport, *, scale: float) -> None:
-        """Feed a valid report whose time, divided by ``scale``, is the silo's own."""
-        state = self._state(silo_id)
+    def _take(
+        self, state: _SiloState, report: SiloReport, *, scale: float, level: float | None
+    ) -> None:
+        """Feed a valid report whose time, divided by ``scale``, is the silo's own;
+        ``level``: the silo's time near the report's batch size (:meth:`_near_level`)."""
         x, t = int(report.batch_size), float(report.train_time) / scale
         speed = report.speed * scale
-        verdict = self._screen(state, x, t, speed)
+        verdict = self._screen(state, x, t, speed, level)
         state.reports += 1
         state.boost = 1.0
         if verdict == "normal":
@@ -454,20 +459,19 @@ class BatchSizeBalancer:
         # allocate() only gathers rows.
         self._row(state)
 
-    def _screen(self, state: _SiloState, x: int, t: float, speed: float) -> str:
+    def _screen(
+        self, state: _SiloState, x: int, t: float, speed: float, level: float | None
+    ) -> str:
         """Change detection: ``"normal"``, ``"held"`` (a possible change, kept out of
-        the estimate) or ``"change"`` (confirmed; ``state.pending`` holds its reports).
+        the estimate) or ``"change"`` (confirmed; ``state.pending`` holds its reports);
+        ``level``: the silo's time near ``x`` from its history (``None``: not judged).
 
         ``state.pending`` is the current run of reports deviating from the cost line to
         the same side. A change is confirmed by ``change_confirm`` reports in a row beyond
         the single-report limit, or by a longer run whose mean deviation (each clipped at
         the limit, so that one spike cannot carry it) exceeds the limit divided by the
         square root of its length (a CUSUM-like test for a step hidden in the noise)."""
-        if self.change_sigmas is None:
-            state.pending.clear()
-            return "normal"
-        level = self._near_level(state, x)
-        if level is None:
+        if self.change_sigmas is None or level is None:
             state.pending.clear()
             return "normal"
         deviation = math.log(t / level)

@@ -395,12 +395,13 @@ class LBBSPCoordinator:
         # its cost fit (batch size -> time of a round) does not mix windows of different
         # lengths (every="auto" changes k). The ranks' reports are fed together, so that
         # a slowdown they all share (a busy node) is taken out of them.
+        counts = {r: max(report.iterations, 1) for r, report in self.last_reports.items()}
         errors = self.balancer.report_round(
             {
                 self.rank_ids[r]: SiloReport(
                     batch_size=report.batch_size,
-                    train_time=report.compute_time / max(report.iterations, 1),
-                    samples=max(1, round(report.samples / max(report.iterations, 1))),
+                    train_time=report.compute_time / counts[r],
+                    samples=max(1, round(report.samples / counts[r])),
                 )
                 for r, report in self.last_reports.items()
             }
