@@ -239,7 +239,12 @@ class BatchSizeBalancer:
         shared cluster slowing every silo for a round or two is confirmed as a change of
         every silo and restarts all their histories. Deviations where a silo has not been
         observed (a batch size moved away from its history) do not count: there a shared
-        error of the fitted lines would pass for a shared slowdown.
+        error of the fitted lines would pass for a shared slowdown. In a round where
+        fewer than 3 silos are near their history (the batch sizes just moved), the
+        others' fitted lines stand in, and the factor is taken out only beyond
+        ``change_threshold``: a shift that large is no error of a line's shape, and the
+        silos' reports at their new batch sizes, which no change detection judges yet,
+        would otherwise carry it into every history.
     order_tolerance : float | None (default: 0.1)
         Order guard: if silo i's predicted speed (samples it can process in the
         allocation's predicted round time) exceeds silo j's by more than this fraction, i
@@ -405,18 +410,38 @@ class BatchSizeBalancer:
         # detection's reference.
         states = {silo: self._state(silo) for silo in valid}
         levels = {silo: self._near_level(states[silo], r.batch_size) for silo, r in valid.items()}
-        deviations = [
-            math.log(valid[silo].train_time / level)
-            for silo, level in levels.items()
-            if level is not None
-        ]
-        scale = 1.0
-        if self.common_noise and len(deviations) >= 3:
-            scale = math.exp(float(np.median(deviations)))
+        scale = self._common_factor(states, valid, levels) if self.common_noise else 1.0
         self.common_factor = scale
         for silo, report in valid.items():
             self._take(states[silo], report, scale=scale, level=levels[silo])
         return errors
+
+    def _common_factor(
+        self,
+        states: Mapping[str, _SiloState],
+        reports: Mapping[str, SiloReport],
+        levels: Mapping[str, float | None],
+    ) -> float:
+        """The round's common factor (``common_noise``): the median deviation of the
+        reports from the silos' levels near their batch sizes, where at least 3 silos have
+        one; otherwise from those levels or, failing one, the fitted lines, taken only
+        beyond ``change_threshold``; 1 with fewer than 3 silos to judge by."""
+        deviations = [
+            math.log(reports[silo].train_time / level)
+            for silo, level in levels.items()
+            if level is not None
+        ]
+        if len(deviations) >= 3:
+            return math.exp(float(np.median(deviations)))
+        for silo, level in levels.items():
+            fit = states[silo].fit
+            if level is None and fit is not None:
+                line = fit.slope * reports[silo].batch_size + fit.intercept
+                deviations.append(math.log(reports[silo].train_time / line))
+        if len(deviations) < 3:
+            return 1.0
+        shift = float(np.median(deviations))
+        return math.exp(shift) if abs(shift) > math.log1p(self.change_threshold) else 1.0
 
     def _take(
         self, state: _SiloState, report: SiloReport, *, scale: float, level: float | None
