@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -346,6 +347,11 @@ def _worker_main(rank: int, store: str, out: str) -> None:
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
+    # Leave without the interpreter's finalization, where gloo's worker threads can still
+    # abort the process after the work is done (pytorch/pytorch#179291).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _dying_worker(rank: int, store: str, out: str) -> None:
