@@ -38,3 +38,11 @@ everything else translates.
     The runners behind the ``fl-lbbsp`` command (simulation, cluster, in-process,
     deployment, summary tables).
 """
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _distribution_version
+
+try:
+    __version__: str = _distribution_version("fl_lbbsp")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
