@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from conftest import FakeGrid, make_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from pydantic import ValidationError
 
 from fl_lbbsp.strategies import LBBSPFedAvg
+from fl_lbbsp.strategies.config import InvalidSettingError
 
 pytestmark = pytest.mark.usefixtures("flower_task")
 
@@ -186,12 +186,35 @@ def test_invalid_train_time_is_left_out_of_balancing_but_round_goes_on(tmp_path)
         ({"lr": 0.0}, "lr"),
         ({"alpha": 1.5}, "alpha"),
         ({"allocator": "magic"}, "allocator"),
+        ({"initial_batch_size": "32"}, "initial_batch_size"),
+        ({"fraction_train": 2.0}, "fraction_train"),
+        ({"max_empty_rounds": 0}, "max_empty_rounds"),
     ],
 )
 def test_bad_settings_raise_naming_the_field(kwargs, field) -> None:  # type: ignore[no-untyped-def]
     # Prepare
     settings = {"initial_batch_size": 32, "local_steps": 10, "lr": 0.01, **kwargs}
 
-    # Execute / Assert
-    with pytest.raises(ValidationError, match=field):
+    # Execute
+    with pytest.raises(InvalidSettingError) as caught:
         LBBSPFedAvg(**settings)
+
+    # Assert: one line in the user's terms: the strategy, the keyword, what it must be and
+    # the value given; no internal settings class, no pydantic boilerplate
+    text = str(caught.value)
+    assert isinstance(caught.value, ValueError) and "\n" not in text
+    assert text.startswith("LBBSPFedAvg: ") and field in text and "must" in text
+    assert repr(next(iter(kwargs.values()))) in text
+    assert "Config" not in text and "pydantic" not in text and "errors.pydantic.dev" not in text
+
+
+def test_keys_given_as_a_mapping_are_converted_and_anything_else_is_a_type_error() -> None:
+    # Execute
+    strategy = LBBSPFedAvg(
+        initial_batch_size=32, local_steps=10, lr=0.01, keys={"batch_size": "bs"}
+    )  # type: ignore[arg-type]
+
+    # Assert
+    assert strategy.keys.batch_size == "bs"
+    with pytest.raises(TypeError, match="RecordKeys"):
+        LBBSPFedAvg(initial_batch_size=32, local_steps=10, lr=0.01, keys=["bs"])  # type: ignore[arg-type]

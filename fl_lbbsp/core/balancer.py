@@ -535,6 +535,22 @@ class BatchSizeBalancer:
         near = [bt + fit.slope * (x - bx) for bx, bt in state.history if abs(bx - x) < reach]
         return robust_level(near) if len(near) >= 2 else None
 
+    def restart(self, silo_id: str) -> None:
+        """Forget what a silo's reports taught its speed estimate and cost history, as
+        after a confirmed change (the fit's shape and noise are kept): for a report that
+        held start-up rather than capacity (a silo's first round, a rejoin). The
+        silo's next report then sets its estimate alone. A silo not seen yet: nothing."""
+        state = self._silos.get(silo_id)
+        if state is None:
+            return
+        state.estimator = make_estimator(
+            self.estimator, alpha=self.alpha, options=self.estimator_options
+        )
+        state.history.clear()
+        state.pending.clear()
+        state.boost = 1.0
+        self._row(state)  # no history: no cost line (the common factor must not use it)
+
     def warming_up(self) -> dict[str, tuple[int, int]]:
         """Silos whose estimator still predicts by its EMA warm-up (NARX before its first
         training, Sec. 3.2.2): silo id -> (reports so far, warm-up length)."""

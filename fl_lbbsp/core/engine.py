@@ -38,11 +38,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..contract import STEP_BATCH_SIZE, RecordKeys
+from ..contract import PREDICTED_SPEED, STEP_BATCH_SIZE, RecordKeys
 from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .claims import honest_gap
 from .deadline import DeadlinePolicy, OverheadTracker, predicted_compute_time
-from .identity import SiloRegistry
+from .identity import SiloRegistry, instruction_of
 from .screening import InvalidReplyError, ReplyValidator, error_summary
 from .settings import (
     BalancingConfig,
@@ -231,6 +231,14 @@ class RoundState:
         default_factory=dict
     )
     feed: dict[str, tuple[SiloReport, dict[str, Any]]] = field(default_factory=dict)
+    predicted: float | None = None
+    """Predicted compute seconds of the planned split (the slowest silo's)."""
+    ideal: float | None = None
+    """Compute seconds of a perfect split of X by the predicted speeds (tau * X / sum v)."""
+    cold: set[str] = field(default_factory=set)
+    """Silos whose report this round is their first (or first since they rejoined on
+    another node): it holds start-up, so it neither teaches the overhead nor stays in the
+    silo's history once a warm report follows."""
 
     @property
     def shares(self) -> dict[str, int]:
@@ -408,6 +416,10 @@ class RoundEngine:
         )
         self.balancer = make_balancer(config)
         self.silo_of_node: dict[Node, str] = {}
+        self.node_of_silo: dict[str, Node] = {}
+        self.provisional: set[str] = set()
+        """Silos whose speed estimate rests only on a cold report (see
+        :attr:`RoundState.cold`): their next warm report replaces it."""
         self.federation_size = 0
         self.overhead = OverheadTracker(self.deadline.overhead_rounds)
         self.claims = make_claim_checker(
@@ -544,6 +556,10 @@ class RoundEngine:
             expected_bytes=expected_bytes,
         )
         state.deadline = self.deadline.timeout(self.predicted_round_time(state), cap=timeout_cap)
+        state.predicted = predicted_compute_time(self.balancer, state.shares, c.local_steps)
+        speeds = [self.balancer.predicted_speed(silo) for silo in state.shares]
+        if speeds and all(v is not None and v > 0 for v in speeds):
+            state.ideal = c.local_steps * state.total / math.fsum(v for v in speeds if v)
         return state
 
     def predicted_round_time(self, state: RoundState) -> float | None:
@@ -640,6 +656,7 @@ class RoundEngine:
             reply.signature,
             run_id=state.run_id,
             server_round=state.server_round,
+            instruction=instruction_of(state.sent, reply.node),
             silo=self.claimed_silo(reply),
             metrics=reply.metrics or {},
             arrays=() if reply.signed_arrays is None else reply.signed_arrays(),
@@ -665,6 +682,7 @@ class RoundEngine:
         metrics: Mapping[str, Any],
         *,
         observed: float | None = None,
+        misuse: str | None = None,
     ) -> bool:
         """Bound an accepted reply's claims, feed its timing to the balancer; record it.
 
@@ -690,6 +708,11 @@ class RoundEngine:
             Seconds the server observed from sending the silo its instruction to
             receiving its reply (the adapter's ``received_at - sent_at``); ``None``: not
             observed (no cross-check).
+        misuse : str | None (default: None)
+            What the silo says it did other than instructed (its own loader, extra
+            epochs, another batch size): its time does not measure its capacity at the
+            batch size sent, so it is kept out of balancing (noted as ``misuse`` and
+            ``invalid-report``); in FL its update still counts.
 
         Returns
         -------
@@ -698,6 +721,9 @@ class RoundEngine:
             rejected; in cluster mode (``require_valid_report``) only with a usable report.
         """
         keys, silo = self.keys, verdict.silo
+        if self.node_of_silo.get(silo) != verdict.node:
+            state.cold.add(silo)  # first report, or the silo came back on another node
+        self.node_of_silo[silo] = verdict.node
         self.silo_of_node[verdict.node] = silo
         if self.rewriter is not None:
             metrics = self.rewriter.to_balancer_units(metrics, keys, self.config)
@@ -717,6 +743,11 @@ class RoundEngine:
                 record["invalid-report"] = record["rejected-claim"] = refused
                 state.reports[silo] = record
                 return False
+        if misuse is not None:
+            record["misuse"] = misuse
+            record["invalid-report"] = f"misuse: {misuse}"
+            state.reports[silo] = record
+            return not self.require_valid_report
         if self.config.check_times is False:
             observed = None
         train = _real(metrics.get(keys.train_time))
@@ -844,18 +875,26 @@ class RoundEngine:
             for r in state.reports.values()
             if "invalid-report" not in r and self.keys.train_time in r
         ]
-        if not missed and wall is not None and times:
+        if not missed and not state.cold and wall is not None and times:
             self.overhead.observe(wall, max(times))
-        # observed minus claimed time of each timed reply: the messaging overhead
+        # observed minus claimed time of each timed reply: the messaging overhead (a cold
+        # start is not messaging: a silo's first round does not teach it)
         gaps = [
             r["observed-time"] - r["claimed-time"]
-            for r in state.reports.values()
-            if "observed-time" in r
+            for silo, r in state.reports.items()
+            if "observed-time" in r and silo not in state.cold
         ]
         if state.held:
             # the first observed round: each claim judged against the round's honest gap
             # (a silo the selector dropped is fed too: its timing is no less true)
-            reference = honest_gap(gaps)
+            reference = honest_gap(
+                gaps
+                or [
+                    r["observed-time"] - r["claimed-time"]
+                    for r in state.reports.values()
+                    if "observed-time" in r
+                ]
+            )
             for silo, (metrics, record, share, observed) in state.held.items():
                 self._feed(state, silo, metrics, record, share, observed, overhead=reference)
             state.held.clear()
@@ -871,10 +910,21 @@ class RoundEngine:
 
     def _feed_balancer(self, state: RoundState) -> None:
         """Feed the round's usable reports to the balancer at once (so that it can take
-        out the slowdown they share) and note each silo's new predicted speed."""
+        out the slowdown they share) and note each silo's new predicted speed.
+
+        A cold report (:attr:`RoundState.cold`) is fed, since it is all that is known of
+        the silo, but only until the silo's first warm report, which restarts the silo's
+        estimate instead of being averaged with it (Chen et al., TCC 2021, Sec. 3.3:
+        the speed to predict is the silo's steady capacity, not its start-up)."""
+        for silo in state.feed:
+            if silo in state.cold:
+                self.provisional.add(silo)
+            elif silo in self.provisional:
+                self.provisional.discard(silo)
+                self.balancer.restart(silo)
         self.balancer.report_round({silo: report for silo, (report, _) in state.feed.items()})
         for silo, (_, record) in state.feed.items():
-            record["predicted-speed"] = self.balancer.predicted_speed(silo)
+            record[PREDICTED_SPEED] = self.balancer.predicted_speed(silo)
         state.feed.clear()
 
     # -------------------------------------------------------------- checkpoints
@@ -893,6 +943,7 @@ class RoundEngine:
         """Restore :meth:`state_dict`."""
         self.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
         self.silo_of_node = {int(node): str(silo) for node, silo in state["silo_of_node"].items()}
+        self.node_of_silo = {silo: node for node, silo in self.silo_of_node.items()}
         self.overhead = OverheadTracker(self.deadline.overhead_rounds, state["overhead"])
         self.federation_size = int(state.get("federation_size", 0))
         self.claims.load_state_dict(state.get("claims", {}))

@@ -244,8 +244,10 @@ class ReplyValidator:
         Names of the contract's entries.
     weight_key : str
         The aggregation weight (``num-examples`` in FL, ``batch-size`` in cluster mode).
-    extra_metric_keys : iterable of str | None (default: DEFAULT_EXTRA_METRIC_KEYS)
-        Metrics accepted beyond the contract's; ``None`` accepts any.
+    extra_metric_keys : iterable of str | None (default: None)
+        Strict mode: the only metrics accepted beyond the contract's (a reply with any
+        other is rejected, and those listed must be finite numbers). ``None``: every
+        other metric passes through unchecked, as Flower's FedAvg takes it.
     max_num_examples : int | None (default: None)
         Largest ``num-examples`` accepted; ``None``: 2**53 (the largest integer a float
         holds exactly).
@@ -259,7 +261,7 @@ class ReplyValidator:
         *,
         keys: RecordKeys,
         weight_key: str,
-        extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
+        extra_metric_keys: Iterable[str] | None = None,
         max_num_examples: int | None = None,
         also_known: Iterable[str] = (),
     ) -> None:
@@ -286,8 +288,8 @@ class ReplyValidator:
         ------
         InvalidReplyError
             On a missing required key (``num-examples``, ``train-time``, ``batch-size``),
-            a key that is neither in the contract nor allowed, a value that is not a finite
-            number, a train time that is not positive, a batch size other than the one
+            in strict mode a key that is neither in the contract nor allowed, a value that
+            is not a finite number, a train time that is not positive, a batch size other than the one
             sent, ``num-examples`` <= 0 or above the bound, and contract counts or times
             out of range.
         """
@@ -295,7 +297,13 @@ class ReplyValidator:
         required = (k.num_examples, k.train_time, k.batch_size, self.weight_key)
         missing = [key for key in dict.fromkeys(required) if key not in metrics]
         if missing:
-            raise InvalidReplyError(f"missing metrics {few(missing)}")
+            hint = ""
+            if k.train_time in missing and k.batch_size in missing:
+                hint = (
+                    " (the silo's train function must be decorated with @lbbsp_train() from "
+                    "fl_lbbsp.clients, under @app.train(), or send them itself)"
+                )
+            raise InvalidReplyError(f"missing metrics {few(missing)}{hint}")
         if self.extra is not None:
             unknown = sorted(set(metrics) - self.known - self.extra)
             if unknown:
@@ -305,7 +313,7 @@ class ReplyValidator:
         for key, value in metrics.items():
             if key in self.contract:
                 _number(key, value)
-            elif key not in self.known and not _finite_metric(value):
+            elif self.extra is not None and key not in self.known and not _finite_metric(value):
                 raise InvalidReplyError(f"metric {key!r} is not a finite number: {_short(value)}")
         time = float(metrics[k.train_time])
         if time <= 0:

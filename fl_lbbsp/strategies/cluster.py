@@ -22,7 +22,6 @@ from flwr.app import MetricRecord, RecordDict
 
 from ..contract import RecordKeys
 from ..core.optim import SGD
-from ..core.screening import DEFAULT_EXTRA_METRIC_KEYS
 from .config import ParameterServerConfig
 from .fedavg import LBBSPFedAvg
 from .updates import GradientUpdate
@@ -96,7 +95,7 @@ class LBBSPCluster(LBBSPFedAvg):
         min_train_silos: int = 1,
         max_num_examples: int | None = None,
         max_reply_bytes: int | None = None,
-        extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
+        extra_metric_keys: Iterable[str] | None = None,
         checkpoint_dir: str | Path | None = None,
         **balancing: Any,
     ) -> None:

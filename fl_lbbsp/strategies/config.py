@@ -11,20 +11,25 @@ names the keyword and the value.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..contract import RecordKeys
 from ..core.settings import BalancingConfig, ReplyLimits
 
 __all__ = [
     "BalancingConfig",
     "EncryptedClusterConfig",
     "EncryptionConfig",
+    "InvalidSettingError",
     "ParameterServerConfig",
     "ReplyLimits",
     "ServerConfig",
+    "record_keys",
+    "setting_error",
 ]
 
 
@@ -51,6 +56,10 @@ class ServerConfig(BaseModel):
         JSON-lines telemetry file.
     checkpoint_dir : Path | None (default: None)
         Folder for one checkpoint per finished round; ``start`` resumes from it.
+    max_empty_rounds : int (default: 3)
+        Consecutive rounds without any aggregated update after which ``start`` stops
+        with :class:`~fl_lbbsp.strategies.NoUpdateError` (a first round without one
+        stops it at once): a run never ends "completed" with the model it started from.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -66,6 +75,7 @@ class ServerConfig(BaseModel):
     min_available_nodes: int = Field(default=2, ge=0)
     telemetry_path: Path | None = None
     checkpoint_dir: Path | None = None
+    max_empty_rounds: int = Field(default=3, ge=1, strict=True)
 
     @model_validator(mode="after")
     def _deadline_order(self) -> ServerConfig:
@@ -130,3 +140,57 @@ class EncryptedClusterConfig(BaseModel):
     max_history: int = Field(default=32, ge=1, strict=True)
     evaluate_every: int | None = Field(default=None, ge=1, strict=True)
     aggregation: Literal["weighted"] = "weighted"
+
+
+class InvalidSettingError(ValueError):
+    """A strategy argument that is out of range or of the wrong type.
+
+    The message names the strategy, the argument as the user wrote it, what it must be,
+    and the value given; no internal class name.
+    """
+
+
+def setting_error(err: ValidationError, *, owner: str) -> InvalidSettingError:
+    """``err`` (from building a settings model out of ``owner``'s keywords) in the user's
+    terms: ``"LBBSPFedAvg: initial_batch_size must be greater than 0 (got 0)"``."""
+    parts = []
+    for item in err.errors():
+        message = str(item["msg"]).removeprefix("Value error, ")
+        message = message.replace("Input should be", "must be")
+        if item["loc"]:
+            name = str(item["loc"][0])
+            parts.append(f"{name} {message} (got {item.get('input')!r:.80})")
+        else:
+            parts.append(message)
+    return InvalidSettingError(f"{owner}: " + "; ".join(parts))
+
+
+def record_keys(keys: object) -> RecordKeys:
+    """A strategy's or silo's ``keys`` argument as :class:`~fl_lbbsp.contract.RecordKeys`.
+
+    Parameters
+    ----------
+    keys : RecordKeys | Mapping[str, str] | None
+        The names; a mapping of field names to names (``{"batch_size": "bs"}``) is
+        converted; ``None``: the defaults.
+
+    Raises
+    ------
+    TypeError
+        ``keys`` is neither.
+    InvalidSettingError
+        The mapping names a field RecordKeys does not have, or a name is empty.
+    """
+    if keys is None:
+        return RecordKeys()
+    if isinstance(keys, RecordKeys):
+        return keys
+    if isinstance(keys, Mapping):
+        try:
+            return RecordKeys(**dict(keys))
+        except ValidationError as err:
+            raise setting_error(err, owner="keys") from err
+    raise TypeError(
+        f"keys must be a fl_lbbsp.contract.RecordKeys or a mapping of its fields to names, "
+        f"got {type(keys).__name__}"
+    )

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, ClassVar, Self, Unpack
 
 from flwr.app import (
     ArrayRecord,
@@ -30,6 +30,7 @@ from flwr.app import (
 )
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
+from pydantic import ValidationError
 
 from ..contract import RecordKeys, read_float
 from ..core.deadline import DeadlinePolicy
@@ -43,17 +44,17 @@ from ..core.engine import (
     Verdict,
 )
 from ..core.identity import SiloRegistry, load_registry
-from ..core.screening import DEFAULT_EXTRA_METRIC_KEYS
 from ..core.settings import CLAIM_SETTINGS, BalancingOptions
 from ..telemetry import TelemetryWriter
 from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
-from .config import ServerConfig
+from .config import InvalidSettingError, ServerConfig, record_keys, setting_error
 from .deadline import DeadlineGrid
+from .outcomes import NoUpdateError, RoundOutcomes, log_decision, round_metrics, route_to_flower
 from .rounds import EngineView, log_round
 from .updates import PlainMean, Updates
 from .validation import log_rejected, log_skipped, reply_of, screen_evaluations
 
-__all__ = ["LBBSPFedAvg"]
+__all__ = ["LBBSPFedAvg", "NoUpdateError"]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -122,12 +123,15 @@ evaluate_metrics_aggr_fn :
         A reply whose records hold more bytes is rejected before any of it is converted.
         ``None``: four times the size of the model sent (the largest ciphertext update in
         encrypted mode) plus 1 MiB.
-    extra_metric_keys : iterable of str | None (default: DEFAULT_EXTRA_METRIC_KEYS)
-        Metrics a reply may send beyond the contract's (``compute-time``, ``busy-time``,
-        ``startup-time``, ``slowdown``, ``train-loss`` by default, what the shipped silo
-        apps send); a reply with any other key is rejected. Add yours with
-        ``(*DEFAULT_EXTRA_METRIC_KEYS, "train-acc")``
-        (:mod:`fl_lbbsp.strategies.validation`); ``None`` accepts any key.
+    extra_metric_keys : iterable of str | None (default: None)
+        ``None``: every metric beyond the contract's (your app's ``train_loss``, ...)
+        passes through unchecked and is aggregated by ``train_metrics_aggr_fn`` as
+        Flower's FedAvg does. Strict mode: the only extra keys accepted, e.g.
+        ``(*DEFAULT_EXTRA_METRIC_KEYS, "train_loss")``
+        (:mod:`fl_lbbsp.strategies.validation`); a reply with another key is rejected.
+    max_empty_rounds : int (default: 3)
+        :meth:`start` raises :class:`NoUpdateError` when this many rounds in a row, or
+        the run's first round, aggregate no update (every reply rejected or missing).
     checkpoint_dir : str | Path | None (default: None)
         Folder for checkpoints: after each round's aggregation :meth:`start` saves the
         global model, the balancer and the rest of the strategy's state there (see
@@ -158,10 +162,12 @@ evaluate_metrics_aggr_fn :
 
     Raises
     ------
-    pydantic.ValidationError
-        On a bad setting (the message names the keyword and the value); see
-        :class:`~fl_lbbsp.strategies.config.BalancingConfig` and
+    InvalidSettingError
+        (a ``ValueError``) On a bad setting: the message names the keyword, what it must
+        be and the value; see :class:`~fl_lbbsp.core.settings.BalancingConfig` and
         :class:`~fl_lbbsp.strategies.config.ServerConfig`.
+    TypeError
+        ``keys`` is neither a ``RecordKeys`` nor a mapping of its fields.
 
     Notes
     -----
@@ -203,7 +209,8 @@ evaluate_metrics_aggr_fn :
         min_train_silos: int = 1,
         max_num_examples: int | None = None,
         max_reply_bytes: int | None = None,
-        extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
+        extra_metric_keys: Iterable[str] | None = None,
+        max_empty_rounds: int = 3,
         checkpoint_dir: str | Path | None = None,
         updates: Updates[Any] | None = None,
         rewriter: InstructionRewriter | None = None,
@@ -212,57 +219,48 @@ evaluate_metrics_aggr_fn :
         clock: Callable[[], float] = time.monotonic,
         **balancing: Unpack[BalancingOptions],
     ) -> None:
-        self.keys = keys or RecordKeys()
-        server = self.server_config = ServerConfig(
-            deadline_margin=deadline_margin,
-            deadline_floor=deadline_floor,
-            deadline_ceiling=deadline_ceiling,
-            poll_interval=poll_interval,
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_train_nodes=min_train_nodes,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            telemetry_path=telemetry_path,  # type: ignore[arg-type]
-            checkpoint_dir=checkpoint_dir,  # type: ignore[arg-type]
-        )
-        super().__init__(
-            fraction_train=server.fraction_train,
-            fraction_evaluate=server.fraction_evaluate,
-            min_train_nodes=server.min_train_nodes,
-            min_evaluate_nodes=server.min_evaluate_nodes,
-            min_available_nodes=server.min_available_nodes,
-            weighted_by_key=getattr(self.keys, self.weight_key),
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-            train_metrics_aggr_fn=train_metrics_aggr_fn,
-            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
-        )
-        self.engine = RoundEngine.from_keywords(
-            initial_batch_size=initial_batch_size,
-            local_steps=local_steps,
-            lr=lr,
-            keys=self.keys,
-            weight_key=self.weighted_by_key,
-            min_train_silos=min_train_silos,
-            max_num_examples=max_num_examples,
-            max_reply_bytes=max_reply_bytes,
-            extra_metric_keys=extra_metric_keys,
-            balancing=balancing,
-            deadline=DeadlinePolicy(
-                margin=server.deadline_margin,
-                floor=server.deadline_floor,
-                ceiling=server.deadline_ceiling,
-            ),
-            rewriter=rewriter,
-            selector=selector,
-            registry=None if silo_registry is None else load_registry(silo_registry),
-            offsets=self.cluster,
-            require_valid_report=self.cluster,
-        )
+        self.keys = record_keys(keys)
+        try:
+            self._build(
+                server=dict(
+                    deadline_margin=deadline_margin,
+                    deadline_floor=deadline_floor,
+                    deadline_ceiling=deadline_ceiling,
+                    poll_interval=poll_interval,
+                    fraction_train=fraction_train,
+                    fraction_evaluate=fraction_evaluate,
+                    min_train_nodes=min_train_nodes,
+                    min_evaluate_nodes=min_evaluate_nodes,
+                    min_available_nodes=min_available_nodes,
+                    telemetry_path=telemetry_path,
+                    checkpoint_dir=checkpoint_dir,
+                    max_empty_rounds=max_empty_rounds,
+                ),
+                engine=dict(
+                    initial_batch_size=initial_batch_size,
+                    local_steps=local_steps,
+                    lr=lr,
+                    min_train_silos=min_train_silos,
+                    max_num_examples=max_num_examples,
+                    max_reply_bytes=max_reply_bytes,
+                    extra_metric_keys=extra_metric_keys,
+                    balancing=balancing,
+                    rewriter=rewriter,
+                    selector=selector,
+                    silo_registry=silo_registry,
+                ),
+                flower=dict(
+                    arrayrecord_key=arrayrecord_key,
+                    configrecord_key=configrecord_key,
+                    train_metrics_aggr_fn=train_metrics_aggr_fn,
+                    evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+                ),
+            )
+        except ValidationError as err:
+            raise setting_error(err, owner=type(self).__name__) from None
         self.updates: Updates[Any] = updates or PlainMean()
-        self.telemetry = TelemetryWriter(server.telemetry_path)
-        self.poll_interval = server.poll_interval
+        self.telemetry = TelemetryWriter(self.server_config.telemetry_path)
+        self.poll_interval = self.server_config.poll_interval
         self.round: RoundState | None = None
         """The round in flight (``None`` before the first ``configure_train``)."""
         self.round_offset = 0
@@ -270,9 +268,87 @@ evaluate_metrics_aggr_fn :
         self.checkpoints: CheckpointStore | None = None
         """Where :meth:`start` writes a checkpoint after every round (``None``: nowhere)."""
         self.clock = clock
+        self.outcomes = RoundOutcomes(max_empty_rounds=self.server_config.max_empty_rounds)
+        """Rejections logged once per silo and cause, empty rounds counted."""
         self._observe = False
         self._grid: DeadlineGrid | None = None
         self._timeout_cap: float | None = None
+        route_to_flower()
+
+    def _build(
+        self, *, server: dict[str, Any], engine: dict[str, Any], flower: dict[str, Any]
+    ) -> None:
+        """The server settings, FedAvg's state and the engine, validated (raises
+        pydantic's ``ValidationError``; ``__init__`` puts it in the user's terms)."""
+        settings = self.server_config = ServerConfig(**server)
+        super().__init__(
+            fraction_train=settings.fraction_train,
+            fraction_evaluate=settings.fraction_evaluate,
+            min_train_nodes=settings.min_train_nodes,
+            min_evaluate_nodes=settings.min_evaluate_nodes,
+            min_available_nodes=settings.min_available_nodes,
+            weighted_by_key=getattr(self.keys, self.weight_key),
+            **flower,
+        )
+        registry = engine.pop("silo_registry")
+        self.engine = RoundEngine.from_keywords(
+            keys=self.keys,
+            weight_key=self.weighted_by_key,
+            deadline=DeadlinePolicy(
+                margin=settings.deadline_margin,
+                floor=settings.deadline_floor,
+                ceiling=settings.deadline_ceiling,
+            ),
+            registry=None if registry is None else load_registry(registry),
+            offsets=self.cluster,
+            require_valid_report=self.cluster,
+            **engine,
+        )
+
+    RUN_CONFIG_KEYS: ClassVar[dict[str, str]] = {
+        "batch-size": "initial_batch_size",
+        "local-steps": "local_steps",
+        "lr": "lr",
+        "fraction-train": "fraction_train",
+        "fraction-evaluate": "fraction_evaluate",
+        "min-train-nodes": "min_train_nodes",
+        "min-evaluate-nodes": "min_evaluate_nodes",
+        "min-available-nodes": "min_available_nodes",
+        "telemetry-path": "telemetry_path",
+    }
+    """Run-config keys :meth:`from_run_config` reads -> the keyword each sets; the first
+    three are required."""
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any], **overrides: Any) -> Self:
+        """The strategy of a Flower app's run config (``context.run_config``).
+
+        Reads ``batch-size`` (B_init), ``local-steps`` (tau) and ``lr`` (eta), which the
+        app's ``pyproject.toml`` must declare under ``[tool.flwr.app.config]``, and,
+        where declared, ``fraction-train``, ``fraction-evaluate``, ``min-train-nodes``,
+        ``min-evaluate-nodes``, ``min-available-nodes`` and ``telemetry-path`` (``""``:
+        none). Any other keyword of the constructor goes in ``overrides``, which win.
+
+        Raises
+        ------
+        InvalidSettingError
+            A required key is missing (the message says what to declare), or a value is
+            out of range.
+        """
+        missing = [key for key in ("batch-size", "local-steps", "lr") if key not in run_config]
+        if missing and not all(cls.RUN_CONFIG_KEYS[key] in overrides for key in missing):
+            raise InvalidSettingError(
+                f"{cls.__name__}.from_run_config: the run config has no "
+                + ", ".join(repr(key) for key in missing)
+                + "; declare them in the app's pyproject.toml under [tool.flwr.app.config], "
+                "e.g. batch-size = 32, local-steps = 10, lr = 0.05"
+            )
+        settings: dict[str, Any] = {
+            name: run_config[key] for key, name in cls.RUN_CONFIG_KEYS.items() if key in run_config
+        }
+        if settings.get("telemetry_path") == "":
+            settings["telemetry_path"] = None
+        return cls(**{**settings, **overrides})
 
     @property
     def scheme(self) -> str:
@@ -382,7 +458,6 @@ evaluate_metrics_aggr_fn :
         wall = time.perf_counter() - state.started
         received_at = time.time()
         replies = list(replies)
-        self._check_and_log_replies(replies, is_train=True, validate=False)
         state.waited = None if self._grid is None else self._grid.last_timeout
         sent_ids = {msg.metadata.message_id for msg in state.sent} - {""}
         accepted: dict[str, tuple[Verdict[Any], RecordDict, float]] = {}
@@ -395,7 +470,8 @@ evaluate_metrics_aggr_fn :
                 continue
             metrics = reply.metrics or {}
             observed = self._grid.observed(msg) if self._grid and self._observe else None
-            counts = self.engine.report(state, verdict, metrics, observed=observed)
+            misuse = self._misuse(state, verdict.silo, msg)
+            counts = self.engine.report(state, verdict, metrics, observed=observed, misuse=misuse)
             state.reports[verdict.silo]["replied-at"] = msg.metadata.created_at
             if counts:
                 weight = read_float(metrics, self.weighted_by_key)
@@ -407,7 +483,7 @@ evaluate_metrics_aggr_fn :
             for silo in kept:
                 self.updates.add(accepted[silo][0].update, weight=accepted[silo][2])
         kept_contents = [accepted[silo][1] for silo in accepted if silo in kept]
-        arrays, metrics_out, skipped = self._result(state, kept_contents)
+        arrays, skipped = self._result(state, len(kept_contents))
         extra = self.engine.close(
             state, replied=(m.metadata.src_node_id for m in replies), wall=wall
         )
@@ -427,20 +503,27 @@ evaluate_metrics_aggr_fn :
             telemetry=self.telemetry,
             extra={**extra, "rejected": state.rejected, "skipped": skipped},
         )
+        left_out = {r["silo"]: f"rejected: {r['reason']}" for r in state.rejected}
+        left_out.update({silo: "no reply in time" for silo in extra["missed"]})
+        left_out.update(
+            {s: f"not balanced: {r['misuse']}" for s, r in state.reports.items() if "misuse" in r}
+        )
+        log_decision(scheme=self.scheme, state=state, keys=self.keys, left_out=left_out)
         if self.checkpoints is not None:
             try:
                 save_checkpoint(self.checkpoints, self, state.server_round, arrays or state.model)
             except OSError as err:
                 log.error("round %d: checkpoint not written: %s", state.server_round, err)
-        return arrays, metrics_out
+        if self._grid is not None:  # rounds driven by start(): stop a run that learns nothing
+            self.outcomes.close(state, aggregated=arrays is not None, skipped=skipped)
+        if arrays is None:
+            return None, None
+        aggregated = self._train_metrics(state.server_round, kept_contents)
+        return arrays, round_metrics(aggregated, state=state, keys=self.keys)
 
-    def _result(
-        self, state: RoundState, contents: list[RecordDict]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None, str | None]:
-        """The new global model and train metrics, or why the round is skipped."""
-        n = len(contents)
-        skipped = None
-        arrays = metrics = None
+    def _result(self, state: RoundState, n: int) -> tuple[ArrayRecord | None, str | None]:
+        """The new global model from ``n`` accepted updates, or why the round is skipped."""
+        skipped = arrays = None
         if n < self.min_train_silos:
             replies = "reply" if n == 1 else "replies"
             skipped = f"{n} valid {replies}, min_train_silos is {self.min_train_silos}"
@@ -449,19 +532,36 @@ evaluate_metrics_aggr_fn :
                 arrays = self.updates.result()
             except ValueError as err:
                 skipped = f"no aggregate: {err}"
-            else:
-                metrics = self._train_metrics(state.server_round, contents)
         if skipped is not None:
             log_skipped(
                 self.telemetry, scheme=self.scheme, server_round=state.server_round, reason=skipped
             )
-        return arrays, metrics, skipped
+        return arrays, skipped
+
+    def _misuse(self, state: RoundState, silo: str, msg: Message) -> str | None:
+        """What the silo says it did other than it was told (its own loader, extra
+        epochs, another batch size), logged once per silo; ``None``: nothing."""
+        record = msg.content.config_records.get(self.keys.silo_record)
+        text = None if record is None else record.get(self.keys.misuse)
+        if not isinstance(text, str) or not text:
+            return None
+        text = text[:300]
+        level = logging.WARNING if self.outcomes.first_time(silo, "misuse") else logging.DEBUG
+        log.log(
+            level,
+            "round %d: silo %s did not train as instructed, its time is left out of balancing: %s",
+            state.server_round,
+            silo,
+            text,
+        )
+        return text
 
     def _parse(self, msg: Message, reply: Reply, state: RoundState) -> Any:
         return self.updates.parse(reply.payload, reply.metrics or {}, state)
 
     def _reject(self, state: RoundState, silo: str, node: int | str, reason: str) -> None:
-        """One warning and one telemetry event for a reply left out of the round."""
+        """One telemetry event for a reply left out of the round, and one warning the
+        first time this silo's reply is rejected for this cause (DEBUG after)."""
         state.rejected.append(
             log_rejected(
                 self.telemetry,
@@ -470,6 +570,7 @@ evaluate_metrics_aggr_fn :
                 silo=silo,
                 node=node,
                 reason=reason,
+                first=self.outcomes.first_time(silo, reason),
             )
         )
 

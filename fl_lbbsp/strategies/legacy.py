@@ -39,7 +39,6 @@ from flwr.server.strategy import FedAvg
 from ..contract import RecordKeys
 from ..core.engine import Reply, RoundEngine, RoundState
 from ..core.screening import (
-    DEFAULT_EXTRA_METRIC_KEYS,
     InvalidReplyError,
     Layout,
     check_npy_list,
@@ -105,7 +104,7 @@ class LBBSPStrategy(EngineView, FedAvg):
         min_train_silos: int = 1,
         max_num_examples: int | None = None,
         max_reply_bytes: int | None = None,
-        extra_metric_keys: Iterable[str] | None = DEFAULT_EXTRA_METRIC_KEYS,
+        extra_metric_keys: Iterable[str] | None = None,
         **settings: Any,
     ) -> None:
         balancing = {k: v for k, v in settings.items() if k in _BALANCING}

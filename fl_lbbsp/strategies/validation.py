@@ -174,9 +174,12 @@ def log_rejected(
     silo: str,
     node: int | str,
     reason: str,
+    first: bool = True,
 ) -> dict[str, Any]:
     """One warning line and one ``rejected`` telemetry event for a reply left out of a
     round; returns the event's ``silo``, ``node`` and ``reason`` for the round's record.
+    With ``first`` False (the silo's reply was rejected for this cause before) the line
+    goes to DEBUG, so a cause that repeats every round is logged once.
 
     A reason of several lines (an error reply's traceback) is logged in full at DEBUG
     only; the warning and the event carry its :func:`error_summary`.
@@ -187,8 +190,10 @@ def log_rejected(
         log.debug(
             "round %d: reply of silo %s (node %s), in full: %s", server_round, silo, node, reason
         )
-    log.warning(
-        "round %d: reply of silo %s (node %s) rejected: %s; the round goes on without it",
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "round %d: reply of silo %s (node %s) rejected: %s; the round goes on without it"
+        + ("" if not first else " (logged once per silo and cause)"),
         server_round,
         silo,
         node,

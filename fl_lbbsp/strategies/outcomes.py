@@ -1,0 +1,165 @@
+"""What a round's outcome tells the user: loud failure, one line per decision, Result.
+
+A strategy that plugs into someone else's Flower app must not fail silently there:
+
+- a reply rejected for a reason that will repeat is logged once per silo and cause, with
+  the fix; later ones go to DEBUG (the telemetry keeps every one);
+- a run whose first round, or ``max_empty_rounds`` rounds in a row, aggregate no update
+  stops with :class:`NoUpdateError`, so ``flwr run`` and ``fl-lbbsp`` exit non-zero
+  instead of ending "completed" with the model they started from;
+- each round's decision is one line through Flower's own logger (visible in
+  ``flwr run --stream``), and Flower's ``Result`` gets per-silo batch sizes and
+  predicted speeds instead of a weighted mean of ``batch-size``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from flwr.app import MetricRecord
+from flwr.common.logger import FLOWER_LOGGER
+
+from ..contract import PREDICTED_SPEED, RecordKeys, silo_metric
+from ..core.engine import RoundState, natural_key
+from ..core.screening import contract_metric_keys
+from .rounds import format_silos
+
+__all__ = [
+    "NoUpdateError",
+    "RoundOutcomes",
+    "log_decision",
+    "round_metrics",
+    "route_to_flower",
+]
+
+log = logging.getLogger("fl_lbbsp")
+
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+class NoUpdateError(RuntimeError):
+    """The run aggregated no update in its first round, or in ``max_empty_rounds``
+    rounds in a row: every reply was rejected or missing. The message says why."""
+
+
+class RoundOutcomes:
+    """Rejections logged once per silo and cause; rounds without an update counted.
+
+    Parameters
+    ----------
+    max_empty_rounds : int
+        Rounds in a row without an aggregated update that stop the run (the first
+        round of a run stops it alone).
+    """
+
+    def __init__(self, *, max_empty_rounds: int) -> None:
+        self.max_empty_rounds = max_empty_rounds
+        self.rounds = 0
+        self.empty = 0
+        self._seen: set[tuple[str, str]] = set()
+
+    def first_time(self, silo: str, reason: str) -> bool:
+        """Whether this silo's rejection for this cause (the reason with its numbers
+        taken out) is new; it is noted."""
+        cause = (silo, _NUMBER.sub("#", reason))
+        if cause in self._seen:
+            return False
+        self._seen.add(cause)
+        return True
+
+    def close(self, state: RoundState, *, aggregated: bool, skipped: str | None) -> None:
+        """Count the round; raise when the run aggregates nothing.
+
+        Raises
+        ------
+        NoUpdateError
+            The run's first round, or ``max_empty_rounds`` in a row, had no update.
+        """
+        first = self.rounds == 0
+        self.rounds += 1
+        if aggregated:
+            self.empty = 0
+            return
+        self.empty += 1
+        if not first and self.empty < self.max_empty_rounds:
+            return
+        causes = sorted({f"{r['silo']}: {r['reason']}" for r in state.rejected})
+        missed = "no reply arrived in time" if not state.reports and not causes else ""
+        why = "; ".join(causes[:5]) or missed or (skipped or "no valid update")
+        when = (
+            "the first round"
+            if first
+            else f"{self.empty} rounds in a row (max_empty_rounds={self.max_empty_rounds})"
+        )
+        raise NoUpdateError(
+            f"round {state.server_round}: no update aggregated in {when}, so the model "
+            f"would never change; stopping. Why: {why}"
+        )
+
+
+def route_to_flower() -> None:
+    """Send the ``fl_lbbsp`` logger's records to Flower's console handler when nobody
+    configured logging (a ServerApp under ``flwr run``): otherwise its warnings would
+    go through Python's last-resort handler and its INFO lines nowhere."""
+    ours = logging.getLogger("fl_lbbsp")
+    if ours.handlers or logging.getLogger().handlers:
+        return
+    for handler in FLOWER_LOGGER.handlers:
+        ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(logging.INFO)
+    ours.propagate = False
+
+
+def log_decision(
+    *, scheme: str, state: RoundState, keys: RecordKeys, left_out: Mapping[str, str]
+) -> None:
+    """One line through Flower's logger for the round's decision and outcome: per-silo
+    batch sizes, predicted and ideal round time (compute), the idle fraction the
+    reports show, and the silos left out with why."""
+    order = sorted(state.shares, key=natural_key)
+    times = [
+        float(r[keys.train_time])
+        for r in state.reports.values()
+        if "invalid-report" not in r and isinstance(r.get(keys.train_time), int | float)
+    ]
+    idle = 1 - sum(times) / len(times) / max(times) if times and max(times) > 0 else None
+    out = "; ".join(f"{silo} ({why})" for silo, why in sorted(left_out.items())) or "none"
+    FLOWER_LOGGER.info(
+        "[%s] round %d: B %s | predicted %s, ideal %s | idle %s | left out: %s",
+        scheme,
+        state.server_round,
+        format_silos({s: state.shares[s] for s in order}),
+        _seconds(state.predicted),
+        _seconds(state.ideal),
+        "n/a" if idle is None else f"{100 * idle:.1f}%",
+        out,
+    )
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g} s"
+
+
+def round_metrics(
+    aggregated: MetricRecord | None, *, state: RoundState, keys: RecordKeys
+) -> MetricRecord:
+    """The round's MetricRecord for Flower's ``Result``: the app's own metrics as
+    ``train_metrics_aggr_fn`` aggregated them, without the contract's (a mean of batch
+    sizes or train times means nothing), plus ``batch-size/<silo>`` for every silo sent
+    a batch size and ``predicted-speed/<silo>`` (samples per second) for every silo the
+    balancer predicts."""
+    contract = contract_metric_keys(keys)
+    record: dict[str, Any] = {
+        key: value for key, value in (aggregated or {}).items() if key not in contract
+    }
+    for silo, size in state.shares.items():
+        record[silo_metric(keys.batch_size, silo)] = int(size)
+    for silo, report in state.reports.items():
+        speed = report.get(PREDICTED_SPEED)
+        if isinstance(speed, int | float):
+            record[silo_metric(PREDICTED_SPEED, silo)] = float(speed)
+    return MetricRecord(record)
