@@ -15,13 +15,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import pickle
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 from pydantic import AfterValidator
+
+from .arrays import ArrayDataset, DataSourceError, train_test_split
+from .hf import HF_IMAGE_COLUMN, HF_LABEL_COLUMN, hf_options, hf_source_spec, load_hf_disk
 
 __all__ = [
     "ArrayDataset",
@@ -38,85 +39,6 @@ __all__ = [
     "parse_source_spec",
     "train_test_split",
 ]
-
-
-class DataSourceError(ValueError):
-    """A data source could not be found, read, or verified.
-
-    The message is always a single line (newlines are replaced by spaces), so a CLI can print
-    ``f"error: {exc}"`` without a traceback.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(" ".join(str(message).split()))
-
-
-@dataclass(frozen=True, eq=False)
-class ArrayDataset:
-    """An in-memory labelled image dataset.
-
-    Parameters
-    ----------
-    x : numpy.ndarray
-        Images, float32, shape ``[N, C, H, W]``, values in ``[0, 1]``.
-    y : numpy.ndarray
-        Integer class labels, int64, shape ``[N]``, values in ``[0, num_classes)``.
-    num_classes : int
-        Number of classes of the task (labels need not all be present, e.g. in a subset).
-    name : str
-        Human-readable name of the source (e.g. ``"mnist"``).
-    """
-
-    x: np.ndarray
-    y: np.ndarray
-    num_classes: int
-    name: str
-
-    def __post_init__(self) -> None:
-        if self.x.ndim != 4:
-            raise ValueError(f"x must have shape [N, C, H, W], got shape {self.x.shape}")
-        if self.x.dtype != np.float32:
-            raise ValueError(f"x must be float32, got {self.x.dtype}")
-        if self.y.ndim != 1 or self.y.dtype != np.int64:
-            raise ValueError(f"y must be a 1-D int64 array, got {self.y.dtype} {self.y.shape}")
-        if self.x.shape[0] != self.y.shape[0]:
-            raise ValueError(
-                f"x and y disagree on the number of samples: {self.x.shape[0]} != {len(self.y)}"
-            )
-        if self.num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
-        if self.y.size and (self.y.min() < 0 or self.y.max() >= self.num_classes):
-            raise ValueError(
-                f"labels must lie in [0, {self.num_classes}), "
-                f"got range [{self.y.min()}, {self.y.max()}]"
-            )
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """Shape ``(C, H, W)`` of one image."""
-        _, c, h, w = self.x.shape
-        return (int(c), int(h), int(w))
-
-    def __len__(self) -> int:
-        return int(self.y.shape[0])
-
-    def subset(self, indices: Sequence[int] | np.ndarray) -> ArrayDataset:
-        """Return the samples at ``indices`` (in that order) as a new dataset.
-
-        Parameters
-        ----------
-        indices : sequence of int or numpy.ndarray
-            Integer positions into this dataset (copies are made, not views).
-
-        Returns
-        -------
-        ArrayDataset
-            Same ``num_classes`` and ``name``, selected samples only.
-        """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        return ArrayDataset(
-            x=self.x[idx], y=self.y[idx], num_classes=self.num_classes, name=self.name
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,145 +287,7 @@ def load_cifar10(path: str | Path) -> ArrayDataset:
 
 
 # --------------------------------------------------------------------------------------------
-# Hugging Face: a dataset saved with `save_to_disk`
-# --------------------------------------------------------------------------------------------
-
-HF_IMAGE_COLUMN = "image"
-"""Default image column of an ``hf:PATH`` source."""
-HF_LABEL_COLUMN = "label"
-"""Default label column of an ``hf:PATH`` source."""
-
-
-def hf_source_spec(
-    path: str | Path, *, image_column: str = HF_IMAGE_COLUMN, label_column: str = HF_LABEL_COLUMN
-) -> str:
-    """The source spec of a Hugging Face dataset on disk: ``hf:PATH``, with
-    ``?image=COLUMN&label=COLUMN`` when a column is not the default."""
-    options = [
-        f"{key}={value}"
-        for key, value, default in (
-            ("image", image_column, HF_IMAGE_COLUMN),
-            ("label", label_column, HF_LABEL_COLUMN),
-        )
-        if value != default
-    ]
-    return f"hf:{path}" + (f"?{'&'.join(options)}" if options else "")
-
-
-def _hf_options(spec: str, text: str) -> tuple[str, dict[str, str]]:
-    """``PATH?image=a&label=b`` -> (PATH, {"image": a, "label": b}), defaults filled in."""
-    raw_path, _, query = text.partition("?")
-    options = {"image": HF_IMAGE_COLUMN, "label": HF_LABEL_COLUMN}
-    for item in filter(None, query.split("&")):
-        key, sep, value = item.partition("=")
-        if not sep or key not in options or not value:
-            raise DataSourceError(
-                f"data source {spec!r}: bad option {item!r}; expected image=COLUMN or label=COLUMN"
-            )
-        options[key] = value
-    return raw_path, options
-
-
-def _hf_pixels(images: np.ndarray, spec: str, column: str) -> np.ndarray:
-    """Images as float32 ``[N, C, H, W]`` in [0, 1] (integers / 255, floats as they are)."""
-    if images.dtype == object or images.ndim not in (3, 4):
-        raise DataSourceError(
-            f"data source {spec!r}: column {column!r} must hold images of one size "
-            f"(H x W or H x W x C), got {images.dtype} values of shape {images.shape[1:]}"
-        )
-    if images.ndim == 3:
-        images = images[:, None]
-    elif images.shape[-1] in (1, 3, 4) and images.shape[1] not in (1, 3):
-        images = np.moveaxis(images, -1, 1)  # HWC -> CHW
-    if np.issubdtype(images.dtype, np.integer):
-        if images.size and (images.min() < 0 or images.max() > 255):
-            raise DataSourceError(
-                f"data source {spec!r}: integer pixels of column {column!r} must lie in 0..255"
-            )
-        return (images / 255.0).astype(np.float32)
-    if not np.issubdtype(images.dtype, np.floating) or not np.isfinite(images).all():
-        raise DataSourceError(
-            f"data source {spec!r}: column {column!r} must hold finite numeric pixels"
-        )
-    return np.ascontiguousarray(images, dtype=np.float32)
-
-
-def load_hf_disk(
-    path: str | Path,
-    *,
-    image_column: str = HF_IMAGE_COLUMN,
-    label_column: str = HF_LABEL_COLUMN,
-    spec: str | None = None,
-) -> ArrayDataset:
-    """Load an image-classification dataset saved with ``datasets``' ``save_to_disk``.
-
-    Nothing is downloaded: ``datasets.load_from_disk`` reads the folder. A
-    ``DatasetDict`` (several splits) is concatenated; the runs make their own train/test
-    split and partition the rest with flwr-datasets.
-
-    Parameters
-    ----------
-    path : str | Path
-        The folder ``save_to_disk`` wrote.
-    image_column : str (default: "image")
-        Column of images: ``datasets.Image`` or arrays, all of one size, H x W (grey) or
-        H x W x C; integer pixels are divided by 255, float pixels taken as they are.
-    label_column : str (default: "label")
-        Column of labels: ``ClassLabel`` (its ``num_classes``), integers >= 0 (max + 1
-        classes) or strings (classes in sorted order).
-    spec : str | None (default: None)
-        The source spec, for error messages.
-
-    Raises
-    ------
-    DataSourceError
-        The folder is not a saved dataset, a column is missing, or the values are not
-        images of one size and labels.
-    """
-    import datasets  # type: ignore[import-untyped]
-
-    name = spec or hf_source_spec(path, image_column=image_column, label_column=label_column)
-    try:
-        loaded = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError, OSError) as err:
-        raise DataSourceError(
-            f"data source {name!r}: not a saved Hugging Face dataset ({err})"
-        ) from None
-    if isinstance(loaded, datasets.DatasetDict):
-        loaded = datasets.concatenate_datasets(list(loaded.values()))
-    missing = [c for c in (image_column, label_column) if c not in loaded.column_names]
-    if missing:
-        flags = {image_column: "--hf-image-column", label_column: "--hf-label-column"}
-        raise DataSourceError(
-            f"data source {name!r}: no column {missing[0]!r} (choose one with "
-            f"{flags[missing[0]]}); the dataset has {', '.join(loaded.column_names)}"
-        )
-    if len(loaded) < 2:
-        raise DataSourceError(f"data source {name!r}: needs at least 2 samples, has {len(loaded)}")
-    table = loaded.select_columns([image_column, label_column]).with_format("numpy")[:]
-    x = _hf_pixels(np.asarray(table[image_column]), name, image_column)
-    raw = np.asarray(table[label_column])
-    feature = loaded.features[label_column]
-    if isinstance(feature, datasets.ClassLabel):
-        y, num_classes = raw.astype(np.int64), int(feature.num_classes)
-    elif np.issubdtype(raw.dtype, np.integer):
-        y = raw.astype(np.int64)
-        if y.min() < 0:
-            raise DataSourceError(f"data source {name!r}: labels must be >= 0, got {y.min()}")
-        num_classes = int(y.max()) + 1
-    elif raw.dtype.kind in "UO" and all(isinstance(v, str) for v in raw.tolist()):
-        names, y = np.unique(raw.astype(str), return_inverse=True)
-        y, num_classes = y.astype(np.int64), len(names)
-    else:
-        raise DataSourceError(
-            f"data source {name!r}: column {label_column!r} must hold class labels "
-            f"(ClassLabel, integers or strings), got {raw.dtype}"
-        )
-    return ArrayDataset(x=x, y=y, num_classes=num_classes, name=f"hf:{Path(path).name}")
-
-
-# --------------------------------------------------------------------------------------------
-# Spec dispatch and splitting
+# Spec dispatch
 # --------------------------------------------------------------------------------------------
 
 _SPEC_FORMS = "'embedded', 'mnist:PATH', 'cifar10:PATH' or 'hf:PATH'"
@@ -515,8 +299,9 @@ def parse_source_spec(spec: str) -> tuple[str, Path | None]:
     Parameters
     ----------
     spec : str
-        ``"embedded"``, ``"mnist:PATH"``, ``"cifar10:PATH"`` or ``"hf:PATH"`` (a Hugging
-        Face dataset saved with ``save_to_disk``; ``"hf:PATH?image=COL&label=COL"`` names
+        ``"embedded"``, ``"mnist:PATH"``, ``"cifar10:PATH"`` or ``"hf:PATH"`` (a folder
+        written by ``save_to_disk``, a ``.parquet``, ``.csv``, ``.jsonl``/``.json`` or
+        ``.arrow`` file, or a folder of such files; ``"hf:PATH?image=COL&label=COL"`` names
         its columns). ``~`` in PATH is expanded.
 
     Raises
@@ -531,7 +316,7 @@ def parse_source_spec(spec: str) -> tuple[str, Path | None]:
     if not sep or scheme not in ("mnist", "cifar10", "hf"):
         raise DataSourceError(f"unknown data source {spec!r}; expected {_SPEC_FORMS}")
     if scheme == "hf":
-        raw_path, _ = _hf_options(spec, raw_path)
+        raw_path, _ = hf_options(spec, raw_path)
     if not raw_path.strip():
         raise DataSourceError(f"data source {spec!r} has an empty PATH; expected {_SPEC_FORMS}")
     return scheme, Path(raw_path.strip()).expanduser()
@@ -553,14 +338,17 @@ def load_source(spec: str) -> ArrayDataset:
     ----------
     spec : str
         ``"embedded"`` (scikit-learn digits), ``"mnist:PATH"`` (IDX folder),
-        ``"cifar10:PATH"`` (python-version batches folder) or ``"hf:PATH"`` (a Hugging Face
-        dataset saved with ``save_to_disk``, see :func:`load_hf_disk`; columns with
-        ``"hf:PATH?image=COL&label=COL"``). ``~`` in PATH is expanded.
+        ``"cifar10:PATH"`` (python-version batches folder) or ``"hf:PATH"`` (a folder written
+        by ``save_to_disk``, a ``.parquet``, ``.csv``, ``.jsonl``/``.json`` or ``.arrow``
+        file, or a folder of such files, read with Hugging Face ``datasets``, see
+        :func:`load_hf_disk`; columns with ``"hf:PATH?image=COL&label=COL"``). ``~`` in
+        PATH is expanded.
 
     Returns
     -------
     ArrayDataset
-        The loaded dataset.
+        The loaded dataset; for ``hf:PATH``, a test split the source provides is its
+        ``test`` (kept by :func:`train_test_split`), never merged into the training data.
 
     Raises
     ------
@@ -570,61 +358,12 @@ def load_source(spec: str) -> ArrayDataset:
     scheme, path = parse_source_spec(spec)
     if path is None:
         return load_embedded()
-    loaders = {"mnist": load_mnist_idx, "cifar10": load_cifar10}
-    if not path.exists():
-        raise DataSourceError(f"data source {spec!r}: path {str(path)!r} does not exist")
-    if scheme == "hf":
-        _, options = _hf_options(spec, spec.strip().partition(":")[2])
+    if scheme == "hf":  # checks PATH itself, saying what it accepts
+        _, options = hf_options(spec, spec.strip().partition(":")[2])
         return load_hf_disk(
             path, image_column=options["image"], label_column=options["label"], spec=spec
         )
+    if not path.exists():
+        raise DataSourceError(f"data source {spec!r}: path {str(path)!r} does not exist")
+    loaders = {"mnist": load_mnist_idx, "cifar10": load_cifar10}
     return loaders[scheme](path)
-
-
-def train_test_split(
-    data: ArrayDataset, *, test_fraction: float = 0.2, seed: int = 0
-) -> tuple[ArrayDataset, ArrayDataset]:
-    """Split a dataset into shuffled train and test parts, stratified by label.
-
-    Each class contributes ``floor(test_fraction * n_class)`` samples to the test part; the
-    remaining test slots (to reach ``round(test_fraction * N)``, at least 1 and at most
-    ``N - 1``) go to the classes with the largest fractional remainders.
-
-    Parameters
-    ----------
-    data : ArrayDataset
-        Dataset to split (at least 2 samples).
-    test_fraction : float
-        Fraction of samples in the test part, strictly between 0 and 1 (default: 0.2).
-    seed : int
-        Seed of the numpy ``Generator``; the split is deterministic for a seed (default: 0).
-
-    Returns
-    -------
-    tuple of ArrayDataset
-        ``(train, test)``, both in shuffled order.
-    """
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    n = len(data)
-    if n < 2:
-        raise ValueError(f"need at least 2 samples to split, got {n}")
-    rng = np.random.default_rng(seed)
-    classes = np.unique(data.y)
-    per_class = [rng.permutation(np.flatnonzero(data.y == c)) for c in classes]
-    exact = np.array([test_fraction * len(idx) for idx in per_class])
-    counts = np.floor(exact).astype(np.int64)
-    target = int(min(max(round(test_fraction * n), 1), n - 1))
-    remainder = target - int(counts.sum())
-    if remainder > 0:
-        sizes = np.array([len(idx) for idx in per_class])
-        eligible = np.flatnonzero(counts < sizes - 1)
-        if eligible.size == 0:
-            eligible = np.flatnonzero(counts < sizes)
-        frac = (exact - counts)[eligible]
-        tiebreak = rng.random(eligible.size)
-        order = eligible[np.lexsort((tiebreak, -frac))]
-        counts[order[:remainder]] += 1
-    test_idx = np.concatenate([idx[:k] for idx, k in zip(per_class, counts, strict=True)])
-    train_idx = np.concatenate([idx[k:] for idx, k in zip(per_class, counts, strict=True)])
-    return data.subset(rng.permutation(train_idx)), data.subset(rng.permutation(test_idx))
