@@ -47,8 +47,9 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
     parser.add_argument(
         "--dataset",
         default="embedded",
-        help="embedded | mnist:PATH | cifar10:PATH | hf:PATH (a Hugging Face dataset saved "
-        "with save_to_disk) (default: embedded)",
+        help="embedded | mnist:PATH | cifar10:PATH | hf:PATH (your data: a save_to_disk "
+        "folder, a .parquet, .csv, .jsonl/.json or .arrow file, or a folder of such files; "
+        "see docs/datasets.md) (default: embedded)",
     )
     parser.add_argument(
         "--hf-image-column",
