@@ -40,7 +40,6 @@ from fl_lbbsp.distributed import (
     RankFailureError,
     init_distributed,
     lbbsp_data_loader,
-    weighted_allreduce_hook,
 )
 from fl_lbbsp.models import build_model
 
@@ -78,8 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="global",
         help="global: ranks split one global batch (BSP's exact gradient)",
     )
-    cli.add_argument("--every", type=_every, default="auto",
-                     help="rebalance every k iterations, or auto (default: auto)")  # fmt: skip
+    cli.add_argument("--every", type=_every, default=10,
+                     help="exchange times every k iterations, or auto (default: 10)")  # fmt: skip
     cli.add_argument(
         "--slowdowns", default="", help="emulated slowdown k per rank, e.g. 4,2,1,1 (default: none)"
     )
@@ -184,14 +183,9 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         start = coordinator.iteration
         if rank == 0:
             print(f"resumed from {args.checkpoint} at iteration {start}", flush=True)
-    ddp = DistributedDataParallel(model)
+    # LB-BSP: time each rank's backward (DDP keeps its own all-reduce)
+    ddp = coordinator.register(DistributedDataParallel(model))
     emulating = any(k != 1.0 for k in slowdowns) or args.cost_model is not None
-    if args.mode == "lbbsp":
-        coordinator.register(ddp)  # LB-BSP: weighted all-reduce, B_rank / X
-    elif emulating:
-        # Plain DDP's mean (equal batches: weight 1 / world), through the same hook only so
-        # that each rank's compute time, which the emulated slowdown scales, is measured.
-        ddp.register_comm_hook(coordinator, weighted_allreduce_hook)
     loader = lbbsp_data_loader(  # LB-BSP: batch B_rank of each iteration
         dataset, plan=coordinator, split=args.split, seed=args.seed,
         num_batches=args.iterations - start, start=start,
@@ -206,6 +200,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
     training_time = 0.0
     computes: list[float | None] = []  # this rank's reported compute time per iteration
     batches = iter(loader)
+    last = time.perf_counter()  # an iteration's wall time runs from the end of the last
     for iteration in range(start + 1, args.iterations + 1):
         if iteration == args.die_at and rank == world - 1 and _first_attempt():
             print(f"rank {rank}: dying at iteration {iteration} (--die-at)", flush=True)
@@ -216,7 +211,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         x, y = x.to(device), y.to(device)
         loss = F.cross_entropy(ddp(x), y)
         optimizer.zero_grad()
-        loss.backward()
+        coordinator.scale_loss(loss).backward()  # LB-BSP: n B_rank / X, DDP's mean weighted
         optimizer.step()
         measured = coordinator.compute_time()
         if emulating and measured is not None:
@@ -231,23 +226,29 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         else:
             reported = measured if measured is not None else time.perf_counter() - began
         sizes = coordinator.sizes
-        changed = coordinator.step(reported)  # LB-BSP: gather times, next sizes
-        wall = time.perf_counter() - began
+        changed = coordinator.step(reported)  # LB-BSP: every k, times exchanged, next sizes
+        now = time.perf_counter()
+        wall, last = now - last, now
         training_time += wall
         computes.append(reported if measured is not None else None)
         if rank == 0:
             log["iterations"].append({"iteration": iteration, "wall": wall, "sizes": list(sizes),
-                                      "compute": reported, "loss": loss.item()})  # fmt: skip
+                                      "compute": reported})  # fmt: skip
             if changed:
+                verdict = coordinator.last_verdict
+                gate = None if verdict is None else {
+                    "gain": verdict.gain, "noise": verdict.noise, "reason": verdict.reason,
+                    "move": verdict.move}  # fmt: skip
                 log["rebalances"].append({"iteration": iteration, "reports": {
                     str(r): [rep.batch_size, rep.compute_time, rep.iterations]
-                    for r, rep in coordinator.last_reports.items()}})  # fmt: skip
+                    for r, rep in coordinator.last_reports.items()},
+                    "sizes": list(coordinator.sizes), "gate": gate})  # fmt: skip
         evaluate = iteration % args.eval_every == 0 or iteration == args.iterations
         save = args.checkpoint is not None and iteration % args.checkpoint_every == 0
         if rank == 0 and evaluate:
             acc = accuracy(model, test_x, test_y)
             log["evaluations"].append({"iteration": iteration, "time": training_time,
-                                       "accuracy": acc})  # fmt: skip
+                                       "accuracy": acc, "loss": loss.item()})  # fmt: skip
             sizes_now = list(coordinator.sizes)
             print(f"iteration {iteration}: accuracy {acc:.4f}, training time "
                   f"{training_time:.2f} s, sizes {sizes_now}", flush=True)  # fmt: skip
@@ -259,6 +260,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
             os.replace(args.checkpoint.with_suffix(".tmp"), args.checkpoint)
         if evaluate or save:
             dist.barrier()  # everyone starts the next iteration together
+            last = time.perf_counter()  # the evaluation is not training time
     overhead = coordinator.overhead
     if rank == 0:
         log["summary"] = {
@@ -267,6 +269,8 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
             "final_sizes": list(coordinator.sizes),
             "balancer_overhead_per_iteration": overhead.per_iteration,
             "balancer_overhead_per_rebalance": overhead.per_rebalance,
+            "balancer_seconds_per_iteration": overhead.seconds / max(overhead.iterations, 1),
+            "disagreements": coordinator.disagreements,
         }  # fmt: skip
     if args.json_log is not None:
         # Rank 0 writes the log, every other rank its compute times beside it.

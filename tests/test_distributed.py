@@ -1,8 +1,11 @@
-"""LB-BSP on torch.distributed: the per-rank sampler, the weighted gradient (DDP hook and
-explicit all-reduce) against the single-process gradient of the union batch, the sizes
-following the balancer from injected times, resuming from a balancer state, and a dead
-rank reported. Two gloo ranks spawned with torch.multiprocessing; every wait is bounded
-and no assertion depends on wall-clock speed."""
+"""LB-BSP on torch.distributed: the per-rank sampler, the weighted gradient (the loss
+scaled by n B_r / X through DDP's own all-reduce, the DDP communication hook and the
+explicit all-reduce) against the batch-size-weighted mean of the ranks' gradients and the
+single-process gradient of the union batch, the sizes following the balancer from
+injected times, ranks that disagree on the sizes taking rank 0's, resuming from a
+balancer state, and a dead rank reported. Two gloo ranks spawned with
+torch.multiprocessing; every wait is bounded and no assertion depends on wall-clock
+speed."""
 
 from __future__ import annotations
 
@@ -104,7 +107,7 @@ def test_data_loader_refuses_what_would_break_the_plan(
 # ------------------------------------------------------------------ single process
 def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
     # Prepare
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
 
     # Execute
     changed = coordinator.step(0.5)
@@ -172,32 +175,6 @@ def test_cpu_time_of_the_compute_leaves_out_the_wait_for_a_core(
     assert coordinator.began_at == 10.0
 
 
-def _window(times: list[float]) -> list[float]:
-    """One rank's row of an exchange (as ``step`` gathers it) for per-iteration times."""
-    return [sum(times), 8.0 * len(times), 8.0, float(len(times)), 0.0, 0.0,
-            sum(t * t for t in times)]  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("slow", "noise_sigmas", "held"),
-    [
-        ([0.6, 1.8, 0.6, 1.8], 2.0, True),  # 8% idle, but the lead is within the noise
-        ([0.6, 1.8, 0.6, 1.8], None, False),  # the same without the noise test
-        ([1.2, 1.2, 1.2, 1.2], 2.0, False),  # a steady lead: a slower rank, moved
-        ([1.04, 1.04, 1.04, 1.04], None, True),  # 2% idle: within the tolerance
-    ],
-)
-def test_sizes_are_held_while_the_slowest_ranks_lead_is_within_the_noise(
-    slow: list[float], noise_sigmas: float | None, held: bool
-) -> None:
-    # Prepare: two ranks' windows of 4 injected iteration times; rank 1 steady at 1.0 s
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, noise_sigmas=noise_sigmas)
-    rows = [_window(slow), _window([1.0] * 4)]
-
-    # Execute / Assert
-    assert coordinator._balanced(rows) is held
-
-
 def test_the_balancer_sees_the_windows_mean_iteration_whatever_its_length() -> None:
     # Prepare: a world of one, windows of 1 then 3 then 2 iterations of 0.5 s each
     coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
@@ -218,8 +195,9 @@ def test_the_balancer_sees_the_windows_mean_iteration_whatever_its_length() -> N
 
 
 def test_step_without_a_time_is_an_error() -> None:
-    # Prepare
+    # Prepare: no time given, none measured (no registered model marked the compute)
     coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    coordinator.begin()
 
     # Execute / Assert
     with pytest.raises(RuntimeError, match="no compute time"):
@@ -283,30 +261,47 @@ def _union_gradient(indices: list[int]) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-def _gradient_check(coordinator: LBBSPCoordinator, *, ddp: bool) -> dict[str, Any]:
-    """One iteration at the coordinator's sizes; this rank's aggregated gradient minus
-    the single-process gradient of the union batch."""
+def _max_error(grads: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
+    return max(float((g - e).abs().max()) for g, e in zip(grads, expected, strict=True))
+
+
+def _gradient_check(coordinator: LBBSPCoordinator, *, path: str) -> dict[str, Any]:
+    """One iteration at the coordinator's sizes through ``path`` ("loss": DDP's own
+    all-reduce of the scaled loss; "hook": the communication hook; "explicit"); this rank's
+    aggregated gradient against the batch-size-weighted mean of every rank's own gradient
+    (each rank's mean loss over its batch) and against the union batch's gradient."""
     x, y = _data()
     model = _model()
     sampler = iter(LBBSPBatchSampler(len(x), plan=coordinator, seed=5))
     mine = next(sampler)
     gathered: list[list[int] | None] = [None] * WORLD
     dist.all_gather_object(gathered, mine)
-    union = [i for part in gathered for i in (part or [])]
-    if ddp:
-        wrapped = coordinator.register(nn.parallel.DistributedDataParallel(model))
-        coordinator.begin(samples=len(mine))
-        F.cross_entropy(wrapped(x[mine]), y[mine]).backward()
-    else:
-        coordinator.begin(samples=len(mine))
+    parts = [part or [] for part in gathered]
+    union = [i for part in parts for i in part]
+    coordinator.begin(samples=len(mine))
+    if path == "explicit":
         F.cross_entropy(model(x[mine]), y[mine]).backward()
         coordinator.all_reduce_gradients(model.parameters())
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model)
+        wrapped = coordinator.register(ddp, comm_hook=path == "hook")
+        coordinator.scale_loss(F.cross_entropy(wrapped(x[mine]), y[mine])).backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
+    own = [_union_gradient(part) for part in parts]  # every rank's gradient, alone
+    weighted = [
+        sum((len(part) / len(union)) * g[k] for part, g in zip(parts, own, strict=True))
+        for k in range(len(grads))
+    ]
     expected = _union_gradient(union)
     return {
-        "sizes": [len(p or []) for p in gathered],
+        "sizes": [len(part) for part in parts],
         "union": len(union),
-        "max_error": max(float((g - e).abs().max()) for g, e in zip(grads, expected, strict=True)),
+        "loss_scale": coordinator.loss_scale,
+        "error_weighted": _max_error(grads, weighted),
+        "error_mean": _max_error(
+            grads, [sum(g[k] for g in own) / WORLD for k in range(len(grads))]
+        ),
+        "max_error": _max_error(grads, expected),
         "scale": max(float(e.abs().max()) for e in expected),
         "compute_time_measured": coordinator.compute_time() is not None,
     }
@@ -317,7 +312,9 @@ def _worker_main(rank: int, store: str, out: str) -> None:
     try:
         result: dict[str, Any] = {}
         for every in (1, 2):
-            coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=every)
+            coordinator = LBBSPCoordinator(
+                initial_batch_size=B_INIT, every=every, noise_sigmas=None
+            )
             sizes = []
             for times in TIMES:
                 coordinator.step(times[rank])
@@ -326,17 +323,17 @@ def _worker_main(rank: int, store: str, out: str) -> None:
             result[f"rebalances_every_{every}"] = coordinator.overhead.rebalances
         # Times within 5% of each other: the sizes stay; with no tolerance they move.
         for tolerance in (0.05, 0.0):
-            coordinator = LBBSPCoordinator(initial_batch_size=64, tolerance=tolerance)
+            coordinator = LBBSPCoordinator(initial_batch_size=64, tolerance=tolerance, every=1)
             coordinator.step((1.0, 1.04)[rank])
             result[f"near_equal_{tolerance}"] = list(coordinator.sizes)
         # Unequal sizes from the injected times, then the gradients at those sizes.
-        coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+        coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, noise_sigmas=None)
         coordinator.step(TIMES[0][rank])
-        result["ddp"] = _gradient_check(coordinator, ddp=True)
-        result["explicit"] = _gradient_check(coordinator, ddp=False)
+        for path in ("loss", "hook", "explicit"):
+            result[path] = _gradient_check(coordinator, path=path)
         # Resume: a new coordinator from the state continues exactly.
         state = json.loads(json.dumps(coordinator.state_dict()))
-        resumed = LBBSPCoordinator(initial_batch_size=B_INIT)
+        resumed = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, noise_sigmas=None)
         resumed.load_state_dict(state)
         result["resumed_sizes"] = list(resumed.sizes)
         result["resumed_iteration"] = resumed.iteration
@@ -344,6 +341,13 @@ def _worker_main(rank: int, store: str, out: str) -> None:
             coordinator.step(times[rank])
             resumed.step(times[rank])
         result["after_resume"] = [list(coordinator.sizes), list(resumed.sizes)]
+        # Disagreement: rank 1 holds other sizes (as if it had decided otherwise); at the
+        # next exchange both ranks take rank 0's sizes and balancer.
+        coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
+        if rank == 1:
+            coordinator._sizes = (B_INIT - 3, B_INIT + 3)
+        coordinator.step(1.0)
+        result["disagreement"] = [list(coordinator.sizes), coordinator.disagreements]
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
@@ -360,7 +364,7 @@ def _dying_worker(rank: int, store: str, out: str) -> None:
         os._exit(0)  # dies without a word, as a killed process would
     from fl_lbbsp.distributed import RankFailureError
 
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
     outcome = "no error"
     try:
         coordinator.step(1.0)
@@ -424,17 +428,31 @@ def test_sizes_stay_when_the_ranks_already_finish_together(
         assert result["near_equal_0.0"] == [moved["0"], moved["1"]]
 
 
-@pytest.mark.parametrize("path", ["ddp", "explicit"])
-def test_weighted_gradient_equals_the_union_batch_gradient(
+@pytest.mark.parametrize("path", ["loss", "hook", "explicit"])
+def test_weighted_gradient_is_the_batch_size_weighted_mean_of_the_ranks(
     ranks: list[dict[str, Any]], path: str
 ) -> None:
-    # Assert: unequal sizes, the global batch kept, the gradient the union batch's
-    for result in ranks:
+    # Assert: unequal sizes, the global batch kept; the aggregate is sum_r B_r / X g_r
+    # (the loss path: n B_r / X on the loss, DDP's plain mean), which is the union batch's
+    # gradient, and not the unweighted mean of the ranks' gradients
+    for rank, result in enumerate(ranks):
         check = result[path]
+        tolerance = 1e-5 * max(1.0, check["scale"])
         assert check["sizes"][0] != check["sizes"][1]
         assert check["union"] == WORLD * B_INIT
-        assert check["max_error"] <= 1e-5 * max(1.0, check["scale"])
+        assert check["loss_scale"] == pytest.approx(WORLD * check["sizes"][rank] / check["union"])
+        assert check["error_weighted"] <= tolerance
+        assert check["max_error"] <= tolerance
+        assert check["error_mean"] > 100 * tolerance
         assert check["compute_time_measured"]
+
+
+def test_ranks_that_disagree_on_the_sizes_take_rank_0s(ranks: list[dict[str, Any]]) -> None:
+    # Assert: the checksums differed at the exchange; both ranks hold rank 0's sizes
+    (sizes_0, count_0), (sizes_1, count_1) = (r["disagreement"] for r in ranks)
+    assert count_0 == count_1 == 1
+    assert sizes_0 == sizes_1
+    assert sum(sizes_0) == WORLD * B_INIT
 
 
 def test_resume_from_the_balancer_state_continues_the_same_sizes(
@@ -443,7 +461,7 @@ def test_resume_from_the_balancer_state_continues_the_same_sizes(
     # Assert
     for result in ranks:
         assert result["resumed_iteration"] == 1
-        assert result["resumed_sizes"] == result["ddp"]["sizes"]
+        assert result["resumed_sizes"] == result["loss"]["sizes"]
         before, after = result["after_resume"]
         assert before == after
 

@@ -1,6 +1,7 @@
 """The ``ddp`` benchmark section, tiny: ``benchmarks/bench_ddp.py --smoke`` launches the
-example with torchrun (2 gloo ranks) and the Flower cluster mode, and writes a ``ddp.json``
-that follows the report schema; and the section's pure parts."""
+stock DDP script and the example with torchrun (2 gloo ranks) and the Flower cluster mode,
+and writes a ``ddp.json`` that follows the report schema; and the section's pure parts
+(T*, the pairs' ratios, the figures and goals, the commands)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -69,56 +71,106 @@ def test_ideal_time_with_a_floor_pins_the_ranks_below_it() -> None:
     assert bench.ideal_time(reports, 100, 10) == pytest.approx(free)
 
 
-def test_speedup_bound_is_equal_fast_ranks_over_the_unequal_ones() -> None:
-    # Prepare: the smoke cases (homogeneous 2 ranks, emulated 2:1 on 2 ranks); equal fast
-    # ranks: plain DDP 900, LB-BSP 1,000 samples/s; unequal ranks: plain DDP 800
-    bench = _load("bench_ddp")
-    results = {
-        "homogeneous-2": {"ddp": {"throughput": 900.0}, "lbbsp": {"throughput": 1000.0}},
-        "heterogeneous-2": {"ddp": {"throughput": 800.0}, "lbbsp": {"throughput": 950.0}},
-    }
+def _run(throughputs: list[float], **extra: Any) -> dict[str, Any]:
+    """A scheme's summarised repeats, as ``run_case`` keeps them."""
+    runs = [
+        {"throughput": t, "final_sizes": [64, 64], "exchange_share": extra.get("share", 0.0),
+         "position": k % 2, "load": [1.0, 1.2], "final_accuracy": 0.9,
+         "iteration_time": 0.01, "overhead": 1e-5, "compute_time": None, "t_star": None,
+         "t_star_floor": None, "time_to_target": None, "target": 0.85}
+        for k, t in enumerate(throughputs)
+    ]  # fmt: skip
+    return _load("ddp_figures").median_run(runs)
+
+
+def test_repeats_keep_the_median_run_and_every_pair() -> None:
+    # Prepare: 3 alternated pairs; LB-BSP's throughputs 1,000, 900, 1,200, the stock
+    # script's 1,000, 1,000, 800 (the third pair ran while the machine was faster)
+    figures = _load("ddp_figures")
+    lb, stock = _run([1000.0, 900.0, 1200.0]), _run([1000.0, 1000.0, 800.0])
 
     # Execute
-    figures = bench.speedup_bounds(bench.SMOKE, results)
+    ratios = figures.pair_ratios(lb, stock)
 
-    # Assert: one bound, for the emulated case, from the best of the equal fast ranks' runs:
-    # no split of 2:1 ranks beats 2 fast ranks
-    assert [f["label"] for f in figures] == [
-        "heterogeneous 2:1 (emulated), 2 ranks: the most any split could gain over plain DDP"
-    ]
-    assert figures[0]["value"] == pytest.approx(1.25) and figures[0]["goal"] is None
+    # Assert: one whole run of median throughput per scheme; the ratios are the pairs'
+    # (1.0, 0.9, 1.5), in repeat order, not the medians' ratio
+    assert lb["throughput"] == 1000.0 and lb["throughputs"] == [1000.0, 900.0, 1200.0]
+    assert ratios == pytest.approx([1.0, 0.9, 1.5])
 
 
-def test_repeats_report_the_median_run_and_the_median_pair_ratio() -> None:
-    # Prepare: 3 alternated pairs; LB-BSP's throughputs 1,000, 900, 1,200, plain DDP's
-    # 1,000, 1,000, 800 (the third pair ran while the machine was faster)
+def test_equal_case_figures_hold_lbbsp_against_the_stock_script() -> None:
+    # Prepare: the smoke run's equal case, 3 pairs, an exchange of 0.5% of an iteration
     bench = _load("bench_ddp")
-    lb = [{"throughput": t, "run": k} for k, t in enumerate((1000.0, 900.0, 1200.0))]
-    ddp = [{"throughput": t, "run": k} for k, t in enumerate((1000.0, 1000.0, 800.0))]
+    case = bench.SMOKE.cases[0]
+    runs = {"lbbsp": _run([990.0, 1000.0, 930.0], share=0.005),
+            "stock": _run([1000.0, 1000.0, 1000.0])}  # fmt: skip
 
     # Execute
-    lb_run, ddp_run = bench.median_run(lb), bench.median_run(ddp)
-    ratio = bench._median_ratio(lb_run, ddp_run)
+    figures = {f["label"]: f for f in _load("ddp_figures").case_figures(case, runs)}
+    rows = _load("ddp_figures").pair_rows(case, runs)
 
-    # Assert: one whole run of median throughput per scheme (not a mix of runs); the
-    # ratio is the median of the pairs' ratios (1.0, 0.9, 1.5), not of the medians' (1.0)
-    assert (lb_run["run"], lb_run["throughput"]) == (0, 1000.0)
-    assert ddp_run["run"] in (0, 1) and ddp_run["throughput"] == 1000.0
-    assert lb_run["throughputs"] == [1000.0, 900.0, 1200.0]
-    assert ratio == pytest.approx(1.0)
-    assert bench._median_ratio(
-        {"throughput": 1.0, "throughputs": [900.0, 1200.0, 1100.0]},
-        {"throughput": 1.0, "throughputs": [1000.0, 800.0, 1000.0]},
-    ) == pytest.approx(1.1)
+    # Assert: the median pair ratio against >= 0.98 with every pair in the note, the
+    # exchange against <= 1%; one table row per pair
+    ratio = figures["equal, 2 ranks: LB-BSP throughput / stock DDP's"]
+    assert ratio["value"] == pytest.approx(0.99)
+    assert ratio["goal"] == {"op": ">=", "target": 0.98}
+    assert "0.990, 1.000, 0.930" in ratio["note"] and "slower in 2" in ratio["note"]
+    share = figures["equal, 2 ranks: LB-BSP exchange cost / iteration time"]
+    assert share["value"] == pytest.approx(0.005) and share["goal"]["target"] == 0.01
+    assert [row[2] for row in rows] == ["1", "2", "3"]
+    assert [row[6] for row in rows] == ["0.990", "1.000", "0.930"]
 
 
-def test_no_speedup_bound_without_a_homogeneous_case_of_as_many_ranks() -> None:
-    # Prepare: only the emulated case ran
+def test_emulated_case_is_held_against_the_splits_bound() -> None:
+    # Prepare: the smoke run's emulated case: LB-BSP, the equal split, and the stock
+    # script on as many equal ranks, 2 triples
     bench = _load("bench_ddp")
-    settings = bench.replace(bench.SMOKE, cases=bench.SMOKE.cases[1:])
+    case = bench.SMOKE.cases[1]
+    runs = {"lbbsp": _run([900.0, 940.0]), "ddp": _run([600.0, 640.0]),
+            "bound": _run([1000.0, 1000.0])}  # fmt: skip
 
-    # Execute / Assert
-    assert bench.speedup_bounds(settings, {"heterogeneous-2": {"ddp": {"throughput": 1.0}}}) == []
+    # Execute
+    figures = {f["label"]: f for f in _load("ddp_figures").case_figures(case, runs)}
+    rows = _load("ddp_figures").pair_rows(case, runs)
+
+    # Assert: LB-BSP / bound pair by pair (0.90, 0.94), the median against >= 0.9; the
+    # bound over the equal split; both references' pairs in the table
+    label = case.label
+    bound = figures[f"{label}: LB-BSP throughput / the split's bound"]
+    assert bound["value"] == pytest.approx(0.92) and bound["goal"]["target"] == 0.9
+    gain = figures[f"{label}: the most any split could gain over the equal split"]
+    assert gain["value"] == pytest.approx((1000 / 600 + 1000 / 640) / 2)
+    assert figures[f"{label}: LB-BSP throughput / the equal split's"]["goal"] is None
+    assert {row[1] for row in rows} == {"equal split (the example's --mode ddp)",
+                                        "stock DDP on equal ranks (the split's bound)"}  # fmt: skip
+    assert len(rows) == 4
+
+
+def test_case_schemes_alternate_against_their_reference() -> None:
+    # Prepare
+    bench = _load("bench_ddp")
+    equal, burner, emulated = (bench.FULL.cases[k] for k in (0, 2, 3))
+
+    # Assert: the stock script on real ranks; the equal split and the bound when emulated
+    assert equal.schemes == ("lbbsp", "stock") and burner.schemes == ("lbbsp", "stock")
+    assert emulated.schemes == ("lbbsp", "ddp", "bound")
+
+
+def test_commands_launch_the_stock_script_or_the_example(tmp_path: Path) -> None:
+    # Prepare
+    bench = _load("bench_ddp")
+    burner, emulated = bench.FULL.cases[2], bench.FULL.cases[3]
+
+    # Execute
+    stock = bench.command_of(burner, "stock", bench.FULL, "embedded", tmp_path / "a.json")
+    bound = bench.command_of(emulated, "bound", bench.FULL, "embedded", tmp_path / "b.json")
+    lbbsp = bench.command_of(emulated, "lbbsp", bench.FULL, "embedded", tmp_path / "c.json")
+
+    # Assert: pinned for the burner; the bound runs the stock script without slowdowns
+    assert stock[5].endswith("stock_ddp.py") and "--pin" in stock
+    assert bound[5].endswith("stock_ddp.py") and "--slowdowns" not in bound
+    assert lbbsp[5].endswith("ddp_lbbsp.py") and lbbsp[lbbsp.index("--mode") + 1] == "lbbsp"
+    assert lbbsp[lbbsp.index("--slowdowns") + 1] == "4,2,1,1"
 
 
 @pytest.mark.slow
@@ -131,14 +183,16 @@ def test_smoke_run_writes_a_valid_ddp_section(tmp_path: Path) -> None:
         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
 
-    # Assert: the section validates; every case has plain DDP, LB-BSP (and Flower where run)
+    # Assert: the section validates; every scheme ran; the pairs are listed
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = _load("report")
     data = report.validate_section(json.loads((tmp_path / "ddp.json").read_text()))
     assert data["section"] == "ddp" and data["setting"].startswith("SMOKE RUN")
-    rows = data["tables"][0]["rows"]
-    schemes = {(row[0], row[1]) for row in rows}
-    assert any(s == "Flower cluster mode" for _, s in schemes)
-    assert {s for _, s in schemes} == {"plain DDP", "LB-BSP (DDP)", "Flower cluster mode"}
+    schemes = {row[1] for row in data["tables"][0]["rows"]}
+    assert schemes == {"LB-BSP (DDP)", "stock DDP (textbook script)",
+                       "equal split (the example's --mode ddp)",
+                       "stock DDP on equal ranks (the split's bound)",
+                       "Flower cluster mode"}  # fmt: skip
+    assert len(data["tables"][1]["rows"]) == 3
     goals = [f for f in data["figures"] if f["goal"] is not None]
-    assert {f["goal"]["target"] for f in goals} == {0.95, 1.05, 1.8, -0.5}
+    assert {f["goal"]["target"] for f in goals} == {0.98, 0.01, 0.9, 1.05, 1.8, -0.5}

@@ -1,6 +1,12 @@
 """LB-BSP on torch.distributed: the ranks share their compute times, the balancer decides
 the next batch sizes, and every rank weights its gradient by its share of the global batch.
 
+On equal ranks it costs what plain DDP costs: the weighting is a factor on the loss
+(``n B_r / X``, exactly 1 while the sizes are equal), so DDP's own all-reduce and mean give
+the weighted gradient; the times travel in one all_gather every k iterations, and every
+rank decides the same sizes from the same gathered rows (no broadcast); the sizes stay
+while the ranks are equal within their measured noise (:class:`~.gate.HoldGate`).
+
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
 Environments", IEEE TCC 2021: Sec. 3.1 (batch size proportional to predicted speed, so
 all workers finish together), Sec. 3.4 (weighted gradient aggregation, g = sum_i B_i g_i /
@@ -12,16 +18,20 @@ from __future__ import annotations
 
 import logging
 import math
+import struct
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+import zlib
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..core.balancer import BatchSizeBalancer, SiloReport
+from .clock import ComputeClock
+from .exchange import Exchange, Overhead, RankFailureError, RankReport
+from .gate import HoldGate, Verdict, WindowStats
 
 __all__ = ["LBBSPCoordinator", "Overhead", "RankFailureError", "RankReport"]
 
@@ -29,75 +39,9 @@ log = logging.getLogger("fl_lbbsp")
 
 STATE_VERSION = 1
 
-T = TypeVar("T")
 
-
-class RankFailureError(RuntimeError):
-    """A collective of the balancer failed: a peer rank died or cannot be reached.
-
-    The message names this rank, the iteration and the backend's error. Let it end the
-    process: ``torchrun --max-restarts N`` then restarts the group, and the job resumes
-    from its last checkpoint (:meth:`LBBSPCoordinator.load_state_dict`).
-    """
-
-
-@dataclass(frozen=True)
-class RankReport:
-    """One rank's figures over the last balancing window, as every rank received them.
-
-    Parameters
-    ----------
-    batch_size : int
-        Its batch size in the window.
-    compute_time : float
-        Seconds of compute summed over the window's iterations (as reported: emulated
-        slowdowns included).
-    samples : int
-        Samples processed in the window.
-    iterations : int
-        Iterations in the window.
-    """
-
-    batch_size: int
-    compute_time: float
-    samples: int
-    iterations: int
-
-
-@dataclass(frozen=True)
-class Overhead:
-    """What balancing costs: the exchange of times and the decision.
-
-    Parameters
-    ----------
-    seconds : float
-        Wall time this rank spent in :meth:`LBBSPCoordinator.step` exchanging times
-        (all_gather), deciding and sharing the sizes (broadcast), summed; it includes
-        waiting for ranks that reached the exchange later.
-    cost : float
-        The exchanges' own cost, summed: for each, the shortest time any rank spent in it
-        (the last rank to arrive waits for nobody), learnt at the next exchange; this
-        rank's own time for the latest one.
-    rebalances : int
-        How many times it ran.
-    iterations : int
-        Iterations stepped.
-    """
-
-    seconds: float
-    cost: float
-    rebalances: int
-    iterations: int
-
-    @property
-    def per_rebalance(self) -> float:
-        """Mean cost of one exchange in seconds (0 before the first)."""
-        return self.cost / self.rebalances if self.rebalances else 0.0
-
-    @property
-    def per_iteration(self) -> float:
-        """Cost per iteration, amortised over every iteration (0 before the first)."""
-        return self.cost / self.iterations if self.iterations else 0.0
+# The row each rank sends in the exchange, by index.
+_TIME, _SAMPLES, _SIZE, _COUNT, _EXCHANGE, _WALL, _SQUARE, _PRINT = range(8)
 
 
 def _check_positive_int(name: str, value: object) -> int:
@@ -106,45 +50,49 @@ def _check_positive_int(name: str, value: object) -> int:
     return value
 
 
+def fingerprint(sizes: Sequence[int], every: int) -> float:
+    """A 32-bit checksum of the sizes in force and k (exact in a float64), sent with the
+    times so that the ranks check they decided alike."""
+    return float(zlib.crc32(struct.pack(f"<{len(sizes) + 1}q", *sizes, every)))
+
+
 class LBBSPCoordinator:
     """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer.
 
-    Every k iterations the ranks all_gather their compute times of the window;
-    each rank feeds every rank's report (the window's mean iteration) into its own
-    :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer`, rank 0's allocation is broadcast
-    so that all ranks agree on it, and :attr:`sizes` changes for the next batch. The global
-    batch ``X = world_size * initial_batch_size`` stays fixed. Gradients are weighted by
-    :attr:`weight` = B_rank / X, through the DDP communication hook (:meth:`register`) or
-    the explicit :meth:`all_reduce_gradients`, so the aggregate is the global batch's
-    gradient.
+    Every k iterations the ranks all_gather their windows (compute times, samples, the
+    spread of the times, and a checksum of the sizes in force); every rank feeds every
+    rank's report (the window's mean iteration) into its own
+    :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer` and, from the same rows, reaches
+    the same decision, so nothing else is sent. The sizes move only when the gate
+    (:class:`~fl_lbbsp.distributed.gate.HoldGate`) predicts a gain beyond the tolerance
+    and the ranks' measured noise. The global batch ``X = world_size * initial_batch_size``
+    stays fixed. Gradients are weighted by B_rank / X: :meth:`scale_loss` (``n B_rank /
+    X`` on the loss, so DDP's own all-reduce mean is the weighted mean), the Python
+    communication hook (``register(model, comm_hook=True)``) or the explicit
+    :meth:`all_reduce_gradients`; the aggregate is the global batch's gradient.
 
     Parameters
     ----------
     initial_batch_size : int
         B_init, every rank's batch size before the first decision; X = world * B_init.
-    every : int or "auto" (default: "auto")
-        Rebalance every this many iterations (k); the times of the k iterations are
-        summed, so k > 1 amortises the exchange and smooths the noise. ``"auto"``: after
-        each exchange rank 0 picks the next k (shared with the sizes) as the smallest that
-        keeps the exchange's cost within ``overhead_share`` of the iterations' wall time,
-        at most ``max_every``; k = 1 until the first cost is known.
-    overhead_share : float (default: 0.02)
+    every : int or "auto" (default: 10)
+        Exchange the times every this many iterations (k); the times of the k iterations
+        are summed, so k > 1 amortises the exchange and smooths the noise. ``"auto"``:
+        after each exchange the ranks pick the next k as the smallest that keeps the
+        exchange's cost within ``overhead_share`` of the iterations' wall time, at most
+        ``max_every``; k = 1 until the first cost is known.
+    overhead_share : float (default: 0.01)
         With ``every="auto"``: the share of wall time balancing may take, in (0, 1).
     max_every : int (default: 100)
         With ``every="auto"``: the largest k.
-    tolerance : float (default: 0.05)
-        Keep the current sizes when the window's idle fraction
-        ``1 - mean_r t_r / max_r t_r`` (t_r: rank r's compute time per iteration) is at
-        most this: the ranks already finish together, and moving samples on noise alone
-        only makes the slowest rank slower. The reports still reach the balancer. 0:
-        apply every allocation. The paper's target is within 5% of the ideal.
+    tolerance : float (default: 0.02)
+        Keep the current sizes while the predicted gain of a split proportional to the
+        window's speeds (the share of the slowest rank's time it would give back) is at
+        most this. The reports still reach the balancer. 0: apply every allocation.
     noise_sigmas : float | None (default: 2.0)
-        Keep the current sizes too when the slowest rank is not slower than the others'
-        mean by more than this many standard errors of that difference (from each rank's
-        spread of per-iteration times within the window): its lead is within the noise
-        (ranks sharing cores, co-tenants coming and going), and moving samples after it
-        chases the noise. Needs windows of at least 2 iterations; off with ``tolerance``
-        0. ``None``: only ``tolerance`` holds the sizes.
+        Keep the current sizes too while that gain is within this many times the ranks'
+        measured noise (:class:`~fl_lbbsp.distributed.gate.HoldGate`): on equal ranks the
+        split does not chase the noise. ``None``: only ``tolerance`` holds the sizes.
     balance : bool (default: True)
         ``False``: the sizes stay at B_init and nothing is exchanged (plain DDP's equal
         split, with the same sampler).
@@ -159,11 +107,17 @@ class LBBSPCoordinator:
     rank_ids : sequence of str | None (default: None)
         The balancer's id of each rank (a host name, say); ``None``: ``"0"``, ``"1"``, ...
 
+    Raises
+    ------
+    ValueError
+        On an argument out of its range (the message names it).
+
     Notes
     -----
     Call :meth:`begin` before drawing an iteration's batch and :meth:`step` after the
     optimiser step. The compute time of a rank is measured from :meth:`begin` to the
-    moment its last gradient bucket is ready (the hook) or it calls
+    moment its last parameter gradient is accumulated (:meth:`register`), its last
+    gradient bucket is ready (the communication hook) or it calls
     :meth:`all_reduce_gradients`: the wait for slower peers is not in it. Without a
     process group (a single process) it runs as a world of one.
     """
@@ -172,10 +126,10 @@ class LBBSPCoordinator:
         self,
         *,
         initial_batch_size: int,
-        every: int | Literal["auto"] = "auto",
-        overhead_share: float = 0.02,
+        every: int | Literal["auto"] = 10,
+        overhead_share: float = 0.01,
         max_every: int = 100,
-        tolerance: float = 0.05,
+        tolerance: float = 0.02,
         noise_sigmas: float | None = 2.0,
         balance: bool = True,
         balancer: BatchSizeBalancer | None = None,
@@ -191,23 +145,17 @@ class LBBSPCoordinator:
             raise ValueError(f"overhead_share must be in (0, 1), got {overhead_share!r}")
         if not (isinstance(tolerance, float | int) and 0 <= tolerance < 1):
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
-        self.tolerance = float(tolerance)
         if noise_sigmas is not None and not (
             isinstance(noise_sigmas, float | int) and 0 <= noise_sigmas < math.inf
         ):
             raise ValueError(f"noise_sigmas must be a finite number >= 0, got {noise_sigmas!r}")
+        self.tolerance = float(tolerance)
         self.noise_sigmas = None if noise_sigmas is None else float(noise_sigmas)
+        self.gate = HoldGate(tolerance=self.tolerance, sigmas=self.noise_sigmas)
+        self._exchange = Exchange(group=group, device=device)
         self.group = group
-        initialised = dist.is_available() and dist.is_initialized()
-        self._rank = dist.get_rank(group) if initialised else 0
-        self._world = dist.get_world_size(group) if initialised else 1
-        self._distributed = initialised
-        if device is None:
-            nccl = initialised and dist.get_backend(group) == "nccl"
-            device = (
-                torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-            )
-        self.device = device
+        self.device = self._exchange.device
+        self._rank, self._world = self._exchange.rank, self._exchange.world
         ids = [str(r) for r in range(self._world)] if rank_ids is None else list(rank_ids)
         if len(ids) != self._world or len(set(ids)) != self._world:
             raise ValueError(f"rank_ids must name the {self._world} ranks once each, got {ids!r}")
@@ -227,17 +175,16 @@ class LBBSPCoordinator:
         self._sizes = self._allocate()
         self.iteration = 0
         self.last_reports: dict[int, RankReport] = {}
+        self.last_verdict: Verdict | None = None
+        self.disagreements = 0
         self._reset_window()
         self._overhead = 0.0
         self._cost = 0.0
         self._last_exchange = 0.0
         self._last_step: float | None = None
         self._rebalances = 0
-        self._began: float | None = None
-        self._computed: float | None = None
-        self._began_cpu: float | None = None
-        self._computed_cpu: float | None = None
-        self._expected: int | None = None
+        self._clock = ComputeClock()
+        self._comm_hook = False
 
     # ---------------------------------------------------------------- the plan
     @property
@@ -271,6 +218,12 @@ class LBBSPCoordinator:
         return self.batch_size / sum(self._sizes)
 
     @property
+    def loss_scale(self) -> float:
+        """n B_rank / X: the factor on this rank's mean loss that turns DDP's mean of the
+        ranks' gradients into their batch-size-weighted mean (exactly 1 on equal sizes)."""
+        return self._world * self.batch_size / sum(self._sizes)
+
+    @property
     def overhead(self) -> Overhead:
         """Time spent balancing so far."""
         return Overhead(
@@ -289,30 +242,29 @@ class LBBSPCoordinator:
         Parameters
         ----------
         samples : int | None (default: None)
-            Samples of the batch about to be computed, if already known; ValueError when
-            it is not this rank's batch size (a loader that drew ahead of the plan).
+            Samples of the batch about to be computed, if already known.
+
+        Raises
+        ------
+        ValueError
+            When ``samples`` is not this rank's batch size (a loader that drew ahead of
+            the plan).
         """
         if samples is not None and samples != self.batch_size:
             raise ValueError(
                 f"rank {self._rank}: a batch of {samples} samples, but the plan gives "
                 f"{self.batch_size} (did the loader draw ahead? use num_workers=0)"
             )
-        self._computed = None
-        self._computed_cpu = None
-        self._began_cpu = time.process_time()
-        self._began = time.perf_counter()
+        self._clock.begin()
 
     def mark_computed(self) -> None:
-        """Mark the end of this rank's local compute (the hook calls it per bucket; the
-        last call, the last bucket, counts)."""
-        self._computed = time.perf_counter()
-        self._computed_cpu = time.process_time()
+        """Mark the end of this rank's local compute (the hooks call it per gradient or
+        bucket; the last call counts)."""
+        self._clock.mark()
 
     def compute_time(self) -> float | None:
         """Seconds from :meth:`begin` to the end of local compute, ``None`` if unknown."""
-        if self._began is None or self._computed is None:
-            return None
-        return self._computed - self._began
+        return self._clock.wall()
 
     def compute_cpu_time(self) -> float | None:
         """CPU seconds this process used from :meth:`begin` to the end of local compute,
@@ -325,21 +277,19 @@ class LBBSPCoordinator:
         wall time would multiply the ranks' contention by the slowdown. Not for real
         heterogeneity: a co-tenant on a rank's core slows its wall time, not its CPU time.
         """
-        if self._began_cpu is None or self._computed_cpu is None:
-            return None
-        return self._computed_cpu - self._began_cpu
+        return self._clock.cpu()
 
     @property
     def began_at(self) -> float | None:
         """``time.perf_counter()`` at the last :meth:`begin` (``None`` before it, or after
         :meth:`step`)."""
-        return self._began
+        return self._clock.began_at
 
     # ---------------------------------------------------------------- the loop
     def step(self, compute_time: float | None = None, *, samples: int | None = None) -> bool:
-        """End an iteration: record this rank's time and, every k iterations, rebalance
-        (a collective: every rank must call it); the sizes stay when the ranks already
-        finish together (``tolerance``).
+        """End an iteration: record this rank's time and, every k iterations, exchange the
+        times and decide the next sizes (a collective: every rank must call it); the sizes
+        stay while the gate holds them (``tolerance``, ``noise_sigmas``).
 
         Parameters
         ----------
@@ -358,14 +308,16 @@ class LBBSPCoordinator:
 
         Raises
         ------
+        RuntimeError
+            Without a time: no ``compute_time`` given and none measured.
         RankFailureError
             When the exchange fails (a peer rank died).
         """
         seconds = self.compute_time() if compute_time is None else float(compute_time)
         if seconds is None:
             raise RuntimeError(
-                "no compute time: call begin() before the iteration and let the hook or "
-                "all_reduce_gradients() mark its end, or pass compute_time"
+                "no compute time: call begin() before the iteration and register() the model "
+                "(or let all_reduce_gradients() mark its end), or pass compute_time"
             )
         now = time.perf_counter()
         if self._last_step is not None:
@@ -376,21 +328,24 @@ class LBBSPCoordinator:
         self._window_samples += self.batch_size if samples is None else int(samples)
         self._window_iterations += 1
         self.iteration += 1
-        self._began = None
+        self._clock.stop()
         if not self.balance or self._window_iterations < self._k:
             return False
         started = time.perf_counter()
         mine = [self._window_time, float(self._window_samples), float(self.batch_size),
                 float(self._window_iterations), self._last_exchange, self._window_wall,
-                self._window_square]  # fmt: skip
-        rows = self._gather(mine)
+                self._window_square, fingerprint(self._sizes, self._k)]  # fmt: skip
+        rows = self._exchange.gather(mine, iteration=self.iteration)
         self._reset_window()
+        if any(row[_PRINT] != rows[0][_PRINT] for row in rows):
+            self._adopt_rank0()
         if self._rebalances:
-            self._cost += min(row[4] for row in rows)
+            self._cost += min(row[_EXCHANGE] for row in rows)
         self.last_reports = {
-            r: RankReport(int(row[2]), float(row[0]), int(row[1]), int(row[3]))
+            r: RankReport(int(row[_SIZE]), float(row[_TIME]), int(row[_SAMPLES]),
+                          int(row[_COUNT]))
             for r, row in enumerate(rows)
-        }
+        }  # fmt: skip
         # One iteration is the balancer's round: the window's mean per iteration, so that
         # its cost fit (batch size -> time of a round) does not mix windows of different
         # lengths (every="auto" changes k). The ranks' reports are fed together, so that
@@ -411,40 +366,37 @@ class LBBSPCoordinator:
                 if rank_id in errors:
                     log.warning("rank %d: report left out at iteration %d: %s", r,
                                 self.iteration, errors[rank_id])  # fmt: skip
-        sizes = self._sizes if self._balanced(rows) else self._allocate()
-        decided = self._share([*sizes, self._next_every(rows)])
-        self._sizes, self._k = tuple(decided[:-1]), decided[-1]
+        windows = [
+            WindowStats(batch_size=int(row[_SIZE]), time=row[_TIME], square=row[_SQUARE],
+                        iterations=int(row[_COUNT]))
+            for row in rows
+        ]  # fmt: skip
+        self.last_verdict = self.gate.judge(windows)
+        if self.tolerance <= 0 or self.last_verdict.move:
+            self._sizes = self._allocate()
+        self._k = self._next_every(rows)
         self._rebalances += 1
         self._last_exchange = time.perf_counter() - started
         self._overhead += self._last_exchange
         self._last_step = time.perf_counter()
         return True
 
-    def _balanced(self, rows: list[list[float]]) -> bool:
-        """Whether the ranks already finish together (Sec. 3.1): the window's idle
-        fraction is within the tolerance, or the slowest rank's lead is within the noise
-        (``noise_sigmas``). Never with ``tolerance`` 0."""
-        if self.tolerance <= 0:
-            return False
-        times = [row[0] / row[3] for row in rows if row[3] > 0 and math.isfinite(row[0])]
-        if len(times) != len(rows) or max(times) <= 0:
-            return False
-        if 1.0 - sum(times) / len(times) / max(times) <= self.tolerance:
-            return True
-        if self.noise_sigmas is None or len(rows) < 2:
-            return False
-        variances = []  # of each rank's mean time per iteration over the window
-        for row, mean in zip(rows, times, strict=True):
-            count = row[3]
-            if count < 2 or not math.isfinite(row[6]):
-                return False
-            spread = max(row[6] - count * mean * mean, 0.0) / (count - 1)
-            variances.append(spread / count)
-        slowest = max(range(len(times)), key=times.__getitem__)
-        others = [r for r in range(len(times)) if r != slowest]
-        lead = times[slowest] - sum(times[r] for r in others) / len(others)
-        error = math.sqrt(variances[slowest] + sum(variances[r] for r in others) / len(others) ** 2)
-        return lead <= self.noise_sigmas * error
+    def _adopt_rank0(self) -> None:
+        """The ranks' checksums of the sizes in force differ (their decisions parted, say
+        by floating point on unlike hosts): every rank takes rank 0's balancer, sizes
+        and k."""
+        state = self._exchange.adopt(
+            {"balancer": self.balancer.state_dict(), "sizes": list(self._sizes), "every": self._k},
+            iteration=self.iteration,
+        )
+        self.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
+        self._sizes = tuple(int(x) for x in state["sizes"])
+        self._k = int(state["every"])
+        self.gate.reset()
+        self.disagreements += 1
+        if self._rank == 0:
+            log.warning("the ranks' batch sizes disagreed at iteration %d; rank 0's taken",
+                        self.iteration)  # fmt: skip
 
     def _next_every(self, rows: list[list[float]]) -> int:
         """k for the next window: fixed, or (``"auto"``) the smallest that keeps the
@@ -452,12 +404,14 @@ class LBBSPCoordinator:
         overhead share of rank 0's wall time per iteration."""
         if self.every != "auto":
             return self.every
-        cost = min(row[4] for row in rows)
+        cost = min(row[_EXCHANGE] for row in rows)
         head = rows[0]
-        if cost <= 0 or head[5] <= 0:
+        if cost <= 0 or head[_WALL] <= 0:
             return self._k
         per_iteration = (
-            head[5] / max(head[3] - 1, 1) if self._rebalances == 0 else head[5] / head[3]
+            head[_WALL] / max(head[_COUNT] - 1, 1)
+            if self._rebalances == 0
+            else head[_WALL] / head[_COUNT]
         )
         wanted = math.ceil(cost / (self.overhead_share * per_iteration))
         return max(1, min(self.max_every, wanted))
@@ -473,56 +427,43 @@ class LBBSPCoordinator:
         sizes = self.balancer.allocate(self.rank_ids, total=self.total)
         return tuple(int(sizes[i]) for i in self.rank_ids)
 
-    def _collective(self, what: str, call: Callable[[], T]) -> T:
-        try:
-            return call()
-        except RuntimeError as err:
-            message = (
-                f"rank {self._rank}: the {what} of iteration {self.iteration} failed, a peer "
-                f"rank is gone or unreachable ({' '.join(str(err).split())[:300]}); exiting "
-                "so that torchrun --max-restarts restarts the group from the last checkpoint"
-            )
-            log.error(message)
-            raise RankFailureError(message) from err
-
-    def _gather(self, row: list[float]) -> list[list[float]]:
-        if not self._distributed:
-            return [row]
-        mine = torch.tensor(row, dtype=torch.float64, device=self.device)
-        parts = [torch.empty_like(mine) for _ in range(self._world)]
-        self._collective(
-            "exchange of compute times", lambda: dist.all_gather(parts, mine, group=self.group)
-        )
-        return [p.cpu().tolist() for p in parts]
-
-    def _share(self, values: list[int]) -> list[int]:
-        if not self._distributed:
-            return values
-        tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
-        source = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        self._collective(
-            "broadcast of batch sizes",
-            lambda: dist.broadcast(tensor, src=source, group=self.group),
-        )
-        return [int(x) for x in tensor.cpu().tolist()]
-
     # ----------------------------------------------------------- aggregation
-    def register(self, model: DistributedDataParallel) -> DistributedDataParallel:
-        """Install the weighted all-reduce hook on a DDP model and return the model.
+    def register(
+        self, model: DistributedDataParallel, *, comm_hook: bool = False
+    ) -> DistributedDataParallel:
+        """Measure this rank's compute on a DDP model and return the model.
 
-        DDP's default hook averages the ranks' gradients equally; this one scales rank
-        r's gradient by B_r / X before an all-reduce sum (Sec. 3.4), and marks the end
-        of local compute.
+        Default: a hook on every parameter marks the end of local compute (its last
+        gradient accumulated, before DDP waits for its peers); DDP keeps its own
+        all-reduce, and :meth:`scale_loss` weights the gradient. ``comm_hook=True``:
+        :func:`~fl_lbbsp.distributed.hooks.weighted_allreduce_hook` instead, a Python
+        communication hook that scales each bucket by B_rank / X before an all-reduce
+        sum and marks the end of compute (for a loss that cannot be scaled; slower than
+        DDP's built-in all-reduce); :meth:`scale_loss` then leaves the loss as it is.
+        The model registered last is the one timed.
         """
-        from .hooks import weighted_allreduce_hook
+        self._clock.detach()
+        if comm_hook:
+            from .hooks import weighted_allreduce_hook
 
-        model.register_comm_hook(self, weighted_allreduce_hook)
+            model.register_comm_hook(self, weighted_allreduce_hook)
+        else:
+            self._clock.attach(model)
+        self._comm_hook = comm_hook
         return model
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times :attr:`loss_scale` (n B_rank / X), to call before ``backward``:
+        DDP's all-reduce then averages ``n B_r / X g_r`` into ``sum_r B_r / X g_r``, the
+        global batch's gradient (Sec. 3.4). The loss itself while the sizes are equal, or
+        when a communication hook weights the gradient."""
+        scale = self.loss_scale
+        return loss if scale == 1.0 or self._comm_hook else loss * scale
 
     def all_reduce_gradients(self, parameters: Iterable[torch.Tensor]) -> None:
         """Weighted all-reduce of the gradients of ``parameters`` in place, for a model
-        not wrapped in DDP: grad <- sum_r (B_r / X) grad_r (Sec. 3.4). Marks the end of
-        local compute first."""
+        not wrapped in DDP (and a loss not scaled): grad <- sum_r (B_r / X) grad_r
+        (Sec. 3.4). Marks the end of local compute first."""
         from .hooks import weighted_all_reduce_
 
         self.mark_computed()
@@ -547,6 +488,11 @@ class LBBSPCoordinator:
         With the same ranks the sizes continue where they were; with another world
         (torchrun restarted fewer or more ranks) the balancer splits the same global
         batch X over the ranks of the new world, those it knows at their predicted speeds.
+
+        Raises
+        ------
+        ValueError
+            On a state of another version, or sizes that cannot feed the ranks.
         """
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported coordinator state version {state.get('version')!r}")
@@ -556,6 +502,7 @@ class LBBSPCoordinator:
         if self.total < self._world:
             raise ValueError(f"a global batch of {self.total} cannot feed {self._world} ranks")
         self._reset_window()
+        self.gate.reset()
         self._k = self._k if self.every != "auto" else int(state.get("every", 1))
         saved = tuple(int(x) for x in state["sizes"])
         if tuple(state["rank_ids"]) == self.rank_ids and sum(saved) == self.total:
