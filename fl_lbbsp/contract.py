@@ -19,6 +19,8 @@ __all__ = [
     "EVAL_LOSS",
     "SILO_APP_METRICS",
     "SLOWDOWN",
+    "PREDICTED_SPEED",
+    "SAMPLES_DRAWN",
     "STARTUP_TIME",
     "TRAIN_LOSS",
     "WARM_WORKER",
@@ -31,6 +33,7 @@ __all__ = [
     "RecordKeys",
     "read_float",
     "read_int",
+    "silo_metric",
     "is_encrypted",
 ]
 
@@ -94,6 +97,9 @@ EVAL_LOSS = "eval-loss"
 """Evaluation metric: the loss on the silo's test split."""
 EVAL_ACCURACY = "eval-acc"
 """Evaluation metric: the accuracy on the silo's test split."""
+SAMPLES_DRAWN = "samples-drawn"
+"""Default name of :attr:`RecordKeys.samples_drawn`, listed in :data:`SILO_APP_METRICS` so
+that a server whose validator predates the key accepts it."""
 WARM_WORKER = "warm-worker"
 """Metric of the quickstart silo: 1 when its warm worker trained, 0 when the ClientApp
 process did (:mod:`fl_lbbsp.clients.warm`)."""
@@ -104,6 +110,7 @@ SILO_APP_METRICS: tuple[str, ...] = (
     SLOWDOWN,
     TRAIN_LOSS,
     WARM_WORKER,
+    SAMPLES_DRAWN,
 )
 """Metrics beyond the contract's that the shipped silo and worker apps send."""
 
@@ -168,6 +175,15 @@ class RecordKeys(BaseModel):
     batch_offset : str (default: "batch-offset")
         Config (cluster mode): where the worker's samples start in the round's global
         batch.
+    samples_drawn : str (default: "samples-drawn")
+        Metric: samples the silo's training drew through the batch sampler LB-BSP handed
+        it (``LocalTraining.batch_sampler``); 0 when it drew none (it used its own
+        loader). ``samples_processed`` equals it whenever it is not 0.
+    misuse : str (default: "misuse")
+        Reply ConfigRecord (``silo_record``): present when the silo's training did not
+        draw what it was told (no batch through the sampler, another number of batches
+        or another batch size); one line saying what was drawn, what was instructed and
+        the fix. Its ``train-time`` then does not measure B_i x tau samples.
 
     Every name must be a non-empty string.
     """
@@ -193,3 +209,15 @@ class RecordKeys(BaseModel):
     model_version: str = "model-version"
     momentum: str = "momentum"
     batch_offset: str = "batch-offset"
+    samples_drawn: str = SAMPLES_DRAWN
+    misuse: str = "misuse"
+
+
+PREDICTED_SPEED = "predicted-speed"
+"""The balancer's predicted speed of a silo (samples per second) after a round: a field of
+the round's telemetry record and, per silo, of the round's metrics in Flower's Result."""
+
+
+def silo_metric(key: str, silo: str) -> str:
+    """The name of one silo's entry in a round's MetricRecord: ``"batch-size/hospital-a"``."""
+    return f"{key}/{silo}"

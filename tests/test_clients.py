@@ -152,7 +152,7 @@ def test_slowdown_comes_from_node_config_then_setup_then_run_config(
     )
 
     # Execute
-    schedule = _slowdown(SiloSetup(slowdowns=setup_slowdowns), context, 1)
+    schedule = _slowdown(SiloSetup(slowdowns=setup_slowdowns), context)
 
     # Assert
     assert schedule.factor(1) == expected

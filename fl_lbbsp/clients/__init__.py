@@ -1,6 +1,6 @@
 """The silo side: sampler, trainer, slowdown emulation, the Flower ClientApp, an adapter
-for existing train functions (:func:`lbbsp_train`) and the warm silo worker
-(:mod:`fl_lbbsp.clients.warm`).
+for existing train functions (:func:`lbbsp_train`), the warm silo worker
+(:mod:`fl_lbbsp.clients.warm`) and the one silo round they all run (:func:`run_round`).
 
 The names below are imported on first use (PEP 562), so that a light module of this
 package (:mod:`~fl_lbbsp.clients.warm`, which Flower's per-message ClientApp process
@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .adapter import LocalTraining, lbbsp_train
+    from .adapter import lbbsp_train
     from .emulation import (
         CostModel,
         OutOfMemoryError,
@@ -21,12 +21,18 @@ if TYPE_CHECKING:
         emulate_slowdown,
         emulated_time,
     )
+    from .round import Emulation, LocalTraining, RoundReport, WorkDone, misuse_of, run_round
     from .sampler import ResizableBatchSampler, check_batch_size
     from .trainer import TrainerConfig, TrainResult, evaluate, machine_usage, train_local
 
 _WHERE = {
-    "LocalTraining": ".adapter",
     "lbbsp_train": ".adapter",
+    "Emulation": ".round",
+    "LocalTraining": ".round",
+    "RoundReport": ".round",
+    "WorkDone": ".round",
+    "misuse_of": ".round",
+    "run_round": ".round",
     "CostModel": ".emulation",
     "OutOfMemoryError": ".emulation",
     "SlowdownSchedule": ".emulation",
@@ -43,18 +49,23 @@ _WHERE = {
 
 __all__ = [
     "CostModel",
+    "Emulation",
     "LocalTraining",
     "OutOfMemoryError",
     "ResizableBatchSampler",
+    "RoundReport",
     "SlowdownSchedule",
     "TrainResult",
     "TrainerConfig",
+    "WorkDone",
     "check_batch_size",
     "emulate_slowdown",
     "emulated_time",
     "evaluate",
     "lbbsp_train",
     "machine_usage",
+    "misuse_of",
+    "run_round",
     "train_local",
 ]
 

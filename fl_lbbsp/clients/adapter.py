@@ -30,27 +30,40 @@ quickstart-pytorch writes one; the decorator
 
 The function must still return the arrays and a MetricRecord with ``num-examples``, the
 local dataset size (the aggregation weight, which must not depend on the batch size).
+
+What the function really draws through ``plan.batch_sampler`` is counted: when it is not
+``local_steps`` batches of ``batch_size`` (its own loader, extra epochs, another batch
+size) the reply's ``silo`` record says so in ``misuse``, ``samples-drawn`` reports what
+was drawn, and the server does not take the silo's time as a measure of its speed.
 """
 
 from __future__ import annotations
 
-import contextlib
+import ast
 import functools
-import hashlib
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+import inspect
+import textwrap
+from collections.abc import Callable, Mapping
 
-import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
+from pydantic import ValidationError
 
 from ..contract import RecordKeys
-from .emulation import CostModel, SlowdownSchedule, emulated_time
-from .sampler import ResizableBatchSampler
-from .trainer import TrainerConfig, machine_usage
+from ..instruction import RoundInstruction, silo_id_of
+from .emulation import CostModel
+from .round import (
+    SLOWDOWN_KEY,
+    SLOWDOWNS_KEY,
+    Emulation,
+    LocalTraining,
+    WorkDone,
+    run_round,
+    slowdown_schedule,
+)
 
 __all__ = [
     "COST_MODEL_KEY",
+    "SEED_KEY",
     "SLOWDOWNS_KEY",
     "SLOWDOWN_KEY",
     "LocalTraining",
@@ -58,95 +71,36 @@ __all__ = [
     "lbbsp_train",
 ]
 
-SLOWDOWN_KEY = "slowdown"
-"""node_config entry: this silo's emulated slowdown k (``"4"`` or ``"1:1,10:4"``)."""
-SLOWDOWNS_KEY = "slowdowns"
-"""run_config entry: emulated slowdowns per partition, ``"1;2;4"``."""
 COST_MODEL_KEY = "cost-model"
 """run_config entry: emulated step time ``"m,b"`` of the fastest silo (``""``: measured)."""
-_PARTITION_ID = "partition-id"
-
-
-@dataclass
-class LocalTraining:
-    """One round's instructions for the silo's own training loop, and its stopwatch.
-
-    Parameters
-    ----------
-    batch_size : int
-        B_i, this silo's batch size for the round.
-    local_steps : int
-        tau: run exactly this many steps (the same for every silo).
-    lr : float
-        eta (the same for every silo).
-    server_round : int
-        The round number.
-    seed : int
-        A seed derived from the silo id and the round, for reproducible reshuffling.
-    """
-
-    batch_size: int
-    local_steps: int
-    lr: float
-    server_round: int
-    seed: int
-    _compute_time: float | None = field(default=None, repr=False)
-
-    def batch_sampler(self, num_samples: int) -> ResizableBatchSampler:
-        """A ``batch_sampler`` for a torch ``DataLoader``: exactly ``local_steps`` batches
-        of ``batch_size`` indices over reshuffled ``range(num_samples)`` (seeded)."""
-        return ResizableBatchSampler(
-            num_samples,
-            batch_size=self.batch_size,
-            num_batches=self.local_steps,
-            generator=torch.Generator().manual_seed(self.seed),
-        )
-
-    @contextlib.contextmanager
-    def timed(self) -> Iterator[None]:
-        """Time the block as the round's compute (several blocks add up); without it
-        the adapter times the whole train function, loading included."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._compute_time = (self._compute_time or 0.0) + time.perf_counter() - start
-
-    @property
-    def compute_time(self) -> float | None:
-        """Seconds measured by :meth:`timed` so far (``None``: not used)."""
-        return self._compute_time
-
+SEED_KEY = "seed"
+"""run_config entry: the run's seed; with the silo id and the round it seeds the plan
+(``0`` when the run sets none)."""
 
 TrainFunction = Callable[[Message, Context, LocalTraining], Message]
 """A Message-API train function that also takes the round's :class:`LocalTraining`."""
 
-
-def _seed(*parts: object) -> int:
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def _silo_id(context: Context, keys: RecordKeys) -> str:
-    """node_config ``silo-id``, else ``partition-id``, else the node id."""
-    value = context.node_config.get(keys.silo_id, context.node_config.get(_PARTITION_ID))
-    return str(context.node_id if value is None else value)
+USAGE = (
+    "decorate it as '@app.train()' then '@lbbsp_train()' on the next line, over "
+    "'def train(msg: Message, context: Context, plan: LocalTraining) -> Message'"
+)
+"""How the decorator is used, named by every TypeError it raises."""
+_MARK = "__lbbsp_train__"
 
 
-def _slowdown(context: Context, server_round: int) -> float:
-    """The emulated slowdown k: node_config ``slowdown``, else this partition's entry of
-    run_config ``slowdowns``, else 1 (no emulation)."""
-    value = context.node_config.get(SLOWDOWN_KEY)
-    if value is None:
-        listed = [s for s in str(context.run_config.get(SLOWDOWNS_KEY, "")).split(";") if s]
-        partition = int(context.node_config.get(_PARTITION_ID, 0))
-        value = listed[partition] if partition < len(listed) else 1.0
-    return SlowdownSchedule.parse(value).factor(server_round)
+class _ErrorReplyError(Exception):
+    """The user's function replied with an error: the reply goes back as it is."""
+
+    def __init__(self, reply: Message) -> None:
+        super().__init__("the train function replied with an error")
+        self.reply = reply
 
 
 def lbbsp_train(
+    function: object = None,
+    /,
     *,
-    keys: RecordKeys | None = None,
+    keys: RecordKeys | Mapping[str, str] | None = None,
     configrecord_key: str = "config",
     cost_model: str | None = None,
     emulate_wait: bool = True,
@@ -155,8 +109,11 @@ def lbbsp_train(
 
     Parameters
     ----------
-    keys : RecordKeys | None (default: None)
-        Record key names, the same as the strategy's; ``None``: the defaults.
+    function : None
+        Must not be given: ``@lbbsp_train`` without parentheses is a TypeError.
+    keys : RecordKeys | Mapping[str, str] | None (default: None)
+        Record key names, the same as the strategy's (a mapping of RecordKeys fields is
+        converted); ``None``: the defaults.
     configrecord_key : str (default: "config")
         Key of the train message's ConfigRecord, the strategy's ``configrecord_key``.
     cost_model : str | None (default: None)
@@ -176,87 +133,177 @@ def lbbsp_train(
 
     Raises
     ------
-    pydantic.ValidationError
+    TypeError
+        (when decorating) ``@lbbsp_train`` used without parentheses, ``keys`` neither a
+        RecordKeys nor a mapping of its fields, a function that takes no ``plan`` (two
+        parameters), one already decorated, or ``@lbbsp_train()`` written above
+        ``@app.train()`` (Flower would then call the undecorated function).
+    fl_lbbsp.instruction.InstructionError
         (in the silo, as an error reply) when the message's ``batch-size``,
-        ``local-steps`` or ``lr`` is missing or not positive.
+        ``local-steps`` or ``lr`` is missing, not a number or not positive.
     ValueError
         (in the silo, as an error reply) when the function's reply has no single
         MetricRecord or that record has no ``num-examples``.
+    TypeError
+        (in the silo, as an error reply) when the function returns no Message.
     """
-    names = keys or RecordKeys()
+    if function is not None:
+        raise TypeError(
+            "@lbbsp_train needs parentheses: write '@lbbsp_train()' (options go inside); " + USAGE
+        )
+    names = _record_keys(keys)
     fixed_cost = None if cost_model is None else CostModel.parse(cost_model)
 
     def decorate(function: TrainFunction) -> Callable[[Message, Context], Message]:
+        _check_function(function)
+
         @functools.wraps(function)
         def train(msg: Message, context: Context) -> Message:
             config = msg.content.config_records.get(configrecord_key, ConfigRecord())
-            server_round = int(config.get(names.server_round, 1))  # type: ignore[arg-type]
-            instructions = TrainerConfig(
-                batch_size=_int(config.get(names.batch_size)),
-                local_steps=_int(config.get(names.local_steps)),
-                lr=config.get(names.lr),  # type: ignore[arg-type]
-                server_round=server_round,
-            )
-            silo_id = _silo_id(context, names)
-            plan = LocalTraining(
-                batch_size=instructions.batch_size,
-                local_steps=instructions.local_steps,
-                lr=instructions.lr,
-                server_round=server_round,
-                seed=_seed(silo_id, server_round),
-            )
-            machine_usage()  # start psutil's CPU window
-            started = time.perf_counter()
-            reply = function(msg, context, plan)
-            measured = plan.compute_time
-            if measured is None:
-                measured = time.perf_counter() - started
-            cpu, memory = machine_usage()
-            if reply.has_error():
-                return reply
+            instruction = RoundInstruction.from_config(config, names)
+            silo_id = silo_id_of(context.node_config, names, node_id=context.node_id)
             text = str(context.run_config.get(COST_MODEL_KEY, "") or "")
-            cost = fixed_cost or (CostModel.parse(text) if text else None)
-            reported = emulated_time(
-                measured,
-                _slowdown(context, server_round),
-                cost=cost,
-                batch_size=plan.batch_size,
-                local_steps=plan.local_steps,
+            emulation = Emulation(
+                factor=slowdown_schedule(context.node_config, run_config=context.run_config).factor(
+                    instruction.server_round
+                ),
+                cost=fixed_cost or (CostModel.parse(text) if text else None),
                 wait=emulate_wait,
             )
-            records = reply.content.metric_records
-            if len(records) != 1:
-                raise ValueError(
-                    f"the train function's reply holds {len(records)} MetricRecords; "
-                    f"LB-BSP needs exactly one, with {names.num_examples!r}"
-                )
-            name, metrics = next(iter(records.items()))
-            if names.num_examples not in metrics:
-                raise ValueError(
-                    f"the train function's MetricRecord has no {names.num_examples!r} "
-                    "(the local dataset size, the aggregation weight)"
-                )
-            added: dict[str, int | float] = {
-                names.train_time: reported,
-                names.batch_size: plan.batch_size,
-                names.samples_processed: plan.batch_size * plan.local_steps,
-                names.cpu_percent: cpu,
-                names.memory_percent: memory,
-            }
+
+            def work(plan: LocalTraining) -> WorkDone[tuple[Message, str, MetricRecord]]:
+                reply = function(msg, context, plan)
+                if not isinstance(reply, Message):
+                    raise TypeError(
+                        f"the train function returned {type(reply).__name__}, not a Message: "
+                        "return Message(content=RecordDict(...), reply_to=msg)"
+                    )
+                if reply.has_error():
+                    raise _ErrorReplyError(reply)
+                return WorkDone(output=(reply, *_user_metrics(reply, names)))
+
             cap = context.node_config.get(names.max_batch_size)
-            if cap is not None:
-                added[names.max_batch_size] = int(cap)
-            reply.content[name] = MetricRecord({**dict(metrics), **added})
-            reply.content[names.silo_record] = ConfigRecord({names.silo_id: silo_id})
+            try:
+                report = run_round(
+                    instruction,
+                    work,
+                    silo_id=silo_id,
+                    run_seed=context.run_config.get(SEED_KEY, 0),
+                    keys=names,
+                    emulation=emulation,
+                    max_batch_size=None if cap is None else int(cap),
+                )
+            except _ErrorReplyError as err:
+                return err.reply
+            reply, name, metrics = report.output
+            reply.content[name] = MetricRecord({**dict(metrics), **report.metrics})
+            reply.content[names.silo_record] = ConfigRecord(
+                {names.silo_id: silo_id, **report.notes}
+            )
             return reply
 
+        setattr(train, _MARK, True)
         return train
 
     return decorate
 
 
-def _int(value: object) -> int:
-    """A config value as an int (whole floats too); anything else is left to pydantic."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value  # type: ignore[return-value]
+def _record_keys(keys: object) -> RecordKeys:
+    """``keys`` as RecordKeys: the defaults for ``None``, a mapping of fields converted."""
+    if keys is None:
+        return RecordKeys()
+    if isinstance(keys, RecordKeys):
+        return keys
+    if isinstance(keys, Mapping):
+        try:
+            return RecordKeys(**{str(k): v for k, v in keys.items()})
+        except ValidationError as err:  # an unknown field, a name that is not a string
+            reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            raise TypeError(
+                "lbbsp_train(keys=...) takes a fl_lbbsp.contract.RecordKeys, e.g. "
+                "keys=RecordKeys(batch_size='bs'), or a mapping of its field names "
+                f"(batch_size, local_steps, lr, ...) to record keys: {reasons}"
+            ) from None
+    raise TypeError(
+        "lbbsp_train(keys=...) takes a fl_lbbsp.contract.RecordKeys, e.g. "
+        f"keys=RecordKeys(batch_size='bs'), not {type(keys).__name__}"
+    )
+
+
+def _check_function(function: object) -> None:
+    """Raise TypeError, naming the fix, unless ``function`` can be decorated."""
+    if not callable(function):
+        raise TypeError(f"@lbbsp_train() decorates a function, not {type(function).__name__}")
+    name = getattr(function, "__name__", "the train function")
+    if getattr(function, _MARK, False):
+        raise TypeError(f"{name} is already decorated with @lbbsp_train(); {USAGE}")
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin without a signature: let it run
+        return
+    try:
+        signature.bind(None, None, None)
+    except TypeError:
+        params = ", ".join(signature.parameters)
+        raise TypeError(
+            f"{name}({params}) takes no 'plan': add a third parameter, 'plan: LocalTraining', "
+            "and draw the batches with plan.batch_sampler(n); " + USAGE
+        ) from None
+    if _decorated_above_flower(function):
+        raise TypeError(
+            f"@lbbsp_train() is written above @app.train() on {name}: Flower would call the "
+            f"undecorated function without 'plan'; swap the two lines: {USAGE}"
+        )
+
+
+def _decorated_above_flower(function: object) -> bool:
+    """Whether the function's source lists ``@lbbsp_train(...)`` above ``@<app>.train(...)``
+    (decorators apply bottom-up, so Flower registered the undecorated function). False
+    when the source is not available."""
+    try:
+        source = textwrap.dedent(inspect.getsource(function))  # type: ignore[arg-type]
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return False
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    order = [_decorator_name(d) for d in node.decorator_list]
+    if "lbbsp_train" not in order or "train" not in order:
+        return False
+    return order.index("lbbsp_train") < order.index("train")
+
+
+def _decorator_name(decorator: ast.expr) -> str | None:
+    """``lbbsp_train`` for ``@lbbsp_train(...)`` (or ``@x.lbbsp_train(...)``), ``train``
+    for ``@app.train(...)``, else None."""
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    if isinstance(target, ast.Name):
+        return "lbbsp_train" if target.id == "lbbsp_train" else None
+    if isinstance(target, ast.Attribute):
+        return target.attr if target.attr in ("lbbsp_train", "train") else None
+    return None
+
+
+def _user_metrics(reply: Message, keys: RecordKeys) -> tuple[str, MetricRecord]:
+    """The reply's one MetricRecord and its name.
+
+    Raises
+    ------
+    ValueError
+        The reply holds no or several MetricRecords, or its record has no
+        ``num-examples``.
+    """
+    records = reply.content.metric_records
+    if len(records) != 1:
+        raise ValueError(
+            f"the train function's reply holds {len(records)} MetricRecords; "
+            f"LB-BSP needs exactly one, with {keys.num_examples!r}"
+        )
+    name, metrics = next(iter(records.items()))
+    if keys.num_examples not in metrics:
+        raise ValueError(
+            f"the train function's MetricRecord has no {keys.num_examples!r} "
+            "(the local dataset size, the aggregation weight)"
+        )
+    return name, metrics

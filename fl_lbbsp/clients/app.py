@@ -8,7 +8,6 @@ trains, multiplies its parameters by ``n_i / S`` and encrypts them (see
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -26,16 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..contract import (
     BUSY_TIME,
-    COMPUTE_TIME,
     EVAL_ACCURACY,
     EVAL_LOSS,
     LAST_MODEL,
     MODEL_REFUSED,
-    SLOWDOWN,
-    TRAIN_LOSS,
     RecordKeys,
     is_encrypted,
-    read_float,
     read_int,
 )
 from ..core.identity import key_file_name, load_signing_key, sign_reply, signed_arrays
@@ -49,6 +44,7 @@ from ..datasets import (
     partition_indices,
     train_test_split,
 )
+from ..instruction import RoundInstruction, silo_id_of
 from ..models import ModelName, build_model
 from .emulation import (
     CostModel,
@@ -57,9 +53,9 @@ from .emulation import (
     SlowdownText,
     compute_slot,
     emulate_slowdown,
-    emulated_time,
 )
-from .trainer import TrainerConfig, evaluate, machine_usage, train_local
+from .round import Emulation, LocalTraining, WorkDone, run_round, slowdown_schedule
+from .trainer import evaluate, train_local
 
 if TYPE_CHECKING:
     from ..crypto import CKKSKeys, UpdateChecker
@@ -234,14 +230,11 @@ def _encrypt_model(
     return record, time.perf_counter() - start
 
 
-def _slowdown(setup: SiloSetup, context: Context, partition_id: int) -> SlowdownSchedule:
-    value = context.node_config.get("slowdown")
-    slowdowns = setup.slowdowns
-    if not slowdowns and context.run_config.get("slowdowns"):
-        slowdowns = tuple(str(context.run_config["slowdowns"]).split(";"))
-    if value is None and partition_id < len(slowdowns):
-        value = slowdowns[partition_id]
-    return SlowdownSchedule.parse(value if value is not None else 1.0)
+def _slowdown(setup: SiloSetup, context: Context) -> SlowdownSchedule:
+    """node_config ``slowdown``, else the setup's ``slowdowns``, else the run config's."""
+    return slowdown_schedule(
+        context.node_config, listed=setup.slowdowns, run_config=context.run_config
+    )
 
 
 def secret_context_of(context: Context, default: str | None) -> str | None:
@@ -326,11 +319,6 @@ def _checked_model(
     return last, reason
 
 
-def _seed(*parts: object) -> int:
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
-
-
 def make_client_app(setup: SiloSetup) -> ClientApp:
     """Build the silo ClientApp.
 
@@ -365,44 +353,43 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
     def train(msg: Message, context: Context) -> Message:
         started = time.perf_counter()
         config = msg.content.config_records["config"]
-        instructions = TrainerConfig(
-            batch_size=read_int(config, keys.batch_size),
-            local_steps=read_int(config, keys.local_steps),
-            lr=read_float(config, keys.lr),
-            server_round=read_int(config, keys.server_round, 1),
-        )
-        partition_id = int(context.node_config.get("partition-id", 0))
-        silo_id = str(context.node_config.get(keys.silo_id, partition_id))
+        instruction = RoundInstruction.from_config(config, keys)
+        silo_id = silo_id_of(context.node_config, keys, node_id=context.node_id)
         secret_context = secret_context_of(context, setup.secret_context)
         state, he_time = _open_arrays(msg.content.array_records["arrays"], secret_context)
         state, refused = _checked_model(state, context, setup.max_model_ratio)
         model, data = _model_and_data(state, context)
-        factor = _slowdown(setup, context, partition_id).factor(instructions.server_round)
-        generator = torch.Generator().manual_seed(
-            _seed(setup.seed, silo_id, instructions.server_round)
-        )
-        queued = time.perf_counter()
-        with compute_slot(setup.compute_lock, slots=setup.compute_slots):
-            machine_usage()  # start psutil's CPU window at the start of training
-            result = train_local(
-                model,
-                torch.from_numpy(data.x),
-                torch.from_numpy(data.y),
-                batch_size=instructions.batch_size,
-                local_steps=instructions.local_steps,
-                lr=instructions.lr,
-                generator=generator,
-            )
-            cpu, memory = machine_usage()
+        x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+
+        def work(plan: LocalTraining) -> WorkDone[None]:
+            with plan.timed():
+                result = train_local(
+                    model,
+                    x,
+                    y,
+                    batch_size=plan.batch_size,
+                    local_steps=plan.local_steps,
+                    lr=plan.lr,
+                    sampler=plan.batch_sampler(len(x)),
+                )
+            return WorkDone(output=None, num_examples=len(data), loss=result.loss)
+
+        factor = _slowdown(setup, context).factor(instruction.server_round)
         # The emulated wait runs outside the slot, from the moment the silo queued for it.
-        reported = emulated_time(
-            result.compute_time,
-            factor,
-            cost=None if setup.cost_model is None else CostModel.parse(setup.cost_model),
-            batch_size=instructions.batch_size,
-            local_steps=instructions.local_steps,
-            wait=setup.emulate_wait,
-            started=queued,
+        report = run_round(
+            instruction,
+            work,
+            silo_id=silo_id,
+            run_seed=setup.seed,
+            keys=keys,
+            emulation=Emulation(
+                factor=factor,
+                cost=None if setup.cost_model is None else CostModel.parse(setup.cost_model),
+                wait=setup.emulate_wait,
+            ),
+            slot=compute_slot(setup.compute_lock, slots=setup.compute_slots),
+            started=time.perf_counter(),
+            max_batch_size=int(context.node_config.get(keys.max_batch_size, 0)),
         )
         extra: dict[str, Any] = {}
         if secret_context is None:
@@ -412,29 +399,19 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
                 model,
                 secret_context,
                 weight=float(len(data)),
-                total=read_float(config, keys.he_weight_total, 1.0),
-                silos=read_int(config, keys.he_num_silos, 1),
+                total=instruction.he_weight_total or 1.0,
+                silos=instruction.he_num_silos or 1,
             )
             extra[keys.he_time] = emulate_slowdown(
                 he_time + seconds, factor, wait=setup.emulate_wait
             )
         metrics = MetricRecord(
-            {
-                keys.num_examples: len(data),
-                keys.train_time: reported,
-                keys.batch_size: instructions.batch_size,
-                keys.samples_processed: result.samples,
-                keys.cpu_percent: cpu,
-                keys.memory_percent: memory,
-                keys.max_batch_size: int(context.node_config.get(keys.max_batch_size, 0)),
-                COMPUTE_TIME: result.compute_time,
-                BUSY_TIME: time.perf_counter() - started,
-                SLOWDOWN: factor,
-                TRAIN_LOSS: result.loss,
-                **extra,
-            }
+            {**report.metrics, BUSY_TIME: time.perf_counter() - started, **extra}
         )
         context.state[LAST_MODEL] = ArrayRecord(model.state_dict())
+        notes = dict(report.notes)
+        if refused is not None:
+            notes[MODEL_REFUSED] = refused
         return train_reply(
             msg,
             arrays=arrays,
@@ -442,7 +419,7 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
             keys=keys,
             silo_id=silo_id,
             signing_key=signing_key_of(context, setup.signing_key),
-            notes=None if refused is None else {MODEL_REFUSED: refused},
+            notes=notes or None,
         )
 
     @app.evaluate()

@@ -32,12 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..contract import (
     BUSY_TIME,
-    COMPUTE_TIME,
     EVAL_ACCURACY,
     EVAL_LOSS,
     INITIAL_MODEL,
-    SLOWDOWN,
-    TRAIN_LOSS,
     UPDATE_PREFIX,
     RecordKeys,
     read_float,
@@ -45,18 +42,12 @@ from ..contract import (
 )
 from ..core.optim import SGD
 from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
+from ..instruction import RoundInstruction, round_seed, silo_id_of
 from ..models import ModelName, build_model
-from .app import _seed, _silo_keys, _split, secret_context_of, signing_key_of, train_reply
-from .emulation import (
-    CostModel,
-    CostModelText,
-    SlowdownSchedule,
-    SlowdownText,
-    emulate_slowdown,
-    emulated_time,
-)
-from .sampler import ResizableBatchSampler, check_batch_size
-from .trainer import evaluate, machine_usage
+from .app import _silo_keys, _split, secret_context_of, signing_key_of, train_reply
+from .emulation import CostModel, CostModelText, SlowdownText, emulate_slowdown
+from .round import Emulation, LocalTraining, WorkDone, run_round, slowdown_schedule
+from .trainer import evaluate
 
 __all__ = ["WorkerSetup", "gradient", "make_worker_app", "sync_replica", "worker_data"]
 
@@ -151,13 +142,6 @@ def gradient(
     return grads, float(loss.detach())
 
 
-def _factor(setup: WorkerSetup, context: Context, worker: int, server_round: int) -> float:
-    value = context.node_config.get("slowdown")
-    if value is None and worker < len(setup.slowdowns):
-        value = setup.slowdowns[worker]
-    return SlowdownSchedule.parse(value if value is not None else 1.0).factor(server_round)
-
-
 def _cost_model(setup: WorkerSetup, context: Context, worker: int) -> CostModel | None:
     value = context.node_config.get("cost-model")
     if value is None and worker < len(setup.cost_models):
@@ -172,25 +156,31 @@ def _batch_indices(
     server_round: int,
     batch_size: int,
     config: ConfigRecord,
+    plan: LocalTraining | None = None,
 ) -> torch.Tensor:
     """This worker's sample indices for the round.
 
     ``data="full"``: the round's global batch is one seeded permutation of the whole
     training set (cycled if X exceeds it), and the worker takes ``batch_size`` entries
     from its ``batch-offset``: together the workers draw exactly BSP's global batch.
-    ``data="shard"``: a seeded draw from the worker's own shard.
+    ``data="shard"``: a seeded draw from the worker's own shard (through ``plan``'s
+    sampler when given, seeded like it otherwise).
     """
     if setup.data == "full" and setup.keys.batch_offset in config:
         offset = read_int(config, setup.keys.batch_offset)
-        generator = torch.Generator().manual_seed(_seed(setup.seed, "global", server_round))
+        generator = torch.Generator().manual_seed(round_seed(setup.seed, "global", server_round))
         order = torch.randperm(len(data), generator=generator)
         positions = torch.arange(offset, offset + batch_size) % len(data)
         return order[positions]
-    generator = torch.Generator().manual_seed(_seed(setup.seed, worker_id, server_round))
-    sampler = ResizableBatchSampler(
-        len(data), batch_size=batch_size, num_batches=1, generator=generator
-    )
-    return torch.as_tensor(next(iter(sampler)))
+    if plan is None:
+        plan = LocalTraining(
+            batch_size=batch_size,
+            local_steps=1,
+            lr=1.0,
+            server_round=server_round,
+            seed=round_seed(setup.seed, worker_id, server_round),
+        )
+    return torch.as_tensor(next(iter(plan.batch_sampler(len(data)))))
 
 
 def sync_replica(
@@ -279,7 +269,7 @@ def sync_replica(
 
 
 def _encrypt_gradient(
-    grads: dict[str, np.ndarray], secret_context: str, config: ConfigRecord, keys: RecordKeys
+    grads: dict[str, np.ndarray], secret_context: str, instruction: RoundInstruction
 ) -> tuple[ArrayRecord, float]:
     """``Enc((x_i / X) * g_i)`` as an ArrayRecord, and the seconds it took."""
     from ..crypto import encrypt_update, flatten
@@ -291,9 +281,9 @@ def _encrypt_gradient(
     update = encrypt_update(
         he_keys,
         flat,
-        weight=read_float(config, keys.batch_size),
-        total=read_float(config, keys.he_weight_total, 1.0),
-        max_contributors=read_int(config, keys.he_num_silos, 1),
+        weight=float(instruction.batch_size),
+        total=instruction.he_weight_total or 1.0,
+        max_contributors=instruction.he_num_silos or 1,
         layout=layout,
     )
     return update_to_record(update), time.perf_counter() - start
@@ -328,11 +318,11 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         started = time.perf_counter()
         torch.set_num_threads(setup.torch_threads)
         config = msg.content.config_records["config"]
-        batch_size = check_batch_size(read_int(config, keys.batch_size))
-        server_round = read_int(config, keys.server_round, 1)
+        instruction = RoundInstruction.from_config(config, keys)
+        batch_size, server_round = instruction.batch_size, instruction.server_round
         worker = int(context.node_config.get("partition-id", 0))
-        worker_id = str(context.node_config.get(keys.silo_id, worker))
-        factor = _factor(setup, context, worker, server_round)
+        worker_id = silo_id_of(context.node_config, keys, node_id=context.node_id)
+        factor = slowdown_schedule(context.node_config, listed=setup.slowdowns).factor(server_round)
         cost = _cost_model(setup, context, worker)
         if cost is not None:
             cost.scaled(factor).time(batch_size)  # raises OutOfMemoryError above the cap
@@ -348,41 +338,34 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
             )
             model.load_state_dict({n: torch.from_numpy(p) for n, p in params.items()})
             extra[keys.model_version] = read_int(config, keys.model_version)
-        machine_usage()
-        compute_start = time.perf_counter()
-        index = _batch_indices(setup, data, worker_id, server_round, batch_size, config)
-        grads, loss = gradient(
-            model, torch.from_numpy(data.x)[index], torch.from_numpy(data.y)[index]
-        )
-        compute_time = time.perf_counter() - compute_start
-        cpu, memory = machine_usage()
-        reported = emulated_time(
-            time.perf_counter() - compute_start,
-            factor,
-            cost=cost,
-            batch_size=batch_size,
-            wait=cost is None or setup.wait,
+
+        def work(plan: LocalTraining) -> WorkDone[dict[str, np.ndarray]]:
+            index = _batch_indices(
+                setup, data, worker_id, server_round, batch_size, config, plan=plan
+            )
+            grads, loss = gradient(
+                model, torch.from_numpy(data.x)[index], torch.from_numpy(data.y)[index]
+            )
+            return WorkDone(output=grads, num_examples=batch_size, loss=loss)
+
+        # one gradient on a slice of the global batch, not tau steps: no draws to check
+        report = run_round(
+            instruction,
+            work,
+            silo_id=worker_id,
+            run_seed=setup.seed,
+            keys=keys,
+            emulation=Emulation(factor=factor, cost=cost, wait=cost is None or setup.wait),
+            max_batch_size=0 if cost is None else int(cost.max_batch_size or 0),
+            check_draws=False,
         )
         if secret_context is None:
-            arrays = ArrayRecord({k: Array(v) for k, v in grads.items()})
+            arrays = ArrayRecord({k: Array(v) for k, v in report.output.items()})
         else:
-            arrays, seconds = _encrypt_gradient(grads, secret_context, config, keys)
+            arrays, seconds = _encrypt_gradient(report.output, secret_context, instruction)
             extra[keys.he_time] = emulate_slowdown(he_seconds + seconds, factor)
         metrics = MetricRecord(
-            {
-                keys.batch_size: batch_size,
-                keys.num_examples: batch_size,
-                keys.train_time: reported,
-                keys.samples_processed: batch_size,
-                keys.cpu_percent: cpu,
-                keys.memory_percent: memory,
-                keys.max_batch_size: 0 if cost is None else int(cost.max_batch_size or 0),
-                COMPUTE_TIME: compute_time,
-                BUSY_TIME: time.perf_counter() - started,
-                SLOWDOWN: factor,
-                TRAIN_LOSS: loss,
-                **extra,
-            }
+            {**report.metrics, BUSY_TIME: time.perf_counter() - started, **extra}
         )
         return train_reply(
             msg,

@@ -36,6 +36,12 @@ class ResizableBatchSampler(Sampler[list[int]]):
         Stop after this many batches (the local steps tau); ``None`` never stops.
     generator : torch.Generator | None (default: None)
         Seeded generator for the permutations; ``None`` uses a fresh unseeded one.
+
+    Attributes
+    ----------
+    batches_drawn, samples_drawn : int
+        Batches and samples yielded so far, over every iteration (a second pass over a
+        ``DataLoader`` built on it counts again): what the silo really drew.
     """
 
     def __init__(
@@ -55,6 +61,8 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self.num_batches = num_batches
         self.generator = generator if generator is not None else torch.Generator()
         self._pending = torch.empty(0, dtype=torch.long)
+        self.batches_drawn = 0
+        self.samples_drawn = 0
 
     @property
     def batch_size(self) -> int:
@@ -78,7 +86,10 @@ class ResizableBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         produced = 0
         while self.num_batches is None or produced < self.num_batches:
-            yield self._take(self.batch_size).tolist()
+            batch = self._take(self.batch_size).tolist()
+            self.batches_drawn += 1
+            self.samples_drawn += len(batch)
+            yield batch
             produced += 1
 
     def __len__(self) -> int:

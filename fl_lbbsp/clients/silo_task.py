@@ -17,7 +17,6 @@ import os
 import tempfile
 import threading
 import time
-import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -25,11 +24,14 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from ..contract import STARTUP_TIME, RecordKeys
 from ..datasets import ArrayDataset
+from ..instruction import RoundInstruction, silo_id_of
 from ..models import ModelName, build_model
 from .app import SiloSetup, silo_data, test_data
-from .emulation import CostModel, SlowdownSchedule, emulated_time
-from .trainer import evaluate, machine_usage, train_local
+from .emulation import CostModel
+from .round import Emulation, LocalTraining, WorkDone, run_round, slowdown_schedule
+from .trainer import evaluate, train_local
 from .warm import TaskRequest, TaskResult
 
 __all__ = [
@@ -112,16 +114,6 @@ def build_model_for(run_config: Config, data: ArrayDataset) -> torch.nn.Module:
     )
 
 
-def _slowdown(run_config: Config, node_config: Config, server_round: int) -> float:
-    """Emulated slowdown k of this silo: node-config ``slowdown``, else run-config list."""
-    value = node_config.get("slowdown")
-    if value is None:
-        slowdowns = [s for s in str(run_config.get("slowdowns", "")).split(";") if s]
-        partition_id = int(node_config["partition-id"])
-        value = slowdowns[partition_id] if partition_id < len(slowdowns) else 1.0
-    return SlowdownSchedule.parse(value).factor(server_round)
-
-
 @contextlib.contextmanager
 def _compute_slot(node_config: Config) -> Iterator[None]:
     """Take turns computing with the other silos of this machine, if asked to.
@@ -173,53 +165,52 @@ def train(request: TaskRequest) -> TaskResult:
     Emulated heterogeneity: a silo k times slower reports ``k t`` for ``t`` seconds of
     compute and waits until that time has passed since it got the task, its turn for the
     compute lock included (as on a machine of its own); with run-config ``cost-model``
-    ``"m,b"`` it reports ``tau k (m B + b)`` whatever it measured.
+    ``"m,b"`` it reports ``tau k (m B + b)`` whatever it measured. The round itself is
+    :func:`~fl_lbbsp.clients.round.run_round`'s, as in every silo entry point.
     """
     started = time.perf_counter()
     config, run_config, node_config = request.config, request.run_config, request.node_config
-    batch_size = int(config["batch-size"])  # B_i, chosen by the server for this silo
-    local_steps = int(config["local-steps"])  # tau, the same for every silo
-    lr = float(config["lr"])  # eta, the same for every silo
-    server_round = int(config["server-round"])
-    silo_id = str(node_config.get("silo-id", node_config["partition-id"]))
+    keys = RecordKeys()
+    instruction = RoundInstruction.from_config(config, keys)
+    silo_id = silo_id_of(node_config, keys)
 
     data = local_train_set(run_config, node_config)
     model = _model(request, data)
-    seed = zlib.crc32(f"{run_config['seed']}:{silo_id}:{server_round}".encode())
-    generator = torch.Generator().manual_seed(seed)  # reshuffling, reproducible
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
     _warm_up(model, x, y)
     # ClientApp process start -> first local step: Flower's per-message launch, the
     # imports, the message and, without a warm worker, the data and the model
     startup = time.time() - request.process_started
-    machine_usage()  # start psutil's CPU window
-    with _compute_slot(node_config):
-        result = train_local(
-            model, x, y, batch_size=batch_size, local_steps=local_steps, lr=lr, generator=generator
-        )
-    cpu, memory = machine_usage()
-    factor = _slowdown(run_config, node_config, server_round)
-    cost = str(run_config.get("cost-model", ""))
-    train_time = emulated_time(
-        result.compute_time,
-        factor,
-        cost=CostModel.parse(cost) if cost else None,
-        batch_size=batch_size,
-        local_steps=local_steps,
+
+    def work(plan: LocalTraining) -> WorkDone[None]:
+        with plan.timed():
+            result = train_local(
+                model,
+                x,
+                y,
+                batch_size=plan.batch_size,
+                local_steps=plan.local_steps,
+                lr=plan.lr,
+                sampler=plan.batch_sampler(len(x)),
+            )
+        return WorkDone(output=None, num_examples=len(data), loss=result.loss)
+
+    cost = str(run_config.get("cost-model", "") or "")
+    schedule = slowdown_schedule(node_config, run_config=run_config)
+    report = run_round(
+        instruction,
+        work,
+        silo_id=silo_id,
+        run_seed=run_config["seed"],
+        keys=keys,
+        emulation=Emulation(
+            factor=schedule.factor(instruction.server_round),
+            cost=CostModel.parse(cost) if cost else None,
+        ),
+        slot=_compute_slot(node_config),
         started=started,
     )
-    metrics: dict[str, int | float] = {
-        "num-examples": len(data),  # aggregation weight: the local dataset size
-        "train-time": train_time,  # seconds of compute for the tau steps
-        "batch-size": batch_size,
-        "samples-processed": result.samples,
-        "cpu-percent": cpu,
-        "memory-percent": memory,
-        "compute-time": result.compute_time,  # real, unemulated seconds
-        "startup-time": startup,  # not part of train-time
-        "slowdown": factor,
-        "train-loss": result.loss,
-    }
+    metrics = {**report.metrics, STARTUP_TIME: startup}  # start-up is not train-time
     return TaskResult(metrics=metrics, arrays=_arrays(model))
 
 

@@ -12,34 +12,16 @@ from dataclasses import dataclass
 import psutil
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 
+from ..instruction import RoundInstruction
 from .sampler import ResizableBatchSampler
 
 __all__ = ["TrainResult", "TrainerConfig", "evaluate", "machine_usage", "train_local"]
 
 
-class TrainerConfig(BaseModel):
-    """One round's training instructions, as read from the server's ConfigRecord.
-
-    Parameters
-    ----------
-    batch_size : int
-        Batch size B_i, positive.
-    local_steps : int
-        Local SGD steps tau, positive.
-    lr : float
-        Learning rate eta, positive.
-    server_round : int (default: 1)
-        Round number, used to seed the reshuffling and pick the emulated slowdown.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    batch_size: int = Field(gt=0, strict=True)
-    local_steps: int = Field(gt=0, strict=True)
-    lr: float = Field(gt=0, allow_inf_nan=False)
-    server_round: int = Field(default=1, ge=0)
+TrainerConfig = RoundInstruction
+"""One round's training instructions: :class:`~fl_lbbsp.instruction.RoundInstruction`
+(the name the silo side used before the server and the silo shared one codec)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +31,7 @@ class TrainResult:
     compute_time: float
     """Seconds spent in the tau steps (batch gathering, forward, backward, update)."""
     samples: int
-    """Samples processed: batch size times local steps."""
+    """Samples processed: those drawn from the sampler (batch size times local steps)."""
     loss: float
     """Mean training loss over the steps."""
 
@@ -63,6 +45,7 @@ def train_local(
     local_steps: int,
     lr: float,
     generator: torch.Generator | None = None,
+    sampler: ResizableBatchSampler | None = None,
 ) -> TrainResult:
     """Run exactly ``local_steps`` plain SGD steps of ``batch_size`` samples each.
 
@@ -80,6 +63,11 @@ def train_local(
         Learning rate eta.
     generator : torch.Generator | None (default: None)
         Seeded generator for the reshuffling.
+    sampler : ResizableBatchSampler | None (default: None)
+        Where the batches come from, e.g. a round plan's
+        :meth:`~fl_lbbsp.clients.round.LocalTraining.batch_sampler` (which counts what is
+        drawn); ``None``: ``local_steps`` batches of ``batch_size`` seeded by
+        ``generator``.
 
     Raises
     ------
@@ -87,15 +75,19 @@ def train_local(
         On a bad ``batch_size``, ``local_steps`` or ``lr`` (see :class:`TrainerConfig`).
     """
     TrainerConfig(batch_size=batch_size, local_steps=local_steps, lr=lr)
-    sampler = ResizableBatchSampler(
-        len(x), batch_size=batch_size, num_batches=local_steps, generator=generator
-    )
+    if sampler is None:
+        sampler = ResizableBatchSampler(
+            len(x), batch_size=batch_size, num_batches=local_steps, generator=generator
+        )
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     model.train()
     total_loss = torch.zeros(())
+    steps = samples = 0
     start = time.perf_counter()
     for indices in sampler:
         index = torch.as_tensor(indices)
+        steps += 1
+        samples += len(indices)
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x[index]), y[index])
         loss.backward()
@@ -104,8 +96,8 @@ def train_local(
     compute_time = time.perf_counter() - start
     return TrainResult(
         compute_time=compute_time,
-        samples=batch_size * local_steps,
-        loss=float(total_loss) / local_steps,
+        samples=samples,
+        loss=float(total_loss) / max(steps, 1),
     )
 
 

@@ -1,0 +1,367 @@
+"""One silo round, whichever entry point runs it.
+
+Every silo entry point (the simulation ClientApp :mod:`~fl_lbbsp.clients.app`, the
+quickstart task :mod:`~fl_lbbsp.clients.silo_task` run by a warm worker or in the
+ClientApp process, the adapter :func:`~fl_lbbsp.clients.adapter.lbbsp_train` around a
+user's train function, and the cluster worker :mod:`~fl_lbbsp.clients.cluster`) reads its
+:class:`~fl_lbbsp.instruction.RoundInstruction` with the same codec and then calls
+:func:`run_round` with its own *work*: the part that differs (tau SGD steps on local
+data, the user's own loop, one gradient on a slice of the global batch). The round does
+the rest the same way everywhere:
+
+- the :class:`LocalTraining` plan handed to the work, seeded by
+  :func:`~fl_lbbsp.instruction.round_seed` (the same silo shuffles the same way in
+  simulation and in deployment), whose batch sampler counts what is really drawn;
+- the compute slot, psutil's CPU window and the compute time (``plan.timed()`` blocks,
+  else the whole work);
+- the emulated slowdown and its wait (:func:`~fl_lbbsp.clients.emulation.emulated_time`);
+- the contract's metrics, and a ``misuse`` note when the work drew other batches than it
+  was told to (:func:`misuse_of`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from ..contract import COMPUTE_TIME, SLOWDOWN, TRAIN_LOSS, RecordKeys
+from ..instruction import PARTITION_ID, RoundInstruction, round_seed
+from .emulation import CostModel, SlowdownSchedule, emulated_time
+from .sampler import ResizableBatchSampler
+from .trainer import machine_usage
+
+__all__ = [
+    "SLOWDOWNS_KEY",
+    "SLOWDOWN_KEY",
+    "Emulation",
+    "LocalTraining",
+    "RoundReport",
+    "WorkDone",
+    "misuse_of",
+    "run_round",
+    "slowdown_schedule",
+]
+
+T = TypeVar("T")
+
+SLOWDOWN_KEY = "slowdown"
+"""node_config entry: this silo's emulated slowdown k (``"4"`` or ``"1:1,10:4"``)."""
+SLOWDOWNS_KEY = "slowdowns"
+"""run_config entry: emulated slowdowns per partition, ``"1;2;4"``."""
+
+FIX = (
+    "build the DataLoader with batch_sampler=plan.batch_sampler(len(trainset)) and run "
+    "plan.local_steps steps of it, once"
+)
+"""The fix a ``misuse`` note names."""
+
+
+@dataclass
+class LocalTraining:
+    """One round's instructions for the silo's training loop, its sampler and stopwatch.
+
+    Parameters
+    ----------
+    batch_size : int
+        B_i, this silo's batch size for the round.
+    local_steps : int
+        tau: run exactly this many steps (the same for every silo).
+    lr : float
+        eta (the same for every silo).
+    server_round : int
+        The round number.
+    seed : int
+        The silo's round seed (:func:`~fl_lbbsp.instruction.round_seed`), for
+        reproducible reshuffling.
+    """
+
+    batch_size: int
+    local_steps: int
+    lr: float
+    server_round: int
+    seed: int
+    _compute_time: float | None = field(default=None, repr=False)
+    _samplers: list[ResizableBatchSampler] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def of(cls, instruction: RoundInstruction, *, seed: int) -> LocalTraining:
+        """The plan of ``instruction`` with the silo's round ``seed``."""
+        return cls(
+            batch_size=instruction.batch_size,
+            local_steps=instruction.local_steps,
+            lr=instruction.lr,
+            server_round=instruction.server_round,
+            seed=seed,
+        )
+
+    def batch_sampler(self, num_samples: int) -> ResizableBatchSampler:
+        """A ``batch_sampler`` for a torch ``DataLoader``: exactly ``local_steps`` batches
+        of ``batch_size`` indices over reshuffled ``range(num_samples)`` (seeded). What is
+        drawn through it is counted and reported (``samples-drawn``)."""
+        sampler = ResizableBatchSampler(
+            num_samples,
+            batch_size=self.batch_size,
+            num_batches=self.local_steps,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+        self._samplers.append(sampler)
+        return sampler
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """Time the block as the round's compute (several blocks add up); without it
+        the whole work is timed, loading included."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._compute_time = (self._compute_time or 0.0) + time.perf_counter() - start
+
+    @property
+    def compute_time(self) -> float | None:
+        """Seconds measured by :meth:`timed` so far (``None``: not used)."""
+        return self._compute_time
+
+    @property
+    def batches_drawn(self) -> int:
+        """Batches drawn so far through this plan's samplers."""
+        return sum(s.batches_drawn for s in self._samplers)
+
+    @property
+    def samples_drawn(self) -> int:
+        """Samples drawn so far through this plan's samplers."""
+        return sum(s.samples_drawn for s in self._samplers)
+
+
+def misuse_of(plan: LocalTraining) -> str | None:
+    """One line saying what was drawn through the plan's samplers against what was
+    instructed, and the fix; ``None`` when exactly ``local_steps`` batches of
+    ``batch_size`` were drawn."""
+    batches, samples = plan.batches_drawn, plan.samples_drawn
+    expected = plan.batch_size * plan.local_steps
+    if batches == plan.local_steps and samples == expected:
+        return None
+    if batches == 0:
+        drawn = "drew no batch through plan.batch_sampler (its own loader?)"
+    else:
+        drawn = f"drew {batches} batches, {samples} samples through plan.batch_sampler"
+    return (
+        f"the train function {drawn}; instructed {plan.local_steps} batches of "
+        f"{plan.batch_size} ({expected} samples): {FIX}"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Emulation:
+    """How a silo emulates a slower machine.
+
+    Parameters
+    ----------
+    factor : float (default: 1.0)
+        Slowdown k of the round (>= 1).
+    cost : CostModel | None (default: None)
+        Emulated step time of the fastest machine; ``None``: measured times.
+    wait : bool (default: True)
+        Wait until the reported time has passed.
+    """
+
+    factor: float = 1.0
+    cost: CostModel | None = None
+    wait: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkDone(Generic[T]):
+    """What a silo's work returns to :func:`run_round`.
+
+    Parameters
+    ----------
+    output : T
+        Whatever the entry point needs back (the user's reply, the gradient, ...).
+    num_examples : int | None (default: None)
+        The local dataset size (the aggregation weight) to report; ``None``: the work's
+        own reply carries it.
+    loss : float | None (default: None)
+        The round's mean training loss (``train-loss``), if known.
+    """
+
+    output: T
+    num_examples: int | None = None
+    loss: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundReport(Generic[T]):
+    """What one silo round did: the work's output and the reply's metrics and notes.
+
+    Attributes
+    ----------
+    output : T
+        The work's output.
+    metrics : dict of str to int | float
+        The contract's metrics (``train-time``, ``batch-size``, ``samples-processed``,
+        ``samples-drawn``, ``cpu-percent``, ``memory-percent``, and ``num-examples`` and
+        ``max-batch-size`` when known) and ``compute-time``, ``slowdown`` and
+        ``train-loss`` (when known).
+    notes : dict of str to str
+        Entries of the reply's ``silo`` ConfigRecord: ``misuse`` when the work drew other
+        batches than instructed.
+    plan : LocalTraining
+        The plan the work was given.
+    compute_time : float
+        Real, unemulated seconds of compute.
+    reported_time : float
+        The (emulated) ``train-time``.
+    """
+
+    output: T
+    metrics: dict[str, int | float]
+    notes: dict[str, str]
+    plan: LocalTraining
+    compute_time: float
+    reported_time: float
+
+
+def run_round(
+    instruction: RoundInstruction,
+    work: Callable[[LocalTraining], WorkDone[T]],
+    *,
+    silo_id: str,
+    run_seed: object = 0,
+    keys: RecordKeys | None = None,
+    emulation: Emulation | None = None,
+    slot: AbstractContextManager[Any] | None = None,
+    started: float | None = None,
+    max_batch_size: int | None = None,
+    check_draws: bool = True,
+) -> RoundReport[T]:
+    """Run one silo round: the work on the instruction's plan, timed and emulated.
+
+    Parameters
+    ----------
+    instruction : RoundInstruction
+        The round's instruction (:meth:`RoundInstruction.from_config`).
+    work : Callable[[LocalTraining], WorkDone]
+        The silo's training (or gradient) for the round; it may time its compute with
+        ``plan.timed()`` (else the whole call is timed) and should draw its batches with
+        ``plan.batch_sampler(n)``.
+    silo_id : str
+        The silo's id (:func:`~fl_lbbsp.instruction.silo_id_of`).
+    run_seed : object (default: 0)
+        The run's seed; with ``silo_id`` and the round it seeds the plan.
+    keys : RecordKeys | None (default: None)
+        Record key names; ``None``: the defaults.
+    emulation : Emulation | None (default: None)
+        The emulated slowdown; ``None``: none.
+    slot : context manager | None (default: None)
+        Held while the work computes (a compute slot shared with the silos of this
+        machine); the emulated wait happens outside it.
+    started : float | None (default: None)
+        ``time.perf_counter()`` when the silo got its instruction: the emulated wait ends
+        ``train-time`` after it, so queueing for the slot and loading count as part of
+        the emulated round; ``None``: the wait is ``train-time`` minus the compute time.
+    max_batch_size : int | None (default: None)
+        The silo's memory cap to report; ``None``: not reported.
+    check_draws : bool (default: True)
+        The work draws its batches through the plan: report ``samples-drawn``, count
+        ``samples-processed`` from what was drawn, and add a ``misuse`` note when that
+        is not ``local_steps`` batches of ``batch_size``. ``False`` (cluster mode, which
+        slices a global batch): ``samples-processed`` is ``batch_size * local_steps``.
+
+    Returns
+    -------
+    RoundReport
+        The work's output, the metrics and the notes of the reply.
+
+    Raises
+    ------
+    Exception
+        Whatever the work raises, before any emulated wait.
+    """
+    names = keys or RecordKeys()
+    emulate = emulation or Emulation()
+    plan = LocalTraining.of(
+        instruction, seed=round_seed(run_seed, silo_id, instruction.server_round)
+    )
+    with slot or contextlib.nullcontext():
+        machine_usage()  # start psutil's CPU window
+        begun = time.perf_counter()
+        done = work(plan)
+        whole = time.perf_counter() - begun
+        cpu, memory = machine_usage()
+    measured = whole if plan.compute_time is None else plan.compute_time
+    reported = emulated_time(
+        measured,
+        emulate.factor,
+        cost=emulate.cost,
+        batch_size=instruction.batch_size,
+        local_steps=instruction.local_steps,
+        wait=emulate.wait,
+        started=started,
+    )
+    metrics: dict[str, int | float] = {}
+    if done.num_examples is not None:
+        metrics[names.num_examples] = done.num_examples
+    samples = instruction.samples
+    notes: dict[str, str] = {}
+    if check_draws:
+        if plan.batches_drawn:
+            samples = plan.samples_drawn
+        metrics[names.samples_drawn] = plan.samples_drawn
+        misuse = misuse_of(plan)
+        if misuse is not None:
+            notes[names.misuse] = misuse
+    metrics.update(
+        {
+            names.train_time: reported,
+            names.batch_size: instruction.batch_size,
+            names.samples_processed: samples,
+            names.cpu_percent: cpu,
+            names.memory_percent: memory,
+            COMPUTE_TIME: measured,
+            SLOWDOWN: emulate.factor,
+        }
+    )
+    if max_batch_size is not None:
+        metrics[names.max_batch_size] = max_batch_size
+    if done.loss is not None:
+        metrics[TRAIN_LOSS] = done.loss
+    return RoundReport(
+        output=done.output,
+        metrics=metrics,
+        notes=notes,
+        plan=plan,
+        compute_time=measured,
+        reported_time=reported,
+    )
+
+
+def slowdown_schedule(
+    node_config: Mapping[str, Any],
+    *,
+    listed: Sequence[str] = (),
+    run_config: Mapping[str, Any] | None = None,
+) -> SlowdownSchedule:
+    """This silo's emulated slowdown: node_config ``slowdown``, else its partition's
+    entry of ``listed`` (a setup's), else of run_config ``slowdowns`` (``"1;2;4"``) when
+    ``listed`` is empty, else 1 (none).
+
+    Raises
+    ------
+    ValueError
+        A slowdown that does not parse (:meth:`SlowdownSchedule.parse`).
+    """
+    value = node_config.get(SLOWDOWN_KEY)
+    if value is None:
+        entries = list(listed)
+        if not entries and run_config is not None:
+            entries = [s for s in str(run_config.get(SLOWDOWNS_KEY, "") or "").split(";") if s]
+        partition = int(node_config.get(PARTITION_ID, 0))
+        value = entries[partition] if partition < len(entries) else 1.0
+    return SlowdownSchedule.parse(value)
