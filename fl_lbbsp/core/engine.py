@@ -913,15 +913,19 @@ class RoundEngine:
         out the slowdown they share) and note each silo's new predicted speed.
 
         A cold report (:attr:`RoundState.cold`) is fed, since it is all that is known of
-        the silo, but only until the silo's first warm report, which restarts the silo's
-        estimate instead of being averaged with it (Chen et al., TCC 2021, Sec. 3.3:
+        the silo, but only until the silo's first warm report: where that one's speed
+        differs from it by more than ``change_threshold`` (start-up, not capacity), it
+        restarts the silo's estimate instead of being averaged with it (Chen et al., TCC 2021, Sec. 3.3:
         the speed to predict is the silo's steady capacity, not its start-up)."""
-        for silo in state.feed:
+        threshold = math.log1p(self.balancer.change_threshold)
+        for silo, (report, _) in state.feed.items():
             if silo in state.cold:
                 self.provisional.add(silo)
             elif silo in self.provisional:
                 self.provisional.discard(silo)
-                self.balancer.restart(silo)
+                cold = self.balancer.predicted_speed(silo)
+                if cold and abs(math.log(report.speed / cold)) > threshold:
+                    self.balancer.restart(silo)  # the cold report was start-up, not speed
         self.balancer.report_round({silo: report for silo, (report, _) in state.feed.items()})
         for silo, (_, record) in state.feed.items():
             record[PREDICTED_SPEED] = self.balancer.predicted_speed(silo)

@@ -1,0 +1,1 @@
+"""qsapp: a Flower / PyTorch app."""
