@@ -3,18 +3,21 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
 
 from fl_lbbsp.clients import LocalTraining, lbbsp_train
 from fl_lbbsp.contract import RecordKeys
@@ -217,3 +220,81 @@ def test_quickstart_style_app_runs_under_flwr_run_in_simulation(tmp_path: Path) 
     by_slowdown = sorted(last.values(), key=lambda r: r[KEYS.train_time] / r[KEYS.batch_size])
     sizes = [r[KEYS.batch_size] for r in by_slowdown]
     assert sizes == sorted(sizes, reverse=True) and sum(sizes) == 48
+
+
+# ------------------------------------------------- decorator and plan mistakes
+def _two_parameters(msg: Message, context: Context) -> Message:
+    return msg
+
+
+def _three_parameters(msg: Message, context: Context, plan: LocalTraining) -> Message:
+    return msg
+
+
+def _no_parentheses() -> None:
+    lbbsp_train(_three_parameters)
+
+
+def _no_plan() -> None:
+    lbbsp_train()(_two_parameters)  # type: ignore[arg-type]
+
+
+def _stacked_above_flower() -> None:
+    app = ClientApp()
+
+    @lbbsp_train()
+    @app.train()
+    def train(msg: Message, context: Context, plan: LocalTraining) -> Message:  # type: ignore[type-var]
+        return msg
+
+
+def _decorated_twice() -> None:
+    lbbsp_train()(lbbsp_train()(_three_parameters))  # type: ignore[arg-type]
+
+
+def _keys_of_another_type() -> None:
+    lbbsp_train(keys=["batch-size"])  # type: ignore[arg-type]
+
+
+def _keys_with_an_unknown_field() -> None:
+    lbbsp_train(keys={"batch-size": "bs"})
+
+
+def _not_a_function() -> None:
+    lbbsp_train()("train")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("mistake", "fix"),
+    [
+        (_no_parentheses, "write '@lbbsp_train\\(\\)'"),
+        (_no_plan, "_two_parameters\\(msg, context\\) takes no 'plan': add a third parameter"),
+        (_stacked_above_flower, "above @app.train\\(\\).*swap the two lines"),
+        (_decorated_twice, "already decorated"),
+        (_keys_of_another_type, "takes a fl_lbbsp.contract.RecordKeys.*not list"),
+        (_keys_with_an_unknown_field, "RecordKeys.*batch-size: Extra inputs"),
+        (_not_a_function, "decorates a function, not str"),
+    ],
+    ids=lambda v: getattr(v, "__name__", "fix").strip("_"),
+)
+def test_decorator_mistakes_raise_one_type_error_naming_the_fix(
+    mistake: Callable[[], None], fix: str
+) -> None:
+    # Execute / Assert
+    with pytest.raises(TypeError, match=fix) as raised:
+        mistake()
+    if mistake not in (_keys_of_another_type, _keys_with_an_unknown_field, _not_a_function):
+        assert "@app.train()" in str(raised.value)
+
+
+def test_the_right_order_decorates_and_registers_the_wrapped_function() -> None:
+    # Prepare / Execute
+    app = ClientApp()
+
+    @app.train()
+    @lbbsp_train()
+    def train(msg: Message, context: Context, plan: LocalTraining) -> Message:
+        return msg
+
+    # Assert: what Flower registered takes (msg, context)
+    assert list(inspect.signature(train, follow_wrapped=False).parameters) == ["msg", "context"]
