@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import warnings
 from collections.abc import Sequence
@@ -31,12 +32,59 @@ class RunFailedError(RuntimeError):
 
 
 def _speeds(text: str) -> list[float]:
+    from .runs.config import check_speed_ratio
+
     try:
-        return [float(s) for s in text.split(",") if s.strip()]
-    except ValueError:
+        speeds = [float(s) for s in text.split(",") if s.strip()]
+        check_speed_ratio(speeds)
+    except ValueError as err:
         raise argparse.ArgumentTypeError(
-            f"invalid --speeds {text!r}: expected comma-separated numbers like 16,8,8,4,4"
+            f"invalid --speeds {text!r:.60}: expected comma-separated finite positive numbers "
+            f"like 16,8,8,4,4 ({err})"
         ) from None
+    return speeds
+
+
+def _accuracy(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"invalid --target-accuracy {text!r:.40}: expected a fraction in (0, 1], e.g. 0.9"
+        )
+    return value
+
+
+def _fl_cost_model(text: str) -> str:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if (
+        len(values) != 2
+        or not all(math.isfinite(v) for v in values)
+        or not values[0] > 0
+        or values[1] < 0
+    ):
+        raise argparse.ArgumentTypeError(
+            f"invalid --cost-model {text!r:.60}: expected two numbers M,B (seconds per sample "
+            "> 0 and per step >= 0), e.g. 0.0004,0.002"
+        )
+    return text
+
+
+def _schedules(text: str) -> str:
+    from .runs.config import check_schedule_order
+
+    try:
+        for schedule in text.split(";"):
+            check_schedule_order(schedule)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"invalid --slowdown-schedules: {err}") from None
+    return text
 
 
 def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
@@ -106,6 +154,15 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
         "from there (default: no checkpoints)",
     )
     parser.add_argument(
+        "--checkpoint-key",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="sign the checkpoints with an HMAC under the key in FILE (from `fl-lbbsp keys "
+        "checkpoint`, mode 0600), so that an edited checkpoint is refused (default: a "
+        "digest, which detects damage, not edits)",
+    )
+    parser.add_argument(
         "--quiet",
         action="store_true",
         help="only print the summary (no progress display, no per-round lines)",
@@ -165,12 +222,13 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--target-accuracy",
-        type=float,
+        type=_accuracy,
         default=None,
         help="accuracy for 'time to target' (default: 90%% of the lower best accuracy)",
     )
     parser.add_argument(
         "--slowdown-schedules",
+        type=_schedules,
         default=None,
         help="further slowdown per silo over rounds, ';'-separated, e.g. "
         "'1:1,10:2,20:1;1;1;1;1' halves silo 0's capacity in rounds 10-19 (default: none)",
@@ -188,6 +246,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cost-model",
+        type=_fl_cost_model,
         default=None,
         metavar="M,B",
         help="emulated step time of the fastest silo, seconds per sample and per step: "
@@ -199,6 +258,14 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="run the silos in this process one after the other, without Ray",
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder")
+
+
+def _checkpoint_key(args: argparse.Namespace) -> int:
+    from .strategies.checkpoint import write_checkpoint_key
+
+    path = write_checkpoint_key(args.out, overwrite=args.force)
+    print(f"checkpoint key (give to the server only, --checkpoint-key): {path}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="each silo's declared dataset size, comma-separated (default: none declared)",
     )
     silos.add_argument("--force", action="store_true", help="replace existing key files")
+    checkpoint = keys_sub.add_parser(
+        "checkpoint",
+        help="write a checkpoint key (256 random bits, mode 0600) for --checkpoint-key",
+    )
+    checkpoint.add_argument("--out", type=Path, required=True, help="the key file")
+    checkpoint.add_argument("--force", action="store_true", help="replace an existing key")
     return parser
 
 
@@ -271,12 +344,12 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _silo_keys(args: argparse.Namespace) -> int:
-    from .core.identity import write_silo_keys
+    from .core.identity import check_silo_id, write_silo_keys
 
     if (args.silos is None) == (args.ids is None):
         raise ValueError("give the silos with exactly one of --silos N and --ids A,B,...")
     if args.ids is not None:
-        ids = [s.strip() for s in args.ids.split(",") if s.strip()]
+        ids = [check_silo_id(s.strip(), what="--ids entry") for s in args.ids.split(",")]
     elif args.silos <= 0:
         raise ValueError(f"--silos must be positive, got {args.silos}")
     else:
@@ -353,7 +426,7 @@ def _add_cluster_parser(sub: Any) -> None:
     )
     cluster.add_argument(
         "--target-accuracy",
-        type=float,
+        type=_accuracy,
         default=None,
         help="accuracy for 'iterations to target' (default: 95%% of BSP's final accuracy)",
     )
@@ -388,10 +461,14 @@ def _run_cluster(args: argparse.Namespace) -> int:
             parallel=args.parallel,
             out=args.out,
             checkpoint_dir=args.checkpoint_dir,
+            checkpoint_key=args.checkpoint_key,
             encrypt=args.encrypt,
         )
         for scheme in schemes
     }
+    first = next(iter(configs.values()))
+    _check_outputs(args, first.out)
+    _check_batch_size(first)
     events: dict[str, list[dict[str, Any]]] = {}
     for scheme, config in configs.items():
         with _progress(args, config.telemetry_path(), config.iterations, scheme, "iteration"):
@@ -456,8 +533,8 @@ def _add_deploy_local(sub: Any) -> None:
         default=None,
         help="signed replies: give each SuperNode its signing-key KEYDIR/silo-<id>.key "
         "from `fl-lbbsp keys silos --ids silo-0,silo-1,...` and the app run config "
-        "silo-registry=KEYDIR/registry.json; `auto`: generate them in WORKDIR/silo-keys "
-        "(default: unsigned replies)",
+        "silo-registry=KEYDIR/registry.json; `auto`: generate them in WORKDIR/silo-keys; "
+        "`none`: unsigned replies (default: auto with TLS, none with --insecure)",
     )
     deploy.add_argument(
         "--no-warm-worker",
@@ -492,7 +569,29 @@ def _add_deploy_local(sub: Any) -> None:
     )
 
 
+def _silo_registry(args: argparse.Namespace) -> str | None:
+    """``--silo-registry`` as the federation takes it: signed replies by default with TLS
+    (``auto``), unless ``none``; with ``--app``, the default only for an app that declares
+    the ``silo-registry`` setting (one notice otherwise: its replies stay unsigned)."""
+    from .runs.deploy import AUTO_SILO_KEYS, app_declares
+
+    given = args.silo_registry
+    if given is not None:
+        return None if str(given).lower() == "none" else str(given)
+    if args.insecure:
+        return None
+    if args.app is not None and not app_declares(args.app, "silo-registry"):
+        print(
+            f"fl-lbbsp: note: {args.app} declares no silo-registry setting, so its replies "
+            "cannot be signed; silo identities are unverified",
+            file=sys.stderr,
+        )
+        return None
+    return AUTO_SILO_KEYS
+
+
 def _deploy_federation(args: argparse.Namespace) -> Any:
+    from .runs.config import writable_dir_problem
     from .runs.deploy import LocalFederation, slowdowns_from_speeds
 
     if args.silos <= 0:
@@ -501,6 +600,9 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
         raise ValueError(
             f"--speeds lists {len(args.speeds)} values but there are {args.silos} silos"
         )
+    problem = writable_dir_problem(args.workdir)
+    if problem is not None:
+        raise ValueError(f"--workdir: {problem}")
     return LocalFederation(
         args.workdir,
         num_silos=args.silos,
@@ -508,7 +610,7 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
         insecure=args.insecure,
         node_auth=not (args.insecure or args.no_node_auth),
         serialize_compute=not args.parallel_compute,
-        silo_registry=args.silo_registry,
+        silo_registry=_silo_registry(args),
         warm_workers=not args.no_warm_worker,
     )
 
@@ -538,6 +640,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         out=out,
         encrypt=args.encrypt,
         checkpoint_dir=args.checkpoint_dir,
+        checkpoint_key=args.checkpoint_key,
         slowdown_schedules=None
         if args.slowdown_schedules is None
         else tuple(args.slowdown_schedules.split(";")),
@@ -547,6 +650,66 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         runtime="inprocess" if args.in_process else "ray",
         silo_registry=args.silo_registry,
     )
+
+
+def _check_outputs(args: argparse.Namespace, out: Path) -> None:
+    """Refuse, in one line, output folders that cannot be written (``--out``, ``--json``'s
+    folder, ``--checkpoint-dir``) and a checkpoint key that cannot be used, before any
+    data is loaded."""
+    from .runs.config import writable_dir_problem
+
+    folders = [("--out", out), ("--checkpoint-dir", args.checkpoint_dir)]
+    if args.json is not None:
+        folders.append(("--json", args.json.parent))
+    for flag, folder in folders:
+        problem = None if folder is None else writable_dir_problem(folder)
+        if problem is not None:
+            _fail(f"{flag}: {problem}")
+    if args.checkpoint_key is not None:
+        from .strategies.checkpoint import CheckpointError, load_checkpoint_key
+
+        if args.checkpoint_dir is None:
+            _fail("--checkpoint-key: only with --checkpoint-dir")
+        try:
+            load_checkpoint_key(args.checkpoint_key)
+        except CheckpointError as err:
+            _fail(f"--checkpoint-key: {err}")
+
+
+def _check_batch_size(config: Any) -> None:
+    """Refuse, in one line, a B_init over every machine's dataset or whose total batch
+    would not fit in this machine's memory (:func:`~fl_lbbsp.runs.config.batch_size_problem`).
+    Data that cannot be loaded or split is left to the run, which reports it."""
+    from .clients.app import SiloSetup, silo_data
+    from .models import build_model
+    from .runs.config import activation_bytes, batch_size_problem, memory_available
+
+    machines = int(config.size)
+    try:
+        if hasattr(config, "silo_setup"):
+            setup = config.silo_setup()
+            data = [silo_data(setup, i) for i in range(machines)]
+            largest = max(len(d) for d in data)
+        else:  # a cluster: workers draw from the whole training split or a shard of it
+            whole = silo_data(SiloSetup(dataset=config.dataset, seed=config.seed, num_silos=1), 0)
+            data = [whole]
+            largest = len(whole) if config.data == "full" else -(-len(whole) // machines)
+        model = build_model(
+            config.model, input_shape=data[0].input_shape, num_classes=data[0].num_classes
+        )
+        sample_bytes = activation_bytes(model, data[0].input_shape)
+    except Exception:  # noqa: BLE001 - the run itself reports data it cannot load
+        return
+    problem = batch_size_problem(
+        config.batch_size,
+        machines=machines,
+        largest_dataset=largest,
+        sample_bytes=sample_bytes,
+        available=memory_available(),
+        unit=config.unit,
+    )
+    if problem is not None:
+        _fail(problem)
 
 
 def _dataset(args: argparse.Namespace) -> str:
@@ -663,6 +826,8 @@ def _run(args: argparse.Namespace) -> int:
         schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     out = args.out or Path("runs") / args.command
     configs = {scheme: _config(args, scheme, out) for scheme in schemes}  # validate all first
+    _check_outputs(args, out)
+    _check_batch_size(next(iter(configs.values())))
     events: dict[str, Sequence[dict[str, Any]]] = {}
     for scheme, config in configs.items():
         with _progress(args, config.telemetry_path(), config.rounds, scheme):
@@ -698,7 +863,24 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``fl-lbbsp`` console script."""
+    """Entry point of the ``fl-lbbsp`` console script.
+
+    Every refused input (a bad flag, a file or folder that cannot be used, an invalid
+    checkpoint, key or registry) ends with one line on stderr and exit code 2; a run that
+    produced no model with exit code 1; never with a Python traceback.
+    """
+    try:
+        return _main(argv)
+    except OSError as err:  # a file or folder the system refused, wherever it surfaced
+        _fail(_os_message(err))
+
+
+def _os_message(err: OSError) -> str:
+    where = f"{err.filename}: " if err.filename is not None else ""
+    return f"{where}{err.strerror or err}"
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "deploy-local":
@@ -730,8 +912,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     _setup_logging(getattr(args, "quiet", False), getattr(args, "verbose", False))
     if args.command == "keys":
+        commands = {"silos": _silo_keys, "generate": _generate_keys, "checkpoint": _checkpoint_key}
         try:
-            return _silo_keys(args) if args.keys_command == "silos" else _generate_keys(args)
+            return commands[args.keys_command](args)
         except ValidationError as err:
             parser.error(_validation_message(err))
         except FileExistsError as err:

@@ -190,20 +190,80 @@ def test_resume_point_bounds_the_federation_with_the_configured_size(tmp_path) -
         resume_point(strategy, max_silos=2)
 
 
-def test_a_model_of_other_shapes_is_refused() -> None:
+def _model(**arrays: np.ndarray) -> ArrayRecord:
+    return ArrayRecord({name: Array(value) for name, value in arrays.items()})
+
+
+MODEL = {"w": np.full((3, 4), 0.5, dtype=np.float32), "b": np.zeros(4, dtype=np.float32)}
+
+
+@pytest.mark.parametrize(
+    ("arrays", "encrypted", "message"),
+    [
+        pytest.param({**MODEL, "w": np.zeros((30, 4), np.float32)}, False,
+                     r"arrays\.w: shape \[30, 4\]", id="other-shape"),
+        pytest.param({"x": MODEL["w"], "b": MODEL["b"]}, False, "not the model's", id="renamed"),
+        pytest.param({"b": MODEL["b"], "w": MODEL["w"]}, False, "not the model's", id="reordered"),
+        pytest.param({**MODEL, "w": MODEL["w"].astype(np.float64)}, False, "dtype float64",
+                     id="other-dtype"),
+        pytest.param({**MODEL, "w": np.full((3, 4), np.nan, np.float32)}, False,
+                     "NaN or infinite", id="nan"),
+        pytest.param({**MODEL, "w": np.full((3, 4), np.inf, np.float32)}, False,
+                     "NaN or infinite", id="inf"),
+        pytest.param({**MODEL, "w": np.full((3, 4), 1e30, np.float32)}, False, "L2 norm",
+                     id="1e30"),
+        pytest.param({"fl-lbbsp-encrypted": np.zeros(7, np.uint8)}, False, "plaintext",
+                     id="encrypted-for-plaintext"),
+        pytest.param({"fl-lbbsp-encrypted": np.zeros(7, np.uint8)}, True,
+                     "not a readable encrypted model", id="garbage-ciphertext"),
+    ],
+)  # fmt: skip
+def test_a_model_the_strategy_cannot_start_from_is_refused(
+    arrays: dict[str, np.ndarray], encrypted: bool, message: str
+) -> None:
     # Prepare
-    checkpoint = Checkpoint(
-        2, ArrayRecord({"w": Array(np.zeros((3, 4), dtype=np.float32))}), {}, {}, {}, None
-    )
-    same = ArrayRecord({"w": Array(np.zeros((3, 4), dtype=np.float32))})
-    other = ArrayRecord({"w": Array(np.zeros((30, 4), dtype=np.float32))})
-    encrypted = ArrayRecord({"ciphertext": Array(np.zeros(7, dtype=np.uint8))})
+    from fl_lbbsp.contract import ENCRYPTED_HEADER
+
+    arrays = {ENCRYPTED_HEADER if k == "fl-lbbsp-encrypted" else k: v for k, v in arrays.items()}
+    checkpoint = Checkpoint(2, _model(**arrays), {}, {}, {}, Path("ckpt"))
+
+    # Execute / Assert: one line naming the field
+    with pytest.raises(CheckpointInvalidError, match=message) as info:
+        check_arrays(checkpoint, _model(**MODEL), encrypted=encrypted)
+    assert "\n" not in str(info.value) and info.value.field.startswith("arrays")
+
+
+def test_a_trained_model_of_the_layout_passes() -> None:
+    # Prepare: ten times the initial model, well within the bound
+    trained = _model(w=MODEL["w"] * 10, b=MODEL["b"] + 3)
+    checkpoint = Checkpoint(2, trained, {}, {}, {}, Path("ckpt"))
+
+    # Execute / Assert: no exception
+    check_arrays(checkpoint, _model(**MODEL))
+
+
+@pytest.mark.parametrize(
+    ("records", "message"),
+    [
+        pytest.param({"optimizer": {"00000": np.full((3, 4), np.nan, np.float32),
+                                    "00001": np.zeros(4, np.float32)}},
+                     "records.optimizer.00000: holds NaN", id="momentum-nan"),
+        pytest.param({"optimizer": {"00000": np.zeros((2, 2), np.float32)}},
+                     "momentum buffers not of the model's shapes", id="momentum-shape"),
+        pytest.param({"other": {"x": np.full(2, np.inf, np.float32)}}, "records.other.x",
+                     id="other-inf"),
+    ],
+)  # fmt: skip
+def test_array_state_the_strategy_cannot_take_is_refused(
+    records: dict[str, dict[str, np.ndarray]], message: str
+) -> None:
+    # Prepare
+    state = {name: _model(**arrays) for name, arrays in records.items()}
+    checkpoint = Checkpoint(2, _model(**MODEL), {}, {}, state, Path("ckpt"))
 
     # Execute / Assert
-    check_arrays(checkpoint, same)
-    check_arrays(checkpoint, encrypted)  # other names: not compared
-    with pytest.raises(CheckpointInvalidError, match=r"arrays\.w: shape \[3, 4\]"):
-        check_arrays(checkpoint, other)
+    with pytest.raises(CheckpointInvalidError, match=message):
+        check_arrays(checkpoint, _model(**MODEL))
 
 
 def test_cli_refuses_an_edited_checkpoint_with_one_line_and_exit_2(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -41,7 +41,8 @@ def _node_config(fed: LocalFederation, index: int) -> dict[str, Any]:
 
 def _verifies(registry: Path, key_file: str, silo: str) -> bool:
     fields: dict[str, Any] = {
-        "run_id": 1, "server_round": 1, "silo": silo, "metrics": {}, "arrays": []
+        "run_id": 1, "server_round": 1, "instruction": "m", "silo": silo, "metrics": {},
+        "arrays": [],
     }  # fmt: skip
     try:
         load_registry(registry).verify(sign_reply(load_signing_key(key_file), **fields), **fields)

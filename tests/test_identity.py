@@ -71,6 +71,7 @@ def _reply(
             key,
             run_id=run_id,
             server_round=server_round,
+            instruction=None,  # the strategy's messages here were never pushed: no ids
             silo=silo,
             metrics=metrics,
             arrays=signed_arrays(arrays),
@@ -216,8 +217,8 @@ def test_the_registry_file_of_keys_silos_verifies_what_the_key_files_sign(
     assert sorted(registry.keys) == ["0", "1", "2"]
     assert dict(registry.dataset_sizes) == {"0": 600, "1": 450, "2": 300}
     assert (tmp_path / "silo-1.key").stat().st_mode & 0o777 == 0o600
-    fields: dict[str, Any] = {"run_id": 4, "server_round": 2, "silo": "1", "metrics": {"x": 1},
-                              "arrays": [("w", b"abc")]}  # fmt: skip
+    fields: dict[str, Any] = {"run_id": 4, "server_round": 2, "instruction": "m1", "silo": "1",
+                              "metrics": {"x": 1}, "arrays": [("w", b"abc")]}  # fmt: skip
     registry.verify(sign_reply(load_signing_key(tmp_path / "silo-1.key"), **fields), **fields)
     with pytest.raises(ValueError, match="bad signature"):
         registry.verify(sign_reply(load_signing_key(tmp_path / "silo-2.key"), **fields), **fields)
@@ -277,9 +278,11 @@ def test_signed_bytes_cover_every_field() -> None:
     # Prepare
     arrays = [("w", b"\x00\x01")]
     base: dict[str, Any] = {
-        "run_id": 1, "server_round": 1, "silo": "a", "metrics": {"n": 1, "t": 0.5}, "arrays": arrays
+        "run_id": 1, "server_round": 1, "instruction": "m1", "silo": "a",
+        "metrics": {"n": 1, "t": 0.5}, "arrays": arrays,
     }  # fmt: skip
-    changes = [{"run_id": 2}, {"server_round": 2}, {"silo": "b"}, {"metrics": {"n": 2, "t": 0.5}},
+    changes = [{"run_id": 2}, {"server_round": 2}, {"instruction": "m2"}, {"instruction": None},
+               {"silo": "b"}, {"metrics": {"n": 2, "t": 0.5}},
                {"arrays": [("w", b"\x00\x02")]}, {"arrays": [("v", b"\x00\x01")]}]  # fmt: skip
 
     # Execute

@@ -65,6 +65,7 @@ def _signed_reply(
         key,
         run_id=1,
         server_round=1,
+        instruction=None,  # the strategy's messages here were never pushed: no ids
         silo=silo,
         metrics=metrics,
         arrays=signed_arrays(arrays if signed_arrays_of is None else signed_arrays_of),

@@ -281,7 +281,7 @@ def train_reply(
         The silo's id.
     signing_key : str | None (default: None)
         The silo's key file (or key folder): the reply is signed over the message's run,
-        its ``server-round``, the silo id, the metrics and the arrays.
+        its ``server-round``, its message id, the silo id, the metrics and the arrays.
     notes : Mapping[str, str] | None (default: None)
         More entries of the ``silo`` ConfigRecord (``model-refused``).
     """
@@ -292,6 +292,7 @@ def train_reply(
             _signing_key(signing_key, silo_id),
             run_id=msg.metadata.run_id,
             server_round=read_int(config, keys.server_round, 1),
+            instruction=msg.metadata.message_id or None,
             silo=silo_id,
             metrics=metrics,
             arrays=signed_arrays(arrays),

@@ -3,11 +3,20 @@ signature every reply carries (``cryptography`` only: no Flower, no TenSEAL).
 
 Each silo holds a private signing key; the server holds a registry mapping each silo id to
 its public key (and, optionally, the dataset size the silo declared when it was enrolled).
-A silo signs :func:`signed_bytes` of each reply: the run, the round, its silo id, its
-metrics as canonical JSON and the sha256 digest of every array's bytes in order (for an
-encrypted update, of every ciphertext chunk and its header). The server checks the
-signature with :meth:`SiloRegistry.verify` before it trusts anything in the reply, so an
-impostor, an edited reply or a reply replayed from another round or run is rejected.
+A silo signs :func:`signed_bytes` of each reply: the run, the round, the id of the
+instruction (the train message) it answers, its silo id, its metrics as canonical JSON and
+the sha256 digest of every array's bytes in order (for an encrypted update, of every
+ciphertext chunk and its header). The server checks the signature with
+:meth:`SiloRegistry.verify`, over the id of the message it sent to the node the reply came
+from, before it trusts anything in the reply, so an impostor, an edited reply, a reply
+replayed from another round or run, and a reply another node replays in the same round
+(it answers another instruction) are rejected. A signature proves who sent a reply, not
+that its contents are sound: a registered silo signs whatever it sends.
+
+Silo ids follow one rule everywhere (:data:`SILO_ID_PATTERN`, :func:`check_silo_id`): 1 to
+128 characters of ``A-Z a-z 0-9 _ . -``, so that an id is safe in a file name, a log line
+and a telemetry record. Private key files must not be readable by group or others
+(:func:`check_private_file`, as ssh does).
 
 ``fl-lbbsp keys silos`` writes the key files and the registry (:func:`write_silo_keys`).
 """
@@ -21,6 +30,8 @@ import json
 import math
 import numbers
 import os
+import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,10 +48,14 @@ from .screening import InvalidReplyError
 
 __all__ = [
     "REGISTRY_FILE",
+    "SILO_ID_PATTERN",
     "IdentityError",
     "SiloRegistry",
     "SiloKeyFiles",
+    "check_private_file",
+    "check_silo_id",
     "check_silo_keys",
+    "instruction_of",
     "key_file_name",
     "load_registry",
     "load_signing_key",
@@ -54,16 +69,86 @@ __all__ = [
 REGISTRY_FILE = "registry.json"
 """Name of the registry ``fl-lbbsp keys silos`` writes beside the silos' key files."""
 
-_TAG = b"fl-lbbsp reply signature v1\n"  # domain separation: these bytes sign nothing else
+_TAG = b"fl-lbbsp reply signature v2\n"  # domain separation: these bytes sign nothing else
+
+SILO_ID_PATTERN = r"[A-Za-z0-9_.-]{1,128}"
+"""What a silo id may be: 1 to 128 letters, digits, ``_``, ``.`` and ``-``."""
+
+_SILO_ID = re.compile(SILO_ID_PATTERN)
 
 
 class IdentityError(ValueError):
     """A key file or registry that cannot be used; the message names the file and why."""
 
 
+def check_silo_id(silo: object, *, what: str = "silo id") -> str:
+    """``silo`` if it is a valid silo id (:data:`SILO_ID_PATTERN`).
+
+    Parameters
+    ----------
+    silo : object
+        The id (a string; an integer is taken as its decimal text).
+    what : str (default: "silo id")
+        How the id is named in the message (``--ids``, ``node config silo-id``, ...).
+
+    Returns
+    -------
+    str
+        The id.
+
+    Raises
+    ------
+    IdentityError
+        One line quoting at most the id's first 40 characters: ids are 1 to 128
+        characters of ``A-Z a-z 0-9 _ . -`` (no path separators, spaces or control
+        characters).
+    """
+    if isinstance(silo, int) and not isinstance(silo, bool):
+        silo = str(silo)
+    if not isinstance(silo, str) or _SILO_ID.fullmatch(silo) is None:
+        shown = repr(silo)[:40] + ("..." if len(repr(silo)) > 40 else "")
+        length = f" of {len(silo)} characters" if isinstance(silo, str) else ""
+        raise IdentityError(
+            f"{what} {shown}{length} is not a valid silo id: use 1 to 128 characters "
+            "of A-Z a-z 0-9 _ . -"
+        )
+    return silo
+
+
 def key_file_name(silo: str) -> str:
-    """The file name of silo ``silo``'s private key in a key folder: ``silo-<id>.key``."""
-    return f"silo-{silo}.key"
+    """The file name of silo ``silo``'s private key in a key folder: ``silo-<id>.key``.
+
+    Raises
+    ------
+    IdentityError
+        If ``silo`` is not a valid silo id (:func:`check_silo_id`).
+    """
+    return f"silo-{check_silo_id(silo)}.key"
+
+
+def check_private_file(path: str | Path) -> None:
+    """Refuse a private key file that group or others may access, as ssh does.
+
+    Only checked on POSIX systems and for files owned by this user (a file owned by
+    another user, e.g. root, is that user's to protect).
+
+    Raises
+    ------
+    IdentityError
+        One line with the file's permissions and the fix (``chmod 600 <path>``).
+    """
+    if os.name != "posix":  # pragma: no cover - permissions as ssh reads them are POSIX
+        return
+    try:
+        info = os.stat(path)
+    except OSError:
+        return  # the reader reports a missing or unreadable file itself
+    if info.st_uid == os.getuid() and info.st_mode & 0o077:
+        mode = stat.S_IMODE(info.st_mode)
+        raise IdentityError(
+            f"{path}: permissions {mode:04o} are too open: this private key file must not "
+            f"be accessible by group or others; run: chmod 600 {path}"
+        )
 
 
 def write_file(path: Path, data: bytes, *, mode: int) -> None:
@@ -83,6 +168,7 @@ def signed_bytes(
     *,
     run_id: int,
     server_round: int,
+    instruction: str | None,
     silo: str,
     metrics: Mapping[str, Any],
     arrays: Iterable[tuple[str, bytes]],
@@ -95,6 +181,12 @@ def signed_bytes(
         The Flower run the reply belongs to.
     server_round : int
         The round it answers.
+    instruction : str | None
+        The message id of the instruction (train message) it answers: the silo signs the
+        id of the message it received, the server verifies with the id of the message it
+        sent to the node the reply came from, so another node cannot pass the reply off
+        as its own in the same round. ``None``: no message id is known (a grid that
+        assigns none); both sides must agree.
     silo : str
         The silo id it claims.
     metrics : Mapping[str, Any]
@@ -112,6 +204,7 @@ def signed_bytes(
     body = {
         "run": int(run_id),
         "round": int(server_round),
+        "instruction": None if instruction is None else str(instruction),
         "silo": str(silo),
         "metrics": {str(k): _plain(v) for k, v in metrics.items()},
         "arrays": [[str(name), _digest(data)] for name, data in arrays],
@@ -141,8 +234,19 @@ def signed_arrays(record: Mapping[str, Any]) -> list[tuple[str, bytes]]:
 
 
 def sign_reply(key: Ed25519PrivateKey, **fields: Any) -> str:
-    """The base64 Ed25519 signature of :func:`signed_bytes` of ``fields``."""
+    """The base64 Ed25519 signature of :func:`signed_bytes` of ``fields`` (``run_id``,
+    ``server_round``, ``instruction``, ``silo``, ``metrics``, ``arrays``)."""
     return base64.b64encode(key.sign(signed_bytes(**fields))).decode()
+
+
+def instruction_of(sent: Iterable[Any], node: object) -> str | None:
+    """The message id of the instruction among ``sent`` (Flower messages) addressed to
+    ``node``, what a reply from ``node`` must have signed; ``None`` if none was sent to
+    it or its message has no id yet."""
+    for msg in sent:
+        if msg.metadata.dst_node_id == node:
+            return str(msg.metadata.message_id) or None
+    return None
 
 
 @dataclass(frozen=True)
@@ -174,17 +278,21 @@ class SiloRegistry:
         signature : object
             The signature the reply carries (base64 text); ``None``: unsigned.
         **fields :
-            ``run_id``, ``server_round``, ``silo``, ``metrics``, ``arrays`` as the server
-            knows them (its own run and round, the claimed silo, what it received).
+            ``run_id``, ``server_round``, ``instruction``, ``silo``, ``metrics``,
+            ``arrays`` as the server knows them (its own run and round, the id of the
+            message it sent to the replying node, the claimed silo, what it received).
 
         Raises
         ------
         InvalidReplyError
             The silo is not registered, the reply is unsigned, or the signature is not
             that of the silo's key over these fields (forged, edited, another silo's, or
-            made for another round or run).
+            made for another round, run or instruction).
         """
-        silo = str(fields["silo"])
+        try:
+            silo = check_silo_id(fields["silo"])
+        except IdentityError as err:
+            raise InvalidReplyError(str(err)) from None
         public = self.keys.get(silo)
         if public is None:
             raise InvalidReplyError(f"silo {silo} is not in the silo registry")
@@ -203,8 +311,8 @@ class SiloRegistry:
         except InvalidSignature:
             raise InvalidReplyError(
                 f"bad signature: not silo {silo}'s over this reply, run "
-                f"{fields['run_id']} and round {fields['server_round']} (forged, edited or "
-                "replayed)"
+                f"{fields['run_id']}, round {fields['server_round']} and the instruction "
+                "sent to this node (forged, edited or replayed)"
             ) from None
 
     def to_json(self) -> dict[str, Any]:
@@ -237,8 +345,9 @@ def load_registry(source: str | Path | Mapping[str, Any] | SiloRegistry) -> Silo
     Raises
     ------
     IdentityError
-        The file is missing or unreadable, or an entry is not a PEM Ed25519 public key
-        or has a dataset size that is not a positive integer.
+        The file is missing or unreadable, or an entry has an invalid silo id
+        (:func:`check_silo_id`), is not a PEM Ed25519 public key or has a dataset size
+        that is not a positive integer.
     """
     if isinstance(source, SiloRegistry):
         return source
@@ -259,6 +368,10 @@ def load_registry(source: str | Path | Mapping[str, Any] | SiloRegistry) -> Silo
     keys: dict[str, Ed25519PublicKey] = {}
     sizes: dict[str, int] = {}
     for silo, entry in silos.items():
+        try:
+            check_silo_id(silo, what="silo")
+        except IdentityError as err:
+            raise IdentityError(f"{name}: {err}") from None
         if isinstance(entry, Ed25519PublicKey):
             keys[str(silo)] = entry
             continue
@@ -287,8 +400,10 @@ def load_signing_key(path: str | Path) -> Ed25519PrivateKey:
     Raises
     ------
     IdentityError
-        The file is missing, unreadable or not an unencrypted Ed25519 private key.
+        The file is missing, unreadable, accessible by group or others
+        (:func:`check_private_file`) or not an unencrypted Ed25519 private key.
     """
+    check_private_file(path)
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as err:
@@ -351,9 +466,12 @@ def write_silo_keys(
     Raises
     ------
     ValueError
-        No silo, a repeated id, or dataset sizes that do not match the silos or are not
+        No silo, a repeated or invalid id (:func:`check_silo_id`, an
+        :class:`IdentityError`), or dataset sizes that do not match the silos or are not
         positive.
     """
+    for silo in silos:
+        check_silo_id(silo)
     if not silos or len(set(silos)) != len(silos):
         raise ValueError(f"silo ids must be distinct and at least one, got {list(silos)}")
     if dataset_sizes is not None and (

@@ -24,7 +24,7 @@ from typing import Any
 
 import tenseal as ts
 
-from ..core.identity import write_file
+from ..core.identity import IdentityError, check_private_file, write_file
 from .config import CKKSConfig
 
 __all__ = [
@@ -198,13 +198,24 @@ def load_keys(
     Raises
     ------
     KeyFileError
-        If the file is not a key file, holds the wrong kind of context, or its key does
-        not match its header or ``fingerprint``.
+        If the file is not a key file, holds the wrong kind of context, its key does
+        not match its header or ``fingerprint``, or it holds the secret key and is
+        accessible by group or others (as ssh refuses such a private key; the message
+        gives the ``chmod 600`` fix).
     """
     file = Path(path)
     if not file.is_file():
         raise KeyFileError(f"key file {file} does not exist")
-    keys = _from_bytes(file.read_bytes(), expect_private=private, source=str(file))
+    try:
+        data = file.read_bytes()
+    except OSError as err:
+        raise KeyFileError(f"key file {file} cannot be read ({err.strerror})") from None
+    keys = _from_bytes(data, expect_private=private, source=str(file))
+    if keys.is_private:
+        try:
+            check_private_file(file)
+        except IdentityError as err:
+            raise KeyFileError(str(err)) from None
     if fingerprint is not None and fingerprint.strip() != keys.fingerprint:
         raise KeyFileError(
             f"{file} holds key {keys.fingerprint[:16]}..., expected {fingerprint.strip()[:16]}..."

@@ -1,8 +1,12 @@
 """The settings FL runs (:class:`~fl_lbbsp.runs.fl.SimulationConfig`) and cluster runs
-(:class:`~fl_lbbsp.runs.cluster.ClusterConfig`) share, validated once."""
+(:class:`~fl_lbbsp.runs.cluster.ClusterConfig`) share, validated once, and the bounds a
+run's inputs are checked against before anything starts (speed ratios, ordered slowdown
+schedules, the batch size against the data and this machine's memory)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -13,7 +17,151 @@ from ..core.estimators import ESTIMATORS, make_estimator
 from ..datasets import SourceSpec
 from ..models import ModelName
 
-__all__ = ["RunSettings", "check_estimator_name", "check_estimator_options"]
+__all__ = [
+    "MAX_SPEED_RATIO",
+    "RunSettings",
+    "activation_bytes",
+    "batch_size_problem",
+    "check_estimator_name",
+    "check_estimator_options",
+    "check_schedule_order",
+    "check_speed_ratio",
+    "memory_available",
+    "writable_dir_problem",
+]
+
+MAX_SPEED_RATIO = 1e6
+"""Largest ratio between the fastest and the slowest emulated capacity (``--speeds``): a
+silo a million times slower than another waits out a million times its compute."""
+
+
+def check_speed_ratio(speeds: Sequence[float] | None) -> None:
+    """ValueError unless every speed is finite and positive and the fastest is at most
+    :data:`MAX_SPEED_RATIO` times the slowest."""
+    if not speeds:
+        return
+    if not all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in speeds):
+        raise ValueError(f"speeds must be finite and positive, got {list(speeds)}"[:200])
+    ratio = max(speeds) / min(speeds)
+    if not ratio <= MAX_SPEED_RATIO:
+        raise ValueError(
+            f"speeds {max(speeds):g} and {min(speeds):g} are {ratio:.3g} times apart, over "
+            f"the {MAX_SPEED_RATIO:g} the emulation allows"
+        )
+
+
+def check_schedule_order(text: str) -> None:
+    """ValueError unless a slowdown schedule ``"ROUND:K,ROUND:K"`` lists its rounds in
+    increasing order (``"5:2,3:1"`` would apply 2 from round 5 and then 1 again)."""
+    if ":" not in str(text):
+        return
+    rounds = []
+    for item in str(text).split(","):
+        head = item.split(":")[0].strip()
+        if head.lstrip("-").isdigit():
+            rounds.append(int(head))
+    if any(b <= a for a, b in zip(rounds, rounds[1:], strict=False)):
+        raise ValueError(
+            f"slowdown schedule {text!r:.60} lists its rounds out of order {rounds[:8]}: "
+            "give them in increasing order, e.g. '1:1,10:2,20:1'"
+        )
+
+
+def activation_bytes(model: Any, input_shape: Sequence[int]) -> int:
+    """Estimated bytes one training sample takes through ``model`` (a torch module):
+    its input and every module's output in float32, three times (activations kept for
+    the backward pass, their gradients, and the framework's working copies)."""
+    import torch
+
+    numel = [math.prod(input_shape)]
+
+    def count(module: Any, inputs: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            numel.append(output.numel())
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    hooks = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with torch.no_grad():
+            model(torch.zeros((1, *input_shape)))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return 3 * 4 * sum(numel)
+
+
+def memory_available() -> int:
+    """Bytes of memory this machine has available now (psutil)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def batch_size_problem(
+    batch_size: int,
+    *,
+    machines: int,
+    largest_dataset: int | None,
+    sample_bytes: int | None,
+    available: int | None,
+    unit: str = "silos",
+) -> str | None:
+    """Why ``batch_size`` (B_init) cannot be run, or ``None``.
+
+    Parameters
+    ----------
+    batch_size : int
+        B_init.
+    machines : int
+        Silos or workers: the federation's total batch is ``machines * batch_size``, and
+        the balancer may hand most of it to one of them.
+    largest_dataset : int | None
+        The largest machine's dataset size: a batch above it repeats every machine's
+        samples within every step. ``None``: not checked.
+    sample_bytes : int | None
+        Estimated bytes one training sample takes (:func:`activation_bytes`).
+    available : int | None
+        Bytes of memory available (:func:`memory_available`); the federation's total
+        batch must fit, since the machines computing at once never hold more than it.
+    unit : str (default: "silos")
+        What the machines are called.
+    """
+    if largest_dataset is not None and batch_size > largest_dataset:
+        return (
+            f"--batch-size {batch_size} is over every {unit[:-1]}'s dataset (the largest "
+            f"holds {largest_dataset} examples): use at most {largest_dataset}"
+        )
+    if sample_bytes is not None and available is not None:
+        need = machines * batch_size * sample_bytes
+        if need > available:
+            top = max(1, available // (machines * sample_bytes))
+            return (
+                f"--batch-size {batch_size}: the total batch of {machines} {unit} "
+                f"({machines * batch_size} samples) needs about {need / 2**30:.3g} GiB for "
+                f"the model's activations, over the {available / 2**30:.3g} GiB available: "
+                f"use at most {top}"
+            )
+    return None
+
+
+def writable_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be (created as) a writable folder, or ``None``: it is a file,
+    or its first existing ancestor is not a writable folder."""
+    import os
+
+    target = Path(path)
+    if target.exists():
+        if not target.is_dir():
+            return f"{target} is a file, not a folder"
+        return None if os.access(target, os.W_OK | os.X_OK) else f"{target} is not writable"
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{target} cannot be created: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{target} cannot be created: {parent} is not writable"
+    return None
 
 
 def check_estimator_name(name: str) -> str:
@@ -74,6 +222,10 @@ class RunSettings(BaseModel):
     checkpoint_dir : Path | None (default: None)
         Checkpoint folder: the run checkpoints every round in ``checkpoint_dir/<scheme>``
         and a rerun resumes from there. ``None``: no checkpoints.
+    checkpoint_key : Path | None (default: None)
+        Checkpoint key file (``fl-lbbsp keys checkpoint``): checkpoints carry an
+        HMAC-SHA256 under it, so an edited one is refused. ``None``: a SHA-256 digest
+        (damage is detected, edits are not).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -97,6 +249,7 @@ class RunSettings(BaseModel):
     out: Path = Path("runs")
     encrypt: Path | None = None
     checkpoint_dir: Path | None = None
+    checkpoint_key: Path | None = None
 
     @field_validator("estimator")
     @classmethod
@@ -107,6 +260,7 @@ class RunSettings(BaseModel):
     def _shared_checks(self) -> RunSettings:
         check_estimator_options(self.estimator, self.alpha, self.estimator_options)
         check_speeds(self.speeds, self.size, self.unit)
+        check_speed_ratio(self.speeds)
         return self
 
     @property
@@ -121,8 +275,11 @@ class RunSettings(BaseModel):
 
     def strategy_settings(self) -> dict[str, Any]:
         """The strategy keywords every run sets alike: B_init, eta, the balancer, the
-        telemetry and checkpoint paths, and every machine in every round."""
+        telemetry and checkpoint paths (and key, when given), and every machine in every
+        round."""
+        key = {} if self.checkpoint_key is None else {"checkpoint_key": self.checkpoint_key}
         return {
+            **key,
             "initial_batch_size": self.batch_size,
             "lr": self.lr,
             "estimator": self.estimator,

@@ -70,6 +70,7 @@ import psutil
 from ..clients.emulation import slowdowns_from_speeds
 from ..core.identity import (
     REGISTRY_FILE,
+    check_silo_id,
     check_silo_keys,
     key_file_name,
     write_silo_keys,
@@ -89,6 +90,7 @@ __all__ = [
     "RunOutcome",
     "SiloNode",
     "TlsFiles",
+    "app_declares",
     "exit_code_for",
     "free_port",
     "generate_node_keys",
@@ -444,7 +446,8 @@ class LocalFederation:
         Emulated slowdown factor of each silo (k >= 1: the silo computes for t, waits
         (k - 1) t and reports k t). ``None``: 1 for every silo.
     silo_ids : sequence of str | None (default: None)
-        Stable ``silo-id`` of each silo. ``None``: ``silo-0``, ``silo-1``, ...
+        Stable ``silo-id`` of each silo (:data:`~fl_lbbsp.core.identity.SILO_ID_PATTERN`).
+        ``None``: ``silo-0``, ``silo-1``, ...
     insecure : bool (default: False)
         Run without TLS. By default a CA and a server certificate are generated in
         ``<workdir>/tls`` and every connection to the SuperLink is TLS.
@@ -511,6 +514,8 @@ class LocalFederation:
         if any(not (1.0 <= k < float("inf")) for k in slowdowns):
             raise ValueError(f"slowdowns must be finite and >= 1, got {list(slowdowns)}")
         ids = list(silo_ids) if silo_ids is not None else [f"silo-{i}" for i in range(num_silos)]
+        for silo in ids:
+            check_silo_id(silo)  # IdentityError (a ValueError): ids go into paths and logs
         if len(ids) != num_silos or len(set(ids)) != num_silos:
             raise ValueError(f"need {num_silos} distinct silo ids, got {ids}")
         self.workdir = Path(workdir).resolve()
@@ -1198,6 +1203,18 @@ class RunOutcome:
         status = self.status or "unknown (not readable from the SuperLink)"
         why = f"; {self.stopped}" if self.stopped else ""
         return f"{run} ended {status} after {self.seconds:.0f} s{why}"
+
+
+def app_declares(app: str | Path, key: str) -> bool:
+    """Whether the Flower app in folder ``app`` declares run-config ``key`` in its
+    ``pyproject.toml`` (``[tool.flwr.app.config]``); ``False`` if it cannot be read."""
+    try:
+        with (Path(app) / "pyproject.toml").open("rb") as handle:
+            project = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    config = project.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
+    return isinstance(config, dict) and key in config
 
 
 def read_run_config(path: str | Path) -> dict[str, str | int | float | bool]:

@@ -28,6 +28,7 @@ from ..strategies.checkpoint import (
     CheckpointError,
     CheckpointStore,
     check_checkpoint_dir,
+    restore,
     resume_point,
 )
 from ..telemetry import TelemetryWriter
@@ -37,6 +38,7 @@ __all__ = [
     "RUN_FILE",
     "central_evaluation",
     "check_key_files",
+    "initial_model",
     "prepare_run",
     "ray_init_args",
     "run_engine",
@@ -61,9 +63,7 @@ def start_rounds(
     test split, build the strategy (``make_strategy()``) and run it on ``grid`` for
     ``rounds`` rounds, evaluating the global model on the test split every ``every``
     rounds (encrypted runs: the silos or workers evaluate it); return the strategy."""
-    torch.manual_seed(config.seed)
-    test = test_data(SiloSetup(dataset=config.dataset, seed=config.seed))
-    model = build_model(config.model, input_shape=test.input_shape, num_classes=test.num_classes)
+    model, test = initial_model(config)
     strategy = make_strategy()
     strategy.start(
         grid=grid,
@@ -76,6 +76,14 @@ def start_rounds(
         else central_evaluation(strategy, model, test, every=every),
     )
     return strategy
+
+
+def initial_model(config: RunSettings) -> tuple[torch.nn.Module, ArrayDataset]:
+    """The run's initial model (torch seeded with the run's seed) and its test split."""
+    torch.manual_seed(config.seed)
+    test = test_data(SiloSetup(dataset=config.dataset, seed=config.seed))
+    model = build_model(config.model, input_shape=test.input_shape, num_classes=test.num_classes)
+    return model, test
 
 
 def central_evaluation(
@@ -117,7 +125,8 @@ RUN_FILE = "run.json"
 
 _NOT_RUN_SETTINGS = frozenset(
     {"out", "rounds", "iterations", "runtime", "parallel", "emulate_wait", "wait",
-     "checkpoint_dir", "encrypt", "eval_every", "time_dilation", "silo_registry"}
+     "checkpoint_dir", "checkpoint_key", "encrypt", "eval_every", "time_dilation",
+     "silo_registry"}
 )  # fmt: skip
 """Config fields a resumed run may change: where output goes, how long it runs and how
 the silos are scheduled, none of which changes a round's result."""
@@ -129,8 +138,10 @@ def prepare_run(config: RunSettings, strategy: LBBSPFedAvg) -> None:
     The data source loads; the key files (encrypted runs) load under one fingerprint;
     the checkpoint folder is a writable directory; a resume (a checkpoint in the folder)
     has the settings of the run that wrote it (:data:`RUN_FILE`: model, data, silos,
-    partition, seed, tau, eta, B_init, balancer, ...) and the telemetry of its earlier
-    rounds, copied from the first run's output folder when ``out`` changed.
+    partition, seed, tau, eta, B_init, balancer, ...), a valid state of at most the run's
+    silos and a model of the run's layout (:func:`~fl_lbbsp.strategies.checkpoint.resume_point`,
+    restored into ``strategy`` as a trial), and the telemetry of its earlier rounds, copied
+    from the first run's output folder when ``out`` changed.
 
     Raises
     ------
@@ -156,9 +167,14 @@ def prepare_run(config: RunSettings, strategy: LBBSPFedAvg) -> None:
     saved = None
     if directory is not None and run_file is not None and CheckpointStore(directory).rounds():
         saved = _check_same_run(run_file, settings) if run_file.is_file() else None
-    # A checkpoint of another strategy or other settings is refused here.
-    checkpoint = resume_point(strategy)
+    # A checkpoint of another strategy or other settings, of more silos than the run
+    # has, of another model, or that the strategy cannot restore is refused here.
+    checkpoint = None
+    if directory is not None and CheckpointStore(directory).rounds():
+        initial = ArrayRecord(initial_model(config)[0].state_dict())
+        checkpoint = resume_point(strategy, max_silos=config.size, initial_arrays=initial)
     if checkpoint is not None:
+        restore(strategy, checkpoint)  # as start will: a state it cannot take is refused
         earlier = None if saved is None else Path(saved)
         if not telemetry.exists() and earlier is not None and earlier.is_file():
             telemetry.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from ..core.identity import check_silo_keys
 from ..datasets import DataSourceError, PartitionText, load_source
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 from ..telemetry import read_telemetry
-from .config import RunSettings
+from .config import RunSettings, check_schedule_order
 from .engine import prepare_run, run_engine, start_rounds
 from .inprocess import InProcessGrid
 
@@ -136,6 +136,7 @@ class SimulationConfig(RunSettings):
                 )
             for text in self.slowdown_schedules:
                 SlowdownSchedule.parse(text)
+                check_schedule_order(text)
         if self.encrypt is not None and self.scheme not in ("fedavg", "lbbsp"):
             raise ValueError(f"encrypt works with schemes fedavg and lbbsp, not {self.scheme!r}")
         if self.runtime == "inprocess" and self.parallel != 1:

@@ -9,60 +9,76 @@ the encrypted strategy's per-silo dataset sizes) and a manifest (format version,
 strategy class, scheme and the settings that decide batch sizes and updates). The file is
 Flower's protobuf of a RecordDict behind a SHA-256 digest, written to a temporary file
 and renamed into place, so a crash never leaves a half-written checkpoint; the newest
-``keep`` files are kept.
+``keep`` files are kept. With a checkpoint key (``checkpoint_key``, ``fl-lbbsp
+--checkpoint-key FILE``, made by ``fl-lbbsp keys checkpoint``) the digest is an
+HMAC-SHA256 under that key instead, so an edited file is detected, not only a damaged one;
+a store with a key refuses files without one, and a store without a key files with one.
 
 A strategy started on a folder that holds a checkpoint of round k resumes: the global
 model comes from the checkpoint (the ``initial_arrays`` given to ``start`` are ignored),
 the balancer and the rest of the state are restored, and rounds k+1 .. ``num_rounds`` run
 with their real numbers (config records, logs, telemetry, the returned ``Result``). A
 checkpoint written by another strategy class, scheme or settings is refused with a
-:class:`CheckpointError` that names every difference.
+:class:`CheckpointError` that names every difference. Nothing in a checkpoint is obeyed
+before it passes :func:`~fl_lbbsp.strategies.checkpoint_schema.validate_checkpoint`
+(every field, the strategy's bounds, a trial of the balancer) and :func:`check_arrays`
+(the model of the strategy's layout, finite, not far larger than the initial model); a
+state that still cannot be restored is refused as a :class:`CheckpointInvalidError`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
-from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from .checkpoint_file import (
+    Checkpoint,
+    CheckpointKeyError,
+    CheckpointStore,
+    load_checkpoint_key,
+    write_checkpoint_key,
+)
+from .checkpoint_model import MAX_MODEL_GROWTH, check_model, check_records
+from .checkpoint_schema import (
+    CheckpointError,
+    CheckpointInvalidError,
+    CheckpointLimits,
+    validate_checkpoint,
+)
+
 __all__ = [
     "FORMAT_VERSION",
+    "MAX_MODEL_GROWTH",
     "Checkpoint",
     "CheckpointError",
     "CheckpointInvalidError",
+    "CheckpointKeyError",
     "CheckpointStore",
     "check_arrays",
     "check_checkpoint_dir",
     "check_compatible",
+    "limits_of",
+    "load_checkpoint_key",
+    "restore",
     "resume_point",
     "save_checkpoint",
     "start_with_checkpoints",
+    "write_checkpoint_key",
 ]
 
 log = logging.getLogger("fl_lbbsp")
 
 FORMAT_VERSION = 1
 """Version of the checkpoint layout; a file of another version is refused."""
-
-_MAGIC = b"FL-LBBSP-CHECKPOINT\n"
-_DIGEST = hashlib.sha256().digest_size
-_FILE = re.compile(r"^round-(\d+)\.ckpt$")
-_ARRAYS = "arrays"
-_META = "checkpoint"
-_EXTRA = "state-arrays."
 
 
 class Checkpointable(Protocol):
@@ -90,197 +106,6 @@ class Checkpointable(Protocol):
 
     def load_checkpoint_state(self, state: Any, records: Any) -> None:
         """Restore :meth:`checkpoint_state`."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or resumed by this strategy."""
-
-
-class CheckpointInvalidError(CheckpointError):
-    """A readable checkpoint whose contents fail validation (an edited file whose digest
-    was recomputed, or a bug): one line naming the field, e.g.
-    ``<path>: invalid field state.balancer.silos.w1.estimator.value: ...``.
-
-    Parameters
-    ----------
-    message : str
-        The one-line message.
-    field : str
-        Dotted name of the field that failed (``state.federation_size``, ...).
-    """
-
-    def __init__(self, message: str, *, field: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One saved round.
-
-    Parameters
-    ----------
-    server_round : int
-        The last finished round.
-    arrays : ArrayRecord
-        The global model after that round.
-    manifest : dict
-        Format version, round, strategy class, scheme, settings and save time.
-    state : dict
-        The strategy's JSON state (balancer, silo ids, ...).
-    records : dict of str to ArrayRecord (default: {})
-        The strategy's array state (momentum buffers, ...).
-    path : Path | None (default: None)
-        The file it was read from.
-    """
-
-    server_round: int
-    arrays: ArrayRecord
-    manifest: dict[str, Any]
-    state: dict[str, Any]
-    records: dict[str, ArrayRecord] = field(default_factory=dict)
-    path: Path | None = None
-
-
-class CheckpointStore:
-    """Checkpoint files ``round-NNNNNN.ckpt`` in one folder.
-
-    Parameters
-    ----------
-    directory : str | Path
-        The folder; created on the first save.
-    keep : int (default: 2)
-        Newest checkpoints kept; older ones are deleted after each save.
-    """
-
-    def __init__(self, directory: str | Path, *, keep: int = 2) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be a positive integer, got {keep!r}")
-        self.directory = Path(directory)
-        self.keep = keep
-
-    def path(self, server_round: int) -> Path:
-        """File of the checkpoint of ``server_round``."""
-        return self.directory / f"round-{server_round:06d}.ckpt"
-
-    def rounds(self) -> list[int]:
-        """Rounds with a checkpoint file, oldest first."""
-        if not self.directory.is_dir():
-            return []
-        found = (_FILE.match(p.name) for p in self.directory.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
-
-    def save(
-        self,
-        server_round: int,
-        *,
-        arrays: ArrayRecord,
-        manifest: dict[str, Any],
-        state: dict[str, Any],
-        records: dict[str, ArrayRecord] | None = None,
-    ) -> Path:
-        """Write the checkpoint of ``server_round`` atomically; return its path."""
-        content = RecordDict(
-            {
-                _ARRAYS: arrays,
-                _META: ConfigRecord({"manifest": json.dumps(manifest), "state": json.dumps(state)}),
-                **{_EXTRA + name: record for name, record in (records or {}).items()},
-            }
-        )
-        payload = recorddict_to_proto(content).SerializeToString()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        final = self.path(server_round)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-        try:
-            with tmp.open("wb") as f:
-                f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _sync_folder(self.directory)
-        for old in self.rounds()[: -self.keep]:
-            self.path(old).unlink(missing_ok=True)
-        return final
-
-    def load(self, path: str | Path) -> Checkpoint:
-        """Read one checkpoint file.
-
-        Raises
-        ------
-        CheckpointError
-            If the file is damaged, truncated or not a checkpoint.
-        """
-        path = Path(path)
-        data = path.read_bytes()
-        head, digest = data[: len(_MAGIC)], data[len(_MAGIC) : len(_MAGIC) + _DIGEST]
-        payload = data[len(_MAGIC) + _DIGEST :]
-        if head != _MAGIC or hashlib.sha256(payload).digest() != digest:
-            raise CheckpointError(f"{path} is damaged or not a checkpoint (digest mismatch)")
-        try:
-            content = recorddict_from_proto(ProtoRecordDict.FromString(payload))
-            meta = content.config_records[_META]
-            manifest = json.loads(str(meta["manifest"]))
-            state = json.loads(str(meta["state"]))
-            arrays = content.array_records[_ARRAYS]
-        except Exception as err:  # noqa: BLE001 - any decoding failure means unreadable
-            raise CheckpointError(f"{path} is not a readable checkpoint: {err}") from err
-        from .checkpoint_schema import validate_checkpoint
-
-        if not isinstance(manifest, dict) or not isinstance(state, dict):
-            raise CheckpointInvalidError(
-                f"{path}: invalid field {'manifest' if not isinstance(manifest, dict) else 'state'}"
-                ": not a JSON object",
-                field="manifest" if not isinstance(manifest, dict) else "state",
-            )
-        validate_checkpoint(manifest, state, where=str(path))
-        server_round = int(manifest["round"])
-        records = {
-            name.removeprefix(_EXTRA): record
-            for name, record in content.array_records.items()
-            if name.startswith(_EXTRA)
-        }
-        return Checkpoint(server_round, arrays, manifest, state, records, path)
-
-    def latest(self) -> Checkpoint | None:
-        """The newest readable checkpoint (a damaged newer file is skipped with a
-        warning), or ``None`` when the folder holds none.
-
-        Raises
-        ------
-        CheckpointError
-            If the folder holds checkpoint files but none is readable.
-        """
-        rounds = self.rounds()
-        for server_round in reversed(rounds):
-            path = self.path(server_round)
-            try:
-                return self.load(path)
-            except CheckpointInvalidError:
-                raise  # readable but edited: refused, never skipped for an older one
-            except (CheckpointError, OSError) as err:
-                log.warning("skipping checkpoint %s: %s", path, err)
-        if rounds:
-            raise CheckpointError(
-                f"no readable checkpoint in {self.directory} ({len(rounds)} damaged files): "
-                "remove them to start afresh"
-            )
-        return None
-
-
-def _sync_folder(directory: Path) -> None:
-    """Persist a rename on POSIX file systems (best effort elsewhere)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------ strategy side
@@ -364,63 +189,136 @@ def check_checkpoint_dir(given: Path, directory: Path) -> None:
         raise CheckpointError(f"{directory} is not a writable directory ({err.strerror})") from None
 
 
-def resume_point(strategy: Checkpointable, *, max_silos: int | None = None) -> Checkpoint | None:
+def limits_of(strategy: Checkpointable, *, max_silos: int | None = None) -> CheckpointLimits:
+    """The bounds ``strategy`` puts on a checkpoint it resumes (see
+    :class:`~fl_lbbsp.strategies.checkpoint_schema.CheckpointLimits`): its
+    ``max_dataset_size``, ``deadline_ceiling`` and twice its ``max_claimed_time``, as far
+    as it has them, and ``max_silos``."""
+    config = getattr(strategy, "config", None)
+    max_time = getattr(config, "max_claimed_time", None)
+    size = getattr(config, "max_dataset_size", None)
+    ceiling = getattr(strategy.server_config, "deadline_ceiling", None)
+    return CheckpointLimits(
+        max_silos=max_silos,
+        max_dataset_size=size if isinstance(size, int) else None,
+        max_overhead=float(ceiling) if isinstance(ceiling, int | float) else None,
+        max_seconds=2.0 * float(max_time) if isinstance(max_time, int | float) else None,
+    )
+
+
+def _store(strategy: Checkpointable) -> CheckpointStore | None:
+    """The strategy's checkpoint folder, with its checkpoint key if it has one."""
+    server = strategy.server_config
+    directory = server.checkpoint_dir
+    if directory is None:
+        return None
+    key_file = getattr(server, "checkpoint_key", None)
+    key = None if key_file is None else load_checkpoint_key(key_file)
+    return CheckpointStore(directory, key=key)
+
+
+def _encrypted(strategy: Checkpointable) -> bool:
+    """Whether the strategy's model is encrypted (its settings carry a key fingerprint)."""
+    return "fingerprint" in _flat(_manifest(strategy))
+
+
+def resume_point(
+    strategy: Checkpointable,
+    *,
+    max_silos: int | None = None,
+    initial_arrays: ArrayRecord | None = None,
+) -> Checkpoint | None:
     """The checkpoint ``strategy.start`` would resume from (``None``: a fresh start).
 
     Parameters
     ----------
     strategy : Checkpointable
-        The strategy; its ``server_config.checkpoint_dir`` is searched.
+        The strategy; its ``server_config.checkpoint_dir`` is searched (with its
+        ``checkpoint_key``, if any).
     max_silos : int | None (default: None)
         The configured federation size (a registry, a deployment's silos): a checkpoint
         that knows more silos or a larger federation is refused. ``None``: the silos
         the checkpoint has seen bound its federation size (always checked on load).
+    initial_arrays : ArrayRecord | None (default: None)
+        The model the strategy would start from: the checkpoint's model must have its
+        layout (:func:`check_arrays`). ``None``: not checked here (``start`` checks it).
 
     Raises
     ------
     CheckpointError
-        If the newest readable checkpoint belongs to another strategy or settings, or
-        none of the checkpoint files is readable.
+        If the newest readable checkpoint belongs to another strategy or settings, none
+        of the checkpoint files is readable, or the checkpoint key cannot be used.
     CheckpointInvalidError
-        If the newest readable checkpoint's contents fail validation.
+        If the newest readable checkpoint's contents fail validation against the
+        strategy's bounds (:func:`limits_of`) or its model is not the strategy's.
     """
-    directory = strategy.server_config.checkpoint_dir
-    checkpoint = None if directory is None else CheckpointStore(directory).latest()
+    store = _store(strategy)
+    checkpoint = None if store is None else store.latest()
     if checkpoint is not None:
-        if max_silos is not None:
-            from .checkpoint_schema import validate_checkpoint
-
-            validate_checkpoint(
-                checkpoint.manifest,
-                checkpoint.state,
-                where=str(checkpoint.path),
-                max_silos=max_silos,
-            )
+        validate_checkpoint(
+            checkpoint.manifest,
+            checkpoint.state,
+            where=str(checkpoint.path),
+            limits=limits_of(strategy, max_silos=max_silos),
+        )
         check_compatible(checkpoint, strategy)
+        if initial_arrays is not None:
+            check_arrays(checkpoint, initial_arrays, encrypted=_encrypted(strategy))
     return checkpoint
 
 
-def check_arrays(checkpoint: Checkpoint, initial_arrays: ArrayRecord) -> None:
-    """Refuse a checkpoint whose model has the initial model's names but other shapes.
+def check_arrays(
+    checkpoint: Checkpoint,
+    initial_arrays: ArrayRecord,
+    *,
+    encrypted: bool = False,
+    max_growth: float = MAX_MODEL_GROWTH,
+) -> None:
+    """Refuse a checkpoint whose model (and array state) the strategy cannot take.
 
-    A model of other names (an encrypted model, whose records hold ciphertexts) is not
-    compared.
+    Plaintext: the initial model's names in order, shapes and dtypes; every value finite;
+    an L2 norm at most ``max_growth`` times the initial model's (or 1, if larger). An
+    encrypted model (only for an ``encrypted`` strategy): a readable encrypted record of
+    the initial model's layout. The array state (momentum buffers, kept aggregates) is
+    checked alike (:func:`~fl_lbbsp.strategies.checkpoint_model.check_records`).
 
     Raises
     ------
     CheckpointInvalidError
-        Naming the first array whose shape differs.
+        Naming the first array that fails, e.g. ``arrays.w: shape [3, 4], the model's is
+        [30, 4]``.
     """
-    if set(checkpoint.arrays) != set(initial_arrays):
-        return
-    for name, array in checkpoint.arrays.items():
-        found, expected = tuple(array.shape), tuple(initial_arrays[name].shape)
-        if found != expected:
-            raise CheckpointInvalidError(
-                f"{checkpoint.path}: invalid field arrays.{name}: shape {list(found)}, "
-                f"the model's is {list(expected)}",
-                field=f"arrays.{name}",
-            )
+    where = str(checkpoint.path)
+    check_model(
+        checkpoint.arrays,
+        initial_arrays,
+        where=where,
+        field="arrays",
+        encrypted=encrypted,
+        max_growth=max_growth,
+    )
+    check_records(
+        checkpoint.records, initial_arrays, where=where, encrypted=encrypted, max_growth=max_growth
+    )
+
+
+def restore(strategy: Checkpointable, checkpoint: Checkpoint) -> None:
+    """Restore ``checkpoint``'s state into ``strategy``; a state the strategy cannot take
+    (state the validation does not know, from a newer strategy) is refused.
+
+    Raises
+    ------
+    CheckpointInvalidError
+        Naming the exception the strategy raised (field ``state``).
+    """
+    try:
+        strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
+    except Exception as err:  # noqa: BLE001 - whatever the strategy cannot restore is refused
+        message = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        raise CheckpointInvalidError(
+            f"{checkpoint.path}: invalid field state: the strategy cannot restore it ({message})",
+            field="state",
+        ) from None
 
 
 def start_with_checkpoints(
@@ -443,15 +341,13 @@ def start_with_checkpoints(
     ``Result`` see is shifted by k (Flower's own "[ROUND i/n]" log lines still count
     from 1). ``evaluate_fn`` first evaluates the checkpoint's model as round k.
     """
-    directory = strategy.server_config.checkpoint_dir
-    if directory is None:
+    store = _store(strategy)
+    if store is None:
         raise ValueError("the strategy has no checkpoint_dir")
-    store = CheckpointStore(directory)
-    checkpoint = resume_point(strategy)
+    checkpoint = resume_point(strategy, initial_arrays=initial_arrays)
     done = 0
     if checkpoint is not None:
-        check_arrays(checkpoint, initial_arrays)
-        strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
+        restore(strategy, checkpoint)
         done = checkpoint.server_round
         initial_arrays = checkpoint.arrays
         dropped = strategy.telemetry.drop_rounds_after(done)

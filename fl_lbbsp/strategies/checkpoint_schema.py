@@ -1,41 +1,61 @@
 """Validation of a checkpoint's contents before a strategy obeys them.
 
 The SHA-256 digest of a checkpoint file detects damage, not intent: whoever can write the
-file can recompute it. So the manifest and the engine's state are validated here with
-pydantic models before anything is restored: ranges (speeds, times, batch sizes and
-counts positive and finite), shapes (history entries are ``[batch size, time]`` pairs,
-the overhead is a list of seconds), the balancer's settings against the same
-:class:`~fl_lbbsp.core.settings.BalancingConfig` the strategies validate their keywords
-with, and the federation size against the silos the checkpoint has seen (and, when
-given, the configured federation). A checkpoint that fails is refused with a
-:class:`CheckpointInvalidError`, one line naming the first field that failed.
+file can recompute it (a checkpoint key, ``--checkpoint-key``, detects edits; see
+:mod:`fl_lbbsp.strategies.checkpoint`). So every field of the manifest and of the
+strategy's state is validated here before anything is restored, in three layers:
 
-Unknown extra fields are kept (later versions may add state); the fields named here are
-the ones that decide batch sizes, deadlines and allocations.
+- **Types and ranges** (pydantic models): speeds, times, batch sizes and counts finite and
+  in range; history entries ``[batch size, time]``; the cost fits (positive slope,
+  non-negative intercept, a weight in [0, 1], an ordered spread); the pooled shape; the
+  pending reports; the iterative allocator (phase, sizes, times); a silo's ``boost``
+  within the balancer's ``max_change_ratio ** 2`` (what the balancer can set); silo ids
+  of :data:`~fl_lbbsp.core.identity.SILO_ID_PATTERN`; the balancer's settings against
+  the same :class:`~fl_lbbsp.core.settings.BalancingConfig` the strategies validate
+  their keywords with, and no setting the balancer does not know.
+- **The strategy's bounds** (:class:`CheckpointLimits`, given by the resuming strategy):
+  the federation size, pinned dataset sizes under ``max_dataset_size``, the messaging
+  overhead under the longest round the server waits (``deadline_ceiling``: no overhead
+  above it can have been observed), times under what a claim can be
+  (``max_claimed_time``).
+- **A trial**: the balancer is rebuilt from the state and asked for one allocation of its
+  silos, so that a state the types admit but the balancer cannot use is refused here,
+  before round 1, not in the middle of a run.
+
+A checkpoint that fails is refused with a :class:`CheckpointInvalidError`, one line naming
+the first field that failed. Unknown extra fields are kept (later versions may add state).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
-from typing import Annotated, Any
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from ..core.balancer import BatchSizeBalancer
+from ..core.estimators import ESTIMATORS
+from ..core.identity import SILO_ID_PATTERN
 from ..core.settings import BalancingConfig
-from .checkpoint import CheckpointInvalidError
 
 __all__ = [
     "MAX_BATCH_SIZE",
     "MAX_SILOS",
+    "MAX_SPEED",
+    "CheckpointError",
     "CheckpointInvalidError",
+    "CheckpointLimits",
     "EngineState",
     "Manifest",
     "validate_checkpoint",
@@ -45,6 +65,65 @@ MAX_SILOS = 100_000
 """Most silos a checkpoint may describe when no federation size is configured."""
 MAX_BATCH_SIZE = 10_000_000
 """Largest batch size a checkpoint may hold (a sanity bound, far above any real one)."""
+MAX_SPEED = 1e15
+"""Largest speed (samples per second) a checkpoint may hold; the smallest is its inverse."""
+_MAX_COUNT = 10**9
+_MAX_ENTRIES = 100_000
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or resumed by this strategy."""
+
+
+class CheckpointInvalidError(CheckpointError):
+    """A readable checkpoint whose contents fail validation (an edited file whose digest
+    was recomputed, or a bug): one line naming the field, e.g.
+    ``<path>: invalid field state.balancer.silos.w1.estimator.value: ...``.
+
+    Parameters
+    ----------
+    message : str
+        The one-line message.
+    field : str
+        Dotted name of the field that failed (``state.federation_size``, ...).
+    """
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class CheckpointLimits:
+    """The resuming strategy's bounds on a checkpoint (``None``: not bounded).
+
+    Parameters
+    ----------
+    max_silos : int | None (default: None)
+        The configured federation size (a registry, the silos of a run): a checkpoint
+        that knows more silos, or a larger federation, is refused.
+    max_dataset_size : int | None (default: None)
+        Largest pinned dataset size (the strategy's ``max_dataset_size``).
+    max_overhead : float | None (default: None)
+        Largest messaging overhead in seconds (the strategy's ``deadline_ceiling``).
+    max_seconds : float | None (default: None)
+        Largest time in the balancer's state (twice the strategy's ``max_claimed_time``:
+        a train time and an encryption time, each clipped to it).
+    """
+
+    max_silos: int | None = None
+    max_dataset_size: int | None = None
+    max_overhead: float | None = None
+    max_seconds: float | None = None
+
+
+SiloId = Annotated[str, StringConstraints(pattern=f"^{SILO_ID_PATTERN}$")]
+NodeId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,20}$")]
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+Speed = Annotated[float, Field(ge=1 / MAX_SPEED, le=MAX_SPEED, allow_inf_nan=False, strict=True)]
+Batch = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE, strict=True)]
+Count = Annotated[int, Field(ge=0, le=_MAX_COUNT, strict=True)]
 
 
 class _Open(BaseModel):
@@ -72,8 +151,8 @@ class Manifest(_Open):
 
     format: int = Field(ge=1, strict=True)
     round: int = Field(ge=1, le=10_000_000, strict=True)
-    strategy: str
-    scheme: str
+    strategy: str = Field(max_length=200)
+    scheme: str = Field(max_length=200)
     settings: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("settings")
@@ -85,52 +164,140 @@ class Manifest(_Open):
 
 
 class EstimatorState(_Open):
-    """A silo's speed estimator: its name and the current speed (samples per second)."""
+    """A silo's speed estimator: its name, the current speed (samples per second) and,
+    where the estimator has them, its smoothing and held-back observations."""
 
-    name: str
-    value: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    name: Literal[ESTIMATORS]  # type: ignore[valid-type]
+    value: Speed | None = None
+    alpha: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, strict=True)
+    pending: list[Speed] | None = Field(default=None, max_length=_MAX_ENTRIES)
 
 
 class LastReport(_Open):
-    """The last report the balancer took from a silo."""
+    """The last report the balancer took from a silo (empty before its first)."""
 
-    batch_size: int = Field(ge=0, le=MAX_BATCH_SIZE)
-    train_time: float = Field(ge=0, allow_inf_nan=False)
-    samples: float = Field(default=0, ge=0, allow_inf_nan=False)
+    batch_size: int = Field(default=0, ge=0, le=MAX_BATCH_SIZE, strict=True)
+    train_time: Seconds = 0.0
+    samples: Seconds = 0.0
+
+
+class FitState(_Open):
+    """A silo's cost line ``t = slope * x + intercept`` (see
+    :class:`~fl_lbbsp.core.allocators.CostFit`)."""
+
+    slope: Positive
+    intercept: Seconds
+    anchor: Positive
+    level: Positive
+    noise: Seconds | None = None
+    weight: float = Field(ge=0, le=1, allow_inf_nan=False, strict=True)
+    spread: tuple[Positive, Positive]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FitState:
+        low, high = self.spread
+        if low > high or high > MAX_BATCH_SIZE:
+            raise ValueError(f"spread {[low, high]} is not 0 < low <= high <= {MAX_BATCH_SIZE}")
+        return self
 
 
 class SiloState(_Open):
     """One silo's balancer state."""
 
     estimator: EstimatorState
-    history: list[tuple[int, float]] = Field(default_factory=list, max_length=100_000)
-    max_batch_size: int | None = Field(default=None, gt=0, le=MAX_BATCH_SIZE)
-    steps: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    fixed_time: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    history: list[tuple[Batch, Seconds]] = Field(default_factory=list, max_length=_MAX_ENTRIES)
+    max_batch_size: Batch | None = None
+    steps: float = Field(default=1.0, gt=0, le=MAX_BATCH_SIZE, allow_inf_nan=False, strict=True)
+    fixed_time: Seconds | None = None
     last: LastReport | None = None
-    reports: int = Field(default=0, ge=0)
-    boost: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    reports: Count = 0
+    shape: Seconds | None = None
+    noise: Seconds | None = None
+    pending: list[list[Any]] = Field(default_factory=list, max_length=_MAX_ENTRIES)
+    boost: Positive = 1.0
+    fit: FitState | None = None
 
-    @field_validator("history")
+    @field_validator("pending")
     @classmethod
-    def _pairs(cls, value: list[tuple[int, float]]) -> list[tuple[int, float]]:
-        for i, (batch, seconds) in enumerate(value):
-            if not 0 < batch <= MAX_BATCH_SIZE:
-                raise ValueError(f"entry {i}: batch size {batch} out of (0, {MAX_BATCH_SIZE}]")
-            if not (math.isfinite(seconds) and seconds >= 0):
-                raise ValueError(f"entry {i}: time {seconds} is not a finite number >= 0")
+    def _pending(cls, value: list[list[Any]]) -> list[list[Any]]:
+        # (batch size, time, speed, log deviation[, held back])
+        for i, entry in enumerate(value):
+            if len(entry) not in (4, 5):
+                raise ValueError(f"entry {i} has {len(entry)} values, expected 4 or 5")
+            batch, seconds, speed, deviation, *held = entry
+            if not (_integer(batch) and 1 <= batch <= MAX_BATCH_SIZE):
+                raise ValueError(
+                    f"entry {i}: batch size {batch!r:.40} out of [1, {MAX_BATCH_SIZE}]"
+                )
+            if not (_real(seconds) and seconds >= 0):
+                raise ValueError(f"entry {i}: time {seconds!r:.40} is not a finite number >= 0")
+            if not (_real(speed) and 1 / MAX_SPEED <= speed <= MAX_SPEED):
+                raise ValueError(f"entry {i}: speed {speed!r:.40} out of range")
+            if not _real(deviation) or any(not isinstance(h, bool) for h in held):
+                raise ValueError(f"entry {i}: deviation or held-back flag of the wrong type")
         return value
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class IterativeConfig(_Open):
+    """The iterative allocator's settings (:class:`~fl_lbbsp.core.iterative.IterativeAllocator`)."""
+
+    step: int = Field(ge=1, le=MAX_BATCH_SIZE, strict=True)
+    window: int = Field(ge=1, le=_MAX_ENTRIES, strict=True)
+    fine_step: int = Field(ge=1, le=MAX_BATCH_SIZE, strict=True)
+    fine_window: int = Field(ge=1, le=_MAX_ENTRIES, strict=True)
+    memory_limit: float = Field(gt=0, le=100, allow_inf_nan=False, strict=True)
+    refast_ratio: float | None = Field(gt=1, allow_inf_nan=False, strict=True)
+
+
+class IterativeAllocatorState(_Open):
+    """The iterative allocator's state."""
+
+    config: IterativeConfig
+    phase: Literal["fast", "fine"]
+    sizes: dict[SiloId, Batch] = Field(max_length=MAX_SILOS)
+    times: list[dict[SiloId, Seconds]] = Field(max_length=_MAX_ENTRIES)
+    removable: SiloId | None = None
+
+
+class IterativeState(_Open):
+    """The iterative allocator and the silos it stepped."""
+
+    allocator: IterativeAllocatorState
+    stepped: dict[SiloId, Count] = Field(max_length=MAX_SILOS)
+
+
+class PooledShape(_Open):
+    """The federation's pooled cost shape (fixed cost in samples)."""
+
+    value: Seconds
+    stale: bool = Field(strict=True)
+
+
+_BALANCER_KEYWORDS = frozenset(inspect.signature(BatchSizeBalancer).parameters)
 
 
 class BalancerState(_Open):
     """The balancer's state: its settings and every silo's."""
 
     config: dict[str, Any]
-    silos: dict[str, SiloState] = Field(default_factory=dict, max_length=MAX_SILOS)
+    iterative: IterativeState | None = None
+    pooled_shape: PooledShape | None = None
+    silos: dict[SiloId, SiloState] = Field(default_factory=dict, max_length=MAX_SILOS)
 
     @field_validator("config")
     @classmethod
     def _config(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - _BALANCER_KEYWORDS)
+        if unknown:
+            raise ValueError(f"unknown balancer settings {unknown}"[:200])
         # The settings the strategies validate their keywords with; the balancer's own
         # keys that are not settings (history, min_fit_spread) are checked here.
         known = {k: v for k, v in value.items() if k in BalancingConfig.model_fields}
@@ -138,17 +305,22 @@ class BalancerState(_Open):
         _Bounds.model_validate(value)
         return value
 
+    @model_validator(mode="after")
+    def _boosts(self) -> BalancerState:
+        ratio = self.config.get("max_change_ratio", 2.0)
+        top = max(1.0, float(ratio) ** 2) if ratio is not None else 1.0
+        for silo, state in self.silos.items():
+            if not 1.0 <= state.boost <= top * (1 + 1e-9):
+                raise ValueError(
+                    f"silos.{silo}.boost {state.boost:.4g} is outside [1, {top:g}] "
+                    "(max_change_ratio ** 2)"
+                )
+        return self
+
 
 class _Bounds(_Open):
-    history: int = Field(default=20, ge=1, le=100_000)
+    history: int = Field(default=20, ge=1, le=_MAX_ENTRIES, strict=True)
     min_fit_spread: float = Field(default=0.1, ge=0, allow_inf_nan=False)
-
-
-def _finite_seconds(value: list[float]) -> list[float]:
-    for i, seconds in enumerate(value):
-        if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"entry {i}: {seconds} is not a finite number of seconds >= 0")
-    return value
 
 
 class ClaimsState(_Open):
@@ -166,83 +338,142 @@ class ClaimsState(_Open):
         The learned messaging overhead of recent rounds, seconds (finite, >= 0).
     """
 
-    sizes: dict[str, Annotated[int, Field(gt=0, strict=True)]] = Field(
+    sizes: dict[SiloId, Annotated[int, Field(gt=0, le=2**53, strict=True)]] = Field(
         default_factory=dict, max_length=MAX_SILOS
     )
-    distrusted: list[str] = Field(default_factory=list, max_length=MAX_SILOS)
-    contradicted: dict[str, Annotated[int, Field(ge=0, strict=True)]] = Field(
-        default_factory=dict, max_length=MAX_SILOS
-    )
-    overhead: list[float] = Field(default_factory=list, max_length=100_000)
-
-    @field_validator("overhead")
-    @classmethod
-    def _seconds(cls, value: list[float]) -> list[float]:
-        return _finite_seconds(value)
+    distrusted: list[SiloId] = Field(default_factory=list, max_length=MAX_SILOS)
+    contradicted: dict[SiloId, Count] = Field(default_factory=dict, max_length=MAX_SILOS)
+    overhead: list[Seconds] = Field(default_factory=list, max_length=_MAX_ENTRIES)
 
 
 class EngineState(_Open):
-    """The round engine's state in a checkpoint.
+    """The strategy's state in a checkpoint: the round engine's and its updates'.
 
     Parameters
     ----------
     balancer : BalancerState
         Required: a checkpoint without it cannot be resumed.
-    silo_of_node : dict of str to str (default: {})
+    silo_of_node : dict of str to str
         Flower node id (decimal) -> silo id.
-    overhead : list of float (default: [])
+    overhead : list of float
         Measured messaging overhead, seconds (finite, >= 0).
     federation_size : int (default: 0)
         The most silos seen in a round; at most the silos the checkpoint knows.
     claims : ClaimsState (default: empty)
         The bounds on the silos' claims (pinned dataset sizes, distrusted silos).
+    num_examples : dict of str to float | None (default: None)
+        Encrypted strategies: each silo's last dataset size (positive, finite).
+    version : int | None (default: None)
+        Encrypted parameter server: the model version.
+    node_version : dict of str to int | None (default: None)
+        Encrypted parameter server: node -> the model version it holds, at most
+        ``version``.
     """
 
     balancer: BalancerState
-    silo_of_node: dict[str, str] = Field(default_factory=dict, max_length=MAX_SILOS)
-    overhead: list[float] = Field(default_factory=list, max_length=100_000)
+    silo_of_node: dict[NodeId, SiloId] = Field(max_length=MAX_SILOS)
+    overhead: list[Seconds] = Field(max_length=_MAX_ENTRIES)
     federation_size: int = Field(default=0, ge=0, le=MAX_SILOS, strict=True)
     claims: ClaimsState = Field(default_factory=ClaimsState)
-
-    @field_validator("silo_of_node")
-    @classmethod
-    def _node_ids(cls, value: dict[str, str]) -> dict[str, str]:
-        for node in value:
-            if not node.isdigit():
-                raise ValueError(f"node id {node!r} is not a non-negative integer")
-        return value
-
-    @field_validator("overhead")
-    @classmethod
-    def _seconds(cls, value: list[float]) -> list[float]:
-        return _finite_seconds(value)
+    num_examples: dict[SiloId, Positive] | None = Field(default=None, max_length=MAX_SILOS)
+    version: Count | None = None
+    node_version: dict[NodeId, Count] | None = Field(default=None, max_length=MAX_SILOS)
 
     @model_validator(mode="after")
-    def _size(self) -> EngineState:
+    def _consistent(self) -> EngineState:
         seen = len(set(self.balancer.silos) | set(self.silo_of_node.values()))
         if self.federation_size > seen:
             raise ValueError(
                 f"federation_size={self.federation_size} exceeds the {seen} silos this "
                 "checkpoint has seen"
             )
+        if self.node_version is not None:
+            ahead = [n for n, v in self.node_version.items() if v > (self.version or 0)]
+            if ahead:
+                raise ValueError(f"node_version of node {ahead[0]} is ahead of the version")
         return self
 
 
 def _field(error: Mapping[str, Any], prefix: str) -> str:
-    loc = [str(part) for part in error.get("loc", ())]
-    # a model-level check (federation size) names its field in the message
-    if not loc and "federation_size" in str(error.get("msg", "")):
-        loc = ["federation_size"]
+    loc = [str(part)[:40] for part in error.get("loc", ())]
+    msg = str(error.get("msg", ""))
+    # a model-level check names its field in the message
+    if not loc:
+        for name in ("federation_size", "node_version"):
+            if name in msg:
+                loc = [name]
+    if loc == ["balancer"] and "boost" in msg:
+        loc.append("silos")
     return ".".join([prefix, *loc])
 
 
 def _refuse(where: str, err: ValidationError, prefix: str) -> CheckpointInvalidError:
     first = err.errors()[0]
     name = _field(first, prefix)
-    msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")[:300]
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
     text = " ".join(f"{where}: invalid field {name}: {msg}{more}".split())
     return CheckpointInvalidError(text, field=name)
+
+
+def _over(where: str, name: str, value: float, limit: float, what: str) -> None:
+    if value > limit:
+        raise CheckpointInvalidError(
+            f"{where}: invalid field state.{name}: {value:.6g} is over {limit:.6g} ({what})",
+            field=f"state.{name}",
+        )
+
+
+def _check_limits(engine: EngineState, limits: CheckpointLimits, where: str) -> None:
+    """The strategy's bounds (see :class:`CheckpointLimits`)."""
+    if limits.max_silos is not None:
+        silos = len(set(engine.balancer.silos) | set(engine.silo_of_node.values()))
+        for name, value in (("federation_size", engine.federation_size), ("silos", silos)):
+            if value > limits.max_silos:
+                raise CheckpointInvalidError(
+                    f"{where}: invalid field state.{name}: {value} silos, but the "
+                    f"federation has {limits.max_silos}",
+                    field=f"state.{name}",
+                )
+    if limits.max_dataset_size is not None:
+        cap, what = limits.max_dataset_size, "this strategy's max_dataset_size"
+        for silo, size in engine.claims.sizes.items():
+            _over(where, f"claims.sizes.{silo}", size, cap, what)
+        for silo, number in (engine.num_examples or {}).items():
+            _over(where, f"num_examples.{silo}", number, cap, what)
+    if limits.max_overhead is not None:
+        what = "this strategy's deadline_ceiling: no longer overhead can be observed"
+        for name, seen in (
+            ("overhead", engine.overhead),
+            ("claims.overhead", engine.claims.overhead),
+        ):
+            for seconds in seen:
+                _over(where, name, seconds, limits.max_overhead, what)
+    if limits.max_seconds is not None:
+        what = "twice this strategy's max_claimed_time"
+        for silo, state in engine.balancer.silos.items():
+            times = [t for _, t in state.history] + [p[1] for p in state.pending]
+            times += [state.fixed_time or 0.0, state.last.train_time if state.last else 0.0]
+            for seconds in times:
+                _over(where, f"balancer.silos.{silo}", seconds, limits.max_seconds, what)
+
+
+def _trial(balancer: Mapping[str, Any], where: str) -> None:
+    """Rebuild the balancer and ask it for one allocation; any failure refuses the
+    checkpoint (a state the types admit that the balancer cannot use)."""
+    try:
+        trial = BatchSizeBalancer.from_state_dict(dict(balancer))
+        silos = trial.silo_ids
+        sizes = trial.allocate(silos)
+        bad = {s: x for s, x in sizes.items() if not 1 <= x <= MAX_BATCH_SIZE}
+        if bad:
+            raise ValueError(f"it allocates batch sizes out of range: {bad}"[:200])
+    except Exception as err:  # noqa: BLE001 - whatever the balancer cannot use is refused
+        message = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        raise CheckpointInvalidError(
+            f"{where}: invalid field state.balancer: the balancer cannot use it ({message})",
+            field="state.balancer",
+        ) from None
 
 
 def validate_checkpoint(
@@ -251,6 +482,7 @@ def validate_checkpoint(
     *,
     where: str = "checkpoint",
     max_silos: int | None = None,
+    limits: CheckpointLimits | None = None,
 ) -> None:
     """Validate a checkpoint's manifest and state; raise on the first bad field.
 
@@ -259,14 +491,14 @@ def validate_checkpoint(
     manifest : Mapping
         The checkpoint's manifest (format, round, strategy, scheme, settings).
     state : Mapping
-        The strategy's JSON state; its engine part (``balancer``, ``silo_of_node``,
-        ``overhead``, ``federation_size``) is validated.
+        The strategy's JSON state (engine and updates).
     where : str (default: "checkpoint")
         How the checkpoint is named in the message (its path).
     max_silos : int | None (default: None)
-        The configured federation size (a registry, the silos of a deployment): a
-        checkpoint that knows more silos, or a larger federation, is refused.
-        ``None``: only the silos the checkpoint has seen bound its federation size.
+        The configured federation size; overrides ``limits.max_silos`` when given.
+    limits : CheckpointLimits | None (default: None)
+        The resuming strategy's bounds; ``None``: only the silos the checkpoint has seen
+        bound its federation size.
 
     Raises
     ------
@@ -281,12 +513,8 @@ def validate_checkpoint(
         engine = EngineState.model_validate(dict(state))
     except ValidationError as err:
         raise _refuse(where, err, "state") from None
+    limits = limits or CheckpointLimits()
     if max_silos is not None:
-        silos = len(set(engine.balancer.silos) | set(engine.silo_of_node.values()))
-        for name, value in (("federation_size", engine.federation_size), ("silos", silos)):
-            if value > max_silos:
-                raise CheckpointInvalidError(
-                    f"{where}: invalid field state.{name}: {value} silos, but the "
-                    f"federation has {max_silos}",
-                    field=f"state.{name}",
-                )
+        limits = replace(limits, max_silos=max_silos)
+    _check_limits(engine, limits, where)
+    _trial(state["balancer"], where)

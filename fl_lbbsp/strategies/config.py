@@ -56,6 +56,11 @@ class ServerConfig(BaseModel):
         JSON-lines telemetry file.
     checkpoint_dir : Path | None (default: None)
         Folder for one checkpoint per finished round; ``start`` resumes from it.
+    checkpoint_key : Path | None (default: None)
+        File of a checkpoint key (``fl-lbbsp keys checkpoint``): checkpoints are written
+        with an HMAC-SHA256 under it and only such checkpoints are resumed, so an edited
+        one is refused (:mod:`fl_lbbsp.strategies.checkpoint`). ``None``: a SHA-256
+        digest, which detects damage, not edits.
     max_empty_rounds : int (default: 3)
         Consecutive rounds without any aggregated update after which ``start`` stops
         with :class:`~fl_lbbsp.strategies.NoUpdateError` (a first round without one
@@ -75,6 +80,7 @@ class ServerConfig(BaseModel):
     min_available_nodes: int = Field(default=2, ge=0)
     telemetry_path: Path | None = None
     checkpoint_dir: Path | None = None
+    checkpoint_key: Path | None = None
     max_empty_rounds: int = Field(default=3, ge=1, strict=True)
 
     @model_validator(mode="after")

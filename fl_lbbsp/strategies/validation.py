@@ -19,7 +19,7 @@ from flwr.common.constant import SType
 
 from ..contract import RecordKeys
 from ..core.engine import Reply
-from ..core.identity import signed_arrays
+from ..core.identity import IdentityError, check_silo_id, signed_arrays
 from ..core.screening import (
     DEFAULT_EXTRA_METRIC_KEYS,
     MAX_SUMMARY,
@@ -239,11 +239,17 @@ def reply_of(
         if len(records) != 1 and problem is None:
             problem = f"{len(records)} {kind} in the reply, expected 1"
     payload = None if problem else next(iter(arrays.values()))
+    silo = None if record is None else record.get(keys.silo_id)
+    if silo is not None:
+        try:
+            check_silo_id(silo, what=keys.silo_id)
+        except IdentityError as err:  # never logged or kept: the node's own id names it
+            silo, problem = None, problem or str(err)
     return Reply(
         node=node,
         stale=stale,
         seconds_late=seconds_late,
-        silo=None if record is None else record.get(keys.silo_id),
+        silo=silo,
         metrics=None if problem else dict(next(iter(metrics.values()))),
         nbytes=_nbytes(arrays, metrics, configs),
         problem=problem,

@@ -47,8 +47,9 @@ def _silo_record(
     metrics: MetricRecord,
 ) -> ConfigRecord:
     """The reply's ``silo`` record: the silo id and, with node-config ``signing-key``, the
-    silo's signature over this run, round, silo id, metrics and arrays (what the server's
-    silo registry checks). Signed here, in the process that builds the reply."""
+    silo's signature over this run, round, instruction (the message answered), silo id,
+    metrics and arrays (what the server's silo registry checks). Signed here, in the
+    process that builds the reply."""
     keys = RecordKeys()
     record = ConfigRecord({keys.silo_id: silo_id})
     path = str(context.node_config.get("signing-key", ""))
@@ -57,6 +58,7 @@ def _silo_record(
             _signing_key(path),
             run_id=msg.metadata.run_id,
             server_round=server_round,
+            instruction=msg.metadata.message_id or None,
             silo=silo_id,
             metrics=metrics,
             arrays=signed_arrays(arrays),
