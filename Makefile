@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 OUT ?= runs/demo
 
-.PHONY: venv install install-dev install-bench demo test test-under-load check bench lint typecheck clean
+.PHONY: venv install install-dev install-bench demo test test-under-load check bench lint typecheck \
+	check-flwr-141 clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,5 +56,21 @@ check:
 bench: install-bench
 	$(PY) benchmarks/run_all.py --out benchmarks/results
 
+# The plug-in tests against Flower 1.41.0 (pyproject.toml accepts flwr>=1.41), in a second
+# virtual environment: constraints.txt with the pins of constraints-flwr141.txt in place of its own.
+VENV141 ?= .venv-flwr141
+PLUGIN_TESTS := tests/test_adapter.py tests/test_strategy.py tests/test_legacy.py \
+	$(wildcard tests/test_quickstart_app.py)
+
+check-flwr-141:
+	test -x $(VENV141)/bin/python || $(PYTHON) -m venv $(VENV141)
+	awk -F'==' 'NR == FNR { if (/^[^#]*==/) drop[tolower($$1)] = 1; next } \
+		!(tolower($$1) in drop)' constraints-flwr141.txt constraints.txt \
+		| cat - constraints-flwr141.txt > $(VENV141)/constraints.txt
+	$(VENV141)/bin/python -m pip --disable-pip-version-check -q install \
+		-c $(VENV141)/constraints.txt -e ".[dev]"
+	$(VENV141)/bin/python -c "import flwr; assert flwr.__version__ == '1.41.0', flwr.__version__"
+	$(VENV141)/bin/python -m pytest -q -p no:cacheprovider $(PLUGIN_TESTS)
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV141) runs .pytest_cache .mypy_cache .ruff_cache
