@@ -12,7 +12,15 @@ import pytest
 import torch
 from conftest import FakeGrid, make_reply
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 
 from fl_lbbsp.cli import main
 from fl_lbbsp.clients.app import SiloSetup, _checked_model, make_client_app, silo_data
@@ -405,3 +413,55 @@ def test_cluster_workers_sign_and_the_server_accepts_every_reply(tmp_path, fl_lo
     rounds = [e for e in events if e["event"] == "train"]
     assert [sorted(e["silos"]) for e in rounds] == [["0", "1", "2"]] * 2
     assert not [w for w in _warnings(fl_log) if "unverified" in w or "rejected" in w]
+
+
+class _ReplayingGrid(InProcessGrid):
+    """An in-process grid where node ``thief`` (authenticated as itself) answers its own
+    instruction with a copy of node ``victim``'s signed reply of the same round, and gets
+    it in first."""
+
+    def __init__(self, *args: Any, thief: int, victim: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.thief, self.victim = thief, victim
+        self.sent: dict[int, Message] = {}
+
+    def push_messages(self, messages: Any) -> Any:
+        messages = list(messages)
+        self.sent.update({m.metadata.dst_node_id: m for m in messages})
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids: Any) -> Any:
+        replies = list(super().pull_messages(message_ids))
+        source = {m.metadata.src_node_id: m for m in replies}
+        if self.victim not in source or self.thief not in source:
+            return replies
+        copied = Message(content=source[self.victim].content, reply_to=self.sent[self.thief])
+        return [copied, *(m for m in replies if m.metadata.src_node_id != self.thief)]
+
+
+def test_a_signed_reply_replayed_by_another_node_in_the_same_round_is_rejected(
+    tmp_path, fl_log
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: three signing silos; node 102 replays node 100's (silo 0's) reply, first
+    write_silo_keys(tmp_path / "keys", ["0", "1", "2"])
+    setup = SiloSetup(num_silos=3, model="mlp", signing_key=str(tmp_path / "keys"))
+    grid = _ReplayingGrid(make_client_app(setup), num_nodes=3, thief=102, victim=100)
+    data = silo_data(setup, 0)
+    model = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
+    strategy = LBBSPFedAvg(
+        initial_batch_size=8, local_steps=2, lr=0.05, min_train_nodes=2, min_available_nodes=3,
+        fraction_evaluate=0.0, silo_registry=tmp_path / "keys", telemetry_path=tmp_path / "t.jsonl",
+    )  # fmt: skip
+    assert sorted(grid.get_node_ids()) == [100, 101, 102]  # silos 0, 1, 2
+
+    # Execute
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=2)
+
+    # Assert: every round the copy is rejected as signed for another instruction, and
+    # the honest silo 0 is not shut out by it
+    events = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    rejected = [e for e in events if e["event"] == "rejected"]
+    assert [(e["round"], e["node"], e["silo"]) for e in rejected] == [(1, 102, "0"), (2, 102, "0")]
+    assert all("bad signature" in e["reason"] for e in rejected)
+    trains = [e for e in events if e["event"] == "train"]
+    assert [sorted(e["silos"]) for e in trains] == [["0", "1"]] * 2
