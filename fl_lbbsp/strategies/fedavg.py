@@ -49,6 +49,7 @@ from ..telemetry import TelemetryWriter
 from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
 from .config import InvalidSettingError, ServerConfig, record_keys, setting_error
 from .deadline import DeadlineGrid
+from .defenses import Defenses
 from .outcomes import NoUpdateError, RoundOutcomes, log_decision, round_metrics, route_to_flower
 from .rounds import EngineView, log_round
 from .updates import PlainMean, Updates
@@ -129,6 +130,12 @@ evaluate_metrics_aggr_fn :
         Flower's FedAvg does. Strict mode: the only extra keys accepted, e.g.
         ``(*DEFAULT_EXTRA_METRIC_KEYS, "train_loss")``
         (:mod:`fl_lbbsp.strategies.validation`); a reply with another key is rejected.
+    max_update_ratio, update_spread_sigmas, max_weight_ratio : float (default: 10, 3, 10)
+        The server's defences (:mod:`fl_lbbsp.strategies.defenses`): an update farther
+        from the global model than ``max_update_ratio`` times the round's median distance
+        (widened by ``update_spread_sigmas`` robust deviations) is rejected; an undeclared
+        dataset size weighs at most ``max_weight_ratio`` times the median of the others'
+        and no more than all of them together.
     max_empty_rounds : int (default: 3)
         :meth:`start` raises :class:`NoUpdateError` when this many rounds in a row, or
         the run's first round, aggregate no update (every reply rejected or missing).
@@ -211,6 +218,9 @@ evaluate_metrics_aggr_fn :
         max_reply_bytes: int | None = None,
         extra_metric_keys: Iterable[str] | None = None,
         max_empty_rounds: int = 3,
+        max_update_ratio: float = 10.0,
+        update_spread_sigmas: float = 3.0,
+        max_weight_ratio: float = 10.0,
         checkpoint_dir: str | Path | None = None,
         updates: Updates[Any] | None = None,
         rewriter: InstructionRewriter | None = None,
@@ -235,6 +245,9 @@ evaluate_metrics_aggr_fn :
                     telemetry_path=telemetry_path,
                     checkpoint_dir=checkpoint_dir,
                     max_empty_rounds=max_empty_rounds,
+                    max_update_ratio=max_update_ratio,
+                    update_spread_sigmas=update_spread_sigmas,
+                    max_weight_ratio=max_weight_ratio,
                 ),
                 engine=dict(
                     initial_batch_size=initial_batch_size,
@@ -269,6 +282,12 @@ evaluate_metrics_aggr_fn :
         """Where :meth:`start` writes a checkpoint after every round (``None``: nowhere)."""
         self.clock = clock
         self.outcomes = RoundOutcomes(max_empty_rounds=self.server_config.max_empty_rounds)
+        self.defenses = Defenses(
+            max_update_ratio=self.server_config.max_update_ratio,
+            update_spread_sigmas=self.server_config.update_spread_sigmas,
+            max_weight_ratio=self.server_config.max_weight_ratio,
+            weigh_by_size=self.weighted_by_key == self.keys.num_examples,
+        )
         """Rejections logged once per silo and cause, empty rounds counted."""
         self._observe = False
         self._grid: DeadlineGrid | None = None
@@ -461,6 +480,7 @@ evaluate_metrics_aggr_fn :
         state.waited = None if self._grid is None else self._grid.last_timeout
         sent_ids = {msg.metadata.message_id for msg in state.sent} - {""}
         accepted: dict[str, tuple[Verdict[Any], RecordDict, float]] = {}
+        answered: dict[str, Message] = {}
         for msg in replies:
             late = None if self._grid is None else self._grid.seconds_late(msg)
             reply = reply_of(msg, keys=self.keys, sent_ids=sent_ids, seconds_late=late)
@@ -468,6 +488,7 @@ evaluate_metrics_aggr_fn :
             if not verdict.accepted:
                 self._reject(state, verdict.silo, verdict.node, verdict.reason or "")
                 continue
+            answered[verdict.silo] = msg
             metrics = reply.metrics or {}
             observed = self._grid.observed(msg) if self._grid and self._observe else None
             misuse = self._misuse(state, verdict.silo, msg)
@@ -476,14 +497,26 @@ evaluate_metrics_aggr_fn :
             if counts:
                 weight = read_float(metrics, self.weighted_by_key)
                 accepted[verdict.silo] = (verdict, msg.content, weight)
-                if self.engine.selector is None:  # streaming: summed as it is accepted
-                    self.updates.add(verdict.update, weight=weight)
         kept, dropped = self.engine.select(state, accepted)
-        if self.engine.selector is not None:
-            for silo in kept:
-                self.updates.add(accepted[silo][0].update, weight=accepted[silo][2])
+        far = self.defenses.judge(
+            state, self.updates, {s: accepted[s][0].update for s in accepted if s in kept}
+        )
+        for silo, why in far.items():
+            self._reject(state, silo, accepted[silo][0].node, why)
+        kept -= set(far)
+        weights = self.defenses.weights(
+            {s: accepted[s][2] for s in accepted if s in kept}, self.engine.claims
+        )
+        for silo, (weight, capped) in weights.items():
+            if capped is not None:
+                state.reports[silo]["capped-weight"] = weight
+                if self.outcomes.first_time(silo, "capped weight"):
+                    log.warning("round %d: silo %s: %s", state.server_round, silo, capped)
+            self.updates.add(accepted[silo][0].update, weight=weight)
         kept_contents = [accepted[silo][1] for silo in accepted if silo in kept]
         arrays, skipped = self._result(state, len(kept_contents))
+        refused = self.defenses.refusals(state, answered, self.keys)
+        arrays = self.defenses.settle(state, arrays, refused=refused, replied=len(answered))
         extra = self.engine.close(
             state, replied=(m.metadata.src_node_id for m in replies), wall=wall
         )

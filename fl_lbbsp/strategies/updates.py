@@ -20,6 +20,7 @@ from ..core.aggregation import GradientStep, WeightedMean
 from ..core.engine import RoundState
 from ..core.optim import SGD
 from ..core.screening import InvalidReplyError, Layout
+from ..core.update_screen import update_distance
 from .validation import check_array_record, layout_of
 
 __all__ = ["GradientUpdate", "PlainMean", "Updates"]
@@ -45,6 +46,10 @@ class Updates(Protocol[U]):
     def add(self, update: U, *, weight: float) -> None:
         """Accumulate one accepted update."""
 
+    def distance(self, update: U) -> float | None:
+        """How far the update moves the model (its distance to the global model sent, or
+        a gradient's norm) for the server's screening; ``None``: unreadable (encrypted)."""
+
     @property
     def count(self) -> int:
         """Updates added this round."""
@@ -68,12 +73,16 @@ class PlainMean:
     def __init__(self) -> None:
         self._mean = WeightedMean()
         self._layout: Layout | None = None
+        self._start: list[np.ndarray] | None = None
 
     def begin(self, arrays: ArrayRecord, state: RoundState) -> None:
-        """Learn the layout of ``arrays`` (names, shapes and dtypes, no values)."""
+        """Learn the layout of ``arrays`` (names, shapes and dtypes) and its values (what
+        every update's distance is measured from)."""
         self._layout = layout_of(arrays)
+        self._start = None
         if self._layout is not None:
             self._mean.begin([np.empty(s.shape, dtype=s.dtype) for s in self._layout])
+            self._start = [arrays[spec.name].numpy() for spec in self._layout]
 
     def config(self, state: RoundState) -> dict[str, float | int]:
         """Nothing beyond the instruction."""
@@ -94,6 +103,10 @@ class PlainMean:
     def add(self, update: list[np.ndarray], *, weight: float) -> None:
         """Add ``weight * update`` to the running sum."""
         self._mean.add(update, weight=weight)
+
+    def distance(self, update: list[np.ndarray]) -> float | None:
+        """The update's L2 distance to the global model sent."""
+        return update_distance(update, self._start)
 
     @property
     def count(self) -> int:
@@ -157,6 +170,10 @@ class GradientUpdate(PlainMean):
     def add(self, update: list[np.ndarray], *, weight: float) -> None:
         """Add a gradient, weighted by its batch size (or 1 when naive)."""
         self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight)
+
+    def distance(self, update: list[np.ndarray]) -> float | None:
+        """The gradient's norm."""
+        return update_distance(update, None)
 
     @property
     def count(self) -> int:

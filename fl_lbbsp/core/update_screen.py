@@ -1,0 +1,159 @@
+"""Server-side screening of plaintext updates and of dataset-size weights.
+
+A registered silo is trusted to be who it is, not to send a sane update or an honest
+dataset size. Two bounds, both relative to what the rest of the federation shows:
+
+- **Update distance.** Each update's distance to the model it should have started from
+  (the global model sent; for a gradient, its norm) is compared, in log scale, with the
+  median of the round's distances and of the last rounds' accepted ones. An update more
+  than ``max_update_ratio`` times that median (widened by ``spread_sigmas`` robust standard
+  deviations of the log-distances, when the federation's updates are naturally that
+  spread) is rejected. This is the median / MAD rule of robust statistics applied to
+  update norms, as in norm-bounding defences against model replacement (Sun et al., "Can
+  You Really Backdoor Federated Learning?", 2019): a bound no honest silo of a round is
+  near, one that a single 1e30 update cannot move.
+- **Weight cap.** An undeclared dataset size weighs at most ``max_weight_ratio`` times the
+  median of the other silos' sizes, and never more than all the others together, so no
+  single silo holds most of the aggregate unless the silo registry declares its size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["UpdateScreen", "cap_weights", "update_distance"]
+
+_MAD_TO_SD = 1.4826  # a normal distribution's standard deviation per median absolute deviation
+
+
+def update_distance(update: Sequence[np.ndarray], start: Sequence[np.ndarray] | None) -> float:
+    """The L2 distance from ``start`` to ``update`` over every array (``start`` ``None``:
+    the norm of ``update``, e.g. a gradient); ``inf`` when it overflows or is not finite."""
+    total = 0.0
+    for k, values in enumerate(update):
+        delta = np.asarray(values, dtype=np.float64)
+        if start is not None:
+            delta = delta - np.asarray(start[k], dtype=np.float64)
+        total += float(np.vdot(delta.ravel(), delta.ravel()).real)
+    return math.sqrt(total) if math.isfinite(total) else math.inf
+
+
+@dataclass
+class UpdateScreen:
+    """Reject updates whose distance is far outside the round's others.
+
+    Parameters
+    ----------
+    max_update_ratio : float (default: 10.0)
+        Largest accepted distance as a multiple of the reference (the median of the round's
+        and the recent rounds' accepted distances).
+    spread_sigmas : float (default: 3.0)
+        The bound widens to this many robust standard deviations of the log-distances
+        above the reference, where that is wider.
+    history : int (default: 3)
+        Rounds of accepted distances kept as reference (a round of one or two silos cannot
+        tell the outlier alone).
+    """
+
+    max_update_ratio: float = 10.0
+    spread_sigmas: float = 3.0
+    history: int = 3
+
+    def __post_init__(self) -> None:
+        self._accepted: deque[list[float]] = deque(maxlen=self.history)
+
+    def screen(self, distances: Mapping[str, float]) -> dict[str, str]:
+        """The silos whose update is rejected, with why; the others' distances are kept
+        as the next rounds' reference.
+
+        Parameters
+        ----------
+        distances : Mapping[str, float]
+            Each accepted reply's update distance (:func:`update_distance`).
+        """
+        finite = [d for d in distances.values() if math.isfinite(d) and d > 0]
+        reference = [d for past in self._accepted for d in past] + finite
+        rejected: dict[str, str] = {
+            silo: "its update is not finite"
+            for silo, d in distances.items()
+            if not math.isfinite(d)
+        }
+        if len(reference) >= 2:
+            logs = np.log(reference)
+            center = float(np.median(logs))
+            spread = _MAD_TO_SD * float(np.median(np.abs(logs - center)))
+            limit = max(math.log(self.max_update_ratio), self.spread_sigmas * spread)
+            for silo, d in distances.items():
+                if math.isfinite(d) and d > 0 and math.log(d) - center > limit:
+                    ratio = d / math.exp(center)
+                    rejected[silo] = (
+                        f"its update is {ratio:.3g}x the median distance to the global model "
+                        f"({d:.3g} vs {math.exp(center):.3g}; the bound is "
+                        f"{math.exp(limit):.3g}x)"
+                    )
+        kept = [d for silo, d in distances.items() if silo not in rejected and d > 0]
+        if kept:
+            self._accepted.append(kept)
+        return rejected
+
+    def state_dict(self) -> list[list[float]]:
+        """The reference distances kept (JSON)."""
+        return [list(past) for past in self._accepted]
+
+    def load_state_dict(self, state: Sequence[Sequence[float]]) -> None:
+        """Restore :meth:`state_dict`; non-finite or non-positive entries are dropped."""
+        self._accepted.clear()
+        for past in state:
+            kept = [float(d) for d in past if isinstance(d, int | float) and math.isfinite(d)]
+            self._accepted.append([d for d in kept if d > 0])
+
+
+def cap_weights(
+    claimed: Mapping[str, float],
+    *,
+    known: Mapping[str, float],
+    declared: Mapping[str, float],
+    max_weight_ratio: float,
+) -> dict[str, tuple[float, str | None]]:
+    """Each silo's aggregation weight, an undeclared size capped relative to the others.
+
+    Parameters
+    ----------
+    claimed : Mapping[str, float]
+        The round's silos and their dataset sizes.
+    known : Mapping[str, float]
+        Every silo's pinned size so far (the round's included): the federation to compare
+        with, even the silos not in this round.
+    declared : Mapping[str, float]
+        Sizes the silo registry declares: never capped.
+    max_weight_ratio : float
+        At most this many times the median of the other silos' sizes.
+
+    Returns
+    -------
+    dict
+        Silo -> (weight, why it was capped or ``None``).
+    """
+    federation = {**known, **claimed}
+    out: dict[str, tuple[float, str | None]] = {}
+    for silo, size in claimed.items():
+        others = [n for s, n in federation.items() if s != silo]
+        if silo in declared or not others:
+            out[silo] = (size, None)
+            continue
+        cap = min(max_weight_ratio * float(np.median(others)), math.fsum(others))
+        if size > cap:
+            out[silo] = (
+                cap,
+                f"num-examples {size:g} weighs as {cap:g}: an undeclared size counts at most "
+                f"{max_weight_ratio:g}x the median of the other silos' and no more than all of "
+                "them together (declare it in the silo registry to count it whole)",
+            )
+        else:
+            out[silo] = (size, None)
+    return out
