@@ -290,8 +290,8 @@ class ReplyValidator:
             On a missing required key (``num-examples``, ``train-time``, ``batch-size``),
             in strict mode a key that is neither in the contract nor allowed, a value that
             is not a finite number, a train time that is not positive, a batch size other
-            than the one sent, ``num-examples`` <= 0 or above the bound, and contract counts or times
-            out of range.
+            than the one sent, ``num-examples`` <= 0 or above the bound, and contract
+            counts or times out of range.
         """
         k = self.keys
         required = (k.num_examples, k.train_time, k.batch_size, self.weight_key)
