@@ -69,3 +69,25 @@ def test_existing_keys_are_not_replaced_without_force(
     # Assert
     assert exit_info.value.code == 2 and "--force" in capsys.readouterr().err
     assert forced == 0 and (tmp_path / "secret.ckks").read_bytes() != before
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o660])
+def test_a_secret_context_readable_by_others_is_refused_with_the_fix(
+    mode: int, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: keys whose secret context others may read
+    main(["keys", "generate", "--out", str(tmp_path / "k"), "--poly-modulus-degree", "4096"])
+    secret = tmp_path / "k" / "secret.ckks"
+    secret.chmod(mode)
+    capsys.readouterr()
+
+    # Execute
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "--silos", "3", "--model", "mlp", "--encrypt", str(tmp_path / "k"),
+              "--out", str(tmp_path / "out")])  # fmt: skip
+
+    # Assert: one line with the mode and the chmod fix; the public context may stay 0644
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert f"{mode:04o}" in err and f"chmod 600 {secret}" in err and "Traceback" not in err
+    assert (tmp_path / "k" / "public.ckks").stat().st_mode & 0o777 == 0o644

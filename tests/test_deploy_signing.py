@@ -266,3 +266,53 @@ def test_quickstart_silos_sign_and_its_server_checks_them(
         assert [(e["round"], e["silo"]) for e in rejected] == [(1, "silo-1"), (2, "silo-1")]
         assert all("bad signature" in e["reason"] for e in rejected)
         assert all(sorted(e["silos"]) == ["silo-0", "silo-2"] for e in train)
+
+
+@pytest.mark.parametrize(
+    ("argv", "signed"),
+    [
+        pytest.param([], True, id="tls-default"),
+        pytest.param(["--insecure"], False, id="insecure-default"),
+        pytest.param(["--silo-registry", "none"], False, id="told-none"),
+        pytest.param(["--insecure", "--silo-registry", "auto"], True, id="insecure-told-auto"),
+        pytest.param(["--app", str(APP)], True, id="app-with-a-registry-setting"),
+    ],
+)
+def test_deploy_local_signs_replies_by_default_with_tls(
+    argv: list[str], signed: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: the command line as deploy-local reads it (nothing is started)
+    from fl_lbbsp.cli import _deploy_federation, build_parser
+
+    args = build_parser().parse_args(["deploy-local", "--workdir", str(tmp_path), *argv])
+
+    # Execute
+    fed = _deploy_federation(args)
+
+    # Assert: signed = keys generated in the workdir, the registry given to the app
+    expected = tmp_path.resolve() / "silo-keys" if signed else None
+    assert fed.silo_keys == expected
+    assert ("silo-registry" in fed.app_run_config()) is signed
+    assert capsys.readouterr().err == ""
+
+
+def test_deploy_local_notes_an_app_that_cannot_check_signatures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: an app that declares no silo-registry setting
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "pyproject.toml").write_text("[tool.flwr.app.config]\nnum-server-rounds = 3\n")
+    from fl_lbbsp.cli import _deploy_federation, build_parser
+
+    args = build_parser().parse_args(
+        ["deploy-local", "--workdir", str(tmp_path / "w"), "--app", str(app)]
+    )
+
+    # Execute
+    fed = _deploy_federation(args)
+
+    # Assert: unsigned (Flower would refuse the setting), said in one line
+    err = capsys.readouterr().err.strip()
+    assert fed.silo_keys is None and fed.app_run_config() == {}
+    assert len(err.splitlines()) == 1 and "declares no silo-registry" in err
