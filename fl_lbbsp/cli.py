@@ -886,10 +886,6 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "deploy-local":
         from .runs.deploy import RestartPolicy, read_run_config, serve
 
-        try:
-            federation = _deploy_federation(args)
-        except ValueError as err:
-            parser.error(str(err))
         if args.app is not None and not (args.app / "pyproject.toml").is_file():
             parser.error(f"--app {args.app} is not a Flower app (no pyproject.toml)")
         if args.run_config is not None and args.app is None:
@@ -903,6 +899,10 @@ def _main(argv: Sequence[str] | None) -> int:
                 parser.error(f"--run-config {args.run_config}: {err}")
         if not args.run_timeout > 0:
             parser.error(f"--run-timeout must be positive, got {args.run_timeout}")
+        try:
+            federation = _deploy_federation(args)
+        except ValueError as err:
+            parser.error(str(err))
         return serve(
             federation,
             policy=RestartPolicy(restart=not args.no_restart),

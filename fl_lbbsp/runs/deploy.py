@@ -26,11 +26,14 @@ a SuperNode that died (:class:`RestartPolicy`) and reports a dead SuperLink; :fu
 run's final status (:attr:`RunOutcome.exit_code` is 0 only for ``finished:completed``).
 
 With ``silo_registry`` (``fl-lbbsp deploy-local --silo-registry KEYDIR``, or ``auto`` to
-generate the keys) every SuperNode gets its own Ed25519 signing key as
-``signing-key=".../silo-<id>.key"`` in its ``--node-config``, and :func:`run_app` (and the
-printed ``flwr run`` command) give the app ``silo-registry=".../registry.json"`` in its run
-config: the quickstart's silos then sign their train replies and its server rejects any
-reply that is not signed by the silo it claims (:mod:`fl_lbbsp.core.identity`).
+generate the keys, which ``fl-lbbsp deploy-local`` does by default with TLS) every
+SuperNode gets its own Ed25519 signing key as ``signing-key=".../silo-<id>.key"`` in its
+``--node-config``, and :func:`run_app` (and the printed ``flwr run`` command) give the app
+``silo-registry=".../registry.json"`` in its run config: the quickstart's silos then sign
+their train replies, over the id of the instruction each answers, and its server rejects
+any reply that is not signed by the silo it claims for the instruction it sent that node
+(:mod:`fl_lbbsp.core.identity`). Silo ids follow
+:data:`~fl_lbbsp.core.identity.SILO_ID_PATTERN`.
 
 With ``warm_workers`` (the default; ``fl-lbbsp deploy-local --no-warm-worker`` turns it
 off) every silo also gets a warm worker (:mod:`fl_lbbsp.clients.warm`): a long-lived
@@ -852,6 +855,8 @@ class LocalFederation:
                 f"signed replies: each SuperNode's signing-key in {self.silo_keys}, "
                 f"the server's silo-registry {self.registry_file}"
             )
+        else:
+            lines.append("unsigned replies: silo identities are unverified")
         command = (
             f"  FLWR_HOME={self.flwr_home} {self.bin_dir / 'flwr'} run examples/quickstart "
             f"{self.connection} --stream"
