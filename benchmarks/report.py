@@ -55,7 +55,7 @@ __all__ = [
 
 SECTION_ORDER = (
     "fl", "dynamics", "noise", "accuracy", "predictors", "cluster", "ddp", "overhead", "he",
-    "wallclock",
+    "wallclock", "plugin",
 )  # fmt: skip
 GOAL_OPS = ("<=", "<", ">=", ">")
 REPORT_NAME = "REPORT.md"

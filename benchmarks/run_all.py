@@ -36,6 +36,7 @@ SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "overhead": ("bench_overhead.py", ("overhead",)),
     "he": ("bench_he.py", ("he",)),
     "wallclock": ("bench_wallclock.py", ("wallclock",)),
+    "plugin": ("bench_plugin.py", ("plugin",)),
 }
 
 

@@ -1,9 +1,10 @@
 """The benchmark suite end to end, tiny: ``benchmarks/run_all.py --smoke`` writes a
 section JSON per benchmark (each following the schema) and ``REPORT.md``.
 
-Two sections have their own end-to-end smoke tests and are left out here, so that the
+Three sections have their own end-to-end smoke tests and are left out here, so that the
 suite runs each expensive federation once: ``ddp`` (torchrun launches,
-``tests/test_distributed_bench.py``) and ``wallclock`` (``tests/test_wall_clock.py``)."""
+``tests/test_distributed_bench.py``), ``wallclock`` (``tests/test_wall_clock.py``) and
+``plugin`` (``flwr run`` of the quickstart app, ``tests/test_quickstart_app.py``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-OWN_SMOKE_TEST = {"ddp", "wallclock"}
+OWN_SMOKE_TEST = {"ddp", "wallclock", "plugin"}
 
 
 def _load(name: str, script: str = "report.py") -> Any:

@@ -66,13 +66,21 @@ def _port_taken(port: int) -> bool:
 @pytest.mark.slow
 def test_the_quickstart_app_with_lbbsp_plugged_in_runs_under_flwr_run(tmp_path: Path) -> None:
     # Prepare: a private Flower home and a copy of the app; emulated slowdowns 1;2;4 and
-    # the telemetry file through --run-config (nothing else of the app changes)
+    # the telemetry file declared in the copy's run config (the test's own instruments:
+    # Flower refuses --run-config keys the app does not declare); nothing else changes
     flwr = Path(sys.executable).parent / "flwr"
     if _port_taken(9091) or _port_taken(9092):
         pytest.skip("another SuperLink holds Flower's ServerAppIo/Fleet ports")
     app = tmp_path / "app"
     shutil.copytree(AFTER, app, ignore=shutil.ignore_patterns("__pycache__"))
     telemetry = tmp_path / "telemetry.jsonl"
+    project = app / "pyproject.toml"
+    declared = 'slowdowns = ""\ntelemetry-path = ""\n'
+    project.write_text(
+        project.read_text().replace(
+            "[tool.flwr.app.config]\n", "[tool.flwr.app.config]\n" + declared
+        )
+    )
     env = {
         **os.environ,
         "PATH": os.pathsep.join([str(flwr.parent), os.environ.get("PATH", "")]),

@@ -432,3 +432,46 @@ def test_misuse_of_names_nothing_for_exactly_tau_batches_of_b() -> None:
 
     # Execute / Assert
     assert misuse_of(plan) is None and plan.batches_drawn == TAU
+
+
+def test_plan_loader_recuts_the_apps_loader_to_tau_batches_of_the_batch_size() -> None:
+    # Prepare: the app's own loader (its batch size 7, shuffled, its collate function)
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fl_lbbsp.clients.round import LocalTraining, misuse_of
+
+    data = TensorDataset(torch.arange(50, dtype=torch.float32)[:, None])
+    own = DataLoader(data, batch_size=7, shuffle=True, collate_fn=lambda rows: len(rows))
+    plan = LocalTraining(batch_size=12, local_steps=4, lr=0.1, server_round=1, seed=3)
+
+    # Execute
+    sizes = list(plan.loader(own))
+
+    # Assert: the app's collate function, the plan's batches, nothing to report
+    assert sizes == [12, 12, 12, 12]
+    assert misuse_of(plan) is None and plan.samples_drawn == 48
+
+
+@pytest.mark.parametrize(
+    ("drawn_at", "steps", "expected"),
+    [
+        ((10.0, 11.0), 5, (20.0 - 11.0) * 5 / 4),  # start-up and the first step left out
+        ((10.0,), 5, 10.0),  # one batch drawn: from it
+        ((10.0, 11.0), 1, 10.0),  # one step: from the first batch
+        ((), 5, None),  # nothing drawn through the plan
+    ],
+)
+def test_the_compute_is_timed_from_the_batches_drawn(
+    drawn_at: tuple[float, ...], steps: int, expected: float | None
+) -> None:
+    # Prepare: injected draw times, no clock
+    from fl_lbbsp.clients.round import LocalTraining
+
+    plan = LocalTraining(batch_size=4, local_steps=steps, lr=0.1, server_round=1, seed=0)
+    plan.batch_sampler(10).drawn_at = list(drawn_at)
+
+    # Execute
+    measured = plan.drawn_time(20.0)
+
+    # Assert
+    assert measured == (None if expected is None else pytest.approx(expected))

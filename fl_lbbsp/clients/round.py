@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import torch
+from torch.utils.data import DataLoader
 
 from ..contract import COMPUTE_TIME, SLOWDOWN, TRAIN_LOSS, RecordKeys
 from ..instruction import PARTITION_ID, RoundInstruction, round_seed
@@ -113,10 +114,57 @@ class LocalTraining:
         self._samplers.append(sampler)
         return sampler
 
+    def loader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
+        """``dataloader`` re-cut to this round: the same dataset, collate function and
+        workers, batches from :meth:`batch_sampler` (exactly ``local_steps`` batches of
+        ``batch_size``, reshuffled); one pass over it is the round's training.
+
+        Parameters
+        ----------
+        dataloader : torch.utils.data.DataLoader
+            The app's own training loader (its batch size and shuffling are replaced).
+
+        Raises
+        ------
+        TypeError
+            Its dataset has no length (an ``IterableDataset``): draw from
+            :meth:`batch_sampler` over your own indices instead.
+        """
+        dataset = dataloader.dataset
+        if not hasattr(dataset, "__len__"):
+            raise TypeError(
+                "plan.loader needs a map-style dataset with a length; for an iterable "
+                "dataset draw plan.local_steps batches of plan.batch_size yourself"
+            )
+        workers = dataloader.num_workers
+        return DataLoader(
+            dataset,
+            batch_sampler=self.batch_sampler(len(dataset)),
+            collate_fn=dataloader.collate_fn,
+            num_workers=workers,
+            pin_memory=dataloader.pin_memory,
+            worker_init_fn=dataloader.worker_init_fn,
+            persistent_workers=dataloader.persistent_workers if workers else False,
+        )
+
+    def drawn_time(self, end: float) -> float | None:
+        """Seconds of compute from the batches drawn, up to ``end``
+        (``time.perf_counter()``): from the second batch on, scaled to ``local_steps``
+        steps, so that neither the loading before the first batch (a cold process, the
+        dataset built) nor the first step's warm-up counts; with one batch, from the
+        first. ``None``: nothing was drawn through this plan."""
+        draws = sorted(t for sampler in self._samplers for t in sampler.drawn_at)
+        if not draws:
+            return None
+        if len(draws) < 2 or self.local_steps < 2:
+            return max(end - draws[0], 0.0)
+        return max(end - draws[1], 0.0) * self.local_steps / (self.local_steps - 1)
+
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
         """Time the block as the round's compute (several blocks add up); without it
-        the whole work is timed, loading included."""
+        the compute is timed from the batches drawn (:meth:`drawn_time`), or the
+        whole work when nothing is drawn through the plan."""
         start = time.perf_counter()
         try:
             yield
@@ -293,9 +341,12 @@ def run_round(
         machine_usage()  # start psutil's CPU window
         begun = time.perf_counter()
         done = work(plan)
-        whole = time.perf_counter() - begun
+        ended = time.perf_counter()
         cpu, memory = machine_usage()
-    measured = whole if plan.compute_time is None else plan.compute_time
+    measured = plan.compute_time
+    if measured is None:
+        drawn = plan.drawn_time(ended)
+        measured = ended - begun if drawn is None else min(drawn, ended - begun)
     reported = emulated_time(
         measured,
         emulate.factor,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import torch
@@ -42,6 +43,9 @@ class ResizableBatchSampler(Sampler[list[int]]):
     batches_drawn, samples_drawn : int
         Batches and samples yielded so far, over every iteration (a second pass over a
         ``DataLoader`` built on it counts again): what the silo really drew.
+    drawn_at : list of float
+        ``time.perf_counter()`` when the first and the second batch were drawn (at most
+        two entries): where the silo's compute starts, and where its warm-up step ends.
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self._pending = torch.empty(0, dtype=torch.long)
         self.batches_drawn = 0
         self.samples_drawn = 0
+        self.drawn_at: list[float] = []
 
     @property
     def batch_size(self) -> int:
@@ -87,6 +92,8 @@ class ResizableBatchSampler(Sampler[list[int]]):
         produced = 0
         while self.num_batches is None or produced < self.num_batches:
             batch = self._take(self.batch_size).tolist()
+            if len(self.drawn_at) < 2:
+                self.drawn_at.append(time.perf_counter())
             self.batches_drawn += 1
             self.samples_drawn += len(batch)
             yield batch

@@ -1,0 +1,199 @@
+"""Section ``plugin``: a quickstart-style Flower app with LB-BSP plugged in, under
+``flwr run`` on the Simulation Engine.
+
+The app is ``tests/apps/quickstart_lbbsp`` (its own CNN on the embedded digits through
+flwr-datasets, ``train_loss``, client-side evaluate; the README's plug-in diff applied), with
+emulated slowdowns 1;2;4 (each silo waits out (k-1) times its measured compute). Every run
+starts cold: a fresh SuperLink, Ray and ClientApp processes. Per run:
+
+- whether the batch sizes are ordered like the speeds from round 2 on (the cold first
+  round must not mislead the split);
+- the median, over rounds 3 on, of the round time (the slowest silo's reported
+  ``train-time``) over the oracle split's under the same noise: the split that knows every
+  silo's true cost line ``k_i (a B + b)`` (one line fitted on every silo's unemulated compute
+  times of the run), run with each silo's measured noise factor of that round
+  (:func:`common.telemetry_oracle`).
+
+Run: ``python benchmarks/bench_plugin.py [--smoke] [--out DIR] [--runs N]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+from common import ROOT, machine, parser, telemetry_oracle
+from report import write_section
+
+APP = ROOT / "tests" / "apps" / "quickstart_lbbsp"
+SLOWDOWNS = (1.0, 2.0, 4.0)
+B_INIT, TAU = 16, 10  # the app's pyproject: batch-size, local-steps
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_app(rounds: int, folder: Path) -> list[dict[str, Any]]:
+    """One cold ``flwr run --stream`` of the app; its telemetry events.
+
+    Raises
+    ------
+    RuntimeError
+        The run did not finish with a model (the output's tail says why).
+    """
+    app = folder / "app"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    project = app / "pyproject.toml"
+    declared = 'slowdowns = ""\ntelemetry-path = ""\n'
+    header = "[tool.flwr.app.config]\n"
+    project.write_text(project.read_text().replace(header, header + declared))
+    telemetry = folder / "telemetry.jsonl"
+    flwr = Path(sys.executable).parent / "flwr"
+    home = folder / "flwr-home"
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(flwr.parent), os.environ.get("PATH", "")]),
+        "FLWR_HOME": str(home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+    }
+    slowdowns = ";".join(f"{k:g}" for k in SLOWDOWNS)
+    overrides = f"num-server-rounds={rounds} slowdowns='{slowdowns}' telemetry-path='{telemetry}'"
+    try:
+        done = subprocess.run(
+            [str(flwr), "run", str(app), "--stream", "--run-config", overrides],
+            env=env, cwd=folder, capture_output=True, text=True, timeout=1200, check=False,
+        )  # fmt: skip
+    finally:
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if any(str(home) in part for part in proc.info["cmdline"] or ()):
+                for child in proc.children(recursive=True):
+                    child.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
+    output = done.stdout + done.stderr
+    lines = telemetry.read_text().splitlines() if telemetry.exists() else []
+    events = [json.loads(line) for line in lines]
+    train = [e for e in events if e.get("event") == "train"]
+    if done.returncode != 0 or len(train) != rounds or "raised an exception" in output:
+        raise RuntimeError(f"the run failed:\n{output[-3000:]}")
+    return train
+
+
+def judge(train: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ordering from round 2 and the median round time / oracle from round 3."""
+    ordered = True
+    for event in train[1:]:
+        silos = event["silos"]
+        sizes = [silos[str(p)]["batch-size"] for p in range(len(SLOWDOWNS))]
+        steps = zip(sizes, sizes[1:], strict=False)
+        ordered &= all(x >= y for x, y in steps) and sizes[0] > sizes[-1]
+    warm = [e for e in train if e["round"] >= 2]
+    xs = [float(r["batch-size"]) for e in warm for r in e["silos"].values()]
+    ts = [float(r["compute-time"]) for e in warm for r in e["silos"].values()]
+    a, b = np.polyfit(xs, ts, 1)
+    a, b = max(float(a), 1e-9), max(float(b), 0.0)
+    config = {"event": "config", "local_steps": TAU, "batch_size": B_INIT, "silos": 3}
+    oracle = telemetry_oracle([config, *train], a, b, floor=1)
+    rows = list(zip(oracle.rounds, oracle.round_time, oracle.oracle, oracle.equal, strict=True))
+    return {
+        "ordered_from_round_2": bool(ordered),
+        "median_round_time_over_oracle": statistics.median(t / o for r, t, o, _ in rows if r >= 3),
+        "median_round_time_over_equal": statistics.median(t / q for r, t, _, q in rows if r >= 3),
+        "sizes": [[e["silos"][str(p)]["batch-size"] for p in range(3)] for e in train],
+        "line": [a, b],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    flags = parser(__doc__.splitlines()[0])
+    flags.add_argument("--runs", type=int, default=10, help="cold runs (default: 10)")
+    args = flags.parse_args(argv)
+    runs = 2 if args.smoke else args.runs
+    rounds = 4 if args.smoke else 8
+    results = []
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    for k in range(runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            result = judge(run_app(rounds, Path(tmp)))
+        print(f"run {k + 1}/{runs}: {result}", flush=True)
+        results.append(result)
+    load_after = os.getloadavg()
+    ordered = sum(r["ordered_from_round_2"] for r in results)
+    medians = [r["median_round_time_over_oracle"] for r in results]
+    section = {
+        "section": "plugin",
+        "title": "Plug-in: a quickstart-style Flower app under flwr run, cold starts included",
+        "setting": (
+            f"`tests/apps/quickstart_lbbsp` (the README's plug-in diff on a quickstart-pytorch "
+            f"style app: own CNN, embedded digits through flwr-datasets' IidPartitioner) under "
+            f"`flwr run --stream` on the Simulation Engine, 3 SuperNodes, emulated slowdowns "
+            f"1;2;4 (each silo waits out (k-1) times its measured compute), B_init={B_INIT}, "
+            f"tau={TAU}, {rounds} rounds, {runs} cold runs (a fresh SuperLink each). Oracle: "
+            "the split knowing each silo's true line k_i (a B + b), a and b fitted on the run's "
+            "unemulated compute times, under each silo's measured noise of the round. "
+            f"Machine: {machine()}, load average {load_before[0]:.1f} before and "
+            f"{load_after[0]:.1f} after; {time.perf_counter() - started:.0f} s."
+        ),
+        "figures": [
+            {
+                "label": "runs whose batch sizes follow the speeds from round 2",
+                "value": float(ordered),
+                "format": ".0f",
+                "unit": f"of {runs}",
+                "goal": {"op": ">=", "target": float(runs)},
+                "note": "sizes per round of each run in the JSON",
+            },
+            {
+                "label": "median round time / oracle from round 3, median of the runs",
+                "value": statistics.median(medians),
+                "format": ".3f",
+                "unit": "",
+                "goal": {"op": "<=", "target": 1.10},
+                "note": f"worst run {max(medians):.3f}",
+            },
+            {
+                "label": "median round time / the equal split's from round 3, median of the runs",
+                "value": statistics.median(r["median_round_time_over_equal"] for r in results),
+                "format": ".3f",
+                "unit": "",
+                "goal": None,
+                "note": "FedAvg's split under the same noise",
+            },
+        ],
+        "tables": [
+            {
+                "columns": ["run", "ordered from round 2", "round time / oracle (median, r>=3)",
+                            "batch sizes per round (k = 1, 2, 4)"],
+                "rows": [
+                    [k + 1, "yes" if r["ordered_from_round_2"] else "no",
+                     round(r["median_round_time_over_oracle"], 3),
+                     " ".join("/".join(map(str, s)) for s in r["sizes"])]
+                    for k, r in enumerate(results)
+                ],
+            }
+        ],
+        "plots": [],
+        "notes": [],
+    }  # fmt: skip
+    write_section(section, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
