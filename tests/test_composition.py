@@ -262,3 +262,27 @@ def test_legacy_strategy_under_secagg_plus_balances_and_averages_securely(
     np.testing.assert_allclose(final, np.full(3, 3.1), atol=1e-3)
     events = [e for e in read_telemetry(tmp_path / "legacy.jsonl") if e["event"] == "train"]
     assert len(events) == 3 and all(not e.get("rejected") for e in events)
+
+
+def test_client_side_dp_sends_no_federated_evaluation_that_the_mod_would_fail(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: federated evaluation asked for (FedAvg's default), silos behind Flower's
+    # fixedclipping_mod, which fails every evaluate reply
+    seen: list[tuple[int, dict]] = []  # type: ignore[type-arg]
+    grid = _grid(_silo_app(seen, mods=(fixedclipping_mod,)))
+    inner = LBBSPFedAvg(
+        initial_batch_size=B_INIT, local_steps=TAU, lr=0.1, min_train_nodes=3,
+        min_evaluate_nodes=3, min_available_nodes=3, fraction_evaluate=1.0,
+    )  # fmt: skip
+    wrapper = DifferentialPrivacyClientSideFixedClipping(
+        inner, noise_multiplier=0.0, clipping_norm=CLIP, num_sampled_clients=3
+    )
+
+    # Execute
+    start_wrapped(wrapper, grid=grid, initial_arrays=_zeros(), num_rounds=2)
+
+    # Assert: one warning, no evaluate message sent, so no error reply
+    assert inner.fraction_evaluate == 0.0
+    assert any("fixedclipping_mod" in r.getMessage() for r in caplog.records)
+    assert grid.transfers and all(t.error is None for t in grid.transfers)

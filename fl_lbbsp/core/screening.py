@@ -226,6 +226,7 @@ def contract_metric_keys(keys: RecordKeys) -> frozenset[str]:
             keys.train_time,
             keys.batch_size,
             keys.samples_processed,
+            keys.samples_drawn,
             keys.cpu_percent,
             keys.memory_percent,
             keys.max_batch_size,

@@ -13,20 +13,40 @@ A wrapper runs the rounds with its own ``start`` (Flower's loop), not
 :meth:`LBBSPFedAvg.start`; :func:`start_wrapped` puts the inner strategy's round
 deadlines and reply polling back. Checkpoints stay with ``LBBSPFedAvg.start``: a
 wrapped strategy with ``checkpoint_dir`` refuses to run (a checkpoint would hold the
-aggregate before the wrapper's noise).
+aggregate before the wrapper's noise). Under the client-side wrapper no federated
+evaluation is sent: Flower's ``fixedclipping_mod`` fails every evaluate reply.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyClientSideFixedClipping,
+    Result,
+    Strategy,
+)
 
 from .fedavg import LBBSPFedAvg
 
 __all__ = ["inner_strategy", "start_wrapped"]
+
+log = logging.getLogger("fl_lbbsp")
+
+
+def _client_side_clipping(strategy: Strategy) -> bool:
+    """Whether ``strategy`` or a strategy it wraps is Flower's client-side DP wrapper."""
+    seen: Strategy | None = strategy
+    for _ in range(16):
+        if seen is None:
+            return False
+        if isinstance(seen, DifferentialPrivacyClientSideFixedClipping):
+            return True
+        seen = getattr(seen, "strategy", None)
+    return False
 
 
 def inner_strategy(strategy: Strategy) -> LBBSPFedAvg:
@@ -82,6 +102,14 @@ evaluate_fn :
         When the inner strategy has a ``checkpoint_dir``.
     """
     inner = inner_strategy(wrapper)
+    if _client_side_clipping(wrapper) and inner.fraction_evaluate > 0:
+        # Flower's fixedclipping_mod fails every evaluate message (it wants an ArrayRecord
+        # in the reply and clipping_norm in the config): do not send any.
+        log.warning(
+            "client-side DP (fixedclipping_mod) fails every federated evaluation reply: "
+            "fraction_evaluate set to 0; evaluate centrally with evaluate_fn instead"
+        )
+        inner.fraction_evaluate = 0.0
     if inner.server_config.checkpoint_dir is not None:
         raise ValueError(
             f"{type(inner).__name__}(checkpoint_dir=...) inside {type(wrapper).__name__}: "

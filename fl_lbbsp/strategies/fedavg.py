@@ -45,6 +45,7 @@ from ..core.engine import (
 )
 from ..core.identity import SiloRegistry, load_registry
 from ..core.settings import CLAIM_SETTINGS, BalancingOptions
+from ..instruction import RoundInstruction
 from ..telemetry import TelemetryWriter
 from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
 from .config import InvalidSettingError, ServerConfig, record_keys, setting_error
@@ -449,14 +450,14 @@ evaluate_metrics_aggr_fn :
 
     def node_config(self, state: RoundState, node: Node, config: ConfigRecord) -> ConfigRecord:
         """The caller's config (copied) with the node's instruction and the round."""
-        ins, keys = state.instructions[node], self.keys
-        record = ConfigRecord(dict(config))
-        record[keys.batch_size] = ins.batch_size
-        record[keys.local_steps] = ins.local_steps
-        record[keys.lr] = ins.lr
-        record[keys.server_round] = state.server_round
-        if ins.batch_offset is not None:
-            record[keys.batch_offset] = ins.batch_offset
+        ins = state.instructions[node]
+        record = RoundInstruction(
+            batch_size=ins.batch_size,
+            local_steps=ins.local_steps,
+            lr=ins.lr,
+            server_round=state.server_round,
+            batch_offset=ins.batch_offset,
+        ).to_config(self.keys, base=config)
         record.update(self.updates.config(state))
         return record
 
