@@ -49,6 +49,8 @@ def _silo_app(seen: list[tuple[int, dict]], *, mods: tuple = ()) -> ClientApp:  
     def train(msg: Message, context: Context, plan: LocalTraining) -> Message:
         partition = int(context.node_config["partition-id"])  # type: ignore[arg-type]
         seen.append((partition, dict(msg.content["config"])))
+        for _ in plan.batch_sampler(64):  # the round's batches (no compute: the cost model)
+            pass
         arrays = msg.content["arrays"]
         moved = ArrayRecord({k: Array(a.numpy() + np.float32(STEP)) for k, a in arrays.items()})
         metrics = MetricRecord({KEYS.num_examples: 100 * (partition + 1)})
