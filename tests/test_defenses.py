@@ -1,0 +1,174 @@
+"""A registered silo cannot wreck the model or the aggregate: far updates are rejected,
+undeclared dataset sizes are capped, refusals of the global model are read and roll it
+back (issue 27's hostile-silo cases, injected values, no clock)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fl_lbbsp.contract import MODEL_REFUSED, RecordKeys
+from fl_lbbsp.core.update_screen import UpdateScreen, cap_weights, update_distance
+from fl_lbbsp.runs.inprocess import InProcessGrid
+from fl_lbbsp.strategies import LBBSPFedAvg
+
+KEYS = RecordKeys()
+B_INIT, TAU = 16, 5
+
+
+def _app(
+    step: dict[int, float],
+    *,
+    sizes: dict[int, int] | None = None,
+    refuse: set[int] | None = None,
+    poison_from: int = 0,
+) -> ClientApp:
+    """Silo p moves every weight by ``step[p]`` (by 1e30 from round ``poison_from`` on
+    for a silo whose step is ``inf``), claims ``sizes[p]`` examples (default 100), and
+    says it refused the global model when it is in ``refuse``."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        p = int(context.node_config["partition-id"])  # type: ignore[arg-type]
+        config = dict(msg.content["config"])
+        b, server_round = int(config[KEYS.batch_size]), int(config[KEYS.server_round])
+        move = step[p]
+        if math.isinf(move):
+            move = 1e30 if server_round >= poison_from else 1.0
+        arrays = msg.content["arrays"]
+        moved = ArrayRecord(
+            {k: Array((a.numpy() + np.float32(move)).astype(np.float32)) for k, a in arrays.items()}
+        )
+        metrics = {
+            KEYS.num_examples: (sizes or {}).get(p, 100),
+            KEYS.train_time: (p + 1) * 0.001 * b * TAU,
+            KEYS.batch_size: b,
+        }
+        silo = {KEYS.silo_id: str(p)}
+        if refuse and p in refuse:
+            silo[MODEL_REFUSED] = "its norm is not within 100x of the last model's"
+        content = RecordDict(
+            {
+                "arrays": moved,
+                "metrics": MetricRecord(metrics),
+                KEYS.silo_record: ConfigRecord(silo),
+            }
+        )
+        return Message(content, reply_to=msg)
+
+    return app
+
+
+def _run(app: ClientApp, *, rounds: int, nodes: int = 4, **kwargs: Any):  # type: ignore[no-untyped-def]
+    strategy = LBBSPFedAvg(
+        initial_batch_size=B_INIT,
+        local_steps=TAU,
+        lr=0.1,
+        fraction_evaluate=0.0,
+        min_train_nodes=nodes,
+        min_available_nodes=nodes,
+        deadline_margin=None,
+        **kwargs,
+    )
+    initial = ArrayRecord({"w": Array(np.zeros(4, dtype=np.float32))})
+    result = strategy.start(
+        grid=InProcessGrid(app, num_nodes=nodes), initial_arrays=initial, num_rounds=rounds
+    )
+    return strategy, result
+
+
+@pytest.mark.parametrize("poison_from", [1, 3])
+def test_a_silo_sending_1e30_weights_cannot_move_the_global_model(
+    fl_log: pytest.LogCaptureFixture, poison_from: int
+) -> None:
+    # Prepare: three honest silos move every weight by about 1; silo 3 by 1e30, from the
+    # first round on or after two honest rounds
+    app = _app({0: 1.0, 1: 1.1, 2: 0.9, 3: math.inf}, poison_from=poison_from)
+
+    # Execute
+    _, result = _run(app, rounds=4)
+
+    # Assert: the model moved by the honest mean only, every round; one warning per cause
+    final = result.arrays["w"].numpy()
+    assert np.isfinite(final).all() and np.abs(final).max() < 10
+    rejected = [r.getMessage() for r in fl_log.records if "silo 3" in r.getMessage()]
+    assert rejected and "median distance" in rejected[0]
+
+
+def test_an_undeclared_huge_dataset_claim_cannot_take_most_of_the_aggregate() -> None:
+    # Prepare: silo 3 claims 9.9 million examples (under any absolute cap), the others 100
+    app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 3.0}, sizes={3: 9_900_000})
+
+    # Execute
+    _, result = _run(app, rounds=1)
+
+    # Assert: its weight is at most all the others' together (300 of 600): the mean
+    # moves by at most (3 * 1 + 1 * 3) / 6 = 2, not by about 3
+    assert result.arrays["w"].numpy() == pytest.approx(np.full(4, 2.0))
+
+
+def test_a_declared_size_counts_whole() -> None:
+    # Prepare / Execute: the registry's declaration is the only way to weigh most
+    weights = cap_weights(
+        {"a": 100.0, "b": 9_900_000.0},
+        known={"a": 100.0, "b": 9_900_000.0},
+        declared={"b": 9_900_000.0},
+        max_weight_ratio=10.0,
+    )
+
+    # Assert
+    assert weights == {"a": (100.0, None), "b": (9_900_000.0, None)}
+
+
+def test_most_silos_refusing_the_global_model_rolls_it_back(
+    fl_log: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: from the start, 3 of 4 silos say they refused the model they were sent
+    app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, refuse={1, 2, 3})
+
+    # Execute
+    strategy, result = _run(app, rounds=3)
+
+    # Assert: an error naming the refusals; the model after round 1 (the last one most
+    # silos took is the initial one... round 1's was refused in round 2) rolled back
+    errors = [r.getMessage() for r in fl_log.records if r.levelname == "ERROR"]
+    assert any("3 of 4 silos refused the global model" in e for e in errors)
+    assert any("rolled back" in e for e in errors)
+    assert result.arrays["w"].numpy() == pytest.approx(np.zeros(4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    honest=st.lists(st.floats(0.5, 2.0), min_size=3, max_size=8),
+    factor=st.floats(50.0, 1e30),
+)
+def test_the_screen_rejects_one_far_update_and_never_an_honest_one(
+    honest: list[float], factor: float
+) -> None:
+    # Prepare: honest distances within 4x of each other, one 50x to 1e30x their median
+    distances = {f"h{k}": d for k, d in enumerate(honest)}
+    distances["x"] = factor * float(np.median(honest))
+
+    # Execute
+    rejected = UpdateScreen().screen(distances)
+
+    # Assert
+    assert set(rejected) == {"x"}
+
+
+def test_update_distance_is_the_l2_distance_and_inf_when_it_overflows() -> None:
+    # Prepare
+    start = [np.zeros(3, np.float32), np.zeros((2, 2), np.float32)]
+    update = [np.full(3, 1.0, np.float32), np.full((2, 2), 2.0, np.float32)]
+
+    # Execute / Assert
+    assert update_distance(update, start) == pytest.approx(math.sqrt(3 + 16))
+    assert update_distance([np.full(3, 3e38, np.float32)], None) == math.inf
