@@ -28,6 +28,7 @@ def _app(
     *,
     sizes: dict[int, int] | None = None,
     refuse: set[int] | None = None,
+    refuse_from: int = 1,
     poison_from: int = 0,
 ) -> ClientApp:
     """Silo p moves every weight by ``step[p]`` (by 1e30 from round ``poison_from`` on
@@ -53,7 +54,7 @@ def _app(
             KEYS.batch_size: b,
         }
         silo = {KEYS.silo_id: str(p)}
-        if refuse and p in refuse:
+        if refuse and p in refuse and server_round >= refuse_from:
             silo[MODEL_REFUSED] = "its norm is not within 100x of the last model's"
         content = RecordDict(
             {
@@ -131,14 +132,14 @@ def test_a_declared_size_counts_whole() -> None:
 def test_most_silos_refusing_the_global_model_rolls_it_back(
     fl_log: pytest.LogCaptureFixture,
 ) -> None:
-    # Prepare: from the start, 3 of 4 silos say they refused the model they were sent
-    app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, refuse={1, 2, 3})
+    # Prepare: from round 2 on, 3 of 4 silos say they refused the model they were sent
+    app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, refuse={1, 2, 3}, refuse_from=2)
 
     # Execute
     strategy, result = _run(app, rounds=3)
 
-    # Assert: an error naming the refusals; the model after round 1 (the last one most
-    # silos took is the initial one... round 1's was refused in round 2) rolled back
+    # Assert: an error naming the refusals, and the model rolled back to the last one most
+    # silos took (the initial model, sent in round 1), however often they refuse
     errors = [r.getMessage() for r in fl_log.records if r.levelname == "ERROR"]
     assert any("3 of 4 silos refused the global model" in e for e in errors)
     assert any("rolled back" in e for e in errors)
@@ -147,13 +148,13 @@ def test_most_silos_refusing_the_global_model_rolls_it_back(
 
 @settings(max_examples=200, deadline=None)
 @given(
-    honest=st.lists(st.floats(0.5, 2.0), min_size=3, max_size=8),
-    factor=st.floats(50.0, 1e30),
+    honest=st.lists(st.floats(1.0, 2.0), min_size=3, max_size=8),
+    factor=st.floats(100.0, 1e30),
 )
 def test_the_screen_rejects_one_far_update_and_never_an_honest_one(
     honest: list[float], factor: float
 ) -> None:
-    # Prepare: honest distances within 4x of each other, one 50x to 1e30x their median
+    # Prepare: honest distances within 2x of each other, one 100x to 1e30x their median
     distances = {f"h{k}": d for k, d in enumerate(honest)}
     distances["x"] = factor * float(np.median(honest))
 
@@ -171,4 +172,4 @@ def test_update_distance_is_the_l2_distance_and_inf_when_it_overflows() -> None:
 
     # Execute / Assert
     assert update_distance(update, start) == pytest.approx(math.sqrt(3 + 16))
-    assert update_distance([np.full(3, 3e38, np.float32)], None) == math.inf
+    assert update_distance([np.full(3, 1e200)], None) == math.inf
