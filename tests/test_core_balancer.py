@@ -19,6 +19,7 @@ PAPER: dict[str, Any] = {
     "allocator": "proportional",
     "max_change_ratio": None,
     "min_batch_fraction": 0.0,
+    "noise_budget": None,
     "change_sigmas": None,
     "order_tolerance": None,
     "equal_split_guard": False,
@@ -243,7 +244,7 @@ def test_change_limit_bounds_a_silo_claiming_a_hundred_times_its_speed(
 ) -> None:
     # Prepare: two equal silos, two honest rounds each
     balancer = BatchSizeBalancer(
-        initial_batch_size=32, max_change_ratio=ratio, min_batch_fraction=0.25
+        initial_batch_size=32, max_change_ratio=ratio, min_batch_fraction=0.25, noise_budget=None
     )
     for _ in range(2):
         for silo in ("a", "b"):
@@ -271,7 +272,7 @@ def test_first_report_is_bounded_by_the_change_limit_around_b_init(
 ) -> None:
     # Prepare: a floor of B_init / 4
     balancer = BatchSizeBalancer(
-        initial_batch_size=32, max_change_ratio=ratio, min_batch_fraction=0.25
+        initial_batch_size=32, max_change_ratio=ratio, min_batch_fraction=0.25, noise_budget=None
     )
 
     # Execute: one report each, a is 7x as fast

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport, fit_robust_cost, linear_minmax
 from fl_lbbsp.core.balancer import BALANCER_DEFAULTS, order_guard
+from fl_lbbsp.core.budget import budgeted_minmax
 
 TAU = 10
 
@@ -35,7 +36,9 @@ def _round(
 
 
 def _oracle(a: np.ndarray, b: np.ndarray, total: int, floor: int) -> float:
-    x = linear_minmax(a, b, total, lower=np.full(len(a), float(floor)))
+    """The oracle's round time: the true lines, the same floor and noise budget."""
+    rho = BALANCER_DEFAULTS["noise_budget"]
+    x = budgeted_minmax(a, b, total, lower=np.full(len(a), float(floor)), rho=rho).sizes
     return float(np.max(a * x + b))
 
 
@@ -52,7 +55,8 @@ def test_the_defaults_are_the_robust_guarded_balancer() -> None:
     assert BALANCER_DEFAULTS["allocator"] == balancer.allocator == "linear"
     assert BALANCER_DEFAULTS["max_change_ratio"] == balancer.max_change_ratio == 2.0
     assert balancer.fit == "robust" and balancer.equal_split_guard
-    assert balancer.floor == 16  # B_init / 3
+    assert balancer.floor == 1  # no blanket floor: the noise budget instead
+    assert BALANCER_DEFAULTS["noise_budget"] == balancer.noise_budget == pytest.approx(2**0.5)
 
 
 def test_strategy_config_defaults_are_the_balancer_defaults() -> None:
@@ -481,9 +485,10 @@ def test_a_shared_slowdown_right_after_the_batch_sizes_moved_is_taken_out(
     own[9, 0] = own[10, 0] = 0.90625
     own[9, 1:] = own[10, 1:] = 1.0625
     ids = [f"s{i}" for i in range(4)]
+    # No noise budget: it holds these batch sizes still, and they must move here.
     plain, shared = (
-        BatchSizeBalancer(initial_batch_size=32),
-        BatchSizeBalancer(initial_batch_size=32),
+        BatchSizeBalancer(initial_batch_size=32, noise_budget=None),
+        BatchSizeBalancer(initial_batch_size=32, noise_budget=None),
     )
 
     # Execute
@@ -692,7 +697,9 @@ def test_jittered_mixes_stay_near_the_oracle(
     b = np.asarray(fixed[:n]) * a * 32
     ids = [f"s{i}" for i in range(n)]
     balancer = BatchSizeBalancer(initial_batch_size=32)
-    best = linear_minmax(a, b, 32 * n, lower=np.full(n, float(balancer.floor)))
+    best = budgeted_minmax(
+        a, b, 32 * n, lower=np.full(n, float(balancer.floor)), rho=balancer.noise_budget
+    ).sizes
 
     # Execute: 30 rounds, the last 25 compared
     ours, oracle, fedavg = [], [], []

@@ -239,11 +239,13 @@ class OutOfMemoryError(MemoryError):
 
 
 class CostModel(BaseModel):
-    """Emulated batch time of a GPU-like worker: ``t(x) = max(C, m * x + b)``.
+    """Emulated batch time of a GPU-like worker: ``t(x) = max(C, m * max(x, k) + b)``.
 
-    The shape of the paper's Fig. 4: a floor ``C`` while the device is not saturated, a
-    linear cost beyond, and an out-of-memory error above ``x_max``. Alg. 2 and the
-    linear allocator can be tested and demonstrated with it on a CPU-only machine.
+    The shape of the paper's Fig. 4: flat while the device is not saturated (up to the
+    knee k, or below the floor C), a linear cost beyond, and an out-of-memory error above
+    ``x_max``. Alg. 2 and the linear allocator can be tested and demonstrated with it on a
+    CPU-only machine. The knee and the floor are two ways of saying the same (a floor C is
+    the knee ``(C - b) / m``).
 
     Parameters
     ----------
@@ -255,6 +257,9 @@ class CostModel(BaseModel):
         C, the smallest batch time (saturation).
     max_batch_size : int | None (default: None)
         x_max; a larger batch raises :class:`OutOfMemoryError`.
+    knee : int (default: 0)
+        k, the batch size up to which the time is flat (a GPU that does a batch of k in the
+        time of a batch of 1); 0: none.
 
     Reference: Chen et al., IEEE TCC 2021, Sec. 3.3.1 and Fig. 4.
     """
@@ -265,27 +270,47 @@ class CostModel(BaseModel):
     fixed: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     floor: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     max_batch_size: int | None = Field(default=None, gt=0)
+    knee: int = Field(default=0, ge=0)
 
     @classmethod
     def parse(cls, text: str) -> CostModel:
-        """Parse ``"m"``, ``"m,b"``, ``"m,b,C"`` or ``"m,b,C,x_max"`` (seconds, samples)."""
+        """Parse ``"m"``, ``"m,b"``, ``"m,b,C"`` or ``"m,b,C,x_max"`` (seconds, samples),
+        each optionally followed by named parts ``name=value`` (``m``, ``b``, ``C``,
+        ``x_max``, ``knee``), e.g. ``"0.001,0.002,knee=64"`` or
+        ``"0.001,0.002,knee=64,x_max=512"``."""
         parts = [p.strip() for p in str(text).split(",")]
         names = ["per_sample", "fixed", "floor", "max_batch_size"]
-        if not 1 <= len(parts) <= 4 or not all(parts):
-            raise ValueError(f"invalid cost model {text!r}: expected 'm[,b[,C[,x_max]]]'")
+        aliases = dict(zip(("m", "b", "c", "x_max"), names, strict=True))
+        aliases.update({name: name for name in [*names, "knee"]})
+        usage = "'m[,b[,C[,x_max]]][,knee=k]'"
+        positional = [p for p in parts if "=" not in p]
+        named = [p for p in parts if "=" in p]
+        if (
+            not 1 <= len(positional) <= 4
+            or not all(parts)
+            or parts[: len(positional)] != positional
+        ):
+            raise ValueError(f"invalid cost model {text!r}: expected {usage}")
+        pairs = list(zip(names, positional, strict=False))
+        for part in named:
+            key, _, value = part.partition("=")
+            name = aliases.get(key.strip().lower())
+            if name is None:
+                raise ValueError(f"invalid cost model {text!r}: unknown part {key!r} ({usage})")
+            pairs.append((name, value.strip()))
+        if len({name for name, _ in pairs}) != len(pairs):
+            raise ValueError(f"invalid cost model {text!r}: a part is given twice ({usage})")
         try:
             values: dict[str, float | int] = {
-                name: (int(p) if name == "max_batch_size" else float(p))
-                for name, p in zip(names, parts, strict=False)
+                name: (int(p) if name in ("max_batch_size", "knee") else float(p))
+                for name, p in pairs
             }
         except ValueError:
-            raise ValueError(
-                f"invalid cost model {text!r}: expected numbers 'm[,b[,C[,x_max]]]'"
-            ) from None
+            raise ValueError(f"invalid cost model {text!r}: expected numbers {usage}") from None
         return cls(**values)  # type: ignore[arg-type]
 
     def scaled(self, factor: float) -> CostModel:
-        """The same device ``factor`` times slower (memory cap unchanged)."""
+        """The same device ``factor`` times slower (memory cap and knee unchanged)."""
         return self.model_copy(
             update={
                 "per_sample": self.per_sample * factor,
@@ -300,7 +325,7 @@ class CostModel(BaseModel):
             raise OutOfMemoryError(
                 f"batch size {batch_size} exceeds this worker's memory cap {self.max_batch_size}"
             )
-        return max(self.floor, self.per_sample * batch_size + self.fixed)
+        return max(self.floor, self.per_sample * max(batch_size, self.knee) + self.fixed)
 
 
 Speeds = tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...] | None
@@ -321,7 +346,8 @@ SlowdownText = Annotated[str, AfterValidator(_checked_slowdown)]
 """A config field holding a slowdown (``"4"``, ``"1:1,10:4"``), checked by
 :meth:`SlowdownSchedule.parse`."""
 CostModelText = Annotated[str, AfterValidator(_checked_cost_model)]
-"""A config field holding a cost model ``"m,b,C,x_max"``, checked by :meth:`CostModel.parse`."""
+"""A config field holding a cost model ``"m,b,C,x_max"`` (``,knee=k`` optional), checked
+by :meth:`CostModel.parse`."""
 
 
 def check_speeds(speeds: tuple[float, ...] | None, count: int, what: str) -> None:

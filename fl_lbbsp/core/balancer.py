@@ -32,21 +32,56 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .allocators import (
-    CostFit,
-    fit_linear_cost,
-    fit_robust_cost,
-    linear_minmax,
-    proportional,
-    robust_level,
-)
+from .allocators import proportional
+from .budget import REASONS, Allocation, budgeted_minmax, enforce_budget, hinge_times, noise_costs
+from .costfit import CostFit, find_knee, fit_linear_cost, fit_robust_cost, robust_level
 from .estimators import SpeedEstimator, estimator_from_state, make_estimator
 from .iterative import IterativeAllocator
 from .rounding import round_to_total
 
-__all__ = ["BALANCER_DEFAULTS", "BatchSizeBalancer", "InvalidReportError", "SiloReport"]
+__all__ = [
+    "BALANCER_DEFAULTS",
+    "ALLOCATION_REASONS",
+    "NOISE_BUDGET",
+    "Allocation",
+    "BatchSizeBalancer",
+    "InvalidReportError",
+    "SiloReport",
+]
+
+ALLOCATION_REASONS: tuple[str, ...] = (
+    *(r for r in REASONS if r not in ("lower", "upper")),
+    "floor",
+    "memory-cap",
+    "max-batch-size",
+    "change-limit",
+    "order",
+    "equal-split",
+    "no-report",
+    "iterative",
+)
+"""Why a silo got its batch size (:attr:`BatchSizeBalancer.last_allocation`): the
+solver's reasons (:data:`~fl_lbbsp.core.budget.REASONS`: ``round-time``,
+``noise-budget``, ``noise-share``, ``knee``, ``infeasible``) with its bounds named
+(``floor``: ``min_batch_size`` / ``min_batch_fraction``; ``memory-cap``: the silo's
+reported cap; ``max-batch-size``; ``change-limit``: ``max_change_ratio``), ``order``
+(moved by the order guard), ``equal-split`` (the equal-split guard shipped FedAvg's
+split), ``no-report`` (no silo has reported yet) and ``iterative`` (Alg. 2)."""
+
+MAX_NOISE_BUDGET = 1e6
+"""Largest noise budget accepted (a finite stand-in for no budget: ``None``)."""
+NOISE_BUDGET = math.sqrt(2.0)
+"""The default noise budget rho (docs/balancing.md, "The noise budget"): the update may be
+at most sqrt(2) times as noisy as FedAvg's. SGD's noise temperature is eta * sigma^2 / B
+(Mandt et al., JMLR 2017; Smith and Le, ICLR 2018; Jastrzebski et al., 2017): a budget
+rho acts on it as a learning rate rho times larger at FedAvg's batch. A learning rate tuned
+for FedAvg on the customary powers-of-two grid is known only within a factor sqrt(2) of its
+best; rho = sqrt(2) keeps the update's temperature within that resolution of the tuning,
+so it changes nothing the user's own tuning could have told apart."""
 
 Allocator = Literal["proportional", "linear", "iterative"]
+_Decision = tuple[dict[str, int], dict[str, str]]
+"""Each silo's batch size and the reason it got it."""
 ALLOCATORS: tuple[str, ...] = ("proportional", "linear", "iterative")
 Fit = Literal["robust", "wls"]
 FITS: tuple[str, ...] = ("robust", "wls")
@@ -142,6 +177,9 @@ class _SiloState:
     # Level ratio of a change confirmed by the last report (widens its change limit).
     boost: float = 1.0
     fit: CostFit | None = None
+    # Batch size up to which the silo's time is flat (find_knee; 0: none), kept across a
+    # change reset like the shape (a co-tenant scales the time, not where it bends).
+    knee: float = 0.0
     # Its row in the balancer's table of what allocate() needs (BatchSizeBalancer._row).
     index: int = 0
 
@@ -174,18 +212,25 @@ class BatchSizeBalancer:
         costs of any monotone shape (GPU saturation, launch overhead).
     min_batch_size : int (default: 1)
         Smallest batch size handed to any silo (see also ``min_batch_fraction``).
-    min_batch_fraction : float (default: 1/3)
-        Floor of every batch size as a fraction of B_init, in [0, 1]: the smallest batch
-        size handed out is ``max(min_batch_size, ceil(min_batch_fraction * B_init))``, so
-        a slow silo never runs its tau steps at batch sizes of a few samples under the
-        full eta (the papers keep tau and eta the same for all silos, Sec. 3.5). A third
-        was chosen from one setting (benchmark section ``accuracy``: 5 silos, capacities
-        5:4:3:2:1, B_init 32, 8 seeds), where a quarter left LB-BSP's accuracy on a
-        Dirichlet(0.3) split 0.4 points below FedAvg's (95% lower bound -1.3) and a third
-        0.2 points (-0.95), at a time-to-target speed-up of at least 1.6x. It costs speed
-        where it binds: in the ``noise`` section's 8:1 spread, round time / T* rose from
-        1.01 to 1.22 without jitter (the oracle bound by the same floor). Lower it for wide
-        capacity spreads where accuracy is not at stake.
+    min_batch_fraction : float (default: 0.0)
+        A hard floor of every batch size as a fraction of B_init, in [0, 1]: the smallest
+        batch size handed out is ``max(min_batch_size, ceil(min_batch_fraction *
+        B_init))`` (a silo's memory cap still wins). Earlier versions used a blanket 1/3
+        here to protect accuracy; the noise budget (``noise_budget``) does that job now,
+        weighted by the silos' data, and costs far less time where capacities differ
+        widely. Keep it for a floor of your own (e.g. batch normalisation's smallest
+        useful batch).
+    noise_budget : float | None (default: sqrt(2), :data:`NOISE_BUDGET`)
+        rho: the aggregated update's variance ``sum_i w_i^2 sigma_i^2 / B_i`` (w_i the
+        aggregation weights passed to :meth:`allocate`, sigma_i^2 the silos' gradient
+        noise, 1 where unknown) stays at most rho times the equal split's, and the
+        allocation is the shortest round within that budget
+        (:func:`~fl_lbbsp.core.budget.budgeted_minmax`). 1: FedAvg's noise (with equal
+        weights, the equal split); larger trades noise for time; ``None``: no budget (the
+        paper's Alg. 1). At least 1. Applies to the ``"linear"`` and ``"proportional"``
+        allocators; ``"iterative"`` (Alg. 2) keeps its own steps. Where weights are the
+        batch sizes (gradient aggregation in cluster mode) the noise does not depend on
+        the split: pass ``budget=False`` to :meth:`allocate`.
     max_batch_size : int | None (default: None)
         Largest batch size handed to any silo; a silo's reported memory cap lowers it.
     history : int (default: 20)
@@ -275,7 +320,8 @@ class BatchSizeBalancer:
         alpha: float = 0.2,
         allocator: Allocator = "linear",
         min_batch_size: int = 1,
-        min_batch_fraction: float = 1 / 3,
+        min_batch_fraction: float = 0.0,
+        noise_budget: float | None = NOISE_BUDGET,
         max_batch_size: int | None = None,
         history: int = 20,
         min_fit_spread: float = 0.1,
@@ -328,6 +374,16 @@ class BatchSizeBalancer:
         if not _real(min_batch_fraction) or not 0.0 <= min_batch_fraction <= 1.0:
             raise ValueError(f"min_batch_fraction must be in [0, 1], got {min_batch_fraction!r}")
         self.min_batch_fraction = float(min_batch_fraction)
+        if noise_budget is not None and (
+            not _real(noise_budget) or not 1.0 <= noise_budget <= MAX_NOISE_BUDGET
+        ):
+            raise ValueError(
+                f"noise_budget must be in [1, {MAX_NOISE_BUDGET:g}] or None, got {noise_budget!r}"
+            )
+        self.noise_budget = None if noise_budget is None else float(noise_budget)
+        self.last_allocation: dict[str, tuple[int, str]] = {}
+        """Each silo's batch size and the reason it got it (:data:`ALLOCATION_REASONS`)
+        in the last :meth:`allocate`."""
         self.floor = max(
             self.min_batch_size, math.ceil(self.min_batch_fraction * self.initial_batch_size)
         )
@@ -579,13 +635,22 @@ class BatchSizeBalancer:
             return None
         return float(row[2]), float(row[3] + row[4])
 
+    def knee(self, silo_id: str) -> float:
+        """Batch size up to which the silo's time is flat, as the allocator uses it (0: a
+        line, or not known)."""
+        state = self._silos.get(silo_id)
+        return 0.0 if state is None else float(self._rows[state.index][8])
+
     def predicted_round_time(self, sizes: Mapping[str, int]) -> float | None:
-        """Predicted round time ``max_i a_i * B_i + b_i`` of an allocation from the silos'
-        cost lines; ``None`` if a silo has none."""
-        lines = [self.cost_line(silo) for silo in sizes]
-        if not lines or any(line is None for line in lines):
-            return None
-        return max(a * x + b for (a, b), x in zip(lines, sizes.values(), strict=True))  # type: ignore[misc]
+        """Predicted round time ``max_i a_i * max(B_i, k_i) + b_i`` of an allocation from
+        the silos' cost curves; ``None`` if a silo has none."""
+        times = []
+        for silo, x in sizes.items():
+            line = self.cost_line(silo)
+            if line is None:
+                return None
+            times.append(line[0] * max(x, self.knee(silo)) + line[1])
+        return max(times) if times else None
 
     def fixed_time(self, silo_id: str) -> float | None:
         """Smoothed fixed per-round time of a silo (``he-time``), ``None`` if never reported."""
@@ -602,16 +667,26 @@ class BatchSizeBalancer:
         """The fixed total ``X = n * B_init`` for a round with ``num_silos`` silos."""
         return num_silos * self.initial_batch_size
 
-    def allocate(self, silo_ids: Iterable[str], *, total: int | None = None) -> dict[str, int]:
+    def allocate(
+        self,
+        silo_ids: Iterable[str],
+        *,
+        total: int | None = None,
+        weights: Mapping[str, float] | None = None,
+        noise: Mapping[str, float] | None = None,
+        budget: bool = True,
+    ) -> dict[str, int]:
         """Next batch size of each silo in ``silo_ids``, summing to ``n * B_init``.
 
-        A silo that never reported is predicted at the mean speed of those that did; when
-        none has, every silo gets ``B_init``. Memory caps bound the result; if the caps
-        make ``n * B_init`` unreachable, each capped silo gets its cap and the total is
-        the sum of the caps. The sizes do not depend on the order of ``silo_ids`` (ties
-        between equally good integer splits are broken by silo id), so the same state
-        gives the same sizes, e.g. after resuming from a checkpoint; the result lists the
-        silos in the order given.
+        The shortest predicted round within the bounds and the noise budget
+        (``noise_budget``, :func:`~fl_lbbsp.core.budget.budgeted_minmax`). A silo that never
+        reported is predicted at the mean speed of those that did; when none has, every
+        silo gets ``B_init``. Memory caps bound the result; if the caps make ``n * B_init``
+        unreachable, each capped silo gets its cap and the total is the sum of the caps.
+        The sizes do not depend on the order of ``silo_ids`` (ties between equally good
+        integer splits are broken by silo id), so the same state gives the same sizes,
+        e.g. after resuming from a checkpoint; the result lists the silos in the order
+        given. Why each silo got its size is in :attr:`last_allocation`.
 
         Parameters
         ----------
@@ -621,14 +696,39 @@ class BatchSizeBalancer:
             The total X to split; ``None``: ``n * B_init``. A strategy passes the total of
             the whole federation when some silos are gone, so that the others take their
             share and the global batch stays the same.
+        weights : Mapping[str, float] | None (default: None)
+            The weight the server aggregates each silo's update with (its dataset size:
+            normalised here); a silo missing gets the median of the others'; ``None``:
+            equal weights.
+        noise : Mapping[str, float] | None (default: None)
+            Each silo's gradient-noise variance sigma_i^2 where it reports one (any common
+            unit); a silo missing gets the median of the others'; ``None``: equal.
+        budget : bool (default: True)
+            ``False``: no noise budget for this allocation (the update's noise does not
+            depend on the split, e.g. gradients weighted by batch size in cluster mode).
         """
         order = list(dict.fromkeys(silo_ids))
-        sizes = self._allocate(sorted(order), total)
+        ids = sorted(order)
+        sizes, reasons = self._allocate(
+            ids,
+            total,
+            _per_silo(ids, weights, "weights"),
+            _per_silo(ids, noise, "noise"),
+            self.noise_budget if budget else None,
+        )
+        self.last_allocation = {silo: (sizes[silo], reasons[silo]) for silo in order}
         return {silo: sizes[silo] for silo in order}
 
-    def _allocate(self, ids: list[str], total: int | None) -> dict[str, int]:
+    def _allocate(
+        self,
+        ids: list[str],
+        total: int | None,
+        weights: np.ndarray | None,
+        noise: np.ndarray | None,
+        rho: float | None,
+    ) -> _Decision:
         if not ids:
-            return {}
+            return {}, {}
         if self._shapes_changed:
             self._pooled_shape = float(np.median(list(self._shapes.values())))
             self._shapes_changed = False
@@ -643,41 +743,79 @@ class BatchSizeBalancer:
         wanted = self.total_batch_size(n) if total is None else total
         total = int(np.clip(wanted, hard_lower.sum(), hard_upper.sum()))
         lower, upper = self._change_limits(rows[:, 1], rows[:, 6], total, hard_lower, hard_upper)
-        if self.allocator == "iterative":
-            speeds = self._speeds(ids)
-            if speeds is None:
-                sizes = _equal_split(total, hard_lower, hard_upper)
-                return dict(zip(ids, sizes.tolist(), strict=True))
-            return self._iterate(ids, total, lower, upper, speeds)
+
+        def named(sizes: np.ndarray, why: Sequence[str] | str) -> _Decision:
+            reasons = [why] * n if isinstance(why, str) else list(why)
+            return (
+                dict(zip(ids, sizes.tolist(), strict=True)),
+                dict(zip(ids, reasons, strict=True)),
+            )
+
+        speeds = None
         if self.allocator == "linear":
             a, b, unfitted = self._linear_costs(rows)
             # Predicted speeds are needed only for the silos without a fitted cost.
             speeds = self._speeds(ids, only=unfitted.tolist()) if unfitted.size else None
             if unfitted.size and speeds is None:  # no silo reported yet
-                sizes = _equal_split(total, hard_lower, hard_upper)
-                return dict(zip(ids, sizes.tolist(), strict=True))
+                return named(_equal_split(total, hard_lower, hard_upper), "no-report")
             if speeds is not None:
                 a[unfitted] /= speeds
-            sizes = linear_minmax(a, b, total, lower=lower, upper=upper)
+            knee = rows[:, 8].copy()
+            knee[unfitted] = 0.0
         else:
             speeds = self._speeds(ids)
             if speeds is None:
-                sizes = _equal_split(total, hard_lower, hard_upper)
-                return dict(zip(ids, sizes.tolist(), strict=True))
-            a, b = 1.0 / speeds, np.zeros(n)
-            sizes = proportional(speeds, total, lower=lower, upper=upper)
+                return named(_equal_split(total, hard_lower, hard_upper), "no-report")
+            if self.allocator == "iterative":
+                given = self._iterate(ids, total, lower, upper, speeds)
+                return named(np.array([given[i] for i in ids], dtype=np.int64), "iterative")
+            a, b, knee = 1.0 / speeds, np.zeros(n), np.zeros(n)
+        result = budgeted_minmax(
+            a, b, total, knee=knee, lower=lower, upper=upper, weights=weights, noise=noise,
+            rho=rho, rounding="remainder" if self.allocator == "proportional" else "time",
+        )  # fmt: skip
+        reasons = self._bound_reasons(result, lower, upper, hard_lower, hard_upper, rows[:, 0])
+        margin = self._margin(rows[:, 7]) if self.equal_split_guard else 0.0
         sizes = self._guard(
-            sizes,
-            a,
-            b,
-            total,
-            lower,
-            upper,
-            hard_lower,
-            hard_upper,
-            self._margin(rows[:, 7]) if self.equal_split_guard else 0.0,
+            result.sizes, a, b, knee, total, lower, upper, hard_lower, hard_upper, margin
         )
-        return dict(zip(ids, sizes.tolist(), strict=True))
+        if (
+            self.equal_split_guard
+            and np.array_equal(sizes, _equal_split(total, hard_lower, hard_upper))
+            and not np.array_equal(sizes, result.sizes)
+        ):
+            return named(sizes, "equal-split")
+        moved = (sizes != result.sizes).tolist()
+        reasons = ["order" if m else r for m, r in zip(moved, reasons, strict=True)]
+        if rho is not None and not np.array_equal(sizes, result.sizes):
+            # The order guard moved samples: the budget still holds afterwards.
+            c = noise_costs(n, weights, noise)
+            budget_ = rho * float(np.sum(c)) * n / total
+            enforce_budget(sizes, c, budget_, lower=np.maximum(np.ceil(lower), 1), upper=upper)
+        return named(sizes, reasons)
+
+    def _bound_reasons(
+        self,
+        result: Allocation,
+        lower: np.ndarray,
+        upper: np.ndarray,
+        hard_lower: np.ndarray,
+        hard_upper: np.ndarray,
+        caps: np.ndarray,
+    ) -> list[str]:
+        """The solver's reasons with its bounds named: ``floor`` (the hard floor),
+        ``memory-cap`` (the silo's reported cap), ``max-batch-size`` or ``change-limit``."""
+        out = []
+        for i, why in enumerate(result.reasons):
+            if why == "lower":
+                why = "change-limit" if lower[i] > hard_lower[i] else "floor"
+            elif why == "upper":
+                if upper[i] < hard_upper[i]:
+                    why = "change-limit"
+                else:
+                    why = "memory-cap" if caps[i] <= hard_upper[i] else "max-batch-size"
+            out.append(why)
+        return out
 
     def _margin(self, errors: np.ndarray) -> float:
         """The predicted gain over the equal split an allocation must show: twice the
@@ -693,6 +831,7 @@ class BatchSizeBalancer:
         sizes: np.ndarray,
         a: np.ndarray,
         b: np.ndarray,
+        knee: np.ndarray,
         total: int,
         lower: np.ndarray,
         upper: np.ndarray,
@@ -701,13 +840,14 @@ class BatchSizeBalancer:
         margin: float,
     ) -> np.ndarray:
         """The order guard, then the equal-split guard (a predicted gain of at least
-        ``margin``), on the predicted costs a, b."""
+        ``margin``), on the predicted cost curves a, b, knee."""
         x = sizes.astype(np.int64)
         if self.order_tolerance is not None and len(x) > 1:
             x = order_guard(x, a, b, self.order_tolerance, lower=lower, upper=upper)
         if self.equal_split_guard:
             equal = _equal_split(total, hard_lower, hard_upper)
-            if np.max(a * x + b) >= (1.0 - margin) * np.max(a * equal + b):
+            slowest = np.max(hinge_times(a, b, knee, x))
+            if slowest >= (1.0 - margin) * np.max(hinge_times(a, b, knee, equal)):
                 return equal
         return x
 
@@ -722,6 +862,7 @@ class BatchSizeBalancer:
                 "allocator": self.allocator,
                 "min_batch_size": self.min_batch_size,
                 "min_batch_fraction": self.min_batch_fraction,
+                "noise_budget": self.noise_budget,
                 "max_batch_size": self.max_batch_size,
                 "history": self.history,
                 "min_fit_spread": self.min_fit_spread,
@@ -753,6 +894,7 @@ class BatchSizeBalancer:
                     "pending": [list(p) for p in state.pending],
                     "boost": state.boost,
                     "fit": None if state.fit is None else _fit_state(state.fit),
+                    "knee": state.knee,
                 }
                 for silo, state in self._silos.items()
             },
@@ -794,6 +936,7 @@ class BatchSizeBalancer:
                     ],
                     boost=float(saved.get("boost", 1.0)),
                     fit=None if saved.get("fit") is None else _fit_from_state(saved["fit"]),
+                    knee=float(saved.get("knee") or 0.0),
                 ),
             )
         if "pooled_shape" in state:
@@ -939,12 +1082,16 @@ class BatchSizeBalancer:
         one), its smoothed fixed time (0 if none), its local steps per round and the
         change limit's boost. ``refit=False`` keeps the robust fit restored from a
         checkpoint."""
-        a, b = math.nan, 0.0
+        a, b, knee = math.nan, 0.0, 0.0
         if not refit and state.fit is not None:
             if self.fit == "robust":
-                a, b = state.fit.slope, state.fit.intercept
+                a, b, knee = state.fit.slope, state.fit.intercept, state.fit.knee
         elif state.history and (self.fit == "robust" or self.change_sigmas is not None):
             xs, ts = zip(*state.history, strict=True)
+            # Where the silo's time is flat (a knee), then the line above it.
+            state.knee = find_knee(
+                xs, ts, knee=state.knee, noise=state.noise, min_relative_spread=self.min_fit_spread
+            )
             fit = fit_robust_cost(
                 xs,
                 ts,
@@ -952,6 +1099,7 @@ class BatchSizeBalancer:
                 prior_noise=state.noise,
                 prior_known=state.shape is not None,
                 min_relative_spread=self.min_fit_spread,
+                knee=state.knee,
             )
             state.fit = fit
             if state.shape is not None or fit.weight >= 0.5:
@@ -962,7 +1110,7 @@ class BatchSizeBalancer:
             if math.isfinite(fit.noise):
                 state.noise = fit.noise
             if self.fit == "robust":
-                a, b = fit.slope, fit.intercept
+                a, b, knee = fit.slope, fit.intercept, fit.knee
         else:
             state.fit = None
         if self.allocator == "linear" and self.fit == "wls" and state.history:
@@ -987,6 +1135,7 @@ class BatchSizeBalancer:
             state.boost,
             # standard error of the fitted time (NaN: no noise estimate yet)
             noise / math.sqrt(max(1, len(state.history))),
+            knee,
         )
 
     def _linear_costs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1006,8 +1155,30 @@ class BatchSizeBalancer:
         return a, b, unfitted
 
 
-_NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0, math.nan, 1.0, math.nan)
+_NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0, math.nan, 1.0, math.nan, 0.0)
 """The row of a silo that never reported."""
+
+
+def _per_silo(
+    ids: Sequence[str], values: Mapping[str, float] | None, name: str
+) -> np.ndarray | None:
+    """One value per silo of ``ids`` from ``values`` (a silo missing: the median of the
+    others'); ``None`` when ``values`` is None or holds none of them.
+
+    Raises
+    ------
+    ValueError
+        If a given value is not finite and positive.
+    """
+    if values is None:
+        return None
+    given = {i: float(values[i]) for i in ids if values.get(i) is not None}
+    if not given:
+        return None
+    if not all(math.isfinite(v) and v > 0 for v in given.values()):
+        raise ValueError(f"{name} must be finite and positive, got {given}")
+    fill = float(np.median(list(given.values())))
+    return np.array([given.get(i, fill) for i in ids], dtype=np.float64)
 
 
 def _equal_split(total: int, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
@@ -1135,6 +1306,7 @@ def _fit_from_state(state: dict[str, Any]) -> CostFit:
         noise=math.nan if state.get("noise") is None else float(state["noise"]),
         weight=float(state["weight"]),
         spread=(float(low), float(high)),
+        knee=float(state.get("knee") or 0.0),
     )
 
 

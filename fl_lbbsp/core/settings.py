@@ -13,7 +13,7 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .balancer import BALANCER_DEFAULTS, BatchSizeBalancer
+from .balancer import BALANCER_DEFAULTS, MAX_NOISE_BUDGET, BatchSizeBalancer
 from .claims import ClaimChecker
 
 __all__ = [
@@ -37,6 +37,7 @@ class BalancingOptions(TypedDict, total=False):
     allocator: str
     min_batch_size: int
     min_batch_fraction: float
+    noise_budget: float | None
     max_batch_size: int | None
     max_change_ratio: float | None
     fit: str
@@ -79,8 +80,16 @@ class BalancingConfig(BaseModel):
         ``"iterative"`` is Alg. 2.
     min_batch_size : int (default: 1)
         Smallest batch size handed out.
-    min_batch_fraction : float (default: 1/3)
-        Floor of every batch size as a fraction of B_init, in [0, 1].
+    min_batch_fraction : float (default: 0.0)
+        A hard floor of every batch size as a fraction of B_init, in [0, 1] (a memory or
+        batch-normalisation floor of your own). The blanket 1/3 of earlier versions is
+        replaced by ``noise_budget``.
+    noise_budget : float | None (default: sqrt(2) ~ 1.414)
+        rho: the aggregated update may be at most rho times as noisy as FedAvg's
+        (``sum_i w_i^2 / B_i`` with the aggregation weights w_i, against the equal
+        split's); the allocation is the shortest round within it. 1: FedAvg's noise;
+        larger trades noise for time; ``None``: no budget. In [1, 1e6]. Why sqrt(2):
+        :data:`fl_lbbsp.core.balancer.NOISE_BUDGET` and docs/balancing.md.
     max_batch_size : int | None (default: None)
         Largest batch size handed out (silos may report lower memory caps).
     max_change_ratio : float | None (default: 2.0)
@@ -150,6 +159,9 @@ class BalancingConfig(BaseModel):
     allocator: Literal["linear", "proportional", "iterative"] = BALANCER_DEFAULTS["allocator"]
     min_batch_size: int = Field(default=BALANCER_DEFAULTS["min_batch_size"], gt=0, strict=True)
     min_batch_fraction: float = Field(default=BALANCER_DEFAULTS["min_batch_fraction"], ge=0, le=1)
+    noise_budget: float | None = Field(
+        default=BALANCER_DEFAULTS["noise_budget"], ge=1, le=MAX_NOISE_BUDGET, allow_inf_nan=False
+    )
     max_batch_size: int | None = Field(default=BALANCER_DEFAULTS["max_batch_size"], gt=0)
     max_change_ratio: float | None = Field(
         default=BALANCER_DEFAULTS["max_change_ratio"], gt=1, allow_inf_nan=False
@@ -237,6 +249,7 @@ def make_balancer(config: BalancingConfig) -> BatchSizeBalancer:
         allocator=config.allocator,
         min_batch_size=config.min_batch_size,
         min_batch_fraction=config.min_batch_fraction,
+        noise_budget=config.noise_budget,
         max_batch_size=config.max_batch_size,
         max_change_ratio=config.max_change_ratio,
         fit=config.fit,

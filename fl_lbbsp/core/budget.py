@@ -1,0 +1,471 @@
+"""Min-max batch sizes under a noise budget, for cost curves that bend.
+
+LB-BSP keeps tau, eta and the aggregation weights w_i (dataset sizes) and gives silo i
+the batch size B_i: the aggregated update keeps FedAvg's expectation, and its variance
+from minibatch sampling is ``sum_i w_i^2 sigma_i^2 / B_i`` (sigma_i^2 the per-sample
+gradient variance of silo i). Its ratio to the equal split's (``X / n`` each, FedAvg's),
+
+    noise ratio = sum_i c_i / B_i  /  sum_i c_i / (X / n),   c_i = w_i^2 sigma_i^2,
+
+is the factor by which the update is noisier than FedAvg's; by the gradient-noise-scale
+model of McCandlish et al. (2018, "An Empirical Model of Large-Batch Training") it acts
+as a smaller effective batch ``X / ratio``. :func:`budgeted_minmax` solves
+
+    min_B  max_i t_i(B_i)   s.t.  sum_i B_i = X,  lo_i <= B_i <= hi_i,  ratio(B) <= rho
+
+for hinge costs ``t_i(x) = a_i * max(x, k_i) + b_i`` (flat up to the knee k_i). The
+problem is convex; for a round time T each silo can take at most
+``U_i(T) = min(hi_i, (T - b_i) / a_i)``, and the least noisy split within those caps is
+the water-filling ``B_i = clip(s * sqrt(c_i), lo_i, U_i(T))`` (the Lagrangian of
+``sum c_i / B_i`` under ``sum B_i = X``), whose noise falls as T grows. The optimum is
+the smallest T whose water-filling meets the budget, found by bisection: silos held at
+``U_i(T)`` finish at T (``round-time``); the others stay below it with the budget's
+share (``noise-budget``), so that the slow silos keep the batch sizes the budget asks.
+No silo is moved below its knee for time it cannot gain: the knees are lower bounds
+unless X is too small for them or the budget, met only with a silo below its knee,
+makes the round shorter that way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from .allocators import linear_minmax_continuous
+from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_total
+
+__all__ = [
+    "REASONS",
+    "Allocation",
+    "Reason",
+    "budgeted_ideal_time",
+    "budgeted_minmax",
+    "budgeted_minmax_continuous",
+    "enforce_budget",
+    "hinge_times",
+    "noise_costs",
+    "noise_ratio",
+]
+
+Reason = Literal[
+    "round-time", "noise-budget", "noise-share", "knee", "lower", "upper", "infeasible"
+]
+REASONS: tuple[str, ...] = (
+    "round-time",
+    "noise-budget",
+    "noise-share",
+    "knee",
+    "lower",
+    "upper",
+    "infeasible",
+)
+"""Why a silo got its batch size, from the continuous solution:
+
+* ``round-time``: as large as the round time allows (it finishes last);
+* ``noise-budget``: below what the round time allows, so that the slower silos' batches
+  keep the update within the noise budget;
+* ``noise-share``: below what the round time allows, at its least-noise share (the round
+  time is set by a bound or a flat cost, not by this silo);
+* ``knee``: held at its knee, below which a smaller batch buys no time;
+* ``lower`` / ``upper``: at a lower or upper bound the caller set (memory floor, change
+  limit, memory cap, max batch size);
+* ``infeasible``: the budget cannot be met within the bounds; the least noisy split."""
+
+_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """An integer allocation and why each silo got its batch size.
+
+    Parameters
+    ----------
+    sizes : numpy.ndarray of int64
+        Batch sizes, summing to the total.
+    reasons : tuple of str
+        One of :data:`REASONS` per silo.
+    round_time : float
+        Predicted round time ``max_i t_i(B_i)`` of ``sizes``.
+    noise_ratio : float
+        Variance of the update at ``sizes`` over the equal split's (:func:`noise_ratio`).
+    binds : bool
+        Whether the budget made the round longer than it would be without it.
+    feasible : bool
+        Whether the budget is met.
+    """
+
+    sizes: IntArray
+    reasons: tuple[str, ...]
+    round_time: float
+    noise_ratio: float
+    binds: bool
+    feasible: bool
+
+
+def hinge_times(a: ArrayLike, b: ArrayLike, knee: ArrayLike | None, x: ArrayLike) -> FloatArray:
+    """Predicted times ``a_i * max(x_i, k_i) + b_i`` (``knee`` None: lines)."""
+    xs = np.asarray(x, dtype=np.float64)
+    if knee is not None:
+        xs = np.maximum(xs, np.asarray(knee, dtype=np.float64))
+    return np.asarray(np.asarray(a) * xs + np.asarray(b), dtype=np.float64)
+
+
+def noise_costs(n: int, weights: ArrayLike | None, noise: ArrayLike | None) -> FloatArray:
+    """Each silo's share of the update's variance per unit of 1 / B:
+    ``c_i = w_i^2 sigma_i^2`` with the weights normalised (equal when not given).
+
+    Raises
+    ------
+    ValueError
+        On a weight or noise that is not finite and positive, or of the wrong length.
+    """
+    w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    s2 = np.ones(n) if noise is None else np.asarray(noise, dtype=np.float64)
+    if w.shape != (n,) or s2.shape != (n,):
+        raise ValueError(f"weights and noise must have one entry per silo ({n})")
+    if not (np.all(np.isfinite(w)) and np.all(w > 0)):
+        raise ValueError(f"weights must be finite and positive, got {w.tolist()}")
+    if not (np.all(np.isfinite(s2)) and np.all(s2 > 0)):
+        raise ValueError(f"noise must be finite and positive, got {s2.tolist()}")
+    w = w / w.sum()
+    return np.asarray(w * w * s2, dtype=np.float64)
+
+
+def noise_ratio(
+    sizes: ArrayLike, *, weights: ArrayLike | None = None, noise: ArrayLike | None = None
+) -> float:
+    """Variance of the aggregated update at ``sizes`` over the equal split's of the same
+    total: ``sum_i c_i / B_i / (sum_i c_i / (X / n))``, ``c_i = w_i^2 sigma_i^2``.
+
+    Parameters
+    ----------
+    sizes : sequence of float
+        Batch sizes (positive).
+    weights : sequence of float | None (default: None)
+        Aggregation weights (normalised here); ``None``: equal.
+    noise : sequence of float | None (default: None)
+        Per-silo gradient-noise variances sigma_i^2; ``None``: equal.
+    """
+    x = np.asarray(sizes, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0 or not np.all(x > 0):
+        raise ValueError(f"sizes must be a non-empty sequence of positive numbers, got {x}")
+    c = noise_costs(x.size, weights, noise)
+    return float(np.sum(c / x) / (np.sum(c) * x.size / x.sum()))
+
+
+def _waterfill(
+    q: FloatArray, lo: FloatArray, hi: FloatArray, total: float
+) -> tuple[FloatArray, float]:
+    """``x_i = clip(s * q_i, lo_i, hi_i)`` summing to ``total`` (the least
+    ``sum q_i^2 / x_i``), and the level s; ``sum lo <= total <= sum hi``."""
+    finite = np.isfinite(hi)
+    points = np.unique(np.concatenate([lo / q, (hi / q)[finite]]))
+
+    def filled(s: float) -> float:
+        return float(np.clip(s * q, lo, hi).sum())
+
+    # First breakpoint whose sum reaches the total (sums never decrease in s).
+    k, end = 0, len(points)
+    while k < end:
+        middle = (k + end) // 2
+        if filled(float(points[middle])) >= total:
+            end = middle
+        else:
+            k = middle + 1
+    if k < len(points) and (k == 0 or filled(float(points[k])) == total):
+        s = float(points[k])
+    else:
+        low = float(points[k - 1])
+        free = (low * q >= lo) & (low * q < hi)
+        if not free.any():
+            return hi.copy(), low
+        fixed = float(np.clip(low * q, lo, hi)[~free].sum())
+        s = (total - fixed) / float(q[free].sum())
+    x = np.asarray(np.clip(s * q, lo, hi), dtype=np.float64)
+    # Float error: put the residue on the free silos, within their bounds.
+    residue = total - float(x.sum())
+    free = (x > lo) & (x < hi)
+    if residue and free.any():
+        x[free] = np.clip(x[free] + residue * q[free] / q[free].sum(), lo[free], hi[free])
+    return x, s
+
+
+@dataclass(frozen=True)
+class _Solution:
+    x: FloatArray
+    round_time: float
+    level: float
+    cap: FloatArray
+    lower: FloatArray
+    binds: bool
+    feasible: bool
+
+
+def _solve(
+    a: FloatArray,
+    b: FloatArray,
+    k: FloatArray,
+    lo: FloatArray,
+    hi: FloatArray,
+    total: float,
+    c: FloatArray,
+    budget: float,
+) -> _Solution:
+    """The continuous optimum with lower bounds ``lo`` (the knees among them or not)."""
+    q = np.sqrt(c)
+    floor_time = float(np.max(a * np.maximum(lo, k) + b))
+
+    def caps(t: float) -> FloatArray:
+        return np.asarray(np.maximum(np.minimum(hi, (t - b) / a), lo), dtype=np.float64)
+
+    def variance(x: FloatArray) -> float:
+        return float(np.sum(c / x))
+
+    _, t_star = linear_minmax_continuous(a, b, total, lower=lo, upper=hi)
+    t0 = max(t_star, floor_time)
+    x, s = _waterfill(q, lo, caps(t0), total)
+    if variance(x) <= budget * (1 + _TOL):
+        return _Solution(x, t0, s, caps(t0), lo, False, True)
+    least, s = _waterfill(q, lo, hi, total)
+    t1 = float(np.max(hinge_times(a, b, k, least)))
+    if variance(least) > budget * (1 + _TOL):
+        return _Solution(least, t1, s, caps(t1), lo, True, False)
+    low, high = t0, max(t1, t0)
+    for _ in range(200):
+        if high - low <= _TOL * high:
+            break
+        middle = 0.5 * (low + high)
+        if variance(_waterfill(q, lo, caps(middle), total)[0]) <= budget:
+            high = middle
+        else:
+            low = middle
+    x, s = _waterfill(q, lo, caps(high), total)
+    return _Solution(x, high, s, caps(high), lo, True, True)
+
+
+def _inputs(
+    a: ArrayLike,
+    b: ArrayLike,
+    total: float,
+    knee: ArrayLike | None,
+    lower: ArrayLike | None,
+    upper: ArrayLike | None,
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
+    slope = np.asarray(a, dtype=np.float64)
+    n = slope.shape[0] if slope.ndim == 1 else 0
+    if n == 0 or not (np.all(np.isfinite(slope)) and np.all(slope > 0)):
+        raise ValueError(f"a must be a non-empty sequence of positive numbers, got {a!r}")
+    offset = np.asarray(b, dtype=np.float64)
+    k = np.zeros(n) if knee is None else np.asarray(knee, dtype=np.float64)
+    lo = np.zeros(n) if lower is None else np.asarray(lower, dtype=np.float64)
+    hi = np.full(n, np.inf) if upper is None else np.asarray(upper, dtype=np.float64)
+    for name, arr in (("b", offset), ("knee", k), ("lower", lo)):
+        if arr.shape != (n,) or not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be {n} finite numbers, got {arr.tolist()}")
+    if np.any(k < 0) or np.any(lo < 0):
+        raise ValueError("knee and lower must be >= 0")
+    if hi.shape != (n,) or np.any(np.isnan(hi)) or np.any(lo > hi):
+        raise ValueError("bounds must have one entry per silo with lower <= upper")
+    if not lo.sum() <= total <= hi.sum():
+        raise ValueError(f"total {total} is outside the feasible range [{lo.sum()}, {hi.sum()}]")
+    return slope, offset, k, lo, hi
+
+
+def budgeted_minmax_continuous(
+    a: ArrayLike,
+    b: ArrayLike,
+    total: float,
+    *,
+    knee: ArrayLike | None = None,
+    lower: ArrayLike | None = None,
+    upper: ArrayLike | None = None,
+    weights: ArrayLike | None = None,
+    noise: ArrayLike | None = None,
+    rho: float | None = None,
+) -> tuple[FloatArray, float, tuple[str, ...], bool, bool]:
+    """Real-valued min-max shares under the noise budget (see the module).
+
+    Parameters
+    ----------
+    a, b : sequence of float
+        Per-sample cost (positive) and fixed cost of each silo.
+    total : float
+        The total X.
+    knee : sequence of float | None (default: None)
+        Batch size up to which each silo's time is flat (0 or ``None``: a line).
+    lower, upper : sequence of float | None (default: None)
+        Per-silo bounds (``None``: 0 and unbounded).
+    weights : sequence of float | None (default: None)
+        Aggregation weights; ``None``: equal.
+    noise : sequence of float | None (default: None)
+        Per-silo gradient-noise variances; ``None``: equal.
+    rho : float | None (default: None)
+        The budget: noise ratio at most rho; ``None``: no budget.
+
+    Returns
+    -------
+    tuple
+        The shares, the round time, the reason of each silo (:data:`REASONS`), whether
+        the budget binds and whether it is met.
+
+    Raises
+    ------
+    ValueError
+        On inputs of the wrong shape or sign, a total outside the bounds, or rho <= 0.
+    """
+    slope, offset, k, lo, hi = _inputs(a, b, total, knee, lower, upper)
+    if rho is not None and not (math.isfinite(rho) and rho > 0):
+        raise ValueError(f"rho must be finite and positive or None, got {rho!r}")
+    n = slope.shape[0]
+    c = noise_costs(n, weights, noise)
+    budget = math.inf if rho is None else rho * float(np.sum(c)) * n / total
+    floors = np.maximum(lo, np.minimum(k, hi))
+    if np.any(floors > lo) and floors.sum() <= total:
+        with_knees = _solve(slope, offset, k, floors, hi, total, c, budget)
+        best = with_knees
+        if with_knees.binds or not with_knees.feasible:
+            free = _solve(slope, offset, k, lo, hi, total, c, budget)
+            slower = with_knees.round_time > free.round_time * (1 + _TOL)
+            if not with_knees.feasible or (free.feasible and slower):
+                best = free
+    else:
+        best = _solve(slope, offset, k, lo, hi, total, c, budget)
+    reasons = _reasons(best, k, lo, hi)
+    return best.x, best.round_time, reasons, best.binds, best.feasible
+
+
+def _reasons(sol: _Solution, k: FloatArray, lo: FloatArray, hi: FloatArray) -> tuple[str, ...]:
+    out = []
+    for i, x in enumerate(sol.x.tolist()):
+        near = _TOL * max(1.0, abs(x)) * 1e3
+        if not sol.feasible:
+            out.append("infeasible")
+        elif x >= hi[i] - near:
+            out.append("upper")
+        elif x <= sol.lower[i] + near:
+            knee = sol.lower[i] > lo[i] and x <= k[i] + near
+            out.append("knee" if knee else "lower")
+        elif x >= sol.cap[i] - near:
+            out.append("round-time")
+        else:
+            out.append("noise-budget" if sol.binds else "noise-share")
+    return tuple(out)
+
+
+def budgeted_minmax(
+    a: ArrayLike,
+    b: ArrayLike,
+    total: int,
+    *,
+    knee: ArrayLike | None = None,
+    lower: ArrayLike | None = None,
+    upper: ArrayLike | None = None,
+    weights: ArrayLike | None = None,
+    noise: ArrayLike | None = None,
+    rho: float | None = None,
+    rounding: Literal["time", "remainder"] = "time",
+) -> Allocation:
+    """Integer batch sizes minimising the round time under the noise budget.
+
+    The real-valued optimum (:func:`budgeted_minmax_continuous`) is rounded by time
+    (:func:`~fl_lbbsp.core.rounding.round_to_total`, each leftover unit to the silo it
+    slows least); where rounding left the noise above the budget, units move one at a time
+    from the silo whose loss adds least noise to the one whose gain removes most, until
+    the budget holds (or no move reduces the noise). The total and every bound are kept.
+
+    Parameters are those of :func:`budgeted_minmax_continuous` (``total`` an integer),
+    and ``rounding``: ``"remainder"`` rounds by largest remainder instead of by time
+    (proportional allocation, Alg. 1 line 6).
+
+    Returns
+    -------
+    Allocation
+        The sizes, a reason per silo, the predicted round time and noise ratio.
+
+    Raises
+    ------
+    ValueError
+        As :func:`budgeted_minmax_continuous`, or when no integers within the bounds sum
+        to ``total``.
+    """
+    x, _, reasons, binds, _ = budgeted_minmax_continuous(
+        a, b, float(total), knee=knee, lower=lower, upper=upper,
+        weights=weights, noise=noise, rho=rho,
+    )  # fmt: skip
+    n = len(x)
+    floors = np.asarray(lower if lower is not None else np.zeros(n), dtype=np.float64)
+    if knee is not None:
+        # Silos the solution kept at their knee keep it through the rounding.
+        held = np.array([r == "knee" for r in reasons])
+        floors = np.where(held, np.maximum(floors, np.asarray(knee, dtype=np.float64)), floors)
+    lo, hi = integer_bounds(n, lower=np.minimum(floors, x), upper=upper)
+    if rounding == "remainder":
+        sizes = round_to_total(x, total, lower=lo, upper=hi)
+    elif rounding == "time":
+        offset = np.asarray(b, dtype=np.float64)
+        sizes = round_to_total(x, total, lower=lo, upper=hi, slope=a, intercept=offset)
+    else:
+        raise ValueError(f"unknown rounding {rounding!r}; expected 'time' or 'remainder'")
+    c = noise_costs(n, weights, noise)
+    feasible = True
+    if rho is not None:
+        budget = rho * float(np.sum(c)) * n / total
+        lo_hard, _ = integer_bounds(n, lower=lower, upper=upper)
+        feasible = enforce_budget(sizes, c, budget, lower=np.maximum(lo_hard, 1), upper=hi)
+    times = hinge_times(a, b, knee, sizes)
+    ratio = math.inf if np.any(sizes <= 0) else noise_ratio(sizes, weights=weights, noise=noise)
+    return Allocation(
+        sizes=sizes,
+        reasons=reasons,
+        round_time=float(np.max(times)),
+        noise_ratio=ratio,
+        binds=binds,
+        feasible=feasible,
+    )
+
+
+def enforce_budget(
+    sizes: IntArray, c: FloatArray, budget: float, *, lower: IntArray, upper: IntArray
+) -> bool:
+    """Move units (in place) until ``sum c_i / sizes_i <= budget``: each from the silo
+    whose loss adds least variance to the one whose gain removes most, within the
+    bounds, while a move reduces the variance. Returns whether the budget holds."""
+    x = sizes.astype(np.float64)
+    if np.any(x < 1):
+        return False
+    while float(np.sum(c / x)) > budget * (1 + _TOL):
+        take = np.full(len(x), np.inf)
+        can = x > np.maximum(lower, 1)
+        take[can] = c[can] / (x[can] - 1.0) - c[can] / x[can]
+        give = np.where(x < upper, c / x - c / (x + 1.0), -np.inf)
+        donor, taker = int(np.argmin(take)), int(np.argmax(give))
+        if donor == taker or not give[taker] > take[donor]:
+            return False
+        x[donor] -= 1.0
+        x[taker] += 1.0
+        sizes[donor] -= 1
+        sizes[taker] += 1
+    return True
+
+
+def budgeted_ideal_time(
+    a: ArrayLike,
+    b: ArrayLike,
+    total: float,
+    *,
+    knee: ArrayLike | None = None,
+    weights: ArrayLike | None = None,
+    noise: ArrayLike | None = None,
+    rho: float | None = None,
+) -> float:
+    """The ideal round time T* under the noise budget: the real-valued min-max of the
+    hinge costs with the total X fixed and no other bound (shared/DESIGN.md, "The ideal
+    to measure against"); for lines without a budget it is
+    ``(X + sum_i b_i / a_i) / sum_i (1 / a_i)``."""
+    _, t, _, _, _ = budgeted_minmax_continuous(
+        a, b, total, knee=knee, weights=weights, noise=noise, rho=rho
+    )
+    return t
