@@ -564,15 +564,11 @@ class RoundEngine:
             deadline=None,
             expected_bytes=expected_bytes,
         )
+        state.deadline = self.deadline.timeout(self.predicted_round_time(state), cap=timeout_cap)
         state.predicted = predicted_compute_time(self.balancer, state.shares, c.local_steps)
         speeds = [self.balancer.predicted_speed(silo) for silo in state.shares]
         if speeds and all(v is not None and v > 0 for v in speeds):
             state.ideal = c.local_steps * state.total / math.fsum(v for v in speeds if v)
-        state.deadline = self.deadline.timeout(
-            self.predicted_round_time(state),
-            cap=timeout_cap,
-            ideal=None if state.ideal is None else state.ideal + self.overhead.predict(),
-        )
         return state
 
     def predicted_round_time(self, state: RoundState) -> float | None:
@@ -888,6 +884,8 @@ class RoundEngine:
             for r in state.reports.values()
             if "invalid-report" not in r and self.keys.train_time in r
         ]
+        if not missed and not state.cold and wall is not None and times:
+            self.overhead.observe(wall, max(times))
         # observed minus claimed time of each timed reply: the messaging overhead (a cold
         # start is not messaging: a silo's first round does not teach it)
         gaps = [
@@ -909,12 +907,6 @@ class RoundEngine:
             for silo, (metrics, record, share, observed) in state.held.items():
                 self._feed(state, silo, metrics, record, share, observed, overhead=reference)
             state.held.clear()
-        if gaps and not state.cold:
-            # the round's overhead as its honest silos saw it, not the slowest reply's:
-            # a silo late for its own reasons cannot stretch every later deadline
-            self.overhead.observe(honest_gap(gaps) or 0.0, 0.0)
-        elif not missed and not state.cold and wall is not None and times:
-            self.overhead.observe(wall, max(times))
         self.claims.learn_overhead(gaps)
         self._feed_balancer(state)
         return {
