@@ -227,9 +227,10 @@ def _pixel_columns(datasets: Any, split: Any, label_column: str) -> list[str] | 
     """One column per pixel (MNIST as CSV): every column but the label numeric, k*k of
     them; ``None`` otherwise."""
     columns = [c for c in split.column_names if c != label_column]
+    features = split.features  # a copy on every access: once, not once per column
     numeric = all(
-        isinstance(split.features[c], datasets.Value)
-        and str(split.features[c].dtype).startswith(("int", "uint", "float"))
+        isinstance(features[c], datasets.Value)
+        and str(features[c].dtype).startswith(("int", "uint", "float"))
         for c in columns
     )
     side = math.isqrt(len(columns))
@@ -295,6 +296,26 @@ def _hf_pixels(images: np.ndarray, spec: str, column: str) -> np.ndarray:
     return np.ascontiguousarray(images, dtype=np.float32)
 
 
+def _nested_numbers(column: Any) -> np.ndarray | None:
+    """An arrow column of equally long (nested) lists of numbers as one array, read without
+    a Python object per value; ``None`` for anything else (decoded the slow way)."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    values = column.combine_chunks()
+    shape = [len(values)]
+    while isinstance(values.type, pa.ListType | pa.LargeListType | pa.FixedSizeListType):
+        lengths = pc.list_value_length(values)
+        if not len(values) or values.null_count or pc.min(lengths) != pc.max(lengths):
+            return None
+        shape.append(int(pc.min(lengths).as_py()))
+        values = values.flatten()
+    numeric = pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
+    if len(shape) == 1 or not numeric or values.null_count:
+        return None
+    return np.asarray(values.to_numpy(zero_copy_only=False)).reshape(shape)
+
+
 def _split_arrays(
     datasets: Any, split: Any, image_column: str, label_column: str, spec: str
 ) -> tuple[np.ndarray, np.ndarray, Any]:
@@ -311,21 +332,28 @@ def _split_arrays(
             f"{flags[missing[0]]}); the dataset has {', '.join(columns)}"
         )
     try:
-        if pixels is not None:
-            table = split.select_columns([*pixels, label_column]).with_format("numpy")[:]
+        if pixels is not None:  # through arrow: numpy formatting is slow on many columns
+            arrow = split.with_format("arrow")[:]
             side = math.isqrt(len(pixels))
-            images = np.stack([table[c] for c in pixels], axis=1).reshape(-1, side, side)
+            planes = [arrow.column(c).to_numpy(zero_copy_only=False) for c in pixels]
+            images = np.column_stack(planes).reshape(-1, side, side)
             x = _hf_pixels(images, spec, f"{pixels[0]}..{pixels[-1]}")
+            labels = arrow.column(label_column).to_numpy(zero_copy_only=False)
         else:
-            table = split.select_columns([image_column, label_column]).with_format("numpy")[:]
-            x = _hf_pixels(np.asarray(table[image_column]), spec, image_column)
+            chosen = split.select_columns([image_column, label_column])
+            arrow = chosen.with_format("arrow")[:]
+            nested = _nested_numbers(arrow.column(image_column))
+            if nested is None:  # datasets.Image, ragged lists, text, ...: decoded by numpy
+                nested = np.asarray(chosen.with_format("numpy")[:][image_column])
+            x = _hf_pixels(nested, spec, image_column)
+            labels = arrow.column(label_column).to_numpy(zero_copy_only=False)
     except (OSError, ValueError) as err:
         if isinstance(err, DataSourceError):
             raise
         raise DataSourceError(
             f"data source {spec!r}: column {image_column!r} cannot be decoded ({_reason(err)})"
         ) from None
-    return x, np.asarray(table[label_column]), split.features[label_column]
+    return x, labels, split.features[label_column]
 
 
 def _labels(
