@@ -38,14 +38,26 @@ class DeadlinePolicy:
         (round 1). The ``timeout`` given to ``start`` caps it too.
     overhead_rounds : int (default: 3)
         The messaging overhead is the largest seen in this many recent complete rounds.
+    ideal_multiple : float (default: 10.0)
+        The deadline is at most this multiple of the ideal round (the total work split
+        by the predicted speeds, plus the overhead), however slow the plan's slowest
+        silo: one silo cannot make everybody's rounds long.
+    slow_ratio : float (default: 3.0)
+        A silo predicted more than this many times slower than the median of the others at
+        the batch size it is given (the split could not even it out: it is at its floor) is
+        reported once and held there; the round's deadline stops waiting for it.
     """
 
     margin: float | None = 3.0
     floor: float = 30.0
     ceiling: float = 3600.0
     overhead_rounds: int = 3
+    ideal_multiple: float = 10.0
+    slow_ratio: float = 3.0
 
-    def timeout(self, predicted: float | None, *, cap: float | None = None) -> float | None:
+    def timeout(
+        self, predicted: float | None, *, cap: float | None = None, ideal: float | None = None
+    ) -> float | None:
         """Deadline for a round predicted to take ``predicted`` seconds.
 
         Parameters
@@ -54,6 +66,9 @@ class DeadlinePolicy:
             Predicted round time; ``None`` when unknown (the ceiling applies).
         cap : float | None (default: None)
             Upper bound from the caller (``start``'s ``timeout``).
+        ideal : float | None (default: None)
+            The ideal round time (T* with the predicted speeds, plus the overhead): the
+            deadline is at most ``ideal_multiple`` times it (never below ``floor``).
 
         Returns
         -------
@@ -65,6 +80,8 @@ class DeadlinePolicy:
         ceiling = self.ceiling if cap is None else min(self.ceiling, cap)
         if predicted is None:
             return ceiling
+        if ideal is not None:
+            ceiling = min(ceiling, max(self.ideal_multiple * ideal, self.floor))
         return min(max(self.margin * predicted, self.floor), ceiling)
 
 

@@ -235,6 +235,9 @@ class RoundState:
     """Predicted compute seconds of the planned split (the slowest silo's)."""
     ideal: float | None = None
     """Compute seconds of a perfect split of X by the predicted speeds (tau * X / sum v)."""
+    slow: set[str] = field(default_factory=set)
+    """Silos the split could not bring to the others' pace (:meth:`RoundEngine.plan`):
+    the round's deadline does not wait for them."""
     cold: set[str] = field(default_factory=set)
     """Silos whose report this round is their first (or first since they rejoined on
     another node): it holds start-up, so it neither teaches the overhead nor stays in the
@@ -417,6 +420,7 @@ class RoundEngine:
         self.balancer = make_balancer(config)
         self.silo_of_node: dict[Node, str] = {}
         self.node_of_silo: dict[str, Node] = {}
+        self.slow_reported: set[str] = set()
         self.provisional: set[str] = set()
         """Silos whose speed estimate rests only on a cold report (see
         :attr:`RoundState.cold`): their next warm report replaces it."""
@@ -564,16 +568,66 @@ class RoundEngine:
             deadline=None,
             expected_bytes=expected_bytes,
         )
-        state.deadline = self.deadline.timeout(self.predicted_round_time(state), cap=timeout_cap)
-        state.predicted = predicted_compute_time(self.balancer, state.shares, c.local_steps)
         speeds = [self.balancer.predicted_speed(silo) for silo in state.shares]
         if speeds and all(v is not None and v > 0 for v in speeds):
             state.ideal = c.local_steps * state.total / math.fsum(v for v in speeds if v)
+        state.slow = self._slow_silos(state)
+        state.predicted = predicted_compute_time(
+            self.balancer,
+            {s: b for s, b in state.shares.items() if s not in state.slow},
+            c.local_steps,
+        )
+        state.deadline = self.deadline.timeout(
+            self.predicted_round_time(state),
+            cap=timeout_cap,
+            ideal=None if state.ideal is None else state.ideal + self.overhead.predict(),
+        )
         return state
+
+    def _slow_silos(self, state: RoundState) -> set[str]:
+        """Silos predicted more than ``deadline.slow_ratio`` times slower than the median
+        of the others at the sizes planned: where the split could not even them out (a
+        silo at its batch-size floor), such a silo would set everybody's round. Each is
+        reported once; the round's deadline does not wait for it."""
+        tau = self.config.local_steps
+        times: dict[str, float] = {}
+        for silo, size in state.shares.items():
+            speed = self.balancer.predicted_speed(silo)
+            if speed is None or speed <= 0:
+                return set()
+            times[silo] = size * tau / speed + (self.balancer.fixed_time(silo) or 0.0)
+        if len(times) < 2:
+            return set()
+        slow = set()
+        for silo, t in times.items():
+            others = sorted(v for s, v in times.items() if s != silo)
+            middle = (
+                others[len(others) // 2]
+                if len(others) % 2
+                else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+            )
+            if t > self.deadline.slow_ratio * middle:
+                slow.add(silo)
+        if len(slow) * 2 >= len(times):
+            return set()  # most are "slow": that is the federation's pace, not a straggler
+        for silo in sorted(slow - self.slow_reported):
+            self.slow_reported.add(silo)
+            log.warning(
+                "silo %s is predicted %.3g s a round at %d samples, more than %g x the "
+                "others' %.3g s, even at the batch size it was given: it is held there and "
+                "the round's deadline no longer waits for it",
+                silo,
+                times[silo],
+                state.shares[silo],
+                self.deadline.slow_ratio,
+                sorted(v for s, v in times.items() if s not in slow)[len(times) // 2 - 1],
+            )
+        return slow
 
     def predicted_round_time(self, state: RoundState) -> float | None:
         """Predicted seconds of the planned round (``None``: nothing predicted yet)."""
-        compute = predicted_compute_time(self.balancer, state.shares, self.config.local_steps)
+        shares = {s: b for s, b in state.shares.items() if s not in state.slow}
+        compute = predicted_compute_time(self.balancer, shares, self.config.local_steps)
         return None if compute is None else compute + self.overhead.predict()
 
     def reply_cap(self, state: RoundState) -> int:
@@ -884,8 +938,6 @@ class RoundEngine:
             for r in state.reports.values()
             if "invalid-report" not in r and self.keys.train_time in r
         ]
-        if not missed and not state.cold and wall is not None and times:
-            self.overhead.observe(wall, max(times))
         # observed minus claimed time of each timed reply: the messaging overhead (a cold
         # start is not messaging: a silo's first round does not teach it)
         gaps = [
@@ -907,6 +959,12 @@ class RoundEngine:
             for silo, (metrics, record, share, observed) in state.held.items():
                 self._feed(state, silo, metrics, record, share, observed, overhead=reference)
             state.held.clear()
+        if gaps and not state.cold:
+            # the round's overhead as its honest silos saw it, not the slowest reply's:
+            # a silo late for its own reasons cannot stretch every later deadline
+            self.overhead.observe(honest_gap(gaps) or 0.0, 0.0)
+        elif not missed and not state.cold and not state.slow and wall is not None and times:
+            self.overhead.observe(wall, max(times))
         self.claims.learn_overhead(gaps)
         self._feed_balancer(state)
         return {

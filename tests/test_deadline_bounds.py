@@ -1,0 +1,142 @@
+"""Deadlines follow the plan and never compound: a silo that replies late for its own
+reasons (at 0.9x every deadline it is given) cannot stretch every later round, and a
+silo's first round (its cold start) teaches no messaging overhead. Times are injected."""
+
+from __future__ import annotations
+
+import pytest
+
+from fl_lbbsp.contract import RecordKeys
+from fl_lbbsp.core.deadline import DeadlinePolicy
+from fl_lbbsp.core.engine import RoundEngine, Verdict
+
+KEYS = RecordKeys()
+TAU, B_INIT = 10, 16
+SPEEDS = {1: 1000.0, 2: 500.0, 3: 250.0}  # samples per second, node -> speed
+MESSAGING = 0.05  # seconds every honest reply spends beyond its compute
+
+
+def _engine() -> RoundEngine:
+    return RoundEngine.from_keywords(
+        initial_batch_size=B_INIT,
+        local_steps=TAU,
+        lr=0.1,
+        keys=KEYS,
+        weight_key=KEYS.num_examples,
+        min_train_silos=1,
+        max_num_examples=None,
+        max_reply_bytes=None,
+        extra_metric_keys=None,
+        balancing={"check_times": True},
+        deadline=DeadlinePolicy(margin=3.0, floor=0.01, ceiling=3600.0),
+    )
+
+
+def _round(engine: RoundEngine, server_round: int, *, late: int | None) -> float | None:
+    """Plan a round, have every silo reply (node ``late`` at 0.9x the deadline, whatever
+    its compute), close it; the round's deadline."""
+    state = engine.plan(server_round, list(SPEEDS))
+    deadline = state.deadline
+    observed = {}
+    for node, ins in state.instructions.items():
+        compute = ins.batch_size * TAU / SPEEDS[node]
+        seen = compute + MESSAGING
+        if node == late and deadline is not None:
+            seen = 0.9 * deadline
+        observed[node] = seen
+        metrics = {
+            KEYS.num_examples: 100,
+            KEYS.train_time: compute,
+            KEYS.batch_size: ins.batch_size,
+            KEYS.samples_processed: ins.batch_size * TAU,
+        }
+        engine.report(state, Verdict(node=node, silo=str(node)), metrics, observed=seen)
+    engine.close(state, replied=list(SPEEDS), wall=max(observed.values()))
+    return deadline
+
+
+@pytest.mark.parametrize("late", [1, 3])
+def test_a_silo_late_for_its_own_reasons_cannot_stretch_the_deadline(late: int) -> None:
+    # Prepare
+    engine = _engine()
+
+    # Execute: 16 rounds, one silo always replying at 0.9x its deadline
+    deadlines = [_round(engine, r, late=late) for r in range(1, 17)]
+
+    # Assert: from round 3 on the deadline is flat (no growth round over round) and
+    # within a few times the plan's predicted round (the slowest silo, about 0.37 s)
+    settled = [d for d in deadlines[4:] if d is not None]
+    assert max(settled) <= 1.01 * min(settled)
+    assert max(settled) < 3.0
+
+
+def test_the_deadline_is_capped_relative_to_the_ideal_round() -> None:
+    # Prepare
+    policy = DeadlinePolicy(margin=3.0, floor=0.5, ceiling=3600.0, ideal_multiple=10.0)
+
+    # Execute / Assert: a plan predicted at 100 s whose ideal split takes 2 s waits 20 s
+    assert policy.timeout(100.0, ideal=2.0) == pytest.approx(20.0)
+    assert policy.timeout(1.0, ideal=2.0) == pytest.approx(3.0)
+    assert policy.timeout(100.0, ideal=0.01) == pytest.approx(0.5)  # never below the floor
+
+
+def test_a_cold_first_round_teaches_no_overhead() -> None:
+    # Prepare: round 1's replies take 30 s beyond their compute (process start-up)
+    engine = _engine()
+    state = engine.plan(1, list(SPEEDS))
+    for node, ins in state.instructions.items():
+        compute = ins.batch_size * TAU / SPEEDS[node]
+        metrics = {
+            KEYS.num_examples: 100,
+            KEYS.train_time: compute,
+            KEYS.batch_size: ins.batch_size,
+        }
+        engine.report(state, Verdict(node=node, silo=str(node)), metrics, observed=compute + 30.0)
+
+    # Execute
+    engine.close(state, replied=list(SPEEDS), wall=31.0)
+
+    # Assert
+    assert engine.overhead.predict() == 0.0
+
+
+def test_a_silo_far_slower_than_its_floor_allows_is_reported_once_and_not_waited_for(
+    fl_log: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: every silo held at B_init by the floor; silo 3 is 20x slower than the others
+    engine = RoundEngine.from_keywords(
+        initial_batch_size=B_INIT,
+        local_steps=TAU,
+        lr=0.1,
+        keys=KEYS,
+        weight_key=KEYS.num_examples,
+        min_train_silos=1,
+        max_num_examples=None,
+        max_reply_bytes=None,
+        extra_metric_keys=None,
+        balancing={"min_batch_size": B_INIT},
+        deadline=DeadlinePolicy(margin=3.0, floor=0.01, ceiling=3600.0),
+    )
+    speeds = {1: 1000.0, 2: 1000.0, 3: 50.0}
+    deadlines = []
+
+    # Execute: 5 rounds
+    for server_round in range(1, 6):
+        state = engine.plan(server_round, list(speeds))
+        deadlines.append((state.deadline, set(state.slow)))
+        for node, ins in state.instructions.items():
+            metrics = {
+                KEYS.num_examples: 100,
+                KEYS.train_time: ins.batch_size * TAU / speeds[node],
+                KEYS.batch_size: ins.batch_size,
+                KEYS.samples_processed: ins.batch_size * TAU,
+            }
+            engine.report(state, Verdict(node=node, silo=str(node)), metrics)
+        engine.close(state, replied=list(speeds), wall=None)
+
+    # Assert: from round 2 on silo 3 is held and the deadline is the others' (3 x 0.16 s),
+    # not its 3.2 s; one warning for it in all the rounds
+    for deadline, slow in deadlines[1:]:
+        assert slow == {"3"} and deadline == pytest.approx(3 * B_INIT * TAU / 1000.0)
+    warnings = {id(r) for r in fl_log.records if "silo 3 is predicted" in r.getMessage()}
+    assert len(warnings) == 1
