@@ -140,3 +140,32 @@ def test_a_silo_far_slower_than_its_floor_allows_is_reported_once_and_not_waited
         assert slow == {"3"} and deadline == pytest.approx(3 * B_INIT * TAU / 1000.0)
     warnings = {id(r) for r in fl_log.records if "silo 3 is predicted" in r.getMessage()}
     assert len(warnings) == 1
+
+
+def test_a_time_liar_is_caught_by_round_2_despite_a_cold_first_round() -> None:
+    # Prepare: silo 3 claims 1/1000 of its compute; round 1 holds 30 s of start-up for all
+    engine = _engine()
+    caught = []
+
+    # Execute
+    for server_round, startup in ((1, 30.0), (2, 0.0)):
+        state = engine.plan(server_round, list(SPEEDS))
+        for node, ins in state.instructions.items():
+            compute = ins.batch_size * TAU / SPEEDS[node]
+            claim = compute / 1000 if node == 3 else compute
+            metrics = {
+                KEYS.num_examples: 100,
+                KEYS.train_time: claim,
+                KEYS.batch_size: ins.batch_size,
+            }
+            seen = compute + MESSAGING + startup
+            engine.report(state, Verdict(node=node, silo=str(node)), metrics, observed=seen)
+        engine.close(state, replied=list(SPEEDS), wall=None)
+        caught.append("claimed-train-time" in state.reports["3"])
+
+    # Assert: not judged on the cold round alone, caught on the first warm one, and its
+    # time replaced by what the server saw (its real compute, within the messaging)
+    assert caught == [False, True]
+    replaced = state.reports["3"][KEYS.train_time]
+    compute = state.instructions[3].batch_size * TAU / SPEEDS[3]
+    assert replaced == pytest.approx(compute, rel=0.2)
