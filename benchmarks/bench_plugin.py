@@ -19,21 +19,16 @@ Run: ``python benchmarks/bench_plugin.py [--smoke] [--out DIR] [--runs N]``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 from common import ROOT, machine, parser, telemetry_oracle
 from report import write_section
 
@@ -42,10 +37,13 @@ SLOWDOWNS = (1.0, 2.0, 4.0)
 B_INIT, TAU = 16, 10  # the app's pyproject: batch-size, local-steps
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _flower_run() -> Any:
+    """The tests' ``flwr run`` harness (tests/flower_run.py)."""
+    spec = importlib.util.spec_from_file_location("flower_run", ROOT / "tests" / "flower_run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_app(rounds: int, folder: Path) -> list[dict[str, Any]]:
@@ -56,39 +54,19 @@ def run_app(rounds: int, folder: Path) -> list[dict[str, Any]]:
     RuntimeError
         The run did not finish with a model (the output's tail says why).
     """
-    app = folder / "app"
-    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
-    project = app / "pyproject.toml"
-    declared = 'slowdowns = ""\ntelemetry-path = ""\n'
-    header = "[tool.flwr.app.config]\n"
-    project.write_text(project.read_text().replace(header, header + declared))
     telemetry = folder / "telemetry.jsonl"
-    flwr = Path(sys.executable).parent / "flwr"
-    home = folder / "flwr-home"
-    env = {
-        **os.environ,
-        "PATH": os.pathsep.join([str(flwr.parent), os.environ.get("PATH", "")]),
-        "FLWR_HOME": str(home),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
-    }
     slowdowns = ";".join(f"{k:g}" for k in SLOWDOWNS)
-    overrides = f"num-server-rounds={rounds} slowdowns='{slowdowns}' telemetry-path='{telemetry}'"
-    try:
-        done = subprocess.run(
-            [str(flwr), "run", str(app), "--stream", "--run-config", overrides],
-            env=env, cwd=folder, capture_output=True, text=True, timeout=1200, check=False,
-        )  # fmt: skip
-    finally:
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            if any(str(home) in part for part in proc.info["cmdline"] or ()):
-                for child in proc.children(recursive=True):
-                    child.send_signal(signal.SIGTERM)
-                proc.send_signal(signal.SIGTERM)
+    overrides = f"slowdowns='{slowdowns}' telemetry-path='{telemetry}'"
+    done = _flower_run().run_app(
+        APP,
+        folder,
+        overrides=f"num-server-rounds={rounds} {overrides}",
+        declare='slowdowns = ""\ntelemetry-path = ""\n',
+        timeout=1200,
+    )
     output = done.stdout + done.stderr
     lines = telemetry.read_text().splitlines() if telemetry.exists() else []
-    events = [json.loads(line) for line in lines]
-    train = [e for e in events if e.get("event") == "train"]
+    train = [e for e in map(json.loads, lines) if e.get("event") == "train"]
     if done.returncode != 0 or len(train) != rounds or "raised an exception" in output:
         raise RuntimeError(f"the run failed:\n{output[-3000:]}")
     return train

@@ -4,18 +4,13 @@
 from __future__ import annotations
 
 import inspect
-import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
+from flower_run import flower_ports_taken, run_app
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -167,49 +162,18 @@ def test_quickstart_style_app_balances_through_the_in_process_grid(
     assert all(t.error is None for t in grid.transfers)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_taken(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.mark.slow
 def test_quickstart_style_app_runs_under_flwr_run_in_simulation(tmp_path: Path) -> None:
-    # Prepare: a private Flower home (its managed local SuperLink on free ports) and
-    # a copy of the app; the SuperLink's own API ports are fixed by Flower
-    flwr = Path(sys.executable).parent / "flwr"
-    if _port_taken(9091) or _port_taken(9092):
+    # Prepare: a private Flower home (its managed local SuperLink on free ports) and a copy
+    # of the app; the SuperLink's own API ports are fixed by Flower
+    if flower_ports_taken():
         pytest.skip("another SuperLink holds Flower's ServerAppIo/Fleet ports")
-    app = tmp_path / "plugin"
-    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
     telemetry = tmp_path / "telemetry.jsonl"
-    env = {
-        **os.environ,
-        "PATH": os.pathsep.join([str(flwr.parent), os.environ.get("PATH", "")]),
-        "FLWR_HOME": str(tmp_path / "flwr-home"),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
-        "PYTHONPATH": os.pathsep.join([str(APP.parent.parent), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [str(flwr), "run", str(app), "--stream", "--run-config", f"telemetry='{telemetry}'"]
 
-    # Execute: generous limit, a 2-core machine starts Ray and 3 ClientApps per round
-    try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=800, check=False
-        )
-    finally:  # stop the SuperLink flwr started in the background for this home, by pid
-        home = str(tmp_path / "flwr-home")
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            if any(home in part for part in proc.info["cmdline"] or ()):
-                for child in proc.children(recursive=True):
-                    child.send_signal(signal.SIGTERM)
-                proc.send_signal(signal.SIGTERM)
+    # Execute
+    done = run_app(
+        APP, tmp_path, overrides=f"telemetry='{telemetry}'", pythonpath=(APP.parent.parent,)
+    )
 
     # Assert: three rounds, every silo's reply accepted, batch sizes ordered by speed
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -5,17 +5,11 @@ LB-BSP with only the README's plug-in changes, run under ``flwr run``."""
 from __future__ import annotations
 
 import difflib
-import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
-import psutil
 import pytest
+from flower_run import flower_ports_taken, run_app
 
 from fl_lbbsp.contract import RecordKeys
 from fl_lbbsp.telemetry import read_telemetry
@@ -52,65 +46,28 @@ def test_the_readmes_plugin_section_is_exactly_the_apps_diff() -> None:
     assert found.group(1) == plugin_diff()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_taken(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.mark.slow
 def test_the_quickstart_app_with_lbbsp_plugged_in_runs_under_flwr_run(tmp_path: Path) -> None:
-    # Prepare: a private Flower home and a copy of the app; emulated slowdowns 1;2;4 and
-    # the telemetry file declared in the copy's run config (the test's own instruments:
-    # Flower refuses --run-config keys the app does not declare); nothing else changes
-    flwr = Path(sys.executable).parent / "flwr"
-    if _port_taken(9091) or _port_taken(9092):
+    # Prepare: emulated slowdowns 1;2;4 and the telemetry file declared in the copy's run
+    # config (the test's own instruments: Flower refuses --run-config keys the app does
+    # not declare); nothing else of the app changes
+    if flower_ports_taken():
         pytest.skip("another SuperLink holds Flower's ServerAppIo/Fleet ports")
-    app = tmp_path / "app"
-    shutil.copytree(AFTER, app, ignore=shutil.ignore_patterns("__pycache__"))
     telemetry = tmp_path / "telemetry.jsonl"
-    project = app / "pyproject.toml"
-    declared = 'slowdowns = ""\ntelemetry-path = ""\n'
-    project.write_text(
-        project.read_text().replace(
-            "[tool.flwr.app.config]\n", "[tool.flwr.app.config]\n" + declared
-        )
-    )
-    env = {
-        **os.environ,
-        "PATH": os.pathsep.join([str(flwr.parent), os.environ.get("PATH", "")]),
-        "FLWR_HOME": str(tmp_path / "flwr-home"),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
-        "PYTHONPATH": os.pathsep.join([str(app), os.environ.get("PYTHONPATH", "")]),
-    }
     slowdowns = ";".join(f"{k:g}" for k in SLOWDOWNS)
-    overrides = f"num-server-rounds=4 slowdowns='{slowdowns}' telemetry-path='{telemetry}'"
-    command = [str(flwr), "run", str(app), "--stream", "--run-config", overrides]
 
-    # Execute: generous limit, a 2-core machine starts Ray and 3 ClientApps per round
-    try:
-        done = subprocess.run(
-            command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=800,
-            check=False,
-        )  # fmt: skip
-    finally:  # stop the SuperLink flwr started in the background for this home, by pid
-        home = str(tmp_path / "flwr-home")
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            if any(home in part for part in proc.info["cmdline"] or ()):
-                for child in proc.children(recursive=True):
-                    child.send_signal(signal.SIGTERM)
-                proc.send_signal(signal.SIGTERM)
+    # Execute
+    done = run_app(
+        AFTER,
+        tmp_path,
+        overrides=f"num-server-rounds=4 slowdowns='{slowdowns}' telemetry-path='{telemetry}'",
+        declare='slowdowns = ""\ntelemetry-path = ""\n',
+    )
     output = done.stdout + done.stderr
 
     # Assert: rc 0, every reply accepted, one decision line per round in the stream, a
     # finite non-empty model saved, batch sizes ordered like the speeds from round 2
-    assert done.returncode == 0, output[-4000:]
+    assert done.returncode == 0 and "raised an exception" not in output, output[-4000:]
     rounds = [e for e in read_telemetry(telemetry) if e["event"] == "train"]
     assert len(rounds) == 4 and all(e["rejected"] == [] for e in rounds), output[-4000:]
     for k in range(1, 5):

@@ -8,7 +8,6 @@ from flwr.serverapp import Grid, ServerApp
 from torch.utils.data import DataLoader
 
 from fl_lbbsp.strategies import LBBSPFedAvg
-from fl_lbbsp.strategies.validation import DEFAULT_EXTRA_METRIC_KEYS
 
 from .task import Net, load_test_data, test
 
@@ -26,7 +25,6 @@ def main(grid: Grid, context: Context) -> None:
         local_steps=int(config["local-steps"]),
         lr=float(config["lr"]),
         fraction_evaluate=0.0,
-        extra_metric_keys=(*DEFAULT_EXTRA_METRIC_KEYS, "train_loss"),
         telemetry_path=str(config["telemetry"]) or None,
     )
     testloader = DataLoader(load_test_data(), batch_size=256)
