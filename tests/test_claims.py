@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 from fl_lbbsp.contract import RecordKeys
 from fl_lbbsp.core.claims import ClaimChecker
-from fl_lbbsp.core.engine import FastestReplies, RoundEngine, RoundState, Verdict
+from fl_lbbsp.core.engine import RoundEngine
+from fl_lbbsp.core.rewriters import FastestReplies
+from fl_lbbsp.core.round_state import RoundState, Verdict
 from fl_lbbsp.core.settings import CLAIM_SETTINGS, BalancingConfig, ReplyLimits, balancing_config
 
 KEYS = RecordKeys()

@@ -8,7 +8,8 @@ import pytest
 
 from fl_lbbsp.contract import RecordKeys
 from fl_lbbsp.core.deadline import DeadlinePolicy
-from fl_lbbsp.core.engine import RoundEngine, Verdict
+from fl_lbbsp.core.engine import RoundEngine
+from fl_lbbsp.core.round_state import Verdict
 
 KEYS = RecordKeys()
 TAU, B_INIT = 10, 16

@@ -32,17 +32,24 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Protocol, TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar
 
-from ..contract import PREDICTED_SPEED, STEP_BATCH_SIZE, RecordKeys
+from ..contract import PREDICTED_SPEED, RecordKeys
 from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .claims import honest_gap
 from .deadline import DeadlinePolicy, OverheadTracker, predicted_compute_time
 from .identity import SiloRegistry, instruction_of
+from .rewriters import FastestReplies, InstructionRewriter
+from .round_state import (
+    Instruction,
+    Node,
+    Reply,
+    RoundState,
+    Verdict,
+    silo_round_time,
+)
 from .screening import InvalidReplyError, ReplyValidator, error_summary
 from .settings import (
     BalancingConfig,
@@ -52,301 +59,11 @@ from .settings import (
     make_claim_checker,
 )
 
-__all__ = [
-    "EtaRewriter",
-    "FastestReplies",
-    "Instruction",
-    "InstructionRewriter",
-    "Node",
-    "Reply",
-    "RoundEngine",
-    "RoundState",
-    "TauRewriter",
-    "Verdict",
-    "natural_key",
-    "silo_round_time",
-]
+__all__ = ["RoundEngine"]
 
 log = logging.getLogger("fl_lbbsp")
 
 U = TypeVar("U")
-
-Node = int | str
-"""A node id (Message API) or a client's cid (legacy API)."""
-
-
-def natural_key(silo: str) -> tuple[tuple[int, int, str], ...]:
-    """Sort key for silo ids in natural order: ``2`` before ``10``, ``silo-2`` before
-    ``silo-10`` (digit runs compare as numbers, the rest as text)."""
-    return tuple(
-        (0, int(part), "") if part.isdigit() else (1, 0, part)
-        for part in re.split(r"(\d+)", silo)
-        if part
-    )
-
-
-def silo_round_time(record: Mapping[str, Any], keys: RecordKeys) -> float:
-    """A silo's reported round: ``train-time`` plus ``he-time`` (encrypted mode) if any."""
-    return float(record[keys.train_time]) + float(record.get(keys.he_time, 0.0))
-
-
-@dataclass(frozen=True)
-class Instruction:
-    """What one silo is told to do in one round.
-
-    Parameters
-    ----------
-    silo : str
-        The silo's stable id.
-    batch_size : int
-        The batch size it trains with (and must report back).
-    local_steps : int
-        Its local steps tau.
-    lr : float
-        Its learning rate eta.
-    share : int
-        Its share of the round's total X in batch-size units (the balancer's units); the
-        batch size itself unless a rewriter moved the share into tau or eta.
-    batch_offset : int | None (default: None)
-        Cluster mode: where its samples start in the round's global batch.
-    """
-
-    silo: str
-    batch_size: int
-    local_steps: int
-    lr: float
-    share: int
-    batch_offset: int | None = None
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What the engine needs to know of one train reply, as the adapter read it.
-
-    Parameters
-    ----------
-    node : int
-        The node it came from.
-    silo : object (default: None)
-        The silo id it claims, as sent; ``None``: it claims none (its node's known id).
-    error : str | None (default: None)
-        An error reply's reason.
-    metrics : Mapping[str, Any] | None (default: None)
-        Its metrics (the contract's MetricRecord).
-    nbytes : int (default: 0)
-        Its size in bytes.
-    stale : bool (default: False)
-        It answers no train message of this round.
-    seconds_late : float | None (default: None)
-        How long after the deadline it came in; ``None``: in time.
-    problem : str | None (default: None)
-        What the adapter found wrong with its records (e.g. two ArrayRecords).
-    payload : object (default: None)
-        The update as received, for the adapter's parser.
-    signature : object (default: None)
-        The silo's signature it carries (``None``: unsigned).
-    signed_arrays : callable | None (default: None)
-        Gives its update's arrays in order as (name, bytes), for the signature check.
-    """
-
-    node: Node
-    silo: object = None
-    error: str | None = None
-    metrics: Mapping[str, Any] | None = None
-    nbytes: int = 0
-    stale: bool = False
-    seconds_late: float | None = None
-    problem: str | None = None
-    payload: Any = None
-    signature: object = None
-    signed_arrays: Callable[[], Iterable[tuple[str, bytes]]] | None = None
-
-
-@dataclass(frozen=True)
-class Verdict(Generic[U]):
-    """The outcome of screening one reply: accepted with its update, or rejected."""
-
-    node: Node
-    silo: str
-    update: U | None = None
-    reason: str | None = None
-
-    @property
-    def accepted(self) -> bool:
-        """Whether the reply passed every check."""
-        return self.reason is None
-
-
-@dataclass
-class RoundState:
-    """Everything about the round in flight, in one place.
-
-    Parameters
-    ----------
-    server_round : int
-        The round.
-    instructions : dict[int, Instruction]
-        Node -> what it was told.
-    total : int
-        X, the round's total batch size.
-    deadline : float | None
-        Seconds the round may take (``None``: no limit).
-    started : float (default: now)
-        ``time.perf_counter()`` when the round was planned.
-    sent_at : float (default: now)
-        ``time.time()`` when the round was planned.
-    expected_bytes : int (default: 0)
-        The size of the update a reply is expected to carry (for the size cap).
-    waited : float | None (default: None)
-        The timeout the grid actually waited, when the adapter knows it.
-    sent : list (default: [])
-        The adapter's own outgoing messages (a reply must answer one of them).
-    model : object (default: None)
-        The global model as sent (kept when the round ends without a new one).
-    run_id : int (default: 0)
-        The Flower run, as the silos' signatures must name it.
-
-    ``nodes``, ``silos``, ``reports`` and ``rejected`` fill up as replies are screened;
-    ``held`` keeps the timings the engine judges only when the round closes (the first
-    observed round's, see :meth:`RoundEngine.report`); ``feed`` the usable reports, fed
-    to the balancer together when the round closes.
-    """
-
-    server_round: int
-    instructions: dict[Node, Instruction]
-    total: int
-    deadline: float | None
-    started: float = field(default_factory=time.perf_counter)
-    sent_at: float = field(default_factory=time.time)
-    expected_bytes: int = 0
-    waited: float | None = None
-    sent: list[Any] = field(default_factory=list)
-    model: Any = None
-    run_id: int = 0
-    nodes: set[Node] = field(default_factory=set)
-    silos: set[str] = field(default_factory=set)
-    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rejected: list[dict[str, Any]] = field(default_factory=list)
-    held: dict[str, tuple[Mapping[str, Any], dict[str, Any], int | None, float]] = field(
-        default_factory=dict
-    )
-    feed: dict[str, tuple[SiloReport, dict[str, Any]]] = field(default_factory=dict)
-    predicted: float | None = None
-    """Predicted compute seconds of the planned split (the slowest silo's)."""
-    ideal: float | None = None
-    """Compute seconds of a perfect split of X by the predicted speeds (tau * X / sum v)."""
-    slow: set[str] = field(default_factory=set)
-    """Silos the split could not bring to the others' pace (:meth:`RoundEngine.plan`):
-    the round's deadline does not wait for them."""
-    cold: set[str] = field(default_factory=set)
-    """Silos whose report this round is their first (or first since they rejoined on
-    another node): it holds start-up, so it neither teaches the overhead nor stays in the
-    silo's history once a warm report follows."""
-
-    @property
-    def shares(self) -> dict[str, int]:
-        """Silo -> its share of X this round."""
-        return {ins.silo: ins.share for ins in self.instructions.values()}
-
-
-class InstructionRewriter(Protocol):
-    """Changes what a silo is told after balancing (the tau and eta baselines)."""
-
-    @property
-    def name(self) -> str:
-        """Suffix of the scheme's name (``"tau"``, ``"eta"``)."""
-
-    def rewrite(self, instruction: Instruction, config: BalancingConfig) -> Instruction:
-        """The instruction actually sent, given the balanced one."""
-
-    def to_balancer_units(
-        self, metrics: Mapping[str, Any], keys: RecordKeys, config: BalancingConfig
-    ) -> dict[str, Any]:
-        """A reply's metrics in the balancer's units (a batch-size share of X)."""
-
-
-@dataclass(frozen=True)
-class TauRewriter:
-    """LB-BSP that tunes the local steps instead of the batch size (rejected in Sec. 3.5).
-
-    Silo i is sent ``tau_i = max(1, round(tau * x_i / B_init))`` steps at ``B_init``, so it
-    processes about ``x_i * tau`` samples, as under LB-BSP; eta stays the same for all.
-    Its reply's ``batch-size`` becomes the equivalent share ``round(samples / tau)``; the
-    batch size it really used goes to ``step-batch-size``, its steps to ``local-steps``.
-    """
-
-    name: str = "tau"
-
-    def rewrite(self, instruction: Instruction, config: BalancingConfig) -> Instruction:
-        """``B_init`` with the steps that process the balanced share."""
-        steps = max(1, round(config.local_steps * instruction.share / config.initial_batch_size))
-        return replace(instruction, batch_size=config.initial_batch_size, local_steps=steps)
-
-    def to_balancer_units(
-        self, metrics: Mapping[str, Any], keys: RecordKeys, config: BalancingConfig
-    ) -> dict[str, Any]:
-        """The equivalent share; metrics without a usable count are left as reported."""
-        converted = dict(metrics)
-        used, samples = (
-            _positive(metrics.get(keys.batch_size)),
-            _positive(metrics.get(keys.samples_processed)),
-        )
-        if used is not None and samples is not None:
-            converted[STEP_BATCH_SIZE] = metrics[keys.batch_size]
-            converted[keys.local_steps] = round(samples / used)
-            converted[keys.batch_size] = max(1, round(samples / config.local_steps))
-        return converted
-
-
-@dataclass(frozen=True)
-class EtaRewriter:
-    """LB-BSP that also scales the learning rate with the batch size (rejected in Sec. 3.5):
-    ``eta_i = eta * B_i / B_init``, the linear scaling rule of large-batch SGD."""
-
-    name: str = "eta"
-
-    def rewrite(self, instruction: Instruction, config: BalancingConfig) -> Instruction:
-        """The balanced batch size with its scaled learning rate."""
-        return replace(
-            instruction, lr=config.lr * instruction.batch_size / config.initial_batch_size
-        )
-
-    def to_balancer_units(
-        self, metrics: Mapping[str, Any], keys: RecordKeys, config: BalancingConfig
-    ) -> dict[str, Any]:
-        """Unchanged: the batch size is the share."""
-        return dict(metrics)
-
-
-@dataclass(frozen=True)
-class FastestReplies:
-    """Backup workers: keep only the k replies with the shortest reported round time.
-
-    The reported times decide, not the arrival order, so that silos emulated one after
-    the other rank as if they had run side by side.
-
-    Parameters
-    ----------
-    replies : int | None (default: None)
-        k; ``None``: one fewer than the silos sent the round (at least one).
-    """
-
-    replies: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.replies is not None and (
-            isinstance(self.replies, bool) or not int(self.replies) >= 1
-        ):
-            raise ValueError(f"replies must be a positive integer or None, got {self.replies!r}")
-
-    def kept(self, sent: int) -> int:
-        """Replies kept in a round sent to ``sent`` silos."""
-        return max(1, sent - 1) if self.replies is None else self.replies
-
-    def select(self, times: Mapping[str, float], *, sent: int) -> set[str]:
-        """The silos kept, given each accepted silo's reported round time."""
-        order = sorted(times, key=lambda silo: (times[silo], natural_key(silo)))
-        return set(order[: self.kept(sent)])
 
 
 class RoundEngine:
@@ -1026,10 +743,3 @@ def _real(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
-
-
-def _positive(value: object) -> float | None:
-    """``value`` as a float if it is a finite positive number, else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) and value > 0 else None

@@ -6,8 +6,8 @@ partial aggregation (backup workers).
 * :class:`PartialAggregation` aggregates only the k fastest of the n replies.
 
 All three are :class:`~fl_lbbsp.strategies.LBBSPFedAvg` composed with one piece of the
-round engine (:class:`~fl_lbbsp.core.engine.TauRewriter`,
-:class:`~fl_lbbsp.core.engine.EtaRewriter`, :class:`~fl_lbbsp.core.engine.FastestReplies`),
+round engine (:class:`~fl_lbbsp.core.rewriters.TauRewriter`,
+:class:`~fl_lbbsp.core.rewriters.EtaRewriter`, :class:`~fl_lbbsp.core.rewriters.FastestReplies`),
 so they share its balancer, telemetry, deadlines and record keys, and run wherever it runs.
 
 References
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.engine import EtaRewriter, FastestReplies, TauRewriter
+from ..core.rewriters import EtaRewriter, FastestReplies, TauRewriter
 from .fedavg import LBBSPFedAvg
 
 __all__ = ["LBBSPEta", "LBBSPTau", "PartialAggregation"]

@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from ..contract import MODEL_REFUSED, RecordKeys
 from ..core.claims import ClaimChecker
-from ..core.engine import RoundState
+from ..core.round_state import RoundState
 from ..core.update_screen import UpdateScreen, cap_weights
 from .updates import Updates
 

@@ -28,7 +28,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
 from ..contract import EVAL_ACCURACY, EVAL_LOSS, RecordKeys
-from ..core.engine import RoundState
+from ..core.round_state import RoundState
 from ..core.screening import InvalidReplyError
 from ..crypto import (
     CKKSKeys,

@@ -32,7 +32,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 
 from ..contract import INITIAL_MODEL, UPDATE_PREFIX
-from ..core.engine import RoundState
+from ..core.round_state import RoundState
 from ..core.screening import InvalidReplyError
 from ..crypto import CKKSKeys, ParsedUpdate
 from ..crypto.records import is_encrypted

@@ -34,16 +34,10 @@ from pydantic import ValidationError
 
 from ..contract import RecordKeys, read_float
 from ..core.deadline import DeadlinePolicy
-from ..core.engine import (
-    FastestReplies,
-    InstructionRewriter,
-    Node,
-    Reply,
-    RoundEngine,
-    RoundState,
-    Verdict,
-)
+from ..core.engine import RoundEngine
 from ..core.identity import SiloRegistry, load_registry
+from ..core.rewriters import FastestReplies, InstructionRewriter
+from ..core.round_state import Node, Reply, RoundState, Verdict
 from ..core.settings import CLAIM_SETTINGS, BalancingOptions
 from ..instruction import RoundInstruction
 from ..telemetry import TelemetryWriter
@@ -151,8 +145,8 @@ evaluate_metrics_aggr_fn :
         dataset size. The variants pass theirs (an SGD step, an encrypted sum).
     rewriter : InstructionRewriter | None (default: None)
         Rewrites every instruction after balancing (the baselines'
-        :class:`~fl_lbbsp.core.engine.TauRewriter` and
-        :class:`~fl_lbbsp.core.engine.EtaRewriter`).
+        :class:`~fl_lbbsp.core.rewriters.TauRewriter` and
+        :class:`~fl_lbbsp.core.rewriters.EtaRewriter`).
     selector : FastestReplies | None (default: None)
         Backup workers: only the fastest accepted replies enter the aggregate.
     silo_registry : str | Path | Mapping | SiloRegistry | None (default: None)

@@ -37,7 +37,8 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from ..contract import RecordKeys
-from ..core.engine import Reply, RoundEngine, RoundState
+from ..core.engine import RoundEngine
+from ..core.round_state import Reply, RoundState
 from ..core.screening import (
     InvalidReplyError,
     Layout,

@@ -23,7 +23,7 @@ from flwr.app import MetricRecord
 from flwr.common.logger import FLOWER_LOGGER
 
 from ..contract import PREDICTED_SPEED, RecordKeys, silo_metric
-from ..core.engine import RoundState, natural_key
+from ..core.round_state import RoundState, natural_key
 from ..core.screening import contract_metric_keys
 from .rounds import format_silos
 

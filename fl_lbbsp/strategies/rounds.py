@@ -14,7 +14,8 @@ from typing import Any
 
 from ..contract import BUSY_TIME, RecordKeys
 from ..core import BatchSizeBalancer, idle_fraction
-from ..core.engine import RoundEngine, natural_key, silo_round_time
+from ..core.engine import RoundEngine
+from ..core.round_state import natural_key, silo_round_time
 from ..core.settings import BalancingConfig
 from ..telemetry import TelemetryWriter
 

@@ -17,8 +17,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from ..core.aggregation import GradientStep, WeightedMean
-from ..core.engine import RoundState
 from ..core.optim import SGD
+from ..core.round_state import RoundState
 from ..core.screening import InvalidReplyError, Layout
 from ..core.update_screen import update_distance
 from .validation import check_array_record, layout_of

@@ -18,8 +18,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common.constant import SType
 
 from ..contract import RecordKeys
-from ..core.engine import Reply
 from ..core.identity import IdentityError, check_silo_id, signed_arrays
+from ..core.round_state import Reply
 from ..core.screening import (
     DEFAULT_EXTRA_METRIC_KEYS,
     MAX_SUMMARY,
