@@ -164,10 +164,12 @@ def test_a_rejection_that_repeats_is_logged_once_per_silo_and_cause(
 
 
 def test_each_round_decision_is_one_line_through_flowers_logger(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Prepare
+    # Prepare: Flower's logger as a ServerApp has it (no filter a CLI run in this test
+    # process may have left on it)
     caplog.set_level(logging.INFO, logger="flwr")
+    monkeypatch.setattr(logging.getLogger("flwr"), "filters", [])
 
     # Execute
     _run(_strategy(), _app(_honest), rounds=3)
