@@ -267,7 +267,7 @@ def _initial(data: Any) -> dict[str, torch.Tensor]:
 
 def _by_silo_task(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     from fl_lbbsp.clients.silo_task import handle
-    from fl_lbbsp.clients.warm import TaskRequest
+    from fl_lbbsp.clients.task import TaskRequest
 
     request = TaskRequest(
         kind="train",

@@ -19,11 +19,10 @@ import numpy as np
 import pytest
 
 from fl_lbbsp.clients import warm
+from fl_lbbsp.clients.task import TaskRequest, TaskResult
 from fl_lbbsp.clients.warm import (
     SOCKET_FILE,
     TOKEN_FILE,
-    TaskRequest,
-    TaskResult,
     WarmWorker,
     WarmWorkerError,
     WorkerUnavailableError,

@@ -31,8 +31,8 @@ from ..models import ModelName, build_model
 from .app import SiloSetup, silo_data, test_data
 from .emulation import CostModel
 from .round import Emulation, LocalTraining, WorkDone, run_round, slowdown_schedule
+from .task import TaskRequest, TaskResult
 from .trainer import evaluate, train_local
-from .warm import TaskRequest, TaskResult
 
 __all__ = [
     "build_model_for",

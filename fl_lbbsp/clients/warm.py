@@ -40,21 +40,19 @@ import struct
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .task import NamedArrays, Scalar, TaskRequest, TaskResult
 
 __all__ = [
     "SOCKET_FILE",
     "TOKEN_FILE",
     "WORKER_KEY",
-    "NamedArrays",
     "TaskHandler",
-    "TaskRequest",
-    "TaskResult",
     "WarmWorker",
     "WarmWorkerError",
     "WorkerUnavailableError",
@@ -79,48 +77,6 @@ _PREFIX = struct.Struct(">4sI")  # magic, header length
 _MAX_HEADER = 1 << 24  # 16 MiB of JSON
 _DTYPE_KINDS = frozenset("biuf")  # bool, integers, floats: what model arrays hold
 _SOCKET_PATH_MAX = 100  # sun_path holds 104-108 bytes depending on the platform
-
-Scalar = str | int | float | bool
-NamedArrays = Sequence[tuple[str, npt.NDArray[Any]]]
-"""Arrays in record order, each with its name (a state dict's keys and values)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskRequest:
-    """One message's work for the silo.
-
-    Parameters
-    ----------
-    kind : {"train", "evaluate"}
-        The message type.
-    arrays : sequence of (str, ndarray)
-        The global model, in record order.
-    config : Mapping[str, Scalar]
-        The message's ``config`` record (batch size, local steps, lr, round).
-    run_config : Mapping[str, Scalar]
-        The run's configuration (dataset, model, seed, ...).
-    node_config : Mapping[str, Scalar]
-        The SuperNode's configuration (partition, silo id, slowdown, compute lock, ...).
-    process_started : float
-        ``time.time()`` when the ClientApp process handling the message started (its
-        start-up is reported as ``startup-time``).
-    """
-
-    kind: Literal["train", "evaluate"]
-    arrays: NamedArrays
-    config: Mapping[str, Scalar]
-    run_config: Mapping[str, Scalar]
-    node_config: Mapping[str, Scalar]
-    process_started: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskResult:
-    """What the silo sends back: its metrics and, for a train task, its arrays."""
-
-    metrics: Mapping[str, int | float]
-    arrays: NamedArrays = field(default_factory=list)
-
 
 TaskHandler = Callable[[TaskRequest], TaskResult]
 """Runs a task; the worker's default is :func:`fl_lbbsp.clients.silo_task.handle`."""

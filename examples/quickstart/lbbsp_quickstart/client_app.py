@@ -25,7 +25,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fl_lbbsp.clients.warm import TaskRequest, run_task, worker_folder
+from fl_lbbsp.clients.task import TaskRequest
+from fl_lbbsp.clients.warm import run_task, worker_folder
 from fl_lbbsp.contract import RecordKeys
 from fl_lbbsp.core.identity import load_signing_key, sign_reply, signed_arrays
 
