@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 import warnings
 from collections.abc import Sequence
@@ -15,249 +14,29 @@ from typing import Any, NoReturn, cast
 
 from pydantic import ValidationError
 
-from .core import BALANCER_DEFAULTS
+from .cli_parser import build_parser
 
-__all__ = ["main"]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, with its usage errors on one line like every other error of the CLI."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"fl-lbbsp: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+__all__ = ["build_parser", "main"]
 
 
 class RunFailedError(RuntimeError):
     """A run that produced no model (every round skipped): exit code 1, one line."""
 
 
-def _speeds(text: str) -> list[float]:
-    from .runs.config import check_speed_ratio
+def _events(scheme: str, config: Any, run: Any) -> list[dict[str, Any]]:
+    """``run(config)``'s telemetry events; a run the strategy stopped for learning
+    nothing (:class:`~fl_lbbsp.strategies.outcomes.NoUpdateError`) is a
+    :class:`RunFailedError` naming why, from its telemetry where it says."""
+    from .runs.summary import run_failure
+    from .strategies.outcomes import NoUpdateError
+    from .telemetry import read_telemetry
 
     try:
-        speeds = [float(s) for s in text.split(",") if s.strip()]
-        check_speed_ratio(speeds)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(
-            f"invalid --speeds {text!r:.60}: expected comma-separated finite positive numbers "
-            f"like 16,8,8,4,4 ({err})"
-        ) from None
-    return speeds
-
-
-def _accuracy(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(
-            f"invalid --target-accuracy {text!r:.40}: expected a fraction in (0, 1], e.g. 0.9"
-        )
-    return value
-
-
-def _fl_cost_model(text: str) -> str:
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        values = [float(p) for p in parts]
-    except ValueError:
-        values = []
-    if (
-        len(values) != 2
-        or not all(math.isfinite(v) for v in values)
-        or not values[0] > 0
-        or values[1] < 0
-    ):
-        raise argparse.ArgumentTypeError(
-            f"invalid --cost-model {text!r:.60}: expected two numbers M,B (seconds per sample "
-            "> 0 and per step >= 0), e.g. 0.0004,0.002"
-        )
-    return text
-
-
-def _schedules(text: str) -> str:
-    from .runs.config import check_schedule_order
-
-    try:
-        for schedule in text.split(";"):
-            check_schedule_order(schedule)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"invalid --slowdown-schedules: {err}") from None
-    return text
-
-
-def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
-    """Flags with the same meaning in FL (`simulate`, `compare`) and cluster mode."""
-    from .core.estimators import ESTIMATORS
-
-    estimators = " | ".join(ESTIMATORS)
-    parser.add_argument(
-        "--dataset",
-        default="embedded",
-        help="embedded | mnist:PATH | cifar10:PATH | hf:PATH (your data: a save_to_disk "
-        "folder, a .parquet, .csv, .jsonl/.json or .arrow file, or a folder of such files; "
-        "see docs/datasets.md) (default: embedded)",
-    )
-    parser.add_argument(
-        "--hf-image-column",
-        default=None,
-        metavar="COLUMN",
-        help="hf:PATH: the column of images (default: image)",
-    )
-    parser.add_argument(
-        "--hf-label-column",
-        default=None,
-        metavar="COLUMN",
-        help="hf:PATH: the column of class labels (default: label)",
-    )
-    parser.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
-    parser.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
-    parser.add_argument(
-        "--estimator", default="ema", help=f"speed estimator: {estimators} (default: ema)"
-    )
-    parser.add_argument(
-        "--narx-warmup",
-        type=int,
-        default=None,
-        metavar="N",
-        help="narx: reports per silo predicted by EMA before the network is first trained "
-        "(default: 500, the paper's; a run shorter than that is EMA throughout)",
-    )
-    parser.add_argument(
-        "--narx-train-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help="narx: retrain the network after every N new reports (default: 10)",
-    )
-    alpha = BALANCER_DEFAULTS["alpha"]
-    parser.add_argument("--alpha", type=float, default=alpha, help=f"EMA weight (default: {alpha})")
-    parser.add_argument(
-        "--parallel", type=int, default=1, help=f"{unit} computing at once (default: 1)"
-    )
-    parser.add_argument(
-        "--encrypt",
-        type=Path,
-        default=None,
-        metavar="KEYDIR",
-        help=f"CKKS-encrypt the {unit}' updates with the keys of `fl-lbbsp keys generate` in "
-        f"KEYDIR (the server only adds ciphertexts; accuracy is evaluated on the {unit})",
-    )
-    parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
-    parser.add_argument(
-        "--checkpoint-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="checkpoint every round in DIR/<scheme>; rerunning the same command resumes "
-        "from there (default: no checkpoints)",
-    )
-    parser.add_argument(
-        "--checkpoint-key",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="sign the checkpoints with an HMAC under the key in FILE (from `fl-lbbsp keys "
-        "checkpoint`, mode 0600), so that an edited checkpoint is refused (default: a "
-        "digest, which detects damage, not edits)",
-    )
-    parser.add_argument(
-        "--quiet",
-        action="store_true",
-        help="only print the summary (no progress display, no per-round lines)",
-    )
-    parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
-
-
-_SCHEMES = "fedavg | lbbsp | lbbsp-tau | lbbsp-eta | partial"
-
-
-def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    _add_shared_flags(parser, unit="silos")
-    parser.add_argument("--silos", type=int, default=5, help="number of silos (default: 5)")
-    parser.add_argument(
-        "--silo-registry",
-        type=Path,
-        default=None,
-        metavar="KEYDIR",
-        help="check every reply's signature against KEYDIR/registry.json from `fl-lbbsp keys "
-        "silos --silos N`; silo i signs with KEYDIR/silo-<i>.key (default: silo ids are "
-        "believed)",
-    )
-    parser.add_argument(
-        "--speeds",
-        type=_speeds,
-        default=None,
-        help="emulated relative capacity per silo, e.g. 16,8,8,4,4 (default: all equal)",
-    )
-    parser.add_argument(
-        "--partition",
-        default="labels:2",
-        help="iid | labels:K | dirichlet:ALPHA (default: labels:2)",
-    )
-    parser.add_argument("--rounds", type=int, default=20, help="rounds (default: 20)")
-    parser.add_argument("--local-steps", type=int, default=20, help="tau (default: 20)")
-    parser.add_argument("--batch-size", type=int, default=32, help="B_init (default: 32)")
-    parser.add_argument("--lr", type=float, default=0.05, help="eta (default: 0.05)")
-    parser.add_argument(
-        "--allocator",
-        default=BALANCER_DEFAULTS["allocator"],
-        help=f"linear | proportional (default: {BALANCER_DEFAULTS['allocator']})",
-    )
-    parser.add_argument(
-        "--max-change-ratio",
-        type=float,
-        default=BALANCER_DEFAULTS["max_change_ratio"],
-        help="largest factor a silo's batch size may change by per round, its first report "
-        "included (from B_init); a change confirmed by 2 reports may move it up to r^3 in "
-        f"that round (default: {BALANCER_DEFAULTS['max_change_ratio']})",
-    )
-    parser.add_argument(
-        "--min-batch-fraction",
-        type=float,
-        default=BALANCER_DEFAULTS["min_batch_fraction"],
-        help="no silo gets a batch size below this share of B_init "
-        f"(default: {BALANCER_DEFAULTS['min_batch_fraction']:.3g})",
-    )
-    parser.add_argument(
-        "--target-accuracy",
-        type=_accuracy,
-        default=None,
-        help="accuracy for 'time to target' (default: 90%% of the lower best accuracy)",
-    )
-    parser.add_argument(
-        "--slowdown-schedules",
-        type=_schedules,
-        default=None,
-        help="further slowdown per silo over rounds, ';'-separated, e.g. "
-        "'1:1,10:2,20:1;1;1;1;1' halves silo 0's capacity in rounds 10-19 (default: none)",
-    )
-    parser.add_argument(
-        "--partial-replies",
-        type=int,
-        default=None,
-        help="scheme partial: replies aggregated per round (default: all silos but one)",
-    )
-    parser.add_argument(
-        "--no-wait",
-        action="store_true",
-        help="emulated silos report k*t without waiting (k-1)*t: same figures, less wall time",
-    )
-    parser.add_argument(
-        "--cost-model",
-        type=_fl_cost_model,
-        default=None,
-        metavar="M,B",
-        help="emulated step time of the fastest silo, seconds per sample and per step: "
-        "silos report tau*k*(M*B_i+B) instead of their measured time (default: measured)",
-    )
-    parser.add_argument(
-        "--in-process",
-        action="store_true",
-        help="run the silos in this process one after the other, without Ray",
-    )
-    parser.add_argument("--out", type=Path, default=None, help="output folder")
+        return list(run(config))
+    except NoUpdateError as err:
+        path = config.telemetry_path()
+        failure = run_failure(read_telemetry(path)) if path.is_file() else None
+        raise RunFailedError(f"{scheme}: {failure or err}") from None
 
 
 def _checkpoint_key(args: argparse.Namespace) -> int:
@@ -266,81 +45,6 @@ def _checkpoint_key(args: argparse.Namespace) -> int:
     path = write_checkpoint_key(args.out, overwrite=args.force)
     print(f"checkpoint key (give to the server only, --checkpoint-key): {path}")
     return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``fl-lbbsp``."""
-    parser = _Parser(
-        prog="fl-lbbsp", description="LB-BSP straggler-free federated learning on Flower"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    simulate = sub.add_parser("simulate", help="run one scheme on the Simulation Engine")
-    simulate.add_argument("--scheme", default="lbbsp", help=f"{_SCHEMES} (default: lbbsp)")
-    _add_run_flags(simulate)
-    compare = sub.add_parser("compare", help="run FedAvg, LB-BSP or baselines on the same setup")
-    compare.add_argument(
-        "--schemes",
-        default="fedavg,lbbsp",
-        help=f"comma-separated {_SCHEMES} (default: fedavg,lbbsp)",
-    )
-    _add_run_flags(compare)
-    _add_cluster_parser(sub)
-    _add_deploy_local(sub)
-    keys = sub.add_parser("keys", help="CKKS keys for encrypted updates, silos' signing keys")
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    generate = keys_sub.add_parser(
-        "generate",
-        help="write secret.ckks (silos), public.ckks (server) and fingerprint.txt",
-    )
-    generate.add_argument("--out", type=Path, required=True, help="folder for the key files")
-    generate.add_argument(
-        "--poly-modulus-degree", type=int, default=8192, help="ring degree N (default: 8192)"
-    )
-    generate.add_argument(
-        "--coeff-mod-bit-sizes",
-        type=_bit_sizes,
-        default=(60, 40),
-        help="coefficient-modulus prime sizes in bits (default: 60,40)",
-    )
-    generate.add_argument(
-        "--scale-bits", type=int, default=40, help="log2 of the CKKS scale (default: 40)"
-    )
-    generate.add_argument("--force", action="store_true", help="replace existing key files")
-    silos = keys_sub.add_parser(
-        "silos",
-        help="write one Ed25519 signing key per silo (silo-<id>.key) and registry.json "
-        "(silo id -> public key) for the server's --silo-registry",
-    )
-    silos.add_argument("--out", type=Path, required=True, help="folder for the key files")
-    silos.add_argument(
-        "--silos", type=int, default=None, help="number of silos, ids 0..N-1 (or --ids)"
-    )
-    silos.add_argument(
-        "--ids", default=None, help="comma-separated silo ids (default: 0..N-1 of --silos)"
-    )
-    silos.add_argument(
-        "--dataset-sizes",
-        type=_sizes,
-        default=None,
-        help="each silo's declared dataset size, comma-separated (default: none declared)",
-    )
-    silos.add_argument("--force", action="store_true", help="replace existing key files")
-    checkpoint = keys_sub.add_parser(
-        "checkpoint",
-        help="write a checkpoint key (256 random bits, mode 0600) for --checkpoint-key",
-    )
-    checkpoint.add_argument("--out", type=Path, required=True, help="the key file")
-    checkpoint.add_argument("--force", action="store_true", help="replace an existing key")
-    return parser
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid --dataset-sizes {text!r}: expected integers like 600,450"
-        ) from None
 
 
 def _silo_keys(args: argparse.Namespace) -> int:
@@ -360,15 +64,6 @@ def _silo_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bit_sizes(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid --coeff-mod-bit-sizes {text!r}: expected integers like 60,40"
-        ) from None
-
-
 def _generate_keys(args: argparse.Namespace) -> int:
     from .crypto import CKKSConfig, generate_keys, write_key_files
 
@@ -383,54 +78,6 @@ def _generate_keys(args: argparse.Namespace) -> int:
     print(f"public context (give to the server): {files.public}")
     print(f"key fingerprint: {keys.fingerprint} ({files.fingerprint})")
     return 0
-
-
-def _add_cluster_parser(sub: Any) -> None:
-    cluster = sub.add_parser(
-        "cluster", help="parameter-server mode: one synchronous iteration per round"
-    )
-    _add_shared_flags(cluster, unit="workers")
-    cluster.add_argument(
-        "--schemes",
-        default="bsp,lbbsp,lbbsp-naive",
-        help="comma-separated bsp | lbbsp | lbbsp-naive (default: all three)",
-    )
-    cluster.add_argument("--workers", type=int, default=4, help="workers (default: 4)")
-    cluster.add_argument(
-        "--speeds", type=_speeds, default=None, help="emulated capacity per worker, e.g. 4,2,1,1"
-    )
-    cluster.add_argument(
-        "--data", default="full", help="full | shard: where workers draw samples (default: full)"
-    )
-    cluster.add_argument("--iterations", type=int, default=100, help="iterations (default: 100)")
-    cluster.add_argument(
-        "--batch-size", type=int, default=64, help="initial batch per worker (default: 64)"
-    )
-    cluster.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
-    cluster.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default: 0)")
-    cluster.add_argument(
-        "--allocator",
-        default=BALANCER_DEFAULTS["allocator"],
-        help=f"linear | proportional | iterative (default: {BALANCER_DEFAULTS['allocator']})",
-    )
-    cluster.add_argument(
-        "--cost-model",
-        default=None,
-        help="emulated batch time 'm,b,C,x_max' of the fastest worker (default: real compute)",
-    )
-    cluster.add_argument(
-        "--wait", action="store_true", help="wait out the cost model's time (default: report it)"
-    )
-    cluster.add_argument(
-        "--eval-every", type=int, default=5, help="evaluate every N iterations (default: 5)"
-    )
-    cluster.add_argument(
-        "--target-accuracy",
-        type=_accuracy,
-        default=None,
-        help="accuracy for 'iterations to target' (default: 95%% of BSP's final accuracy)",
-    )
-    cluster.add_argument("--out", type=Path, default=Path("runs/cluster"), help="output folder")
 
 
 def _run_cluster(args: argparse.Namespace) -> int:
@@ -472,7 +119,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
     events: dict[str, list[dict[str, Any]]] = {}
     for scheme, config in configs.items():
         with _progress(args, config.telemetry_path(), config.iterations, scheme, "iteration"):
-            events[scheme] = run_cluster(config)
+            events[scheme] = _events(scheme, config, run_cluster)
         failure = run_failure(events[scheme])
         if failure is not None:
             raise RunFailedError(f"{scheme}: {failure}")
@@ -492,81 +139,6 @@ def _run_cluster(args: argparse.Namespace) -> int:
     json_path.write_text(json.dumps(report, indent=2))
     print(f"report: {json_path}")
     return 0
-
-
-def _add_deploy_local(sub: Any) -> None:
-    deploy = sub.add_parser(
-        "deploy-local",
-        help="start a SuperLink and SuperNodes on 127.0.0.1 (TLS) for `flwr run`",
-        description="Start flower-superlink and one flower-supernode per silo on 127.0.0.1 "
-        "with free ports, TLS with a locally generated CA (unless --insecure), and print "
-        "the `flwr run` command for them. Ctrl-C stops everything.",
-    )
-    deploy.add_argument("--silos", type=int, default=3, help="SuperNodes (default: 3)")
-    deploy.add_argument(
-        "--speeds",
-        type=_speeds,
-        default=None,
-        help="emulated relative capacity per silo, e.g. 4,2,1 (default: all equal)",
-    )
-    deploy.add_argument(
-        "--workdir",
-        type=Path,
-        default=Path("runs/deploy"),
-        help="certificates, logs and Flower config (default: runs/deploy)",
-    )
-    deploy.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP on loopback)")
-    deploy.add_argument(
-        "--parallel-compute",
-        action="store_true",
-        help="let silos compute at the same time (default: one at a time on this machine)",
-    )
-    deploy.add_argument(
-        "--no-node-auth",
-        action="store_true",
-        help="let any SuperNode join (default with TLS: Flower's SuperNode authentication, "
-        "one key per silo registered with the SuperLink; unknown nodes are refused)",
-    )
-    deploy.add_argument(
-        "--silo-registry",
-        metavar="KEYDIR",
-        default=None,
-        help="signed replies: give each SuperNode its signing-key KEYDIR/silo-<id>.key "
-        "from `fl-lbbsp keys silos --ids silo-0,silo-1,...` and the app run config "
-        "silo-registry=KEYDIR/registry.json; `auto`: generate them in WORKDIR/silo-keys; "
-        "`none`: unsigned replies (default: auto with TLS, none with --insecure)",
-    )
-    deploy.add_argument(
-        "--no-warm-worker",
-        action="store_true",
-        help="no warm silo worker beside each SuperNode: every ClientApp process (one per "
-        "message) imports torch and loads the data and the model itself (default: a warm "
-        "worker per silo holds them)",
-    )
-    deploy.add_argument(
-        "--no-restart",
-        action="store_true",
-        help="leave a SuperNode that dies out (default: log it and start it again)",
-    )
-    deploy.add_argument(
-        "--app",
-        type=Path,
-        default=None,
-        help="run this Flower app on the federation (flwr run --stream), then stop; the "
-        "exit code is 0 only if the run ended finished:completed",
-    )
-    deploy.add_argument(
-        "--run-config",
-        type=Path,
-        default=None,
-        help="TOML file of run-config overrides for --app (flwr run --run-config)",
-    )
-    deploy.add_argument(
-        "--run-timeout",
-        type=float,
-        default=24 * 3600.0,
-        help="seconds before the --app run is stopped (default: 86400)",
-    )
 
 
 def _silo_registry(args: argparse.Namespace) -> str | None:
@@ -831,7 +403,7 @@ def _run(args: argparse.Namespace) -> int:
     events: dict[str, Sequence[dict[str, Any]]] = {}
     for scheme, config in configs.items():
         with _progress(args, config.telemetry_path(), config.rounds, scheme):
-            events[scheme] = run(config)
+            events[scheme] = _events(scheme, config, run)
         failure = run_failure(events[scheme])
         if failure is not None:
             raise RunFailedError(f"{scheme}: {failure}")

@@ -64,14 +64,16 @@ SMALL = ["--silos", "3", "--model", "mlp", "--rounds", "1", "--in-process"]
                      "out of order", id="schedule-unordered"),
         pytest.param(["simulate", *SMALL, "--slowdown-schedules", "1:1,1:2;1;1"],
                      "out of order", id="schedule-repeated"),
-        pytest.param(["simulate", *SMALL, "--cost-model", "1"], "two numbers M,B",
+        pytest.param(["simulate", *SMALL, "--cost-model", "1"], "expected M,B",
                      id="cost-model-one"),
         pytest.param(["simulate", *SMALL, "--cost-model", "1,nan"], "--cost-model",
                      id="cost-model-nan"),
         pytest.param(["simulate", *SMALL, "--cost-model", "0,1"], "--cost-model",
                      id="cost-model-zero"),
-        pytest.param(["simulate", *SMALL, "--cost-model", "1,2,3"], "--cost-model",
-                     id="cost-model-three"),
+        pytest.param(["simulate", *SMALL, "--cost-model", "1,2,3,4,5"], "--cost-model",
+                     id="cost-model-five"),
+        pytest.param(["simulate", *SMALL, "--cost-model", "1,-2"], "--cost-model",
+                     id="cost-model-negative"),
         pytest.param(["simulate", *SMALL, "--target-accuracy", "2"], "(0, 1]", id="target-2"),
         pytest.param(["simulate", *SMALL, "--target-accuracy", "0"], "(0, 1]", id="target-0"),
         pytest.param(["simulate", *SMALL, "--target-accuracy", "nan"], "(0, 1]",
@@ -133,7 +135,7 @@ def test_an_output_folder_that_is_a_file_is_refused(
     err = _refused(["simulate", *SMALL, "--out", str(afile / "x")], capsys)
 
     # Assert
-    assert err.startswith("fl-lbbsp: error: --out:") and "is a file" in err
+    assert err.startswith("fl-lbbsp: error: --out:") and "is not a directory" in err
 
 
 def test_a_json_report_under_a_file_is_refused(
@@ -155,7 +157,7 @@ def test_deploy_local_refuses_a_workdir_that_is_a_file(
     err = _refused(["deploy-local", "--silos", "2", "--workdir", str(afile)], capsys)
 
     # Assert
-    assert "--workdir" in err and "is a file" in err
+    assert "--workdir" in err and "is not a directory" in err
 
 
 @pytest.mark.parametrize(

@@ -152,13 +152,13 @@ def writable_dir_problem(path: Path) -> str | None:
     target = Path(path)
     if target.exists():
         if not target.is_dir():
-            return f"{target} is a file, not a folder"
+            return f"{target} is not a directory"
         return None if os.access(target, os.W_OK | os.X_OK) else f"{target} is not writable"
     parent = target.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        return f"{target} cannot be created: {parent} is a file, not a folder"
+        return f"{target} cannot be created: {parent} is not a directory"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{target} cannot be created: {parent} is not writable"
     return None
