@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -30,6 +30,7 @@ __all__ = [
     "ServerConfig",
     "record_keys",
     "setting_error",
+    "split_settings",
 ]
 
 
@@ -176,6 +177,8 @@ def setting_error(err: ValidationError, *, owner: str) -> InvalidSettingError:
     for item in err.errors():
         message = str(item["msg"]).removeprefix("Value error, ")
         message = message.replace("Input should be", "must be")
+        if item["type"] == "extra_forbidden":
+            message = f"is not a setting of {owner}"
         if item["loc"]:
             name = str(item["loc"][0])
             parts.append(f"{name} {message} (got {item.get('input')!r:.80})")
@@ -213,3 +216,17 @@ def record_keys(keys: object) -> RecordKeys:
         f"keys must be a fl_lbbsp.contract.RecordKeys or a mapping of its fields to names, "
         f"got {type(keys).__name__}"
     )
+
+
+def split_settings(
+    settings: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A strategy's setting keywords, each to the model that declares it: the server's
+    (:class:`ServerConfig`), the reply limits (:class:`ReplyLimits`, all four always
+    given, defaults filled) and the rest, balancing (:class:`BalancingConfig`, which
+    refuses a name it does not know)."""
+    server = {k: v for k, v in settings.items() if k in ServerConfig.model_fields}
+    limits = {k: v for k, v in settings.items() if k in ReplyLimits.model_fields}
+    balancing = {k: v for k, v in settings.items() if k not in server and k not in limits}
+    defaults = {name: field.default for name, field in ReplyLimits.model_fields.items()}
+    return server, {**defaults, **limits}, balancing

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Self, Unpack
+from typing import Any, ClassVar, Self
 
 from flwr.app import (
     ArrayRecord,
@@ -38,11 +38,17 @@ from ..core.engine import RoundEngine
 from ..core.identity import SiloRegistry, load_registry
 from ..core.rewriters import FastestReplies, InstructionRewriter
 from ..core.round_state import Node, Reply, RoundState, Verdict
-from ..core.settings import CLAIM_SETTINGS, BalancingOptions
+from ..core.settings import CLAIM_SETTINGS
 from ..instruction import RoundInstruction
 from ..telemetry import TelemetryWriter
 from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
-from .config import InvalidSettingError, ServerConfig, record_keys, setting_error
+from .config import (
+    InvalidSettingError,
+    ServerConfig,
+    record_keys,
+    setting_error,
+    split_settings,
+)
 from .deadline import DeadlineGrid
 from .defenses import Defenses
 from .outcomes import NoUpdateError, RoundOutcomes, log_decision, round_metrics, route_to_flower
@@ -72,95 +78,43 @@ class LBBSPFedAvg(EngineView, FedAvg):
 
     Parameters
     ----------
-    initial_batch_size : int
-        B_init: every silo's batch size in round 1; X = n * B_init every round.
-    local_steps : int
-        Local SGD steps tau sent to every silo.
-    lr : float
-        Learning rate eta sent to every silo.
-    **balancing : BalancingOptions
-        ``balance`` (default True; ``False`` sends B_init to every silo: plain FedAvg with
-        LB-BSP's telemetry, the baseline to compare against), ``estimator``,
-        ``allocator``, ``max_change_ratio``, ``min_batch_fraction`` and the other settings
-        of :class:`~fl_lbbsp.core.settings.BalancingConfig`, each defaulting to
-        :data:`fl_lbbsp.core.BALANCER_DEFAULTS` (``balancer_options``: the same as a dict).
-    keys : RecordKeys | None (default: None)
+    initial_batch_size, local_steps, lr : int, int, float
+        B_init (every silo's batch size in round 1; X = n * B_init every round), tau and
+        eta, sent to every silo.
+    **settings :
+        Every other setting is declared once, with its doc, default and bounds, in a
+        settings model, and given here by keyword:
+
+        - balancing (``balance``, ``estimator``, ``allocator``, ``rho``, ...):
+          :class:`~fl_lbbsp.core.settings.BalancingConfig` (``False`` for ``balance``
+          sends B_init to every silo: plain FedAvg with LB-BSP's telemetry);
+        - the server (deadlines, polling, node sampling, telemetry, checkpoints, the
+          defences ``max_update_ratio``, ``update_spread_sigmas``, ``max_weight_ratio``,
+          and ``max_empty_rounds``): :class:`~fl_lbbsp.strategies.config.ServerConfig`;
+        - reply limits (``min_train_silos``, ``max_num_examples``, ``max_reply_bytes``,
+          ``extra_metric_keys``: ``None``, the default, lets your own metrics through,
+          a tuple makes the check strict): :class:`~fl_lbbsp.core.settings.ReplyLimits`;
+        - ``arrayrecord_key``, ``configrecord_key``, ``train_metrics_aggr_fn``,
+          ``evaluate_metrics_aggr_fn``: as in :class:`flwr.serverapp.strategy.FedAvg`
+          (the aggregation weight is ``keys.num_examples``).
+    keys : RecordKeys | Mapping | None (default: None)
         Names of the config and metric entries (``batch-size``, ``train-time``, ...).
-    telemetry_path : str | Path | None (default: None)
-        JSON-lines file the per-round telemetry is appended to.
-    deadline_margin : float | None (default: 3.0)
-        Round deadline = ``deadline_margin`` times the predicted round time (the
-        slowest silo's predicted compute ``B_i * tau / v_i`` plus the messaging overhead
-        of recent complete rounds), clipped to ``[deadline_floor, deadline_ceiling]``.
-        Replies that miss it are left out of the round and their silos keep their speed
-        estimates. ``None``: no deadline, every round waits up to ``start``'s ``timeout``.
-    deadline_floor : float (default: 30.0)
-        Shortest round deadline in seconds.
-    deadline_ceiling : float (default: 3600.0)
-        Longest round deadline in seconds, and the deadline of round 1 (nothing
-        predicted yet); ``start``'s ``timeout`` caps it too.
-    poll_interval : float | None (default: 0.1)
-        Seconds between two pulls for replies when the strategy runs through
-        :meth:`start`. ``None`` uses the Grid's own ``send_and_receive``, which polls
-        every 3 s in a deployment and rounds each round up to a multiple of 3 s.
-    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
-min_available_nodes, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, \
-evaluate_metrics_aggr_fn :
-        As in :class:`flwr.serverapp.strategy.FedAvg`; the aggregation weight key is
-        ``keys.num_examples``.
-    min_train_silos : int (default: 1)
-        Fewest valid replies a round needs: with fewer, the round is skipped (the global
-        model stays as it was, ``aggregate_train`` returns ``(None, None)``) and the reason
-        is logged. Flower's ``min_train_nodes`` is how many nodes are *sampled*.
-    max_num_examples : int | None (default: None)
-        Largest ``num-examples`` a reply may claim; a reply above it is rejected.
-        ``None``: 2**53, the largest integer a float holds exactly.
-    max_reply_bytes : int | None (default: None)
-        A reply whose records hold more bytes is rejected before any of it is converted.
-        ``None``: four times the size of the model sent (the largest ciphertext update in
-        encrypted mode) plus 1 MiB.
-    extra_metric_keys : iterable of str | None (default: None)
-        ``None``: every metric beyond the contract's (your app's ``train_loss``, ...)
-        passes through unchecked and is aggregated by ``train_metrics_aggr_fn`` as
-        Flower's FedAvg does. Strict mode: the only extra keys accepted, e.g.
-        ``(*DEFAULT_EXTRA_METRIC_KEYS, "train_loss")``
-        (:mod:`fl_lbbsp.strategies.validation`); a reply with another key is rejected.
-    max_update_ratio, update_spread_sigmas, max_weight_ratio : float (default: 10, 3, 10)
-        The server's defences (:mod:`fl_lbbsp.strategies.defenses`): an update farther
-        from the global model than ``max_update_ratio`` times the round's median distance
-        (widened by ``update_spread_sigmas`` robust deviations) is rejected; an undeclared
-        dataset size weighs at most ``max_weight_ratio`` times the median of the others'
-        and no more than all of them together.
-    max_empty_rounds : int (default: 3)
-        :meth:`start` raises :class:`NoUpdateError` when this many rounds in a row, or
-        the run's first round, aggregate no update (every reply rejected or missing).
-    checkpoint_dir : str | Path | None (default: None)
-        Folder for checkpoints: after each round's aggregation :meth:`start` saves the
-        global model, the balancer and the rest of the strategy's state there (see
-        :mod:`fl_lbbsp.strategies.checkpoint`), and a strategy started on a folder that
-        holds a checkpoint of round k resumes with round k+1. ``None``: no checkpoints.
     updates : Updates | None (default: None)
         How the replies' updates are read, checked and summed
-        (:mod:`fl_lbbsp.strategies.updates`); ``None``: ``PlainMean``, FedAvg's mean by
-        dataset size. The variants pass theirs (an SGD step, an encrypted sum).
+        (:mod:`fl_lbbsp.strategies.updates`); ``None``: FedAvg's mean by dataset size.
     rewriter : InstructionRewriter | None (default: None)
-        Rewrites every instruction after balancing (the baselines'
-        :class:`~fl_lbbsp.core.rewriters.TauRewriter` and
-        :class:`~fl_lbbsp.core.rewriters.EtaRewriter`).
+        Rewrites every balanced instruction (the tau and eta baselines,
+        :mod:`fl_lbbsp.core.rewriters`).
     selector : FastestReplies | None (default: None)
         Backup workers: only the fastest accepted replies enter the aggregate.
     silo_registry : str | Path | Mapping | SiloRegistry | None (default: None)
-        The federation's silos and their public signing keys (``registry.json`` from
-        ``fl-lbbsp keys silos``, its key folder, its loaded content or a
-        :class:`~fl_lbbsp.core.identity.SiloRegistry`): every train reply must carry the
-        signature of the silo it claims over this run, round, metrics and arrays (or
-        ciphertexts), checked before anything else in it is trusted; an unsigned,
-        mis-signed, another silo's or replayed reply is rejected. ``None``: silo ids are
-        believed, with one warning when the first round is planned.
+        The federation's silos, their public signing keys and declared dataset sizes
+        (``fl-lbbsp keys silos``): every train reply must carry the signature of the
+        silo it claims, checked before anything else in it is trusted; a signature
+        proves origin, not validity. ``None``: silo ids are believed (one warning).
     clock : Callable[[], float] (default: time.monotonic)
-        The clock that times each reply from its train message's push to its pull: the
-        wall time the silo's claimed ``train-time`` and ``he-time`` are checked against
-        (``check_times``; :mod:`fl_lbbsp.core.claims`). Injected by tests.
+        The clock that times each reply from push to pull (the wall time the claimed
+        times are checked against); injected by tests.
 
     Raises
     ------
@@ -193,82 +147,58 @@ evaluate_metrics_aggr_fn :
         initial_batch_size: int,
         local_steps: int,
         lr: float,
-        keys: RecordKeys | None = None,
-        telemetry_path: str | Path | None = None,
-        deadline_margin: float | None = 3.0,
-        deadline_floor: float = 30.0,
-        deadline_ceiling: float = 3600.0,
-        poll_interval: float | None = 0.1,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_train_nodes: int = 2,
-        min_evaluate_nodes: int = 2,
-        min_available_nodes: int = 2,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
-        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-        min_train_silos: int = 1,
-        max_num_examples: int | None = None,
-        max_reply_bytes: int | None = None,
-        extra_metric_keys: Iterable[str] | None = None,
-        max_empty_rounds: int = 3,
-        max_update_ratio: float = 10.0,
-        update_spread_sigmas: float = 3.0,
-        max_weight_ratio: float = 10.0,
-        checkpoint_dir: str | Path | None = None,
+        keys: RecordKeys | Mapping[str, str] | None = None,
         updates: Updates[Any] | None = None,
         rewriter: InstructionRewriter | None = None,
         selector: FastestReplies | None = None,
         silo_registry: str | Path | Mapping[str, Any] | SiloRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
-        **balancing: Unpack[BalancingOptions],
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        **settings: Any,
     ) -> None:
         self.keys = record_keys(keys)
+        server, limits, balancing = split_settings(settings)
         try:
-            self._build(
-                server=dict(
-                    deadline_margin=deadline_margin,
-                    deadline_floor=deadline_floor,
-                    deadline_ceiling=deadline_ceiling,
-                    poll_interval=poll_interval,
-                    fraction_train=fraction_train,
-                    fraction_evaluate=fraction_evaluate,
-                    min_train_nodes=min_train_nodes,
-                    min_evaluate_nodes=min_evaluate_nodes,
-                    min_available_nodes=min_available_nodes,
-                    telemetry_path=telemetry_path,
-                    checkpoint_dir=checkpoint_dir,
-                    max_empty_rounds=max_empty_rounds,
-                    max_update_ratio=max_update_ratio,
-                    update_spread_sigmas=update_spread_sigmas,
-                    max_weight_ratio=max_weight_ratio,
+            config = self.server_config = ServerConfig(**server)
+            super().__init__(
+                fraction_train=config.fraction_train,
+                fraction_evaluate=config.fraction_evaluate,
+                min_train_nodes=config.min_train_nodes,
+                min_evaluate_nodes=config.min_evaluate_nodes,
+                min_available_nodes=config.min_available_nodes,
+                weighted_by_key=getattr(self.keys, self.weight_key),
+                arrayrecord_key=arrayrecord_key,
+                configrecord_key=configrecord_key,
+                train_metrics_aggr_fn=train_metrics_aggr_fn,
+                evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+            )
+            self.engine = RoundEngine.from_keywords(
+                initial_batch_size=initial_batch_size,
+                local_steps=local_steps,
+                lr=lr,
+                keys=self.keys,
+                weight_key=self.weighted_by_key,
+                balancing=balancing,
+                deadline=DeadlinePolicy(
+                    margin=config.deadline_margin,
+                    floor=config.deadline_floor,
+                    ceiling=config.deadline_ceiling,
                 ),
-                engine=dict(
-                    initial_batch_size=initial_batch_size,
-                    local_steps=local_steps,
-                    lr=lr,
-                    min_train_silos=min_train_silos,
-                    max_num_examples=max_num_examples,
-                    max_reply_bytes=max_reply_bytes,
-                    extra_metric_keys=extra_metric_keys,
-                    balancing=balancing,
-                    rewriter=rewriter,
-                    selector=selector,
-                    silo_registry=silo_registry,
-                ),
-                flower=dict(
-                    arrayrecord_key=arrayrecord_key,
-                    configrecord_key=configrecord_key,
-                    train_metrics_aggr_fn=train_metrics_aggr_fn,
-                    evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
-                ),
+                rewriter=rewriter,
+                selector=selector,
+                registry=None if silo_registry is None else load_registry(silo_registry),
+                offsets=self.cluster,
+                require_valid_report=self.cluster,
+                **limits,
             )
         except ValidationError as err:
             raise setting_error(err, owner=type(self).__name__) from None
         self.updates: Updates[Any] = updates or PlainMean()
-        self.telemetry = TelemetryWriter(self.server_config.telemetry_path)
-        self.poll_interval = self.server_config.poll_interval
+        self.telemetry = TelemetryWriter(config.telemetry_path)
+        self.poll_interval = config.poll_interval
         self.round: RoundState | None = None
         """The round in flight (``None`` before the first ``configure_train``)."""
         self.round_offset = 0
@@ -276,48 +206,18 @@ evaluate_metrics_aggr_fn :
         self.checkpoints: CheckpointStore | None = None
         """Where :meth:`start` writes a checkpoint after every round (``None``: nowhere)."""
         self.clock = clock
-        self.outcomes = RoundOutcomes(max_empty_rounds=self.server_config.max_empty_rounds)
+        self.outcomes = RoundOutcomes(max_empty_rounds=config.max_empty_rounds)
+        """Rejections logged once per silo and cause, empty rounds counted."""
         self.defenses = Defenses(
-            max_update_ratio=self.server_config.max_update_ratio,
-            update_spread_sigmas=self.server_config.update_spread_sigmas,
-            max_weight_ratio=self.server_config.max_weight_ratio,
+            max_update_ratio=config.max_update_ratio,
+            update_spread_sigmas=config.update_spread_sigmas,
+            max_weight_ratio=config.max_weight_ratio,
             weigh_by_size=self.weighted_by_key == self.keys.num_examples,
         )
-        """Rejections logged once per silo and cause, empty rounds counted."""
         self._observe = False
         self._grid: DeadlineGrid | None = None
         self._timeout_cap: float | None = None
         route_to_flower()
-
-    def _build(
-        self, *, server: dict[str, Any], engine: dict[str, Any], flower: dict[str, Any]
-    ) -> None:
-        """The server settings, FedAvg's state and the engine, validated (raises
-        pydantic's ``ValidationError``; ``__init__`` puts it in the user's terms)."""
-        settings = self.server_config = ServerConfig(**server)
-        super().__init__(
-            fraction_train=settings.fraction_train,
-            fraction_evaluate=settings.fraction_evaluate,
-            min_train_nodes=settings.min_train_nodes,
-            min_evaluate_nodes=settings.min_evaluate_nodes,
-            min_available_nodes=settings.min_available_nodes,
-            weighted_by_key=getattr(self.keys, self.weight_key),
-            **flower,
-        )
-        registry = engine.pop("silo_registry")
-        self.engine = RoundEngine.from_keywords(
-            keys=self.keys,
-            weight_key=self.weighted_by_key,
-            deadline=DeadlinePolicy(
-                margin=settings.deadline_margin,
-                floor=settings.deadline_floor,
-                ceiling=settings.deadline_ceiling,
-            ),
-            registry=None if registry is None else load_registry(registry),
-            offsets=self.cluster,
-            require_valid_report=self.cluster,
-            **engine,
-        )
 
     RUN_CONFIG_KEYS: ClassVar[dict[str, str]] = {
         "batch-size": "initial_batch_size",
