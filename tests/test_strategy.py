@@ -218,3 +218,14 @@ def test_keys_given_as_a_mapping_are_converted_and_anything_else_is_a_type_error
     assert strategy.keys.batch_size == "bs"
     with pytest.raises(TypeError, match="RecordKeys"):
         LBBSPFedAvg(initial_batch_size=32, local_steps=10, lr=0.01, keys=["bs"])  # type: ignore[arg-type]
+
+
+def test_an_unknown_setting_is_named_in_one_line() -> None:
+    # Execute
+    with pytest.raises(InvalidSettingError) as caught:
+        LBBSPFedAvg(initial_batch_size=32, local_steps=10, lr=0.01, min_batch_fration=0.2)
+
+    # Assert
+    assert str(caught.value).startswith(
+        "LBBSPFedAvg: min_batch_fration is not a setting of LBBSPFedAvg"
+    )
