@@ -224,7 +224,8 @@ def test_every_config_class_is_covered() -> None:
         "RunSettings",  # the base of the two above: its fields are checked through them
         # a checkpoint's contents, validated on load: tests/test_checkpoint_validation.py
         "_Open", "Manifest", "EstimatorState", "LastReport", "SiloState", "BalancerState",
-        "_Bounds", "EngineState", "ClaimsState",
+        "_Bounds", "EngineState", "ClaimsState", "FitState", "IterativeConfig",
+        "IterativeAllocatorState", "IterativeState", "PooledShape",  # and test_checkpoint_hostile
     }  # fmt: skip
 
     # Execute
