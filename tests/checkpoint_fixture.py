@@ -25,6 +25,7 @@ SETTINGS: dict[str, Any] = {
     "momentum": 0.9,
     "min_train_nodes": 3,
     "min_available_nodes": 3,
+    "min_batch_fraction": 1 / 3,  # that version's default (today's is 0: a noise budget)
 }
 SHAPES = {"w": (3, 2), "b": (2,)}
 
