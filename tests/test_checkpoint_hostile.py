@@ -319,17 +319,6 @@ def test_cli_refuses_an_edited_checkpoint_with_one_line_and_exit_2(
     assert "Traceback" not in err
 
 
-def _accepts_checkpoint_key() -> bool:
-    import inspect
-
-    from fl_lbbsp.strategies import LBBSPFedAvg
-
-    return "checkpoint_key" in inspect.signature(LBBSPFedAvg).parameters
-
-
-@pytest.mark.skipif(
-    not _accepts_checkpoint_key(), reason="needs LBBSPFedAvg(checkpoint_key=...) (lead)"
-)
 def test_cli_with_a_checkpoint_key_refuses_a_checkpoint_with_a_recomputed_digest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -361,3 +350,27 @@ def test_a_checkpoint_error_is_a_value_error_for_library_users() -> None:
     assert issubclass(CheckpointKeyError, CheckpointInvalidError)
     assert issubclass(CheckpointInvalidError, CheckpointError)
     assert issubclass(CheckpointError, ValueError)
+
+
+def test_cli_writes_keyed_checkpoints_and_resumes_from_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: one round with a checkpoint key
+    key = write_checkpoint_key(tmp_path / "key")
+    argv = ["simulate", "--silos", "3", "--model", "mlp", "--in-process", "--quiet", "--no-wait",
+            "--local-steps", "1", "--batch-size", "8", "--out", str(tmp_path / "out"),
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-key", str(key)]  # fmt: skip
+    assert main([*argv, "--rounds", "1"]) == 0
+    capsys.readouterr()
+
+    # Execute: a second round resumes; without the key the checkpoint is refused
+    resumed = main([*argv, "--rounds", "2"])
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv[:-2], "--rounds", "3"])
+
+    # Assert: keyed files, resumed, and refused without the key in one line
+    store = CheckpointStore(tmp_path / "ckpt" / "lbbsp", key=load_checkpoint_key(key))
+    latest = store.latest()
+    assert resumed == 0 and latest is not None and latest.server_round == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and "give the same key" in err[-1]
