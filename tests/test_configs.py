@@ -219,7 +219,7 @@ def test_every_config_class_is_covered() -> None:
         "BalancingConfig", "ServerConfig", "ReplyLimits", "ParameterServerConfig",
         "EncryptionConfig",
         "EncryptedClusterConfig",
-        "TrainerConfig", "SiloSetup", "WorkerSetup", "CostModel", "SlowdownSchedule",
+        "RoundInstruction", "SiloSetup", "WorkerSetup", "CostModel", "SlowdownSchedule",
         "PartitionSpec", "CKKSConfig", "RecordKeys", "SimulationConfig", "ClusterConfig",
         "RunSettings",  # the base of the two above: its fields are checked through them
         # a checkpoint's contents, validated on load: tests/test_checkpoint_validation.py
