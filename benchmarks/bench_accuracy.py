@@ -20,6 +20,13 @@ waiting out the emulated times.
 
     python benchmarks/bench_accuracy.py [--out benchmarks/results] [--smoke] [--seeds 8]
         [--min-batch-size B] [--allocator linear|proportional] [--max-change-ratio R|none]
+    python benchmarks/bench_accuracy.py --study [--datasets embedded,mnist]
+        [--mixes wide,5:1] [--seeds 8] [--rounds 30] [--cache DIR] [--minutes M]
+
+``--study`` runs the noise budget's study instead (issue 29, :mod:`accuracy_study`: FedAvg,
+LB-BSP with the noise budget and with the blanket floor; accuracy at FedAvg's plateau and
+at equal emulated time, time to target, each with its 95% interval) and writes
+``accuracy-budget.json``; a reduced grid by its flags.
 
 Writes ``accuracy.json`` (the benchmark section schema of ``report.py``). Full mode needs
 real MNIST in ``../shared/data/mnist`` and skips (writing nothing) without it.
@@ -733,7 +740,12 @@ def _ratio(text: str) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the section and write ``accuracy.json``; 0 also when skipped (no MNIST)."""
+    """Run the section and write ``accuracy.json``; 0 also when skipped (no MNIST).
+    With ``--study``: the noise budget's accuracy study (:mod:`accuracy_study`)."""
+    if "--study" in (sys.argv[1:] if argv is None else argv):
+        import accuracy_study
+
+        return accuracy_study.main(argv)
     cli = parser(__doc__.split("\n\n")[0])
     cli.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: 12)")
     cli.add_argument("--rounds", type=int, default=None, help=f"rounds (default: {ROUNDS})")

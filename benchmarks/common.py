@@ -21,11 +21,13 @@ MNIST = ROOT.parent / "shared" / "data" / "mnist"
 
 __all__ = [
     "MNIST",
+    "RHO",
     "RESULTS",
     "ROOT",
     "WITHIN",
     "TelemetryOracle",
     "dataset",
+    "ideal_time",
     "informed_follows",
     "machine",
     "mark",
@@ -39,6 +41,18 @@ __all__ = [
 
 WITHIN = 0.05
 """'Within 5% of the oracle'."""
+
+
+def _default_rho() -> float | None:
+    from fl_lbbsp.core import BALANCER_DEFAULTS
+
+    rho = BALANCER_DEFAULTS["noise_budget"]
+    return None if rho is None else float(rho)
+
+
+RHO = _default_rho()
+"""The noise budget of the oracle split and of T*: the default balancer's (shared/DESIGN.md,
+"Speed and accuracy together"), so that "x oracle" means what a balancer could still fix."""
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -84,13 +98,41 @@ def save_figure(figure: Any, out: Path, name: str) -> str:
 
 
 # ------------------------------------------------------------------ the oracle split
-def oracle_split(a: np.ndarray, b: np.ndarray, total: int, floor: int) -> np.ndarray:
-    """The integer min-max split of the true cost lines ``t_i = a_i x + b_i`` of ``total``
-    samples, every silo at least ``floor``: what a balancer that knew the lines would
-    send."""
-    from fl_lbbsp.core import linear_minmax
+def oracle_split(
+    a: np.ndarray,
+    b: np.ndarray,
+    total: int,
+    floor: int,
+    *,
+    knee: np.ndarray | None = None,
+    rho: float | None = RHO,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """The integer min-max split of the true cost curves ``t_i = a_i max(x, k_i) + b_i``
+    of ``total`` samples, every silo at least ``floor``, within the noise budget ``rho``
+    (the default balancer's; aggregation ``weights``, equal when ``None``): what a
+    balancer that knew the curves would send under the same budget."""
+    from fl_lbbsp.core.budget import budgeted_minmax
 
-    return linear_minmax(a, b, total, lower=np.full(len(a), float(floor)))
+    lower = np.full(len(a), float(floor))
+    return budgeted_minmax(a, b, total, knee=knee, lower=lower, weights=weights, rho=rho).sizes
+
+
+def ideal_time(
+    a: np.ndarray,
+    b: np.ndarray,
+    total: float,
+    *,
+    knee: np.ndarray | None = None,
+    rho: float | None = RHO,
+    weights: np.ndarray | None = None,
+) -> float:
+    """T*: the real-valued min-max round time of the true cost curves with the total
+    fixed, under the same noise budget as the oracle (no other bound); with lines and no
+    budget ``(X + sum_i b_i / a_i) / sum_i (1 / a_i)``."""
+    from fl_lbbsp.core.budget import budgeted_ideal_time
+
+    return budgeted_ideal_time(a, b, total, knee=knee, weights=weights, rho=rho)
 
 
 def oracle_goal(jitter: float | str) -> float:
@@ -198,7 +240,8 @@ class TelemetryOracle:
     the same noise; ``oracle_idle``: the oracle split's idle fraction under the noise,
     ``1 - mean_i t_i / max_i t_i``; ``noise``: every silo-round's noise factor;
     ``sizes``: the oracle's batch sizes per round; ``slowdowns`` and ``factors``: each
-    round's emulated slowdowns k_i and noise factors, silos in id order."""
+    round's emulated slowdowns k_i and noise factors, silos in id order; ``ideal``: T* of
+    each round's true lines under the oracle's noise budget (:func:`ideal_time`)."""
 
     rounds: list[int] = field(default_factory=list)
     round_time: list[float] = field(default_factory=list)
@@ -211,6 +254,7 @@ class TelemetryOracle:
     sizes: list[list[int]] = field(default_factory=list)
     slowdowns: list[list[float]] = field(default_factory=list)
     factors: list[list[float]] = field(default_factory=list)
+    ideal: list[float] = field(default_factory=list)
 
     def _select(self, values: Sequence[float], start: int, end: int | None) -> list[float]:
         stop = math.inf if end is None else end
@@ -255,9 +299,10 @@ def telemetry_oracle(
     ``B_i`` it ran (for a silo that ran other than tau steps, scaled to tau steps). The
     oracle's round time is ``max_i k_i (a x*_i + b) noise_i(r)``, with ``x*`` the min-max
     split of the true lines (:func:`oracle_split`, the total ``n B_init``, every silo at
-    least ``floor``); the equal split's (FedAvg's) is ``max_i k_i (a B_init + b)
-    noise_i(r)``. Silos a scheme dropped (``dropped``: partial aggregation) count for
-    the oracle, which aggregates every silo; skipped rounds are left out.
+    least ``floor``, within the default noise budget); the equal split's (FedAvg's) is
+    ``max_i k_i (a B_init + b) noise_i(r)``. Silos a scheme dropped (``dropped``: partial
+    aggregation) count for the oracle, which aggregates every silo; skipped rounds are
+    left out.
     """
     config = next(e for e in events if e.get("event") == "config")
     tau = float(config["local_steps"])
@@ -292,4 +337,5 @@ def telemetry_oracle(
         out.sizes.append([int(v) for v in best])
         out.slowdowns.append([float(v) for v in k])
         out.factors.append([float(v) for v in noise])
+        out.ideal.append(ideal_time(k * a, k * b, total))
     return out

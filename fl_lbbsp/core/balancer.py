@@ -776,9 +776,13 @@ class BatchSizeBalancer:
         )  # fmt: skip
         reasons = self._bound_reasons(result, lower, upper, hard_lower, hard_upper, rows[:, 0])
         margin = self._margin(rows[:, 7]) if self.equal_split_guard else 0.0
+        # Under a binding budget, unequal weights order the batch sizes by weight too: the
+        # order of speeds is then not the order to keep.
+        weighted = result.binds and weights is not None and np.ptp(weights) > 0
         sizes = self._guard(
-            result.sizes, a, b, knee, total, lower, upper, hard_lower, hard_upper, margin
-        )
+            result.sizes, a, b, knee, total, lower, upper, hard_lower, hard_upper, margin,
+            round_time=None if weighted else result.round_time, order=not weighted,
+        )  # fmt: skip
         if (
             self.equal_split_guard
             and np.array_equal(sizes, _equal_split(total, hard_lower, hard_upper))
@@ -838,12 +842,17 @@ class BatchSizeBalancer:
         hard_lower: np.ndarray,
         hard_upper: np.ndarray,
         margin: float,
+        *,
+        round_time: float | None = None,
+        order: bool = True,
     ) -> np.ndarray:
-        """The order guard, then the equal-split guard (a predicted gain of at least
-        ``margin``), on the predicted cost curves a, b, knee."""
+        """The order guard (``order``; at ``round_time``), then the equal-split guard (a
+        predicted gain of at least ``margin``), on the predicted cost curves a, b, knee."""
         x = sizes.astype(np.int64)
-        if self.order_tolerance is not None and len(x) > 1:
-            x = order_guard(x, a, b, self.order_tolerance, lower=lower, upper=upper)
+        if order and self.order_tolerance is not None and len(x) > 1:
+            x = order_guard(
+                x, a, b, self.order_tolerance, lower=lower, upper=upper, round_time=round_time
+            )
         if self.equal_split_guard:
             equal = _equal_split(total, hard_lower, hard_upper)
             slowest = np.max(hinge_times(a, b, knee, x))
@@ -1200,6 +1209,7 @@ def order_guard(
     *,
     lower: np.ndarray,
     upper: np.ndarray,
+    round_time: float | None = None,
 ) -> np.ndarray:
     """Repair batch sizes that invert the order of the silos' predicted speeds.
 
@@ -1227,6 +1237,10 @@ def order_guard(
         Relative speed difference within which two silos count as equally fast.
     lower, upper : numpy.ndarray
         Per-silo bounds the repair keeps.
+    round_time : float | None (default: None)
+        The allocation's round time T, where known (under a noise budget the silos below
+        it are not held by a bound); ``None``: the median predicted time of the silos no
+        bound holds.
 
     Reference: the order-preservation of Chen et al., IEEE TCC 2021, Alg. 1 (batch size
     proportional to predicted speed); the levelling is a pool-adjacent-violators step
@@ -1238,7 +1252,8 @@ def order_guard(
     inside = (x > np.asarray(lower)) & (x < np.asarray(upper))
     # The common finish time of the silos no bound holds (the median of their predicted
     # times); all of them when every silo is at a bound.
-    round_time = float(np.median(times[inside])) if inside.any() else float(np.max(times))
+    if round_time is None:
+        round_time = float(np.median(times[inside])) if inside.any() else float(np.max(times))
     speed = np.maximum(round_time - b, 0.0) / a
     # Fast check (the usual case): along the silos sorted by speed, no silo below its
     # upper bound holds fewer samples than a slower one (beyond the tolerance) above its

@@ -179,10 +179,12 @@ def _waterfill(
         s = float(points[k])
     else:
         low = float(points[k - 1])
-        free = (low * q >= lo) & (low * q < hi)
+        # The silos strictly between their bounds inside the segment (its midpoint).
+        inside = 0.5 * (low + float(points[k])) if k < len(points) else 2.0 * low + 1.0
+        free = (inside * q > lo) & (inside * q < hi)
         if not free.any():
-            return hi.copy(), low
-        fixed = float(np.clip(low * q, lo, hi)[~free].sum())
+            return np.asarray(np.clip(low * q, lo, hi), dtype=np.float64), low
+        fixed = float(np.clip(inside * q, lo, hi)[~free].sum())
         s = (total - fixed) / float(q[free].sum())
     x = np.asarray(np.clip(s * q, lo, hi), dtype=np.float64)
     # Float error: put the residue on the free silos, within their bounds.
@@ -222,7 +224,7 @@ def _solve(
         return np.asarray(np.maximum(np.minimum(hi, (t - b) / a), lo), dtype=np.float64)
 
     def variance(x: FloatArray) -> float:
-        return float(np.sum(c / x))
+        return math.inf if np.any(x <= 0) else float(np.sum(c / x))
 
     _, t_star = linear_minmax_continuous(a, b, total, lower=lo, upper=hi)
     t0 = max(t_star, floor_time)

@@ -318,6 +318,10 @@ FLAT_SHARE = 0.1
 less than a tenth of the batch size's relative growth, a smaller batch could save the
 silo at most a tenth of its time, and would add noise to the update for it."""
 
+SCATTER_REPORTS = 5
+"""Reports :func:`find_knee` pools (the run, the group tested and the next groups) for a
+scatter of its own: fewer scatter too little to tell a flat run from a noisy rise."""
+
 KNEE_SIGMAS = 2.0
 """Standard errors by which the elasticity must clear :data:`FLAT_SHARE` for
 :func:`find_knee` to decide (flat or rising) rather than keep the knee it had."""
@@ -379,8 +383,10 @@ def find_knee(
     knee : float (default: 0.0)
         The knee known so far (0: none).
     noise : float | None (default: None)
-        Relative noise (log-sd) of one report; ``None``: the scatter within the groups,
-        and no decision without a group of two reports.
+        Relative noise (log-sd) of one report; ``None``: unknown. The scatter of the run
+        and the group it is tested against (with the next groups, at least
+        ``SCATTER_REPORTS`` reports), replicates of one level if the curve is flat there,
+        is used where it is smaller; with neither, nothing is decided.
     min_relative_spread : float (default: 0.1)
         Batch sizes closer than this (relative) are one group.
 
@@ -403,18 +409,31 @@ def find_knee(
     groups = _groups(xs, ts, min_relative_spread)
     if len(groups) < 2:
         return knee
-    sigma = _within_noise(groups) if noise is None or not math.isfinite(noise) else noise
-    if sigma is None:
-        return knee
+    given = noise if noise is not None and math.isfinite(noise) else None
     run_times = list(groups[0][2])
     run_top, flat, ceiling = groups[0][1], 1, math.inf
-    for low, high, times in groups[1:]:
+    for j, (low, high, times) in enumerate(groups[1:], start=1):
         logx = [math.log(v) for v in xs if low <= v <= high]
         # Flat up to the run's top: a group above it is compared with the run's level there.
         span = math.fsum(logx) / len(logx) - math.log(run_top)
         if span <= 0:
             break
-        elasticity = math.log(robust_level(times) / robust_level(run_times)) / span
+        # Flat, the run and the group are replicates of one level: their scatter (with the
+        # next groups' while they hold fewer than SCATTER_REPORTS reports) is the noise,
+        # which a line's misfit elsewhere does not inflate and a rise does.
+        pooled = [*run_times, *times]
+        for _, _, more in groups[j + 1 :]:
+            if len(pooled) >= SCATTER_REPORTS:
+                break
+            pooled.extend(more)
+        enough = len(pooled) >= SCATTER_REPORTS
+        sigma = _within_noise([(low, high, pooled)]) if enough else None
+        if given is not None:
+            sigma = given if sigma is None else min(sigma, given)
+        if sigma is None:
+            break
+        # A time that falls as the batch grows is noise, not evidence of a flat curve.
+        elasticity = max(math.log(robust_level(times) / robust_level(run_times)) / span, 0.0)
         error = KNEE_SIGMAS * sigma * math.sqrt(1 / len(run_times) + 1 / len(times)) / span
         if elasticity + error < FLAT_SHARE:
             run_times.extend(times)
