@@ -164,10 +164,12 @@ def command_of(case: Case, scheme: str, settings: Settings, spec: str, log: Path
     return command
 
 
-def run_ddp(case: Case, scheme: str, settings: Settings, spec: str, out: Path) -> dict[str, Any]:
+def run_ddp(
+    case: Case, scheme: str, settings: Settings, spec: str, out: Path, repeat: int = 0
+) -> dict[str, Any]:
     """One torchrun launch; its rank-0 log, every rank's compute times (the example's) and
     the 1-minute load average before and after."""
-    log = out / f"{case.key}-{scheme}.json"
+    log = out / f"{case.key}-{scheme}-{repeat + 1}.json"
     log.unlink(missing_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -226,7 +228,7 @@ def run_case(case: Case, settings: Settings, spec: str, out: Path) -> dict[str, 
     for k in range(case.repeats or settings.repeats):
         order = case.schemes if k % 2 == 0 else tuple(reversed(case.schemes))
         for position, scheme in enumerate(order):
-            run = summarise_ddp(run_ddp(case, scheme, settings, spec, out), settings.skip)
+            run = summarise_ddp(run_ddp(case, scheme, settings, spec, out, k), settings.skip)
             run["position"] = position
             repeats[scheme].append(run)
     runs = {s: median_run(repeats[s]) for s in case.schemes}
@@ -367,6 +369,7 @@ def section(
                     "LB-BSP (samples/s)",
                     "reference (samples/s)",
                     "ratio",
+                    "ratio of median iterations",
                     "LB-BSP final sizes",
                     "LB-BSP exchange / iteration",
                     "load (1 min)",
@@ -401,6 +404,8 @@ def main() -> int:
                      "is for comparisons and needs an --out other than the report's")  # fmt: skip
     cli.add_argument("--repeats", type=int, default=None,
                      help="pairs per case (default: each case's; smoke: 1)")  # fmt: skip
+    cli.add_argument("--logs", type=Path, default=None,
+                     help="keep the runs' logs here (default: a temporary folder)")  # fmt: skip
     cli.add_argument("--batch-size", type=int, default=None,
                      help="per-rank batch (default: 64); like --cases")  # fmt: skip
     args = cli.parse_args()
@@ -428,8 +433,10 @@ def main() -> int:
     results: dict[str, dict[str, dict[str, Any]]] = {}
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
+        logs = Path(folder) if args.logs is None else args.logs
+        logs.mkdir(parents=True, exist_ok=True)
         for case in settings.cases:
-            results[case.key] = run_case(case, settings, spec, Path(folder))
+            results[case.key] = run_case(case, settings, spec, logs)
             for scheme, s in results[case.key].items():
                 print(f"  {NAMES[scheme]:>44}: {s['throughput']:.0f} samples/s (pairs: "
                       f"{' '.join(f'{t:.0f}' for t in s.get('throughputs', []))}), "

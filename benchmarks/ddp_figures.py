@@ -108,8 +108,11 @@ def summarise_ddp(log: dict[str, Any], skip: int) -> dict[str, Any]:
     slowest = np.max(np.array(per_rank, dtype=np.float64), axis=0) if measured else None
     iteration_time = wall / len(later)
     overhead = float(summary.get("balancer_overhead_per_iteration", 0.0))
+    samples = sum(sum(it["sizes"]) for it in later)
+    median = float(np.median([it["wall"] for it in later]))
     return {
-        "throughput": sum(sum(it["sizes"]) for it in later) / wall,
+        "throughput": samples / wall,
+        "steady_throughput": samples / len(later) / median,
         "iteration_time": iteration_time,
         "compute_time": None if slowest is None else float(np.mean(slowest[skip:])),
         "t_star": ideal_time(reports, total) if reports else None,
@@ -162,6 +165,7 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ordered = sorted(runs, key=lambda s: float(s["throughput"]))
     kept = {
         "throughputs": [s["throughput"] for s in runs],
+        "steadies": [s.get("steady_throughput") for s in runs],
         "positions": [s.get("position") for s in runs],
         "sizes_per_run": [s["final_sizes"] for s in runs],
         "shares": [s.get("exchange_share") for s in runs],
@@ -170,12 +174,16 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**ordered[(len(ordered) - 1) // 2], **kept}
 
 
-def pair_ratios(lb: dict[str, Any], other: dict[str, Any]) -> list[float]:
+def pair_ratios(
+    lb: dict[str, Any], other: dict[str, Any], *, key: str = "throughputs"
+) -> list[float]:
     """LB-BSP's throughput over the other scheme's, repeat by repeat (the runs of a pair
-    share the load of their minutes)."""
-    mine = lb.get("throughputs", [lb["throughput"]])
-    theirs = other.get("throughputs", [other["throughput"]])
-    return [a / b for a, b in zip(mine, theirs, strict=True) if b > 0]
+    share the load of their minutes); ``key="steadies"``: the same of the median
+    iteration's (samples per iteration over the median iteration's wall time)."""
+    single = "throughput" if key == "throughputs" else "steady_throughput"
+    mine = lb.get(key, [lb.get(single)])
+    theirs = other.get(key, [other.get(single)])
+    return [a / b for a, b in zip(mine, theirs, strict=True) if a and b]
 
 
 def _median(values: list[float]) -> float | None:
@@ -210,11 +218,16 @@ def case_figures(case: Case, runs: dict[str, dict[str, Any]]) -> list[dict[str, 
     equal = not (case.emulated or case.burner)
     goal = EQUAL_GOAL if equal else BURNER_GOAL if case.burner else None
     ratios = pair_ratios(lb, ref)
+    steady = pair_ratios(lb, ref, key="steadies")
     shares = [s for s in lb.get("shares", [lb["exchange_share"]]) if s is not None]
     figures = [
         _figure(f"{case.label}: LB-BSP throughput / {SHORT[case.reference]}'s",
                 _median(ratios), ".3f", None if goal is None else {"op": ">=", "target": goal},
                 unit="x", note=_spread(ratios)),
+        _figure(f"{case.label}: the same, median iterations",
+                _median(steady), ".3f", unit="x",
+                note="each run's samples per iteration over its median iteration's wall time, "
+                "less sensitive to the load's bursts than the throughput; " + _spread(steady)),
         _figure(f"{case.label}: LB-BSP exchange cost / iteration time",
                 _median(shares), ".4f",
                 {"op": "<=", "target": EXCHANGE_GOAL} if equal else None,
@@ -275,6 +288,7 @@ def pair_rows(case: Case, runs: dict[str, dict[str, Any]]) -> list[list[str]]:
     rows = []
     for scheme in (s for s in case.schemes if s != "lbbsp"):
         other = runs[scheme]
+        steady = pair_ratios(lb, other, key="steadies")
         for k, (mine, theirs) in enumerate(
             zip(lb["throughputs"], other["throughputs"], strict=True)
         ):
@@ -285,6 +299,7 @@ def pair_rows(case: Case, runs: dict[str, dict[str, Any]]) -> list[list[str]]:
                 case.label, NAMES[scheme], str(k + 1),
                 "LB-BSP first" if first else "LB-BSP later",
                 f"{mine:.0f}", f"{theirs:.0f}", f"{mine / theirs:.3f}",
+                f"{steady[k]:.3f}" if k < len(steady) else "-",
                 " ".join(map(str, lb["sizes_per_run"][k])),
                 "-" if share is None else f"{share:.4f}",
                 "-" if not load else f"{load[0]:.1f}-{load[1]:.1f}",

@@ -107,7 +107,7 @@ def test_data_loader_refuses_what_would_break_the_plan(
 # ------------------------------------------------------------------ single process
 def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
     # Prepare
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, overlap=False)
 
     # Execute
     changed = coordinator.step(0.5)
@@ -177,7 +177,7 @@ def test_cpu_time_of_the_compute_leaves_out_the_wait_for_a_core(
 
 def test_the_balancer_sees_the_windows_mean_iteration_whatever_its_length() -> None:
     # Prepare: a world of one, windows of 1 then 3 then 2 iterations of 0.5 s each
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, overlap=False)
 
     # Execute
     for every in (1, 3, 2):
@@ -313,7 +313,7 @@ def _worker_main(rank: int, store: str, out: str) -> None:
         result: dict[str, Any] = {}
         for every in (1, 2):
             coordinator = LBBSPCoordinator(
-                initial_batch_size=B_INIT, every=every, noise_sigmas=None
+                initial_batch_size=B_INIT, every=every, noise_sigmas=None, overlap=False
             )
             sizes = []
             for times in TIMES:
@@ -323,17 +323,29 @@ def _worker_main(rank: int, store: str, out: str) -> None:
             result[f"rebalances_every_{every}"] = coordinator.overhead.rebalances
         # Times within 5% of each other: the sizes stay; with no tolerance they move.
         for tolerance in (0.05, 0.0):
-            coordinator = LBBSPCoordinator(initial_batch_size=64, tolerance=tolerance, every=1)
+            coordinator = LBBSPCoordinator(
+                initial_batch_size=64, tolerance=tolerance, every=1, overlap=False
+            )
             coordinator.step((1.0, 1.04)[rank])
             result[f"near_equal_{tolerance}"] = list(coordinator.sizes)
         # Unequal sizes from the injected times, then the gradients at those sizes.
-        coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, noise_sigmas=None)
+        # Overlapped (the default): the first window's gather waits for the next step.
+        overlapped = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, noise_sigmas=None)
+        result["overlapped"] = []
+        for times in TIMES[:2]:
+            decided = overlapped.step(times[rank])
+            result["overlapped"].append([list(overlapped.sizes), decided])
+        coordinator = LBBSPCoordinator(
+            initial_batch_size=B_INIT, every=1, noise_sigmas=None, overlap=False
+        )
         coordinator.step(TIMES[0][rank])
         for path in ("loss", "hook", "explicit"):
             result[path] = _gradient_check(coordinator, path=path)
         # Resume: a new coordinator from the state continues exactly.
         state = json.loads(json.dumps(coordinator.state_dict()))
-        resumed = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, noise_sigmas=None)
+        resumed = LBBSPCoordinator(
+            initial_batch_size=B_INIT, every=1, noise_sigmas=None, overlap=False
+        )
         resumed.load_state_dict(state)
         result["resumed_sizes"] = list(resumed.sizes)
         result["resumed_iteration"] = resumed.iteration
@@ -343,7 +355,7 @@ def _worker_main(rank: int, store: str, out: str) -> None:
         result["after_resume"] = [list(coordinator.sizes), list(resumed.sizes)]
         # Disagreement: rank 1 holds other sizes (as if it had decided otherwise); at the
         # next exchange both ranks take rank 0's sizes and balancer.
-        coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
+        coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, overlap=False)
         if rank == 1:
             coordinator._sizes = (B_INIT - 3, B_INIT + 3)
         coordinator.step(1.0)
@@ -367,7 +379,8 @@ def _dying_worker(rank: int, store: str, out: str) -> None:
     coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
     outcome = "no error"
     try:
-        coordinator.step(1.0)
+        coordinator.step(1.0)  # starts the gather in the background
+        coordinator.step(1.0)  # waits for it
     except RankFailureError as err:
         outcome = f"RankFailureError: {err}"
     Path(out, "rank0.json").write_text(json.dumps({"outcome": outcome}))
@@ -411,6 +424,18 @@ def test_sizes_follow_the_balancer_from_injected_times(
         assert result[f"sizes_every_{every}"] == expected
         assert result[f"rebalances_every_{every}"] == len(TIMES) // every
     assert expected[-1][0] > expected[-1][1]  # the rank reporting 3x the time gets less
+
+
+def test_an_overlapped_exchange_decides_at_the_next_step(ranks: list[dict[str, Any]]) -> None:
+    # Prepare: what the synchronous exchange decides from the first window
+    expected = [list(s) for s in _expected_sizes(1)]
+
+    # Assert: nothing decided at the first step (the gather is under way), the first
+    # window's sizes at the second
+    for result in ranks:
+        (first, decided_first), (second, decided_second) = result["overlapped"]
+        assert (first, decided_first) == ([B_INIT, B_INIT], False)
+        assert (second, decided_second) == (expected[0], True)
 
 
 def test_sizes_stay_when_the_ranks_already_finish_together(

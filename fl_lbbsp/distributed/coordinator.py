@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-import struct
 import time
-import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -30,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..core.balancer import BatchSizeBalancer, SiloReport
 from .clock import ComputeClock
-from .exchange import Exchange, Overhead, RankFailureError, RankReport
+from .exchange import Exchange, Gathering, Overhead, RankFailureError, RankReport, Row, fingerprint
 from .gate import HoldGate, Verdict, WindowStats
 
 __all__ = ["LBBSPCoordinator", "Overhead", "RankFailureError", "RankReport"]
@@ -40,20 +38,10 @@ log = logging.getLogger("fl_lbbsp")
 STATE_VERSION = 1
 
 
-# The row each rank sends in the exchange, by index.
-_TIME, _SAMPLES, _SIZE, _COUNT, _EXCHANGE, _WALL, _SQUARE, _PRINT = range(8)
-
-
 def _check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
-
-
-def fingerprint(sizes: Sequence[int], every: int) -> float:
-    """A 32-bit checksum of the sizes in force and k (exact in a float64), sent with the
-    times so that the ranks check they decided alike."""
-    return float(zlib.crc32(struct.pack(f"<{len(sizes) + 1}q", *sizes, every)))
 
 
 class LBBSPCoordinator:
@@ -93,6 +81,12 @@ class LBBSPCoordinator:
         Keep the current sizes too while that gain is within this many times the ranks'
         measured noise (:class:`~fl_lbbsp.distributed.gate.HoldGate`): on equal ranks the
         split does not chase the noise. ``None``: only ``tolerance`` holds the sizes.
+    overlap : bool (default: True)
+        Let the exchange run in the background during the next iteration: the gather
+        started at the end of a window is waited for (and the decision taken) at the
+        next :meth:`step`, so its latency hides behind that iteration's compute; the new
+        sizes apply one iteration later, and that iteration, run at the old sizes, is left
+        out of the next window when they change. ``False``: gather and decide at once.
     balance : bool (default: True)
         ``False``: the sizes stay at B_init and nothing is exchanged (plain DDP's equal
         split, with the same sampler).
@@ -131,6 +125,7 @@ class LBBSPCoordinator:
         max_every: int = 100,
         tolerance: float = 0.02,
         noise_sigmas: float | None = 2.0,
+        overlap: bool = True,
         balance: bool = True,
         balancer: BatchSizeBalancer | None = None,
         group: dist.ProcessGroup | None = None,
@@ -185,6 +180,9 @@ class LBBSPCoordinator:
         self._rebalances = 0
         self._clock = ComputeClock()
         self._comm_hook = False
+        self.overlap = bool(overlap)
+        self._gathering: Gathering | None = None
+        self._started = 0.0
 
     # ---------------------------------------------------------------- the plan
     @property
@@ -329,21 +327,42 @@ class LBBSPCoordinator:
         self._window_iterations += 1
         self.iteration += 1
         self._clock.stop()
-        if not self.balance or self._window_iterations < self._k:
+        if not self.balance:
             return False
+        decided = self._gathering is not None
+        if decided:
+            self._decide()
+        if self._window_iterations >= self._k:
+            self._start_exchange()
+            if not self.overlap:
+                self._decide()
+                decided = True
+        return decided
+
+    def _start_exchange(self) -> None:
+        """Send this rank's window (the gather runs in the background) and open the next."""
         started = time.perf_counter()
-        mine = [self._window_time, float(self._window_samples), float(self.batch_size),
-                float(self._window_iterations), self._last_exchange, self._window_wall,
-                self._window_square, fingerprint(self._sizes, self._k)]  # fmt: skip
-        rows = self._exchange.gather(mine, iteration=self.iteration)
+        row = [self._window_time, float(self._window_samples), float(self.batch_size),
+               float(self._window_iterations), self._last_exchange, self._window_wall,
+               self._window_square, fingerprint(self._sizes, self._k)]  # fmt: skip
         self._reset_window()
-        if any(row[_PRINT] != rows[0][_PRINT] for row in rows):
+        self._gathering = self._exchange.start(row, iteration=self.iteration)
+        self._started = time.perf_counter() - started
+        self._last_step = time.perf_counter()
+
+    def _decide(self) -> None:
+        """Wait for the gathered windows, feed them to the balancer and the gate, and take
+        the next sizes and k (the same on every rank, from the same rows)."""
+        started = time.perf_counter()
+        assert self._gathering is not None
+        rows, self._gathering = self._gathering.rows(), None
+        if any(row[Row.PRINT] != rows[0][Row.PRINT] for row in rows):
             self._adopt_rank0()
         if self._rebalances:
-            self._cost += min(row[_EXCHANGE] for row in rows)
+            self._cost += min(row[Row.EXCHANGE] for row in rows)
         self.last_reports = {
-            r: RankReport(int(row[_SIZE]), float(row[_TIME]), int(row[_SAMPLES]),
-                          int(row[_COUNT]))
+            r: RankReport(int(row[Row.SIZE]), float(row[Row.TIME]), int(row[Row.SAMPLES]),
+                          int(row[Row.COUNT]))
             for r, row in enumerate(rows)
         }  # fmt: skip
         # One iteration is the balancer's round: the window's mean per iteration, so that
@@ -367,19 +386,21 @@ class LBBSPCoordinator:
                     log.warning("rank %d: report left out at iteration %d: %s", r,
                                 self.iteration, errors[rank_id])  # fmt: skip
         windows = [
-            WindowStats(batch_size=int(row[_SIZE]), time=row[_TIME], square=row[_SQUARE],
-                        iterations=int(row[_COUNT]))
+            WindowStats(batch_size=int(row[Row.SIZE]), time=row[Row.TIME], square=row[Row.SQUARE],
+                        iterations=int(row[Row.COUNT]))
             for row in rows
         ]  # fmt: skip
         self.last_verdict = self.gate.judge(windows)
+        before = self._sizes
         if self.tolerance <= 0 or self.last_verdict.move:
             self._sizes = self._allocate()
+        if self._sizes != before:
+            self._reset_window()  # the iteration run while the gather was under way
         self._k = self._next_every(rows)
         self._rebalances += 1
-        self._last_exchange = time.perf_counter() - started
+        self._last_exchange = self._started + time.perf_counter() - started
         self._overhead += self._last_exchange
         self._last_step = time.perf_counter()
-        return True
 
     def _adopt_rank0(self) -> None:
         """The ranks' checksums of the sizes in force differ (their decisions parted, say
@@ -404,14 +425,14 @@ class LBBSPCoordinator:
         overhead share of rank 0's wall time per iteration."""
         if self.every != "auto":
             return self.every
-        cost = min(row[_EXCHANGE] for row in rows)
+        cost = min(row[Row.EXCHANGE] for row in rows)
         head = rows[0]
-        if cost <= 0 or head[_WALL] <= 0:
+        if cost <= 0 or head[Row.WALL] <= 0:
             return self._k
         per_iteration = (
-            head[_WALL] / max(head[_COUNT] - 1, 1)
+            head[Row.WALL] / max(head[Row.COUNT] - 1, 1)
             if self._rebalances == 0
-            else head[_WALL] / head[_COUNT]
+            else head[Row.WALL] / head[Row.COUNT]
         )
         wanted = math.ceil(cost / (self.overhead_share * per_iteration))
         return max(1, min(self.max_every, wanted))
@@ -503,6 +524,7 @@ class LBBSPCoordinator:
             raise ValueError(f"a global batch of {self.total} cannot feed {self._world} ranks")
         self._reset_window()
         self.gate.reset()
+        self._gathering = None
         self._k = self._k if self.every != "auto" else int(state.get("every", 1))
         saved = tuple(int(x) for x in state["sizes"])
         if tuple(state["rank_ids"]) == self.rank_ids and sum(saved) == self.total:

@@ -9,18 +9,48 @@ naming the rank, the iteration and the backend's error.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import struct
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Exchange", "Overhead", "RankFailureError", "RankReport"]
+__all__ = [
+    "Exchange",
+    "Gathering",
+    "Overhead",
+    "RankFailureError",
+    "RankReport",
+    "Row",
+    "fingerprint",
+]
 
 log = logging.getLogger("fl_lbbsp")
 
 T = TypeVar("T")
+
+
+class Row(IntEnum):
+    """The fields of the row each rank sends in the exchange, by index."""
+
+    TIME = 0  # seconds of compute summed over the window
+    SAMPLES = 1  # samples of the window
+    SIZE = 2  # the batch size in force
+    COUNT = 3  # iterations of the window
+    EXCHANGE = 4  # seconds this rank spent in the last exchange
+    WALL = 5  # wall seconds of the window
+    SQUARE = 6  # sum of the squared per-iteration seconds
+    PRINT = 7  # checksum of the sizes in force and k (fingerprint)
+
+
+def fingerprint(sizes: Sequence[int], every: int) -> float:
+    """A 32-bit checksum of the sizes in force and k (exact in a float64), sent with the
+    times so that the ranks check they decided alike."""
+    return float(zlib.crc32(struct.pack(f"<{len(sizes) + 1}q", *sizes, every)))
 
 
 class RankFailureError(RuntimeError):
@@ -97,6 +127,32 @@ def _check_positive_int(name: str, value: object) -> int:
     return value
 
 
+class Gathering:
+    """An all_gather under way (:meth:`Exchange.start`); :meth:`rows` waits for it."""
+
+    def __init__(
+        self, exchange: Exchange, work: Any, parts: list[torch.Tensor], iteration: int
+    ) -> None:
+        self._exchange = exchange
+        self._work = work
+        self._parts = parts
+        self.iteration = iteration
+
+    def rows(self) -> list[list[float]]:
+        """Every rank's row, in rank order, once the gather is done.
+
+        Raises
+        ------
+        RankFailureError
+            When a peer rank is gone.
+        """
+        if self._work is not None:
+            work, self._work = self._work, None
+            self._exchange.call("exchange of compute times", self.iteration, work.wait)
+        rows: list[list[float]] = torch.stack(self._parts).cpu().tolist()
+        return rows
+
+
 class Exchange:
     """This rank's place in the group and the two collectives the coordinator runs.
 
@@ -126,9 +182,17 @@ class Exchange:
             )
         self.device = device
 
-    def _run(self, what: str, iteration: int, call: Callable[[], T]) -> T:
+    def call(self, what: str, iteration: int, collective: Callable[[], T]) -> T:
+        """Run ``collective``; a RuntimeError (a peer rank gone) becomes a
+        :class:`RankFailureError` naming this rank, ``what`` and the iteration.
+
+        Raises
+        ------
+        RankFailureError
+            When the collective fails.
+        """
         try:
-            return call()
+            return collective()
         except RuntimeError as err:
             message = (
                 f"rank {self.rank}: the {what} of iteration {iteration} failed, a peer "
@@ -138,24 +202,35 @@ class Exchange:
             log.error(message)
             raise RankFailureError(message) from err
 
-    def gather(self, row: list[float], *, iteration: int) -> list[list[float]]:
-        """Every rank's row (float64, the same length on every rank), in rank order.
+    def start(self, row: list[float], *, iteration: int) -> Gathering:
+        """Start gathering every rank's row (float64, the same length on every rank) in the
+        background; :meth:`Gathering.rows` waits for it.
 
         Raises
         ------
         RankFailureError
             When a peer rank is gone.
         """
-        if not self.distributed:
-            return [row]
         mine = torch.tensor(row, dtype=torch.float64, device=self.device)
+        if not self.distributed:
+            return Gathering(self, None, [mine], iteration)
         parts = [torch.empty_like(mine) for _ in range(self.world)]
-        self._run(
+        work = self.call(
             "exchange of compute times",
             iteration,
-            lambda: dist.all_gather(parts, mine, group=self.group),
+            lambda: dist.all_gather(parts, mine, group=self.group, async_op=True),
         )
-        return torch.stack(parts).cpu().tolist()
+        return Gathering(self, work, parts, iteration)
+
+    def gather(self, row: list[float], *, iteration: int) -> list[list[float]]:
+        """Every rank's row, in rank order, at once (:meth:`start` and wait).
+
+        Raises
+        ------
+        RankFailureError
+            When a peer rank is gone.
+        """
+        return self.start(row, iteration=iteration).rows()
 
     def adopt(self, state: dict[str, Any], *, iteration: int) -> dict[str, Any]:
         """Rank 0's ``state`` on every rank (a picklable object, broadcast).
@@ -169,7 +244,7 @@ class Exchange:
             return state
         holder: list[Any] = [state]
         source = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        self._run(
+        self.call(
             "broadcast of rank 0's balancer",
             iteration,
             lambda: dist.broadcast_object_list(

@@ -208,9 +208,14 @@ class HoldGate:
             return Verdict(False, gain, noise, slowest, "within noise")
         # Beyond the noise: move if the window before was too, with this rank behind
         # then as well (a lasting lead, not one spike).
-        if over and previous is not None and len(previous) == len(means):
-            if previous[slowest] > sum(previous) / len(previous):
-                return Verdict(True, gain, noise, slowest, "confirmed")
+        lasting = (
+            over
+            and previous is not None
+            and len(previous) == len(means)
+            and previous[slowest] > sum(previous) / len(previous)
+        )
+        if lasting:
+            return Verdict(True, gain, noise, slowest, "confirmed")
         self._over = True
         return Verdict(False, gain, noise, slowest, "unconfirmed")
 
