@@ -11,20 +11,18 @@ import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from flwr.app import Context
-from flwr.serverapp import Grid, ServerApp
 from pydantic import Field, model_validator
 
 from ..clients.cluster import WorkerSetup, make_worker_app
 from ..strategies.cluster import LBBSPCluster
 from ..strategies.fedavg import LBBSPFedAvg
-from ..telemetry import read_telemetry
 from .config import RunSettings
-from .engine import prepare_run, run_engine, start_rounds
+from .engine import ResolvedRun, execute, initial_model, prepare_run
 
 __all__ = [
     "ClusterConfig",
     "make_cluster_strategy",
+    "resolve_cluster",
     "run_cluster",
     "run_cluster_in_process",
 ]
@@ -141,52 +139,35 @@ def make_cluster_strategy(config: ClusterConfig) -> LBBSPFedAvg:
     )
 
 
-def _server_app(config: ClusterConfig) -> ServerApp:
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        start_rounds(
-            config,
-            grid,
-            lambda: make_cluster_strategy(config),
-            rounds=config.iterations,
-            every=config.eval_every,
-        )
-
-    return app
+def resolve_cluster(config: ClusterConfig) -> ResolvedRun[LBBSPFedAvg]:
+    """The run's parts, each built once, everything checked before Flower starts: the
+    data source and the initial model, the parameter-server strategy, the workers'
+    ClientApp and the telemetry (:func:`~fl_lbbsp.runs.engine.prepare_run`)."""
+    return prepare_run(
+        config,
+        initial=initial_model(config),
+        strategy=make_cluster_strategy(config),
+        client_app=make_worker_app(config.worker_setup()),
+        rounds=config.iterations,
+        every=config.eval_every,
+        parallel=config.parallel,
+    )
 
 
 def run_cluster(config: ClusterConfig) -> list[dict[str, Any]]:
-    """Run one simulated cluster and return its telemetry events."""
-    prepare_run(config, make_cluster_strategy(config))
-    path = config.telemetry_path()
-    run_engine(
-        _server_app(config),
-        make_worker_app(config.worker_setup()),
-        num_supernodes=config.workers,
-        parallel=config.parallel,
-    )
-    return read_telemetry(path)
+    """Run one simulated cluster on Flower's Simulation Engine and return its telemetry
+    events."""
+    return execute(resolve_cluster(config), runtime="ray")
 
 
 def run_cluster_in_process(config: ClusterConfig) -> list[dict[str, Any]]:
     """Run one cluster with every worker's ClientApp in this process and return its
     telemetry events.
 
-    The same ServerApp and worker ClientApp as :func:`run_cluster`, but through
+    The same ServerApp body and worker ClientApp as :func:`run_cluster`, but through
     :class:`~fl_lbbsp.runs.inprocess.InProcessGrid`: the workers run one after the other in
     this process (messages still serialised), with no Ray start-up, so short runs (tests,
     smoke benchmarks) take seconds. Emulated times are the same; the measured messaging
     overhead is not Flower's.
     """
-    from flwr.app import RecordDict
-
-    from .inprocess import InProcessGrid
-
-    prepare_run(config, make_cluster_strategy(config))
-    path = config.telemetry_path()
-    grid = InProcessGrid(make_worker_app(config.worker_setup()), num_nodes=config.workers)
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
-    _server_app(config)(grid, context)
-    return read_telemetry(path)
+    return execute(resolve_cluster(config), runtime="inprocess")

@@ -1,19 +1,20 @@
-"""What every simulated run does around Flower: the checks before round 1
-(:func:`prepare_run`), the telemetry's first event, the ServerApp's body with central
-evaluation (:func:`start_rounds`), and Flower's Simulation Engine (:func:`run_engine`)."""
+"""What every simulated run does around Flower: its configuration resolved once into the
+parts that run it (:class:`ResolvedRun`: strategy, ClientApp, telemetry, initial model),
+with everything that can be checked before round 1 checked (:func:`prepare_run`); the
+ServerApp's body with central evaluation (:func:`start_rounds`); and the parts run in this
+process or on Flower's Simulation Engine (:func:`execute`, :func:`run_engine`)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
@@ -21,27 +22,25 @@ from pydantic import BaseModel
 
 from ..clients.app import SiloSetup, test_data
 from ..clients.trainer import evaluate
-from ..datasets import ArrayDataset, load_source
+from ..datasets import ArrayDataset
 from ..models import build_model
 from ..strategies import LBBSPFedAvg
-from ..strategies.checkpoint import (
-    CheckpointError,
-    CheckpointStore,
-    check_checkpoint_dir,
-    restore,
-    resume_point,
-)
-from ..telemetry import TelemetryWriter
+from ..telemetry import TelemetryWriter, read_telemetry
 from .config import RunSettings
+from .inprocess import run_in_process
+from .resume import check_resume
 
 __all__ = [
-    "RUN_FILE",
+    "InitialModel",
+    "ResolvedRun",
     "central_evaluation",
     "check_key_files",
+    "execute",
     "initial_model",
     "prepare_run",
     "ray_init_args",
     "run_engine",
+    "server_app",
     "start_rounds",
     "start_telemetry",
 ]
@@ -50,40 +49,122 @@ log = logging.getLogger("fl_lbbsp")
 
 S = TypeVar("S", bound=LBBSPFedAvg)
 
+Runtime = Literal["ray", "inprocess"]
 
-def start_rounds(
-    config: RunSettings,
-    grid: Grid,
-    make_strategy: Callable[[], S],
-    *,
-    rounds: int,
-    every: int = 1,
-) -> S:
-    """The ServerApp's body of every run: seed torch, build the model on the held-out
-    test split, build the strategy (``make_strategy()``) and run it on ``grid`` for
-    ``rounds`` rounds, evaluating the global model on the test split every ``every``
-    rounds (encrypted runs: the silos or workers evaluate it); return the strategy."""
-    model, test = initial_model(config)
-    strategy = make_strategy()
+
+class InitialModel(NamedTuple):
+    """A run's initial global model and the held-out test split it is evaluated on."""
+
+    model: torch.nn.Module
+    test: ArrayDataset
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedRun(Generic[S]):
+    """A run's configuration resolved once: every part built once, every check passed.
+
+    Built by :func:`prepare_run`; the ServerApp's body (:func:`start_rounds`) and the
+    runtimes (:func:`execute`) take it as it is.
+
+    Attributes
+    ----------
+    strategy : LBBSPFedAvg
+        The server's strategy (restored from the checkpoint it resumes from, as a trial;
+        its ``start`` restores it again).
+    client_app : ClientApp
+        What every silo or worker runs.
+    telemetry : Path
+        The run's JSON-lines telemetry, started with its config event (continued on a
+        resume).
+    initial : InitialModel
+        The initial global model (torch seeded with the run's seed) and the test split.
+    rounds : int
+        Rounds (FL) or iterations (cluster) to run.
+    evaluate_every : int | None
+        The server evaluates the global model on the test split every this many rounds
+        (and round 0); ``None``: the machines evaluate it (encrypted runs).
+    nodes : int
+        Silos or workers.
+    parallel : int
+        ClientApps computing at once on the Simulation Engine.
+    """
+
+    strategy: S
+    client_app: ClientApp
+    telemetry: Path
+    initial: InitialModel
+    rounds: int
+    evaluate_every: int | None
+    nodes: int
+    parallel: int
+
+
+def execute(run: ResolvedRun[S], *, runtime: Runtime = "ray") -> list[dict[str, Any]]:
+    """Run ``run`` and return its telemetry events.
+
+    Parameters
+    ----------
+    run : ResolvedRun
+        The run's parts.
+    runtime : {"ray", "inprocess"} (default: "ray")
+        ``"ray"``: Flower's Simulation Engine (:func:`run_engine`). ``"inprocess"``: the
+        same ServerApp and ClientApp on an :class:`~fl_lbbsp.runs.inprocess.InProcessGrid`
+        (:func:`~fl_lbbsp.runs.inprocess.run_in_process`), the machines one after the
+        other in this process (messages still serialised), with no engine start-up.
+    """
+    app = server_app(run)
+    if runtime == "inprocess":
+        run_in_process(app, run.client_app, num_nodes=run.nodes)
+    else:
+        run_engine(app, run.client_app, num_supernodes=run.nodes, parallel=run.parallel)
+    return read_telemetry(run.telemetry)
+
+
+def server_app(run: ResolvedRun[S]) -> ServerApp:
+    """A ServerApp whose body is :func:`start_rounds` of ``run``."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        start_rounds(run, grid)
+
+    return app
+
+
+def start_rounds(run: ResolvedRun[S], grid: Grid) -> S:
+    """The ServerApp's body of every run: run the strategy on ``grid`` from the initial
+    model for ``run.rounds`` rounds, evaluating the global model on the test split every
+    ``run.evaluate_every`` rounds (encrypted runs: the silos or workers evaluate it);
+    return the strategy."""
+    strategy, (model, test) = run.strategy, run.initial
     strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
-        num_rounds=rounds,
+        num_rounds=run.rounds,
         train_config=ConfigRecord(),
         # Encrypted: the server cannot read the model; the machines evaluate it.
         evaluate_fn=None
-        if config.encrypt is not None
-        else central_evaluation(strategy, model, test, every=every),
+        if run.evaluate_every is None
+        else central_evaluation(strategy, model, test, every=run.evaluate_every),
     )
     return strategy
 
 
-def initial_model(config: RunSettings) -> tuple[torch.nn.Module, ArrayDataset]:
-    """The run's initial model (torch seeded with the run's seed) and its test split."""
-    torch.manual_seed(config.seed)
+def initial_model(config: RunSettings) -> InitialModel:
+    """The run's initial model (torch seeded with the run's seed) and its test split.
+
+    The data source is loaded here, once per process (the split is cached for the
+    silos of an in-process run).
+
+    Raises
+    ------
+    DataSourceError
+        A data source that cannot be read.
+    """
     test = test_data(SiloSetup(dataset=config.dataset, seed=config.seed))
+    torch.manual_seed(config.seed)
     model = build_model(config.model, input_shape=test.input_shape, num_classes=test.num_classes)
-    return model, test
+    return InitialModel(model, test)
 
 
 def central_evaluation(
@@ -120,101 +201,63 @@ def check_key_files(key_dir: Path) -> None:
     load_silo_keys(key_dir, fingerprint=server.fingerprint)
 
 
-RUN_FILE = "run.json"
-"""File beside a run's checkpoints recording the settings that decide the run."""
+def prepare_run(
+    config: RunSettings,
+    *,
+    initial: InitialModel,
+    strategy: S,
+    client_app: ClientApp,
+    rounds: int,
+    every: int = 1,
+    parallel: int,
+) -> ResolvedRun[S]:
+    """Check everything that can be checked before round 1, start the telemetry and
+    return the run's parts.
 
-_NOT_RUN_SETTINGS = frozenset(
-    {"out", "rounds", "iterations", "runtime", "parallel", "emulate_wait", "wait",
-     "checkpoint_dir", "checkpoint_key", "encrypt", "eval_every", "time_dilation",
-     "silo_registry"}
-)  # fmt: skip
-"""Config fields a resumed run may change: where output goes, how long it runs and how
-the silos are scheduled, none of which changes a round's result."""
+    The data source loaded (``initial``, from :func:`initial_model`); here the key files
+    (encrypted runs) load under one fingerprint, and the checkpoint folder and a resume
+    are checked (:func:`~fl_lbbsp.runs.resume.check_resume`).
 
-
-def prepare_run(config: RunSettings, strategy: LBBSPFedAvg) -> None:
-    """Check everything that can be checked before round 1, then start the telemetry.
-
-    The data source loads; the key files (encrypted runs) load under one fingerprint;
-    the checkpoint folder is a writable directory; a resume (a checkpoint in the folder)
-    has the settings of the run that wrote it (:data:`RUN_FILE`: model, data, silos,
-    partition, seed, tau, eta, B_init, balancer, ...), a valid state of at most the run's
-    silos and a model of the run's layout (:func:`~fl_lbbsp.strategies.checkpoint.resume_point`,
-    restored into ``strategy`` as a trial), and the telemetry of its earlier rounds, copied
-    from the first run's output folder when ``out`` changed.
+    Parameters
+    ----------
+    config : RunSettings
+        The run's settings (its config is the telemetry's first event).
+    initial : InitialModel
+        The run's initial model and test split.
+    strategy : LBBSPFedAvg
+        The run's strategy.
+    client_app : ClientApp
+        What every silo or worker runs.
+    rounds : int
+        Rounds or iterations.
+    every : int (default: 1)
+        Central evaluation every this many rounds (not for encrypted runs).
+    parallel : int
+        ClientApps computing at once on the Simulation Engine.
 
     Raises
     ------
-    DataSourceError
-        A data source that cannot be read.
     CheckpointError
         A checkpoint folder that cannot be written, or a resume that differs from the
         run that wrote the checkpoint (each differing field named with both values).
     KeyFileError
         Missing or mismatched key files.
     """
-    load_source(config.dataset)  # fail fast on a bad dataset spec or path
     if config.encrypt is not None:
         check_key_files(config.encrypt)
-    directory = config.checkpoint_path()
-    if config.checkpoint_dir is not None and directory is not None:
-        check_checkpoint_dir(config.checkpoint_dir, directory)
+    resume = check_resume(config, strategy, ArrayRecord(initial.model.state_dict()))
     telemetry = config.telemetry_path()
-    settings = {
-        k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_RUN_SETTINGS
-    }
-    run_file = None if directory is None else directory / RUN_FILE
-    saved = None
-    if directory is not None and run_file is not None and CheckpointStore(directory).rounds():
-        saved = _check_same_run(run_file, settings) if run_file.is_file() else None
-    # A checkpoint of another strategy or other settings, of more silos than the run
-    # has, of another model, or that the strategy cannot restore is refused here.
-    checkpoint = None
-    if directory is not None and CheckpointStore(directory).rounds():
-        initial = ArrayRecord(initial_model(config)[0].state_dict())
-        checkpoint = resume_point(strategy, max_silos=config.size, initial_arrays=initial)
-    if checkpoint is not None:
-        restore(strategy, checkpoint)  # as start will: a state it cannot take is refused
-        earlier = None if saved is None else Path(saved)
-        if not telemetry.exists() and earlier is not None and earlier.is_file():
-            telemetry.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(earlier, telemetry)
-        if not telemetry.is_file():
-            raise CheckpointError(
-                f"resuming after round {checkpoint.server_round} needs the telemetry of the "
-                f"earlier rounds, {telemetry}: rerun with the first run's output folder"
-            )
-    if run_file is not None and (checkpoint is None or not run_file.is_file()):
-        record = {"telemetry": str(telemetry.resolve()), "settings": settings}
-        _write_atomically(run_file, json.dumps(record, indent=2, sort_keys=True))
-    start_telemetry(telemetry, config, resume=checkpoint is not None)
-
-
-def _check_same_run(run_file: Path, settings: dict[str, Any]) -> str:
-    """Refuse settings other than those of the run that wrote the checkpoints beside
-    ``run_file``; return that run's telemetry path."""
-    try:
-        saved = json.loads(run_file.read_text())
-        earlier, before = str(saved["telemetry"]), dict(saved["settings"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{run_file} is unreadable ({err})") from None
-    differences = [
-        f"{name} {before.get(name)!r} (now {value!r})"
-        for name, value in settings.items()
-        if before.get(name) != value
-    ]
-    if differences:
-        raise CheckpointError(
-            f"the checkpoint in {run_file.parent} is of a run with {'; '.join(differences)}: "
-            "resume with the same settings, or use another checkpoint dir"
-        )
-    return earlier
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    start_telemetry(telemetry, config, resume=resume)
+    return ResolvedRun(
+        strategy=strategy,
+        client_app=client_app,
+        telemetry=telemetry,
+        initial=initial,
+        rounds=rounds,
+        evaluate_every=every if config.encrypt is None else None,
+        nodes=config.size,
+        parallel=parallel,
+    )
 
 
 def start_telemetry(path: Path, config: BaseModel, *, resume: bool = False) -> None:

@@ -1,4 +1,5 @@
-"""Run LB-BSP or FedAvg on Flower's Simulation Engine with emulated heterogeneous silos."""
+"""Run LB-BSP or FedAvg on Flower's Simulation Engine (or in process) with emulated
+heterogeneous silos."""
 
 from __future__ import annotations
 
@@ -6,28 +7,23 @@ import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
-from flwr.app import Context
-from flwr.serverapp import Grid, ServerApp
 from pydantic import Field, computed_field, model_validator
 
 from ..clients.app import SiloSetup, make_client_app, silo_data
 from ..clients.emulation import SlowdownSchedule
 from ..core import BALANCER_DEFAULTS
 from ..core.identity import check_silo_keys
-from ..datasets import DataSourceError, PartitionText, load_source
+from ..datasets import DataSourceError, PartitionText
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
-from ..telemetry import read_telemetry
 from .config import RunSettings, check_schedule_order
-from .engine import prepare_run, run_engine, start_rounds
-from .inprocess import InProcessGrid
+from .engine import ResolvedRun, execute, initial_model, prepare_run
 
 __all__ = [
     "SCHEMES",
     "SimulationConfig",
-    "make_server_app",
     "make_strategy",
+    "resolve",
     "run",
-    "train_federation",
 ]
 
 log = logging.getLogger("fl_lbbsp")
@@ -256,36 +252,39 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     )
 
 
-def make_server_app(config: SimulationConfig, strategy: LBBSPFedAvg | None = None) -> ServerApp:
-    """A ServerApp running the configured strategy (or ``strategy``) with central
-    evaluation each round."""
-    app = ServerApp()
+def resolve(
+    config: SimulationConfig, *, strategy: LBBSPFedAvg | None = None
+) -> ResolvedRun[LBBSPFedAvg]:
+    """The run's parts, each built once, everything checked before Flower starts.
 
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        train_federation(config, grid, strategy=strategy)
+    The data source loads and every silo's partition is made (a bad path, or a split the
+    data cannot give, is reported here); then the initial model, the strategy
+    (``strategy``, e.g. one the caller observes, else :func:`make_strategy`), the silos'
+    ClientApp and the telemetry (:func:`~fl_lbbsp.runs.engine.prepare_run`).
 
-    return app
-
-
-def train_federation(
-    config: SimulationConfig, grid: Grid, *, strategy: LBBSPFedAvg | None = None
-) -> LBBSPFedAvg:
-    """The ServerApp's body: run the configured strategy on ``grid`` for
-    ``config.rounds`` rounds, with central evaluation every round; return the strategy.
-
-    Parameters
-    ----------
-    config : SimulationConfig
-        The federation.
-    grid : Grid
-        Flower's grid, or an :class:`~fl_lbbsp.runs.inprocess.InProcessGrid`.
-    strategy : LBBSPFedAvg | None (default: None)
-        A strategy from :func:`make_strategy` ``(config)``, e.g. one the caller observes;
-        ``None`` builds it.
+    Raises
+    ------
+    DataSourceError
+        A data source that cannot be read, or a partition it cannot give.
     """
-    return start_rounds(
-        config, grid, lambda: strategy or make_strategy(config), rounds=config.rounds
+    setup = config.silo_setup()
+    try:  # partitions every silo's data (cached), refusing a split the data cannot give
+        silo_data(setup, 0)
+    except DataSourceError:
+        raise
+    except ValueError as err:
+        raise DataSourceError(f"--partition {config.partition}: {err}") from None
+    initial = initial_model(config)
+    strategy = strategy or make_strategy(config)
+    client_app = make_client_app(setup)
+    # Every silo runs at once; the compute slots let `parallel` compute at a time.
+    return prepare_run(
+        config,
+        initial=initial,
+        strategy=strategy,
+        client_app=client_app,
+        rounds=config.rounds,
+        parallel=config.silos,
     )
 
 
@@ -293,28 +292,12 @@ def run(config: SimulationConfig, *, strategy: LBBSPFedAvg | None = None) -> lis
     """Run one simulated federation and return its telemetry events.
 
     The silos' emulated capacities come from ``config.speeds``; every figure derived from
-    them is emulated. Data is loaded (and a bad path reported) before Flower starts.
-    ``strategy``: as in :func:`train_federation`.
+    them is emulated. The run is resolved once (:func:`resolve`: data, partitions, model,
+    strategy, ClientApp, telemetry, each checked) before Flower starts; ``strategy``: a
+    strategy from :func:`make_strategy` ``(config)``, e.g. one the caller observes.
     """
-    load_source(config.dataset)  # fail fast on a bad dataset spec or path
-    try:  # partitions every silo's data (cached), refusing a split the data cannot give
-        silo_data(config.silo_setup(), 0)
-    except ValueError as err:
-        raise DataSourceError(f"--partition {config.partition}: {err}") from None
-    prepare_run(config, strategy or make_strategy(config))
-    path = config.telemetry_path()
-    if config.runtime == "inprocess":
-        grid = InProcessGrid(make_client_app(config.silo_setup()), num_nodes=config.silos)
-        train_federation(config, grid, strategy=strategy)
-    else:
-        # Every silo runs at once; the compute slots let `parallel` compute at a time.
-        run_engine(
-            make_server_app(config, strategy),
-            make_client_app(config.silo_setup()),
-            num_supernodes=config.silos,
-            parallel=config.silos,
-        )
-    return read_telemetry(path)
+    resolved = resolve(config, strategy=strategy)
+    return execute(resolved, runtime=config.runtime)
 
 
 _QUEUEING_SLACK = 1.2

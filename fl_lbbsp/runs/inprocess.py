@@ -17,11 +17,11 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
-from flwr.serverapp import Grid
+from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-__all__ = ["InProcessGrid", "Transfer"]
+__all__ = ["InProcessGrid", "Transfer", "run_in_process"]
 
 _SERVER_NODE_ID = 1
 
@@ -221,3 +221,12 @@ class InProcessGrid(Grid):
 def _over_the_wire(content: RecordDict) -> tuple[RecordDict, int]:
     data = recorddict_to_proto(content).SerializeToString()
     return recorddict_from_proto(ProtoRecordDict.FromString(data)), len(data)
+
+
+def run_in_process(server_app: ServerApp, client_app: ClientApp, *, num_nodes: int) -> None:
+    """Run a ServerApp and ClientApp in this process, on an :class:`InProcessGrid` of
+    ``num_nodes`` nodes: what Flower's Simulation Engine does, with the nodes one after the
+    other and no engine start-up."""
+    grid = InProcessGrid(client_app, num_nodes=num_nodes)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    server_app(grid, context)

@@ -1,0 +1,113 @@
+"""A rerun that resumes from a checkpoint: it must be the run that wrote the checkpoint
+(:data:`RUN_FILE` records that run's settings beside its checkpoints), with a checkpoint
+the strategy can take and the telemetry of the earlier rounds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord
+
+from ..strategies import LBBSPFedAvg
+from ..strategies.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    check_checkpoint_dir,
+    restore,
+    resume_point,
+)
+from .config import RunSettings
+
+__all__ = ["RUN_FILE", "check_resume"]
+
+RUN_FILE = "run.json"
+"""File beside a run's checkpoints recording the settings that decide the run."""
+
+_NOT_RUN_SETTINGS = frozenset(
+    {"out", "rounds", "iterations", "runtime", "parallel", "emulate_wait", "wait",
+     "checkpoint_dir", "checkpoint_key", "encrypt", "eval_every", "time_dilation",
+     "silo_registry"}
+)  # fmt: skip
+"""Config fields a resumed run may change: where output goes, how long it runs and how
+the silos are scheduled, none of which changes a round's result."""
+
+
+def check_resume(config: RunSettings, strategy: LBBSPFedAvg, initial: ArrayRecord) -> bool:
+    """Check the run's checkpoint folder and, when it holds a checkpoint, the resume;
+    return whether the run resumes.
+
+    The checkpoint folder is a writable directory; a resume (a checkpoint in the folder)
+    has the settings of the run that wrote it (:data:`RUN_FILE`: model, data, silos,
+    partition, seed, tau, eta, B_init, balancer, ...), a valid state of at most the run's
+    silos and a model of the layout of ``initial``, the run's initial model
+    (:func:`~fl_lbbsp.strategies.checkpoint.resume_point`, restored into ``strategy`` as
+    a trial), and the telemetry of its earlier rounds, copied from the first run's output
+    folder when ``out`` changed. The run's settings are recorded in :data:`RUN_FILE`.
+
+    Raises
+    ------
+    CheckpointError
+        A checkpoint folder that cannot be written, or a resume that differs from the
+        run that wrote the checkpoint (each differing field named with both values).
+    """
+    directory = config.checkpoint_path()
+    if config.checkpoint_dir is None or directory is None:
+        return False
+    check_checkpoint_dir(config.checkpoint_dir, directory)
+    telemetry = config.telemetry_path()
+    settings = {
+        k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_RUN_SETTINGS
+    }
+    run_file = directory / RUN_FILE
+    saved = checkpoint = None
+    if CheckpointStore(directory).rounds():
+        saved = _check_same_run(run_file, settings) if run_file.is_file() else None
+        # A checkpoint of another strategy or other settings, of more silos than the run
+        # has, of another model, or that the strategy cannot restore is refused here.
+        checkpoint = resume_point(strategy, max_silos=config.size, initial_arrays=initial)
+    if checkpoint is not None:
+        restore(strategy, checkpoint)  # as start will: a state it cannot take is refused
+        earlier = None if saved is None else Path(saved)
+        if not telemetry.exists() and earlier is not None and earlier.is_file():
+            telemetry.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(earlier, telemetry)
+        if not telemetry.is_file():
+            raise CheckpointError(
+                f"resuming after round {checkpoint.server_round} needs the telemetry of the "
+                f"earlier rounds, {telemetry}: rerun with the first run's output folder"
+            )
+    if checkpoint is None or not run_file.is_file():
+        record = {"telemetry": str(telemetry.resolve()), "settings": settings}
+        _write_atomically(run_file, json.dumps(record, indent=2, sort_keys=True))
+    return checkpoint is not None
+
+
+def _check_same_run(run_file: Path, settings: dict[str, Any]) -> str:
+    """Refuse settings other than those of the run that wrote the checkpoints beside
+    ``run_file``; return that run's telemetry path."""
+    try:
+        saved = json.loads(run_file.read_text())
+        earlier, before = str(saved["telemetry"]), dict(saved["settings"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{run_file} is unreadable ({err})") from None
+    differences = [
+        f"{name} {before.get(name)!r} (now {value!r})"
+        for name, value in settings.items()
+        if before.get(name) != value
+    ]
+    if differences:
+        raise CheckpointError(
+            f"the checkpoint in {run_file.parent} is of a run with {'; '.join(differences)}: "
+            "resume with the same settings, or use another checkpoint dir"
+        )
+    return earlier
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
