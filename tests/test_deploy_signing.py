@@ -5,6 +5,7 @@ ClientApp signing and ServerApp checking its replies, in process."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +25,15 @@ from fl_lbbsp.core.identity import (
     sign_reply,
     write_silo_keys,
 )
-from fl_lbbsp.runs import deploy
-from fl_lbbsp.runs.deploy import LocalFederation, ManagedProcess, read_run_config, serve
+from fl_lbbsp.runs.deploy import (
+    LocalFederation,
+    ManagedProcess,
+    app_run,
+    describe,
+    federation,
+    read_run_config,
+    serve,
+)
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.telemetry import read_telemetry
 
@@ -70,7 +78,7 @@ def test_a_key_folder_gives_each_supernode_its_key_and_the_app_the_registry(tmp_
         assert _verifies(files.registry, config["signing-key"], silo)
     assert not _verifies(files.registry, configs[2]["signing-key"], "silo-1")
     # ... and the printed command passes the registry in a form `flwr run` parses
-    command = fed.describe().splitlines()[-1]
+    command = describe(fed).splitlines()[-1]
     assert f"--run-config 'silo-registry=\"{registry}\"'" in command
     assert parse_config_args([f'silo-registry="{registry}"']) == {"silo-registry": registry}
 
@@ -82,7 +90,7 @@ def test_without_a_registry_nodes_and_app_get_no_signing_entries(tmp_path) -> No
     # Assert: nothing an app without the `silo-registry` key would be refused for
     assert fed.app_run_config() == {}
     assert "signing-key" not in _node_config(fed, 0)
-    assert "--run-config" not in fed.describe()
+    assert "--run-config" not in describe(fed)
 
 
 def test_auto_generates_the_keys_in_the_workdir_at_start(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -92,22 +100,21 @@ def test_auto_generates_the_keys_in_the_workdir_at_start(tmp_path, monkeypatch) 
     assert not fed.silo_keys.exists()  # nothing written before start
 
     def spawn(name: str, args: list[str], home: str, **_: Any) -> ManagedProcess:
-        popen = deploy.subprocess.Popen(["sleep", "30"], start_new_session=True)
+        popen = subprocess.Popen(["sleep", "30"], start_new_session=True)
         proc = ManagedProcess(
             name=name, popen=popen, log_path=tmp_path / f"{name}.log", args=tuple(args)
         )
-        fed._started.append(proc)
+        fed.processes.started.append(proc)
         return proc
 
-    monkeypatch.setattr(fed, "_spawn", spawn)
-    monkeypatch.setattr(fed, "_wait_for_superlink", lambda: None)
-    monkeypatch.setattr(fed, "_wait_for_supernodes", lambda: None)
-    monkeypatch.setattr(fed, "_wait_for_workers", lambda: None)
+    monkeypatch.setattr(fed.processes, "spawn", spawn)
+    monkeypatch.setattr(federation, "wait_until_ready", lambda *_, **__: [])
+    monkeypatch.setattr(federation, "registered_node_ids", lambda *_, **__: {})
 
     # Execute
     with fed:
         node_args = [list(p.args) for p in fed.supernodes]
-        description = fed.describe()
+        description = describe(fed)
 
     # Assert: a key per silo and the registry, each SuperNode started with its key
     registry = tmp_path.resolve() / "silo-keys" / "registry.json"
@@ -182,7 +189,7 @@ def test_the_registry_joins_the_users_run_config_for_the_app(tmp_path, monkeypat
     monkeypatch.setattr(
         fed, "run_command", lambda app, *extra: [sys.executable, "-c", script, *extra]
     )
-    monkeypatch.setattr(deploy, "run_status", lambda federation, run_id: "finished:completed")
+    monkeypatch.setattr(app_run, "run_status", lambda federation, run_id: "finished:completed")
 
     # Execute: deploy-local --app APP --run-config user.toml
     code = serve(fed, app=APP, run_config=user, check_every=0.05)

@@ -95,7 +95,7 @@ def test_supervise_logs_a_dead_node_and_restarts_it_after_its_delay(tmp_path, mo
     node.popen.wait()
     node.started_at = 100.0
     fed.supernodes = [node]
-    fed._started = [fed.superlink, node]
+    fed.processes.started = [fed.superlink, node]
     restarted: list[int] = []
     monkeypatch.setattr(fed, "restart_silo", lambda index: restarted.append(index) or node)
     policy = RestartPolicy(first_delay=4.0)
@@ -123,7 +123,7 @@ def test_supervise_leaves_a_node_out_without_restart(tmp_path, monkeypatch) -> N
     fed.superlink = _process(tmp_path, "superlink", "sleep 60")
     node = _process(tmp_path, "silo-0", "exit 1")
     node.popen.wait()
-    fed.supernodes, fed._started = [node], [fed.superlink, node]
+    fed.supernodes, fed.processes.started = [node], [fed.superlink, node]
     monkeypatch.setattr(fed, "restart_silo", lambda index: pytest.fail("restarted"))
     log = io.StringIO()
     try:
@@ -144,7 +144,7 @@ def test_a_dead_superlink_stops_the_federation_and_its_orphans(tmp_path) -> None
     fed.superlink = _process(tmp_path, "superlink", "exit 0")
     fed.superlink.popen.wait()
     node = _process(tmp_path, "silo-0", "sleep 60")
-    fed.supernodes, fed._started = [node], [fed.superlink, node]
+    fed.supernodes, fed.processes.started = [node], [fed.superlink, node]
     orphan = subprocess.Popen(
         ["sleep", "60"],
         env={**os.environ, "FLWR_HOME": str(tmp_path.resolve() / "homes" / "superlink")},
