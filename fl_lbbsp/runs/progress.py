@@ -29,7 +29,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from .summary import fit_cost_line, modelled_cost_line, slowdowns_at
+from .summary.costs import fit_cost_line, modelled_cost_line, slowdowns_at
 
 __all__ = ["RoundProgress", "TelemetryFollower", "round_ideal"]
 
