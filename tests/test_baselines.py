@@ -63,7 +63,7 @@ def _with_speeds(strategy: LBBSPFedAvg, speeds: tuple[float, ...]) -> LBBSPFedAv
 def test_tau_variant_gives_steps_proportional_to_the_balanced_share(speeds) -> None:  # type: ignore[no-untyped-def]
     # Prepare
     strategy = _with_speeds(LBBSPTau(**SETTINGS), speeds)
-    shares = strategy.balancer.allocate(f"node-{n}" for n in NODES)
+    shares = strategy.balancer.allocate((f"node-{n}" for n in NODES), budget=False)
 
     # Execute
     configs = _configs(strategy)

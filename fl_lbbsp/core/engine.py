@@ -223,8 +223,9 @@ class RoundEngine:
             )
         # FL averages the updates by dataset size: the noise budget weighs each silo by
         # it (pinned or declared sizes). Gradients weighted by batch size (cluster mode)
-        # carry the same noise whatever the split: no budget there.
-        by_size = self.weight_key == self.keys.num_examples
+        # carry the same noise whatever the split: no budget there; nor where a rewriter
+        # turns the shares into steps or learning rates at B_init (the baselines).
+        by_size = self.weight_key == self.keys.num_examples and self.rewriter is None
         sizes = self.balancer.allocate(
             silos.values(),
             total=total,

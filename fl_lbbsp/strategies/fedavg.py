@@ -85,7 +85,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
         Every other setting is declared once, with its doc, default and bounds, in a
         settings model, and given here by keyword:
 
-        - balancing (``balance``, ``estimator``, ``allocator``, ``rho``, ...):
+        - balancing (``balance``, ``estimator``, ``allocator``, ``noise_budget``, ...):
           :class:`~fl_lbbsp.core.settings.BalancingConfig` (``False`` for ``balance``
           sends B_init to every silo: plain FedAvg with LB-BSP's telemetry);
         - the server (deadlines, polling, node sampling, telemetry, checkpoints, the
