@@ -33,6 +33,7 @@ from .resume import check_resume
 __all__ = [
     "InitialModel",
     "ResolvedRun",
+    "Runtime",
     "central_evaluation",
     "check_key_files",
     "execute",
@@ -50,6 +51,8 @@ log = logging.getLogger("fl_lbbsp")
 S = TypeVar("S", bound=LBBSPFedAvg)
 
 Runtime = Literal["ray", "inprocess"]
+"""Where a run's ServerApp and ClientApps run: Flower's Simulation Engine (Ray) or this
+process (:func:`~fl_lbbsp.runs.inprocess.run_in_process`)."""
 
 
 class InitialModel(NamedTuple):

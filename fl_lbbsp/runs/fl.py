@@ -16,7 +16,7 @@ from ..core.identity import check_silo_keys
 from ..datasets import DataSourceError, PartitionText
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 from .config import RunSettings, check_schedule_order
-from .engine import ResolvedRun, execute, initial_model, prepare_run
+from .engine import ResolvedRun, Runtime, execute, initial_model, prepare_run
 
 __all__ = [
     "SCHEMES",
@@ -119,7 +119,7 @@ class SimulationConfig(RunSettings):
     out: Path = Path("runs/simulate")
     partial_replies: int | None = Field(default=None, gt=0)
     emulate_wait: bool = True
-    runtime: Literal["ray", "inprocess"] = "ray"
+    runtime: Runtime = "ray"
     silo_registry: Path | None = None
 
     @model_validator(mode="after")
