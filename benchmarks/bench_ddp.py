@@ -303,7 +303,8 @@ def section(
         "`examples/ddp_lbbsp.py --mode lbbsp` with the `LBBSPCoordinator` defaults: each "
         "rank's loss scaled by n B_r / X (DDP's own all-reduce then gives the weighted "
         "gradient; exactly 1 on equal sizes), the times exchanged in one all_gather every "
-        "10 iterations, every rank deciding alike from the same rows, and the sizes held "
+        "10 iterations that runs in the background of the next iteration, every rank "
+        "deciding alike from the same rows, and the sizes held "
         "unless the predicted gain of a move exceeds 2% and twice the ranks' measured "
         "noise in two windows in a row. "
         + (
