@@ -173,3 +173,22 @@ def test_update_distance_is_the_l2_distance_and_inf_when_it_overflows() -> None:
     # Execute / Assert
     assert update_distance(update, start) == pytest.approx(math.sqrt(3 + 16))
     assert update_distance([np.full(3, 1e200)], None) == math.inf
+
+
+def test_an_inflated_claim_weighs_no_more_in_the_noise_budget_than_in_the_aggregate() -> None:
+    # Prepare: an engine that pinned four silos' claims, one of them 9.9 million
+    from fl_lbbsp.core.engine import RoundEngine
+
+    engine = RoundEngine.from_keywords(
+        initial_batch_size=B_INIT, local_steps=TAU, lr=0.1, keys=KEYS,
+        weight_key=KEYS.num_examples, min_train_silos=1, max_num_examples=None,
+        max_reply_bytes=None, extra_metric_keys=None, balancing={},
+    )  # fmt: skip
+    for silo, size in {"0": 100, "1": 100, "2": 100, "3": 9_900_000}.items():
+        assert engine.claims.check_size(silo, size) is None
+
+    # Execute
+    weights = engine.budget_weights()
+
+    # Assert: the budget sees the capped weight (all the others together), not the claim
+    assert weights == {"0": 100.0, "1": 100.0, "2": 100.0, "3": 300.0}

@@ -58,6 +58,7 @@ from .settings import (
     make_balancer,
     make_claim_checker,
 )
+from .update_screen import cap_weights
 
 __all__ = ["RoundEngine"]
 
@@ -138,6 +139,9 @@ class RoundEngine:
         self.silo_of_node: dict[Node, str] = {}
         self.node_of_silo: dict[str, Node] = {}
         self.slow_reported: set[str] = set()
+        self.max_weight_ratio = 10.0
+        """The weight cap of an undeclared dataset size (the strategy's
+        ``max_weight_ratio``), in the noise budget as in the aggregate."""
         self.provisional: set[str] = set()
         """Silos whose speed estimate rests only on a cold report (see
         :attr:`RoundState.cold`): their next warm report replaces it."""
@@ -229,10 +233,24 @@ class RoundEngine:
         sizes = self.balancer.allocate(
             silos.values(),
             total=total,
-            weights={**self.claims.sizes, **self.claims.declared} if by_size else None,
+            weights=self.budget_weights() if by_size else None,
             budget=by_size,
         )
         return {node: sizes[silo] for node, silo in silos.items()}
+
+    def budget_weights(self) -> dict[str, float]:
+        """The silos' weights in the noise budget: their dataset sizes as the aggregate
+        weighs them (declared sizes whole, others capped at ``max_weight_ratio`` times the
+        others' median and all the others together, :func:`cap_weights`), so that an
+        inflated claim can no more steer the schedule than the model."""
+        sizes = {**self.claims.sizes, **self.claims.declared}
+        capped = cap_weights(
+            sizes,
+            known=sizes,
+            declared=self.claims.declared,
+            max_weight_ratio=self.max_weight_ratio,
+        )
+        return {silo: weight for silo, (weight, _) in capped.items()}
 
     def plan(
         self,

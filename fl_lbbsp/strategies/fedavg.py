@@ -208,6 +208,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
         self.clock = clock
         self.outcomes = RoundOutcomes(max_empty_rounds=config.max_empty_rounds)
         """Rejections logged once per silo and cause, empty rounds counted."""
+        self.engine.max_weight_ratio = config.max_weight_ratio
         self.defenses = Defenses(
             max_update_ratio=config.max_update_ratio,
             update_spread_sigmas=config.update_spread_sigmas,
