@@ -130,11 +130,13 @@ SMOKE = Settings(
 
 # ---------------------------------------------------------------------------- running
 def start_burner(cpu: int) -> subprocess.Popen[bytes]:
-    """A process that keeps one CPU core busy (pinned to ``cpu``) until killed."""
+    """A process that keeps one CPU core busy (pinned to ``cpu``) until killed, or until
+    this process is gone (it outlives no killed benchmark)."""
     code = (
         "import os\n"
         f"os.sched_setaffinity(0, {{{cpu}}}) if hasattr(os, 'sched_setaffinity') else None\n"
-        "while True:\n    pass\n"
+        "parent = os.getppid()\n"
+        "while os.getppid() == parent:\n    for _ in range(1_000_000):\n        pass\n"
     )
     return subprocess.Popen([sys.executable, "-c", code])
 
