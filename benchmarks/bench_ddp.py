@@ -39,6 +39,7 @@ from typing import Any
 from common import RESULTS, ROOT, dataset, machine, parser
 from ddp_figures import (
     NAMES,
+    Case,
     case_figures,
     ideal_time,
     median_run,
@@ -53,35 +54,6 @@ __all__ = ["FULL", "SMOKE", "Case", "Settings", "ideal_time", "main", "section"]
 
 EXAMPLE = ROOT / "examples" / "ddp_lbbsp.py"
 STOCK = ROOT / "benchmarks" / "stock_ddp.py"
-
-
-@dataclass(frozen=True)
-class Case:
-    """One cluster: its ranks, what makes them unequal, and what LB-BSP is held against."""
-
-    key: str
-    label: str
-    ranks: int
-    slowdowns: tuple[float, ...] = ()
-    burner: bool = False
-    flower: bool = False
-    cost_model: str | None = None
-    bound: bool = False
-    repeats: int | None = None
-
-    @property
-    def emulated(self) -> bool:
-        return any(k != 1.0 for k in self.slowdowns) or self.cost_model is not None
-
-    @property
-    def reference(self) -> str:
-        """The scheme of LB-BSP's pairs: the stock script, or where it cannot emulate the
-        slowdowns, the example's equal split."""
-        return "ddp" if self.emulated else "stock"
-
-    @property
-    def schemes(self) -> tuple[str, ...]:
-        return ("lbbsp", self.reference, *(("bound",) if self.bound else ()))
 
 
 @dataclass(frozen=True)

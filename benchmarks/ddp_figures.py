@@ -6,12 +6,40 @@ Pure functions over the runs' logs, tested without launching anything.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from bench_ddp import Case
+
+@dataclass(frozen=True)
+class Case:
+    """One cluster: its ranks, what makes them unequal, and what LB-BSP is held against."""
+
+    key: str
+    label: str
+    ranks: int
+    slowdowns: tuple[float, ...] = ()
+    burner: bool = False
+    flower: bool = False
+    cost_model: str | None = None
+    bound: bool = False
+    repeats: int | None = None
+
+    @property
+    def emulated(self) -> bool:
+        return any(k != 1.0 for k in self.slowdowns) or self.cost_model is not None
+
+    @property
+    def reference(self) -> str:
+        """The scheme of LB-BSP's pairs: the stock script, or where it cannot emulate the
+        slowdowns, the example's equal split."""
+        return "ddp" if self.emulated else "stock"
+
+    @property
+    def schemes(self) -> tuple[str, ...]:
+        return ("lbbsp", self.reference, *(("bound",) if self.bound else ()))
+
 
 __all__ = [
     "NAMES",
