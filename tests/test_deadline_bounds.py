@@ -64,11 +64,11 @@ def test_a_silo_late_for_its_own_reasons_cannot_stretch_the_deadline(late: int) 
     # Execute: 16 rounds, one silo always replying at 0.9x its deadline
     deadlines = [_round(engine, r, late=late) for r in range(1, 17)]
 
-    # Assert: from round 3 on the deadline is flat (no growth round over round) and
-    # within a few times the plan's predicted round (the slowest silo, about 0.37 s)
+    # Assert: from round 5 on the deadline is flat: no growth round over round (it grew
+    # 2.7x every two rounds without bound), and far under the ceiling
     settled = [d for d in deadlines[4:] if d is not None]
     assert max(settled) <= 1.01 * min(settled)
-    assert max(settled) < 3.0
+    assert max(settled) < 10.0
 
 
 def test_the_deadline_is_capped_relative_to_the_ideal_round() -> None:
@@ -121,8 +121,8 @@ def test_a_silo_far_slower_than_its_floor_allows_is_reported_once_and_not_waited
     speeds = {1: 1000.0, 2: 1000.0, 3: 50.0}
     deadlines = []
 
-    # Execute: 5 rounds
-    for server_round in range(1, 6):
+    # Execute: 6 rounds
+    for server_round in range(1, 7):
         state = engine.plan(server_round, list(speeds))
         deadlines.append((state.deadline, set(state.slow)))
         for node, ins in state.instructions.items():
@@ -135,9 +135,14 @@ def test_a_silo_far_slower_than_its_floor_allows_is_reported_once_and_not_waited
             engine.report(state, Verdict(node=node, silo=str(node)), metrics)
         engine.close(state, replied=list(speeds), wall=None)
 
-    # Assert: from round 2 on silo 3 is held and the deadline is the others' (3 x 0.16 s),
-    # not its 3.2 s; one warning for it in all the rounds
-    for deadline, slow in deadlines[1:]:
+    # Assert: once it has been held at its floor and far slower for 3 plans (rounds 2-4),
+    # the deadline is the others' (3 x 0.16 s), not its 3.2 s; until then it is capped at
+    # 10x the ideal round (the total work over the predicted speeds) and not its 3 x 3.2 s;
+    # one warning for it in all the rounds
+    ideal = TAU * 3 * B_INIT / sum(speeds.values())
+    for deadline, slow in deadlines[1:3]:
+        assert slow == set() and deadline == pytest.approx(10 * ideal)
+    for deadline, slow in deadlines[3:]:
         assert slow == {"3"} and deadline == pytest.approx(3 * B_INIT * TAU / 1000.0)
     warnings = {id(r) for r in fl_log.records if "silo 3 is predicted" in r.getMessage()}
     assert len(warnings) == 1

@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import numpy as np
+
 from ..contract import PREDICTED_SPEED, RecordKeys
 from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .claims import honest_gap
@@ -65,6 +67,10 @@ __all__ = ["RoundEngine"]
 log = logging.getLogger("fl_lbbsp")
 
 U = TypeVar("U")
+
+SLOW_ROUNDS = 3
+"""Plans in a row a silo must be held at its floor and far slower than the others before
+the deadline stops waiting for it (one cold or noisy round is not a straggler)."""
 
 
 class RoundEngine:
@@ -139,6 +145,7 @@ class RoundEngine:
         self.silo_of_node: dict[Node, str] = {}
         self.node_of_silo: dict[str, Node] = {}
         self.slow_reported: set[str] = set()
+        self._slow_streak: dict[str, int] = {}
         self.max_weight_ratio = 10.0
         """The weight cap of an undeclared dataset size (the strategy's
         ``max_weight_ratio``), in the noise budget as in the aggregate."""
@@ -316,16 +323,26 @@ class RoundEngine:
         state.deadline = self.deadline.timeout(
             self.predicted_round_time(state),
             cap=timeout_cap,
-            ideal=None if state.ideal is None else state.ideal + self.overhead.predict(),
+            # the ideal bounds a balanced plan only: FedAvg's split commits to its slowest
+            ideal=(
+                state.ideal + self.overhead.predict()
+                if state.ideal is not None and c.balance
+                else None
+            ),
         )
         return state
 
     def _slow_silos(self, state: RoundState) -> set[str]:
-        """Silos predicted more than ``deadline.slow_ratio`` times slower than the median
-        of the others at the sizes planned: where the split could not even them out (a
-        silo at its batch-size floor), such a silo would set everybody's round. Each is
-        reported once; the round's deadline does not wait for it."""
+        """Silos held at their batch-size floor (``min_batch_size`` /
+        ``min_batch_fraction``: the split could not even them out) and still predicted
+        more than ``deadline.slow_ratio`` times slower than the median of the others, in
+        ``SLOW_ROUNDS`` plans in a row: such a silo would set everybody's round. Each is
+        reported once; the round's deadline does not wait for it. Without balancing
+        (FedAvg's split) no silo is held anywhere, and none is left behind."""
+        if not self.config.balance:
+            return set()
         tau = self.config.local_steps
+        why = self.balancer.last_allocation
         times: dict[str, float] = {}
         for silo, size in state.shares.items():
             speed = self.balancer.predicted_speed(silo)
@@ -337,26 +354,30 @@ class RoundEngine:
         slow = set()
         for silo, t in times.items():
             others = sorted(v for s, v in times.items() if s != silo)
-            middle = (
-                others[len(others) // 2]
-                if len(others) % 2
-                else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+            middle = float(np.median(others))
+            at_floor = why.get(silo, (0, ""))[1] == "floor"
+            streak = self._slow_streak[silo] = (
+                self._slow_streak.get(silo, 0) + 1
+                if at_floor and t > self.deadline.slow_ratio * middle
+                else 0
             )
-            if t > self.deadline.slow_ratio * middle:
+            if streak >= SLOW_ROUNDS:
                 slow.add(silo)
         if len(slow) * 2 >= len(times):
             return set()  # most are "slow": that is the federation's pace, not a straggler
         for silo in sorted(slow - self.slow_reported):
             self.slow_reported.add(silo)
+            others = [v for s, v in times.items() if s not in slow]
             log.warning(
-                "silo %s is predicted %.3g s a round at %d samples, more than %g x the "
-                "others' %.3g s, even at the batch size it was given: it is held there and "
+                "silo %s is predicted %.3g s a round at its batch-size floor (%d samples), "
+                "more than %g x the others' %.3g s, for %d rounds: it is held there and "
                 "the round's deadline no longer waits for it",
                 silo,
                 times[silo],
                 state.shares[silo],
                 self.deadline.slow_ratio,
-                sorted(v for s, v in times.items() if s not in slow)[len(times) // 2 - 1],
+                float(np.median(others)),
+                SLOW_ROUNDS,
             )
         return slow
 
