@@ -239,16 +239,17 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------- runs
 def run_grid(study: Study, cache: Path, minutes: float | None) -> dict[str, dict[int, Any]]:
-    """Every cell, seed and scheme (cached), in the grid's order, until ``minutes``."""
+    """Every cell, seed and scheme (cached), cell by cell, until ``minutes``."""
     deadline = math.inf if minutes is None else time.monotonic() + 60.0 * minutes
     rows: dict[str, dict[int, Any]] = {}
-    for seed in study.seeds:
-        for mix in study.mixes:
-            for dataset in study.datasets:
-                for partition in study.partitions:
+    # Cell by cell, every seed of one before the next: a cut grid has whole cells.
+    for mix in study.mixes:
+        for dataset in study.datasets:
+            for partition in study.partitions:
+                cell = f"{_name(dataset)} | {mix} | {partition}"
+                for seed in study.seeds:
                     if time.monotonic() > deadline:
                         return rows
-                    cell = f"{_name(dataset)} | {mix} | {partition}"
                     started = time.perf_counter()
                     runs = {
                         s: trace(study, s, dataset, mix, partition, seed, cache) for s in SCHEMES
@@ -418,10 +419,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli = parser("The accuracy study of the noise budget")
     cli.add_argument("--study", action="store_true", help="(the flag that brings you here)")
     cli.add_argument("--datasets", default="embedded,mnist", help="embedded, mnist")
-    cli.add_argument("--mixes", default="wide,5:1", help=f"of {sorted(MIXES)}")
+    cli.add_argument("--mixes", default="wide,5:1", help=f"in order, of {sorted(MIXES)}")
     cli.add_argument("--partitions", default="labels:2,dirichlet:0.3")
     cli.add_argument("--seeds", type=int, default=8)
-    cli.add_argument("--rounds", type=int, default=30)
+    cli.add_argument("--rounds", type=int, default=20)
     cli.add_argument("--local-steps", type=int, default=10)
     cli.add_argument("--batch-size", type=int, default=32)
     cli.add_argument("--lr", type=float, default=0.1)

@@ -21,7 +21,7 @@ waiting out the emulated times.
     python benchmarks/bench_accuracy.py [--out benchmarks/results] [--smoke] [--seeds 8]
         [--min-batch-size B] [--allocator linear|proportional] [--max-change-ratio R|none]
     python benchmarks/bench_accuracy.py --study [--datasets embedded,mnist]
-        [--mixes wide,5:1] [--seeds 8] [--rounds 30] [--cache DIR] [--minutes M]
+        [--mixes wide,5:1] [--seeds 8] [--rounds 20] [--cache DIR] [--minutes M]
 
 ``--study`` runs the noise budget's study instead (issue 29, :mod:`accuracy_study`: FedAvg,
 LB-BSP with the noise budget and with the blanket floor; accuracy at FedAvg's plateau and

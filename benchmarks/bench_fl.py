@@ -147,9 +147,10 @@ def _emulation_text(base: dict[str, Any]) -> str:
         "so every measured t is free of contention between silos. Round times are "
         "emulated: the slowest reported k_i * t of the round. One cost line t = a B + b "
         "per comparison, fitted once on the unemulated compute times of all its runs; T* is "
-        "the ideal round time of the split problem on it, (a X + n b) / sum(1 / k_i) with "
-        "the k_i of the round (X = n * B_init). The oracle split: the integer min-max split "
-        f"of the true lines k_i (a B + b) (every silo at least the balancer's floor, "
+        "the ideal round time of the split problem on it under the balancer's noise budget "
+        "(without it, (a X + n b) / sum(1 / k_i)) with the k_i of the round (X = n * "
+        "B_init). The oracle split: the integer min-max split of the true lines k_i (a B + "
+        f"b) within the same budget (every silo at least the balancer's floor, "
         f"{floor(base)}), its round time max_i k_i (a B*_i + b) n_i(r) under the noise "
         "factors n_i(r) = t_i(r) / (k_i (a B_i + b)) the run's silos measured in round r "
         "(the noise here is this machine's, not emulated)."
@@ -328,10 +329,15 @@ def _scheme_figures(
         if r["round_time"]
     ]
     steady = [share for r, share in shares if r >= STEADY_FROM] or [s for _, s in shares]
+    # T* of the true lines under the balancer's noise budget (the oracle's), steady rounds
+    ideals = [t for r, t in zip(oracle.rounds, oracle.ideal, strict=True) if r >= STEADY_FROM]
+    ideal = statistics.mean(ideals) if ideals else summary["ideal_round_time"]
     return {
         "round_time": summary["round_time_steady"],
-        "ideal": summary["ideal_round_time"],
-        "over_ideal": summary["round_time_over_ideal"],
+        "ideal": ideal,
+        "over_ideal": None
+        if summary["round_time_steady"] is None
+        else summary["round_time_steady"] / ideal,
         "oracle": statistics.mean(steady_oracle) if steady_oracle else None,
         "over_oracle": oracle.over_oracle(STEADY_FROM),
         "clean_over_oracle": oracle.clean_over_oracle(STEADY_FROM),
@@ -340,9 +346,7 @@ def _scheme_figures(
         "noise": oracle.noise_level(),
         "mean_round_time": statistics.mean(oracle.round_time),
         "over_equal": oracle.over_equal(),
-        "oracle_over_ideal": statistics.mean(steady_oracle) / summary["ideal_round_time"]
-        if steady_oracle
-        else None,
+        "oracle_over_ideal": statistics.mean(steady_oracle) / ideal if steady_oracle else None,
         "oracle_idle": statistics.mean(
             i for r, i in zip(oracle.rounds, oracle.oracle_idle, strict=True) if r >= STEADY_FROM
         ),
@@ -875,9 +879,8 @@ def _dynamics_figures(
     within 5% of the oracle after each change, and whether an informed balancer under the
     run's measured noise (:func:`common.informed_follows`) followed each change in time."""
     steady_from, *changes = phases
-    summary = summarise(events, cost=line, steady_from=steady_from)
     oracle = telemetry_oracle(events, line.a, line.b, floor=floor)
-    ideal = {r["round"]: r["ideal_round_time"] for r in summary["rounds"]}
+    ideal = dict(zip(oracle.rounds, oracle.ideal, strict=True))
     spans = ((steady_from, changes[0]), (changes[0], changes[1]), (changes[1], rounds + 1))
     starts = [oracle.position(c) for c in changes]
     ends = [*starts[1:], len(oracle.rounds)]
