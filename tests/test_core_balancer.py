@@ -606,3 +606,32 @@ def test_balancer_says_which_silos_narx_still_predicts_by_its_ema_warm_up() -> N
     # Assert
     assert early == {"a": (3, 4), "b": (1, 4)}
     assert later == {"b": (1, 4)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rounds=st.lists(
+        st.lists(st.tuples(st.integers(1, 200), st.floats(1e-4, 100.0)), min_size=3, max_size=3),
+        min_size=2,
+        max_size=12,
+    )
+)
+def test_any_positive_reports_are_taken_and_keep_every_prediction_finite(
+    rounds: list[list[tuple[int, float]]],
+) -> None:
+    # Prepare: whatever batch sizes and positive times three silos report, round by round
+    # (steep lines learned at one batch size, then reports far below it, ...)
+    from fl_lbbsp.core import BatchSizeBalancer, SiloReport
+
+    balancer = BatchSizeBalancer(initial_batch_size=32)
+
+    # Execute
+    for reports in rounds:
+        balancer.report_round(
+            {s: SiloReport(batch_size=b, train_time=t) for s, (b, t) in zip("abc", reports, strict=True)}
+        )
+        sizes = balancer.allocate(list("abc"))
+
+    # Assert
+    assert all(math.isfinite(balancer.predicted_speed(s) or math.nan) for s in "abc")
+    assert sum(sizes.values()) == 96

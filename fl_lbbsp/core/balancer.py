@@ -589,7 +589,12 @@ class BatchSizeBalancer:
             return None
         reach = self.min_fit_spread * x
         near = [bt + fit.slope * (x - bx) for bx, bt in state.history if abs(bx - x) < reach]
-        return robust_level(near) if len(near) >= 2 else None
+        if len(near) < 2:
+            return None
+        level = robust_level(near)
+        # moved along a steep slope, reports far below x can land at or under zero: no
+        # level to judge a time by (the change detection and the common factor take logs)
+        return level if math.isfinite(level) and level > 0 else None
 
     def restart(self, silo_id: str) -> None:
         """Forget what a silo's reports taught its speed estimate and cost history, as
