@@ -627,8 +627,9 @@ def test_any_positive_reports_are_taken_and_keep_every_prediction_finite(
 
     # Execute
     for reports in rounds:
+        round_reports = zip("abc", reports, strict=True)
         balancer.report_round(
-            {s: SiloReport(batch_size=b, train_time=t) for s, (b, t) in zip("abc", reports, strict=True)}
+            {s: SiloReport(batch_size=b, train_time=t) for s, (b, t) in round_reports}
         )
         sizes = balancer.allocate(list("abc"))
 
