@@ -717,9 +717,11 @@ class RoundEngine:
                 self._feed(state, silo, metrics, record, share, observed, overhead=reference)
             state.held.clear()
         if gaps and not state.cold:
-            # the round's overhead as its honest silos saw it, not the slowest reply's:
-            # a silo late for its own reasons cannot stretch every later deadline
-            self.overhead.observe(honest_gap(gaps) or 0.0, 0.0)
+            # the round's overhead as its silos saw it, at most twice what its honest ones
+            # did (:func:`honest_gap`): room for the spread between honest silos, none for
+            # a silo late for its own reasons, which would stretch every later deadline
+            honest = honest_gap(gaps) or 0.0
+            self.overhead.observe(min(max(gaps), 2.0 * honest), 0.0)
         elif not missed and not state.cold and not state.slow and wall is not None and times:
             self.overhead.observe(wall, max(times))
         self.claims.learn_overhead(gaps)
