@@ -290,7 +290,12 @@ def _ci(s: Mapping[str, Any], name: str) -> str:
     )
 
 
-def section(study: Study, rows: Mapping[str, Mapping[int, Any]], seconds: float) -> dict[str, Any]:
+def section(
+    study: Study,
+    rows: Mapping[str, Mapping[int, Any]],
+    seconds: float,
+    name: str = SECTION,
+) -> dict[str, Any]:
     """The section JSON (the schema of benchmarks/report.py)."""
     summary = {
         cell: {v: summarise([per[v] for per in seeds.values()]) for v in VARIANTS}
@@ -354,8 +359,9 @@ def section(study: Study, rows: Mapping[str, Mapping[int, Any]], seconds: float)
         f"gain < {DELTA} points. {seconds:.0f} s on {machine()}."
     )
     return {
-        "section": SECTION,
-        "title": "Accuracy under the noise budget: LB-BSP against FedAvg, beside the floor",
+        "section": name,
+        "title": "Accuracy under the noise budget: LB-BSP against FedAvg, beside the floor"
+        + ("" if name == SECTION else f" ({study.rounds} rounds)"),
         "setting": setting,
         "figures": figures,
         "tables": [
@@ -429,6 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.add_argument("--model", default="mlp", choices=["mlp", "lenet5"])
     cli.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lbbsp-study")
     cli.add_argument("--minutes", type=float, default=None, help="stop starting runs after")
+    cli.add_argument(
+        "--name", default=SECTION, help=f"section id, and file name (default {SECTION})"
+    )
     args = cli.parse_args(argv)
     for name in ("flwr", "fl_lbbsp"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -453,9 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli.error(f"unknown mixes {unknown}; expected {sorted(MIXES)}")
     started = time.perf_counter()
     rows = run_grid(study, args.cache, args.minutes)
-    data = section(study, rows, time.perf_counter() - started)
+    data = section(study, rows, time.perf_counter() - started, args.name)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{SECTION}.json"
+    path = args.out / f"{args.name}.json"
     path.write_text(json.dumps(_finite(data), indent=2, allow_nan=False) + "\n")
     for row in data["tables"][0]["rows"]:
         print(" | ".join(row))
