@@ -146,6 +146,7 @@ class RoundEngine:
         self.node_of_silo: dict[str, Node] = {}
         self.slow_reported: set[str] = set()
         self._slow_streak: dict[str, int] = {}
+        self._unlearned_wall: float | None = None
         self.max_weight_ratio = 10.0
         """The weight cap of an undeclared dataset size (the strategy's
         ``max_weight_ratio``), in the noise budget as in the aggregate."""
@@ -330,7 +331,19 @@ class RoundEngine:
                 else None
             ),
         )
+        state.deadline = self._not_below_seen(state.deadline, timeout_cap)
         return state
+
+    def _not_below_seen(self, deadline: float | None, cap: float | None) -> float | None:
+        """Until a warm round has taught the messaging overhead, no deadline shorter than
+        ``margin`` times the wall time of the last round that could not (a cold first
+        round holds start-up, which must not become the overhead, but is what the next
+        round may well take again: a ClientApp process started per round)."""
+        wall, margin = self._unlearned_wall, self.deadline.margin
+        if deadline is None or margin is None or wall is None or self.overhead.seen:
+            return deadline
+        ceiling = self.deadline.ceiling if cap is None else min(self.deadline.ceiling, cap)
+        return min(ceiling, max(deadline, margin * wall))
 
     def _slow_silos(self, state: RoundState) -> set[str]:
         """Silos held at their batch-size floor (``min_batch_size`` /
@@ -716,6 +729,8 @@ class RoundEngine:
             for silo, (metrics, record, share, observed) in state.held.items():
                 self._feed(state, silo, metrics, record, share, observed, overhead=reference)
             state.held.clear()
+        if wall is not None and state.cold and not missed:
+            self._unlearned_wall = wall  # a round that waited on its deadline says nothing
         if gaps and not state.cold:
             # the round's overhead as its silos saw it, at most twice what its honest ones
             # did (:func:`honest_gap`): room for the spread between honest silos, none for
