@@ -208,6 +208,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         allocator=args.allocator,
         max_change_ratio=args.max_change_ratio,
         min_batch_fraction=args.min_batch_fraction,
+        noise_budget=args.noise_budget,
         parallel=args.parallel,
         out=out,
         encrypt=args.encrypt,

@@ -206,6 +206,14 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         f"(default: {BALANCER_DEFAULTS['min_batch_fraction']:.3g})",
     )
     parser.add_argument(
+        "--noise-budget",
+        type=_noise_budget,
+        default=BALANCER_DEFAULTS["noise_budget"],
+        help="rho: the aggregated update may be at most rho times as noisy as FedAvg's "
+        "(1: FedAvg's noise; larger trades noise for time; 'none': no budget) "
+        f"(default: {BALANCER_DEFAULTS['noise_budget']:.3g})",
+    )
+    parser.add_argument(
         "--target-accuracy",
         type=_accuracy,
         default=None,
@@ -451,3 +459,16 @@ def _add_deploy_local(sub: Any) -> None:
         default=24 * 3600.0,
         help="seconds before the --app run is stopped (default: 86400)",
     )
+
+
+def _noise_budget(text: str) -> float | None:
+    """``--noise-budget``: a number in [1, 1e6], or ``none``."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'none', got {text!r}") from err
+    if not 1.0 <= value <= 1e6:
+        raise argparse.ArgumentTypeError(f"expected a number in [1, 1e6] or 'none', got {text!r}")
+    return value

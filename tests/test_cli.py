@@ -37,6 +37,8 @@ def exit_code(argv: list[str]) -> int:
         (["simulate", "--dataset", "mnist:/no/such/folder"], "/no/such/folder"),
         (["simulate", "--dataset", "imagenet"], "imagenet"),
         (["simulate", "--partition", "labels:0"], "labels:0"),
+        (["simulate", "--noise-budget", "0.5"], "--noise-budget"),
+        (["compare", "--noise-budget", "lots"], "--noise-budget"),
     ],
 )
 def test_user_errors_exit_2_with_a_message(
@@ -51,3 +53,15 @@ def test_user_errors_exit_2_with_a_message(
     assert message in err
     assert err.strip().count("\n") == 0, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("text", "value"), [("none", None), ("1", 1.0), ("2.5", 2.5)])
+def test_the_noise_budget_flag_reaches_the_simulation(text: str, value: float | None) -> None:
+    # Prepare
+    from fl_lbbsp.cli_parser import build_parser
+
+    # Execute
+    args = build_parser().parse_args(["simulate", "--noise-budget", text])
+
+    # Assert
+    assert args.noise_budget == value

@@ -60,7 +60,7 @@ class SimulationConfig(RunSettings):
         Federated rounds.
     local_steps : int (default: 20)
         Local steps tau.
-    allocator, max_change_ratio, min_batch_fraction :
+    allocator, max_change_ratio, min_batch_fraction, noise_budget :
         Balancer settings (see :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; defaults
         :data:`fl_lbbsp.core.BALANCER_DEFAULTS`); allocator ``linear`` or
         ``proportional``; no silo gets a batch size below ``min_batch_fraction * batch_size``.
@@ -116,6 +116,9 @@ class SimulationConfig(RunSettings):
         default=BALANCER_DEFAULTS["max_change_ratio"], gt=1, allow_inf_nan=False
     )
     min_batch_fraction: float = Field(default=BALANCER_DEFAULTS["min_batch_fraction"], ge=0, le=1)
+    noise_budget: float | None = Field(
+        default=BALANCER_DEFAULTS["noise_budget"], ge=1, le=1e6, allow_inf_nan=False
+    )
     out: Path = Path("runs/simulate")
     partial_replies: int | None = Field(default=None, gt=0)
     emulate_wait: bool = True
@@ -230,6 +233,7 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         "balance": config.scheme not in ("fedavg", "partial"),
         "max_change_ratio": config.max_change_ratio,
         "min_batch_fraction": config.min_batch_fraction,
+        "noise_budget": config.noise_budget,
         # Claimed times are checked against the wall time only where silos really wait
         # (None: on Flower's grids, off in process), not with emulated times.
         "check_times": None if config.emulate_wait and config.cost_model is None else False,
