@@ -445,7 +445,9 @@ class LBBSPCoordinator:
         self._window_wall = 0.0
 
     def _allocate(self) -> tuple[int, ...]:
-        sizes = self.balancer.allocate(self.rank_ids, total=self.total)
+        # DDP weights every rank's gradient by its batch size: the global batch's noise is
+        # the same whatever the split, so no noise budget (it would only cost speed)
+        sizes = self.balancer.allocate(self.rank_ids, total=self.total, budget=False)
         return tuple(int(sizes[i]) for i in self.rank_ids)
 
     # ----------------------------------------------------------- aggregation
