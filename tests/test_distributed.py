@@ -215,9 +215,10 @@ def test_begin_refuses_a_batch_of_another_size() -> None:
 
 # --------------------------------------------------------------- two spawned ranks
 def _expected_sizes(every: int) -> list[tuple[int, int]]:
-    """Sizes after each iteration: the default balancer fed the same (summed) reports."""
+    """Sizes after each iteration: the default balancer fed the same (summed) reports,
+    allocating as DDP's coordinator does (no noise budget: DDP weights by batch size)."""
     balancer = BatchSizeBalancer(initial_batch_size=B_INIT)
-    sizes = balancer.allocate(["0", "1"], total=WORLD * B_INIT)
+    sizes = balancer.allocate(["0", "1"], total=WORLD * B_INIT, budget=False)
     out, window = [], [0.0, 0.0]
     for k, times in enumerate(TIMES, start=1):
         window = [w + t for w, t in zip(window, times, strict=True)]
@@ -227,7 +228,7 @@ def _expected_sizes(every: int) -> list[tuple[int, int]]:
                     batch_size=sizes[str(r)], train_time=window[r], samples=every * sizes[str(r)]
                 )
                 balancer.report(str(r), report)
-            sizes = balancer.allocate(["0", "1"], total=WORLD * B_INIT)
+            sizes = balancer.allocate(["0", "1"], total=WORLD * B_INIT, budget=False)
             window = [0.0, 0.0]
         out.append((sizes["0"], sizes["1"]))
     return out
