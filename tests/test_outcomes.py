@@ -254,3 +254,25 @@ def test_from_run_config_names_a_missing_key_and_where_to_declare_it(missing: st
     # Execute / Assert
     with pytest.raises(InvalidSettingError, match=rf"'{missing}'.*\[tool\.flwr\.app\.config\]"):
         LBBSPFedAvg.from_run_config(run_config)
+
+
+def test_the_fastest_silo_misread_by_its_cold_start_is_restored_in_one_round() -> None:
+    # Prepare: only silo 0, the fastest, starts cold (6x its steady time in round 1), so
+    # round 2 gives it a small batch
+    def cold_fastest(partition: int, server_round: int, config: dict[str, Any]) -> dict[str, Any]:
+        metrics = _honest(partition, server_round, config)
+        if server_round == 1 and partition == 0:
+            metrics[KEYS.train_time] *= 6
+        return metrics
+
+    # Execute
+    result = _run(_strategy(), _app(cold_fastest), rounds=3)
+
+    # Assert: its warm report of round 2 replaces the cold one and the change limit does
+    # not hold back the correction: round 3 is ordered like the speeds again
+    def sizes(server_round: int) -> list[int]:
+        metrics = result.train_metrics_clientapp[server_round]
+        return [metrics[silo_metric(KEYS.batch_size, s)] for s in "012"]
+
+    assert sizes(2)[0] < sizes(2)[1]  # the cold start misled round 2
+    assert sizes(3)[0] > sizes(3)[1] > sizes(3)[2]

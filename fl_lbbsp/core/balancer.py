@@ -382,6 +382,8 @@ class BatchSizeBalancer:
             )
         self.noise_budget = None if noise_budget is None else float(noise_budget)
         self.last_allocation: dict[str, tuple[int, str]] = {}
+        # restarted silos whose next report is not taken yet, by their state's identity
+        self._restarted: dict[int, _SiloState] = {}
         """Each silo's batch size and the reason it got it (:data:`ALLOCATION_REASONS`)
         in the last :meth:`allocate`."""
         self.floor = max(
@@ -509,6 +511,10 @@ class BatchSizeBalancer:
         verdict = self._screen(state, x, t, speed, level)
         state.reports += 1
         state.boost = 1.0
+        if self._restarted.pop(id(state), None) is not None:
+            # the size its cold report led to was start-up, not capacity: let the next
+            # allocation move it as far as a confirmed change may
+            state.boost = (self.max_change_ratio or 1.0) ** 2
         if verdict == "normal":
             state.estimator.update(
                 speed, cpu_percent=report.cpu_percent, memory_percent=report.memory_percent
@@ -600,7 +606,9 @@ class BatchSizeBalancer:
         """Forget what a silo's reports taught its speed estimate and cost history, as
         after a confirmed change (the fit's shape and noise are kept): for a report that
         held start-up rather than capacity (a silo's first round, a rejoin). The
-        silo's next report then sets its estimate alone. A silo not seen yet: nothing."""
+        silo's next report then sets its estimate alone, and the allocation after it may
+        move the silo's batch size as far as after a confirmed change (``max_change_ratio``
+        cubed). A silo not seen yet: nothing."""
         state = self._silos.get(silo_id)
         if state is None:
             return
@@ -610,6 +618,7 @@ class BatchSizeBalancer:
         state.history.clear()
         state.pending.clear()
         state.boost = 1.0
+        self._restarted[id(state)] = state
         self._row(state)  # no history: no cost line (the common factor must not use it)
 
     def warming_up(self) -> dict[str, tuple[int, int]]:
