@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fl_lbbsp.core import BatchSizeBalancer, SiloReport, fit_robust_cost, linear_minmax
+from fl_lbbsp.core import BatchSizeBalancer, SiloReport, fit_robust_cost
 from fl_lbbsp.core.balancer import BALANCER_DEFAULTS, order_guard
 from fl_lbbsp.core.budget import budgeted_minmax
 
