@@ -1,4 +1,4 @@
-"""The accuracy study of the noise budget (issue 29): ``bench_accuracy.py --study``.
+"""The accuracy study of the noise budget (issue 29): ``python benchmarks/accuracy_study.py``.
 
 FedAvg, LB-BSP with the noise budget (the default balancer) and LB-BSP with the blanket
 floor of earlier versions (``min_batch_fraction`` 1/3, no budget) on the same seeds,
@@ -423,7 +423,6 @@ def _finite(value: Any) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run (or resume) the study and write ``accuracy-budget.json``."""
     cli = parser("The accuracy study of the noise budget")
-    cli.add_argument("--study", action="store_true", help="(the flag that brings you here)")
     cli.add_argument("--datasets", default="embedded,mnist", help="embedded, mnist")
     cli.add_argument("--mixes", default="wide,5:1", help=f"in order, of {sorted(MIXES)}")
     cli.add_argument("--partitions", default="labels:2,dirichlet:0.3")
@@ -470,3 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(" | ".join(row))
     print(path)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

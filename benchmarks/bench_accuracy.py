@@ -20,10 +20,10 @@ waiting out the emulated times.
 
     python benchmarks/bench_accuracy.py [--out benchmarks/results] [--smoke] [--seeds 8]
         [--min-batch-size B] [--allocator linear|proportional] [--max-change-ratio R|none]
-    python benchmarks/bench_accuracy.py --study [--datasets embedded,mnist]
+    python benchmarks/accuracy_study.py [--datasets embedded,mnist]
         [--mixes wide,5:1] [--seeds 8] [--rounds 20] [--cache DIR] [--minutes M]
 
-``--study`` runs the noise budget's study instead (issue 29, :mod:`accuracy_study`: FedAvg,
+``accuracy_study.py`` (run on its own) is the noise budget's study (issue 29: FedAvg,
 LB-BSP with the noise budget and with the blanket floor; accuracy at FedAvg's plateau and
 at equal emulated time, time to target, each with its 95% interval) and writes
 ``accuracy-budget.json``; a reduced grid by its flags.
@@ -740,12 +740,8 @@ def _ratio(text: str) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the section and write ``accuracy.json``; 0 also when skipped (no MNIST).
-    With ``--study``: the noise budget's accuracy study (:mod:`accuracy_study`)."""
-    if "--study" in (sys.argv[1:] if argv is None else argv):
-        import accuracy_study
-
-        return accuracy_study.main(argv)
+    """Run the section and write ``accuracy.json``; 0 also when skipped (no MNIST). The
+    noise budget's accuracy study is its own script, ``accuracy_study.py``."""
     cli = parser(__doc__.split("\n\n")[0])
     cli.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: 12)")
     cli.add_argument("--rounds", type=int, default=None, help=f"rounds (default: {ROUNDS})")

@@ -151,8 +151,8 @@ def test_summarise_gives_intervals_and_counts() -> None:
 
 def test_study_smoke_run_writes_a_finite_section(tmp_path: Path) -> None:
     # Execute: two seeds, one mix and partition, tiny rounds, embedded digits
-    code = bench_accuracy.main(
-        ["--study", "--smoke", "--out", str(tmp_path), "--cache", str(tmp_path / "cache"),
+    code = accuracy_study.main(
+        ["--smoke", "--out", str(tmp_path), "--cache", str(tmp_path / "cache"),
          "--mixes", "5:1", "--partitions", "dirichlet:0.3"]
     )  # fmt: skip
 
