@@ -188,7 +188,7 @@ def test_legacy_result_that_fails_validation_is_left_out(tmp_path, fl_log, damag
 
 
 class ReadmeSilo(NumPyClient):
-    """The silo side of README's "Plug LB-BSP into an existing Flower app", verbatim."""
+    """The silo side of docs/flower-apps.md's legacy-API example, verbatim."""
 
     def __init__(self, silo_id: str, slowdown: float) -> None:
         generator = torch.Generator().manual_seed(len(silo_id))
