@@ -17,7 +17,7 @@ SPEEDS = {1: 1000.0, 2: 500.0, 3: 250.0}  # samples per second, node -> speed
 MESSAGING = 0.05  # seconds every honest reply spends beyond its compute
 
 
-def _engine() -> RoundEngine:
+def _engine(**balancing: object) -> RoundEngine:
     return RoundEngine.from_keywords(
         initial_batch_size=B_INIT,
         local_steps=TAU,
@@ -28,7 +28,7 @@ def _engine() -> RoundEngine:
         max_num_examples=None,
         max_reply_bytes=None,
         extra_metric_keys=None,
-        balancing={"check_times": True},
+        balancing={"check_times": True, **balancing},
         deadline=DeadlinePolicy(margin=3.0, floor=0.01, ceiling=3600.0),
     )
 
@@ -108,19 +108,7 @@ def test_a_silo_far_slower_than_its_floor_allows_is_reported_once_and_not_waited
     fl_log: pytest.LogCaptureFixture,
 ) -> None:
     # Prepare: every silo held at B_init by the floor; silo 3 is 20x slower than the others
-    engine = RoundEngine.from_keywords(
-        initial_batch_size=B_INIT,
-        local_steps=TAU,
-        lr=0.1,
-        keys=KEYS,
-        weight_key=KEYS.num_examples,
-        min_train_silos=1,
-        max_num_examples=None,
-        max_reply_bytes=None,
-        extra_metric_keys=None,
-        balancing={"min_batch_size": B_INIT},
-        deadline=DeadlinePolicy(margin=3.0, floor=0.01, ceiling=3600.0),
-    )
+    engine = _engine(min_batch_size=B_INIT)
     speeds = {1: 1000.0, 2: 1000.0, 3: 50.0}
     deadlines = []
 

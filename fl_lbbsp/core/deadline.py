@@ -9,13 +9,24 @@ Replies that miss the deadline are left out of the round; their silos keep their
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
+
+import numpy as np
 
 from .balancer import BatchSizeBalancer
 
-__all__ = ["DeadlinePolicy", "OverheadTracker", "predicted_compute_time"]
+__all__ = [
+    "DeadlinePolicy",
+    "OverheadTracker",
+    "StragglerWatch",
+    "predicted_compute_time",
+    "predicted_times",
+]
+
+log = logging.getLogger("fl_lbbsp")
 
 
 @dataclass(frozen=True)
@@ -113,10 +124,10 @@ class OverheadTracker:
         return max(self._seen, default=0.0)
 
 
-def predicted_compute_time(
+def predicted_times(
     balancer: BatchSizeBalancer, sizes: Mapping[str, int], local_steps: int
-) -> float | None:
-    """Slowest predicted silo time of a round: ``max_i B_i * tau / v_i + f_i``.
+) -> dict[str, float] | None:
+    """Each silo's predicted time of a round: ``B_i * tau / v_i + f_i``.
 
     ``f_i`` is the silo's smoothed fixed per-round time (``he-time`` in encrypted mode, 0
     otherwise). A silo without a speed prediction counts at the mean predicted speed of
@@ -127,8 +138,70 @@ def predicted_compute_time(
     if not known:
         return None
     mean = sum(known) / len(known)
-    return max(
-        sizes[silo] * local_steps / (v if v is not None and v > 0 else mean)
+    return {
+        silo: sizes[silo] * local_steps / (v if v is not None and v > 0 else mean)
         + (balancer.fixed_time(silo) or 0.0)
         for silo, v in speeds.items()
-    )
+    }
+
+
+def predicted_compute_time(
+    balancer: BatchSizeBalancer, sizes: Mapping[str, int], local_steps: int
+) -> float | None:
+    """Slowest predicted silo time of a round (:func:`predicted_times`); ``None`` when
+    no silo has a speed prediction."""
+    times = predicted_times(balancer, sizes, local_steps)
+    return None if not times else max(times.values())
+
+
+class StragglerWatch:
+    """Silos the split cannot bring to the others' pace, so that the deadline stops
+    waiting for them.
+
+    A silo is a straggler once it has been held at its batch-size floor and predicted
+    more than ``ratio`` times slower than the median of the others in ``rounds`` plans in
+    a row (one cold or noisy round is not a straggler); never when most silos are "slow"
+    (that is the federation's pace). Each is reported once.
+
+    Parameters
+    ----------
+    ratio : float
+        How many times the others' median a straggler's predicted time exceeds.
+    rounds : int (default: 3)
+        Plans in a row it must do so.
+    """
+
+    def __init__(self, *, ratio: float, rounds: int = 3) -> None:
+        self.ratio = ratio
+        self.rounds = rounds
+        self._streak: dict[str, int] = {}
+        self.reported: set[str] = set()
+
+    def judge(self, times: Mapping[str, float], at_floor: Set[str]) -> set[str]:
+        """The stragglers of a plan: ``times`` each silo's predicted round, ``at_floor``
+        the silos the allocation held at their floor."""
+        if len(times) < 2:
+            return set()
+        slow = set()
+        for silo, t in times.items():
+            middle = float(np.median([v for s, v in times.items() if s != silo]))
+            held = silo in at_floor and t > self.ratio * middle
+            streak = self._streak[silo] = self._streak.get(silo, 0) + 1 if held else 0
+            if streak >= self.rounds:
+                slow.add(silo)
+        if len(slow) * 2 >= len(times):
+            return set()
+        for silo in sorted(slow - self.reported):
+            self.reported.add(silo)
+            others = float(np.median([v for s, v in times.items() if s not in slow]))
+            log.warning(
+                "silo %s is predicted %.3g s a round at its batch-size floor, more than %g "
+                "x the others' %.3g s, for %d rounds: it is held there and the round's "
+                "deadline no longer waits for it",
+                silo,
+                times[silo],
+                self.ratio,
+                others,
+                self.rounds,
+            )
+        return slow

@@ -36,12 +36,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
-import numpy as np
-
 from ..contract import PREDICTED_SPEED, RecordKeys
 from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .claims import honest_gap
-from .deadline import DeadlinePolicy, OverheadTracker, predicted_compute_time
+from .deadline import (
+    DeadlinePolicy,
+    OverheadTracker,
+    StragglerWatch,
+    predicted_compute_time,
+    predicted_times,
+)
 from .identity import SiloRegistry, instruction_of
 from .rewriters import FastestReplies, InstructionRewriter
 from .round_state import (
@@ -67,10 +71,6 @@ __all__ = ["RoundEngine"]
 log = logging.getLogger("fl_lbbsp")
 
 U = TypeVar("U")
-
-SLOW_ROUNDS = 3
-"""Plans in a row a silo must be held at its floor and far slower than the others before
-the deadline stops waiting for it (one cold or noisy round is not a straggler)."""
 
 
 class RoundEngine:
@@ -144,8 +144,7 @@ class RoundEngine:
         self.balancer = make_balancer(config)
         self.silo_of_node: dict[Node, str] = {}
         self.node_of_silo: dict[str, Node] = {}
-        self.slow_reported: set[str] = set()
-        self._slow_streak: dict[str, int] = {}
+        self.stragglers = StragglerWatch(ratio=self.deadline.slow_ratio)
         self._unlearned_wall: float | None = None
         self.max_weight_ratio = 10.0
         """The weight cap of an undeclared dataset size (the strategy's
@@ -346,53 +345,17 @@ class RoundEngine:
         return min(ceiling, max(deadline, margin * wall))
 
     def _slow_silos(self, state: RoundState) -> set[str]:
-        """Silos held at their batch-size floor (``min_batch_size`` /
-        ``min_batch_fraction``: the split could not even them out) and still predicted
-        more than ``deadline.slow_ratio`` times slower than the median of the others, in
-        ``SLOW_ROUNDS`` plans in a row: such a silo would set everybody's round. Each is
-        reported once; the round's deadline does not wait for it. Without balancing
-        (FedAvg's split) no silo is held anywhere, and none is left behind."""
+        """The plan's stragglers (:class:`~fl_lbbsp.core.deadline.StragglerWatch`); none
+        without balancing (FedAvg's split holds no silo at a floor)."""
         if not self.config.balance:
             return set()
-        tau = self.config.local_steps
-        why = self.balancer.last_allocation
-        times: dict[str, float] = {}
-        for silo, size in state.shares.items():
-            speed = self.balancer.predicted_speed(silo)
-            if speed is None or speed <= 0:
-                return set()
-            times[silo] = size * tau / speed + (self.balancer.fixed_time(silo) or 0.0)
-        if len(times) < 2:
+        times = predicted_times(self.balancer, state.shares, self.config.local_steps)
+        if times is None:
             return set()
-        slow = set()
-        for silo, t in times.items():
-            others = sorted(v for s, v in times.items() if s != silo)
-            middle = float(np.median(others))
-            at_floor = why.get(silo, (0, ""))[1] == "floor"
-            streak = self._slow_streak[silo] = (
-                self._slow_streak.get(silo, 0) + 1
-                if at_floor and t > self.deadline.slow_ratio * middle
-                else 0
-            )
-            if streak >= SLOW_ROUNDS:
-                slow.add(silo)
-        if len(slow) * 2 >= len(times):
-            return set()  # most are "slow": that is the federation's pace, not a straggler
-        for silo in sorted(slow - self.slow_reported):
-            self.slow_reported.add(silo)
-            others = [v for s, v in times.items() if s not in slow]
-            log.warning(
-                "silo %s is predicted %.3g s a round at its batch-size floor (%d samples), "
-                "more than %g x the others' %.3g s, for %d rounds: it is held there and "
-                "the round's deadline no longer waits for it",
-                silo,
-                times[silo],
-                state.shares[silo],
-                self.deadline.slow_ratio,
-                float(np.median(others)),
-                SLOW_ROUNDS,
-            )
-        return slow
+        why = self.balancer.last_allocation
+        return self.stragglers.judge(
+            times, {silo for silo, (_, reason) in why.items() if reason == "floor"}
+        )
 
     def predicted_round_time(self, state: RoundState) -> float | None:
         """Predicted seconds of the planned round (``None``: nothing predicted yet)."""

@@ -25,11 +25,13 @@ __all__ = [
     "EncryptedClusterConfig",
     "EncryptionConfig",
     "InvalidSettingError",
+    "RUN_CONFIG_KEYS",
     "ParameterServerConfig",
     "ReplyLimits",
     "ServerConfig",
     "record_keys",
     "setting_error",
+    "settings_of_run_config",
     "split_settings",
 ]
 
@@ -230,3 +232,43 @@ def split_settings(
     balancing = {k: v for k, v in settings.items() if k not in server and k not in limits}
     defaults = {name: field.default for name, field in ReplyLimits.model_fields.items()}
     return server, {**defaults, **limits}, balancing
+
+
+RUN_CONFIG_KEYS: dict[str, str] = {
+    "batch-size": "initial_batch_size",
+    "local-steps": "local_steps",
+    "lr": "lr",
+    "fraction-train": "fraction_train",
+    "fraction-evaluate": "fraction_evaluate",
+    "min-train-nodes": "min_train_nodes",
+    "min-evaluate-nodes": "min_evaluate_nodes",
+    "min-available-nodes": "min_available_nodes",
+    "telemetry-path": "telemetry_path",
+}
+"""Run-config keys a strategy reads from a Flower app's run config -> the keyword each
+sets; the first three are required, ``telemetry-path`` ``""`` means none."""
+
+
+def settings_of_run_config(
+    run_config: Mapping[str, Any], overrides: Mapping[str, Any], *, owner: str
+) -> dict[str, Any]:
+    """A strategy's keywords from a Flower app's run config, ``overrides`` winning.
+
+    Raises
+    ------
+    InvalidSettingError
+        A required key is missing from both: the message says where to declare it.
+    """
+    required = ("batch-size", "local-steps", "lr")
+    missing = [k for k in required if k not in run_config and RUN_CONFIG_KEYS[k] not in overrides]
+    if missing:
+        raise InvalidSettingError(
+            f"{owner}.from_run_config: the run config has no "
+            + ", ".join(repr(key) for key in missing)
+            + "; declare them in the app's pyproject.toml under [tool.flwr.app.config], "
+            "e.g. batch-size = 32, local-steps = 10, lr = 0.05"
+        )
+    settings = {name: run_config[key] for key, name in RUN_CONFIG_KEYS.items() if key in run_config}
+    if settings.get("telemetry_path") == "":
+        settings["telemetry_path"] = None
+    return {**settings, **overrides}

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
 from flwr.app import (
     ArrayRecord,
@@ -43,10 +43,10 @@ from ..instruction import RoundInstruction
 from ..telemetry import TelemetryWriter
 from .checkpoint import CheckpointStore, save_checkpoint, start_with_checkpoints
 from .config import (
-    InvalidSettingError,
     ServerConfig,
     record_keys,
     setting_error,
+    settings_of_run_config,
     split_settings,
 )
 from .deadline import DeadlineGrid
@@ -220,29 +220,12 @@ class LBBSPFedAvg(EngineView, FedAvg):
         self._timeout_cap: float | None = None
         route_to_flower()
 
-    RUN_CONFIG_KEYS: ClassVar[dict[str, str]] = {
-        "batch-size": "initial_batch_size",
-        "local-steps": "local_steps",
-        "lr": "lr",
-        "fraction-train": "fraction_train",
-        "fraction-evaluate": "fraction_evaluate",
-        "min-train-nodes": "min_train_nodes",
-        "min-evaluate-nodes": "min_evaluate_nodes",
-        "min-available-nodes": "min_available_nodes",
-        "telemetry-path": "telemetry_path",
-    }
-    """Run-config keys :meth:`from_run_config` reads -> the keyword each sets; the first
-    three are required."""
-
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any], **overrides: Any) -> Self:
-        """The strategy of a Flower app's run config (``context.run_config``).
-
-        Reads ``batch-size`` (B_init), ``local-steps`` (tau) and ``lr`` (eta), which the
-        app's ``pyproject.toml`` must declare under ``[tool.flwr.app.config]``, and,
-        where declared, ``fraction-train``, ``fraction-evaluate``, ``min-train-nodes``,
-        ``min-evaluate-nodes``, ``min-available-nodes`` and ``telemetry-path`` (``""``:
-        none). Any other keyword of the constructor goes in ``overrides``, which win.
+        """The strategy of a Flower app's run config (``context.run_config``): the keys
+        of :data:`~fl_lbbsp.strategies.config.RUN_CONFIG_KEYS` it declares
+        (``batch-size``, ``local-steps`` and ``lr`` required), any other constructor
+        keyword in ``overrides``, which win.
 
         Raises
         ------
@@ -250,20 +233,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
             A required key is missing (the message says what to declare), or a value is
             out of range.
         """
-        missing = [key for key in ("batch-size", "local-steps", "lr") if key not in run_config]
-        if missing and not all(cls.RUN_CONFIG_KEYS[key] in overrides for key in missing):
-            raise InvalidSettingError(
-                f"{cls.__name__}.from_run_config: the run config has no "
-                + ", ".join(repr(key) for key in missing)
-                + "; declare them in the app's pyproject.toml under [tool.flwr.app.config], "
-                "e.g. batch-size = 32, local-steps = 10, lr = 0.05"
-            )
-        settings: dict[str, Any] = {
-            name: run_config[key] for key, name in cls.RUN_CONFIG_KEYS.items() if key in run_config
-        }
-        if settings.get("telemetry_path") == "":
-            settings["telemetry_path"] = None
-        return cls(**{**settings, **overrides})
+        return cls(**settings_of_run_config(run_config, overrides, owner=cls.__name__))
 
     @property
     def scheme(self) -> str:
