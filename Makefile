@@ -52,7 +52,7 @@ check:
 	$(VENV)/bin/python -m pytest -q
 
 # The benchmark suite (not part of `make test`; its smoke version is): every section's JSON,
-# PNGs and REPORT.md under benchmarks/results/. Under an hour on 2 cores.
+# PNGs and REPORT.md under benchmarks/results/. About two hours on 2 cores.
 bench: install-bench
 	$(PY) benchmarks/run_all.py --out benchmarks/results
 

@@ -122,15 +122,21 @@ def strategy(scheme: str, config: SimulationConfig) -> LBBSPFedAvg:
 
 
 def trace(
-    study: Study, scheme: str, dataset: str, mix: str, partition: str, seed: int, cache: Path
+    study: Study,
+    scheme: str,
+    dataset: str,
+    mix: str,
+    partition: str,
+    seed: int,
+    cache: Path | None,
 ) -> tuple[ba.Trace, dict[str, float]]:
     """One run's trace and its silos' dataset sizes (the aggregation weights), from
-    ``cache`` when a run of the same settings left them there."""
+    ``cache`` when a run of the same settings left them there (``None``: always run)."""
     key = {**asdict(study), "datasets": None, "mixes": None, "partitions": None, "seeds": None}
     key.update(scheme=scheme, dataset=dataset, mix=mix, partition=partition, seed=seed)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    path = cache / f"{scheme}-{digest}.json"
-    if path.is_file():
+    path = None if cache is None else cache / f"{scheme}-{digest}.json"
+    if path is not None and path.is_file():
         saved = json.loads(path.read_text())
         return ba.Trace(**saved["trace"]), saved["weights"]
     with tempfile.TemporaryDirectory() as scratch:
@@ -143,6 +149,8 @@ def trace(
             for silo, row in event["silos"].items():
                 if row.get("num-examples"):
                     weights.setdefault(silo, float(row["num-examples"]))
+    if cache is None or path is None:
+        return result, weights
     cache.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"trace": asdict(result), "weights": weights}))
     return result, weights
@@ -238,7 +246,7 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- runs
-def run_grid(study: Study, cache: Path, minutes: float | None) -> dict[str, dict[int, Any]]:
+def run_grid(study: Study, cache: Path | None, minutes: float | None) -> dict[str, dict[int, Any]]:
     """Every cell, seed and scheme (cached), cell by cell, until ``minutes``."""
     deadline = math.inf if minutes is None else time.monotonic() + 60.0 * minutes
     rows: dict[str, dict[int, Any]] = {}
@@ -427,12 +435,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.add_argument("--mixes", default="wide,5:1", help=f"in order, of {sorted(MIXES)}")
     cli.add_argument("--partitions", default="labels:2,dirichlet:0.3")
     cli.add_argument("--seeds", type=int, default=8)
-    cli.add_argument("--rounds", type=int, default=20)
+    cli.add_argument(
+        "--rounds", type=int, default=50, help="the horizon: FedAvg's plateau or this many"
+    )
     cli.add_argument("--local-steps", type=int, default=10)
     cli.add_argument("--batch-size", type=int, default=32)
     cli.add_argument("--lr", type=float, default=0.1)
     cli.add_argument("--model", default="mlp", choices=["mlp", "lenet5"])
-    cli.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lbbsp-study")
+    cli.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="folder of run traces to reuse and add to (default: none; a trace does not "
+        "record the code that made it, so reuse one only for the same commit)",
+    )
     cli.add_argument("--minutes", type=float, default=None, help="stop starting runs after")
     cli.add_argument(
         "--name", default=SECTION, help=f"section id, and file name (default {SECTION})"

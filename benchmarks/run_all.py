@@ -2,17 +2,22 @@
 
 Each section is its own script, run in a fresh process from the repository root (so its
 timings do not share a process with the others): ``bench_fl.py`` (sections ``fl`` and
-``dynamics``), ``bench_noise.py`` (section ``noise``), ``bench_accuracy.py`` (section
-``accuracy``), ``bench_predictors.py``, ``bench_cluster.py``, ``bench_ddp.py``,
-``bench_overhead.py``, ``bench_he.py``, ``bench_wallclock.py``. A missing script is skipped
-with a message; a failing one is reported and the others still run. Finally ``report.py``
-validates every section JSON in the folder and writes ``REPORT.md``.
+``dynamics``), ``bench_noise.py`` (section ``noise``), ``bench_budget.py`` (section
+``budget``), ``accuracy_study.py`` (section ``accuracy-budget``), ``bench_predictors.py``,
+``bench_cluster.py``, ``bench_ddp.py``, ``bench_overhead.py``, ``bench_he.py``,
+``bench_wallclock.py``, ``bench_plugin.py``. A missing script is skipped with a message; a
+failing one is reported and the others still run. A run of every section first removes
+every section file of the folder, so that ``REPORT.md`` holds that one run and nothing
+older. Finally ``report.py`` validates every section JSON in the folder and writes
+``REPORT.md`` under one header: the machine, the commit, the load average at the start and
+the end, and each section's wall time.
 
 Run: ``python benchmarks/run_all.py [--smoke] [--out DIR] [--sections fl,cluster]``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,7 +34,10 @@ HERE = Path(__file__).resolve().parent
 SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fl": ("bench_fl.py", ("fl", "dynamics")),
     "noise": ("bench_noise.py", ("noise",)),
-    "accuracy": ("bench_accuracy.py", ("accuracy",)),
+    "budget": ("bench_budget.py", ("budget",)),
+    # The accuracy study (to FedAvg's plateau, 8 seeds, 2 datasets) supersedes
+    # bench_accuracy.py's short LeNet-5 section, which stays runnable on its own.
+    "accuracy": ("accuracy_study.py", ("accuracy-budget",)),
     "predictors": ("bench_predictors.py", ("predictors",)),
     "cluster": ("bench_cluster.py", ("cluster",)),
     "ddp": ("bench_ddp.py", ("ddp",)),
@@ -38,6 +46,42 @@ SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "wallclock": ("bench_wallclock.py", ("wallclock",)),
     "plugin": ("bench_plugin.py", ("plugin",)),
 }
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.1f} (1 min), {five:.1f} (5 min)"
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+    except OSError:
+        return "unknown"
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return (out.stdout.strip() or "unknown") + (" with local changes" if dirty else "")
+
+
+def clear_sections(out: Path) -> list[str]:
+    """Remove every section JSON of ``out`` (a file with a ``section`` key); return their
+    names."""
+    removed = []
+    for path in sorted(out.glob("*.json")):
+        try:
+            is_section = "section" in json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if is_section:
+            path.unlink()
+            removed.append(path.name)
+    return removed
 
 
 def _minutes(seconds: float) -> str:
@@ -89,14 +133,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unknown sections {unknown}; expected some of {list(SECTIONS)}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    if set(names) == set(SECTIONS):
+        removed = clear_sections(args.out)
+        if removed:
+            print(f"removed the earlier sections {', '.join(removed)}", flush=True)
     outcomes: dict[str, tuple[str, float]] = {}
+    load_start, commit = _load(), _commit()
     started = time.perf_counter()
     for name in names:
         outcomes[name] = run_section(name, args.out, smoke=args.smoke, timeout=args.timeout)
         print(f"=== {name}: {outcomes[name][0]} ({_minutes(outcomes[name][1])})", flush=True)
     total = time.perf_counter() - started
     lines = [
-        f"{'Smoke run' if args.smoke else 'Full run'} on {machine()}, {_minutes(total)} in all."
+        f"{'Smoke run' if args.smoke else 'One `make bench` run'} of commit {commit} on "
+        f"{machine()}, {_minutes(total)} in all; load average {load_start} at the start, "
+        f"{_load()} at the end. Each section's setting line says what was emulated."
     ]
     lines += [
         f"- {name}: {outcome} ({_minutes(seconds)})"

@@ -102,3 +102,27 @@ def test_wallclock_section_compares_steady_medians_of_both_schemes() -> None:
     assert result["gap"] == pytest.approx(0.0)
     with pytest.raises(ValueError, match="no aggregated round"):
         bench_wallclock.steady_medians(run(1.0, 1.0), 7, 9)
+
+
+def test_a_full_benchmark_run_starts_from_no_earlier_section(tmp_path: Path) -> None:
+    # Prepare: an earlier run's sections, a figure beside them, and a file of another kind
+    import json
+
+    import run_all
+
+    (tmp_path / "old-section.json").write_text(json.dumps({"section": "old-section"}))
+    (tmp_path / "fl.json").write_text(json.dumps({"section": "fl", "figures": []}))
+    (tmp_path / "notes.json").write_text(json.dumps({"not": "a section"}))
+    (tmp_path / "broken.json").write_text("{")
+    (tmp_path / "fl_round_time.png").write_bytes(b"png")
+
+    # Execute
+    removed = run_all.clear_sections(tmp_path)
+
+    # Assert: only section files are gone, so REPORT.md can hold that one run
+    assert removed == ["fl.json", "old-section.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "broken.json",
+        "fl_round_time.png",
+        "notes.json",
+    ]
