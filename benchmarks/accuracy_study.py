@@ -113,7 +113,6 @@ def strategy(scheme: str, config: SimulationConfig) -> LBBSPFedAvg:
             **config.strategy_settings(),
             "local_steps": config.local_steps,
             "balance": True,
-            "max_change_ratio": config.max_change_ratio,
             "min_batch_fraction": FLOOR,
             "noise_budget": None,
             "check_times": False,

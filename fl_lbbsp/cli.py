@@ -14,7 +14,7 @@ from typing import Any, NoReturn, cast
 
 from pydantic import ValidationError
 
-from .cli_parser import build_parser
+from .cli_parser import balancing_of, build_parser
 
 __all__ = ["build_parser", "main"]
 
@@ -98,10 +98,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
             momentum=args.momentum,
             model=args.model,
             seed=args.seed,
-            estimator=args.estimator,
-            estimator_options=_estimator_options(args),
-            alpha=args.alpha,
-            allocator=args.allocator,
+            balancing=_balancing(args),
             cost_model=args.cost_model,
             wait=args.wait,
             eval_every=args.eval_every,
@@ -202,13 +199,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         dataset=_dataset(args),
         model=args.model,
         seed=args.seed,
-        estimator=args.estimator,
-        estimator_options=_estimator_options(args),
-        alpha=args.alpha,
-        allocator=args.allocator,
-        max_change_ratio=args.max_change_ratio,
-        min_batch_fraction=args.min_batch_fraction,
-        noise_budget=args.noise_budget,
+        balancing=_balancing(args),
         parallel=args.parallel,
         out=out,
         encrypt=args.encrypt,
@@ -313,6 +304,11 @@ def _progress(
     return RoundProgress(path=telemetry, total=total, label=label, unit=unit)
 
 
+def _balancing(args: argparse.Namespace) -> dict[str, Any]:
+    """The balancer's knobs given on the command line, the estimator's options with them."""
+    return {**balancing_of(args), "estimator_options": _estimator_options(args)}
+
+
 def _estimator_options(args: argparse.Namespace) -> dict[str, Any]:
     """The estimator's extra settings given on the command line (narx's warm-up and
     retraining interval), refused for another estimator."""
@@ -333,7 +329,10 @@ def _validation_message(err: ValidationError) -> str:
         if not item["loc"]:  # a check across fields: its message names them
             parts.append(str(item["msg"]).removeprefix("Value error, "))
             continue
-        flag = "--" + str(item["loc"][0]).replace("_", "-")
+        field = (
+            item["loc"][1] if item["loc"][0] == "balancing" and item["loc"][1:] else item["loc"][0]
+        )
+        flag = "--" + str(field).replace("_", "-")
         parts.append(f"{flag}: {item['msg']} (got {item.get('input')!r})")
     return "; ".join(parts)
 

@@ -1,16 +1,32 @@
 """The argument parser of ``fl-lbbsp`` and the checks of single flag values (one line,
-exit code 2, for a value out of range)."""
+exit code 2, for a value out of range).
+
+The balancing flags are made from the fields of
+:class:`~fl_lbbsp.core.settings.BalancingKnobs` (:func:`add_balancing_flags`): each
+knob's name, help (its description), default and type come from its declaration, so a
+new knob needs no edit here; its bounds are checked when the run's settings are built."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn, Union, get_args, get_origin
 
-from .core import BALANCER_DEFAULTS
+from .core.settings import BalancingKnobs
 
-__all__ = ["build_parser"]
+__all__ = ["BALANCING_FLAGS", "add_balancing_flags", "balancing_of", "build_parser"]
+
+BALANCING_FLAGS: tuple[str, ...] = tuple(
+    name
+    for name in BalancingKnobs.model_fields
+    if name not in {"balance", "check_times", "estimator_options", "allocator_options"}
+)
+"""The knobs that are flags (``--noise-budget`` for ``noise_budget``): every field of
+:class:`~fl_lbbsp.core.settings.BalancingKnobs` but those the scheme or the runner sets
+(``balance``, ``check_times``) and the option dicts (``--narx-warmup``, ...)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,9 +90,6 @@ def _schedules(text: str) -> str:
 
 def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
     """Flags with the same meaning in FL (`simulate`, `compare`) and cluster mode."""
-    from .core.estimators import ESTIMATORS
-
-    estimators = " | ".join(ESTIMATORS)
     parser.add_argument(
         "--dataset",
         default="embedded",
@@ -99,9 +112,6 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
     parser.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     parser.add_argument(
-        "--estimator", default="ema", help=f"speed estimator: {estimators} (default: ema)"
-    )
-    parser.add_argument(
         "--narx-warmup",
         type=int,
         default=None,
@@ -116,8 +126,6 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
         metavar="N",
         help="narx: retrain the network after every N new reports (default: 10)",
     )
-    alpha = BALANCER_DEFAULTS["alpha"]
-    parser.add_argument("--alpha", type=float, default=alpha, help=f"EMA weight (default: {alpha})")
     parser.add_argument(
         "--parallel", type=int, default=1, help=f"{unit} computing at once (default: 1)"
     )
@@ -153,6 +161,7 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
         help="only print the summary (no progress display, no per-round lines)",
     )
     parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
+    add_balancing_flags(parser)
 
 
 _SCHEMES = "fedavg | lbbsp | lbbsp-tau | lbbsp-eta | partial"
@@ -185,34 +194,6 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local-steps", type=int, default=20, help="tau (default: 20)")
     parser.add_argument("--batch-size", type=int, default=32, help="B_init (default: 32)")
     parser.add_argument("--lr", type=float, default=0.05, help="eta (default: 0.05)")
-    parser.add_argument(
-        "--allocator",
-        default=BALANCER_DEFAULTS["allocator"],
-        help=f"linear | proportional (default: {BALANCER_DEFAULTS['allocator']})",
-    )
-    parser.add_argument(
-        "--max-change-ratio",
-        type=float,
-        default=BALANCER_DEFAULTS["max_change_ratio"],
-        help="largest factor a silo's batch size may change by per round, its first report "
-        "included (from B_init); a change confirmed by 2 reports may move it up to r^3 in "
-        f"that round (default: {BALANCER_DEFAULTS['max_change_ratio']})",
-    )
-    parser.add_argument(
-        "--min-batch-fraction",
-        type=float,
-        default=BALANCER_DEFAULTS["min_batch_fraction"],
-        help="no silo gets a batch size below this share of B_init "
-        f"(default: {BALANCER_DEFAULTS['min_batch_fraction']:.3g})",
-    )
-    parser.add_argument(
-        "--noise-budget",
-        type=_noise_budget,
-        default=BALANCER_DEFAULTS["noise_budget"],
-        help="rho: the aggregated update may be at most rho times as noisy as FedAvg's "
-        "(1: FedAvg's noise; larger trades noise for time; 'none': no budget) "
-        f"(default: {BALANCER_DEFAULTS['noise_budget']:.3g})",
-    )
     parser.add_argument(
         "--target-accuracy",
         type=_accuracy,
@@ -362,11 +343,6 @@ def _add_cluster_parser(sub: Any) -> None:
     cluster.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
     cluster.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default: 0)")
     cluster.add_argument(
-        "--allocator",
-        default=BALANCER_DEFAULTS["allocator"],
-        help=f"linear | proportional | iterative (default: {BALANCER_DEFAULTS['allocator']})",
-    )
-    cluster.add_argument(
         "--cost-model",
         default=None,
         help="emulated batch time 'm,b,C,x_max' of the fastest worker (default: real compute)",
@@ -461,14 +437,59 @@ def _add_deploy_local(sub: Any) -> None:
     )
 
 
-def _noise_budget(text: str) -> float | None:
-    """``--noise-budget``: a number in [1, 1e6], or ``none``."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        value = float(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'none', got {text!r}") from err
-    if not 1.0 <= value <= 1e6:
-        raise argparse.ArgumentTypeError(f"expected a number in [1, 1e6] or 'none', got {text!r}")
-    return value
+def add_balancing_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per knob of :data:`BALANCING_FLAGS`, in a group of their own: its help is
+    the knob's description with its default, its value parsed to the knob's type (a
+    choice among a ``Literal``'s values, ``none`` for an optional knob, ``--no-NAME`` for
+    a switch)."""
+    group = parser.add_argument_group(
+        "balancing", "the balancer's knobs (fl_lbbsp.core.settings.BalancingKnobs)"
+    )
+    for name in BALANCING_FLAGS:
+        field = BalancingKnobs.model_fields[name]
+        flag, default = "--" + name.replace("_", "-"), field.default
+        shown = (
+            "none" if default is None else f"{default:.3g}" if type(default) is float else default
+        )
+        help = " ".join(str(field.description).replace("``", "").split()).replace("%", "%%")
+        options: dict[str, Any] = {"default": default, "help": f"{help} (default: {shown})"}
+        kind, optional = _kind(field.annotation)
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif get_origin(kind) is Literal:
+            options["choices"] = get_args(kind)
+        else:
+            options["type"] = _parse(flag, kind, optional=optional)
+            options["metavar"] = name.split("_")[-1].upper()
+        group.add_argument(flag, **options)
+
+
+def balancing_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The knobs given by :func:`add_balancing_flags`' flags, by name."""
+    return {name: getattr(args, name) for name in BALANCING_FLAGS}
+
+
+def _kind(annotation: Any) -> tuple[Any, bool]:
+    """A knob's type without ``None``, and whether ``None`` is allowed."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        kinds = [a for a in get_args(annotation) if a is not type(None)]
+        return kinds[0], len(kinds) < len(get_args(annotation))
+    return annotation, False
+
+
+def _parse(flag: str, kind: Callable[[str], Any], *, optional: bool) -> Callable[[str], Any]:
+    """``kind(text)``, or ``None`` for ``none`` when ``optional``; a usage error naming
+    ``flag`` otherwise (its bounds are the settings' to check)."""
+    expected = f"{getattr(kind, '__name__', 'a value')}{' or none' if optional else ''}"
+
+    def parse(text: str) -> Any:
+        if optional and text.strip().lower() == "none":
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid {flag} {text!r:.40}: expected {expected}"
+            ) from None
+
+    return parse

@@ -65,3 +65,68 @@ def test_the_noise_budget_flag_reaches_the_simulation(text: str, value: float | 
 
     # Assert
     assert args.noise_budget == value
+
+
+def test_every_balancing_knob_is_a_flag_with_its_description_and_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Prepare
+    from fl_lbbsp.cli_parser import BALANCING_FLAGS
+    from fl_lbbsp.core.settings import BalancingKnobs
+
+    # Execute
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+
+    # Assert: every knob but those the run sets, its help its description
+    assert set(BalancingKnobs.model_fields) - set(BALANCING_FLAGS) == {
+        "balance", "check_times", "estimator_options", "allocator_options"
+    }  # fmt: skip
+    for name in BALANCING_FLAGS:
+        field = BalancingKnobs.model_fields[name]
+        first = " ".join(str(field.description).replace("``", "").split()[:4])
+        assert f"--{name.replace('_', '-')}" in shown and first in shown, name
+
+
+@pytest.mark.parametrize("command", ["simulate", "cluster"])
+def test_balancing_flags_reach_the_runs_knobs(command: str) -> None:
+    # Prepare
+    from fl_lbbsp.cli_parser import balancing_of, build_parser
+    from fl_lbbsp.runs.cluster import ClusterConfig
+    from fl_lbbsp.runs.fl import SimulationConfig
+
+    argv = [command, "--history", "7", "--no-common-noise", "--max-change-ratio", "none",
+            "--fit", "wls", "--min-claimed-time", "0.001"]  # fmt: skip
+
+    # Execute
+    knobs = balancing_of(build_parser().parse_args(argv))
+    config = (SimulationConfig if command == "simulate" else ClusterConfig)(balancing=knobs)
+
+    # Assert: given ones as given, the rest at their defaults
+    assert config.balancing.history == 7 and config.balancing.common_noise is False
+    assert config.balancing.max_change_ratio is None and config.balancing.fit == "wls"
+    assert config.balancing.min_claimed_time == 0.001
+    assert config.balancing.noise_budget == pytest.approx(2**0.5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simulate", "--history", "0"], "--history"),
+        (["simulate", "--history", "2.5"], "--history"),
+        (["simulate", "--fit", "median"], "--fit"),
+        (["simulate", "--allocator", "iterative"], "iterative"),
+        (["compare", "--max-batch-size", "4", "--min-batch-size", "8"], "max_batch_size"),
+        (["cluster", "--change-confirm", "0"], "--change-confirm"),
+    ],
+)
+def test_a_knob_out_of_its_bounds_exits_2_naming_its_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # Execute
+    code = exit_code([*argv, "--out", str(tmp_path)])
+
+    # Assert
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.strip().count("\n") == 0, err

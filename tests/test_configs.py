@@ -21,6 +21,7 @@ from fl_lbbsp.clients.cluster import WorkerSetup
 from fl_lbbsp.clients.emulation import CostModel, SlowdownSchedule
 from fl_lbbsp.clients.trainer import TrainerConfig
 from fl_lbbsp.contract import RecordKeys
+from fl_lbbsp.core.settings import BalancingKnobs
 from fl_lbbsp.datasets import PartitionSpec
 from fl_lbbsp.runs.cluster import ClusterConfig
 from fl_lbbsp.runs.fl import SimulationConfig
@@ -96,6 +97,11 @@ CASES: list[Any] = [
     (fedavg, "min_available_nodes", -2, None),
     (fedavg, "checkpoint_dir", 5, None),
     (fedavg, "telemetry_path", 3.5, None),
+    (fedavg, "history", 0, None),
+    (fedavg, "min_fit_spread", -0.1, None),
+    (BalancingKnobs, "noise_budget", 0.5, None),
+    (BalancingKnobs, "change_confirm", 0, None),
+    (partial(fedavg, balancing=BalancingKnobs()), "alpha", 0.0, None),
     (cluster, "momentum", 1.0, None),
     (cluster, "momentum", NAN, None),
     (cluster, "aggregation", "median", None),
@@ -216,7 +222,7 @@ def _defined_models() -> set[str]:
 def test_every_config_class_is_covered() -> None:
     # Prepare: the classes the cases construct (strategies build theirs from keywords)
     covered = {
-        "BalancingConfig", "ServerConfig", "ReplyLimits", "ParameterServerConfig",
+        "BalancingConfig", "BalancingKnobs", "ServerConfig", "ReplyLimits", "ParameterServerConfig",
         "EncryptionConfig",
         "EncryptedClusterConfig",
         "RoundInstruction", "SiloSetup", "WorkerSetup", "CostModel", "SlowdownSchedule",
@@ -224,7 +230,7 @@ def test_every_config_class_is_covered() -> None:
         "RunSettings",  # the base of the two above: its fields are checked through them
         # a checkpoint's contents, validated on load: tests/test_checkpoint_validation.py
         "_Open", "Manifest", "EstimatorState", "LastReport", "SiloState", "BalancerState",
-        "_Bounds", "EngineState", "ClaimsState", "FitState", "IterativeConfig",
+        "EngineState", "ClaimsState", "FitState", "IterativeConfig",
         "IterativeAllocatorState", "IterativeState", "PooledShape",  # and test_checkpoint_hostile
     }  # fmt: skip
 
@@ -234,3 +240,35 @@ def test_every_config_class_is_covered() -> None:
     # Assert: a new config class needs its cases above
     assert defined - covered == set()
     assert "BalancingConfig" in defined and "SiloSetup" in defined
+
+
+def test_the_balancer_takes_every_knob_of_its_config() -> None:
+    # Prepare: every balancer setting away from its default
+    from fl_lbbsp.core.settings import BALANCER_SETTINGS, BalancingConfig, make_balancer
+
+    config = BalancingConfig(
+        initial_batch_size=16, local_steps=2, lr=0.1, estimator="last", alpha=0.5,
+        allocator="proportional", min_batch_size=2, min_batch_fraction=0.25,
+        noise_budget=2.0, max_batch_size=64, history=7, min_fit_spread=0.3,
+        max_change_ratio=3.0, fit="wls", change_sigmas=4.0, change_threshold=0.3,
+        change_confirm=3, common_noise=False, order_tolerance=None, equal_split_guard=False,
+        equal_split_margin=0.1, estimator_options={}, allocator_options={"step": 2},
+    )  # fmt: skip
+    defaults = BalancingConfig(initial_batch_size=1, local_steps=1, lr=1.0)
+    changed = {k for k in BALANCER_SETTINGS if getattr(config, k) != getattr(defaults, k)}
+
+    # Execute
+    saved = make_balancer(config).state_dict()["config"]
+
+    # Assert: the balancer holds each value as given (the options aside, all moved)
+    assert changed >= BALANCER_SETTINGS - {"estimator_options"}
+    assert saved == config.model_dump(include=set(BALANCER_SETTINGS))
+
+
+def test_a_strategy_takes_its_knobs_as_one_value_a_keyword_winning() -> None:
+    # Execute
+    strategy = fedavg(balancing=BalancingKnobs(noise_budget=None, alpha=0.5), alpha=0.3)
+
+    # Assert
+    assert strategy.config.noise_budget is None
+    assert strategy.config.alpha == 0.3

@@ -36,8 +36,8 @@ class ClusterConfig(RunSettings):
     """One simulated cluster run.
 
     The settings shared with FL runs (``speeds``, ``dataset``, ``model``, ``seed``, the
-    estimator, ...) are those of :class:`~fl_lbbsp.runs.config.RunSettings`; here, what
-    is particular to cluster runs.
+    balancer's knobs ``balancing``, ...) are those of
+    :class:`~fl_lbbsp.runs.config.RunSettings`; here, what is particular to cluster runs.
 
     Parameters
     ----------
@@ -56,8 +56,6 @@ class ClusterConfig(RunSettings):
         Learning rate of the server's SGD.
     momentum : float (default: 0.0)
         SGD momentum.
-    allocator : {"linear", "proportional", "iterative"} (default: "linear")
-        The balancer's allocator.
     cost_model : str | None (default: None)
         GPU-shaped cost ``"m,b,C,x_max"`` of the fastest worker; worker i's is scaled by
         its slowdown. ``None``: real compute time times the slowdown (with real waits).

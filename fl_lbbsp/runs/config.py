@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
-from ..core.estimators import ESTIMATORS, make_estimator
+from ..core.estimators import make_estimator
+from ..core.settings import BalancingKnobs
 from ..datasets import SourceSpec
 from ..models import ModelName
 
@@ -22,7 +23,6 @@ __all__ = [
     "RunSettings",
     "activation_bytes",
     "batch_size_problem",
-    "check_estimator_name",
     "check_estimator_options",
     "check_schedule_order",
     "check_speed_ratio",
@@ -164,13 +164,6 @@ def writable_dir_problem(path: Path) -> str | None:
     return None
 
 
-def check_estimator_name(name: str) -> str:
-    """A config's speed estimator: one of :data:`~fl_lbbsp.core.estimators.ESTIMATORS`."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {name!r}; expected one of {list(ESTIMATORS)}")
-    return name
-
-
 def check_estimator_options(name: str, alpha: float, options: dict[str, Any]) -> None:
     """Refuse, before any round, estimator options the estimator would refuse."""
     try:
@@ -204,11 +197,11 @@ class RunSettings(BaseModel):
         The model.
     seed : int (default: 0)
         Seed of the data split, model init and sampling (>= 0).
-    estimator, alpha, allocator :
-        Balancer settings: ``estimator`` is any name in
-        :data:`fl_lbbsp.core.estimators.ESTIMATORS`, ``alpha`` its smoothing.
-    estimator_options : dict (default: {})
-        Extra arguments of the estimator (NARX ``warmup``, ``train_every``, ...).
+    balancing : BalancingKnobs (default: every knob's default)
+        The balancer's knobs (:class:`~fl_lbbsp.core.settings.BalancingKnobs`: estimator,
+        allocator, noise budget, ...), handed to the strategy as they are. They may also
+        be given one by one as keywords (``estimator="last"``), which win over
+        ``balancing``; ``balance`` and ``check_times`` are the run's to set.
     cost_model : str | None (default: None)
         Emulated compute cost of the fastest machine (see each config); ``None``:
         measured times.
@@ -240,10 +233,7 @@ class RunSettings(BaseModel):
     lr: float = Field(default=0.05, gt=0, allow_inf_nan=False)
     model: ModelName = "lenet5"
     seed: int = Field(default=0, ge=0)
-    estimator: str = "ema"
-    alpha: float = Field(default=0.2, gt=0, le=1)
-    estimator_options: dict[str, Any] = Field(default_factory=dict)
-    allocator: Literal["linear", "proportional", "iterative"] = "linear"
+    balancing: BalancingKnobs = Field(default_factory=BalancingKnobs)
     cost_model: CostModelText | None = None
     parallel: int = Field(default=1, gt=0, strict=True)
     out: Path = Path("runs")
@@ -251,14 +241,22 @@ class RunSettings(BaseModel):
     checkpoint_dir: Path | None = None
     checkpoint_key: Path | None = None
 
-    @field_validator("estimator")
+    @model_validator(mode="before")
     @classmethod
-    def _estimator(cls, value: str) -> str:
-        return check_estimator_name(value)
+    def _knobs_as_keywords(cls, data: Any) -> Any:
+        """Knobs given one by one (``alpha=0.5``) join ``balancing``, winning over it."""
+        if not isinstance(data, dict) or not set(data) & set(BalancingKnobs.model_fields):
+            return data
+        given = data.get("balancing")
+        knobs = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
+        rest = {k: v for k, v in data.items() if k not in BalancingKnobs.model_fields}
+        flat = {k: v for k, v in data.items() if k in BalancingKnobs.model_fields}
+        return {**rest, "balancing": {**knobs, **flat}}
 
     @model_validator(mode="after")
     def _shared_checks(self) -> RunSettings:
-        check_estimator_options(self.estimator, self.alpha, self.estimator_options)
+        knobs = self.balancing
+        check_estimator_options(knobs.estimator, knobs.alpha, knobs.estimator_options)
         check_speeds(self.speeds, self.size, self.unit)
         check_speed_ratio(self.speeds)
         return self
@@ -274,18 +272,15 @@ class RunSettings(BaseModel):
         return slowdowns_from_speeds(self.speeds, self.size)
 
     def strategy_settings(self) -> dict[str, Any]:
-        """The strategy keywords every run sets alike: B_init, eta, the balancer, the
-        telemetry and checkpoint paths (and key, when given), and every machine in every
-        round."""
+        """The strategy keywords every run sets alike: B_init, eta, the balancer's knobs,
+        the telemetry and checkpoint paths (and key, when given), and every machine in
+        every round."""
         key = {} if self.checkpoint_key is None else {"checkpoint_key": self.checkpoint_key}
         return {
             **key,
             "initial_batch_size": self.batch_size,
             "lr": self.lr,
-            "estimator": self.estimator,
-            "alpha": self.alpha,
-            "estimator_options": dict(self.estimator_options),
-            "allocator": self.allocator,
+            "balancing": self.balancing,
             "telemetry_path": self.telemetry_path(),
             "min_train_nodes": self.size,
             "min_available_nodes": self.size,

@@ -11,7 +11,6 @@ from pydantic import Field, computed_field, model_validator
 
 from ..clients.app import SiloSetup, make_client_app, silo_data
 from ..clients.emulation import SlowdownSchedule
-from ..core import BALANCER_DEFAULTS
 from ..core.identity import check_silo_keys
 from ..datasets import DataSourceError, PartitionText
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
@@ -38,8 +37,9 @@ class SimulationConfig(RunSettings):
     """One simulated federation: data, silos, emulated speeds and training settings.
 
     The settings shared with cluster runs (``speeds``, ``dataset``, ``batch_size`` (B_init),
-    ``lr`` (eta), ``model``, ``seed``, the estimator, ...) are those of
-    :class:`~fl_lbbsp.runs.config.RunSettings`; here, what is particular to FL runs.
+    ``lr`` (eta), ``model``, ``seed``, the balancer's knobs ``balancing``, ...) are those
+    of :class:`~fl_lbbsp.runs.config.RunSettings`; here, what is particular to FL runs
+    (whose allocator is ``linear`` or ``proportional``; ``iterative`` is cluster mode's).
 
     Parameters
     ----------
@@ -60,10 +60,6 @@ class SimulationConfig(RunSettings):
         Federated rounds.
     local_steps : int (default: 20)
         Local steps tau.
-    allocator, max_change_ratio, min_batch_fraction, noise_budget :
-        Balancer settings (see :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; defaults
-        :data:`fl_lbbsp.core.BALANCER_DEFAULTS`); allocator ``linear`` or
-        ``proportional``; no silo gets a batch size below ``min_batch_fraction * batch_size``.
     parallel : int (default: 1)
         Silos computing at the same time (compute slots). On the Simulation Engine every
         silo runs at once and waits out its emulated slowdown outside the slots, so the
@@ -111,14 +107,6 @@ class SimulationConfig(RunSettings):
     partition: PartitionText = "labels:2"
     rounds: int = Field(default=20, gt=0, strict=True)
     local_steps: int = Field(default=20, gt=0, strict=True)
-    allocator: Literal["linear", "proportional"] = "linear"
-    max_change_ratio: float | None = Field(
-        default=BALANCER_DEFAULTS["max_change_ratio"], gt=1, allow_inf_nan=False
-    )
-    min_batch_fraction: float = Field(default=BALANCER_DEFAULTS["min_batch_fraction"], ge=0, le=1)
-    noise_budget: float | None = Field(
-        default=BALANCER_DEFAULTS["noise_budget"], ge=1, le=1e6, allow_inf_nan=False
-    )
     out: Path = Path("runs/simulate")
     partial_replies: int | None = Field(default=None, gt=0)
     emulate_wait: bool = True
@@ -127,6 +115,11 @@ class SimulationConfig(RunSettings):
 
     @model_validator(mode="after")
     def _fl_checks(self) -> SimulationConfig:
+        if self.balancing.allocator == "iterative":
+            raise ValueError(
+                "allocator 'iterative' (Alg. 2) steps one iteration at a time: cluster runs "
+                "only; FL runs take 'linear' or 'proportional'"
+            )
         if self.slowdown_schedules is not None:
             if len(self.slowdown_schedules) != self.silos:
                 raise ValueError(
@@ -231,9 +224,6 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         **config.strategy_settings(),
         "local_steps": config.local_steps,
         "balance": config.scheme not in ("fedavg", "partial"),
-        "max_change_ratio": config.max_change_ratio,
-        "min_batch_fraction": config.min_batch_fraction,
-        "noise_budget": config.noise_budget,
         # Claimed times are checked against the wall time only where silos really wait
         # (None: on Flower's grids, off in process), not with emulated times.
         "check_times": None if config.emulate_wait and config.cost_model is None else False,

@@ -28,7 +28,6 @@ the first field that failed. Unknown extra fields are kept (later versions may a
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -47,7 +46,7 @@ from pydantic import (
 from ..core.balancer import BatchSizeBalancer
 from ..core.estimators import ESTIMATORS
 from ..core.identity import SILO_ID_PATTERN
-from ..core.settings import BalancingConfig
+from ..core.settings import BALANCER_SETTINGS, BalancingConfig
 
 __all__ = [
     "MAX_BATCH_SIZE",
@@ -281,9 +280,6 @@ class PooledShape(_Open):
     stale: bool = Field(strict=True)
 
 
-_BALANCER_KEYWORDS = frozenset(inspect.signature(BatchSizeBalancer).parameters)
-
-
 class BalancerState(_Open):
     """The balancer's state: its settings and every silo's."""
 
@@ -295,14 +291,14 @@ class BalancerState(_Open):
     @field_validator("config")
     @classmethod
     def _config(cls, value: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(value) - _BALANCER_KEYWORDS)
+        unknown = sorted(set(value) - BALANCER_SETTINGS)
         if unknown:
             raise ValueError(f"unknown balancer settings {unknown}"[:200])
-        # The settings the strategies validate their keywords with; the balancer's own
-        # keys that are not settings (history, min_fit_spread) are checked here.
-        known = {k: v for k, v in value.items() if k in BalancingConfig.model_fields}
-        BalancingConfig.model_validate({"local_steps": 1, "lr": 1.0, **known})
-        _Bounds.model_validate(value)
+        # The settings the strategies validate their keywords with, and a history the
+        # checkpoint can hold.
+        BalancingConfig.model_validate({"local_steps": 1, "lr": 1.0, **value})
+        if value.get("history", 1) > _MAX_ENTRIES:
+            raise ValueError(f"history {value['history']!r:.40} is over {_MAX_ENTRIES}")
         return value
 
     @model_validator(mode="after")
@@ -316,11 +312,6 @@ class BalancerState(_Open):
                     "(max_change_ratio ** 2)"
                 )
         return self
-
-
-class _Bounds(_Open):
-    history: int = Field(default=20, ge=1, le=_MAX_ENTRIES, strict=True)
-    min_fit_spread: float = Field(default=0.1, ge=0, allow_inf_nan=False)
 
 
 class ClaimsState(_Open):

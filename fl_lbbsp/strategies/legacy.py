@@ -45,7 +45,7 @@ from ..core.screening import (
     check_npy_list,
     layout_of_npy,
 )
-from ..core.settings import BalancingOptions
+from ..core.settings import BalancingKnobs
 from ..telemetry import TelemetryWriter
 from .rounds import EngineView, log_round
 from .validation import log_rejected, log_skipped
@@ -54,7 +54,7 @@ __all__ = ["LBBSPStrategy"]
 
 log = logging.getLogger("fl_lbbsp")
 
-_BALANCING = frozenset(BalancingOptions.__annotations__)
+_BALANCING = frozenset({*BalancingKnobs.model_fields, "balancing", "balancer_options"})
 
 
 class LBBSPStrategy(EngineView, FedAvg):
@@ -75,8 +75,8 @@ class LBBSPStrategy(EngineView, FedAvg):
         Learning rate eta sent to every client.
     **settings : Any
         The balancing keywords (``balance``, ``estimator``, ``allocator``,
-        ``max_change_ratio``, ... of :class:`~fl_lbbsp.core.settings.BalancingConfig`,
-        defaults :data:`fl_lbbsp.core.BALANCER_DEFAULTS`), and everything
+        ``max_change_ratio``, ... of :class:`~fl_lbbsp.core.settings.BalancingKnobs`,
+        or ``balancing=BalancingKnobs(...)``), and everything
         :class:`flwr.server.strategy.FedAvg` takes (``fraction_fit``,
         ``min_fit_clients``, ``min_available_clients``, ``on_fit_config_fn``,
         ``initial_parameters``, ``evaluate_fn``, ...).
