@@ -94,9 +94,10 @@ def _check_same_run(run_file: Path, settings: dict[str, Any]) -> str:
         earlier, before = str(saved["telemetry"]), dict(saved["settings"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{run_file} is unreadable ({err})") from None
+    before, now = _flat(before), _flat(settings)
     differences = [
         f"{name} {before.get(name)!r} (now {value!r})"
-        for name, value in settings.items()
+        for name, value in now.items()
         if before.get(name) != value
     ]
     if differences:
@@ -105,6 +106,18 @@ def _check_same_run(run_file: Path, settings: dict[str, Any]) -> str:
             "resume with the same settings, or use another checkpoint dir"
         )
     return earlier
+
+
+def _flat(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings with a group of them (``balancing``) spread into its own names, so
+    that a difference names the setting, not the group."""
+    flat: dict[str, Any] = {}
+    for name, value in settings.items():
+        if name == "balancing" and isinstance(value, dict):
+            flat.update({inner: value[inner] for inner in value if inner not in settings})
+        else:
+            flat[name] = value
+    return flat
 
 
 def _write_atomically(path: Path, text: str) -> None:

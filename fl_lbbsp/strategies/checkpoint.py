@@ -17,7 +17,8 @@ a store with a key refuses files without one, and a store without a key files wi
 A strategy started on a folder that holds a checkpoint of round k resumes: the global
 model comes from the checkpoint (the ``initial_arrays`` given to ``start`` are ignored),
 the balancer and the rest of the state are restored, and rounds k+1 .. ``num_rounds`` run
-with their real numbers (config records, logs, telemetry, the returned ``Result``). A
+with their real numbers (config records, logs, telemetry, the returned ``Result``); the
+wrapper strategy :class:`~fl_lbbsp.strategies.checkpointing.Checkpointing` does it. A
 checkpoint written by another strategy class, scheme or settings is refused with a
 :class:`CheckpointError` that names every difference. Nothing in a checkpoint is obeyed
 before it passes :func:`~fl_lbbsp.strategies.checkpoint_schema.validate_checkpoint`
@@ -32,13 +33,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result
+from flwr.app import ArrayRecord
 
 from .checkpoint_file import (
     Checkpoint,
@@ -71,7 +69,7 @@ __all__ = [
     "restore",
     "resume_point",
     "save_checkpoint",
-    "start_with_checkpoints",
+    "store_of",
     "write_checkpoint_key",
 ]
 
@@ -82,17 +80,10 @@ FORMAT_VERSION = 1
 
 
 class Checkpointable(Protocol):
-    """What a strategy offers to be checkpointed (:class:`~fl_lbbsp.strategies.LBBSPFedAvg`).
-
-    ``round_offset`` and ``checkpoints`` are set by :func:`start_with_checkpoints` while
-    Flower's loop runs: the strategy adds the offset to every round number it sees and
-    writes a checkpoint to ``checkpoints`` after each training round.
-    """
+    """What a strategy offers to be checkpointed (:class:`~fl_lbbsp.strategies.LBBSPFedAvg`)."""
 
     server_config: Any
     telemetry: Any
-    round_offset: int
-    checkpoints: CheckpointStore | None
 
     @property
     def scheme(self) -> str:
@@ -206,8 +197,15 @@ def limits_of(strategy: Checkpointable, *, max_silos: int | None = None) -> Chec
     )
 
 
-def _store(strategy: Checkpointable) -> CheckpointStore | None:
-    """The strategy's checkpoint folder, with its checkpoint key if it has one."""
+def store_of(strategy: Checkpointable) -> CheckpointStore | None:
+    """The strategy's checkpoint folder (``server_config.checkpoint_dir``), with its
+    checkpoint key if it has one; ``None``: the strategy has no checkpoint folder.
+
+    Raises
+    ------
+    CheckpointKeyError
+        The checkpoint key file cannot be used.
+    """
     server = strategy.server_config
     directory = server.checkpoint_dir
     if directory is None:
@@ -252,7 +250,7 @@ def resume_point(
         If the newest readable checkpoint's contents fail validation against the
         strategy's bounds (:func:`limits_of`) or its model is not the strategy's.
     """
-    store = _store(strategy)
+    store = store_of(strategy)
     checkpoint = None if store is None else store.latest()
     if checkpoint is not None:
         validate_checkpoint(
@@ -319,75 +317,3 @@ def restore(strategy: Checkpointable, checkpoint: Checkpoint) -> None:
             f"{checkpoint.path}: invalid field state: the strategy cannot restore it ({message})",
             field="state",
         ) from None
-
-
-def start_with_checkpoints(
-    strategy: Checkpointable,
-    start: Callable[..., Result],
-    *,
-    grid: Grid,
-    initial_arrays: ArrayRecord,
-    num_rounds: int,
-    timeout: float,
-    train_config: ConfigRecord | None,
-    evaluate_config: ConfigRecord | None,
-    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
-) -> Result:
-    """Run Flower's round loop ``start`` for ``strategy``, resuming from and writing to
-    ``strategy.server_config.checkpoint_dir``.
-
-    Flower's loop counts from 1; on a resume from round k it runs ``num_rounds - k``
-    rounds and every round number the strategy, ``evaluate_fn`` and the returned
-    ``Result`` see is shifted by k (Flower's own "[ROUND i/n]" log lines still count
-    from 1). ``evaluate_fn`` first evaluates the checkpoint's model as round k.
-    """
-    store = _store(strategy)
-    if store is None:
-        raise ValueError("the strategy has no checkpoint_dir")
-    checkpoint = resume_point(strategy, initial_arrays=initial_arrays)
-    done = 0
-    if checkpoint is not None:
-        restore(strategy, checkpoint)
-        done = checkpoint.server_round
-        initial_arrays = checkpoint.arrays
-        dropped = strategy.telemetry.drop_rounds_after(done)
-        log.info(
-            "[%s] resuming from %s: round %d of %d done; the initial arrays passed to start "
-            "are ignored%s",
-            strategy.scheme,
-            checkpoint.path,
-            done,
-            num_rounds,
-            f"; {dropped} telemetry events of later rounds removed" if dropped else "",
-        )
-        if done >= num_rounds:
-            return Result(arrays=checkpoint.arrays)
-    strategy.round_offset, strategy.checkpoints = done, store
-    try:
-        result = start(
-            grid=grid,
-            initial_arrays=initial_arrays,
-            num_rounds=num_rounds - done,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=None if evaluate_fn is None else _shift_fn(evaluate_fn, done),
-        )
-    finally:
-        strategy.round_offset, strategy.checkpoints = 0, None
-    return Result(
-        arrays=result.arrays,
-        train_metrics_clientapp=_shift_keys(result.train_metrics_clientapp, done),
-        evaluate_metrics_clientapp=_shift_keys(result.evaluate_metrics_clientapp, done),
-        evaluate_metrics_serverapp=_shift_keys(result.evaluate_metrics_serverapp, done),
-    )
-
-
-def _shift_fn(
-    fn: Callable[[int, ArrayRecord], MetricRecord | None], offset: int
-) -> Callable[[int, ArrayRecord], MetricRecord | None]:
-    return lambda server_round, arrays: fn(server_round + offset, arrays)
-
-
-def _shift_keys(metrics: dict[int, MetricRecord], offset: int) -> dict[int, MetricRecord]:
-    return {server_round + offset: record for server_round, record in metrics.items()}

@@ -77,9 +77,6 @@ class LBBSPCluster(LBBSPFedAvg):
         On a bad setting; the message names the keyword and the value.
     """
 
-    weight_key = "batch_size"
-    cluster = True
-
     def __init__(
         self,
         *,
@@ -104,6 +101,7 @@ class LBBSPCluster(LBBSPFedAvg):
             initial_batch_size=initial_batch_size,
             local_steps=1,
             lr=lr,
+            mode="parameter-server",
             keys=keys,
             telemetry_path=telemetry_path,
             fraction_train=1.0,

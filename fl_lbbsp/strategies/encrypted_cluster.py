@@ -224,9 +224,6 @@ class EncryptedLBBSPCluster(LBBSPFedAvg):
         On a bad setting; the message names the keyword and the value.
     """
 
-    weight_key = "batch_size"
-    cluster = True
-
     def __init__(
         self,
         *,
@@ -249,6 +246,7 @@ class EncryptedLBBSPCluster(LBBSPFedAvg):
             initial_batch_size=initial_batch_size,
             local_steps=1,
             lr=lr,
+            mode="parameter-server",
             fraction_train=1.0,
             fraction_evaluate=0.0 if evaluate_every is None else 1.0,
             min_evaluate_nodes=0,
@@ -309,7 +307,6 @@ class EncryptedLBBSPCluster(LBBSPFedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Every ``evaluate_every`` iterations: each worker evaluates its replica."""
-        server_round += self.round_offset
         if self.evaluate_every is None or server_round % self.evaluate_every:
             return []
         configs = {}
@@ -326,7 +323,7 @@ class EncryptedLBBSPCluster(LBBSPFedAvg):
         replies = list(replies)
         self.replicas.note_versions(replies)
         metrics = super().aggregate_evaluate(server_round, replies)
-        log_federated_evaluation(self, server_round + self.round_offset, metrics)
+        log_federated_evaluation(self, server_round, metrics)
         return metrics
 
     def _with_model(self, configs: dict[int, ConfigRecord], message_type: str) -> list[Message]:

@@ -1,0 +1,277 @@
+"""The Flower side of a training round's replies, around the round engine's decisions.
+
+:class:`TrainRound` is what :meth:`LBBSPFedAvg.aggregate_train
+<fl_lbbsp.strategies.LBBSPFedAvg.aggregate_train>` does with a round's replies: each one
+is read into a :class:`~fl_lbbsp.core.round_state.Reply` and screened by the engine
+(:meth:`~fl_lbbsp.core.engine.RoundEngine.screen`), an accepted one is reported
+(:meth:`~fl_lbbsp.core.engine.RoundEngine.report`) with the wall time the deadline grid
+observed and what the silo says it did other than told; the accepted updates are then
+judged together and weighed (:class:`~fl_lbbsp.strategies.defenses.Defenses`) and summed
+(:class:`~fl_lbbsp.strategies.updates.Updates`); the round closes in the engine and is
+logged (:func:`~fl_lbbsp.strategies.rounds.log_round`,
+:func:`~fl_lbbsp.strategies.outcomes.log_decision`). A rejected reply gets one telemetry
+event and one warning per silo and cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from flwr.app import ArrayRecord, Message, RecordDict
+
+from ..contract import RecordKeys, read_float
+from ..core.engine import RoundEngine
+from ..core.round_state import RoundState, Verdict
+from ..telemetry import TelemetryWriter
+from .deadline import DeadlineGrid
+from .defenses import Defenses
+from .outcomes import RoundOutcomes, log_decision
+from .rounds import log_round
+from .updates import Updates
+from .validation import log_rejected, log_skipped, reply_of
+
+__all__ = ["RoundResult", "TrainRound"]
+
+log = logging.getLogger("fl_lbbsp")
+
+
+@dataclass
+class RoundResult:
+    """What a round's replies came to.
+
+    Parameters
+    ----------
+    arrays : ArrayRecord | None
+        The new global model (``None``: the round is skipped).
+    contents : list[RecordDict]
+        The replies whose updates entered it (for the app's metric aggregation).
+    skipped : str | None
+        Why there is no new model (``None``: there is one).
+    """
+
+    arrays: ArrayRecord | None
+    contents: list[RecordDict]
+    skipped: str | None
+
+
+class TrainRound:
+    """Screens, reports, judges, sums and logs one training round's replies.
+
+    Parameters
+    ----------
+    engine : RoundEngine
+        The round engine (plans, screens, reports, closes).
+    keys : RecordKeys
+        Names of the contract's entries.
+    weight_key : str
+        The aggregation weight's metric (``num-examples``, or ``batch-size`` on a
+        parameter server).
+    defenses : Defenses
+        The server's judgement of the accepted updates together.
+    outcomes : RoundOutcomes
+        Rejections logged once per silo and cause.
+    telemetry : TelemetryWriter
+        Where the round's events go.
+    poll_interval : float | None
+        Seconds between two pulls for replies (a telemetry field).
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: RoundEngine,
+        keys: RecordKeys,
+        weight_key: str,
+        defenses: Defenses,
+        outcomes: RoundOutcomes,
+        telemetry: TelemetryWriter,
+        poll_interval: float | None,
+    ) -> None:
+        self.engine = engine
+        self.keys = keys
+        self.weight_key = weight_key
+        self.defenses = defenses
+        self.outcomes = outcomes
+        self.telemetry = telemetry
+        self.poll_interval = poll_interval
+
+    def aggregate(
+        self,
+        state: RoundState,
+        replies: Iterable[Message],
+        *,
+        updates: Updates[Any],
+        scheme: str,
+        grid: DeadlineGrid | None,
+        observe: bool,
+    ) -> RoundResult:
+        """The round's new global model from its replies, the round closed and logged.
+
+        Parameters
+        ----------
+        state : RoundState
+            The round, as the engine planned it.
+        replies : iterable of Message
+            The train replies the grid collected.
+        updates : Updates
+            How the replies' updates are read, checked and summed (begun for this round).
+        scheme : str
+            The strategy's scheme, for the logs.
+        grid : DeadlineGrid | None
+            The grid that ran the round under its deadline (``None``: another one).
+        observe : bool
+            Whether the grid's observed wall times check the silos' claimed times.
+        """
+        wall = time.perf_counter() - state.started
+        received_at = time.time()
+        replies = list(replies)
+        state.waited = None if grid is None else grid.last_timeout
+        sent_ids = {msg.metadata.message_id for msg in state.sent} - {""}
+        accepted: dict[str, tuple[Verdict[Any], RecordDict, float]] = {}
+        answered: dict[str, Message] = {}
+        for msg in replies:
+            late = None if grid is None else grid.seconds_late(msg)
+            reply = reply_of(msg, keys=self.keys, sent_ids=sent_ids, seconds_late=late)
+            parse = partial(updates.parse, reply.payload, reply.metrics or {}, state)
+            verdict = self.engine.screen(state, reply, parse)
+            if not verdict.accepted:
+                self.reject(state, scheme, verdict.silo, verdict.node, verdict.reason or "")
+                continue
+            answered[verdict.silo] = msg
+            metrics = reply.metrics or {}
+            observed = grid.observed(msg) if grid is not None and observe else None
+            misuse = self.misuse(state, verdict.silo, msg)
+            counts = self.engine.report(state, verdict, metrics, observed=observed, misuse=misuse)
+            state.reports[verdict.silo]["replied-at"] = msg.metadata.created_at
+            if counts:
+                weight = read_float(metrics, self.weight_key)
+                accepted[verdict.silo] = (verdict, msg.content, weight)
+        kept, dropped = self._sum(state, accepted, updates, scheme)
+        contents = [accepted[silo][1] for silo in accepted if silo in kept]
+        arrays, skipped = self._result(state, len(contents), updates, scheme)
+        refused = self.defenses.refusals(state, answered, self.keys)
+        arrays = self.defenses.settle(state, arrays, refused=refused, replied=len(answered))
+        extra = self.engine.close(
+            state, replied=(m.metadata.src_node_id for m in replies), wall=wall
+        )
+        extra["poll_interval"] = self.poll_interval
+        # last reply created (its silo's clock) -> here: reply transfer and polling
+        created = [r["replied-at"] for r in [*state.reports.values(), *dropped.values()]]
+        extra["reply_delay"] = received_at - max(created) if created else None
+        if self.engine.selector is not None:
+            extra["dropped"] = dropped
+        self._log(state, scheme, wall, extra, skipped)
+        return RoundResult(arrays=arrays, contents=contents, skipped=skipped)
+
+    def _sum(
+        self,
+        state: RoundState,
+        accepted: dict[str, tuple[Verdict[Any], RecordDict, float]],
+        updates: Updates[Any],
+        scheme: str,
+    ) -> tuple[set[str], dict[str, Any]]:
+        """Add the updates the selector keeps and the defences let through, each at its
+        (capped) weight; return the silos kept and the records of those dropped."""
+        kept, dropped = self.engine.select(state, accepted)
+        far = self.defenses.judge(
+            state, updates, {s: accepted[s][0].update for s in accepted if s in kept}
+        )
+        for silo, why in far.items():
+            self.reject(state, scheme, silo, accepted[silo][0].node, why)
+        kept -= set(far)
+        weights = self.defenses.weights(
+            {s: accepted[s][2] for s in accepted if s in kept}, self.engine.claims
+        )
+        for silo, (weight, capped) in weights.items():
+            if capped is not None:
+                state.reports[silo]["capped-weight"] = weight
+                if self.outcomes.first_time(silo, "capped weight"):
+                    log.warning("round %d: silo %s: %s", state.server_round, silo, capped)
+            updates.add(accepted[silo][0].update, weight=weight)
+        return kept, dropped
+
+    def _result(
+        self, state: RoundState, n: int, updates: Updates[Any], scheme: str
+    ) -> tuple[ArrayRecord | None, str | None]:
+        """The new global model from ``n`` accepted updates, or why the round is skipped."""
+        skipped = arrays = None
+        least = self.engine.limits.min_train_silos
+        if n < least:
+            replies = "reply" if n == 1 else "replies"
+            skipped = f"{n} valid {replies}, min_train_silos is {least}"
+        else:
+            try:
+                arrays = updates.result()
+            except ValueError as err:
+                skipped = f"no aggregate: {err}"
+        if skipped is not None:
+            log_skipped(
+                self.telemetry, scheme=scheme, server_round=state.server_round, reason=skipped
+            )
+        return arrays, skipped
+
+    def _log(
+        self,
+        state: RoundState,
+        scheme: str,
+        wall: float,
+        extra: dict[str, Any],
+        skipped: str | None,
+    ) -> None:
+        """The round's log line and telemetry event, and its decision line."""
+        log_round(
+            scheme=scheme,
+            server_round=state.server_round,
+            silos=state.reports,
+            keys=self.keys,
+            total_batch_size=state.total,
+            wall=wall,
+            telemetry=self.telemetry,
+            extra={**extra, "rejected": state.rejected, "skipped": skipped},
+        )
+        left_out = {r["silo"]: f"rejected: {r['reason']}" for r in state.rejected}
+        left_out.update({silo: "no reply in time" for silo in extra["missed"]})
+        left_out.update(
+            {s: f"not balanced: {r['misuse']}" for s, r in state.reports.items() if "misuse" in r}
+        )
+        log_decision(scheme=scheme, state=state, keys=self.keys, left_out=left_out)
+
+    def misuse(self, state: RoundState, silo: str, msg: Message) -> str | None:
+        """What the silo says it did other than it was told (its own loader, extra
+        epochs, another batch size), logged once per silo; ``None``: nothing."""
+        record = msg.content.config_records.get(self.keys.silo_record)
+        text = None if record is None else record.get(self.keys.misuse)
+        if not isinstance(text, str) or not text:
+            return None
+        text = text[:300]
+        level = logging.WARNING if self.outcomes.first_time(silo, "misuse") else logging.DEBUG
+        log.log(
+            level,
+            "round %d: silo %s did not train as instructed, its time is left out of balancing: %s",
+            state.server_round,
+            silo,
+            text,
+        )
+        return text
+
+    def reject(
+        self, state: RoundState, scheme: str, silo: str, node: int | str, reason: str
+    ) -> None:
+        """One telemetry event for a reply left out of the round, and one warning the
+        first time this silo's reply is rejected for this cause (DEBUG after)."""
+        state.rejected.append(
+            log_rejected(
+                self.telemetry,
+                scheme=scheme,
+                server_round=state.server_round,
+                silo=silo,
+                node=node,
+                reason=reason,
+                first=self.outcomes.first_time(silo, reason),
+            )
+        )
