@@ -244,7 +244,8 @@ def test_every_config_class_is_covered() -> None:
 
 def test_the_balancer_takes_every_knob_of_its_config() -> None:
     # Prepare: every balancer setting away from its default
-    from fl_lbbsp.core.settings import BALANCER_SETTINGS, BalancingConfig, make_balancer
+    from fl_lbbsp.core.balancer import BatchSizeBalancer
+    from fl_lbbsp.core.settings import BALANCER_SETTINGS, BalancingConfig
 
     config = BalancingConfig(
         initial_batch_size=16, local_steps=2, lr=0.1, estimator="last", alpha=0.5,
@@ -258,7 +259,7 @@ def test_the_balancer_takes_every_knob_of_its_config() -> None:
     changed = {k for k in BALANCER_SETTINGS if getattr(config, k) != getattr(defaults, k)}
 
     # Execute
-    saved = make_balancer(config).state_dict()["config"]
+    saved = BatchSizeBalancer(**config.balancer_keywords()).state_dict()["config"]
 
     # Assert: the balancer holds each value as given (the options aside, all moved)
     assert changed >= BALANCER_SETTINGS - {"estimator_options"}

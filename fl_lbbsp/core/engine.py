@@ -58,7 +58,6 @@ from .settings import (
     BalancingConfig,
     ReplyLimits,
     balancing_config,
-    make_balancer,
     make_claim_checker,
 )
 from .update_screen import cap_weights
@@ -145,7 +144,7 @@ class RoundEngine(RoundReporting):
             silo_id=self.silo_id,
             registry=registry,
         )
-        self.balancer = make_balancer(config)
+        self.balancer = BatchSizeBalancer(**config.balancer_keywords())
         self.silo_of_node: dict[Node, str] = {}
         self.node_of_silo: dict[str, Node] = {}
         self.stragglers = StragglerWatch(ratio=self.deadline.slow_ratio)

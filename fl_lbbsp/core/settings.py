@@ -5,9 +5,10 @@ with its meaning (the docstring under it), its default and its bounds; everythin
 takes them from there: :class:`BalancingConfig` adds the round (B_init, tau, eta) and is
 what every strategy validates its keywords with, the simulation and cluster runs nest the
 knobs (:class:`~fl_lbbsp.runs.config.RunSettings`), the CLI makes one flag of each
-(:mod:`fl_lbbsp.cli_parser`) and :func:`make_balancer` hands them to the balancer. A bad
-value raises :class:`pydantic.ValidationError` (a ``ValueError``) naming the knob and the
-value.
+(:mod:`fl_lbbsp.cli_parser`) and the balancer is built from
+:meth:`BalancingConfig.balancer_keywords`. Pure pydantic: the balancer imports this
+module, never the other way round. A bad value raises :class:`pydantic.ValidationError`
+(a ``ValueError``) naming the knob and the value.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .balancer import BatchSizeBalancer
 from .claims import ClaimChecker
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "BalancingKnobs",
     "ReplyLimits",
     "balancing_config",
-    "make_balancer",
     "make_claim_checker",
 ]
 
@@ -187,9 +186,11 @@ class BalancingConfig(BalancingKnobs):
             )
         return self
 
-    def knobs(self) -> BalancingKnobs:
-        """The knobs alone, without the round."""
-        return BalancingKnobs.model_validate(self.model_dump(exclude=set(ROUND_SETTINGS)))
+    def balancer_keywords(self) -> dict[str, Any]:
+        """The keywords of :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer` of a strategy
+        with these settings (one place for every strategy): every field of
+        :data:`BALANCER_SETTINGS`, as the config holds it."""
+        return self.model_dump(include=set(BALANCER_SETTINGS))
 
 
 ROUND_SETTINGS = frozenset({"initial_batch_size", "local_steps", "lr"})
@@ -204,9 +205,9 @@ for an honest silo, so a checkpoint written under other bounds may be resumed.""
 BALANCER_SETTINGS = frozenset(
     {"initial_batch_size", *BalancingKnobs.model_fields} - CLAIM_SETTINGS - {"balance"}
 )
-"""The :class:`BalancingConfig` fields the balancer takes (:func:`make_balancer`): every
-knob but the claim bounds and ``balance``, and B_init; also the keys of its checkpointed
-settings."""
+"""The :class:`BalancingConfig` fields the balancer takes
+(:meth:`~BalancingConfig.balancer_keywords`): every knob but the claim bounds and
+``balance``, and B_init; also the keys of its checkpointed settings."""
 
 
 class ReplyLimits(BaseModel):
@@ -237,12 +238,6 @@ class ReplyLimits(BaseModel):
         if isinstance(value, str):
             raise ValueError(f"expected an iterable of key names, not the string {value!r}")
         return None if value is None else tuple(value)
-
-
-def make_balancer(config: BalancingConfig) -> BatchSizeBalancer:
-    """The balancer of a strategy with these settings (one place for every strategy):
-    every field of :data:`BALANCER_SETTINGS`, as the config holds it."""
-    return BatchSizeBalancer(**config.model_dump(include=set(BALANCER_SETTINGS)))
 
 
 def make_claim_checker(
