@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .change import ChangeDetector, Deviation
 from .speed import EMAEstimator, LastValueEstimator, SpeedEstimator, check_speed
 
 __all__ = [
@@ -37,7 +38,9 @@ class ChangeAwareEMAEstimator:
     is left as it is; once ``confirm`` observations in a row lie beyond the threshold on
     the same side, the average restarts at their mean (a co-tenant arrived or left). A
     deviation that is not confirmed (a spike) never enters the average. ``confirm=1``
-    restarts at every large deviation.
+    restarts at every large deviation. The test is the balancer's own change detector
+    (:class:`~fl_lbbsp.core.change.ChangeDetector`) on relative deviations, without its
+    CUSUM test.
 
     It targets what EMA(0.2) is worst at on a non-dedicated machine: after a step change
     of speed an EMA needs about ``1 / alpha`` observations to catch up, a last-value
@@ -91,9 +94,15 @@ class ChangeAwareEMAEstimator:
         self.threshold = float(threshold)
         self.confirm = confirm
         self._value = None if value is None else check_speed(value)
-        self._pending = [check_speed(v) for v in pending]
-        if len(self._pending) >= confirm:
-            raise ValueError(f"{len(self._pending)} pending observations, confirm is {confirm}")
+        held = [check_speed(v) for v in pending]
+        if len(held) >= confirm:
+            raise ValueError(f"{len(held)} pending observations, confirm is {confirm}")
+        self._detector = ChangeDetector(confirm=confirm, window=confirm, cusum=False)
+        self._detector.run = [Deviation(0, 0.0, v, self._deviation(v), True) for v in held]
+
+    def _deviation(self, speed: float) -> float:
+        """Relative deviation of ``speed`` from the average (0 before any)."""
+        return 0.0 if self._value is None else (speed - self._value) / self._value
 
     def update(
         self,
@@ -108,17 +117,14 @@ class ChangeAwareEMAEstimator:
         if self._value is None:
             self._value = value
             return
-        deviation = (value - self._value) / self._value
-        if abs(deviation) <= self.threshold:
-            self._pending.clear()
+        deviation = self._deviation(value)
+        entry = Deviation(0, 0.0, value, deviation, abs(deviation) > self.threshold)
+        verdict = self._detector.observe(entry, limit=self.threshold)
+        if verdict == "normal":
             self._value = self.alpha * value + (1.0 - self.alpha) * self._value
-            return
-        if self._pending and (self._pending[-1] > self._value) != (value > self._value):
-            self._pending.clear()
-        self._pending.append(value)
-        if len(self._pending) >= self.confirm:
-            self._value = math.fsum(self._pending) / len(self._pending)
-            self._pending.clear()
+        elif verdict == "change":
+            confirmed = self._detector.take()
+            self._value = math.fsum(e.speed for e in confirmed) / len(confirmed)
 
     def predict(self) -> float | None:
         """Return the average, ``None`` before any observation."""
@@ -132,7 +138,7 @@ class ChangeAwareEMAEstimator:
             "threshold": self.threshold,
             "confirm": self.confirm,
             "value": self._value,
-            "pending": list(self._pending),
+            "pending": [e.speed for e in self._detector.held()],
         }
 
 

@@ -25,10 +25,17 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["IterativeAllocator"]
+import numpy as np
+
+from .allocators import proportional
+
+if TYPE_CHECKING:
+    from .silo_model import SiloTable
+
+__all__ = ["IterativeAllocator", "IterativeStep"]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -206,3 +213,63 @@ class IterativeAllocator:
         removable = state.get("removable")
         allocator.removable = None if removable is None else str(removable)
         return allocator
+
+
+class IterativeStep:
+    """Alg. 2 as a step of the balancer's allocation: one leader/straggler step per round
+    of fresh reports from every silo, restarting from a proportional split when silos
+    join or leave.
+
+    Parameters
+    ----------
+    allocator : IterativeAllocator
+        The state machine.
+    stepped : mapping of str to int (default: None)
+        Each silo's report count at the last step (to resume from a checkpoint).
+    """
+
+    def __init__(
+        self, allocator: IterativeAllocator, stepped: Mapping[str, int] | None = None
+    ) -> None:
+        self.allocator = allocator
+        self.stepped: dict[str, int] = dict(stepped or {})
+
+    def sizes(
+        self,
+        ids: Sequence[str],
+        total: int,
+        lower: np.ndarray,
+        upper: np.ndarray,
+        speeds: np.ndarray | None,
+        table: SiloTable,
+    ) -> dict[str, int]:
+        """The silos' sizes: after a step if every silo reported since the last one."""
+        allocator, models = self.allocator, table.models
+        reported = all(i in models and models[i].reports > 0 for i in ids)
+        if set(ids) != set(allocator.sizes) or speeds is None or not reported:
+            # First round, or silos joined or left: restart from a proportional split.
+            start = proportional(
+                np.ones(len(ids)) if speeds is None else speeds, total, lower=lower, upper=upper
+            )
+            allocator.reset(dict(zip(ids, (int(x) for x in start), strict=True)))
+            self.stepped = {i: models[i].reports for i in ids if i in models}
+            return {i: allocator.sizes[i] for i in ids}
+        if all(models[i].reports > self.stepped.get(i, 0) for i in ids):
+            allocator.update(
+                {i: models[i].history[-1].time for i in ids},
+                memory={i: models[i].last.get("memory_percent") for i in ids},
+                upper=dict(zip(ids, upper.tolist(), strict=True)),
+                lower=dict(zip(ids, lower.tolist(), strict=True)),
+            )
+            self.stepped = {i: models[i].reports for i in ids}
+        return {i: allocator.sizes[i] for i in ids}
+
+    def state(self) -> dict[str, Any]:
+        """JSON-serialisable state (the balancer's ``iterative`` entry)."""
+        return {"allocator": self.allocator.state(), "stepped": self.stepped}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> IterativeStep:
+        """Rebuild from :meth:`state`."""
+        stepped = {str(k): int(v) for k, v in state["stepped"].items()}
+        return cls(IterativeAllocator.from_state(state["allocator"]), stepped)

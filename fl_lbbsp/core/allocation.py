@@ -1,0 +1,481 @@
+"""What batch size does silo i get, and why: the allocation as one explicit pipeline.
+
+:func:`allocate` runs these steps, each a named function of this module, and returns a
+:class:`Decision` holding every silo's batch size and the reason it got it
+(:data:`ALLOCATION_REASONS`):
+
+1. :func:`hold` (an option): a gate held the sizes in force (the DDP coordinator's
+   :class:`~fl_lbbsp.distributed.gate.HoldGate`): they are kept, reason ``held``;
+2. :func:`hard_bounds`: the floor (``min_batch_size``, ``min_batch_fraction`` of B_init),
+   the memory caps and ``max_batch_size``; the total X is clipped into their sums;
+3. :func:`change_limits`: a silo moves at most ``max_change_ratio`` from the batch size it
+   last reported (wider after a confirmed change);
+4. :func:`cost_curves`: each silo's predicted curve ``t = a * max(x, k) + b`` from its
+   model (:mod:`.silo_model`), or ``a = steps / v`` from its predicted speed;
+5. the allocator: the shortest round within the bounds and the noise budget
+   (:func:`~fl_lbbsp.core.budget.budgeted_minmax`, LB-BSP's min-max: Alg. 1 for
+   proportional costs), or Alg. 2's leader/straggler step (:mod:`.iterative`);
+6. :func:`name_bounds`: the solver's ``lower``/``upper`` named (floor, memory cap, ...);
+7. :func:`order_guard`: a silo predicted faster gets no smaller batch (beyond a
+   tolerance), reason ``order``;
+8. :func:`equal_split_guard`: an allocation predicted no faster than FedAvg's equal split
+   by a margin (the fits' noise) is not shipped, reason ``equal-split``;
+9. :func:`restore_budget`: samples the order guard moved keep the noise budget.
+
+Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
+Environments", IEEE TCC 2021, Alg. 1 (batch size proportional to predicted speed), Alg. 2
+(iterative), Sec. 3.3 (bounds, memory cap x_o) and Sec. 4 (the BatchSizeManager); the
+linear cost model is Chen et al., SoCC 2020, Sec. 3.3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .allocators import proportional
+from .balancer_settings import AllocationSettings
+from .budget import REASONS, Allocation, budgeted_minmax, enforce_budget, hinge_times, noise_costs
+from .iterative import IterativeStep
+from .reports import check_positive_int
+from .rounding import round_to_total
+from .silo_model import SiloTable
+
+__all__ = [
+    "ALLOCATION_REASONS",
+    "Bounds",
+    "Decision",
+    "allocate",
+    "change_limits",
+    "cost_curves",
+    "equal_split",
+    "equal_split_guard",
+    "hard_bounds",
+    "hold",
+    "name_bounds",
+    "order_guard",
+    "per_silo",
+    "restore_budget",
+]
+
+ALLOCATION_REASONS: tuple[str, ...] = (
+    *(r for r in REASONS if r not in ("lower", "upper")),
+    "floor",
+    "memory-cap",
+    "max-batch-size",
+    "change-limit",
+    "order",
+    "equal-split",
+    "no-report",
+    "iterative",
+    "held",
+)
+"""Why a silo got its batch size: the solver's reasons
+(:data:`~fl_lbbsp.core.budget.REASONS`: ``round-time``, ``noise-budget``, ``noise-share``,
+``knee``, ``infeasible``) with its bounds named (``floor``: ``min_batch_size`` /
+``min_batch_fraction``; ``memory-cap``: the silo's reported cap; ``max-batch-size``;
+``change-limit``: ``max_change_ratio``), ``order`` (moved by the order guard),
+``equal-split`` (the equal-split guard shipped FedAvg's split), ``no-report`` (no silo has
+reported yet), ``iterative`` (Alg. 2) and ``held`` (a gate kept the sizes in force)."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Each silo's bounds: ``lower``/``upper`` with the change limits, ``hard_lower``/
+    ``hard_upper`` without; ``total`` the total within the hard bounds."""
+
+    lower: np.ndarray
+    upper: np.ndarray
+    hard_lower: np.ndarray
+    hard_upper: np.ndarray
+    total: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Each silo's batch size and the reason it got it (:data:`ALLOCATION_REASONS`)."""
+
+    sizes: dict[str, int]
+    reasons: dict[str, str]
+
+    @classmethod
+    def of(cls, ids: Sequence[str], sizes: np.ndarray, why: Sequence[str] | str) -> Decision:
+        """A decision for ``ids`` from an array of sizes and one reason or one each."""
+        reasons = [why] * len(ids) if isinstance(why, str) else list(why)
+        return cls(
+            dict(zip(ids, sizes.tolist(), strict=True)), dict(zip(ids, reasons, strict=True))
+        )
+
+
+def allocate(
+    ids: list[str],
+    table: SiloTable,
+    settings: AllocationSettings,
+    *,
+    iterative: IterativeStep,
+    total: int | None = None,
+    weights: np.ndarray | None = None,
+    noise: np.ndarray | None = None,
+    rho: float | None = None,
+    held: Mapping[str, int] | None = None,
+) -> Decision:
+    """The pipeline: every silo of ``ids`` (sorted: the result does not depend on their
+    order) gets its batch size and reason.
+
+    Parameters
+    ----------
+    ids : list of str
+        The silos of the round, sorted.
+    table : SiloTable
+        The silos' models and rows.
+    settings : AllocationSettings
+        The bounds and guards.
+    iterative : IterativeStep
+        Alg. 2's state (allocator ``iterative``).
+    total : int | None (default: None)
+        The total X; ``None``: ``n * B_init``.
+    weights, noise : numpy.ndarray | None (default: None)
+        Per-silo aggregation weights and gradient noise (:func:`per_silo`).
+    rho : float | None (default: None)
+        The noise budget; ``None``: none.
+    held : mapping of str to int | None (default: None)
+        Sizes a gate keeps (:func:`hold`); nothing else runs.
+
+    Raises
+    ------
+    ValueError
+        If ``total`` is not a positive integer.
+    """
+    if not ids:
+        return Decision({}, {})
+    if held is not None:
+        return hold(ids, held)
+    table.pool()
+    rows = table.gather(ids)
+    bounds = change_limits(rows, hard_bounds(rows, len(ids), total, settings), settings)
+    if settings.allocator == "iterative":
+        speeds = table.speeds(ids)
+        if speeds is None:
+            return Decision.of(ids, _equal(bounds), "no-report")
+        given = iterative.sizes(ids, bounds.total, bounds.lower, bounds.upper, speeds, table)
+        return Decision.of(ids, np.array([given[i] for i in ids], dtype=np.int64), "iterative")
+    curves = cost_curves(ids, rows, table, linear=settings.allocator == "linear")
+    if curves is None:
+        return Decision.of(ids, _equal(bounds), "no-report")
+    a, b, knee = curves
+    rounding = "remainder" if settings.allocator == "proportional" else "time"
+    result = budgeted_minmax(
+        a, b, bounds.total, knee=knee, lower=bounds.lower, upper=bounds.upper, weights=weights,
+        noise=noise, rho=rho, rounding=rounding,
+    )  # fmt: skip
+    reasons = name_bounds(result, bounds, rows["cap"])
+    # Under a binding budget, unequal weights order the batch sizes by weight too: the
+    # order of speeds is then not the order to keep.
+    weighted = result.binds and weights is not None and bool(np.ptp(weights) > 0)
+    sizes = result.sizes.astype(np.int64)
+    if not weighted and settings.order_tolerance is not None and len(sizes) > 1:
+        sizes = order_guard(
+            sizes, a, b, settings.order_tolerance, lower=bounds.lower, upper=bounds.upper,
+            round_time=result.round_time,
+        )  # fmt: skip
+    if settings.equal_split_guard:
+        margin = guard_margin(rows["error"], settings.equal_split_margin)
+        sizes = equal_split_guard(sizes, a, b, knee, bounds, margin)
+        if np.array_equal(sizes, _equal(bounds)) and not np.array_equal(sizes, result.sizes):
+            return Decision.of(ids, sizes, "equal-split")
+    moved = (sizes != result.sizes).tolist()
+    reasons = ["order" if m else r for m, r in zip(moved, reasons, strict=True)]
+    if rho is not None and not np.array_equal(sizes, result.sizes):
+        restore_budget(sizes, bounds, weights, noise, rho)
+    return Decision.of(ids, sizes, reasons)
+
+
+def hold(ids: Sequence[str], held: Mapping[str, int]) -> Decision:
+    """The sizes in force, kept because a gate held them (reason ``held``).
+
+    Raises
+    ------
+    ValueError
+        If a silo of ``ids`` has no size in ``held``.
+    """
+    missing = [i for i in ids if i not in held]
+    if missing:
+        raise ValueError(f"no size held for {missing}")
+    return Decision({i: int(held[i]) for i in ids}, dict.fromkeys(ids, "held"))
+
+
+def hard_bounds(
+    rows: np.ndarray, n: int, total: int | None, settings: AllocationSettings
+) -> Bounds:
+    """Each silo's hard bounds: the floor (yielding to its memory cap) and the smaller of
+    ``max_batch_size`` and its memory cap (a cap below ``min_batch_size`` cannot be
+    honoured); the total, ``n * B_init`` unless given, clipped into their sums.
+
+    Raises
+    ------
+    ValueError
+        If ``total`` is not a positive integer.
+    """
+    caps = rows["cap"]
+    if settings.max_batch_size is not None:
+        caps = np.minimum(caps, settings.max_batch_size)
+    upper = np.where(np.isinf(caps), caps, np.maximum(caps, settings.min_batch_size))
+    lower = np.minimum(float(settings.floor), upper)
+    if total is not None:
+        check_positive_int("total", total)
+    wanted = n * settings.initial_batch_size if total is None else total
+    clipped = int(np.clip(wanted, lower.sum(), upper.sum()))
+    return Bounds(lower, upper, lower, upper, clipped)
+
+
+def change_limits(rows: np.ndarray, bounds: Bounds, settings: AllocationSettings) -> Bounds:
+    """Narrow the bounds to ``max_change_ratio`` (times ``boost``, the level ratio of a
+    change confirmed by the last report) around each silo's last reported batch size
+    (B_init for a silo that never reported); dropped for a round whose total they make
+    unreachable.
+
+    The first report is bounded too, around B_init: the equal split every silo ran round
+    1 with is LB-BSP's prior before any speed is known (Chen et al., IEEE TCC 2021, Sec.
+    3.3), so one report, true or not, moves a silo at most ``max_change_ratio`` from it (a
+    silo reporting a thousandth of its time gets ``2 * B_init`` in round 2, not most of
+    X). What a silo claims is bounded by the round engine's claim checks
+    (:mod:`fl_lbbsp.core.claims`)."""
+    ratio = settings.max_change_ratio
+    if ratio is None:
+        return bounds
+    last = np.where(np.isnan(rows["last"]), float(settings.initial_batch_size), rows["last"])
+    ratios = ratio * rows["boost"]
+    # A memory cap still wins over the change limit.
+    lo = np.minimum(np.maximum(bounds.hard_lower, np.ceil(last / ratios)), bounds.hard_upper)
+    hi = np.maximum(np.minimum(bounds.hard_upper, np.floor(last * ratios)), lo)
+    if lo.sum() > bounds.total or hi.sum() < bounds.total:
+        return bounds
+    return Bounds(lo, hi, bounds.hard_lower, bounds.hard_upper, bounds.total)
+
+
+def cost_curves(
+    ids: Sequence[str], rows: np.ndarray, table: SiloTable, *, linear: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Each silo's predicted curve ``(a, b, knee)``: with ``linear`` its fitted line (its
+    smoothed ``fixed_time`` added to b), else and for a silo without one ``a = steps / v``
+    from its predicted speed v (b and knee 0); ``None`` where a speed is needed and no
+    silo has one (no silo reported yet)."""
+    if not linear:
+        speeds = table.speeds(ids)
+        return None if speeds is None else (1.0 / speeds, np.zeros(len(ids)), np.zeros(len(ids)))
+    a = rows["slope"].copy()
+    b = rows["intercept"] + rows["fixed"]
+    knee = rows["knee"].copy()
+    unfitted = np.flatnonzero(np.isnan(a))
+    if unfitted.size:
+        steps = rows["steps"][unfitted]
+        unknown = np.isnan(steps)  # silos that never reported: the mean over all
+        if unknown.any():
+            steps[unknown] = table.mean_steps()
+        speeds = table.speeds(ids, only=unfitted.tolist())
+        if speeds is None:
+            return None
+        a[unfitted] = steps / speeds
+        knee[unfitted] = 0.0
+    return a, b, knee
+
+
+def name_bounds(result: Allocation, bounds: Bounds, caps: np.ndarray) -> list[str]:
+    """The solver's reasons with its bounds named: ``floor`` (the hard floor),
+    ``memory-cap`` (the silo's reported cap), ``max-batch-size`` or ``change-limit``."""
+    out = []
+    for i, why in enumerate(result.reasons):
+        if why == "lower":
+            why = "change-limit" if bounds.lower[i] > bounds.hard_lower[i] else "floor"
+        elif why == "upper":
+            if bounds.upper[i] < bounds.hard_upper[i]:
+                why = "change-limit"
+            else:
+                why = "memory-cap" if caps[i] <= bounds.hard_upper[i] else "max-batch-size"
+        out.append(why)
+    return out
+
+
+def guard_margin(errors: np.ndarray, largest: float) -> float:
+    """The predicted gain over the equal split an allocation must show: twice the largest
+    standard error of a silo's fitted time (``errors``), at most ``largest``, which
+    applies while a silo has no noise estimate yet. Among silos of equal capacity the
+    fits differ by noise alone, and an allocation that only chases it would be slower
+    than the equal split; with noise-free reports the margin is 0."""
+    if not errors.size or np.isnan(errors).any():
+        return largest
+    return min(largest, 2.0 * float(errors.max()))
+
+
+def equal_split_guard(
+    sizes: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    knee: np.ndarray,
+    bounds: Bounds,
+    margin: float,
+) -> np.ndarray:
+    """The equal split (:func:`equal_split` within the hard bounds) unless ``sizes`` is
+    predicted faster than it by more than ``margin`` of its round time."""
+    equal = _equal(bounds)
+    slowest = np.max(hinge_times(a, b, knee, sizes))
+    if slowest >= (1.0 - margin) * np.max(hinge_times(a, b, knee, equal)):
+        return equal
+    return sizes
+
+
+def restore_budget(
+    sizes: np.ndarray,
+    bounds: Bounds,
+    weights: np.ndarray | None,
+    noise: np.ndarray | None,
+    rho: float,
+) -> None:
+    """Move samples (in place) until the noise budget ``rho`` holds again after the order
+    guard moved some (:func:`~fl_lbbsp.core.budget.enforce_budget`)."""
+    n = len(sizes)
+    c = noise_costs(n, weights, noise)
+    budget = rho * float(np.sum(c)) * n / bounds.total
+    enforce_budget(sizes, c, budget, lower=np.maximum(np.ceil(bounds.lower), 1), upper=bounds.upper)
+
+
+def per_silo(
+    ids: Sequence[str], values: Mapping[str, float] | None, name: str
+) -> np.ndarray | None:
+    """One value per silo of ``ids`` from ``values`` (a silo missing: the median of the
+    others'); ``None`` when ``values`` is None or holds none of them.
+
+    Raises
+    ------
+    ValueError
+        If a given value is not finite and positive.
+    """
+    if values is None:
+        return None
+    given = {i: float(values[i]) for i in ids if values.get(i) is not None}
+    if not given:
+        return None
+    if not all(math.isfinite(v) and v > 0 for v in given.values()):
+        raise ValueError(f"{name} must be finite and positive, got {given}")
+    fill = float(np.median(list(given.values())))
+    return np.array([given.get(i, fill) for i in ids], dtype=np.float64)
+
+
+def _equal(bounds: Bounds) -> np.ndarray:
+    return equal_split(bounds.total, bounds.hard_lower, bounds.hard_upper)
+
+
+def equal_split(total: int, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """FedAvg's equal split of ``total`` within the bounds (silos in the order given)."""
+    n = len(lower)
+    share, extra = divmod(total, n)
+    sizes = np.full(n, share, dtype=np.int64)
+    sizes[:extra] += 1
+    if np.all(sizes >= lower) and np.all(sizes <= upper):
+        return sizes
+    return proportional(np.ones(n), total, lower=lower, upper=upper)
+
+
+def order_guard(
+    sizes: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    tolerance: float,
+    *,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    round_time: float | None = None,
+) -> np.ndarray:
+    """Repair batch sizes that invert the order of the silos' predicted speeds.
+
+    A silo's predicted speed is what its cost line ``t = a * x + b`` lets it process in
+    the allocation's common finish time T (the median predicted time of the silos no
+    bound holds): ``(T - b_i) / a_i`` (for ``b = 0`` proportional to its speed
+    ``1 / a_i``). Whenever silo i is predicted
+    faster than silo j by more than ``tolerance`` (relative) but gets a batch size more
+    than one sample smaller (j above its lower bound, i below its upper one), the sizes
+    are pooled: the silos are grouped into speed classes spanning a factor
+    ``1 + tolerance`` each, and pool-adjacent-violators along the classes (a block holding
+    fewer samples per silo than a slower one is merged with it at their mean) makes the
+    sizes non-decreasing in speed class; they are then rounded to the same total within
+    each silo's bounds. At the min-max
+    solution without binding bounds there is no inversion; the guard catches those left
+    by the bounds (change limits, caps) and by rounding. Bounds win over the order.
+
+    Parameters
+    ----------
+    sizes : numpy.ndarray
+        Integer batch sizes.
+    a, b : numpy.ndarray
+        Predicted per-sample and fixed cost of each silo.
+    tolerance : float
+        Relative speed difference within which two silos count as equally fast.
+    lower, upper : numpy.ndarray
+        Per-silo bounds the repair keeps.
+    round_time : float | None (default: None)
+        The allocation's round time T, where known (under a noise budget the silos below
+        it are not held by a bound); ``None``: the median predicted time of the silos no
+        bound holds.
+
+    Reference: the order-preservation of Chen et al., IEEE TCC 2021, Alg. 1 (batch size
+    proportional to predicted speed); the levelling is a pool-adjacent-violators step
+    (Ayer et al., Ann. Math. Stat. 26, 1955).
+    """
+    x = np.asarray(sizes, dtype=np.int64).copy()
+    n = len(x)
+    times = a * x + b
+    inside = (x > np.asarray(lower)) & (x < np.asarray(upper))
+    # The common finish time of the silos no bound holds (the median of their predicted
+    # times); all of them when every silo is at a bound.
+    if round_time is None:
+        round_time = float(np.median(times[inside])) if inside.any() else float(np.max(times))
+    speed = np.maximum(round_time - b, 0.0) / a
+    # Fast check (the usual case): along the silos sorted by speed, no silo below its
+    # upper bound holds fewer samples than a slower one (beyond the tolerance) above its
+    # lower bound; other inversions are the bounds' and cannot be repaired.
+    by_speed = np.argsort(speed, kind="stable")
+    ranked = speed[by_speed]
+    cut = np.searchsorted(ranked * (1.0 + tolerance), ranked, side="left")
+    xs = x[by_speed].astype(np.float64)
+    donors = np.where(xs > np.asarray(lower)[by_speed], xs, -np.inf)
+    most = np.maximum.accumulate(donors)
+    takers = xs < np.asarray(upper)[by_speed]
+    if not np.any(takers & (cut > 0) & (most[np.maximum(cut - 1, 0)] > xs + 1)):
+        return x
+    # Speed classes, from the slowest: a class spans a factor (1 + tolerance), so two
+    # silos further apart in speed are in different classes. Along the chain sorted by
+    # class, then by size, an inversion can only be between classes.
+    classes = np.empty(n, dtype=np.int64)
+    current, start = 0, float(speed[by_speed[0]])
+    for k in by_speed:
+        if speed[k] > start * (1.0 + tolerance):
+            current, start = current + 1, float(speed[k])
+        classes[k] = current
+    order = np.lexsort((x, classes))
+    xs = x[order].astype(np.float64)
+    # Pool adjacent violators: a block holding fewer samples per silo than the one before
+    # it is merged into it. Blocks: [sum of sizes, count].
+    blocks: list[list[float]] = []
+    for k in range(n):
+        blocks.append([xs[k], 1.0])
+        while len(blocks) > 1 and blocks[-1][0] / blocks[-1][1] < blocks[-2][0] / blocks[-2][1]:
+            high = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + high[0], blocks[-1][1] + high[1]]
+    if len(blocks) == n:
+        return x
+    # Each block's samples split evenly, the remainder to its fastest silos.
+    parts = []
+    for total, count in blocks:
+        base, extra = divmod(int(round(total)), int(count))
+        part = np.full(int(count), base, dtype=np.int64)
+        part[int(count) - extra :] += 1
+        parts.append(part)
+    pooled = np.empty(n, dtype=np.int64)
+    pooled[order] = np.concatenate(parts)
+    lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    if np.all(pooled >= lo) and np.all(pooled <= hi):
+        return pooled
+    return round_to_total(np.clip(pooled, lo, hi), int(x.sum()), lower=lo, upper=hi)
