@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -166,7 +167,9 @@ def allocate(
     if curves is None:
         return Decision.of(ids, _equal(bounds), "no-report")
     a, b, knee = curves
-    rounding = "remainder" if settings.allocator == "proportional" else "time"
+    rounding: Literal["time", "remainder"] = (
+        "remainder" if settings.allocator == "proportional" else "time"
+    )
     result = budgeted_minmax(
         a, b, bounds.total, knee=knee, lower=bounds.lower, upper=bounds.upper, weights=weights,
         noise=noise, rho=rho, rounding=rounding,

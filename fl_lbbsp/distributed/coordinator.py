@@ -27,21 +27,16 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..core.balancer import BatchSizeBalancer, SiloReport
+from ..core.reports import check_positive_int
 from .clock import ComputeClock
 from .exchange import Exchange, Gathering, Overhead, RankFailureError, RankReport, Row, fingerprint
-from .gate import HoldGate, Verdict, WindowStats
+from .gate import HoldGate, Verdict, WindowStats, WindowTally, auto_every
 
 __all__ = ["LBBSPCoordinator", "Overhead", "RankFailureError", "RankReport"]
 
 log = logging.getLogger("fl_lbbsp")
 
 STATE_VERSION = 1
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 class LBBSPCoordinator:
@@ -132,10 +127,10 @@ class LBBSPCoordinator:
         device: torch.device | None = None,
         rank_ids: Sequence[str] | None = None,
     ) -> None:
-        _check_positive_int("initial_batch_size", initial_batch_size)
+        check_positive_int("initial_batch_size", initial_batch_size)
         if every != "auto":
-            _check_positive_int("every", every)
-        _check_positive_int("max_every", max_every)
+            check_positive_int("every", every)
+        check_positive_int("max_every", max_every)
         if not (isinstance(overhead_share, float | int) and 0 < overhead_share < 1):
             raise ValueError(f"overhead_share must be in (0, 1), got {overhead_share!r}")
         if not (isinstance(tolerance, float | int) and 0 <= tolerance < 1):
@@ -160,11 +155,7 @@ class LBBSPCoordinator:
         self.max_every = max_every
         self._k = 1 if every == "auto" else every
         self.balance = bool(balance)
-        self.balancer = (
-            BatchSizeBalancer(initial_batch_size=initial_batch_size)
-            if balancer is None
-            else balancer
-        )
+        self.balancer = balancer or BatchSizeBalancer(initial_batch_size=initial_batch_size)
         self.initial_batch_size = initial_batch_size
         self.total = self._world * initial_batch_size
         self._sizes = self._allocate()
@@ -172,17 +163,14 @@ class LBBSPCoordinator:
         self.last_reports: dict[int, RankReport] = {}
         self.last_verdict: Verdict | None = None
         self.disagreements = 0
-        self._reset_window()
-        self._overhead = 0.0
-        self._cost = 0.0
-        self._last_exchange = 0.0
+        self._window = WindowTally()
+        self._overhead = self._cost = self._last_exchange = self._started = 0.0
         self._last_step: float | None = None
         self._rebalances = 0
         self._clock = ComputeClock()
         self._comm_hook = False
         self.overlap = bool(overlap)
         self._gathering: Gathering | None = None
-        self._started = 0.0
 
     # ---------------------------------------------------------------- the plan
     @property
@@ -265,16 +253,10 @@ class LBBSPCoordinator:
         return self._clock.wall()
 
     def compute_cpu_time(self) -> float | None:
-        """CPU seconds this process used from :meth:`begin` to the end of local compute,
-        ``None`` if unknown.
-
-        Unlike :meth:`compute_time` it leaves out the time the rank waited for a core, so
-        it is the rank's own work when several ranks share the cores of one host: the
-        time to scale when emulating a slower machine of its own
-        (:func:`~fl_lbbsp.clients.emulation.emulated_time` with ``started``), where the
-        wall time would multiply the ranks' contention by the slowdown. Not for real
-        heterogeneity: a co-tenant on a rank's core slows its wall time, not its CPU time.
-        """
+        """CPU seconds this process used from :meth:`begin` to the end of local compute
+        (``None`` if unknown): without the waits for a core, the rank's own work where
+        ranks share a host's cores, to scale when emulating a slower machine
+        (:func:`~fl_lbbsp.clients.emulation.emulated_time`); not for real heterogeneity."""
         return self._clock.cpu()
 
     @property
@@ -318,13 +300,9 @@ class LBBSPCoordinator:
                 "(or let all_reduce_gradients() mark its end), or pass compute_time"
             )
         now = time.perf_counter()
-        if self._last_step is not None:
-            self._window_wall += now - self._last_step
+        wall = 0.0 if self._last_step is None else now - self._last_step
         self._last_step = now
-        self._window_time += seconds
-        self._window_square += seconds * seconds
-        self._window_samples += self.batch_size if samples is None else int(samples)
-        self._window_iterations += 1
+        self._window.add(seconds, self.batch_size if samples is None else int(samples), wall)
         self.iteration += 1
         self._clock.stop()
         if not self.balance:
@@ -332,7 +310,7 @@ class LBBSPCoordinator:
         decided = self._gathering is not None
         if decided:
             self._decide()
-        if self._window_iterations >= self._k:
+        if self._window.iterations >= self._k:
             self._start_exchange()
             if not self.overlap:
                 self._decide()
@@ -342,10 +320,10 @@ class LBBSPCoordinator:
     def _start_exchange(self) -> None:
         """Send this rank's window (the gather runs in the background) and open the next."""
         started = time.perf_counter()
-        row = [self._window_time, float(self._window_samples), float(self.batch_size),
-               float(self._window_iterations), self._last_exchange, self._window_wall,
-               self._window_square, fingerprint(self._sizes, self._k)]  # fmt: skip
-        self._reset_window()
+        window, self._window = self._window, WindowTally()
+        row = [window.time, float(window.samples), float(self.batch_size),
+               float(window.iterations), self._last_exchange, window.wall,
+               window.square, fingerprint(self._sizes, self._k)]  # fmt: skip
         self._gathering = self._exchange.start(row, iteration=self.iteration)
         self._started = time.perf_counter() - started
         self._last_step = time.perf_counter()
@@ -370,21 +348,16 @@ class LBBSPCoordinator:
         # lengths (every="auto" changes k). The ranks' reports are fed together, so that
         # a slowdown they all share (a busy node) is taken out of them.
         counts = {r: max(report.iterations, 1) for r, report in self.last_reports.items()}
-        errors = self.balancer.report_round(
-            {
-                self.rank_ids[r]: SiloReport(
-                    batch_size=report.batch_size,
-                    train_time=report.compute_time / counts[r],
-                    samples=max(1, round(report.samples / counts[r])),
-                )
-                for r, report in self.last_reports.items()
-            }
-        )
-        if self._rank == 0:
-            for r, rank_id in enumerate(self.rank_ids):
-                if rank_id in errors:
-                    log.warning("rank %d: report left out at iteration %d: %s", r,
-                                self.iteration, errors[rank_id])  # fmt: skip
+        errors = self.balancer.report_round({
+            self.rank_ids[r]: SiloReport(batch_size=report.batch_size,
+                                         train_time=report.compute_time / counts[r],
+                                         samples=max(1, round(report.samples / counts[r])))
+            for r, report in self.last_reports.items()
+        })  # fmt: skip
+        for r, rank_id in enumerate(self.rank_ids):
+            if self._rank == 0 and rank_id in errors:
+                log.warning("rank %d: report left out at iteration %d: %s", r,
+                            self.iteration, errors[rank_id])  # fmt: skip
         windows = [
             WindowStats(batch_size=int(row[Row.SIZE]), time=row[Row.TIME], square=row[Row.SQUARE],
                         iterations=int(row[Row.COUNT]))
@@ -392,10 +365,11 @@ class LBBSPCoordinator:
         ]  # fmt: skip
         self.last_verdict = self.gate.judge(windows)
         before = self._sizes
-        if self.tolerance <= 0 or self.last_verdict.move:
-            self._sizes = self._allocate()
+        # the gate is the allocation's hold step: held sizes are kept (reason "held")
+        move = self.tolerance <= 0 or self.last_verdict.move
+        self._sizes = self._allocate(held=None if move else before)
         if self._sizes != before:
-            self._reset_window()  # the iteration run while the gather was under way
+            self._window = WindowTally()  # the iteration run while the gather was under way
         self._k = self._next_every(rows)
         self._rebalances += 1
         self._last_exchange = self._started + time.perf_counter() - started
@@ -420,34 +394,21 @@ class LBBSPCoordinator:
                         self.iteration)  # fmt: skip
 
     def _next_every(self, rows: list[list[float]]) -> int:
-        """k for the next window: fixed, or (``"auto"``) the smallest that keeps the
-        exchange's cost (the shortest time any rank spent in the last one) within the
-        overhead share of rank 0's wall time per iteration."""
+        """k for the next window: fixed, or (``"auto"``) :func:`~.gate.auto_every` from the
+        exchange's cost (the shortest time any rank spent in the last one) and rank 0's
+        wall time per iteration (its first window's first iteration left out)."""
         if self.every != "auto":
             return self.every
-        cost = min(row[Row.EXCHANGE] for row in rows)
         head = rows[0]
-        if cost <= 0 or head[Row.WALL] <= 0:
-            return self._k
-        per_iteration = (
-            head[Row.WALL] / max(head[Row.COUNT] - 1, 1)
-            if self._rebalances == 0
-            else head[Row.WALL] / head[Row.COUNT]
-        )
-        wanted = math.ceil(cost / (self.overhead_share * per_iteration))
-        return max(1, min(self.max_every, wanted))
+        count = head[Row.COUNT] - 1 if self._rebalances == 0 else head[Row.COUNT]
+        cost = min(row[Row.EXCHANGE] for row in rows)
+        return auto_every(cost, head[Row.WALL], count, self.overhead_share, self.max_every, self._k)
 
-    def _reset_window(self) -> None:
-        self._window_time = 0.0
-        self._window_square = 0.0
-        self._window_samples = 0
-        self._window_iterations = 0
-        self._window_wall = 0.0
-
-    def _allocate(self) -> tuple[int, ...]:
+    def _allocate(self, held: tuple[int, ...] | None = None) -> tuple[int, ...]:
         # DDP weights every rank's gradient by its batch size: the global batch's noise is
         # the same whatever the split, so no noise budget (it would only cost speed)
-        sizes = self.balancer.allocate(self.rank_ids, total=self.total, budget=False)
+        kept = None if held is None else dict(zip(self.rank_ids, held, strict=True))
+        sizes = self.balancer.allocate(self.rank_ids, total=self.total, budget=False, held=kept)
         return tuple(int(sizes[i]) for i in self.rank_ids)
 
     # ----------------------------------------------------------- aggregation
@@ -524,7 +485,7 @@ class LBBSPCoordinator:
         self.total = int(state["total"])
         if self.total < self._world:
             raise ValueError(f"a global batch of {self.total} cannot feed {self._world} ranks")
-        self._reset_window()
+        self._window = WindowTally()
         self.gate.reset()
         self._gathering = None
         self._k = self._k if self.every != "auto" else int(state.get("every", 1))

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["HoldGate", "Verdict", "WindowStats"]
+__all__ = ["HoldGate", "Verdict", "WindowStats", "WindowTally", "auto_every"]
 
 MAD_TO_SD = 1.4826
 """Scale of a median absolute deviation to a normal standard deviation."""
@@ -71,6 +71,48 @@ class WindowStats:
             return None
         variance = max(self.square - count * mean * mean, 0.0) / (count - 1)
         return math.sqrt(variance / count) / mean
+
+
+@dataclass
+class WindowTally:
+    """This rank's window while it runs: what :class:`WindowStats` and the exchange's row
+    are made of.
+
+    Parameters
+    ----------
+    time, square : float (default: 0.0)
+        Seconds of compute summed over the window's iterations, and their squares.
+    samples, iterations : int (default: 0)
+        Samples processed and iterations.
+    wall : float (default: 0.0)
+        Wall seconds between the window's steps.
+    """
+
+    time: float = 0.0
+    square: float = 0.0
+    samples: int = 0
+    iterations: int = 0
+    wall: float = 0.0
+
+    def add(self, seconds: float, samples: int, wall: float) -> None:
+        """Count an iteration of ``seconds`` of compute, ``samples``, ``wall`` seconds."""
+        self.wall += wall
+        self.time += seconds
+        self.square += seconds * seconds
+        self.samples += samples
+        self.iterations += 1
+
+
+def auto_every(
+    cost: float, wall: float, count: float, share: float, largest: int, current: int
+) -> int:
+    """The smallest k that keeps an exchange costing ``cost`` seconds within ``share`` of
+    the wall time of k iterations (``wall`` over ``count`` iterations), at most
+    ``largest``; ``current`` while cost or wall is unknown (not positive)."""
+    if cost <= 0 or wall <= 0:
+        return current
+    per_iteration = wall / max(count, 1)
+    return max(1, min(largest, math.ceil(cost / (share * per_iteration))))
 
 
 @dataclass(frozen=True)
