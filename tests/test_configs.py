@@ -229,7 +229,7 @@ def test_every_config_class_is_covered() -> None:
         "PartitionSpec", "CKKSConfig", "RecordKeys", "SimulationConfig", "ClusterConfig",
         "RunSettings",  # the base of the two above: its fields are checked through them
         # a checkpoint's contents, validated on load: tests/test_checkpoint_validation.py
-        "_Open", "Manifest", "EstimatorState", "LastReport", "SiloState", "BalancerState",
+        "OpenRecord", "Manifest", "EstimatorState", "LastReport", "SiloState", "BalancerState",
         "EngineState", "ClaimsState", "FitState", "IterativeConfig",
         "IterativeAllocatorState", "IterativeState", "PooledShape",  # and test_checkpoint_hostile
     }  # fmt: skip
