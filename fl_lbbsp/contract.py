@@ -27,6 +27,9 @@ __all__ = [
     "ENCRYPTED_HEADER",
     "LAST_MODEL",
     "MODEL_REFUSED",
+    "HE_CHECK",
+    "NAMED_SILO",
+    "REFUSED_ROUND",
     "INITIAL_MODEL",
     "UPDATE_PREFIX",
     "STEP_BATCH_SIZE",
@@ -117,6 +120,17 @@ SILO_APP_METRICS: tuple[str, ...] = (
 MODEL_REFUSED = "model-refused"
 """Entry of a silo's reply ConfigRecord (``silo``): why it refused the global model it was
 sent (NaN or inf, a norm far from its last model's) and trained from its last model."""
+HE_CHECK = "he-check"
+"""Encrypted mode, finding the silo behind a refused aggregate: the ArrayRecords of a train
+message that ask the silo to check other silos' contributions (``he-check-0``, ...: one
+contribution each), and the entry of the silo's encrypted update (so it is signed with it)
+that answers them (:mod:`fl_lbbsp.crypto.blame`)."""
+NAMED_SILO = "named"
+"""Metric of a round in Flower's ``Result``, encrypted mode: ``named/<silo>`` is the round
+whose aggregate that silo's contribution spoiled; it was named in this round and left out."""
+REFUSED_ROUND = "lbbsp-refused-round"
+"""ConfigRecord of a silo's Context state, encrypted mode: ``round``, the last round it
+refused the global model in; it answers check requests only in the round after."""
 LAST_MODEL = "lbbsp-last-model"
 """ArrayRecord of a silo's Context state: its model after its last round of training."""
 

@@ -27,8 +27,10 @@ from ..contract import (
     BUSY_TIME,
     EVAL_ACCURACY,
     EVAL_LOSS,
+    HE_CHECK,
     LAST_MODEL,
     MODEL_REFUSED,
+    REFUSED_ROUND,
     RecordKeys,
     is_encrypted,
     read_int,
@@ -230,6 +232,34 @@ def _encrypt_model(
     return record, time.perf_counter() - start
 
 
+def _answer_checks(
+    msg: Message,
+    context: Context,
+    arrays: ArrayRecord,
+    secret_context: str,
+    reference: Mapping[str, torch.Tensor],
+    server_round: int,
+) -> tuple[ArrayRecord, float]:
+    """The encrypted update with the silo's answers to the server's check requests (the
+    contributions to an aggregate it refused last round), and the seconds they took."""
+    if not any(name.startswith(HE_CHECK) for name in msg.content.array_records):
+        return arrays, 0.0
+    from ..crypto import InvalidUpdateError
+    from ..crypto.records import answer_check_requests, check_requests_of
+
+    last = context.state.config_records.get(REFUSED_ROUND)
+    if last is None or last.get("round") != server_round - 1:
+        log.warning("check requests ignored: this silo refused no global model last round")
+        return arrays, 0.0
+    try:
+        requests = check_requests_of(msg.content)
+    except InvalidUpdateError as err:
+        log.warning("check requests ignored: %s", err)
+        return arrays, 0.0
+    keys, checker = _silo_keys(secret_context)
+    return answer_check_requests(requests, arrays, keys=keys, checker=checker, reference=reference)
+
+
 def _slowdown(setup: SiloSetup, context: Context) -> SlowdownSchedule:
     """node_config ``slowdown``, else the setup's ``slowdowns``, else the run config's."""
     return slowdown_schedule(
@@ -403,8 +433,11 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
                 total=instruction.he_weight_total or 1.0,
                 silos=instruction.he_num_silos or 1,
             )
+            arrays, checking = _answer_checks(
+                msg, context, arrays, secret_context, state, instruction.server_round
+            )
             extra[keys.he_time] = emulate_slowdown(
-                he_time + seconds, factor, wait=setup.emulate_wait
+                he_time + seconds + checking, factor, wait=setup.emulate_wait
             )
         metrics = MetricRecord(
             {**report.metrics, BUSY_TIME: time.perf_counter() - started, **extra}
@@ -413,6 +446,7 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
         notes = dict(report.notes)
         if refused is not None:
             notes[MODEL_REFUSED] = refused
+            context.state[REFUSED_ROUND] = ConfigRecord({"round": instruction.server_round})
         return train_reply(
             msg,
             arrays=arrays,

@@ -23,7 +23,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,9 @@ import tenseal as ts
 
 from ..core.aggregation import weighted_sum
 from .keys import CKKSKeys
+
+if TYPE_CHECKING:
+    from .blame import CheckReport
 
 __all__ = [
     "FORMAT",
@@ -219,10 +222,12 @@ class EncryptedUpdate:
 
 @dataclass(frozen=True)
 class ParsedUpdate:
-    """An update that passed :class:`UpdateChecker`, its chunks deserialized."""
+    """An update that passed :class:`UpdateChecker`, its chunks deserialized, with the
+    silo's answers to the server's check requests (``None``: none)."""
 
     update: EncryptedUpdate
     vectors: tuple[ts.CKKSVector, ...]
+    check: CheckReport | None = None
 
 
 def encrypt_update(

@@ -12,13 +12,17 @@ updates are judged together (:mod:`fl_lbbsp.core.update_screen`):
   or far from its last one trains from its last model instead) are read: the server logs
   an error, and when most of the round's silos refused, the round's result is the last
   global model most of them accepted (a rollback).
+
+In encrypted mode the server cannot read an update: a contribution judge
+(:class:`EncryptedJudge`, :mod:`fl_lbbsp.strategies.encrypted_blame`) takes the screen's
+place, learns of every refused aggregate, and names and leaves out the silo that spoiled it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
@@ -28,9 +32,19 @@ from ..core.round_state import RoundState
 from ..core.update_screen import UpdateScreen, cap_weights
 from .updates import Updates
 
-__all__ = ["Defenses"]
+__all__ = ["Defenses", "EncryptedJudge"]
 
 log = logging.getLogger("fl_lbbsp")
+
+
+class EncryptedJudge(Protocol):
+    """Judges updates the server cannot read, from what the silos who can say."""
+
+    def judge(self, state: RoundState, accepted: Mapping[str, Any]) -> dict[str, str]:
+        """The silos of ``accepted`` (silo -> its parsed update) left out, with why."""
+
+    def refused(self, state: RoundState, refused_by: set[str]) -> None:
+        """Most of the round's silos (``refused_by``) refused the model it sent."""
 
 
 class Defenses:
@@ -64,6 +78,10 @@ class Defenses:
         """Silo -> rounds in a row its update was rejected by the screen."""
         self.last_accepted: ArrayRecord | None = None
         """The last global model most of its round's silos accepted (``None``: none yet)."""
+        self.refused_by: set[str] = set()
+        """The silos that refused the global model of the last round read."""
+        self.encrypted: EncryptedJudge | None = None
+        """Encrypted mode: the judge of the updates the screen cannot read."""
 
     def judge(
         self, state: RoundState, updates: Updates[Any], accepted: Mapping[str, Any]
@@ -73,9 +91,15 @@ class Defenses:
         distances: dict[str, float] = {}
         for silo, update in accepted.items():
             distance = updates.distance(update)
-            if distance is None:
-                return {}  # unreadable (encrypted): the silos check the aggregate
+            if distance is None:  # unreadable (encrypted): the silos check the aggregate
+                distances = {}
+                break
             distances[silo] = distance
+        if accepted and not distances:
+            rejected = {} if self.encrypted is None else self.encrypted.judge(state, accepted)
+            for silo in rejected:
+                state.feed.pop(silo, None)
+            return rejected
         rejected = self.screen.screen(distances)
         for silo in accepted:
             if silo not in rejected:
@@ -113,6 +137,7 @@ class Defenses:
             note = record.get(MODEL_REFUSED)
             if isinstance(note, str) and note:
                 refused[silo] = note[:200]
+        self.refused_by = set(refused)
         if refused:
             log.error(
                 "round %d: %d of %d silos refused the global model they were sent and "
@@ -130,6 +155,8 @@ class Defenses:
         """The round's model: ``result``, or the last model most silos accepted when most
         of this round's silos refused the one they were sent (logged)."""
         if replied and refused * 2 > replied:
+            if self.encrypted is not None:
+                self.encrypted.refused(state, self.refused_by)
             if self.last_accepted is not None:
                 log.error(
                     "round %d: most silos refused the global model: rolled back to the last "
