@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from ..clients.cluster import WorkerSetup, make_worker_app
 from ..strategies.cluster import LBBSPCluster
-from ..strategies.fedavg import LBBSPFedAvg
+from ..strategies.engine_strategy import EngineStrategy
 from .config import RunSettings
 from .engine import ResolvedRun, execute, initial_model, prepare_run
 
@@ -117,7 +117,7 @@ class ClusterConfig(RunSettings):
         )
 
 
-def make_cluster_strategy(config: ClusterConfig) -> LBBSPFedAvg:
+def make_cluster_strategy(config: ClusterConfig) -> EngineStrategy:
     """The parameter-server strategy of a cluster run (encrypted with ``config.encrypt``)."""
     settings: dict[str, Any] = {
         **config.strategy_settings(),
@@ -137,7 +137,7 @@ def make_cluster_strategy(config: ClusterConfig) -> LBBSPFedAvg:
     )
 
 
-def resolve_cluster(config: ClusterConfig) -> ResolvedRun[LBBSPFedAvg]:
+def resolve_cluster(config: ClusterConfig) -> ResolvedRun[EngineStrategy]:
     """The run's parts, each built once, everything checked before Flower starts: the
     data source and the initial model, the parameter-server strategy, the workers'
     ClientApp and the telemetry (:func:`~fl_lbbsp.runs.engine.prepare_run`)."""

@@ -24,7 +24,7 @@ from ..clients.app import SiloSetup, test_data
 from ..clients.trainer import evaluate
 from ..datasets import ArrayDataset
 from ..models import build_model
-from ..strategies import LBBSPFedAvg
+from ..strategies import EngineStrategy
 from ..telemetry import TelemetryWriter, read_telemetry
 from .config import RunSettings
 from .inprocess import run_in_process
@@ -48,7 +48,7 @@ __all__ = [
 
 log = logging.getLogger("fl_lbbsp")
 
-S = TypeVar("S", bound=LBBSPFedAvg)
+S = TypeVar("S", bound=EngineStrategy)
 
 Runtime = Literal["ray", "inprocess"]
 """Where a run's ServerApp and ClientApps run: Flower's Simulation Engine (Ray) or this
@@ -71,7 +71,7 @@ class ResolvedRun(Generic[S]):
 
     Attributes
     ----------
-    strategy : LBBSPFedAvg
+    strategy : EngineStrategy
         The server's strategy (restored from the checkpoint it resumes from, as a trial;
         its ``start`` restores it again).
     client_app : ClientApp
@@ -171,7 +171,7 @@ def initial_model(config: RunSettings) -> InitialModel:
 
 
 def central_evaluation(
-    strategy: LBBSPFedAvg, model: torch.nn.Module, test: ArrayDataset, *, every: int = 1
+    strategy: EngineStrategy, model: torch.nn.Module, test: ArrayDataset, *, every: int = 1
 ) -> Callable[[int, ArrayRecord], MetricRecord | None]:
     """``evaluate_fn`` for ``strategy.start``: test accuracy of the global model every
     ``every`` rounds (and round 0), logged and written to the strategy's telemetry."""
@@ -227,7 +227,7 @@ def prepare_run(
         The run's settings (its config is the telemetry's first event).
     initial : InitialModel
         The run's initial model and test split.
-    strategy : LBBSPFedAvg
+    strategy : EngineStrategy
         The run's strategy.
     client_app : ClientApp
         What every silo or worker runs.

@@ -12,7 +12,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord
 
-from ..strategies import LBBSPFedAvg
+from ..strategies import EngineStrategy
 from ..strategies.checkpoint import (
     CheckpointError,
     CheckpointStore,
@@ -36,7 +36,7 @@ _NOT_RUN_SETTINGS = frozenset(
 the silos are scheduled, none of which changes a round's result."""
 
 
-def check_resume(config: RunSettings, strategy: LBBSPFedAvg, initial: ArrayRecord) -> bool:
+def check_resume(config: RunSettings, strategy: EngineStrategy, initial: ArrayRecord) -> bool:
     """Check the run's checkpoint folder and, when it holds a checkpoint, the resume;
     return whether the run resumes.
 

@@ -1,7 +1,9 @@
 """Flower strategies over the LB-BSP core.
 
-Baselines to compare with: ``LBBSPTau`` (tune tau instead of B), ``LBBSPEta`` (scale eta
-with B) and ``PartialAggregation`` (backup workers: aggregate the k fastest replies).
+``LBBSPFedAvg`` (federated) and ``LBBSPCluster`` (parameter server) are siblings over
+``EngineStrategy``, FedAvg driven by the round engine. Baselines to compare with:
+``LBBSPTau`` (tune tau instead of B), ``LBBSPEta`` (scale eta with B) and
+``PartialAggregation`` (backup workers: aggregate the k fastest replies).
 
 ``EncryptedLBBSPFedAvg`` and ``EncryptedLBBSPCluster`` (CKKS-encrypted updates and
 gradients) need the ``he`` extra (TenSEAL) and are imported on first use.
@@ -12,6 +14,7 @@ from typing import Any
 from .baselines import LBBSPEta, LBBSPTau, PartialAggregation
 from .cluster import LBBSPCluster
 from .config import BalancingConfig
+from .engine_strategy import EngineStrategy
 from .fedavg import LBBSPFedAvg
 from .legacy import LBBSPStrategy
 
@@ -19,6 +22,7 @@ __all__ = [
     "BalancingConfig",
     "EncryptedLBBSPCluster",
     "EncryptedLBBSPFedAvg",
+    "EngineStrategy",
     "LBBSPCluster",
     "LBBSPEta",
     "LBBSPFedAvg",

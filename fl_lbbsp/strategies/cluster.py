@@ -23,13 +23,13 @@ from flwr.app import MetricRecord, RecordDict
 from ..contract import RecordKeys
 from ..core.optim import SGD
 from .config import ParameterServerConfig
-from .fedavg import LBBSPFedAvg
+from .engine_strategy import EngineStrategy
 from .updates import GradientUpdate
 
 __all__ = ["LBBSPCluster"]
 
 
-class LBBSPCluster(LBBSPFedAvg):
+class LBBSPCluster(EngineStrategy):
     """Parameter-server LB-BSP: one round = one gradient step, weighted by batch size.
 
     Workers get ``batch-size`` (their x_i), ``batch-offset`` (where their share starts in
@@ -101,7 +101,7 @@ class LBBSPCluster(LBBSPFedAvg):
             initial_batch_size=initial_batch_size,
             local_steps=1,
             lr=lr,
-            mode="parameter-server",
+            parameter_server=True,
             keys=keys,
             telemetry_path=telemetry_path,
             fraction_train=1.0,

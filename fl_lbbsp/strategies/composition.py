@@ -30,7 +30,7 @@ from flwr.serverapp.strategy import (
     Strategy,
 )
 
-from .fedavg import LBBSPFedAvg
+from .engine_strategy import EngineStrategy
 
 __all__ = ["inner_strategy", "start_wrapped"]
 
@@ -49,8 +49,10 @@ def _client_side_clipping(strategy: Strategy) -> bool:
     return False
 
 
-def inner_strategy(strategy: Strategy) -> LBBSPFedAvg:
-    """The :class:`LBBSPFedAvg` a wrapper (or a chain of wrappers) holds as ``.strategy``.
+def inner_strategy(strategy: Strategy) -> EngineStrategy:
+    """The LB-BSP strategy (an :class:`~fl_lbbsp.strategies.EngineStrategy`, such as
+    :class:`~fl_lbbsp.strategies.LBBSPFedAvg`) a wrapper (or a chain of wrappers) holds as
+    ``.strategy``.
 
     Raises
     ------
@@ -59,7 +61,7 @@ def inner_strategy(strategy: Strategy) -> LBBSPFedAvg:
     """
     seen = strategy
     for _ in range(16):
-        if isinstance(seen, LBBSPFedAvg):
+        if isinstance(seen, EngineStrategy):
             return seen
         seen = getattr(seen, "strategy", None)  # type: ignore[assignment]
         if seen is None:

@@ -38,7 +38,7 @@ from ..crypto import CKKSKeys, ParsedUpdate
 from ..crypto.records import is_encrypted
 from .config import EncryptedClusterConfig, ParameterServerConfig
 from .encrypted import EncryptedSum, log_federated_evaluation, log_keys, server_keys
-from .fedavg import LBBSPFedAvg
+from .engine_strategy import EngineStrategy
 
 __all__ = ["EncryptedLBBSPCluster", "ReplicaLog"]
 
@@ -178,7 +178,7 @@ class ReplicaLog(EncryptedSum):
         }
 
 
-class EncryptedLBBSPCluster(LBBSPFedAvg):
+class EncryptedLBBSPCluster(EngineStrategy):
     """Parameter-server LB-BSP whose server adds encrypted gradients and never reads them.
 
     Workers run :func:`fl_lbbsp.clients.cluster.make_worker_app` with a secret context
@@ -246,7 +246,7 @@ class EncryptedLBBSPCluster(LBBSPFedAvg):
             initial_batch_size=initial_batch_size,
             local_steps=1,
             lr=lr,
-            mode="parameter-server",
+            parameter_server=True,
             fraction_train=1.0,
             fraction_evaluate=0.0 if evaluate_every is None else 1.0,
             min_evaluate_nodes=0,

@@ -1,14 +1,14 @@
 """LB-BSP on Flower's Message API: FedAvg with a per-silo batch size every round.
 
-A thin translation between Flower's messages and the round engine
-(:mod:`fl_lbbsp.core.engine`), which decides every batch size, screens every reply and
-feeds the balancer. Like Flower's FedProx it overrides FedAvg's training round only:
+The federated strategy over the round engine (:mod:`fl_lbbsp.core.engine`), which decides
+every batch size, screens every reply and feeds the balancer. Like Flower's FedProx it
+changes FedAvg's training round only (:class:`~fl_lbbsp.strategies.engine_strategy.EngineStrategy`:
 ``configure_train`` gives each sampled node its own instruction, ``aggregate_train``
-hands the replies to a :class:`~fl_lbbsp.strategies.train_round.TrainRound`. The variants
+hands the replies to a :class:`~fl_lbbsp.strategies.train_round.TrainRound`). Its variants
 are the same class composed with another part: a rewriter or a selector (the baselines),
-other :class:`~fl_lbbsp.strategies.updates.Updates` (a parameter server's gradient step,
-encrypted sums); checkpointing is the wrapper strategy
-:class:`~fl_lbbsp.strategies.checkpointing.Checkpointing`.
+encrypted sums (:class:`~fl_lbbsp.strategies.updates.Updates`); checkpointing is the
+wrapper strategy :class:`~fl_lbbsp.strategies.checkpointing.Checkpointing`; the parameter
+server is its sibling, :class:`~fl_lbbsp.strategies.LBBSPCluster`.
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated Environments",
 IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL: tune B per silo, keep tau and eta).
@@ -16,39 +16,17 @@ IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL: tune B per silo, keep tau and
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
-from typing import Any, Literal, Self
+from collections.abc import Mapping
+from typing import Any, Self
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.common.logger import FLOWER_LOGGER
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, Result
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
-
-from ..contract import RecordKeys
-from ..core.identity import SiloRegistry
-from ..core.rewriters import FastestReplies, InstructionRewriter
-from ..core.round_state import Node, RoundState
-from ..instruction import RoundInstruction
-from .checkpoint import store_of
-from .checkpointing import Checkpointing
-from .config import record_keys, settings_of_run_config
-from .deadline import DeadlineGrid
-from .outcomes import NoUpdateError, round_metrics
-from .parts import EngineParts
-from .train_round import TrainRound
-from .updates import PlainMean, Updates
-from .validation import log_rejected, screen_evaluations
+from .config import settings_of_run_config
+from .engine_strategy import EngineStrategy
+from .outcomes import NoUpdateError
 
 __all__ = ["LBBSPFedAvg", "NoUpdateError"]
 
-log = logging.getLogger("fl_lbbsp")
 
-
-class LBBSPFedAvg(EngineParts, FedAvg):
+class LBBSPFedAvg(EngineStrategy):
     """FedAvg whose silos get batch sizes proportional to their predicted speed.
 
     Before each round the balancer predicts every silo's sample-processing speed (EMA by
@@ -93,10 +71,6 @@ class LBBSPFedAvg(EngineParts, FedAvg):
         The silos' public signing keys and declared dataset sizes (``fl-lbbsp keys
         silos``): every reply must be signed by the silo it claims. ``None``: silo ids
         are believed (one warning).
-    mode : {"federated", "parameter-server"} (default: "federated")
-        ``"parameter-server"``: one round is one synchronous iteration (weighted by the
-        batch sizes, with sample offsets, a reply without a usable report left out), as
-        :class:`~fl_lbbsp.strategies.LBBSPCluster` runs it.
     clock : Callable[[], float] (default: time.monotonic)
         The clock that times each reply from push to pull; injected by tests.
 
@@ -109,63 +83,15 @@ class LBBSPFedAvg(EngineParts, FedAvg):
     """
 
     def __init__(
-        self,
-        *,
-        initial_batch_size: int,
-        local_steps: int,
-        lr: float,
-        keys: RecordKeys | Mapping[str, str] | None = None,
-        updates: Updates[Any] | None = None,
-        rewriter: InstructionRewriter | None = None,
-        selector: FastestReplies | None = None,
-        silo_registry: str | Path | Mapping[str, Any] | SiloRegistry | None = None,
-        mode: Literal["federated", "parameter-server"] = "federated",
-        clock: Callable[[], float] = time.monotonic,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
-        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-        **settings: Any,
+        self, *, initial_batch_size: int, local_steps: int, lr: float, **settings: Any
     ) -> None:
-        self.keys = record_keys(keys)
-        server = self.build_parts(
+        super().__init__(
             initial_batch_size=initial_batch_size,
             local_steps=local_steps,
             lr=lr,
-            rewriter=rewriter,
-            selector=selector,
-            silo_registry=silo_registry,
-            parameter_server=mode == "parameter-server",
-            settings=settings,
+            parameter_server=False,
+            **settings,
         )
-        super().__init__(
-            fraction_train=server.fraction_train,
-            fraction_evaluate=server.fraction_evaluate,
-            min_train_nodes=server.min_train_nodes,
-            min_evaluate_nodes=server.min_evaluate_nodes,
-            min_available_nodes=server.min_available_nodes,
-            weighted_by_key=self.engine.weight_key,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-            train_metrics_aggr_fn=train_metrics_aggr_fn,
-            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
-        )
-        self.updates: Updates[Any] = updates or PlainMean()
-        self.rounds = TrainRound(
-            engine=self.engine,
-            keys=self.keys,
-            weight_key=self.weighted_by_key,
-            defenses=self.defenses,
-            outcomes=self.outcomes,
-            telemetry=self.telemetry,
-            poll_interval=self.poll_interval,
-        )
-        self.round: RoundState | None = None
-        """The round in flight (``None`` before the first ``configure_train``)."""
-        self.clock = clock
-        self._observe = False
-        self._grid: DeadlineGrid | None = None
-        self._timeout_cap: float | None = None
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any], **overrides: Any) -> Self:
@@ -181,203 +107,3 @@ class LBBSPFedAvg(EngineParts, FedAvg):
             out of range.
         """
         return cls(**settings_of_run_config(run_config, overrides, owner=cls.__name__))
-
-    def summary(self) -> None:
-        """Log the LB-BSP settings, then FedAvg's."""
-        self.log_settings()
-        super().summary()
-
-    # ---------------------------------------------------------------- training
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Sample nodes as FedAvg does; the engine gives each its instruction.
-
-        Raises
-        ------
-        ValueError
-            With ``checkpoint_dir`` set, when the rounds are not run by :meth:`start`
-            (e.g. by a wrapper strategy's own ``start``, which would never checkpoint).
-        """
-        if self._grid is None and self.server_config.checkpoint_dir is not None:
-            raise ValueError(
-                f"{type(self).__name__}(checkpoint_dir=...) checkpoints only in its own "
-                "start(); inside a wrapper strategy (e.g. Flower's differential-privacy "
-                "wrappers) leave checkpoint_dir unset"
-            )
-        state = self.engine.plan(
-            server_round, self.sample_train_nodes(grid), timeout_cap=self._timeout_cap
-        )
-        state.model = arrays
-        self.updates.begin(arrays, state)
-        state.expected_bytes = self.updates.expected_bytes(arrays)
-        self.round = state
-        state.sent = self.train_messages(state, arrays, config)
-        state.run_id = state.sent[0].metadata.run_id if state.sent else 0
-        return state.sent
-
-    def sample_train_nodes(self, grid: Grid) -> list[int]:
-        """The nodes of the round, sampled as FedAvg samples them (``fraction_train``,
-        ``min_train_nodes``, ``min_available_nodes``)."""
-        if self.fraction_train == 0.0:
-            return []
-        available = len(list(grid.get_node_ids()))
-        size = max(int(available * self.fraction_train), self.min_train_nodes)
-        nodes, everyone = sample_nodes(grid, self.min_available_nodes, size)
-        FLOWER_LOGGER.info(
-            "configure_train: Sampled %s nodes (out of %s)", len(nodes), len(everyone)
-        )
-        return nodes
-
-    def train_messages(
-        self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
-    ) -> list[Message]:
-        """One train message per instruction: the model and the node's own ConfigRecord."""
-        return [
-            Message(
-                content=RecordDict(
-                    {
-                        self.arrayrecord_key: arrays,
-                        self.configrecord_key: self.node_config(state, node, config),
-                    }
-                ),
-                message_type=MessageType.TRAIN,
-                dst_node_id=int(node),
-            )
-            for node in state.instructions
-        ]
-
-    def node_config(self, state: RoundState, node: Node, config: ConfigRecord) -> ConfigRecord:
-        """The caller's config (copied) with the node's instruction and the round."""
-        ins = state.instructions[node]
-        record = RoundInstruction(
-            batch_size=ins.batch_size,
-            local_steps=ins.local_steps,
-            lr=ins.lr,
-            server_round=state.server_round,
-            batch_offset=ins.batch_offset,
-        ).to_config(self.keys, base=config)
-        record.update(self.updates.config(state))
-        return record
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Screen every reply, feed the valid ones to the balancer, sum their updates.
-
-        Parameters are weighted by ``num-examples`` (the local dataset size), whatever
-        batch size each silo ran with. With fewer than ``min_train_silos`` valid replies,
-        or if no aggregate can be formed, the round is skipped: ``(None, None)``, and
-        Flower keeps the previous global model.
-
-        Raises
-        ------
-        NoUpdateError
-            In rounds run by :meth:`start`: the run's first round, or
-            ``max_empty_rounds`` rounds in a row, aggregated no update.
-        """
-        state = self.round
-        if state is None:
-            raise RuntimeError("aggregate_train called before configure_train")
-        result = self.rounds.aggregate(
-            state,
-            replies,
-            updates=self.updates,
-            scheme=self.scheme,
-            grid=self._grid,
-            observe=self._observe,
-        )
-        if self._grid is not None:  # rounds driven by start(): stop a run that learns nothing
-            self.outcomes.close(state, aggregated=result.arrays is not None, skipped=result.skipped)
-        if result.arrays is None:
-            return None, None
-        try:
-            aggregated = self.train_metrics_aggr_fn(result.contents, self.weighted_by_key)
-        except (ValueError, TypeError, ArithmeticError) as err:
-            log.warning("round %d: train metrics not aggregated: %s", server_round, err)
-            aggregated = None
-        return result.arrays, round_metrics(aggregated, state=state, keys=self.keys)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Average the evaluation metrics like FedAvg, without the replies that would make
-        Flower's aggregation fail: not one MetricRecord, a weight that is not a positive
-        count, a value that is not a finite number, or keys other than the first valid
-        reply's. Each is logged and written to the telemetry as ``rejected``."""
-        usable, rejected = screen_evaluations(replies, self.engine.validator)
-        for msg, reason in rejected:
-            node = msg.metadata.src_node_id
-            log_rejected(
-                self.telemetry,
-                scheme=self.scheme,
-                server_round=server_round,
-                silo=self.silo_id(node),
-                node=node,
-                reason=reason,
-            )
-        try:
-            return super().aggregate_evaluate(server_round, usable)
-        except (ValueError, TypeError, ArithmeticError) as err:
-            log.warning("round %d: evaluation metrics not aggregated: %s", server_round, err)
-            return None
-
-    # ------------------------------------------------------ deadlines, checkpoints
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Run the rounds like FedAvg, under per-round deadlines and fine polling.
-
-        As :meth:`flwr.serverapp.strategy.Strategy.start`, except that every
-        ``send_and_receive`` waits until the current round's deadline (see
-        ``deadline_margin``), at most ``timeout`` seconds, and collects replies every
-        ``poll_interval`` seconds. Evaluation messages get the deadline of the round's
-        training. With ``checkpoint_dir`` the rounds run inside
-        :class:`~fl_lbbsp.strategies.checkpointing.Checkpointing`: every round is
-        checkpointed, and a checkpoint of round k found there at the start resumes the
-        run with round k+1 (its model replaces ``initial_arrays``).
-        """
-        store = store_of(self)
-        run = super().start if store is None else Checkpointing(self, store=store).start
-        return run(
-            grid=self.deadline_grid(grid, timeout=timeout),
-            initial_arrays=initial_arrays,
-            num_rounds=num_rounds,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=evaluate_fn,
-        )
-
-    def deadline_grid(self, grid: Grid, *, timeout: float) -> DeadlineGrid:
-        """``grid`` behind this strategy's round deadlines and reply polling, as
-        :meth:`start` uses it; for a wrapper's round loop see
-        :func:`fl_lbbsp.strategies.composition.start_wrapped`.
-
-        Parameters
-        ----------
-        grid : Grid
-            Flower's grid.
-        timeout : float
-            The longest any round may wait (``start``'s ``timeout``).
-        """
-        self._timeout_cap = timeout
-        check = self.config.check_times
-        # Silos really wait behind Flower's own grids (deployment, Simulation Engine).
-        self._observe = type(grid).__module__.startswith("flwr.") if check is None else check
-        self._grid = DeadlineGrid(
-            grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval, clock=self.clock
-        )
-        return self._grid
-
-    def _timeout_for(self, timeout: float | None) -> float | None:
-        if self.engine.deadline.margin is None or self.round is None or self.round.deadline is None:
-            return timeout
-        return self.round.deadline
