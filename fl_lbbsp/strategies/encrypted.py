@@ -18,6 +18,7 @@ ASIACRYPT 2017 (CKKS); Zhang et al., "BatchCrypt", USENIX ATC 2020.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Mapping
@@ -25,9 +26,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
-from ..contract import EVAL_ACCURACY, EVAL_LOSS, RecordKeys
+from ..contract import EVAL_ACCURACY, EVAL_LOSS, NAMED_SILO, RecordKeys, silo_metric
 from ..core.round_state import RoundState
 from ..core.screening import InvalidReplyError
 from ..crypto import (
@@ -39,8 +40,14 @@ from ..crypto import (
     aggregate_updates,
     load_server_keys,
 )
-from ..crypto.records import is_encrypted, update_from_record, update_to_record
-from .config import EncryptionConfig
+from ..crypto.records import (
+    check_report_of,
+    is_encrypted,
+    update_from_record,
+    update_to_record,
+)
+from .config import EncryptionConfig, InvalidSettingError
+from .encrypted_blame import ContributionBlame
 from .engine_strategy import EngineStrategy
 from .fedavg import LBBSPFedAvg
 
@@ -113,6 +120,8 @@ class EncryptedSum:
         self._checker: UpdateChecker | None = None
         self._parsed: list[ParsedUpdate] = []
         self._round: RoundState | None = None
+        self.blame: ContributionBlame | None = None
+        """Told which round's contributions every aggregate sums (FL mode)."""
 
     def begin(self, arrays: ArrayRecord, state: RoundState) -> None:
         """Learn the layout once; fix the round's total S."""
@@ -159,11 +168,13 @@ class EncryptedSum:
     def parse(
         self, record: ArrayRecord, metrics: Mapping[str, Any], state: RoundState
     ) -> ParsedUpdate:
-        """The ciphertexts pass :class:`UpdateChecker` and the weight is ``n_i / S``."""
+        """The ciphertexts pass :class:`UpdateChecker` and the weight is ``n_i / S``; the
+        silo's answers to check requests, if any, come along."""
         try:
             update = update_from_record(record)
             checker = self._checker or UpdateChecker(self.he_keys)
             parsed = checker.check(update)
+            report = check_report_of(record)
         except InvalidUpdateError as err:
             raise InvalidReplyError(str(err)) from err
         n = float(metrics[self.weight_key])
@@ -173,7 +184,7 @@ class EncryptedSum:
                 f"weight {update.weight!r} is not {self.weight_key} / S = "
                 f"{n:g} / {self.weight_total:g} = {expected!r}"
             )
-        return parsed
+        return parsed if report is None else dataclasses.replace(parsed, check=report)
 
     def distance(self, update: ParsedUpdate) -> float | None:
         """``None``: the server cannot read a ciphertext (the silos check aggregates)."""
@@ -192,7 +203,10 @@ class EncryptedSum:
         """``sum_i Enc(w_i u_i)`` with ``sum_i w_i``."""
         if not self._parsed:
             raise ValueError("cannot aggregate zero updates")
-        return update_to_record(aggregate_updates(self.he_keys, self._parsed))
+        aggregate = aggregate_updates(self.he_keys, self._parsed)
+        if self.blame is not None and self._round is not None:
+            self.blame.aggregated(self._round.server_round, aggregate)
+        return update_to_record(aggregate)
 
     def _harvest(self) -> None:
         """Every screened silo's dataset size of the last round (for the next S)."""
@@ -234,6 +248,11 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         from counts at the mean of the others), so that sum_i w_i is about 1.
     weight_tolerance : float (default: 1e-6)
         Relative tolerance when checking a reply's weight against ``num-examples / S``.
+    exclude_named_for : int | None (default: None)
+        When most silos refuse an aggregate, the next round's silos that refused it check
+        its contributions and the silo that spoiled it is named
+        (:mod:`fl_lbbsp.strategies.encrypted_blame`); it is left out for this many
+        rounds, the round it is named in included. ``None``: for the rest of the run.
     **kwargs :
         Keyword arguments of :class:`LBBSPFedAvg` (``initial_batch_size``,
         ``local_steps``, ``lr``, ..., ``checkpoint_dir``). ``fraction_evaluate`` should
@@ -255,11 +274,21 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         fingerprint: str | None = None,
         initial_weight_total: float | None = None,
         weight_tolerance: float = 1e-6,
+        exclude_named_for: int | None = None,
         **kwargs: Any,
     ) -> None:
         checked = EncryptionConfig(
             initial_weight_total=initial_weight_total, weight_tolerance=weight_tolerance
         )
+        if exclude_named_for is not None and (
+            isinstance(exclude_named_for, bool)
+            or not isinstance(exclude_named_for, int)
+            or exclude_named_for < 1
+        ):
+            raise InvalidSettingError(
+                f"{type(self).__name__}(exclude_named_for={exclude_named_for!r}): a whole "
+                "number of rounds >= 1, or None (for good)"
+            )
         super().__init__(**kwargs)
         self.he_keys = server_keys(public_context, fingerprint)
         self.updates = EncryptedSum(
@@ -269,6 +298,37 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
             initial_weight_total=checked.initial_weight_total,
             weight_tolerance=checked.weight_tolerance,
         )
+        self.blame = ContributionBlame(
+            max_ratio=self.server_config.max_update_ratio,
+            exclude_for=exclude_named_for,
+            telemetry=self.telemetry,
+            scheme=self.scheme,
+        )
+        self.updates.blame = self.blame
+        self.defenses.encrypted = self.blame
+
+    def train_messages(
+        self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """The train messages; after a refused aggregate, those of the silos that refused
+        it also carry the contributions each is asked to check."""
+        messages = super().train_messages(state, arrays, config)
+        requests = self.blame.requests(state)
+        for msg in messages:
+            for name, record in requests.get(msg.metadata.dst_node_id, {}).items():
+                msg.content[name] = record
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """As :class:`LBBSPFedAvg`; the round's metrics also carry ``named/<silo>`` (the
+        round it spoiled) for each silo named in it."""
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if metrics is not None and self.round is not None:
+            for silo, bad_round in self.blame.named_in(self.round.server_round).items():
+                metrics[silo_metric(NAMED_SILO, silo)] = bad_round
+        return arrays, metrics
 
     def summary(self) -> None:
         """Log the encryption settings, then LB-BSP's and FedAvg's."""
