@@ -35,7 +35,8 @@ def _checkpoint_key(args: argparse.Namespace) -> int:
 
 
 def _silo_keys(args: argparse.Namespace) -> int:
-    from .core.identity import check_silo_id, write_silo_keys
+    from .core.identity import check_silo_id
+    from .core.silo_keys import write_silo_keys
 
     if (args.silos is None) == (args.ids is None):
         raise ValueError("give the silos with exactly one of --silos N and --ids A,B,...")

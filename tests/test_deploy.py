@@ -24,7 +24,7 @@ import psutil
 import pytest
 import tomli
 
-from fl_lbbsp.core.identity import write_silo_keys
+from fl_lbbsp.core.silo_keys import write_silo_keys
 from fl_lbbsp.runs.deploy import (
     LocalFederation,
     RestartPolicy,

@@ -23,8 +23,8 @@ from fl_lbbsp.core.identity import (
     load_registry,
     load_signing_key,
     sign_reply,
-    write_silo_keys,
 )
+from fl_lbbsp.core.silo_keys import write_silo_keys
 from fl_lbbsp.runs.deploy import (
     LocalFederation,
     ManagedProcess,

@@ -15,7 +15,7 @@ from conftest import FakeGrid, make_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fl_lbbsp.cli import main
-from fl_lbbsp.core.identity import write_silo_keys
+from fl_lbbsp.core.silo_keys import write_silo_keys
 from fl_lbbsp.strategies import LBBSPFedAvg
 from fl_lbbsp.strategies.checkpoint import write_checkpoint_key
 

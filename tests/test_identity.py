@@ -34,8 +34,8 @@ from fl_lbbsp.core.identity import (
     sign_reply,
     signed_arrays,
     signed_bytes,
-    write_silo_keys,
 )
+from fl_lbbsp.core.silo_keys import write_silo_keys
 from fl_lbbsp.models import build_model
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg

@@ -18,7 +18,8 @@ Silo ids follow one rule everywhere (:data:`SILO_ID_PATTERN`, :func:`check_silo_
 and a telemetry record. Private key files must not be readable by group or others
 (:func:`check_private_file`, as ssh does).
 
-``fl-lbbsp keys silos`` writes the key files and the registry (:func:`write_silo_keys`).
+``fl-lbbsp keys silos`` writes the key files and the registry
+(:func:`fl_lbbsp.core.silo_keys.write_silo_keys`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numbers
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,8 @@ __all__ = [
     "SILO_ID_PATTERN",
     "IdentityError",
     "SiloRegistry",
-    "SiloKeyFiles",
     "check_private_file",
     "check_silo_id",
-    "check_silo_keys",
     "instruction_of",
     "key_file_name",
     "load_registry",
@@ -62,8 +61,8 @@ __all__ = [
     "sign_reply",
     "signed_arrays",
     "signed_bytes",
+    "public_pem",
     "write_file",
-    "write_silo_keys",
 ]
 
 REGISTRY_FILE = "registry.json"
@@ -319,14 +318,15 @@ class SiloRegistry:
         """The registry file's content: ``{"silos": {id: {"public-key": PEM, ...}}}``."""
         silos: dict[str, dict[str, Any]] = {}
         for silo, public in self.keys.items():
-            entry: dict[str, Any] = {"public-key": _public_pem(public)}
+            entry: dict[str, Any] = {"public-key": public_pem(public)}
             if silo in self.dataset_sizes:
                 entry["dataset-size"] = self.dataset_sizes[silo]
             silos[silo] = entry
         return {"silos": silos}
 
 
-def _public_pem(key: Ed25519PublicKey) -> str:
+def public_pem(key: Ed25519PublicKey) -> str:
+    """A public key as PEM text (SubjectPublicKeyInfo), as the registry holds it."""
     return key.public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     ).decode()
@@ -411,95 +411,3 @@ def load_signing_key(path: str | Path) -> Ed25519PrivateKey:
     if not isinstance(key, Ed25519PrivateKey):
         raise IdentityError(f"{path}: not an Ed25519 private key")
     return key
-
-
-def check_silo_keys(folder: str | Path, silos: Sequence[str]) -> SiloRegistry:
-    """The registry of a key folder whose ``silo-<id>.key`` files all match it (a
-    simulation's silos sign with those files).
-
-    Raises
-    ------
-    IdentityError
-        The registry or a silo's key file is missing or unreadable, a silo is not in the
-        registry, or its key is not the one registered.
-    """
-    registry = load_registry(folder)
-    for silo in silos:
-        public = registry.keys.get(silo)
-        if public is None:
-            raise IdentityError(f"{folder}: silo {silo} is not in the silo registry")
-        key = load_signing_key(Path(folder) / key_file_name(silo))
-        if _public_pem(key.public_key()) != _public_pem(public):
-            raise IdentityError(f"{folder}: silo {silo}'s key is not the one registered")
-    return registry
-
-
-@dataclass(frozen=True)
-class SiloKeyFiles:
-    """What :func:`write_silo_keys` wrote: each silo's key file and the registry."""
-
-    keys: Mapping[str, Path]
-    registry: Path
-
-
-def write_silo_keys(
-    out: str | Path,
-    silos: Sequence[str],
-    *,
-    dataset_sizes: Sequence[int] | None = None,
-    overwrite: bool = False,
-) -> SiloKeyFiles:
-    """Generate one Ed25519 key per silo; write ``silo-<id>.key`` (mode 0600) for each and
-    ``registry.json`` (public keys, declared dataset sizes) for the server.
-
-    Parameters
-    ----------
-    out : str | Path
-        The folder (created if needed).
-    silos : sequence of str
-        The silo ids, distinct.
-    dataset_sizes : sequence of int | None (default: None)
-        Each silo's declared dataset size, in the order of ``silos``; ``None``: none.
-    overwrite : bool (default: False)
-        Replace existing files; otherwise an existing one raises ``FileExistsError``.
-
-    Raises
-    ------
-    ValueError
-        No silo, a repeated or invalid id (:func:`check_silo_id`, an
-        :class:`IdentityError`), or dataset sizes that do not match the silos or are not
-        positive.
-    """
-    for silo in silos:
-        check_silo_id(silo)
-    if not silos or len(set(silos)) != len(silos):
-        raise ValueError(f"silo ids must be distinct and at least one, got {list(silos)}")
-    if dataset_sizes is not None and (
-        len(dataset_sizes) != len(silos) or any(n <= 0 for n in dataset_sizes)
-    ):
-        raise ValueError(
-            f"--dataset-sizes needs one positive size per silo ({len(silos)}), "
-            f"got {list(dataset_sizes)}"
-        )
-    folder = Path(out)
-    paths = {silo: folder / key_file_name(silo) for silo in silos}
-    registry = folder / REGISTRY_FILE
-    if not overwrite:
-        for path in (*paths.values(), registry):
-            if path.exists():
-                raise FileExistsError(f"{path} exists; not replacing keys without overwrite")
-    folder.mkdir(parents=True, exist_ok=True)
-    public: dict[str, Ed25519PublicKey] = {}
-    for silo, path in paths.items():
-        key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        write_file(path, pem, mode=0o600)
-        public[silo] = key.public_key()
-    sizes = {} if dataset_sizes is None else dict(zip(silos, dataset_sizes, strict=True))
-    content = SiloRegistry(keys=public, dataset_sizes=sizes).to_json()
-    write_file(registry, (json.dumps(content, indent=2) + "\n").encode(), mode=0o644)
-    return SiloKeyFiles(keys=paths, registry=registry)

@@ -11,7 +11,7 @@ from pydantic import Field, computed_field, model_validator
 
 from ..clients.app import SiloSetup, make_client_app, silo_data
 from ..clients.emulation import SlowdownSchedule
-from ..core.identity import check_silo_keys
+from ..core.silo_keys import check_silo_keys
 from ..datasets import DataSourceError, PartitionText
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 from .config import RunSettings, check_schedule_order

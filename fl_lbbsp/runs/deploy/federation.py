@@ -60,7 +60,8 @@ from pathlib import Path
 from typing import IO
 
 from ...clients.warm import SOCKET_FILE
-from ...core.identity import REGISTRY_FILE, check_silo_keys, write_silo_keys
+from ...core.identity import REGISTRY_FILE
+from ...core.silo_keys import check_silo_keys, write_silo_keys
 from .flower_cli import (
     flower_config,
     register_node_key,
