@@ -35,7 +35,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -93,7 +93,9 @@ class CheckRequest:
         """
         meta = _json(data)
         silo, bad_round = meta.get("silo"), meta.get("round")
-        if not isinstance(silo, str) or not isinstance(bad_round, int) or bad_round < 0:
+        if isinstance(bad_round, bool):
+            bad_round = None
+        if not isinstance(silo, str) or not _number(bad_round) or not isinstance(bad_round, int):
             raise InvalidUpdateError("check request: unreadable note")
         return silo, bad_round
 
@@ -144,6 +146,7 @@ class CheckReport:
         if (
             meta.get("format") != REPORT_FORMAT
             or not isinstance(bad_round, int)
+            or isinstance(bad_round, bool)
             or not isinstance(norms, dict)
             or not _number(reference)
             or not all(isinstance(s, str) and (v is None or _number(v)) for s, v in norms.items())
@@ -286,7 +289,7 @@ def _json(data: bytes) -> dict[str, Any]:
     return meta
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     return (
         isinstance(value, int | float)
         and not isinstance(value, bool)
