@@ -37,7 +37,6 @@ from .budget import Allocation
 from .iterative import IterativeAllocator, IterativeStep
 from .reports import InvalidReportError, SiloReport
 from .silo_model import SiloModel, SiloTable
-from .slowdown import shared_slowdown
 
 __all__ = [
     "ALLOCATION_REASONS",
@@ -173,16 +172,12 @@ class BatchSizeBalancer:
         self.min_batch_size, self.history = int(min_batch_size), int(history)
         self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
         self.min_fit_spread = float(min_fit_spread)
-        self.max_change_ratio = _optional_float(max_change_ratio)
         self.min_batch_fraction = float(min_batch_fraction)
-        self.noise_budget = _optional_float(noise_budget)
+        self.max_change_ratio, self.noise_budget = _floats(max_change_ratio, noise_budget)
         self.floor = self.allocation_settings.floor
-        self.change_sigmas = _optional_float(change_sigmas)
-        self.change_threshold = float(change_threshold)
-        self.change_confirm = int(change_confirm)
-        self.common_noise = bool(common_noise)
-        self.order_tolerance = _optional_float(order_tolerance)
-        self.equal_split_guard = bool(equal_split_guard)
+        self.change_sigmas, self.order_tolerance = _floats(change_sigmas, order_tolerance)
+        self.change_threshold, self.change_confirm = float(change_threshold), int(change_confirm)
+        self.common_noise, self.equal_split_guard = bool(common_noise), bool(equal_split_guard)
         self.equal_split_margin = float(equal_split_margin)
         self.common_factor = 1.0
         """The common factor taken out of the last round's reports (1: none)."""
@@ -191,7 +186,6 @@ class BatchSizeBalancer:
         in the last :meth:`allocate`."""
         self._table = SiloTable(self.model_settings)
         self._silos = self._table.models
-        self._restarted: set[str] = set()  # restarted silos whose next report is not taken
 
     # ------------------------------------------------------------------ reports
     def report(self, silo_id: str, report: SiloReport) -> None:
@@ -204,9 +198,7 @@ class BatchSizeBalancer:
             If the report is unusable; the silo's state is then left unchanged.
         """
         report.validate()
-        model = self._table.model(silo_id)
-        level = model.near_level(report.batch_size, self.min_fit_spread)
-        self._take(silo_id, model, report, 1.0, level)
+        self._table.take_round({silo_id: report})
 
     def report_round(self, reports: Mapping[str, SiloReport]) -> dict[str, InvalidReportError]:
         """Feed one round's reports, the round's shared slowdown taken out of them
@@ -221,55 +213,21 @@ class BatchSizeBalancer:
                 errors[silo] = err
             else:
                 valid[silo] = report
-        models = [self._table.model(silo) for silo in valid]
-        spread = self.min_fit_spread
-        levels = [
-            m.near_level(r.batch_size, spread) for m, r in zip(models, valid.values(), strict=True)
-        ]
-        scale = 1.0
-        if self.common_noise:
-            lines = [
-                None if m.fit is None else m.fit.slope * r.batch_size + m.fit.intercept
-                for m, r in zip(models, valid.values(), strict=True)
-            ]
-            times = [r.train_time for r in valid.values()]
-            scale = shared_slowdown(times, levels, lines, threshold=self.change_threshold)
-        self.common_factor = scale
-        for (silo, report), model, level in zip(valid.items(), models, levels, strict=True):
-            self._take(silo, model, report, scale, level)
+        self.common_factor = self._table.take_round(valid, shared=self.common_noise)
         return errors
-
-    def _take(
-        self, silo: str, model: SiloModel, report: SiloReport, scale: float, level: float | None
-    ) -> None:
-        restarted = silo in self._restarted
-        self._restarted.discard(silo)
-        settings = self.model_settings
-        model.take(report, scale=scale, level=level, restarted=restarted, settings=settings)
-        self._table.refresh(model)
 
     def restart(self, silo_id: str) -> None:
         """Forget what a silo's reports taught its estimate and window, as after a
         confirmed change (shape and noise kept): for a report that held start-up rather
         than capacity (a first round, a rejoin). The allocation after its next report may
         move it as far as after a confirmed change. A silo not seen yet: nothing."""
-        model = self._silos.get(silo_id)
-        if model is not None:
-            model.restart(self.model_settings)
-            self._restarted.add(silo_id)
-            self._table.refresh(model)  # no history: no cost line
+        self._table.restart(silo_id)
 
     # ------------------------------------------------------------ predictions
     def warming_up(self) -> dict[str, tuple[int, int]]:
         """Silos whose estimator still predicts by its EMA warm-up (NARX before its first
         training, Sec. 3.2.2): silo id -> (reports so far, warm-up length)."""
-        out = {}
-        for silo, model in self._silos.items():
-            warmup = getattr(model.estimator, "warmup", None)
-            seen = getattr(model.estimator, "observations", None)
-            if isinstance(warmup, int) and isinstance(seen, int) and seen < warmup:
-                out[silo] = (seen, warmup)
-        return out
+        return self._table.warming_up()
 
     def predicted_speed(self, silo_id: str) -> float | None:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
@@ -279,17 +237,12 @@ class BatchSizeBalancer:
     def cost_line(self, silo_id: str) -> tuple[float, float] | None:
         """The silo's cost line ``(a, b)`` as the linear allocator uses it (its smoothed
         ``fixed_time`` in b); ``None`` if it never reported or has no fit."""
-        model = self._silos.get(silo_id)
-        row = None if model is None else self._table.rows[model.index]
-        if row is None or math.isnan(row["slope"]):
-            return None
-        return float(row["slope"]), float(row["intercept"] + row["fixed"])
+        return self._table.cost_line(silo_id)
 
     def knee(self, silo_id: str) -> float:
         """Batch size up to which the silo's time is flat, as the allocator uses it (0: a
         line, or not known)."""
-        model = self._silos.get(silo_id)
-        return 0.0 if model is None else float(self._table.rows[model.index]["knee"])
+        return self._table.knee(silo_id)
 
     def predicted_round_time(self, sizes: Mapping[str, int]) -> float | None:
         """Predicted round time ``max_i a_i * max(B_i, k_i) + b_i`` of an allocation;
@@ -403,8 +356,8 @@ class BatchSizeBalancer:
         return cls.from_state_dict(json.loads(text))
 
 
-def _optional_float(value: float | None) -> float | None:
-    return None if value is None else float(value)
+def _floats(*values: float | None) -> tuple[float | None, ...]:
+    return tuple(None if v is None else float(v) for v in values)
 
 
 BALANCER_DEFAULTS: Mapping[str, Any] = MappingProxyType(

@@ -32,6 +32,7 @@ from .change import ChangeDetector, Deviation, Verdict
 from .costfit import CostFit, find_knee, fit_linear_cost, fit_robust_cost, robust_level
 from .estimators import SpeedEstimator, estimator_from_state
 from .reports import SiloReport
+from .slowdown import shared_slowdown
 
 __all__ = ["ROW", "Observation", "SiloModel", "SiloTable"]
 
@@ -334,6 +335,37 @@ class SiloTable:
         self._shapes: dict[int, float] = {}
         self.shapes_changed = False
         self.pooled_shape = 0.0
+        self._restarted: set[str] = set()  # restarted silos whose next report is not taken
+
+    def take_round(self, reports: Mapping[str, SiloReport], *, shared: bool = False) -> float:
+        """Feed valid reports of one round, with (``shared``) the slowdown their silos
+        share taken out (:func:`~fl_lbbsp.core.slowdown.shared_slowdown`); return that
+        factor (1: none)."""
+        models = [self.model(silo) for silo in reports]
+        spread, settings = self.settings.min_fit_spread, self.settings
+        pairs = list(zip(models, reports.values(), strict=True))
+        levels = [m.near_level(r.batch_size, spread) for m, r in pairs]
+        scale = 1.0
+        if shared:
+            lines = [None if m.fit is None else m.fit.slope * r.batch_size + m.fit.intercept
+                     for m, r in pairs]  # fmt: skip
+            times = [r.train_time for r in reports.values()]
+            scale = shared_slowdown(times, levels, lines, threshold=settings.change_threshold)
+        for silo, (model, report), level in zip(reports, pairs, levels, strict=True):
+            restarted = silo in self._restarted
+            self._restarted.discard(silo)
+            model.take(report, scale=scale, level=level, restarted=restarted, settings=settings)
+            self.refresh(model)
+        return scale
+
+    def restart(self, silo_id: str) -> None:
+        """Restart a silo's model (:meth:`SiloModel.restart`); its next report may move it
+        as far as a confirmed change. A silo not seen yet: nothing."""
+        model = self.models.get(silo_id)
+        if model is not None:
+            model.restart(self.settings)
+            self._restarted.add(silo_id)
+            self.refresh(model)  # no history: no cost line
 
     def model(self, silo_id: str) -> SiloModel:
         """The silo's model, made on first sight."""
@@ -394,6 +426,30 @@ class SiloTable:
             return None
         mean = float(np.mean(known))
         return np.array([mean if v is None else v for v in predicted], dtype=np.float64)
+
+    def cost_line(self, silo_id: str) -> tuple[float, float] | None:
+        """The silo's cost line ``(a, b)`` as the allocation uses it (its smoothed fixed
+        time in b); ``None`` if it never reported or has no line."""
+        model = self.models.get(silo_id)
+        row = None if model is None else self.rows[model.index]
+        if row is None or math.isnan(row["slope"]):
+            return None
+        return float(row["slope"]), float(row["intercept"] + row["fixed"])
+
+    def knee(self, silo_id: str) -> float:
+        """The silo's knee as the allocation uses it (0: none, or never reported)."""
+        model = self.models.get(silo_id)
+        return 0.0 if model is None else float(self.rows[model.index]["knee"])
+
+    def warming_up(self) -> dict[str, tuple[int, int]]:
+        """Silos whose estimator is still in its warm-up: id -> (reports, warm-up)."""
+        out = {}
+        for silo, model in self.models.items():
+            warmup = getattr(model.estimator, "warmup", None)
+            seen = getattr(model.estimator, "observations", None)
+            if isinstance(warmup, int) and isinstance(seen, int) and seen < warmup:
+                out[silo] = (seen, warmup)
+        return out
 
     def mean_steps(self) -> float:
         """Mean local steps of the silos seen (1 if none)."""
