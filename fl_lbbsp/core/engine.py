@@ -17,7 +17,8 @@ One round is ``plan`` -> ``screen`` and ``report`` for each reply -> ``close``:
 - :meth:`RoundEngine.close` notes who missed the round and learns the messaging overhead.
 
 Planning lives here; screening is a :class:`~fl_lbbsp.core.reply_screen.ReplyScreen`
-and reporting and closing are :class:`~fl_lbbsp.core.round_reports.RoundReporting`.
+reporting and closing are :class:`~fl_lbbsp.core.round_reports.RoundReporting`, the plan's
+timing and deadline :class:`~fl_lbbsp.core.round_timing.RoundTiming`.
 
 The baselines are not subclasses: :class:`TauRewriter` and :class:`EtaRewriter` rewrite
 the instructions (local steps tau_i or learning rate eta_i from the balanced share), and
@@ -34,7 +35,6 @@ every silo; the tau and eta variants rejected in Fig. 13).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -45,14 +45,13 @@ from .deadline import (
     DeadlinePolicy,
     OverheadTracker,
     StragglerWatch,
-    predicted_compute_time,
-    predicted_times,
 )
 from .identity import SiloRegistry
 from .reply_screen import ReplyScreen
 from .rewriters import FastestReplies, InstructionRewriter
 from .round_reports import RoundReporting
 from .round_state import Instruction, Node, Reply, RoundState, Verdict
+from .round_timing import RoundTiming
 from .screening import ReplyValidator
 from .settings import (
     BalancingConfig,
@@ -69,7 +68,7 @@ log = logging.getLogger("fl_lbbsp")
 U = TypeVar("U")
 
 
-class RoundEngine(RoundReporting):
+class RoundEngine(RoundTiming, RoundReporting):
     """Plans every round, screens every reply, feeds the balancer; no Flower, no torch.
 
     Parameters
@@ -309,57 +308,8 @@ class RoundEngine(RoundReporting):
             deadline=None,
             expected_bytes=expected_bytes,
         )
-        speeds = [self.balancer.predicted_speed(silo) for silo in state.shares]
-        if speeds and all(v is not None and v > 0 for v in speeds):
-            state.ideal = c.local_steps * state.total / math.fsum(v for v in speeds if v)
-        state.slow = self._slow_silos(state)
-        state.predicted = predicted_compute_time(
-            self.balancer,
-            {s: b for s, b in state.shares.items() if s not in state.slow},
-            c.local_steps,
-        )
-        state.deadline = self.deadline.timeout(
-            self.predicted_round_time(state),
-            cap=timeout_cap,
-            # the ideal bounds a balanced plan only: FedAvg's split commits to its slowest
-            ideal=(
-                state.ideal + self.overhead.predict()
-                if state.ideal is not None and c.balance
-                else None
-            ),
-        )
-        state.deadline = self._not_below_seen(state.deadline, timeout_cap)
+        self.time_plan(state, timeout_cap=timeout_cap)
         return state
-
-    def _not_below_seen(self, deadline: float | None, cap: float | None) -> float | None:
-        """Until a warm round has taught the messaging overhead, no deadline shorter than
-        ``margin`` times the wall time of the last round that could not (a cold first
-        round holds start-up, which must not become the overhead, but is what the next
-        round may well take again: a ClientApp process started per round)."""
-        wall, margin = self._unlearned_wall, self.deadline.margin
-        if deadline is None or margin is None or wall is None or self.overhead.seen:
-            return deadline
-        ceiling = self.deadline.ceiling if cap is None else min(self.deadline.ceiling, cap)
-        return min(ceiling, max(deadline, margin * wall))
-
-    def _slow_silos(self, state: RoundState) -> set[str]:
-        """The plan's stragglers (:class:`~fl_lbbsp.core.deadline.StragglerWatch`); none
-        without balancing (FedAvg's split holds no silo at a floor)."""
-        if not self.config.balance:
-            return set()
-        times = predicted_times(self.balancer, state.shares, self.config.local_steps)
-        if times is None:
-            return set()
-        why = self.balancer.last_allocation
-        return self.stragglers.judge(
-            times, {silo for silo, (_, reason) in why.items() if reason == "floor"}
-        )
-
-    def predicted_round_time(self, state: RoundState) -> float | None:
-        """Predicted seconds of the planned round (``None``: nothing predicted yet)."""
-        shares = {s: b for s, b in state.shares.items() if s not in state.slow}
-        compute = predicted_compute_time(self.balancer, shares, self.config.local_steps)
-        return None if compute is None else compute + self.overhead.predict()
 
     # ----------------------------------------------------------------- screening
     def reply_cap(self, state: RoundState) -> int:
