@@ -207,7 +207,6 @@ def check_key_files(key_dir: Path) -> None:
 def prepare_run(
     config: RunSettings,
     *,
-    initial: InitialModel,
     strategy: S,
     client_app: ClientApp,
     rounds: int,
@@ -217,9 +216,9 @@ def prepare_run(
     """Check everything that can be checked before round 1, start the telemetry and
     return the run's parts.
 
-    The data source loaded (``initial``, from :func:`initial_model`); here the key files
-    (encrypted runs) load under one fingerprint, and the checkpoint folder and a resume
-    are checked (:func:`~fl_lbbsp.runs.resume.check_resume`).
+    The key files (encrypted runs) load under one fingerprint, the initial model is built
+    (:func:`initial_model`: the data source's test split is loaded), and the checkpoint
+    folder and a resume are checked (:func:`~fl_lbbsp.runs.resume.check_resume`).
 
     Parameters
     ----------
@@ -240,6 +239,8 @@ def prepare_run(
 
     Raises
     ------
+    DataSourceError
+        A data source that cannot be read.
     CheckpointError
         A checkpoint folder that cannot be written, or a resume that differs from the
         run that wrote the checkpoint (each differing field named with both values).
@@ -248,6 +249,7 @@ def prepare_run(
     """
     if config.encrypt is not None:
         check_key_files(config.encrypt)
+    initial = initial_model(config)
     resume = check_resume(config, strategy, ArrayRecord(initial.model.state_dict()))
     telemetry = config.telemetry_path()
     start_telemetry(telemetry, config, resume=resume)

@@ -15,7 +15,7 @@ from ..core.silo_keys import check_silo_keys
 from ..datasets import DataSourceError, PartitionText
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 from .config import RunSettings, check_schedule_order
-from .engine import ResolvedRun, Runtime, execute, initial_model, prepare_run
+from .engine import ResolvedRun, Runtime, execute, prepare_run
 
 __all__ = [
     "SCHEMES",
@@ -251,10 +251,10 @@ def resolve(
 ) -> ResolvedRun[LBBSPFedAvg]:
     """The run's parts, each built once, everything checked before Flower starts.
 
-    The data source loads and every silo's partition is made (a bad path, or a split the
-    data cannot give, is reported here); then the initial model, the strategy
-    (``strategy``, e.g. one the caller observes, else :func:`make_strategy`), the silos'
-    ClientApp and the telemetry (:func:`~fl_lbbsp.runs.engine.prepare_run`).
+    The strategy (``strategy``, e.g. one the caller observes, else :func:`make_strategy`);
+    the data source loads and every silo's partition is made (a bad path, or a split the
+    data cannot give, is reported here); then the silos' ClientApp, and the initial model
+    and the telemetry (:func:`~fl_lbbsp.runs.engine.prepare_run`).
 
     Raises
     ------
@@ -262,19 +262,17 @@ def resolve(
         A data source that cannot be read, or a partition it cannot give.
     """
     setup = config.silo_setup()
+    strategy = strategy or make_strategy(config)
     try:  # partitions every silo's data (cached), refusing a split the data cannot give
         silo_data(setup, 0)
     except DataSourceError:
         raise
     except ValueError as err:
         raise DataSourceError(f"--partition {config.partition}: {err}") from None
-    initial = initial_model(config)
-    strategy = strategy or make_strategy(config)
     client_app = make_client_app(setup)
     # Every silo runs at once; the compute slots let `parallel` compute at a time.
     return prepare_run(
         config,
-        initial=initial,
         strategy=strategy,
         client_app=client_app,
         rounds=config.rounds,
