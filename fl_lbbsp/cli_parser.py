@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument(
         "--coeff-mod-bit-sizes",
-        type=_bit_sizes,
+        type=_integers("--coeff-mod-bit-sizes", "60,40"),
         default=(60, 40),
         help="coefficient-modulus prime sizes in bits (default: 60,40)",
     )
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     silos.add_argument(
         "--dataset-sizes",
-        type=_sizes,
+        type=_integers("--dataset-sizes", "600,450"),
         default=None,
         help="each silo's declared dataset size, comma-separated (default: none declared)",
     )
@@ -301,22 +301,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid --dataset-sizes {text!r}: expected integers like 600,450"
-        ) from None
+def _integers(flag: str, example: str) -> Callable[[str], tuple[int, ...]]:
+    """A flag's comma-separated integers (``--dataset-sizes 600,450``)."""
 
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(s) for s in text.split(",") if s.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid {flag} {text!r}: expected integers like {example}"
+            ) from None
 
-def _bit_sizes(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid --coeff-mod-bit-sizes {text!r}: expected integers like 60,40"
-        ) from None
+    return parse
 
 
 def _add_cluster_parser(sub: Any) -> None:
