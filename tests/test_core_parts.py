@@ -1,0 +1,268 @@
+"""The balancer's parts on their own: the one change detector (and the change-aware EMA
+over it, against the EMA's earlier algorithm), the shared slowdown, the allocation
+pipeline's steps and reasons (the hold step included), one silo's model over named
+fields, and the DDP gate's window tally and automatic k. Times are injected."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fl_lbbsp.core import BatchSizeBalancer, ChangeAwareEMAEstimator, SiloReport
+from fl_lbbsp.core.allocation import ALLOCATION_REASONS, hold
+from fl_lbbsp.core.balancer_settings import ModelSettings
+from fl_lbbsp.core.change import ChangeDetector, Deviation
+from fl_lbbsp.core.silo_model import ROW, SiloModel
+from fl_lbbsp.core.slowdown import shared_slowdown
+from fl_lbbsp.distributed.gate import WindowTally, auto_every
+
+
+def _entry(deviation: float, limit: float = 0.2) -> Deviation:
+    return Deviation(32, 1.0, 32.0, deviation, abs(deviation) > limit)
+
+
+# ---------------------------------------------------------------- change detector
+@pytest.mark.parametrize(
+    ("deviations", "verdicts"),
+    [
+        ([0.5, 0.0], ["held", "normal"]),  # a spike, then back: nothing confirmed
+        ([0.5, 0.5], ["held", "change"]),  # two held to the same side confirm
+        ([0.5, -0.5, -0.5], ["held", "held", "change"]),  # the other side restarts the run
+        ([0.1, 0.1], ["normal", "normal"]),  # within the limit
+    ],
+)
+def test_the_detector_confirms_a_run_of_held_deviations_to_one_side(
+    deviations: list[float], verdicts: list[str]
+) -> None:
+    # Prepare
+    detector = ChangeDetector(confirm=2, window=20, cusum=False)
+
+    # Execute
+    seen = [detector.observe(_entry(d), limit=0.2) for d in deviations]
+
+    # Assert
+    assert seen == verdicts
+
+
+def test_the_detector_hands_the_confirming_observations_over_once() -> None:
+    # Prepare
+    detector = ChangeDetector(confirm=2, window=20)
+    detector.observe(_entry(0.05), limit=0.2)
+
+    # Execute
+    verdicts = [detector.observe(_entry(0.6), limit=0.2) for _ in range(2)]
+    confirmed = detector.take()
+
+    # Assert: the two held ones, not the normal one before them; the run is empty after
+    assert verdicts == ["held", "change"]
+    assert [e.deviation for e in confirmed] == [0.6, 0.6]
+    assert detector.run == []
+
+
+def test_the_cusum_test_confirms_a_step_hidden_in_the_noise() -> None:
+    # Prepare: deviations below the single-report limit, all to one side
+    with_cusum = ChangeDetector(confirm=2, window=20, cusum=True)
+    without = ChangeDetector(confirm=2, window=20, cusum=False)
+
+    # Execute
+    a = [with_cusum.observe(_entry(0.18), limit=0.2, floor=0.1) for _ in range(3)]
+    b = [without.observe(_entry(0.18), limit=0.2, floor=0.1) for _ in range(3)]
+
+    # Assert
+    assert a[-1] == "change"
+    assert b == ["normal"] * 3
+
+
+@pytest.mark.parametrize(
+    ("saved", "held"), [([32, 1.5, 21.3, 0.4, False], False), ([32, 1.5, 21.3, 0.4], True)]
+)
+def test_a_deviation_round_trips_its_checkpoint_form(saved: list[float], held: bool) -> None:
+    # Execute
+    entry = Deviation.from_list(saved)
+
+    # Assert: an older form without the held flag reads as held
+    assert entry.held is held
+    assert entry.to_list()[:4] == saved[:4]
+
+
+def _old_change_ema(
+    speeds: list[float], alpha: float, threshold: float, confirm: int
+) -> list[tuple[float | None, list[float]]]:
+    """The change-aware EMA's algorithm before it used the shared detector."""
+    value: float | None = None
+    pending: list[float] = []
+    out: list[tuple[float | None, list[float]]] = []
+    for v in speeds:
+        if value is None:
+            value = v
+        else:
+            deviation = (v - value) / value
+            if abs(deviation) <= threshold:
+                pending.clear()
+                value = alpha * v + (1.0 - alpha) * value
+            else:
+                if pending and (pending[-1] > value) != (v > value):
+                    pending.clear()
+                pending.append(v)
+                if len(pending) >= confirm:
+                    value = math.fsum(pending) / len(pending)
+                    pending.clear()
+        out.append((value, list(pending)))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    speeds=st.lists(st.floats(0.1, 100.0), min_size=1, max_size=30),
+    alpha=st.floats(0.05, 1.0),
+    threshold=st.floats(0.01, 1.0),
+    confirm=st.integers(1, 4),
+)
+def test_the_change_aware_ema_behaves_as_before_over_the_shared_detector(
+    speeds: list[float], alpha: float, threshold: float, confirm: int
+) -> None:
+    # Prepare
+    estimator = ChangeAwareEMAEstimator(alpha=alpha, threshold=threshold, confirm=confirm)
+    expected = _old_change_ema(speeds, alpha, threshold, confirm)
+
+    # Execute
+    seen = []
+    for v in speeds:
+        estimator.update(v)
+        seen.append((estimator.predict(), estimator.state()["pending"]))
+
+    # Assert: the same average and the same pending observations after every update
+    assert seen == expected
+
+
+# ---------------------------------------------------------------- shared slowdown
+@pytest.mark.parametrize(
+    ("levels", "lines", "factor"),
+    [
+        ([1.0, 1.0, 1.0, None], [None, None, None, 9.0], 1.5),  # three levels: their median
+        ([1.0, None, None], [None, 1.0, 1.0], 1.5),  # lines stand in, beyond the threshold
+        ([1.0, None, None], [None, 1.4, 1.4], 1.0),  # lines within the threshold: nothing
+        ([1.0, None], [None, 1.0], 1.0),  # fewer than 3 silos to judge by
+    ],
+)
+def test_the_shared_slowdown_is_the_median_deviation(
+    levels: list[float | None], lines: list[float | None], factor: float
+) -> None:
+    # Prepare: every silo reports 1.5 s
+    times = [1.5] * len(levels)
+
+    # Execute
+    seen = shared_slowdown(times, levels, lines, threshold=0.2)
+
+    # Assert
+    assert seen == pytest.approx(factor)
+
+
+# ---------------------------------------------------------------- the pipeline
+def _fed(balancer: BatchSizeBalancer, a: list[float], rounds: int = 4) -> dict[str, int]:
+    ids = [f"s{k}" for k in range(len(a))]
+    sizes = balancer.allocate(ids)
+    for _ in range(rounds):
+        reports = {i: SiloReport(batch_size=sizes[i], train_time=a[k] * sizes[i])
+                   for k, i in enumerate(ids)}  # fmt: skip
+        balancer.report_round(reports)
+        sizes = balancer.allocate(ids)
+    return sizes
+
+
+def test_held_sizes_are_kept_and_nothing_else_runs() -> None:
+    # Prepare: an iterative balancer (whose step is stateful) after a few rounds
+    balancer = BatchSizeBalancer(initial_batch_size=32, allocator="iterative")
+    sizes = _fed(balancer, [0.01, 0.02, 0.04])
+    before = balancer.to_json()
+    held = {silo: size + 1 for silo, size in sizes.items()}
+
+    # Execute
+    given_ = balancer.allocate(list(held), held=held)
+
+    # Assert: the held sizes, reason "held", the state untouched
+    assert given_ == held
+    assert {why for _, why in balancer.last_allocation.values()} == {"held"}
+    assert balancer.to_json() == before
+
+
+def test_a_hold_without_a_size_for_every_silo_is_refused() -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match="no size held"):
+        hold(["a", "b"], {"a": 3})
+
+
+@pytest.mark.parametrize(
+    ("options", "cap", "reason"),
+    [
+        ({"max_change_ratio": None}, 40, "memory-cap"),
+        ({"max_change_ratio": None, "max_batch_size": 40}, None, "max-batch-size"),
+        ({}, None, "change-limit"),
+    ],
+)
+def test_each_silo_carries_the_bound_that_bound_it(
+    options: dict[str, object], cap: int | None, reason: str
+) -> None:
+    # Prepare: silo s0 is 8 times faster than the others
+    balancer = BatchSizeBalancer(initial_batch_size=32, noise_budget=None, **options)  # type: ignore[arg-type]
+    ids = ["s0", "s1", "s2"]
+    for silo, a in zip(ids, [0.001, 0.008, 0.008], strict=True):
+        balancer.report(silo, SiloReport(batch_size=32, train_time=a * 32, max_batch_size=cap
+                                         if silo == "s0" else None))  # fmt: skip
+
+    # Execute
+    balancer.allocate(ids)
+
+    # Assert
+    assert balancer.last_allocation["s0"][1] == reason
+    assert {why for _, why in balancer.last_allocation.values()} <= set(ALLOCATION_REASONS)
+
+
+# ---------------------------------------------------------------- one silo's model
+def test_a_silo_model_round_trips_its_state_over_named_fields() -> None:
+    # Prepare
+    settings_ = ModelSettings("ema", 0.2, {}, 20, 0.1, "robust", False, 2.5, 0.2, 2, 2.0)
+    balancer = BatchSizeBalancer(initial_batch_size=32)
+    _fed(balancer, [0.01, 0.02, 0.04], rounds=6)
+    model = balancer._silos["s1"]
+
+    # Execute
+    copy = SiloModel.from_state(model.state(), settings_)
+
+    # Assert: the same state, and the table's row read by field name
+    assert copy.state() == model.state()
+    assert set(ROW.names or ()) >= {"slope", "intercept", "fixed", "knee", "cap", "last", "boost"}
+    line = balancer.cost_line("s1")
+    assert line is not None and line[0] == pytest.approx(0.02, rel=0.05)
+
+
+# ---------------------------------------------------------------- the DDP gate's helpers
+def test_the_window_tally_sums_an_iterations_figures() -> None:
+    # Prepare
+    tally = WindowTally()
+
+    # Execute
+    tally.add(0.5, 32, 0.0)
+    tally.add(1.5, 16, 2.0)
+
+    # Assert
+    assert (tally.time, tally.square, tally.samples, tally.iterations, tally.wall) == (
+        2.0, 2.5, 48, 2, 2.0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cost", "wall", "count", "expected"),
+    [(0.01, 1.0, 10, 10), (1.0, 1.0, 10, 100), (0.0, 1.0, 10, 7), (0.01, 0.0, 10, 7)],
+)
+def test_auto_every_keeps_the_exchange_within_its_share(
+    cost: float, wall: float, count: int, expected: int
+) -> None:
+    # Execute
+    k = auto_every(cost, wall, count, 0.01, 100, 7)
+
+    # Assert: cost / (share * wall per iteration), at most 100; 7 (the current) if unknown
+    assert k == expected
