@@ -273,3 +273,15 @@ def test_a_strategy_takes_its_knobs_as_one_value_a_keyword_winning() -> None:
     # Assert
     assert strategy.config.noise_budget is None
     assert strategy.config.alpha == 0.3
+
+
+def test_a_balancer_built_without_settings_has_the_knobs_defaults() -> None:
+    # Prepare
+    from fl_lbbsp.core.balancer import BatchSizeBalancer
+    from fl_lbbsp.core.settings import BALANCER_DEFAULTS
+
+    # Execute
+    saved = BatchSizeBalancer(initial_batch_size=8).state_dict()["config"]
+
+    # Assert: every default as BalancingKnobs declares it
+    assert saved == {"initial_batch_size": 8, **BALANCER_DEFAULTS}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .claims import ClaimChecker
 
 __all__ = [
+    "BALANCER_DEFAULTS",
     "BALANCER_SETTINGS",
     "CLAIM_SETTINGS",
     "MAX_NOISE_BUDGET",
@@ -208,6 +210,17 @@ BALANCER_SETTINGS = frozenset(
 """The :class:`BalancingConfig` fields the balancer takes
 (:meth:`~BalancingConfig.balancer_keywords`): every knob but the claim bounds and
 ``balance``, and B_init; also the keys of its checkpointed settings."""
+
+
+BALANCER_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        name: field.get_default(call_default_factory=True)
+        for name, field in BalancingKnobs.model_fields.items()
+        if name in BALANCER_SETTINGS
+    }
+)
+"""Every balancer knob's default (B_init aside), read from :class:`BalancingKnobs`: for
+code that builds a balancer or reports its settings without a config."""
 
 
 class ReplyLimits(BaseModel):
