@@ -57,8 +57,8 @@ SLOWDOWNS_KEY = "slowdowns"
 """run_config entry: emulated slowdowns per partition, ``"1;2;4"``."""
 
 FIX = (
-    "build the DataLoader with batch_sampler=plan.batch_sampler(len(trainset)) and run "
-    "plan.local_steps steps of it, once"
+    "train on plan.loader(trainloader), or on a DataLoader with "
+    "batch_sampler=plan.batch_sampler(len(trainset)), for plan.local_steps steps, once"
 )
 """The fix a ``misuse`` note names."""
 
