@@ -15,27 +15,17 @@ Environments", IEEE TCC 2021, Sec. 4 (BatchSizeManager, Alg. 3), Alg. 1, Sec. 3.
 
 from __future__ import annotations
 
-import inspect
 import json
-import math
 from collections.abc import Iterable, Mapping
-from types import MappingProxyType
 from typing import Any
 
 from . import allocation
 from .allocation import ALLOCATION_REASONS, Decision, order_guard, per_silo
-from .balancer_settings import (
-    ALLOCATORS,
-    FITS,
-    MAX_NOISE_BUDGET,
-    AllocationSettings,
-    Allocator,
-    Fit,
-    ModelSettings,
-)
+from .balancer_settings import ALLOCATORS, FITS, AllocationSettings, Allocator, Fit, ModelSettings
 from .budget import Allocation
 from .iterative import IterativeAllocator, IterativeStep
 from .reports import InvalidReportError, SiloReport
+from .settings import BALANCER_DEFAULTS, MAX_NOISE_BUDGET, NOISE_BUDGET
 from .silo_model import SiloModel, SiloTable
 
 __all__ = [
@@ -52,75 +42,69 @@ __all__ = [
     "order_guard",
 ]
 
-NOISE_BUDGET = math.sqrt(2.0)
-"""The default noise budget rho (docs/balancing.md, "The noise budget"): the update may be
-at most sqrt(2) times as noisy as FedAvg's. SGD's noise temperature is eta * sigma^2 / B
-(Mandt et al., JMLR 2017; Smith and Le, ICLR 2018; Jastrzebski et al., 2017): a budget
-rho acts on it as a learning rate rho times larger at FedAvg's batch. A learning rate tuned
-for FedAvg on the customary powers-of-two grid is known only within a factor sqrt(2) of its
-best; rho = sqrt(2) keeps the update's temperature within that resolution of the tuning,
-so it changes nothing the user's own tuning could have told apart."""
+_KNOBS = BALANCER_DEFAULTS  # every default declared once (BalancingKnobs)
 
 
 class BatchSizeBalancer:
     """Per-silo speed prediction and batch-size allocation (the BatchSizeManager).
 
-    docs/balancing.md explains each setting at length; each part's module says how it
-    acts.
+    Every default is the knob's in :class:`~fl_lbbsp.core.settings.BalancingKnobs`
+    (:data:`BALANCER_DEFAULTS`), which documents each at length, as does
+    docs/balancing.md; each part's module says how it acts.
 
     Parameters
     ----------
     initial_batch_size : int
         B_init: every silo's batch size before any report; ``X = n * B_init``.
-    estimator : str (default: "ema")
+    estimator : str
         Speed predictor: ``"ema"``, ``"last"``, ``"narx"`` (torch trains it) or
         ``"change-ema"`` (:class:`~fl_lbbsp.core.estimators.ChangeAwareEMAEstimator`).
-    alpha : float (default: 0.2)
+    alpha : float
         EMA weight of the latest observation, in (0, 1].
-    allocator : {"proportional", "linear", "iterative"} (default: "linear")
+    allocator : {"proportional", "linear", "iterative"}
         Alg. 1 (proportional to speed); the exact min-max over fitted cost lines
         ``t = a * max(x, k) + b`` (fixed costs such as encryption in b); Alg. 2
         (:class:`~fl_lbbsp.core.iterative.IterativeAllocator`).
-    min_batch_size : int (default: 1)
+    min_batch_size : int
         Smallest batch size handed out.
-    min_batch_fraction : float (default: 0.0)
+    min_batch_fraction : float
         A hard floor ``ceil(min_batch_fraction * B_init)``, in [0, 1] (a memory cap
         wins); the noise budget protects accuracy, this is for a floor of your own.
-    noise_budget : float | None (default: sqrt(2), :data:`NOISE_BUDGET`)
+    noise_budget : float | None
         rho: the update's variance ``sum_i w_i^2 sigma_i^2 / B_i`` at most rho times the
         equal split's (:func:`~fl_lbbsp.core.budget.budgeted_minmax`); ``None``: none.
-    max_batch_size : int | None (default: None)
+    max_batch_size : int | None
         Largest batch size handed out; a silo's reported memory cap lowers it.
-    history : int (default: 20)
+    history : int
         Reports kept per silo for the cost fit and the change detection.
-    min_fit_spread : float (default: 0.1)
+    min_fit_spread : float
         Batch sizes closer than this fraction count as the same for the fits.
-    max_change_ratio : float | None (default: 2.0)
+    max_change_ratio : float | None
         A silo's next batch size stays within ``[B / r, B * r]`` of the one it last
         reported (B_init before), widened after a confirmed change
         (:func:`~fl_lbbsp.core.allocation.change_limits`); ``None``: no limit.
-    fit : {"robust", "wls"} (default: "robust")
+    fit : {"robust", "wls"}
         Cost fit: :func:`~fl_lbbsp.core.costfit.fit_robust_cost` or weighted least squares.
-    change_sigmas : float | None (default: 2.5)
+    change_sigmas : float | None
         Change detection (:class:`~fl_lbbsp.core.change.ChangeDetector`): a report beyond
         ``max(log(1 + change_threshold), change_sigmas * noise)`` of the silo's level is
         held; ``None``: no detection.
-    change_threshold : float (default: 0.2)
+    change_threshold : float
         Smallest relative deviation that counts as a possible change, > 0.
-    change_confirm : int (default: 2)
+    change_confirm : int
         Held reports in a row, to the same side, that confirm a change, >= 1.
-    common_noise : bool (default: True)
+    common_noise : bool
         :meth:`report_round` takes the slowdown all its silos share out of the reports
         (:func:`~fl_lbbsp.core.slowdown.shared_slowdown`).
-    order_tolerance : float | None (default: 0.1)
+    order_tolerance : float | None
         The order guard (:func:`~fl_lbbsp.core.allocation.order_guard`); ``None``: off.
-    equal_split_guard : bool (default: True)
+    equal_split_guard : bool
         Ship the equal split instead of an allocation not predicted faster than it.
-    equal_split_margin : float (default: 0.05)
+    equal_split_margin : float
         The largest gain the equal-split guard asks for, in [0, 1).
-    estimator_options : dict | None (default: None)
+    estimator_options : dict | None
         Extra arguments of each silo's estimator.
-    allocator_options : dict | None (default: None)
+    allocator_options : dict | None
         Extra arguments of the ``"iterative"`` allocator.
 
     Raises
@@ -133,24 +117,24 @@ class BatchSizeBalancer:
         self,
         *,
         initial_batch_size: int,
-        estimator: str = "ema",
-        alpha: float = 0.2,
-        allocator: Allocator = "linear",
-        min_batch_size: int = 1,
-        min_batch_fraction: float = 0.0,
-        noise_budget: float | None = NOISE_BUDGET,
-        max_batch_size: int | None = None,
-        history: int = 20,
-        min_fit_spread: float = 0.1,
-        max_change_ratio: float | None = 2.0,
-        fit: Fit = "robust",
-        change_sigmas: float | None = 2.5,
-        change_threshold: float = 0.2,
-        change_confirm: int = 2,
-        common_noise: bool = True,
-        order_tolerance: float | None = 0.1,
-        equal_split_guard: bool = True,
-        equal_split_margin: float = 0.05,
+        estimator: str = _KNOBS["estimator"],
+        alpha: float = _KNOBS["alpha"],
+        allocator: Allocator = _KNOBS["allocator"],
+        min_batch_size: int = _KNOBS["min_batch_size"],
+        min_batch_fraction: float = _KNOBS["min_batch_fraction"],
+        noise_budget: float | None = _KNOBS["noise_budget"],
+        max_batch_size: int | None = _KNOBS["max_batch_size"],
+        history: int = _KNOBS["history"],
+        min_fit_spread: float = _KNOBS["min_fit_spread"],
+        max_change_ratio: float | None = _KNOBS["max_change_ratio"],
+        fit: Fit = _KNOBS["fit"],
+        change_sigmas: float | None = _KNOBS["change_sigmas"],
+        change_threshold: float = _KNOBS["change_threshold"],
+        change_confirm: int = _KNOBS["change_confirm"],
+        common_noise: bool = _KNOBS["common_noise"],
+        order_tolerance: float | None = _KNOBS["order_tolerance"],
+        equal_split_guard: bool = _KNOBS["equal_split_guard"],
+        equal_split_margin: float = _KNOBS["equal_split_margin"],
         estimator_options: dict[str, Any] | None = None,
         allocator_options: dict[str, Any] | None = None,
     ) -> None:
@@ -358,14 +342,3 @@ class BatchSizeBalancer:
 
 def _floats(*values: float | None) -> tuple[float | None, ...]:
     return tuple(None if v is None else float(v) for v in values)
-
-
-BALANCER_DEFAULTS: Mapping[str, Any] = MappingProxyType(
-    {
-        name: parameter.default
-        for name, parameter in inspect.signature(BatchSizeBalancer.__init__).parameters.items()
-        if parameter.default is not inspect.Parameter.empty
-    }
-)
-"""The balancer's default settings, read from its constructor: the one set of defaults the
-strategies (:class:`~fl_lbbsp.strategies.config.BalancingConfig`) also use."""

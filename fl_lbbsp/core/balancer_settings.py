@@ -1,7 +1,8 @@
 """The settings each part of the balancer takes, checked once.
 
-:class:`~fl_lbbsp.core.balancer.BatchSizeBalancer` declares every setting (its keywords
-and their defaults, :data:`~fl_lbbsp.core.balancer.BALANCER_DEFAULTS`); it hands each
+:class:`~fl_lbbsp.core.settings.BalancingKnobs` declares every setting (its meaning,
+default and bounds); :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer` takes them as
+keywords and hands each
 part the ones it uses: a silo's model (:mod:`.silo_model`) takes :class:`ModelSettings`,
 the allocation (:mod:`.allocation`) :class:`AllocationSettings`. Both check their values
 when made, so a bad keyword raises ``ValueError`` naming it. Neither has defaults.
@@ -21,11 +22,11 @@ import numpy as np
 
 from .estimators import SpeedEstimator, make_estimator
 from .reports import check_positive_int, is_real
+from .settings import MAX_NOISE_BUDGET
 
 __all__ = [
     "ALLOCATORS",
     "FITS",
-    "MAX_NOISE_BUDGET",
     "AllocationSettings",
     "Allocator",
     "Fit",
@@ -36,8 +37,6 @@ Allocator = Literal["proportional", "linear", "iterative"]
 ALLOCATORS: tuple[str, ...] = ("proportional", "linear", "iterative")
 Fit = Literal["robust", "wls"]
 FITS: tuple[str, ...] = ("robust", "wls")
-MAX_NOISE_BUDGET = 1e6
-"""Largest noise budget accepted (a finite stand-in for no budget: ``None``)."""
 
 
 @dataclass(frozen=True)

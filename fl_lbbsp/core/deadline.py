@@ -13,10 +13,12 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .balancer import BatchSizeBalancer
+if TYPE_CHECKING:  # the balancer imports the settings, which import the claims and this
+    from .balancer import BatchSizeBalancer
 
 __all__ = [
     "DeadlinePolicy",
