@@ -289,17 +289,12 @@ def cost_curves(
 def name_bounds(result: Allocation, bounds: Bounds, caps: np.ndarray) -> list[str]:
     """The solver's reasons with its bounds named: ``floor`` (the hard floor),
     ``memory-cap`` (the silo's reported cap), ``max-batch-size`` or ``change-limit``."""
-    out = []
-    for i, why in enumerate(result.reasons):
-        if why == "lower":
-            why = "change-limit" if bounds.lower[i] > bounds.hard_lower[i] else "floor"
-        elif why == "upper":
-            if bounds.upper[i] < bounds.hard_upper[i]:
-                why = "change-limit"
-            else:
-                why = "memory-cap" if caps[i] <= bounds.hard_upper[i] else "max-batch-size"
-        out.append(why)
-    return out
+    why = np.array(result.reasons)
+    lower = np.where(bounds.lower > bounds.hard_lower, "change-limit", "floor")
+    cap = np.where(caps <= bounds.hard_upper, "memory-cap", "max-batch-size")
+    upper = np.where(bounds.upper < bounds.hard_upper, "change-limit", cap)
+    named = np.where(why == "lower", lower, np.where(why == "upper", upper, why))
+    return [str(r) for r in named.tolist()]
 
 
 def guard_margin(errors: np.ndarray, largest: float) -> float:

@@ -340,21 +340,19 @@ def budgeted_minmax_continuous(
 
 
 def _reasons(sol: _Solution, k: FloatArray, lo: FloatArray, hi: FloatArray) -> tuple[str, ...]:
-    out = []
-    for i, x in enumerate(sol.x.tolist()):
-        near = _TOL * max(1.0, abs(x)) * 1e3
-        if not sol.feasible:
-            out.append("infeasible")
-        elif x >= hi[i] - near:
-            out.append("upper")
-        elif x <= sol.lower[i] + near:
-            knee = sol.lower[i] > lo[i] and x <= k[i] + near
-            out.append("knee" if knee else "lower")
-        elif x >= sol.cap[i] - near:
-            out.append("round-time")
-        else:
-            out.append("noise-budget" if sol.binds else "noise-share")
-    return tuple(out)
+    """Each silo's reason (:data:`REASONS`), all silos at once."""
+    x = sol.x
+    if not sol.feasible:
+        return ("infeasible",) * len(x)
+    near = _TOL * np.maximum(1.0, np.abs(x)) * 1e3
+    at_lower = x <= sol.lower + near
+    knee = at_lower & (sol.lower > lo) & (x <= k + near)
+    reasons = np.select(
+        [x >= hi - near, knee, at_lower, x >= sol.cap - near],
+        ["upper", "knee", "lower", "round-time"],
+        default="noise-budget" if sol.binds else "noise-share",
+    )
+    return tuple(reasons.tolist())
 
 
 def budgeted_minmax(
