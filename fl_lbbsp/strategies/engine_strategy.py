@@ -212,8 +212,10 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Screen every reply, feed the valid ones to the balancer, sum their updates.
 
-        Parameters are weighted by ``num-examples`` (the local dataset size), whatever
-        batch size each silo ran with. With fewer than ``min_train_silos`` valid replies,
+        In FL the updates are weighted by ``num-examples`` (the local dataset size),
+        whatever batch size each silo ran with; on a parameter server the gradients by
+        their batch sizes (the :class:`~fl_lbbsp.strategies.updates.Updates` sum them).
+        With fewer than ``min_train_silos`` valid replies,
         or if no aggregate can be formed, the round is skipped: ``(None, None)``, and
         Flower keeps the previous global model.
 
