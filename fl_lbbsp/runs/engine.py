@@ -115,11 +115,10 @@ def execute(run: ResolvedRun[S], *, runtime: Runtime = "ray") -> list[dict[str, 
         (:func:`~fl_lbbsp.runs.inprocess.run_in_process`), the machines one after the
         other in this process (messages still serialised), with no engine start-up.
     """
-    app = server_app(run)
     if runtime == "inprocess":
-        run_in_process(app, run.client_app, num_nodes=run.nodes)
+        run_in_process(server_app(run), run.client_app, num_nodes=run.nodes)
     else:
-        run_engine(app, run.client_app, num_supernodes=run.nodes, parallel=run.parallel)
+        run_engine(server_app(run), run.client_app, num_supernodes=run.nodes, parallel=run.parallel)
     return read_telemetry(run.telemetry)
 
 
