@@ -42,12 +42,7 @@ def superlink_args(
     (and SuperNode authentication with ``node_auth``), ``--insecure`` without."""
     args = [
         str(bin_dir / "flower-superlink"),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--isolation",
-        "subprocess",
+        *_listening(host, port),
         "--disable-runtime-dependency-installation",
     ]
     if tls is None:
@@ -63,6 +58,11 @@ def superlink_args(
         "--ssl-keyfile",
         str(tls.server_key),
     ]
+
+
+def _listening(host: str, port: int) -> list[str]:
+    """The flags of a Flower process serving on ``host:port``, its apps in subprocesses."""
+    return ["--host", host, "--port", str(port), "--isolation", "subprocess"]
 
 
 def supernode_args(
@@ -84,12 +84,7 @@ def supernode_args(
         superlink,
         "--node-config",
         " ".join(f"{k}={toml_value(v)}" for k, v in node_config.items()),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--isolation",
-        "subprocess",
+        *_listening(host, port),
     ]
     if tls is None:
         return [*args, "--insecure"]
