@@ -223,6 +223,7 @@ def _encrypted(strategy: Checkpointable) -> bool:
 def resume_point(
     strategy: Checkpointable,
     *,
+    store: CheckpointStore | None = None,
     max_silos: int | None = None,
     initial_arrays: ArrayRecord | None = None,
 ) -> Checkpoint | None:
@@ -231,8 +232,10 @@ def resume_point(
     Parameters
     ----------
     strategy : Checkpointable
-        The strategy; its ``server_config.checkpoint_dir`` is searched (with its
-        ``checkpoint_key``, if any).
+        The strategy.
+    store : CheckpointStore | None (default: None)
+        Where to search; ``None``: the strategy's ``server_config.checkpoint_dir`` (with
+        its ``checkpoint_key``, if any, :func:`store_of`).
     max_silos : int | None (default: None)
         The configured federation size (a registry, a deployment's silos): a checkpoint
         that knows more silos or a larger federation is refused. ``None``: the silos
@@ -250,7 +253,7 @@ def resume_point(
         If the newest readable checkpoint's contents fail validation against the
         strategy's bounds (:func:`limits_of`) or its model is not the strategy's.
     """
-    store = store_of(strategy)
+    store = store if store is not None else store_of(strategy)
     checkpoint = None if store is None else store.latest()
     if checkpoint is not None:
         validate_checkpoint(

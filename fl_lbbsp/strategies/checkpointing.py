@@ -157,7 +157,7 @@ class Checkpointing(Strategy):
         CheckpointInvalidError
             Its contents fail validation, or the wrapped strategy cannot restore them.
         """
-        checkpoint = resume_point(self.strategy, initial_arrays=initial_arrays)
+        checkpoint = resume_point(self.strategy, store=self.store, initial_arrays=initial_arrays)
         done = 0
         if checkpoint is not None:
             restore(self.strategy, checkpoint)
