@@ -19,18 +19,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from ..core.balancer import BatchSizeBalancer, SiloReport
 from ..core.reports import check_positive_int
 from .clock import ComputeClock
 from .exchange import Exchange, Gathering, Overhead, RankFailureError, RankReport, Row, fingerprint
 from .gate import HoldGate, Verdict, WindowStats, WindowTally, auto_every
+from .plan import RankPlan
 
 __all__ = ["LBBSPCoordinator", "Overhead", "RankFailureError", "RankReport"]
 
@@ -39,60 +39,50 @@ log = logging.getLogger("fl_lbbsp")
 STATE_VERSION = 1
 
 
-class LBBSPCoordinator:
+class LBBSPCoordinator(RankPlan):
     """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer.
 
-    Every k iterations the ranks all_gather their windows (compute times, samples, the
-    spread of the times, and a checksum of the sizes in force); every rank feeds every
-    rank's report (the window's mean iteration) into its own
-    :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer` and, from the same rows, reaches
-    the same decision, so nothing else is sent. The sizes move only when the gate
-    (:class:`~fl_lbbsp.distributed.gate.HoldGate`) predicts a gain beyond the tolerance
-    and the ranks' measured noise. The global batch ``X = world_size * initial_batch_size``
-    stays fixed. Gradients are weighted by B_rank / X: :meth:`scale_loss` (``n B_rank /
-    X`` on the loss, so DDP's own all-reduce mean is the weighted mean), the Python
-    communication hook (``register(model, comm_hook=True)``) or the explicit
-    :meth:`all_reduce_gradients`; the aggregate is the global batch's gradient.
+    Every k iterations the ranks all_gather their windows (compute times, samples, their
+    spread, a checksum of the sizes in force); every rank feeds every rank's report (the
+    window's mean iteration) into its own :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer`
+    and reaches the same decision from the same rows, so nothing else is sent. The gate
+    (:class:`~fl_lbbsp.distributed.gate.HoldGate`) is the allocation's hold step: the sizes
+    move only on a predicted gain beyond the tolerance and the ranks' measured noise.
+    ``X = world_size * initial_batch_size`` stays fixed; gradients are weighted by
+    B_rank / X (:class:`~fl_lbbsp.distributed.plan.RankPlan`, which also says how a rank
+    is timed).
 
     Parameters
     ----------
     initial_batch_size : int
         B_init, every rank's batch size before the first decision; X = world * B_init.
     every : int or "auto" (default: 10)
-        Exchange the times every this many iterations (k); the times of the k iterations
-        are summed, so k > 1 amortises the exchange and smooths the noise. ``"auto"``:
-        after each exchange the ranks pick the next k as the smallest that keeps the
-        exchange's cost within ``overhead_share`` of the iterations' wall time, at most
-        ``max_every``; k = 1 until the first cost is known.
+        Exchange the summed times every k iterations (amortises the exchange, smooths the
+        noise). ``"auto"``: the smallest k keeping the exchange's cost within
+        ``overhead_share`` of the wall time, at most ``max_every`` (1 until it is known).
     overhead_share : float (default: 0.01)
         With ``every="auto"``: the share of wall time balancing may take, in (0, 1).
     max_every : int (default: 100)
         With ``every="auto"``: the largest k.
     tolerance : float (default: 0.02)
-        Keep the current sizes while the predicted gain of a split proportional to the
-        window's speeds (the share of the slowest rank's time it would give back) is at
-        most this. The reports still reach the balancer. 0: apply every allocation.
+        Keep the sizes while the predicted gain of a split proportional to the window's
+        speeds is at most this share of the slowest rank's time (the reports still reach
+        the balancer). 0: apply every allocation.
     noise_sigmas : float | None (default: 2.0)
-        Keep the current sizes too while that gain is within this many times the ranks'
-        measured noise (:class:`~fl_lbbsp.distributed.gate.HoldGate`): on equal ranks the
-        split does not chase the noise. ``None``: only ``tolerance`` holds the sizes.
+        Keep them too while that gain is within this many times the ranks' measured
+        noise (equal ranks do not chase it). ``None``: only ``tolerance`` holds them.
     overlap : bool (default: True)
-        Let the exchange run in the background during the next iteration: the gather
-        started at the end of a window is waited for (and the decision taken) at the
-        next :meth:`step`, so its latency hides behind that iteration's compute; the new
-        sizes apply one iteration later, and that iteration, run at the old sizes, is left
-        out of the next window when they change. ``False``: gather and decide at once.
+        Run the gather behind the next iteration's compute and decide at the next
+        :meth:`step` (the new sizes apply one iteration later; that iteration is left out
+        of the next window when they change). ``False``: gather and decide at once.
     balance : bool (default: True)
-        ``False``: the sizes stay at B_init and nothing is exchanged (plain DDP's equal
-        split, with the same sampler).
+        ``False``: the sizes stay at B_init, nothing is exchanged (plain DDP's split).
     balancer : BatchSizeBalancer | None (default: None)
-        The balancer to drive; ``None``: ``BatchSizeBalancer(initial_batch_size=...)``
-        with its default settings.
+        The balancer to drive; ``None``: one with its default settings.
     group : ProcessGroup | None (default: None)
         Process group of the ranks; ``None``: the default group.
     device : torch.device | None (default: None)
-        Device of the tensors exchanged; ``None``: the current CUDA device under NCCL,
-        else the CPU.
+        Device of the tensors exchanged; ``None``: the CUDA device under NCCL, else CPU.
     rank_ids : sequence of str | None (default: None)
         The balancer's id of each rank (a host name, say); ``None``: ``"0"``, ``"1"``, ...
 
@@ -100,15 +90,6 @@ class LBBSPCoordinator:
     ------
     ValueError
         On an argument out of its range (the message names it).
-
-    Notes
-    -----
-    Call :meth:`begin` before drawing an iteration's batch and :meth:`step` after the
-    optimiser step. The compute time of a rank is measured from :meth:`begin` to the
-    moment its last parameter gradient is accumulated (:meth:`register`), its last
-    gradient bucket is ready (the communication hook) or it calls
-    :meth:`all_reduce_gradients`: the wait for slower peers is not in it. Without a
-    process group (a single process) it runs as a world of one.
     """
 
     def __init__(
@@ -172,43 +153,7 @@ class LBBSPCoordinator:
         self.overlap = bool(overlap)
         self._gathering: Gathering | None = None
 
-    # ---------------------------------------------------------------- the plan
-    @property
-    def rank(self) -> int:
-        """This process's rank in the group."""
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        """Number of ranks."""
-        return self._world
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        """Every rank's batch size of the current iteration, in rank order."""
-        return self._sizes
-
-    @property
-    def batch_size(self) -> int:
-        """This rank's batch size B_rank of the current iteration."""
-        return self._sizes[self._rank]
-
-    @property
-    def offset(self) -> int:
-        """Where this rank's slice starts in the iteration's global batch."""
-        return sum(self._sizes[: self._rank])
-
-    @property
-    def weight(self) -> float:
-        """B_rank / X: this rank's weight in the gradient aggregate (the weights sum to 1)."""
-        return self.batch_size / sum(self._sizes)
-
-    @property
-    def loss_scale(self) -> float:
-        """n B_rank / X: the factor on this rank's mean loss that turns DDP's mean of the
-        ranks' gradients into their batch-size-weighted mean (exactly 1 on equal sizes)."""
-        return self._world * self.batch_size / sum(self._sizes)
-
+    # ------------------------------------------------------------- balancing
     @property
     def overhead(self) -> Overhead:
         """Time spent balancing so far."""
@@ -220,50 +165,6 @@ class LBBSPCoordinator:
     def current_every(self) -> int:
         """k: iterations between the exchanges from now on."""
         return self._k
-
-    # ----------------------------------------------------------------- timing
-    def begin(self, *, samples: int | None = None) -> None:
-        """Mark the start of an iteration's compute (before its batch is drawn).
-
-        Parameters
-        ----------
-        samples : int | None (default: None)
-            Samples of the batch about to be computed, if already known.
-
-        Raises
-        ------
-        ValueError
-            When ``samples`` is not this rank's batch size (a loader that drew ahead of
-            the plan).
-        """
-        if samples is not None and samples != self.batch_size:
-            raise ValueError(
-                f"rank {self._rank}: a batch of {samples} samples, but the plan gives "
-                f"{self.batch_size} (did the loader draw ahead? use num_workers=0)"
-            )
-        self._clock.begin()
-
-    def mark_computed(self) -> None:
-        """Mark the end of this rank's local compute (the hooks call it per gradient or
-        bucket; the last call counts)."""
-        self._clock.mark()
-
-    def compute_time(self) -> float | None:
-        """Seconds from :meth:`begin` to the end of local compute, ``None`` if unknown."""
-        return self._clock.wall()
-
-    def compute_cpu_time(self) -> float | None:
-        """CPU seconds this process used from :meth:`begin` to the end of local compute
-        (``None`` if unknown): without the waits for a core, the rank's own work where
-        ranks share a host's cores, to scale when emulating a slower machine
-        (:func:`~fl_lbbsp.clients.emulation.emulated_time`); not for real heterogeneity."""
-        return self._clock.cpu()
-
-    @property
-    def began_at(self) -> float | None:
-        """``time.perf_counter()`` at the last :meth:`begin` (``None`` before it, or after
-        :meth:`step`)."""
-        return self._clock.began_at
 
     # ---------------------------------------------------------------- the loop
     def step(self, compute_time: float | None = None, *, samples: int | None = None) -> bool:
@@ -338,32 +239,14 @@ class LBBSPCoordinator:
             self._adopt_rank0()
         if self._rebalances:
             self._cost += min(row[Row.EXCHANGE] for row in rows)
-        self.last_reports = {
-            r: RankReport(int(row[Row.SIZE]), float(row[Row.TIME]), int(row[Row.SAMPLES]),
-                          int(row[Row.COUNT]))
-            for r, row in enumerate(rows)
-        }  # fmt: skip
-        # One iteration is the balancer's round: the window's mean per iteration, so that
-        # its cost fit (batch size -> time of a round) does not mix windows of different
-        # lengths (every="auto" changes k). The ranks' reports are fed together, so that
-        # a slowdown they all share (a busy node) is taken out of them.
-        counts = {r: max(report.iterations, 1) for r, report in self.last_reports.items()}
-        errors = self.balancer.report_round({
-            self.rank_ids[r]: SiloReport(batch_size=report.batch_size,
-                                         train_time=report.compute_time / counts[r],
-                                         samples=max(1, round(report.samples / counts[r])))
-            for r, report in self.last_reports.items()
-        })  # fmt: skip
+        self.last_reports = _rank_reports(rows)
+        # the ranks' reports fed together: a slowdown they all share is taken out of them
+        errors = self.balancer.report_round(_balancer_round(self.last_reports, self.rank_ids))
         for r, rank_id in enumerate(self.rank_ids):
             if self._rank == 0 and rank_id in errors:
                 log.warning("rank %d: report left out at iteration %d: %s", r,
                             self.iteration, errors[rank_id])  # fmt: skip
-        windows = [
-            WindowStats(batch_size=int(row[Row.SIZE]), time=row[Row.TIME], square=row[Row.SQUARE],
-                        iterations=int(row[Row.COUNT]))
-            for row in rows
-        ]  # fmt: skip
-        self.last_verdict = self.gate.judge(windows)
+        self.last_verdict = self.gate.judge(_windows(rows))
         before = self._sizes
         # the gate is the allocation's hold step: held sizes are kept (reason "held")
         move = self.tolerance <= 0 or self.last_verdict.move
@@ -411,48 +294,6 @@ class LBBSPCoordinator:
         sizes = self.balancer.allocate(self.rank_ids, total=self.total, budget=False, held=kept)
         return tuple(int(sizes[i]) for i in self.rank_ids)
 
-    # ----------------------------------------------------------- aggregation
-    def register(
-        self, model: DistributedDataParallel, *, comm_hook: bool = False
-    ) -> DistributedDataParallel:
-        """Measure this rank's compute on a DDP model and return the model.
-
-        Default: a hook on every parameter marks the end of local compute (its last
-        gradient accumulated, before DDP waits for its peers); DDP keeps its own
-        all-reduce, and :meth:`scale_loss` weights the gradient. ``comm_hook=True``:
-        :func:`~fl_lbbsp.distributed.hooks.weighted_allreduce_hook` instead, a Python
-        communication hook that scales each bucket by B_rank / X before an all-reduce
-        sum and marks the end of compute (for a loss that cannot be scaled; slower than
-        DDP's built-in all-reduce); :meth:`scale_loss` then leaves the loss as it is.
-        The model registered last is the one timed.
-        """
-        self._clock.detach()
-        if comm_hook:
-            from .hooks import weighted_allreduce_hook
-
-            model.register_comm_hook(self, weighted_allreduce_hook)
-        else:
-            self._clock.attach(model)
-        self._comm_hook = comm_hook
-        return model
-
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """``loss`` times :attr:`loss_scale` (n B_rank / X), to call before ``backward``:
-        DDP's all-reduce then averages ``n B_r / X g_r`` into ``sum_r B_r / X g_r``, the
-        global batch's gradient (Sec. 3.4). The loss itself while the sizes are equal, or
-        when a communication hook weights the gradient."""
-        scale = self.loss_scale
-        return loss if scale == 1.0 or self._comm_hook else loss * scale
-
-    def all_reduce_gradients(self, parameters: Iterable[torch.Tensor]) -> None:
-        """Weighted all-reduce of the gradients of ``parameters`` in place, for a model
-        not wrapped in DDP (and a loss not scaled): grad <- sum_r (B_r / X) grad_r
-        (Sec. 3.4). Marks the end of local compute first."""
-        from .hooks import weighted_all_reduce_
-
-        self.mark_computed()
-        weighted_all_reduce_(parameters, weight=self.weight, group=self.group)
-
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state: the balancer's, the sizes and the iteration."""
@@ -496,3 +337,38 @@ class LBBSPCoordinator:
             self._sizes = self._allocate()
         if any(not math.isfinite(x) or x <= 0 for x in self._sizes):
             raise ValueError(f"invalid batch sizes in the state: {self._sizes}")
+
+
+def _rank_reports(rows: list[list[float]]) -> dict[int, RankReport]:
+    """Every rank's window from the gathered rows, by rank."""
+    return {
+        r: RankReport(int(row[Row.SIZE]), float(row[Row.TIME]), int(row[Row.SAMPLES]),
+                      int(row[Row.COUNT]))
+        for r, row in enumerate(rows)
+    }  # fmt: skip
+
+
+def _balancer_round(
+    reports: Mapping[int, RankReport], rank_ids: Sequence[str]
+) -> dict[str, SiloReport]:
+    """One balancer round: each rank's window as its mean iteration, so that the cost fit
+    (batch size -> time of a round) does not mix windows of different lengths
+    (``every="auto"`` changes k)."""
+    out = {}
+    for r, report in reports.items():
+        count = max(report.iterations, 1)
+        out[rank_ids[r]] = SiloReport(
+            batch_size=report.batch_size,
+            train_time=report.compute_time / count,
+            samples=max(1, round(report.samples / count)),
+        )
+    return out
+
+
+def _windows(rows: list[list[float]]) -> list[WindowStats]:
+    """Every rank's window for the gate, in rank order."""
+    return [
+        WindowStats(batch_size=int(row[Row.SIZE]), time=row[Row.TIME], square=row[Row.SQUARE],
+                    iterations=int(row[Row.COUNT]))
+        for row in rows
+    ]  # fmt: skip
