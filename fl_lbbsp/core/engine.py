@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 from ..contract import RecordKeys
 from .balancer import BatchSizeBalancer
+from .claims import ClaimChecker
 from .deadline import (
     DeadlinePolicy,
     OverheadTracker,
@@ -57,7 +58,6 @@ from .settings import (
     BalancingConfig,
     ReplyLimits,
     balancing_config,
-    make_claim_checker,
 )
 from .update_screen import cap_weights
 
@@ -156,8 +156,8 @@ class RoundEngine(RoundTiming, RoundReporting):
         :attr:`RoundState.cold`): their next warm report replaces it."""
         self.federation_size = 0
         self.overhead = OverheadTracker(self.deadline.overhead_rounds)
-        self.claims = make_claim_checker(
-            config,
+        self.claims = ClaimChecker(
+            **config.claim_bounds(),
             overhead_rounds=self.deadline.overhead_rounds,
             declared_sizes=None if registry is None else registry.dataset_sizes,
         )

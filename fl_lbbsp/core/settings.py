@@ -5,10 +5,11 @@ with its meaning (the docstring under it), its default and its bounds; everythin
 takes them from there: :class:`BalancingConfig` adds the round (B_init, tau, eta) and is
 what every strategy validates its keywords with, the simulation and cluster runs nest the
 knobs (:class:`~fl_lbbsp.runs.config.RunSettings`), the CLI makes one flag of each
-(:mod:`fl_lbbsp.cli_parser`) and the balancer is built from
-:meth:`BalancingConfig.balancer_keywords`. Pure pydantic: the balancer imports this
-module, never the other way round. A bad value raises :class:`pydantic.ValidationError`
-(a ``ValueError``) naming the knob and the value.
+(:mod:`fl_lbbsp.cli_parser`), and the balancer and the claim checker are built from
+:meth:`BalancingConfig.balancer_keywords` and :meth:`BalancingConfig.claim_bounds`. Pure
+pydantic, importing nothing of the core: the balancer may import this module, never the
+other way round. A bad value raises :class:`pydantic.ValidationError` (a ``ValueError``)
+naming the knob and the value.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from .claims import ClaimChecker
 
 __all__ = [
     "BALANCER_DEFAULTS",
@@ -33,7 +32,6 @@ __all__ = [
     "BalancingKnobs",
     "ReplyLimits",
     "balancing_config",
-    "make_claim_checker",
 ]
 
 MAX_NOISE_BUDGET = 1e6
@@ -188,6 +186,17 @@ class BalancingConfig(BalancingKnobs):
             )
         return self
 
+    def claim_bounds(self) -> dict[str, Any]:
+        """The keywords of :class:`~fl_lbbsp.core.claims.ClaimChecker` these settings give:
+        its bounds on the silos' claims (``max_dataset_size``, ``tolerance``, ``min_time``,
+        ``max_time``)."""
+        return {
+            "max_dataset_size": self.max_dataset_size,
+            "tolerance": self.time_tolerance,
+            "min_time": self.min_claimed_time,
+            "max_time": self.max_claimed_time,
+        }
+
     def balancer_keywords(self) -> dict[str, Any]:
         """The keywords of :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer` of a strategy
         with these settings (one place for every strategy): every field of
@@ -251,35 +260,6 @@ class ReplyLimits(BaseModel):
         if isinstance(value, str):
             raise ValueError(f"expected an iterable of key names, not the string {value!r}")
         return None if value is None else tuple(value)
-
-
-def make_claim_checker(
-    config: BalancingConfig,
-    *,
-    overhead_rounds: int = 3,
-    declared_sizes: Mapping[str, int] | None = None,
-) -> ClaimChecker:
-    """The bounds on the silos' claims of a strategy with these settings.
-
-    Parameters
-    ----------
-    config : BalancingConfig
-        The settings (``max_dataset_size``, ``time_tolerance``, ``min_claimed_time``,
-        ``max_claimed_time``).
-    overhead_rounds : int (default: 3)
-        Recent rounds whose messaging overhead is kept (the deadline policy's).
-    declared_sizes : Mapping[str, int] | None (default: None)
-        Silo id -> dataset size declared beforehand (a silo registry); later ones can be
-        added with :meth:`~fl_lbbsp.core.claims.ClaimChecker.declare`.
-    """
-    return ClaimChecker(
-        max_dataset_size=config.max_dataset_size,
-        tolerance=config.time_tolerance,
-        min_time=config.min_claimed_time,
-        max_time=config.max_claimed_time,
-        overhead_rounds=overhead_rounds,
-        declared_sizes=declared_sizes,
-    )
 
 
 def balancing_config(
