@@ -288,6 +288,7 @@ def test_legacy_adapter_and_message_api_strategy_give_the_same_batch_sizes(
     params = Parameters(tensors=[], tensor_type="numpy.ndarray")
     arrays = ArrayRecord({"w": Array(np.zeros(1, dtype=np.float32))})
     history: list[tuple[dict[str, int], dict[str, int]]] = []
+    per_silo: list[tuple[dict, dict]] = []  # type: ignore[type-arg]
 
     def metrics(silo: str, b: int, rnd: int) -> dict:  # type: ignore[type-arg]
         a, fixed = cost[silo]
@@ -329,8 +330,9 @@ def test_legacy_adapter_and_message_api_strategy_give_the_same_batch_sizes(
                 }
             )
             replies.append(make_reply(content, node_id=msg.metadata.dst_node_id))
-        legacy.aggregate_fit(rnd, results, [])
-        message.aggregate_train(rnd, replies)
+        _, legacy_metrics = legacy.aggregate_fit(rnd, results, [])
+        _, message_metrics = message.aggregate_train(rnd, replies)
+        per_silo.append((legacy_metrics, dict(message_metrics or {})))
 
     # Assert: identical every round, and they did move away from B_init
     for legacy_sizes, message_sizes in history:
@@ -341,3 +343,8 @@ def test_legacy_adapter_and_message_api_strategy_give_the_same_batch_sizes(
     assert last["s3"] <= 70  # the reported memory cap holds in both
     assert last["s1"] < history[2][0]["s1"]  # s1 slowed down from round 4 and got less
     assert legacy.balancer.to_json() == message.balancer.to_json()
+    # both APIs report each silo's batch size under its silo id, round 1 included
+    for (legacy_sizes, _), (legacy_metrics, message_metrics) in zip(history, per_silo, strict=True):
+        expected = {f"batch-size/{silo}": b for silo, b in legacy_sizes.items()}
+        assert {k: v for k, v in legacy_metrics.items() if k.startswith("batch-size/")} == expected
+        assert {k: v for k, v in message_metrics.items() if k.startswith("batch-size/")} == expected

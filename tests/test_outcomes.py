@@ -15,7 +15,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fl_lbbsp.contract import PREDICTED_SPEED, RecordKeys, silo_metric
+from fl_lbbsp.contract import COMPUTE_TIME, PREDICTED_SPEED, SLOWDOWN, RecordKeys, silo_metric
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg
 from fl_lbbsp.strategies.config import InvalidSettingError
@@ -106,6 +106,44 @@ def test_unknown_metrics_pass_through_and_the_result_holds_per_silo_figures() ->
     speeds = {s: metrics[silo_metric(PREDICTED_SPEED, s)] for s in "012"}
     assert speeds["0"] == pytest.approx(1000.0) and speeds["2"] == pytest.approx(1000 / 3)
     assert np.isfinite(result.arrays["w"].numpy()).all()
+
+
+def test_round_one_names_silos_by_their_ids_and_timings_are_not_averaged() -> None:
+    # Prepare: silos that also send the per-silo timings our silo side adds
+    def timed(partition: int, server_round: int, config: dict[str, Any]) -> dict[str, Any]:
+        return {**_honest(partition, server_round, config), COMPUTE_TIME: 1.0, SLOWDOWN: 4.0}
+
+    # Execute
+    result = _run(_strategy(), _app(timed), rounds=2)
+
+    # Assert: round 1's per-silo keys are the silo ids of round 2 (not node ids), and no
+    # mean of compute times or slowdowns is passed off as a metric of the federation
+    for server_round in (1, 2):
+        metrics = result.train_metrics_clientapp[server_round]
+        keys = {k for k in metrics if k.startswith(f"{KEYS.batch_size}/")}
+        assert keys == {silo_metric(KEYS.batch_size, s) for s in "012"}
+        assert COMPUTE_TIME not in metrics and SLOWDOWN not in metrics
+        assert "train_loss" in metrics
+
+
+def test_an_app_train_config_lr_overridden_by_the_strategy_is_warned_once(
+    fl_log: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: the app passes its own lr in train_config, as Flower's template does
+    initial = ArrayRecord({"w": Array(np.zeros(4, dtype=np.float32))})
+
+    # Execute
+    _strategy().start(
+        grid=InProcessGrid(_app(_honest), num_nodes=3),
+        initial_arrays=initial,
+        num_rounds=2,
+        train_config=ConfigRecord({KEYS.lr: 0.01}),
+    )
+
+    # Assert: one warning naming both values and the fix
+    warnings = [r.getMessage() for r in fl_log.records if "is overridden" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "lr=0.01" in warnings[0] and "lr=0.1" in warnings[0]
 
 
 def test_strict_metric_keys_are_opt_in_and_a_first_round_without_update_stops_the_run() -> None:
@@ -254,6 +292,26 @@ def test_from_run_config_names_a_missing_key_and_where_to_declare_it(missing: st
     # Execute / Assert
     with pytest.raises(InvalidSettingError, match=rf"'{missing}'.*\[tool\.flwr\.app\.config\]"):
         LBBSPFedAvg.from_run_config(run_config)
+
+
+def test_from_run_config_reads_the_learning_rate_of_flowers_templates() -> None:
+    # Prepare: the keys `flwr new`'s PyTorch app declares
+    run_config = {"batch-size": 32, "local-steps": 10, "learning-rate": 0.01}
+
+    # Execute
+    strategy = LBBSPFedAvg.from_run_config(run_config)
+
+    # Assert
+    assert strategy.config.lr == 0.01
+
+
+def test_from_run_config_shows_how_to_pass_a_missing_key_and_the_keywords_given() -> None:
+    # Prepare: a misspelt keyword instead of the missing lr
+    run_config = {"batch-size": 32, "local-steps": 10}
+
+    # Execute / Assert
+    with pytest.raises(InvalidSettingError, match=r"lr=\.\.\..*keywords given: learning_rate"):
+        LBBSPFedAvg.from_run_config(run_config, learning_rate=0.1)
 
 
 def test_the_fastest_silo_misread_by_its_cold_start_is_restored_in_one_round() -> None:

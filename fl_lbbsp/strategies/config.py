@@ -25,6 +25,7 @@ __all__ = [
     "EncryptedClusterConfig",
     "EncryptionConfig",
     "InvalidSettingError",
+    "RUN_CONFIG_ALIASES",
     "RUN_CONFIG_KEYS",
     "ParameterServerConfig",
     "ReplyLimits",
@@ -248,6 +249,10 @@ RUN_CONFIG_KEYS: dict[str, str] = {
 """Run-config keys a strategy reads from a Flower app's run config -> the keyword each
 sets; the first three are required, ``telemetry-path`` ``""`` means none."""
 
+RUN_CONFIG_ALIASES: dict[str, str] = {"lr": "learning-rate"}
+"""A key of :data:`RUN_CONFIG_KEYS` -> the name Flower's own app templates give it, read
+when the key itself is absent (``flwr new``'s PyTorch app declares ``learning-rate``)."""
+
 
 def settings_of_run_config(
     run_config: Mapping[str, Any], overrides: Mapping[str, Any], *, owner: str
@@ -259,16 +264,25 @@ def settings_of_run_config(
     InvalidSettingError
         A required key is missing from both: the message says where to declare it.
     """
+    config = dict(run_config)
+    for key, alias in RUN_CONFIG_ALIASES.items():
+        if key not in config and alias in config:
+            config[key] = config[alias]
     required = ("batch-size", "local-steps", "lr")
-    missing = [k for k in required if k not in run_config and RUN_CONFIG_KEYS[k] not in overrides]
+    missing = [k for k in required if k not in config and RUN_CONFIG_KEYS[k] not in overrides]
     if missing:
+        given = f" (keywords given: {', '.join(sorted(overrides))})" if overrides else ""
         raise InvalidSettingError(
             f"{owner}.from_run_config: the run config has no "
             + ", ".join(repr(key) for key in missing)
             + "; declare them in the app's pyproject.toml under [tool.flwr.app.config], "
-            "e.g. batch-size = 32, local-steps = 10, lr = 0.05"
+            "e.g. batch-size = 32, local-steps = 10, lr = 0.05, or pass them: "
+            "from_run_config(context.run_config, "
+            + ", ".join(f"{RUN_CONFIG_KEYS[k]}=..." for k in missing)
+            + ")"
+            + given
         )
-    settings = {name: run_config[key] for key, name in RUN_CONFIG_KEYS.items() if key in run_config}
+    settings = {name: config[key] for key, name in RUN_CONFIG_KEYS.items() if key in config}
     if settings.get("telemetry_path") == "":
         settings["telemetry_path"] = None
     return {**settings, **overrides}

@@ -128,6 +128,7 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
         self._observe = False
         self._grid: DeadlineGrid | None = None
         self._timeout_cap: float | None = None
+        self._config_checked = False
 
     def summary(self) -> None:
         """Log the LB-BSP settings, then FedAvg's."""
@@ -156,12 +157,34 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
             server_round, self.sample_train_nodes(grid), timeout_cap=self._timeout_cap
         )
         state.model = arrays
+        self.check_caller_config(config)
         self.updates.begin(arrays, state)
         state.expected_bytes = self.updates.expected_bytes(arrays)
         self.round = state
         state.sent = self.train_messages(state, arrays, config)
         state.run_id = state.sent[0].metadata.run_id if state.sent else 0
         return state.sent
+
+    def check_caller_config(self, config: ConfigRecord) -> None:
+        """Warn once when the app's own train config (``start(train_config=...)``) sets
+        the learning rate to another value than the strategy's: every silo trains with the
+        strategy's ``lr`` (eta is the same for all in LB-BSP), so the app's would be
+        overridden without a word."""
+        if self._config_checked:
+            return
+        self._config_checked = True
+        theirs = config.get(self.keys.lr)
+        ours = self.engine.config.lr
+        if isinstance(theirs, int | float) and not isinstance(theirs, bool) and theirs != ours:
+            FLOWER_LOGGER.warning(
+                "%s: the train config's %s=%s is overridden: every silo trains with the "
+                "strategy's lr=%s (give the strategy lr=%s to use yours)",
+                type(self).__name__,
+                self.keys.lr,
+                theirs,
+                ours,
+                theirs,
+            )
 
     def sample_train_nodes(self, grid: Grid) -> list[int]:
         """The nodes of the round, sampled as FedAvg samples them (``fraction_train``,
@@ -245,7 +268,9 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
         except (ValueError, TypeError, ArithmeticError) as err:
             log.warning("round %d: train metrics not aggregated: %s", server_round, err)
             aggregated = None
-        return result.arrays, round_metrics(aggregated, state=state, keys=self.keys)
+        return result.arrays, round_metrics(
+            aggregated, state=state, keys=self.keys, silo_id=self.engine.silo_id
+        )
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flwr.app import MetricRecord
 from flwr.common.logger import FLOWER_LOGGER
 
-from ..contract import PREDICTED_SPEED, RecordKeys, silo_metric
-from ..core.round_state import RoundState, natural_key
+from ..contract import PREDICTED_SPEED, SILO_APP_METRICS, TRAIN_LOSS, RecordKeys, silo_metric
+from ..core.round_state import Node, RoundState, natural_key
 from ..core.screening import contract_metric_keys
 from .rounds import format_silos
 
@@ -145,19 +145,27 @@ def _seconds(value: float | None) -> str:
 
 
 def round_metrics(
-    aggregated: MetricRecord | None, *, state: RoundState, keys: RecordKeys
+    aggregated: MetricRecord | None,
+    *,
+    state: RoundState,
+    keys: RecordKeys,
+    silo_id: Callable[[Node], str] | None = None,
 ) -> MetricRecord:
     """The round's MetricRecord for Flower's ``Result``: the app's own metrics as
-    ``train_metrics_aggr_fn`` aggregated them, without the contract's (a mean of batch
-    sizes or train times means nothing), plus ``batch-size/<silo>`` for every silo sent
-    a batch size and ``predicted-speed/<silo>`` (samples per second) for every silo the
-    balancer predicts."""
-    contract = contract_metric_keys(keys)
+    ``train_metrics_aggr_fn`` aggregated them, without the contract's nor the per-silo
+    timings our silo side adds (a mean of batch sizes, train times or slowdowns means
+    nothing; ``train-loss`` stays), plus ``batch-size/<silo>`` for every silo sent a batch
+    size and ``predicted-speed/<silo>`` (samples per second) for every silo the balancer
+    predicts. ``silo_id``: the stable id a node reported (the engine's), so that a silo
+    first sent its batch size under its node id (``node-<id>``, round 1) is named as in
+    later rounds."""
+    contract = contract_metric_keys(keys) | (set(SILO_APP_METRICS) - {TRAIN_LOSS})
     record: dict[str, Any] = {
         key: value for key, value in (aggregated or {}).items() if key not in contract
     }
-    for silo, size in state.shares.items():
-        record[silo_metric(keys.batch_size, silo)] = int(size)
+    for node, ins in state.instructions.items():
+        silo = silo_id(node) if silo_id is not None else ins.silo
+        record[silo_metric(keys.batch_size, silo)] = int(ins.share)
     for silo, report in state.reports.items():
         speed = report.get(PREDICTED_SPEED)
         if isinstance(speed, int | float):

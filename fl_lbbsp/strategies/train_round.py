@@ -237,7 +237,11 @@ class TrainRound:
         left_out = {r["silo"]: f"rejected: {r['reason']}" for r in state.rejected}
         left_out.update({silo: "no reply in time" for silo in extra["missed"]})
         left_out.update(
-            {s: f"not balanced: {r['misuse']}" for s, r in state.reports.items() if "misuse" in r}
+            {
+                s: "not balanced: did not train as instructed (see its warning)"
+                for s, r in state.reports.items()
+                if "misuse" in r
+            }
         )
         log_decision(scheme=scheme, state=state, keys=self.keys, left_out=left_out)
 
