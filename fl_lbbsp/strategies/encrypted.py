@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from pydantic import ValidationError
 
 from ..contract import EVAL_ACCURACY, EVAL_LOSS, NAMED_SILO, RecordKeys, silo_metric
 from ..core.round_state import RoundState
@@ -46,7 +47,7 @@ from ..crypto.records import (
     update_from_record,
     update_to_record,
 )
-from .config import EncryptionConfig, InvalidSettingError
+from .config import EncryptionConfig, setting_error
 from .encrypted_blame import ContributionBlame
 from .engine_strategy import EngineStrategy
 from .fedavg import LBBSPFedAvg
@@ -277,18 +278,14 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         exclude_named_for: int | None = None,
         **kwargs: Any,
     ) -> None:
-        checked = EncryptionConfig(
-            initial_weight_total=initial_weight_total, weight_tolerance=weight_tolerance
-        )
-        if exclude_named_for is not None and (
-            isinstance(exclude_named_for, bool)
-            or not isinstance(exclude_named_for, int)
-            or exclude_named_for < 1
-        ):
-            raise InvalidSettingError(
-                f"{type(self).__name__}(exclude_named_for={exclude_named_for!r}): a whole "
-                "number of rounds >= 1, or None (for good)"
+        try:
+            checked = EncryptionConfig(
+                initial_weight_total=initial_weight_total,
+                weight_tolerance=weight_tolerance,
+                exclude_named_for=exclude_named_for,
             )
+        except ValidationError as err:
+            raise setting_error(err, owner=type(self).__name__) from None
         super().__init__(**kwargs)
         self.he_keys = server_keys(public_context, fingerprint)
         self.updates = EncryptedSum(
@@ -300,7 +297,7 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         )
         self.blame = ContributionBlame(
             max_ratio=self.server_config.max_update_ratio,
-            exclude_for=exclude_named_for,
+            exclude_for=checked.exclude_named_for,
             telemetry=self.telemetry,
             scheme=self.scheme,
         )
