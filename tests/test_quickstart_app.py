@@ -19,6 +19,8 @@ APPS = Path(__file__).resolve().parent / "apps"
 BEFORE, AFTER = APPS / "quickstart_fedavg", APPS / "quickstart_lbbsp"
 KEYS = RecordKeys()
 SLOWDOWNS = (1.0, 2.0, 4.0)
+COST_MODEL = "0.001,0.002"
+"""Emulated seconds per sample and per step of the fastest silo."""
 
 
 def plugin_diff() -> str:
@@ -48,9 +50,11 @@ def test_the_readmes_plugin_section_is_exactly_the_apps_diff() -> None:
 
 @pytest.mark.slow
 def test_the_quickstart_app_with_lbbsp_plugged_in_runs_under_flwr_run(tmp_path: Path) -> None:
-    # Prepare: emulated slowdowns 1;2;4 and the telemetry file declared in the copy's run
-    # config (the test's own instruments: Flower refuses --run-config keys the app does
-    # not declare); nothing else of the app changes
+    # Prepare: emulated slowdowns 1;2;4 over an emulated cost model (the silos report
+    # tau k (m B + b), not their wall clock, so the order asserted below holds on a busy
+    # machine) and the telemetry file, declared in the copy's run config (the test's own
+    # instruments: Flower refuses --run-config keys the app does not declare); nothing
+    # else of the app changes
     if flower_ports_taken():
         pytest.skip("another SuperLink holds Flower's ServerAppIo/Fleet ports")
     telemetry = tmp_path / "telemetry.jsonl"
@@ -60,8 +64,9 @@ def test_the_quickstart_app_with_lbbsp_plugged_in_runs_under_flwr_run(tmp_path: 
     done = run_app(
         AFTER,
         tmp_path,
-        overrides=f"num-server-rounds=4 slowdowns='{slowdowns}' telemetry-path='{telemetry}'",
-        declare='slowdowns = ""\ntelemetry-path = ""\n',
+        overrides=f"num-server-rounds=4 slowdowns='{slowdowns}' telemetry-path='{telemetry}' "
+        f"cost-model='{COST_MODEL}'",
+        declare='slowdowns = ""\ntelemetry-path = ""\ncost-model = ""\n',
     )
     output = done.stdout + done.stderr
 
