@@ -1,8 +1,10 @@
 """The silo side as a Flower ClientApp: train with the batch size the server sends,
 time the compute, report psutil metrics and, if asked, emulate a slower machine.
 
-With a secret CKKS context the silo runs in encrypted mode: it decrypts the global model,
-trains, multiplies its parameters by ``n_i / S`` and encrypts them (see
+Every silo resolves what it needs once, from the federation's :class:`SiloSetup` and its
+node config (:class:`SiloNode`: its data, slowdown, keys), and answers every message from
+that. With a secret CKKS context the silo runs in encrypted mode: it decrypts the global
+model, trains, multiplies its parameters by ``n_i / S`` and encrypts them (see
 :mod:`fl_lbbsp.strategies.encrypted`), reporting the time spent on it as ``he-time``.
 """
 
@@ -12,16 +14,16 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..contract import (
     BUSY_TIME,
@@ -37,153 +39,30 @@ from ..contract import (
 )
 from ..core.identity import key_file_name, load_signing_key, sign_reply, signed_arrays
 from ..core.screening import model_problem
-from ..datasets import (
-    ArrayDataset,
-    PartitionSpec,
-    PartitionText,
-    SourceSpec,
-    load_source,
-    partition_indices,
-    train_test_split,
-)
+from ..datasets import ArrayDataset
 from ..instruction import RoundInstruction, silo_id_of
-from ..models import ModelName, build_model
-from .emulation import (
-    CostModel,
-    CostModelText,
-    SlowdownSchedule,
-    SlowdownText,
-    compute_slot,
-    emulate_slowdown,
-)
+from ..models import build_model
+from .emulation import CostModel, SlowdownSchedule, compute_slot, emulate_slowdown
 from .round import Emulation, LocalTraining, WorkDone, run_round, slowdown_schedule
+from .silo_setup import SiloSetup, silo_data, test_data, test_shard
+from .silo_setup import _split as _split  # shared with the workers' app (clients/cluster.py)
 from .trainer import evaluate, train_local
 
 if TYPE_CHECKING:
     from ..crypto import CKKSKeys, UpdateChecker
 
-__all__ = ["SiloSetup", "make_client_app", "silo_data"]
+__all__ = [
+    "SiloApp",
+    "SiloNode",
+    "SiloSetup",
+    "make_client_app",
+    "resolve_node",
+    "silo_data",
+    "test_data",
+    "test_shard",
+]
 
 log = logging.getLogger(__name__)
-
-
-class SiloSetup(BaseModel):
-    """How every silo of a federation finds its data, model and emulated speed.
-
-    Parameters
-    ----------
-    dataset : str (default: "embedded")
-        ``"embedded"``, ``"mnist:PATH"`` or ``"cifar10:PATH"``.
-    partition : str (default: "iid")
-        ``"iid"``, ``"labels:K"`` or ``"dirichlet:ALPHA"``.
-    num_silos : int (default: 5)
-        Number of silos the data is split over.
-    seed : int (default: 0)
-        Seed of the train/test split, the partitioning and the reshuffling (>= 0).
-    model : {"lenet5", "mlp"} (default: "lenet5")
-        The model, sized to the input.
-    slowdowns : tuple of str (default: ())
-        Emulated slowdown of silo i (``"4"`` or a schedule ``"1:1,10:4"``); a silo's
-        ``node_config["slowdown"]`` overrides it. Empty: the run config's ``slowdowns``
-        (``"1;2;2;4;4"``, one entry per partition) if set, else no emulation.
-    test_fraction : float (default: 0.2)
-        Share of the data held out for the server's evaluation.
-    torch_threads : int (default: 1)
-        torch intra-op threads per silo process.
-    keys : RecordKeys (default: RecordKeys())
-        Record key names, the same as the strategy's.
-    secret_context : str | None (default: None)
-        Encrypted mode: the silos' secret CKKS context (``secret.ckks`` or its key folder,
-        from ``fl-lbbsp keys generate``); a node's ``node_config["secret-context"]``
-        overrides it. ``None``: plaintext updates.
-    evaluate_on : {"train", "test"} (default: "train")
-        Data a silo evaluates the global model on: its training partition, or its share
-        (every ``num_silos``-th sample) of the held-out test split, for federated test
-        accuracy when the server cannot evaluate (encrypted mode).
-    emulate_wait : bool (default: True)
-        A silo emulated k times slower waits ``(k - 1) * t`` after computing for ``t``.
-        ``False``: it reports ``k * t`` at once, without waiting; enough when silos compute
-        one after the other and only the reported (emulated) times matter, e.g. in the
-        benchmarks. Round and wall-clock times then differ: say so with every figure.
-    cost_model : str | None (default: None)
-        Emulated time of one step on the fastest machine, ``"m,b"`` (seconds per sample
-        and per step, :class:`~fl_lbbsp.clients.emulation.CostModel`): a silo reports
-        ``tau * k * (m * B + b)`` instead of its measured time times k, so reported
-        times, and the batch sizes that follow from them, are the same on a quiet or a
-        busy machine. ``None``: measured compute times.
-    compute_lock : str | None (default: None)
-        Folder of the compute slots shared by the silos of one machine
-        (:func:`~fl_lbbsp.clients.emulation.compute_slot`): ``compute_slots`` silos compute
-        at a time, each alone on its share of the machine, and their emulated waits
-        overlap outside the slots. ``None``: silos compute whenever they are run.
-    compute_slots : int (default: 1)
-        Silos computing at the same time when ``compute_lock`` is set.
-    signing_key : str | None (default: None)
-        The silos' Ed25519 signing keys from ``fl-lbbsp keys silos``: a key file, or their
-        folder (silo ``s`` then uses ``silo-<s>.key``); a node's
-        ``node_config["signing-key"]`` overrides it. With a key every train reply is
-        signed (:mod:`fl_lbbsp.core.identity`). ``None``: replies are unsigned.
-    max_model_ratio : float | None (default: 10.0)
-        A global model (decrypted aggregate) whose L2 norm is more than this factor
-        above or below the silo's last model's, or that holds NaN or inf, is refused with
-        one warning: the silo trains from its last model instead and says so in its reply
-        (``model-refused`` in its ``silo`` ConfigRecord). ``None``: only NaN and inf are
-        refused.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    dataset: SourceSpec = "embedded"
-    partition: PartitionText = "iid"
-    num_silos: int = Field(default=5, gt=0)
-    seed: int = Field(default=0, ge=0)
-    model: ModelName = "lenet5"
-    slowdowns: tuple[SlowdownText, ...] = ()
-    test_fraction: float = Field(default=0.2, gt=0, lt=1)
-    torch_threads: int = Field(default=1, gt=0)
-    keys: RecordKeys = RecordKeys()
-    secret_context: str | None = None
-    evaluate_on: Literal["train", "test"] = "train"
-    emulate_wait: bool = True
-    cost_model: CostModelText | None = None
-    compute_lock: str | None = None
-    compute_slots: int = Field(default=1, gt=0)
-    signing_key: str | None = None
-    max_model_ratio: float | None = Field(default=10.0, gt=1)
-
-
-@lru_cache(maxsize=4)
-def _split(dataset: str, seed: int, test_fraction: float) -> tuple[ArrayDataset, ArrayDataset]:
-    return train_test_split(load_source(dataset), test_fraction=test_fraction, seed=seed)
-
-
-@lru_cache(maxsize=4)
-def _partitions(
-    dataset: str, partition: str, num_silos: int, seed: int, test_fraction: float
-) -> tuple[np.ndarray, ...]:
-    train, _ = _split(dataset, seed, test_fraction)
-    spec = PartitionSpec.parse(partition)
-    return tuple(partition_indices(train.y, num_silos=num_silos, spec=spec, seed=seed))
-
-
-def silo_data(setup: SiloSetup, partition_id: int) -> ArrayDataset:
-    """The local training data of silo ``partition_id`` (cached per process)."""
-    train, _ = _split(setup.dataset, setup.seed, setup.test_fraction)
-    parts = _partitions(
-        setup.dataset, setup.partition, setup.num_silos, setup.seed, setup.test_fraction
-    )
-    return train.subset(parts[partition_id])
-
-
-def test_data(setup: SiloSetup) -> ArrayDataset:
-    """The held-out test set the server evaluates the global model on."""
-    return _split(setup.dataset, setup.seed, setup.test_fraction)[1]
-
-
-def test_shard(setup: SiloSetup, partition_id: int) -> ArrayDataset:
-    """Silo ``partition_id``'s share of the held-out test set (every ``num_silos``-th)."""
-    test = test_data(setup)
-    return test.subset(np.arange(partition_id, len(test), setup.num_silos))
 
 
 @lru_cache(maxsize=4)
@@ -294,7 +173,7 @@ def train_reply(
     metrics: MetricRecord,
     keys: RecordKeys,
     silo_id: str,
-    signing_key: str | None = None,
+    signing_key: str | Ed25519PrivateKey | None = None,
     notes: Mapping[str, str] | None = None,
 ) -> Message:
     """The reply to a train message: the arrays, the metrics and the silo's id.
@@ -309,8 +188,8 @@ def train_reply(
         Names of the contract's entries.
     silo_id : str
         The silo's id.
-    signing_key : str | None (default: None)
-        The silo's key file (or key folder): the reply is signed over the message's run,
+    signing_key : str | Ed25519PrivateKey | None (default: None)
+        The silo's key, or its key file (or key folder): the reply is signed over the message's run,
         its ``server-round``, its message id, the silo id, the metrics and the arrays.
     notes : Mapping[str, str] | None (default: None)
         More entries of the ``silo`` ConfigRecord (``model-refused``).
@@ -318,8 +197,9 @@ def train_reply(
     silo = ConfigRecord({keys.silo_id: silo_id, **(notes or {})})
     if signing_key is not None:
         config = msg.content.config_records.get("config") or ConfigRecord()
+        key = signing_key if isinstance(signing_key, Ed25519PrivateKey) else None
         silo[keys.signature] = sign_reply(
-            _signing_key(signing_key, silo_id),
+            key or _signing_key(str(signing_key), silo_id),
             run_id=msg.metadata.run_id,
             server_round=read_int(config, keys.server_round, 1),
             instruction=msg.metadata.message_id or None,
@@ -350,46 +230,112 @@ def _checked_model(
     return last, reason
 
 
-def make_client_app(setup: SiloSetup) -> ClientApp:
-    """Build the silo ClientApp.
+@dataclass(frozen=True, kw_only=True)
+class SiloNode:
+    """What one silo resolves once, from the federation's setup and its node config, and
+    answers every message with (:func:`resolve_node`).
 
-    The silo reads ``partition-id`` (and optionally ``silo-id``, ``slowdown``,
-    ``max-batch-size`` and ``secret-context``) from its node_config, trains exactly tau
-    steps with the batch size in the train message, and replies with its parameters and the
-    MetricRecord of the contract (:class:`~fl_lbbsp.contract.RecordKeys`), plus
-    ``compute-time`` (the real, unemulated seconds), ``busy-time`` (real seconds in the
-    handler, emulated wait included: the server's wall time beyond it is messaging),
-    ``slowdown`` (the emulated factor k) and ``train-loss``.
-
-    In encrypted mode (``setup.secret_context`` or ``node_config["secret-context"]``) the
-    parameters go out as ``Enc((n_i / S) * u_i)`` with S the config's ``he-weight-total``,
-    an update with NaN or inf is refused before encryption (the silo replies with an
-    error), and ``he-time`` reports the seconds spent decrypting and encrypting, emulated
-    like ``train-time`` (a k times slower machine also encrypts k times slower).
+    Attributes
+    ----------
+    partition_id : int
+        Its partition of the training data (node config ``partition-id``).
+    silo_id : str
+        Its silo id (node config ``silo-id``, else the partition id).
+    data : ArrayDataset
+        Its training partition.
+    evaluation : ArrayDataset
+        What it evaluates a global model on: its training partition, or its share of the
+        held-out test split (``setup.evaluate_on == "test"``).
+    schedule : SlowdownSchedule
+        Its emulated slowdown over the rounds (node config ``slowdown``, else the
+        setup's, else the run config's).
+    secret_context : str | None
+        Its secret CKKS context (node config ``secret-context``, else the setup's);
+        ``None``: plaintext updates.
+    signing_key : Ed25519PrivateKey | None
+        Its signing key, loaded (node config ``signing-key``, else the setup's);
+        ``None``: unsigned replies.
+    max_batch_size : int
+        Node config ``max-batch-size`` (0: none).
     """
-    app = ClientApp()
-    keys = setup.keys
 
-    def _model_and_data(
-        state: dict[str, torch.Tensor], context: Context
-    ) -> tuple[torch.nn.Module, ArrayDataset]:
-        torch.set_num_threads(setup.torch_threads)
-        partition_id = int(context.node_config.get("partition-id", 0))
-        data = silo_data(setup, partition_id)
-        model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    partition_id: int
+    silo_id: str
+    data: ArrayDataset
+    evaluation: ArrayDataset
+    schedule: SlowdownSchedule
+    secret_context: str | None
+    signing_key: Ed25519PrivateKey | None
+    max_batch_size: int
+
+
+def resolve_node(setup: SiloSetup, context: Context) -> SiloNode:
+    """The silo of ``context``'s node, resolved from ``setup`` and its node config.
+
+    Raises
+    ------
+    DataSourceError
+        A data source that cannot be read.
+    IdentityError
+        A signing key that cannot be loaded.
+    ValueError
+        A slowdown that is not one.
+    """
+    node_config = context.node_config
+    partition_id = int(node_config.get("partition-id", 0))
+    silo_id = silo_id_of(node_config, setup.keys, node_id=context.node_id)
+    data = silo_data(setup, partition_id)
+    signing_key = signing_key_of(context, setup.signing_key)
+    return SiloNode(
+        partition_id=partition_id,
+        silo_id=silo_id,
+        data=data,
+        evaluation=data if setup.evaluate_on == "train" else test_shard(setup, partition_id),
+        schedule=_slowdown(setup, context),
+        secret_context=secret_context_of(context, setup.secret_context),
+        signing_key=None if signing_key is None else _signing_key(signing_key, silo_id),
+        max_batch_size=int(node_config.get(setup.keys.max_batch_size, 0)),
+    )
+
+
+class SiloApp:
+    """The bundled silo's message handlers over a :class:`SiloSetup`; each node is
+    resolved once (:func:`resolve_node`), at its first message.
+
+    Parameters
+    ----------
+    setup : SiloSetup
+        How every silo of the federation finds its data, model and emulated speed.
+    """
+
+    def __init__(self, setup: SiloSetup) -> None:
+        self.setup = setup
+        self._nodes: dict[tuple[int, tuple[tuple[str, str], ...]], SiloNode] = {}
+
+    def node(self, context: Context) -> SiloNode:
+        """The silo of ``context``'s node, resolved at its first message."""
+        key = (context.node_id, tuple(sorted((k, str(v)) for k, v in context.node_config.items())))
+        if key not in self._nodes:
+            self._nodes[key] = resolve_node(self.setup, context)
+        return self._nodes[key]
+
+    def _model(self, state: dict[str, torch.Tensor], data: ArrayDataset) -> torch.nn.Module:
+        torch.set_num_threads(self.setup.torch_threads)
+        model = build_model(
+            self.setup.model, input_shape=data.input_shape, num_classes=data.num_classes
+        )
         model.load_state_dict(state)
-        return model, data
+        return model
 
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
+    def train(self, msg: Message, context: Context) -> Message:
+        """Train tau steps with the message's batch size and reply with the update."""
         started = time.perf_counter()
-        config = msg.content.config_records["config"]
-        instruction = RoundInstruction.from_config(config, keys)
-        silo_id = silo_id_of(context.node_config, keys, node_id=context.node_id)
-        secret_context = secret_context_of(context, setup.secret_context)
-        state, he_time = _open_arrays(msg.content.array_records["arrays"], secret_context)
+        setup, node, keys = self.setup, self.node(context), self.setup.keys
+        instruction = RoundInstruction.from_config(msg.content.config_records["config"], keys)
+        state, he_time = _open_arrays(msg.content.array_records["arrays"], node.secret_context)
         state, refused = _checked_model(state, context, setup.max_model_ratio)
-        model, data = _model_and_data(state, context)
+        data = node.data
+        model = self._model(state, data)
         x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
 
         def work(plan: LocalTraining) -> WorkDone[None]:
@@ -405,12 +351,12 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
                 )
             return WorkDone(output=None, num_examples=len(data), loss=result.loss)
 
-        factor = _slowdown(setup, context).factor(instruction.server_round)
+        factor = node.schedule.factor(instruction.server_round)
         # The emulated wait runs outside the slot, from the moment the silo queued for it.
         report = run_round(
             instruction,
             work,
-            silo_id=silo_id,
+            silo_id=node.silo_id,
             run_seed=setup.seed,
             keys=keys,
             emulation=Emulation(
@@ -420,21 +366,21 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
             ),
             slot=compute_slot(setup.compute_lock, slots=setup.compute_slots),
             started=time.perf_counter(),
-            max_batch_size=int(context.node_config.get(keys.max_batch_size, 0)),
+            max_batch_size=node.max_batch_size,
         )
         extra: dict[str, Any] = {}
-        if secret_context is None:
+        if node.secret_context is None:
             arrays = ArrayRecord(model.state_dict())
         else:
             arrays, seconds = _encrypt_model(
                 model,
-                secret_context,
+                node.secret_context,
                 weight=float(len(data)),
                 total=instruction.he_weight_total or 1.0,
                 silos=instruction.he_num_silos or 1,
             )
             arrays, checking = _answer_checks(
-                msg, context, arrays, secret_context, state, instruction.server_round
+                msg, context, arrays, node.secret_context, state, instruction.server_round
             )
             extra[keys.he_time] = emulate_slowdown(
                 he_time + seconds + checking, factor, wait=setup.emulate_wait
@@ -452,23 +398,44 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
             arrays=arrays,
             metrics=metrics,
             keys=keys,
-            silo_id=silo_id,
-            signing_key=signing_key_of(context, setup.signing_key),
+            silo_id=node.silo_id,
+            signing_key=node.signing_key,
             notes=notes or None,
         )
 
-    @app.evaluate()
-    def evaluate_local(msg: Message, context: Context) -> Message:
-        state, _ = _open_arrays(
-            msg.content.array_records["arrays"], secret_context_of(context, setup.secret_context)
-        )
-        model, data = _model_and_data(state, context)
-        if setup.evaluate_on == "test":
-            data = test_shard(setup, int(context.node_config.get("partition-id", 0)))
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """Evaluate the global model on the silo's evaluation data."""
+        node, keys = self.node(context), self.setup.keys
+        state, _ = _open_arrays(msg.content.array_records["arrays"], node.secret_context)
+        data = node.evaluation
+        model = self._model(state, data)
         loss, accuracy = evaluate(model, torch.from_numpy(data.x), torch.from_numpy(data.y))
         metrics = MetricRecord(
             {keys.num_examples: len(data), EVAL_LOSS: loss, EVAL_ACCURACY: accuracy}
         )
         return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
+
+def make_client_app(setup: SiloSetup) -> ClientApp:
+    """Build the silo ClientApp.
+
+    The silo reads ``partition-id`` (and optionally ``silo-id``, ``slowdown``,
+    ``max-batch-size``, ``secret-context`` and ``signing-key``) from its node_config, once
+    (:class:`SiloNode`), trains exactly tau steps with the batch size in the train message,
+    and replies with its parameters and the MetricRecord of the contract
+    (:class:`~fl_lbbsp.contract.RecordKeys`), plus ``compute-time`` (the real, unemulated
+    seconds), ``busy-time`` (real seconds in the handler, emulated wait included: the
+    server's wall time beyond it is messaging), ``slowdown`` (the emulated factor k) and
+    ``train-loss``.
+
+    In encrypted mode (``setup.secret_context`` or ``node_config["secret-context"]``) the
+    parameters go out as ``Enc((n_i / S) * u_i)`` with S the config's ``he-weight-total``,
+    an update with NaN or inf is refused before encryption (the silo replies with an
+    error), and ``he-time`` reports the seconds spent decrypting and encrypting, emulated
+    like ``train-time`` (a k times slower machine also encrypts k times slower).
+    """
+    silo = SiloApp(setup)
+    app = ClientApp()
+    app.train()(silo.train)
+    app.evaluate()(silo.evaluate)
     return app
