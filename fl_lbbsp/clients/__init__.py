@@ -4,7 +4,12 @@ for existing train functions (:func:`lbbsp_train`), the warm silo worker
 
 The names below are imported on first use (PEP 562), so that a light module of this
 package (:mod:`~fl_lbbsp.clients.warm`, which Flower's per-message ClientApp process
-imports) does not pull in torch through the package.
+imports) does not pull in torch through the package. A silo that does not use torch
+never imports it: :func:`lbbsp_train`, :class:`LocalTraining` (its batch sampler,
+``timed()``), :func:`run_round`, the emulation and :class:`ResizableBatchSampler` are
+torch-free; torch is imported by :func:`train_local`, :func:`evaluate`,
+:data:`TrainerConfig`/:class:`TrainResult` (their module), ``plan.loader(...)`` and the
+bundled ClientApps.
 """
 
 from __future__ import annotations
@@ -21,9 +26,17 @@ if TYPE_CHECKING:
         emulate_slowdown,
         emulated_time,
     )
-    from .round import Emulation, LocalTraining, RoundReport, WorkDone, misuse_of, run_round
+    from .round import (
+        Emulation,
+        LocalTraining,
+        RoundReport,
+        WorkDone,
+        machine_usage,
+        misuse_of,
+        run_round,
+    )
     from .sampler import ResizableBatchSampler, check_batch_size
-    from .trainer import TrainerConfig, TrainResult, evaluate, machine_usage, train_local
+    from .trainer import TrainerConfig, TrainResult, evaluate, train_local
 
 _WHERE = {
     "lbbsp_train": ".adapter",
@@ -43,7 +56,7 @@ _WHERE = {
     "TrainerConfig": ".trainer",
     "TrainResult": ".trainer",
     "evaluate": ".trainer",
-    "machine_usage": ".trainer",
+    "machine_usage": ".round",
     "train_local": ".trainer",
 }
 

@@ -17,6 +17,9 @@ the rest the same way everywhere:
 - the emulated slowdown and its wait (:func:`~fl_lbbsp.clients.emulation.emulated_time`);
 - the contract's metrics, and a ``misuse`` note when the work drew other batches than it
   was told to (:func:`misuse_of`).
+
+None of it imports torch: a numpy silo iterates ``plan.batch_sampler(n)`` as lists of
+indices; only :meth:`LocalTraining.loader` (given a torch ``DataLoader``) uses torch.
 """
 
 from __future__ import annotations
@@ -26,16 +29,17 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import torch
-from torch.utils.data import DataLoader
+import psutil
 
 from ..contract import COMPUTE_TIME, SLOWDOWN, TRAIN_LOSS, RecordKeys
 from ..instruction import PARTITION_ID, RoundInstruction, round_seed
 from .emulation import CostModel, SlowdownSchedule, emulated_time
 from .sampler import ResizableBatchSampler
-from .trainer import machine_usage
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 __all__ = [
     "SLOWDOWNS_KEY",
@@ -44,6 +48,7 @@ __all__ = [
     "LocalTraining",
     "RoundReport",
     "WorkDone",
+    "machine_usage",
     "misuse_of",
     "run_round",
     "slowdown_schedule",
@@ -102,14 +107,15 @@ class LocalTraining:
         )
 
     def batch_sampler(self, num_samples: int) -> ResizableBatchSampler:
-        """A ``batch_sampler`` for a torch ``DataLoader``: exactly ``local_steps`` batches
-        of ``batch_size`` indices over reshuffled ``range(num_samples)`` (seeded). What is
-        drawn through it is counted and reported (``samples-drawn``)."""
+        """Exactly ``local_steps`` batches of ``batch_size`` indices (lists of ints) over
+        reshuffled ``range(num_samples)`` (seeded): iterate it, or pass it to a torch
+        ``DataLoader`` as ``batch_sampler=``. What is drawn through it is counted and
+        reported (``samples-drawn``). It needs no torch."""
         sampler = ResizableBatchSampler(
             num_samples,
             batch_size=self.batch_size,
             num_batches=self.local_steps,
-            generator=torch.Generator().manual_seed(self.seed),
+            seed=self.seed,
         )
         self._samplers.append(sampler)
         return sampler
@@ -130,6 +136,8 @@ class LocalTraining:
             Its dataset has no length (an ``IterableDataset``): draw from
             :meth:`batch_sampler` over your own indices instead.
         """
+        from torch.utils.data import DataLoader  # only a torch silo calls this
+
         dataset = dataloader.dataset
         if not hasattr(dataset, "__len__"):
             raise TypeError(
@@ -185,6 +193,11 @@ class LocalTraining:
     def samples_drawn(self) -> int:
         """Samples drawn so far through this plan's samplers."""
         return sum(s.samples_drawn for s in self._samplers)
+
+
+def machine_usage() -> tuple[float, float]:
+    """CPU utilisation since the previous call and memory utilisation, in percent."""
+    return float(psutil.cpu_percent(interval=None)), float(psutil.virtual_memory().percent)
 
 
 def misuse_of(plan: LocalTraining) -> str | None:

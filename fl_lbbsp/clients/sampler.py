@@ -1,14 +1,31 @@
-"""A batch sampler whose batch size can change between rounds."""
+"""A batch sampler whose batch size can change between rounds (no torch needed).
+
+The sampler is a plain iterable of index lists: a numpy (scikit-learn, JAX, ...) silo
+iterates it as it is, and a torch ``DataLoader`` takes it as ``batch_sampler=``. Its
+permutations are torch's: those of ``torch.randperm`` on a CPU ``torch.Generator``
+seeded with the same seed, reproduced with numpy's MT19937 when torch is not loaded, so
+that a silo shuffles the same way whether or not its process imported torch.
+"""
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
-import torch
-from torch.utils.data import Sampler
+import numpy as np
 
-__all__ = ["ResizableBatchSampler", "check_batch_size"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TORCH_DEFAULT_SEED", "ResizableBatchSampler", "check_batch_size", "torch_randperm"]
+
+TORCH_DEFAULT_SEED = 67280421310721
+"""The seed of a fresh ``torch.Generator()`` (torch's ``default_rng_seed_val``)."""
+
+Permutations = Callable[[int], list[int]]
+"""A stream of permutations: each call returns a new permutation of ``range(n)``."""
 
 
 def check_batch_size(batch_size: object) -> int:
@@ -18,7 +35,59 @@ def check_batch_size(batch_size: object) -> int:
     return batch_size
 
 
-class ResizableBatchSampler(Sampler[list[int]]):
+def torch_randperm(seed: int) -> Permutations:
+    """The permutations ``torch.randperm(n, generator=g)`` gives for
+    ``g = torch.Generator().manual_seed(seed)``, one per call, without torch.
+
+    torch's CPU generator is an MT19937 seeded with the low 32 bits of ``seed`` (as
+    numpy's legacy seeding), and ``randperm`` swaps position ``i`` with ``i + r % (n - i)``
+    for one 32-bit output ``r`` per position (for ``n`` below 2**32 / 20).
+
+    Parameters
+    ----------
+    seed : int
+        A non-negative seed (a valid ``torch.Generator`` seed).
+
+    Returns
+    -------
+    Callable[[int], list of int]
+        Called with ``n``, the stream's next permutation of ``range(n)``.
+    """
+    legacy = np.random.RandomState(seed & 0xFFFF_FFFF).get_state(legacy=False)
+    bits = np.random.MT19937()
+    bits.state = {"bit_generator": "MT19937", "state": legacy["state"]}
+
+    def permutation(n: int) -> list[int]:
+        order = list(range(n))
+        if n > 1:
+            raw = bits.random_raw(n - 1)
+            offsets = (raw % np.arange(n, 1, -1, dtype=np.uint64)).tolist()
+            for i, offset in enumerate(offsets):
+                j = i + offset
+                order[i], order[j] = order[j], order[i]
+        return order
+
+    return permutation
+
+
+def _torch_generator_randperm(generator: torch.Generator) -> Permutations:
+    import torch  # the caller holds a torch.Generator: torch is loaded
+
+    def permutation(n: int) -> list[int]:
+        return list(torch.randperm(n, generator=generator).tolist())
+
+    return permutation
+
+
+def _permutations(seed: int) -> Permutations:
+    if "torch" in sys.modules:  # the same permutations, at torch's speed
+        import torch
+
+        return _torch_generator_randperm(torch.Generator().manual_seed(seed))
+    return torch_randperm(seed)
+
+
+class ResizableBatchSampler:
     """Yield batches of indices over reshuffled local data, cycling without end.
 
     Indices come from a stream of random permutations of ``range(num_samples)``: every
@@ -26,6 +95,10 @@ class ResizableBatchSampler(Sampler[list[int]]):
     passes. The batch size is read at every batch, so setting :attr:`batch_size`
     between rounds (or even between steps) takes effect at the next batch. A batch
     larger than the local dataset holds repeated samples.
+
+    A plain iterable of lists of ints: iterate it directly (numpy, JAX, scikit-learn), or
+    pass it to a torch ``DataLoader`` as ``batch_sampler=``. Without torch loaded it
+    never imports torch.
 
     Parameters
     ----------
@@ -36,7 +109,12 @@ class ResizableBatchSampler(Sampler[list[int]]):
     num_batches : int | None (default: None)
         Stop after this many batches (the local steps tau); ``None`` never stops.
     generator : torch.Generator | None (default: None)
-        Seeded generator for the permutations; ``None`` uses a fresh unseeded one.
+        Seeded torch generator for the permutations (``torch.randperm``).
+    seed : int | None (default: None)
+        Seed for the permutations, the same as ``generator=torch.Generator().manual_seed(
+        seed)`` gives, with or without torch (:func:`torch_randperm`). Neither
+        ``generator`` nor ``seed``: a fresh ``torch.Generator()``'s
+        (:data:`TORCH_DEFAULT_SEED`).
 
     Attributes
     ----------
@@ -46,6 +124,12 @@ class ResizableBatchSampler(Sampler[list[int]]):
     drawn_at : list of float
         ``time.perf_counter()`` when the first and the second batch were drawn (at most
         two entries): where the silo's compute starts, and where its warm-up step ends.
+
+    Raises
+    ------
+    ValueError
+        A ``num_samples``, ``batch_size`` or ``num_batches`` that is not a positive
+        integer, or both ``generator`` and ``seed``.
     """
 
     def __init__(
@@ -55,16 +139,25 @@ class ResizableBatchSampler(Sampler[list[int]]):
         batch_size: int,
         num_batches: int | None = None,
         generator: torch.Generator | None = None,
+        seed: int | None = None,
     ) -> None:
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples <= 0:
             raise ValueError(f"num_samples should be a positive integer, but got {num_samples!r}")
         if num_batches is not None:
             check_batch_size(num_batches)
+        if generator is not None and seed is not None:
+            raise ValueError("give a generator or a seed, not both")
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.num_batches = num_batches
-        self.generator = generator if generator is not None else torch.Generator()
-        self._pending = torch.empty(0, dtype=torch.long)
+        self.generator = generator
+        self._permutation = (
+            _torch_generator_randperm(generator)
+            if generator is not None
+            else _permutations(TORCH_DEFAULT_SEED if seed is None else seed)
+        )
+        self._pending: list[int] = []
+        self._next = 0  # position in _pending of the next index
         self.batches_drawn = 0
         self.samples_drawn = 0
         self.drawn_at: list[float] = []
@@ -78,20 +171,21 @@ class ResizableBatchSampler(Sampler[list[int]]):
     def batch_size(self, value: int) -> None:
         self._batch_size = check_batch_size(value)
 
-    def _take(self, count: int) -> torch.Tensor:
-        parts = []
+    def _take(self, count: int) -> list[int]:
+        batch: list[int] = []
         while count > 0:
-            if self._pending.numel() == 0:
-                self._pending = torch.randperm(self.num_samples, generator=self.generator)
-            part, self._pending = self._pending[:count], self._pending[count:]
-            parts.append(part)
-            count -= part.numel()
-        return torch.cat(parts)
+            if self._next == len(self._pending):
+                self._pending, self._next = self._permutation(self.num_samples), 0
+            part = self._pending[self._next : self._next + count]
+            self._next += len(part)
+            batch.extend(part)
+            count -= len(part)
+        return batch
 
     def __iter__(self) -> Iterator[list[int]]:
         produced = 0
         while self.num_batches is None or produced < self.num_batches:
-            batch = self._take(self.batch_size).tolist()
+            batch = self._take(self.batch_size)
             if len(self.drawn_at) < 2:
                 self.drawn_at.append(time.perf_counter())
             self.batches_drawn += 1

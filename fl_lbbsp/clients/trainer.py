@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import psutil
 import torch
 import torch.nn.functional as F
 
 from ..instruction import RoundInstruction
+from .round import machine_usage
 from .sampler import ResizableBatchSampler
 
 __all__ = ["TrainResult", "TrainerConfig", "evaluate", "machine_usage", "train_local"]
@@ -115,8 +115,3 @@ def evaluate(
         correct += int((logits.argmax(dim=1) == target).sum())
     n = max(len(x), 1)
     return loss_sum / n, correct / n
-
-
-def machine_usage() -> tuple[float, float]:
-    """CPU utilisation since the previous call and memory utilisation, in percent."""
-    return float(psutil.cpu_percent(interval=None)), float(psutil.virtual_memory().percent)
