@@ -17,7 +17,7 @@ from ..clients.cluster import WorkerSetup, make_worker_app
 from ..strategies.cluster import LBBSPCluster
 from ..strategies.engine_strategy import EngineStrategy
 from .config import RunSettings
-from .engine import ResolvedRun, execute, prepare_run
+from .engine import ResolvedRun, check_key_files, execute, prepare_run
 
 __all__ = [
     "ClusterConfig",
@@ -118,7 +118,15 @@ class ClusterConfig(RunSettings):
 
 
 def make_cluster_strategy(config: ClusterConfig) -> EngineStrategy:
-    """The parameter-server strategy of a cluster run (encrypted with ``config.encrypt``)."""
+    """The parameter-server strategy of a cluster run (encrypted with ``config.encrypt``,
+    on the public context loaded once, after the workers' secret context is checked to
+    match it: :func:`~fl_lbbsp.runs.engine.check_key_files`).
+
+    Raises
+    ------
+    KeyFileError
+        Missing or mismatched key files.
+    """
     settings: dict[str, Any] = {
         **config.strategy_settings(),
         "momentum": config.momentum,
@@ -133,7 +141,7 @@ def make_cluster_strategy(config: ClusterConfig) -> EngineStrategy:
     from ..strategies.encrypted_cluster import EncryptedLBBSPCluster
 
     return EncryptedLBBSPCluster(
-        public_context=config.encrypt, evaluate_every=config.eval_every, **settings
+        public_context=check_key_files(config.encrypt), evaluate_every=config.eval_every, **settings
     )
 
 

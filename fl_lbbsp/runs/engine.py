@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
@@ -20,15 +20,19 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 from pydantic import BaseModel
 
-from ..clients.app import SiloSetup, test_data
+from ..clients.silo_setup import SiloSetup, test_data
 from ..clients.trainer import evaluate
 from ..datasets import ArrayDataset
 from ..models import build_model
 from ..strategies import EngineStrategy
+from ..strategies.checkpoint import ResumePoint
 from ..telemetry import TelemetryWriter, read_telemetry
 from .config import RunSettings
 from .inprocess import run_in_process
-from .resume import check_resume
+from .resume import resume_run
+
+if TYPE_CHECKING:
+    from ..crypto import CKKSKeys
 
 __all__ = [
     "InitialModel",
@@ -72,8 +76,7 @@ class ResolvedRun(Generic[S]):
     Attributes
     ----------
     strategy : EngineStrategy
-        The server's strategy (restored from the checkpoint it resumes from, as a trial;
-        its ``start`` restores it again).
+        The server's strategy (restored from the checkpoint it resumes from, if any).
     client_app : ClientApp
         What every silo or worker runs.
     telemetry : Path
@@ -90,6 +93,9 @@ class ResolvedRun(Generic[S]):
         Silos or workers.
     parallel : int
         ClientApps computing at once on the Simulation Engine.
+    resume : ResumePoint | None (default: None)
+        The checkpoint the run resumes from, validated and restored into ``strategy``
+        (:func:`~fl_lbbsp.runs.resume.resume_run`); ``None``: a fresh start.
     """
 
     strategy: S
@@ -100,6 +106,7 @@ class ResolvedRun(Generic[S]):
     evaluate_every: int | None
     nodes: int
     parallel: int
+    resume: ResumePoint | None = None
 
 
 def execute(run: ResolvedRun[S], *, runtime: Runtime = "ray") -> list[dict[str, Any]]:
@@ -148,6 +155,7 @@ def start_rounds(run: ResolvedRun[S], grid: Grid) -> S:
         evaluate_fn=None
         if run.evaluate_every is None
         else central_evaluation(strategy, model, test, every=run.evaluate_every),
+        resume=run.resume,
     )
     return strategy
 
@@ -194,13 +202,21 @@ def central_evaluation(
     return evaluate_global
 
 
-def check_key_files(key_dir: Path) -> None:
-    """Fail fast on missing or mismatched key files: the server's public context and the
-    silos' secret context must both load, under the same fingerprint."""
+def check_key_files(key_dir: Path) -> CKKSKeys:
+    """The server's public context of ``key_dir``, loaded once, after failing fast on
+    missing or mismatched key files: the silos' secret context must load under its
+    fingerprint.
+
+    Raises
+    ------
+    KeyFileError
+        Missing or mismatched key files.
+    """
     from ..crypto import load_server_keys, load_silo_keys
 
     server = load_server_keys(key_dir)
     load_silo_keys(key_dir, fingerprint=server.fingerprint)
+    return server
 
 
 def prepare_run(
@@ -215,16 +231,15 @@ def prepare_run(
     """Check everything that can be checked before round 1, start the telemetry and
     return the run's parts.
 
-    The key files (encrypted runs) load under one fingerprint, the initial model is built
-    (:func:`initial_model`: the data source's test split is loaded), and the checkpoint
-    folder and a resume are checked (:func:`~fl_lbbsp.runs.resume.check_resume`).
+    The initial model is built (:func:`initial_model`: the data source's test split is
+    loaded), and the checkpoint folder and a resume are checked, the checkpoint restored
+    into ``strategy`` once (:func:`~fl_lbbsp.runs.resume.resume_run`). The strategy's
+    keys (encrypted runs) were checked as it was built (:func:`check_key_files`).
 
     Parameters
     ----------
     config : RunSettings
         The run's settings (its config is the telemetry's first event).
-    initial : InitialModel
-        The run's initial model and test split.
     strategy : EngineStrategy
         The run's strategy.
     client_app : ClientApp
@@ -243,15 +258,13 @@ def prepare_run(
     CheckpointError
         A checkpoint folder that cannot be written, or a resume that differs from the
         run that wrote the checkpoint (each differing field named with both values).
-    KeyFileError
-        Missing or mismatched key files.
+    CheckpointInvalidError
+        A checkpoint that fails validation or that the strategy cannot restore.
     """
-    if config.encrypt is not None:
-        check_key_files(config.encrypt)
     initial = initial_model(config)
-    resume = check_resume(config, strategy, ArrayRecord(initial.model.state_dict()))
+    resume = resume_run(config, strategy, ArrayRecord(initial.model.state_dict()))
     telemetry = config.telemetry_path()
-    start_telemetry(telemetry, config, resume=resume)
+    start_telemetry(telemetry, config, resume=resume is not None)
     return ResolvedRun(
         strategy=strategy,
         client_app=client_app,
@@ -261,6 +274,7 @@ def prepare_run(
         evaluate_every=every if config.encrypt is None else None,
         nodes=config.size,
         parallel=parallel,
+        resume=resume,
     )
 
 

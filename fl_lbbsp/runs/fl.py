@@ -9,13 +9,14 @@ from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import Field, computed_field, model_validator
 
-from ..clients.app import SiloSetup, make_client_app, silo_data
+from ..clients.app import make_client_app
 from ..clients.emulation import SlowdownSchedule
+from ..clients.silo_setup import SiloSetup, silo_data
 from ..core.silo_keys import check_silo_keys
 from ..datasets import DataSourceError, PartitionText
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 from .config import RunSettings, check_schedule_order
-from .engine import ResolvedRun, Runtime, execute, prepare_run
+from .engine import ResolvedRun, Runtime, check_key_files, execute, prepare_run
 
 __all__ = [
     "SCHEMES",
@@ -218,7 +219,15 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     a baseline (:mod:`fl_lbbsp.strategies.baselines`).
 
     With ``config.encrypt`` it is :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`
-    with federated evaluation on every silo.
+    with federated evaluation on every silo, on the public context loaded once, after the
+    silos' secret context is checked to match it (:func:`~fl_lbbsp.runs.engine.check_key_files`).
+
+    Raises
+    ------
+    IdentityError
+        A silo registry whose silos' key files do not match it.
+    KeyFileError
+        Missing or mismatched key files.
     """
     settings: dict[str, Any] = {
         **config.strategy_settings(),
@@ -239,7 +248,7 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     from ..strategies.encrypted import EncryptedLBBSPFedAvg
 
     return EncryptedLBBSPFedAvg(
-        public_context=config.encrypt,
+        public_context=check_key_files(config.encrypt),
         fraction_evaluate=1.0,
         min_evaluate_nodes=config.silos,
         **settings,

@@ -13,16 +13,10 @@ from typing import Any
 from flwr.app import ArrayRecord
 
 from ..strategies import EngineStrategy
-from ..strategies.checkpoint import (
-    CheckpointError,
-    CheckpointStore,
-    check_checkpoint_dir,
-    restore,
-    resume_point,
-)
+from ..strategies.checkpoint import CheckpointError, ResumePoint, resume_from, store_of
 from .config import RunSettings
 
-__all__ = ["RUN_FILE", "check_resume"]
+__all__ = ["RUN_FILE", "check_checkpoint_dir", "resume_run"]
 
 RUN_FILE = "run.json"
 """File beside a run's checkpoints recording the settings that decide the run."""
@@ -36,54 +30,93 @@ _NOT_RUN_SETTINGS = frozenset(
 the silos are scheduled, none of which changes a round's result."""
 
 
-def check_resume(config: RunSettings, strategy: EngineStrategy, initial: ArrayRecord) -> bool:
+def resume_run(
+    config: RunSettings, strategy: EngineStrategy, initial: ArrayRecord
+) -> ResumePoint | None:
     """Check the run's checkpoint folder and, when it holds a checkpoint, the resume;
-    return whether the run resumes.
+    return where the run resumes (``None``: a fresh start).
 
-    The checkpoint folder is a writable directory; a resume (a checkpoint in the folder)
-    has the settings of the run that wrote it (:data:`RUN_FILE`: model, data, silos,
-    partition, seed, tau, eta, B_init, balancer, ...), a valid state of at most the run's
-    silos and a model of the layout of ``initial``, the run's initial model
-    (:func:`~fl_lbbsp.strategies.checkpoint.resume_point`, restored into ``strategy`` as
-    a trial), and the telemetry of its earlier rounds, copied from the first run's output
-    folder when ``out`` changed. The run's settings are recorded in :data:`RUN_FILE`.
+    The checkpoint folder is a writable directory (:func:`check_checkpoint_dir`); a
+    resume (a checkpoint in the folder) has the settings of the run that wrote it
+    (:data:`RUN_FILE`: model, data, silos, partition, seed, tau, eta, B_init, balancer,
+    ...), a valid state of at most the run's silos and a model of the layout of
+    ``initial``, the run's initial model, and is restored into ``strategy`` here, once
+    (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`: ``strategy.start(...,
+    resume=...)`` takes it as it is); and the telemetry of its earlier rounds is there,
+    copied from the first run's output folder when ``out`` changed. The run's settings are
+    recorded in :data:`RUN_FILE`.
 
     Raises
     ------
     CheckpointError
         A checkpoint folder that cannot be written, or a resume that differs from the
         run that wrote the checkpoint (each differing field named with both values).
+    CheckpointInvalidError
+        A checkpoint that fails validation or that the strategy cannot restore.
     """
     directory = config.checkpoint_path()
     if config.checkpoint_dir is None or directory is None:
-        return False
+        return None
     check_checkpoint_dir(config.checkpoint_dir, directory)
-    telemetry = config.telemetry_path()
     settings = {
         k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_RUN_SETTINGS
     }
     run_file = directory / RUN_FILE
-    saved = checkpoint = None
-    if CheckpointStore(directory).rounds():
+    store = store_of(strategy)
+    resume = saved = None
+    if store is not None and store.rounds():
         saved = _check_same_run(run_file, settings) if run_file.is_file() else None
         # A checkpoint of another strategy or other settings, of more silos than the run
         # has, of another model, or that the strategy cannot restore is refused here.
-        checkpoint = resume_point(strategy, max_silos=config.size, initial_arrays=initial)
-    if checkpoint is not None:
-        restore(strategy, checkpoint)  # as start will: a state it cannot take is refused
-        earlier = None if saved is None else Path(saved)
-        if not telemetry.exists() and earlier is not None and earlier.is_file():
-            telemetry.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(earlier, telemetry)
-        if not telemetry.is_file():
-            raise CheckpointError(
-                f"resuming after round {checkpoint.server_round} needs the telemetry of the "
-                f"earlier rounds, {telemetry}: rerun with the first run's output folder"
-            )
-    if checkpoint is None or not run_file.is_file():
+        resume = resume_from(strategy, store=store, max_silos=config.size, initial_arrays=initial)
+    telemetry = config.telemetry_path()
+    if resume is not None:
+        _keep_telemetry(telemetry, None if saved is None else Path(saved), resume)
+    if resume is None or not run_file.is_file():
         record = {"telemetry": str(telemetry.resolve()), "settings": settings}
         _write_atomically(run_file, json.dumps(record, indent=2, sort_keys=True))
-    return checkpoint is not None
+    return resume
+
+
+def check_checkpoint_dir(given: Path, directory: Path) -> None:
+    """Refuse, before any round, a checkpoint folder that cannot be written.
+
+    Parameters
+    ----------
+    given : Path
+        The folder the user named (``--checkpoint-dir``); it must be a directory or not
+        exist yet.
+    directory : Path
+        The run's own folder under it, created here, where one file is written and
+        removed as a probe.
+
+    Raises
+    ------
+    CheckpointError
+        ``given`` is not a directory, or ``directory`` cannot be created or written.
+    """
+    if given.exists() and not given.is_dir():
+        raise CheckpointError(f"{given} is not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise CheckpointError(f"{directory} is not a writable directory ({err.strerror})") from None
+
+
+def _keep_telemetry(telemetry: Path, earlier: Path | None, resume: ResumePoint) -> None:
+    """The resumed run's telemetry holds its earlier rounds: copied from ``earlier``, the
+    first run's, when the output folder changed."""
+    if not telemetry.exists() and earlier is not None and earlier.is_file():
+        telemetry.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(earlier, telemetry)
+    if not telemetry.is_file():
+        raise CheckpointError(
+            f"resuming after round {resume.checkpoint.server_round} needs the telemetry of "
+            f"the earlier rounds, {telemetry}: rerun with the first run's output folder"
+        )
 
 
 def _check_same_run(run_file: Path, settings: dict[str, Any]) -> str:

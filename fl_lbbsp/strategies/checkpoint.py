@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,12 +61,13 @@ __all__ = [
     "CheckpointInvalidError",
     "CheckpointKeyError",
     "CheckpointStore",
+    "ResumePoint",
     "check_arrays",
-    "check_checkpoint_dir",
     "check_compatible",
     "limits_of",
     "load_checkpoint_key",
     "restore",
+    "resume_from",
     "resume_point",
     "save_checkpoint",
     "store_of",
@@ -150,34 +151,6 @@ def check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
             f"checkpoint {checkpoint.path} was written with {'; '.join(differences)}: resume "
             "with the same strategy and settings, or use another checkpoint_dir"
         )
-
-
-def check_checkpoint_dir(given: Path, directory: Path) -> None:
-    """Refuse, before any round, a checkpoint folder that cannot be written.
-
-    Parameters
-    ----------
-    given : Path
-        The folder the user named (``--checkpoint-dir``); it must be a directory or not
-        exist yet.
-    directory : Path
-        The run's own folder under it, created here, where one file is written and
-        removed as a probe.
-
-    Raises
-    ------
-    CheckpointError
-        ``given`` is not a directory, or ``directory`` cannot be created or written.
-    """
-    if given.exists() and not given.is_dir():
-        raise CheckpointError(f"{given} is not a directory")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise CheckpointError(f"{directory} is not a writable directory ({err.strerror})") from None
 
 
 def limits_of(strategy: Checkpointable, *, max_silos: int | None = None) -> CheckpointLimits:
@@ -320,3 +293,46 @@ def restore(strategy: Checkpointable, checkpoint: Checkpoint) -> None:
             f"{checkpoint.path}: invalid field state: the strategy cannot restore it ({message})",
             field="state",
         ) from None
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A checkpoint validated for a strategy and restored into it: where its run resumes
+    (:func:`resume_from`), with the store it was read from and the rest are written to.
+
+    Attributes
+    ----------
+    checkpoint : Checkpoint
+        The checkpoint: its round is the last one done, its model the next start's.
+    store : CheckpointStore
+        The checkpoint folder (with its key, if any).
+    """
+
+    checkpoint: Checkpoint
+    store: CheckpointStore
+
+
+def resume_from(
+    strategy: Checkpointable,
+    *,
+    store: CheckpointStore,
+    max_silos: int | None = None,
+    initial_arrays: ArrayRecord | None = None,
+) -> ResumePoint | None:
+    """The newest checkpoint in ``store``, validated (:func:`resume_point`) and restored
+    into ``strategy`` (:func:`restore`); ``None``: ``store`` holds none, a fresh start.
+
+    Raises
+    ------
+    CheckpointError
+        As :func:`resume_point`.
+    CheckpointInvalidError
+        As :func:`resume_point` and :func:`restore`.
+    """
+    checkpoint = resume_point(
+        strategy, store=store, max_silos=max_silos, initial_arrays=initial_arrays
+    )
+    if checkpoint is None:
+        return None
+    restore(strategy, checkpoint)
+    return ResumePoint(checkpoint, store)

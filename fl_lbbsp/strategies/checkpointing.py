@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from .checkpoint import Checkpointable, CheckpointStore, restore, resume_point, save_checkpoint
+from .checkpoint import Checkpointable, CheckpointStore, ResumePoint, resume_from, save_checkpoint
 
 __all__ = ["Checkpointing"]
 
@@ -70,6 +70,11 @@ class Checkpointing(Strategy):
         what a checkpoint holds and restores.
     store : CheckpointStore
         Where the checkpoints are written and the newest is resumed from.
+    resume : ResumePoint | None (default: None)
+        The checkpoint of ``store`` the run resumes from, already validated and restored
+        into ``strategy`` (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`, as a
+        runner resolves it before round 1); ``start`` then reads nothing again.
+        ``None``: ``start`` looks for it in ``store``.
 
     Notes
     -----
@@ -80,10 +85,17 @@ class Checkpointing(Strategy):
     :func:`~fl_lbbsp.strategies.checkpoint.resume_point` has validated it.
     """
 
-    def __init__(self, strategy: CheckpointableStrategy, *, store: CheckpointStore) -> None:
+    def __init__(
+        self,
+        strategy: CheckpointableStrategy,
+        *,
+        store: CheckpointStore,
+        resume: ResumePoint | None = None,
+    ) -> None:
         super().__init__()
         self.strategy = strategy
         self.store = store
+        self.resume = resume
         self.round_offset = 0
         """Rounds done before this run started (the resumed checkpoint's round)."""
         self._sent: ArrayRecord | None = None
@@ -144,10 +156,11 @@ class Checkpointing(Strategy):
     ) -> Result:
         """Flower's round loop, resumed after the newest valid checkpoint.
 
-        As :meth:`flwr.serverapp.strategy.Strategy.start`. On a resume from round k the
-        checkpoint's model replaces ``initial_arrays``, ``evaluate_fn`` first evaluates
-        it as round k, and rounds k+1 .. ``num_rounds`` run; nothing runs when k is
-        already ``num_rounds``.
+        As :meth:`flwr.serverapp.strategy.Strategy.start`. The run resumes from
+        ``resume``, else from the newest checkpoint in the store, validated and restored
+        here. On a resume from round k the checkpoint's model replaces
+        ``initial_arrays``, ``evaluate_fn`` first evaluates it as round k, and rounds
+        k+1 .. ``num_rounds`` run; nothing runs when k is already ``num_rounds``.
 
         Raises
         ------
@@ -157,10 +170,12 @@ class Checkpointing(Strategy):
         CheckpointInvalidError
             Its contents fail validation, or the wrapped strategy cannot restore them.
         """
-        checkpoint = resume_point(self.strategy, store=self.store, initial_arrays=initial_arrays)
+        resume, self.resume = self.resume, None
+        if resume is None:
+            resume = resume_from(self.strategy, store=self.store, initial_arrays=initial_arrays)
         done = 0
-        if checkpoint is not None:
-            restore(self.strategy, checkpoint)
+        if resume is not None:
+            checkpoint = resume.checkpoint
             done = checkpoint.server_round
             initial_arrays = checkpoint.arrays
             dropped = self.strategy.telemetry.drop_rounds_after(done)

@@ -32,7 +32,7 @@ from ..core.identity import SiloRegistry
 from ..core.rewriters import FastestReplies, InstructionRewriter
 from ..core.round_state import Node, RoundState
 from ..instruction import RoundInstruction
-from .checkpoint import store_of
+from .checkpoint import ResumePoint, store_of
 from .checkpointing import Checkpointing
 from .config import record_keys
 from .deadline import DeadlineGrid
@@ -306,6 +306,8 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        *,
+        resume: ResumePoint | None = None,
     ) -> Result:
         """Run the rounds like FedAvg, under per-round deadlines and fine polling.
 
@@ -316,10 +318,16 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
         training. With ``checkpoint_dir`` the rounds run inside
         :class:`~fl_lbbsp.strategies.checkpointing.Checkpointing`: every round is
         checkpointed, and a checkpoint of round k found there at the start resumes the
-        run with round k+1 (its model replaces ``initial_arrays``).
+        run with round k+1 (its model replaces ``initial_arrays``); ``resume``: that
+        checkpoint, already validated and restored into this strategy by the caller
+        (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`), is not read again.
         """
-        store = store_of(self)
-        run = super().start if store is None else Checkpointing(self, store=store).start
+        store = store_of(self) if resume is None else resume.store
+        run = (
+            super().start
+            if store is None
+            else Checkpointing(self, store=store, resume=resume).start
+        )
         return run(
             grid=self.deadline_grid(grid, timeout=timeout),
             initial_arrays=initial_arrays,
