@@ -1,13 +1,15 @@
 """What every silo of a simulated federation is set up with (:class:`SiloSetup`: data,
 model, emulated speed, keys), and the data it finds from it: its training partition, the
-held-out test split, its share of that split (each cached per process)."""
+held-out test split, its share of that split (each cached per process), and the
+federation's initial model (:func:`initial_model`)."""
 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..contract import RecordKeys
@@ -20,10 +22,10 @@ from ..datasets import (
     partition_indices,
     train_test_split,
 )
-from ..models import ModelName
+from ..models import ModelName, build_model
 from .emulation import CostModelText, SlowdownText
 
-__all__ = ["SiloSetup", "silo_data", "test_data", "test_shard"]
+__all__ = ["InitialModel", "SiloSetup", "initial_model", "silo_data", "test_data", "test_shard"]
 
 
 class SiloSetup(BaseModel):
@@ -143,3 +145,28 @@ def test_shard(setup: SiloSetup, partition_id: int) -> ArrayDataset:
     """Silo ``partition_id``'s share of the held-out test set (every ``num_silos``-th)."""
     test = test_data(setup)
     return test.subset(np.arange(partition_id, len(test), setup.num_silos))
+
+
+class InitialModel(NamedTuple):
+    """A run's initial global model and the held-out test split it is evaluated on."""
+
+    model: torch.nn.Module
+    test: ArrayDataset
+
+
+def initial_model(setup: SiloSetup) -> InitialModel:
+    """The federation's initial global model (torch seeded with the setup's seed), sized to
+    its data, and the held-out test split.
+
+    The data source is loaded here, once per process (the split is cached for the
+    silos of an in-process run).
+
+    Raises
+    ------
+    DataSourceError
+        A data source that cannot be read.
+    """
+    test = test_data(setup)
+    torch.manual_seed(setup.seed)
+    model = build_model(setup.model, input_shape=test.input_shape, num_classes=test.num_classes)
+    return InitialModel(model, test)

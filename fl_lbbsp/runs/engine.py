@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
@@ -20,10 +20,10 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 from pydantic import BaseModel
 
-from ..clients.silo_setup import SiloSetup, test_data
+from ..clients.silo_setup import InitialModel, SiloSetup
+from ..clients.silo_setup import initial_model as initial_of
 from ..clients.trainer import evaluate
 from ..datasets import ArrayDataset
-from ..models import build_model
 from ..strategies import EngineStrategy
 from ..strategies.checkpoint import ResumePoint
 from ..telemetry import TelemetryWriter, read_telemetry
@@ -57,13 +57,6 @@ S = TypeVar("S", bound=EngineStrategy)
 Runtime = Literal["ray", "inprocess"]
 """Where a run's ServerApp and ClientApps run: Flower's Simulation Engine (Ray) or this
 process (:func:`~fl_lbbsp.runs.inprocess.run_in_process`)."""
-
-
-class InitialModel(NamedTuple):
-    """A run's initial global model and the held-out test split it is evaluated on."""
-
-    model: torch.nn.Module
-    test: ArrayDataset
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,20 +154,15 @@ def start_rounds(run: ResolvedRun[S], grid: Grid) -> S:
 
 
 def initial_model(config: RunSettings) -> InitialModel:
-    """The run's initial model (torch seeded with the run's seed) and its test split.
-
-    The data source is loaded here, once per process (the split is cached for the
-    silos of an in-process run).
+    """The run's initial model (torch seeded with the run's seed) and its test split
+    (:func:`~fl_lbbsp.clients.silo_setup.initial_model` of its data and model).
 
     Raises
     ------
     DataSourceError
         A data source that cannot be read.
     """
-    test = test_data(SiloSetup(dataset=config.dataset, seed=config.seed))
-    torch.manual_seed(config.seed)
-    model = build_model(config.model, input_shape=test.input_shape, num_classes=test.num_classes)
-    return InitialModel(model, test)
+    return initial_of(SiloSetup(dataset=config.dataset, seed=config.seed, model=config.model))
 
 
 def central_evaluation(
@@ -222,6 +210,7 @@ def check_key_files(key_dir: Path) -> CKKSKeys:
 def prepare_run(
     config: RunSettings,
     *,
+    initial: InitialModel,
     strategy: S,
     client_app: ClientApp,
     rounds: int,
@@ -231,8 +220,8 @@ def prepare_run(
     """Check everything that can be checked before round 1, start the telemetry and
     return the run's parts.
 
-    The initial model is built (:func:`initial_model`: the data source's test split is
-    loaded), and the checkpoint folder and a resume are checked, the checkpoint restored
+    The checkpoint folder and a resume are checked against the initial model, the
+    checkpoint restored
     into ``strategy`` once (:func:`~fl_lbbsp.runs.resume.resume_run`). The strategy's
     keys (encrypted runs) were checked as it was built (:func:`check_key_files`).
 
@@ -253,15 +242,12 @@ def prepare_run(
 
     Raises
     ------
-    DataSourceError
-        A data source that cannot be read.
     CheckpointError
         A checkpoint folder that cannot be written, or a resume that differs from the
         run that wrote the checkpoint (each differing field named with both values).
     CheckpointInvalidError
         A checkpoint that fails validation or that the strategy cannot restore.
     """
-    initial = initial_model(config)
     resume = resume_run(config, strategy, ArrayRecord(initial.model.state_dict()))
     telemetry = config.telemetry_path()
     start_telemetry(telemetry, config, resume=resume is not None)

@@ -11,7 +11,7 @@ from pydantic import Field, computed_field, model_validator
 
 from ..clients.app import make_client_app
 from ..clients.emulation import SlowdownSchedule
-from ..clients.silo_setup import SiloSetup, silo_data
+from ..clients.silo_setup import SiloSetup, initial_model, silo_data
 from ..core.silo_keys import check_silo_keys
 from ..datasets import DataSourceError, PartitionText
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
@@ -229,6 +229,13 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     KeyFileError
         Missing or mismatched key files.
     """
+    # The key material first, each file loaded once: the CKKS public context (the silos'
+    # secret context checked against it) and the silo registry (every silo's key checked).
+    he_keys = None if config.encrypt is None else check_key_files(config.encrypt)
+    registry = None
+    if config.silo_registry is not None:
+        silos = [str(k) for k in range(config.silos)]
+        registry = check_silo_keys(config.silo_registry, silos)
     settings: dict[str, Any] = {
         **config.strategy_settings(),
         "local_steps": config.local_steps,
@@ -239,16 +246,15 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     }
     if config.scheme == "partial":
         settings["replies"] = config.partial_replies
-    if config.silo_registry is not None:
-        silos = [str(k) for k in range(config.silos)]
-        settings["silo_registry"] = check_silo_keys(config.silo_registry, silos)
-    if config.encrypt is None:
+    if registry is not None:
+        settings["silo_registry"] = registry
+    if he_keys is None:
         strategy = _STRATEGIES[config.scheme]
         return strategy(fraction_evaluate=0.0, **settings)
     from ..strategies.encrypted import EncryptedLBBSPFedAvg
 
     return EncryptedLBBSPFedAvg(
-        public_context=check_key_files(config.encrypt),
+        public_context=he_keys,
         fraction_evaluate=1.0,
         min_evaluate_nodes=config.silos,
         **settings,
@@ -262,8 +268,9 @@ def resolve(
 
     The strategy (``strategy``, e.g. one the caller observes, else :func:`make_strategy`);
     the data source loads and every silo's partition is made (a bad path, or a split the
-    data cannot give, is reported here); then the silos' ClientApp, and the initial model
-    and the telemetry (:func:`~fl_lbbsp.runs.engine.prepare_run`).
+    data cannot give, is reported here); then the silos' ClientApp and the initial model
+    (:func:`~fl_lbbsp.clients.silo_setup.initial_model`), and the resume point and the
+    telemetry (:func:`~fl_lbbsp.runs.engine.prepare_run`).
 
     Raises
     ------
@@ -279,9 +286,11 @@ def resolve(
     except ValueError as err:
         raise DataSourceError(f"--partition {config.partition}: {err}") from None
     client_app = make_client_app(setup)
+    initial = initial_model(setup)
     # Every silo runs at once; the compute slots let `parallel` compute at a time.
     return prepare_run(
         config,
+        initial=initial,
         strategy=strategy,
         client_app=client_app,
         rounds=config.rounds,
