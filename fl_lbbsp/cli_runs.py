@@ -205,7 +205,7 @@ def _check_batch_size(config: Any) -> None:
     """Refuse, in one line, a B_init over every machine's dataset or whose total batch
     would not fit in this machine's memory (:func:`~fl_lbbsp.runs.config.batch_size_problem`).
     Data that cannot be loaded or split is left to the run, which reports it."""
-    from .clients.app import SiloSetup, silo_data
+    from .clients.silo_setup import SiloSetup, silo_data
     from .models import build_model
     from .runs.config import activation_bytes, batch_size_problem, memory_available
 

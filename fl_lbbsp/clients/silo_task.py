@@ -28,9 +28,9 @@ from ..contract import STARTUP_TIME, RecordKeys
 from ..datasets import ArrayDataset
 from ..instruction import RoundInstruction, silo_id_of
 from ..models import ModelName, build_model
-from .app import SiloSetup, silo_data, test_data
 from .emulation import CostModel
 from .round import Emulation, LocalTraining, WorkDone, run_round, slowdown_schedule
+from .silo_setup import SiloSetup, silo_data, test_data
 from .task import TaskRequest, TaskResult
 from .trainer import evaluate, train_local
 
