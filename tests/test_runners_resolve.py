@@ -122,4 +122,3 @@ def test_a_silo_node_is_resolved_once_from_its_node_config(
     # Assert
     assert first is again
     assert (first.partition_id, first.silo_id) == (partition, silo_id)
-    assert len(first.data) == len(silo_data(silo.setup, partition))

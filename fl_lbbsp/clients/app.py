@@ -1,10 +1,10 @@
 """The silo side as a Flower ClientApp: train with the batch size the server sends,
 time the compute, report psutil metrics and, if asked, emulate a slower machine.
 
-Every silo resolves what it needs once, from the federation's :class:`SiloSetup` and its
-node config (:class:`SiloNode`: its data, slowdown, keys), and answers every message from
-that. With a secret CKKS context the silo runs in encrypted mode: it decrypts the global
-model, trains, multiplies its parameters by ``n_i / S`` and encrypts them (see
+Every silo resolves what it needs once, from the federation's :class:`SiloSetup` and
+its node config (:class:`SiloNode`: its partition, slowdown, keys), and answers every
+message from that. With a secret CKKS context the silo runs in encrypted mode: it
+decrypts the global model, trains, multiplies its parameters by ``n_i / S`` and encrypts them (see
 :mod:`fl_lbbsp.strategies.encrypted`), reporting the time spent on it as ``he-time``.
 """
 
@@ -241,11 +241,6 @@ class SiloNode:
         Its partition of the training data (node config ``partition-id``).
     silo_id : str
         Its silo id (node config ``silo-id``, else the partition id).
-    data : ArrayDataset
-        Its training partition.
-    evaluation : ArrayDataset
-        What it evaluates a global model on: its training partition, or its share of the
-        held-out test split (``setup.evaluate_on == "test"``).
     schedule : SlowdownSchedule
         Its emulated slowdown over the rounds (node config ``slowdown``, else the
         setup's, else the run config's).
@@ -261,8 +256,6 @@ class SiloNode:
 
     partition_id: int
     silo_id: str
-    data: ArrayDataset
-    evaluation: ArrayDataset
     schedule: SlowdownSchedule
     secret_context: str | None
     signing_key: Ed25519PrivateKey | None
@@ -274,8 +267,6 @@ def resolve_node(setup: SiloSetup, context: Context) -> SiloNode:
 
     Raises
     ------
-    DataSourceError
-        A data source that cannot be read.
     IdentityError
         A signing key that cannot be loaded.
     ValueError
@@ -284,13 +275,10 @@ def resolve_node(setup: SiloSetup, context: Context) -> SiloNode:
     node_config = context.node_config
     partition_id = int(node_config.get("partition-id", 0))
     silo_id = silo_id_of(node_config, setup.keys, node_id=context.node_id)
-    data = silo_data(setup, partition_id)
     signing_key = signing_key_of(context, setup.signing_key)
     return SiloNode(
         partition_id=partition_id,
         silo_id=silo_id,
-        data=data,
-        evaluation=data if setup.evaluate_on == "train" else test_shard(setup, partition_id),
         schedule=_slowdown(setup, context),
         secret_context=secret_context_of(context, setup.secret_context),
         signing_key=None if signing_key is None else _signing_key(signing_key, silo_id),
@@ -334,7 +322,9 @@ class SiloApp:
         instruction = RoundInstruction.from_config(msg.content.config_records["config"], keys)
         state, he_time = _open_arrays(msg.content.array_records["arrays"], node.secret_context)
         state, refused = _checked_model(state, context, setup.max_model_ratio)
-        data = node.data
+        # The data source and its partitions are loaded once per process (cached); a node
+        # keeps no copy of its partition between messages.
+        data = silo_data(setup, node.partition_id)
         model = self._model(state, data)
         x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
 
@@ -407,7 +397,11 @@ class SiloApp:
         """Evaluate the global model on the silo's evaluation data."""
         node, keys = self.node(context), self.setup.keys
         state, _ = _open_arrays(msg.content.array_records["arrays"], node.secret_context)
-        data = node.evaluation
+        data = (
+            silo_data(self.setup, node.partition_id)
+            if self.setup.evaluate_on == "train"
+            else test_shard(self.setup, node.partition_id)
+        )
         model = self._model(state, data)
         loss, accuracy = evaluate(model, torch.from_numpy(data.x), torch.from_numpy(data.y))
         metrics = MetricRecord(
