@@ -14,10 +14,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from ..clients.cluster import WorkerSetup, make_worker_app
+from ..clients.silo_setup import SiloSetup, initial_model
 from ..strategies.cluster import LBBSPCluster
 from ..strategies.engine_strategy import EngineStrategy
 from .config import RunSettings
-from .engine import ResolvedRun, check_key_files, execute, initial_model, prepare_run
+from .engine import ResolvedRun, check_key_files, execute, prepare_run
 
 __all__ = [
     "ClusterConfig",
@@ -151,7 +152,9 @@ def resolve_cluster(config: ClusterConfig) -> ResolvedRun[EngineStrategy]:
     ClientApp and the telemetry (:func:`~fl_lbbsp.runs.engine.prepare_run`)."""
     return prepare_run(
         config,
-        initial=initial_model(config),
+        initial=initial_model(
+            SiloSetup(dataset=config.dataset, seed=config.seed, model=config.model)
+        ),
         strategy=make_cluster_strategy(config),
         client_app=make_worker_app(config.worker_setup()),
         rounds=config.iterations,

@@ -20,8 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 from pydantic import BaseModel
 
-from ..clients.silo_setup import InitialModel, SiloSetup
-from ..clients.silo_setup import initial_model as initial_of
+from ..clients.silo_setup import InitialModel
 from ..clients.trainer import evaluate
 from ..datasets import ArrayDataset
 from ..strategies import EngineStrategy
@@ -41,7 +40,6 @@ __all__ = [
     "central_evaluation",
     "check_key_files",
     "execute",
-    "initial_model",
     "prepare_run",
     "ray_init_args",
     "run_engine",
@@ -151,18 +149,6 @@ def start_rounds(run: ResolvedRun[S], grid: Grid) -> S:
         resume=run.resume,
     )
     return strategy
-
-
-def initial_model(config: RunSettings) -> InitialModel:
-    """The run's initial model (torch seeded with the run's seed) and its test split
-    (:func:`~fl_lbbsp.clients.silo_setup.initial_model` of its data and model).
-
-    Raises
-    ------
-    DataSourceError
-        A data source that cannot be read.
-    """
-    return initial_of(SiloSetup(dataset=config.dataset, seed=config.seed, model=config.model))
 
 
 def central_evaluation(
