@@ -43,10 +43,11 @@ from ..datasets import ArrayDataset
 from ..instruction import RoundInstruction, silo_id_of
 from ..models import build_model
 from .emulation import CostModel, SlowdownSchedule, compute_slot, emulate_slowdown
-from .round import Emulation, LocalTraining, WorkDone, run_round, slowdown_schedule
+from .round import Emulation, run_round, slowdown_schedule
 from .silo_setup import SiloSetup, silo_data, test_data, test_shard
 from .silo_setup import _split as _split  # shared with the workers' app (clients/cluster.py)
-from .trainer import evaluate, train_local
+from .silo_task import training_work
+from .trainer import evaluate
 
 if TYPE_CHECKING:
     from ..crypto import CKKSKeys, UpdateChecker
@@ -326,26 +327,11 @@ class SiloApp:
         # keeps no copy of its partition between messages.
         data = silo_data(setup, node.partition_id)
         model = self._model(state, data)
-        x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
-
-        def work(plan: LocalTraining) -> WorkDone[None]:
-            with plan.timed():
-                result = train_local(
-                    model,
-                    x,
-                    y,
-                    batch_size=plan.batch_size,
-                    local_steps=plan.local_steps,
-                    lr=plan.lr,
-                    sampler=plan.batch_sampler(len(x)),
-                )
-            return WorkDone(output=None, num_examples=len(data), loss=result.loss)
-
         factor = node.schedule.factor(instruction.server_round)
         # The emulated wait runs outside the slot, from the moment the silo queued for it.
         report = run_round(
             instruction,
-            work,
+            training_work(model, data),
             silo_id=node.silo_id,
             run_seed=setup.seed,
             keys=keys,

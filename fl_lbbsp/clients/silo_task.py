@@ -17,7 +17,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,6 +41,7 @@ __all__ = [
     "local_train_set",
     "prepare_process",
     "setup_from",
+    "training_work",
 ]
 
 Config = Mapping[str, Any]
@@ -159,6 +160,31 @@ def _arrays(model: torch.nn.Module) -> list[tuple[str, np.ndarray]]:
     return [(name, t.detach().cpu().numpy()) for name, t in model.state_dict().items()]
 
 
+def training_work(
+    model: torch.nn.Module, data: ArrayDataset
+) -> Callable[[LocalTraining], WorkDone[None]]:
+    """A round's work on ``data``: exactly ``plan.local_steps`` SGD steps of ``model`` at
+    the plan's batch size and learning rate, with the plan's sampler, timed by the plan
+    (the work :func:`~fl_lbbsp.clients.round.run_round` runs, here and in the bundled
+    ClientApp)."""
+    x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+
+    def work(plan: LocalTraining) -> WorkDone[None]:
+        with plan.timed():
+            result = train_local(
+                model,
+                x,
+                y,
+                batch_size=plan.batch_size,
+                local_steps=plan.local_steps,
+                lr=plan.lr,
+                sampler=plan.batch_sampler(len(x)),
+            )
+        return WorkDone(output=None, num_examples=len(data), loss=result.loss)
+
+    return work
+
+
 def train(request: TaskRequest) -> TaskResult:
     """Run tau local steps at this silo's batch size and report the compute time.
 
@@ -182,19 +208,7 @@ def train(request: TaskRequest) -> TaskResult:
     # imports, the message and, without a warm worker, the data and the model
     startup = time.time() - request.process_started
 
-    def work(plan: LocalTraining) -> WorkDone[None]:
-        with plan.timed():
-            result = train_local(
-                model,
-                x,
-                y,
-                batch_size=plan.batch_size,
-                local_steps=plan.local_steps,
-                lr=plan.lr,
-                sampler=plan.batch_sampler(len(x)),
-            )
-        return WorkDone(output=None, num_examples=len(data), loss=result.loss)
-
+    work = training_work(model, data)
     cost = str(run_config.get("cost-model", "") or "")
     schedule = slowdown_schedule(node_config, run_config=run_config)
     report = run_round(
