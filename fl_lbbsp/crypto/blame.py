@@ -34,12 +34,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from dataclasses import dataclass
 
 import numpy as np
 
-from .ckks import EncryptedUpdate, InvalidUpdateError, UpdateChecker, decrypt_update
+from .check_report import CheckReport, InvalidUpdateError, is_count, read_note
+from .ckks import EncryptedUpdate, UpdateChecker, decrypt_update
 from .keys import CKKSKeys
 
 __all__ = [
@@ -55,9 +55,6 @@ __all__ = [
 
 CHECKERS = 2
 """Silos that check each contribution (fewer when fewer other silos refused)."""
-REPORT_FORMAT = "fl_lbbsp.ckks-check/1"
-MAX_REPORT_BYTES = 1 << 16
-"""Largest check report or request note read (a few silo ids and numbers)."""
 
 
 @dataclass(frozen=True)
@@ -91,72 +88,13 @@ class CheckRequest:
         InvalidUpdateError
             If the note is not of this format.
         """
-        meta = _json(data)
+        meta = read_note(data)
         silo, bad_round = meta.get("silo"), meta.get("round")
         if isinstance(bad_round, bool):
             bad_round = None
-        if not isinstance(silo, str) or not _number(bad_round) or not isinstance(bad_round, int):
+        if not isinstance(silo, str) or not is_count(bad_round) or not isinstance(bad_round, int):
             raise InvalidUpdateError("check request: unreadable note")
         return silo, bad_round
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    """A checker's answer: the norms of the contributions it decrypted, and its own model's.
-
-    Parameters
-    ----------
-    bad_round : int
-        The round of the contributions checked.
-    reference : float
-        L2 norm of the model the checker trains from this round.
-    norms : Mapping[str, float | None] (default: {})
-        Silo -> L2 norm of its decrypted contribution (divided by its weight); ``None``:
-        it could not be decrypted or is not finite.
-    """
-
-    bad_round: int
-    reference: float
-    norms: Mapping[str, float | None] = field(default_factory=dict)
-
-    def to_bytes(self) -> bytes:
-        """Canonical JSON bytes."""
-        return json.dumps(
-            {
-                "format": REPORT_FORMAT,
-                "round": self.bad_round,
-                "reference": self.reference,
-                "norms": dict(self.norms),
-            },
-            sort_keys=True,
-        ).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> CheckReport:
-        """Inverse of :meth:`to_bytes`.
-
-        Raises
-        ------
-        InvalidUpdateError
-            If the report is not of this format, or a number is not a finite float.
-        """
-        meta = _json(data)
-        norms = meta.get("norms")
-        bad_round, reference = meta.get("round"), meta.get("reference")
-        if (
-            meta.get("format") != REPORT_FORMAT
-            or not isinstance(bad_round, int)
-            or isinstance(bad_round, bool)
-            or not isinstance(norms, dict)
-            or not _number(reference)
-            or not all(isinstance(s, str) and (v is None or _number(v)) for s, v in norms.items())
-        ):
-            raise InvalidUpdateError("check report: not of the format " + REPORT_FORMAT)
-        return cls(
-            bad_round=bad_round,
-            reference=float(reference),
-            norms={s: None if v is None else float(v) for s, v in norms.items()},
-        )
 
 
 def contribution_norm(
@@ -275,24 +213,3 @@ def judge_checks(
                 f"range, silos {', '.join(good)} did not"
             )
     return Judgement(named=named, undecided=undecided, disputed=disputed)
-
-
-def _json(data: bytes) -> dict[str, Any]:
-    if len(data) > MAX_REPORT_BYTES:
-        raise InvalidUpdateError(f"check note of {len(data)} bytes, at most {MAX_REPORT_BYTES}")
-    try:
-        meta = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise InvalidUpdateError(f"check note: not JSON ({err})") from err
-    if not isinstance(meta, dict):
-        raise InvalidUpdateError("check note: not a JSON object")
-    return meta
-
-
-def _number(value: object) -> TypeGuard[float]:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    )

@@ -23,17 +23,15 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import tenseal as ts
 
 from ..core.aggregation import weighted_sum
+from .check_report import CheckReport, InvalidUpdateError
 from .keys import CKKSKeys
-
-if TYPE_CHECKING:
-    from .blame import CheckReport
 
 __all__ = [
     "FORMAT",
@@ -53,10 +51,6 @@ __all__ = [
 FORMAT = "fl_lbbsp.ckks-update/1"
 
 FloatArray = npt.NDArray[np.float64]
-
-
-class InvalidUpdateError(ValueError):
-    """An encrypted update that cannot be used; the message says why."""
 
 
 class NonFiniteUpdateError(ValueError):

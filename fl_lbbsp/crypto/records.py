@@ -21,7 +21,8 @@ from flwr.app import Array, ArrayRecord, RecordDict
 
 from ..contract import ENCRYPTED_HEADER as HEADER_KEY
 from ..contract import HE_CHECK, is_encrypted
-from .blame import CheckReport, CheckRequest, contribution_norm
+from .blame import CheckRequest, contribution_norm
+from .check_report import CheckReport
 from .ckks import EncryptedUpdate, InvalidUpdateError, UpdateChecker
 from .keys import CKKSKeys
 
