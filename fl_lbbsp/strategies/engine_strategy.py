@@ -36,7 +36,7 @@ from .checkpoint import ResumePoint, store_of
 from .checkpointing import Checkpointing
 from .config import record_keys
 from .deadline import DeadlineGrid
-from .outcomes import round_metrics
+from .outcomes import round_metrics, warn_overridden_lr
 from .parts import EngineParts
 from .train_round import TrainRound
 from .updates import PlainMean, Updates
@@ -157,34 +157,15 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
             server_round, self.sample_train_nodes(grid), timeout_cap=self._timeout_cap
         )
         state.model = arrays
-        self.check_caller_config(config)
+        if not self._config_checked:
+            self._config_checked = True
+            warn_overridden_lr(config, keys=self.keys, lr=self.engine.config.lr, owner=self)
         self.updates.begin(arrays, state)
         state.expected_bytes = self.updates.expected_bytes(arrays)
         self.round = state
         state.sent = self.train_messages(state, arrays, config)
         state.run_id = state.sent[0].metadata.run_id if state.sent else 0
         return state.sent
-
-    def check_caller_config(self, config: ConfigRecord) -> None:
-        """Warn once when the app's own train config (``start(train_config=...)``) sets
-        the learning rate to another value than the strategy's: every silo trains with the
-        strategy's ``lr`` (eta is the same for all in LB-BSP), so the app's would be
-        overridden without a word."""
-        if self._config_checked:
-            return
-        self._config_checked = True
-        theirs = config.get(self.keys.lr)
-        ours = self.engine.config.lr
-        if isinstance(theirs, int | float) and not isinstance(theirs, bool) and theirs != ours:
-            FLOWER_LOGGER.warning(
-                "%s: the train config's %s=%s is overridden: every silo trains with the "
-                "strategy's lr=%s (give the strategy lr=%s to use yours)",
-                type(self).__name__,
-                self.keys.lr,
-                theirs,
-                ours,
-                theirs,
-            )
 
     def sample_train_nodes(self, grid: Grid) -> list[int]:
         """The nodes of the round, sampled as FedAvg samples them (``fraction_train``,

@@ -33,6 +33,7 @@ __all__ = [
     "log_decision",
     "round_metrics",
     "route_to_flower",
+    "warn_overridden_lr",
 ]
 
 log = logging.getLogger("fl_lbbsp")
@@ -142,6 +143,25 @@ def log_decision(
 
 def _seconds(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g} s"
+
+
+def warn_overridden_lr(
+    config: Mapping[str, Any], *, keys: RecordKeys, lr: float, owner: object
+) -> None:
+    """Warn when the app's own train config (``start(train_config=...)``) sets the learning
+    rate to another value than the strategy's: every silo trains with the strategy's ``lr``
+    (eta is the same for all in LB-BSP), so the app's would be overridden without a word."""
+    theirs = config.get(keys.lr)
+    if isinstance(theirs, int | float) and not isinstance(theirs, bool) and theirs != lr:
+        FLOWER_LOGGER.warning(
+            "%s: the train config's %s=%s is overridden: every silo trains with the "
+            "strategy's lr=%s (give the strategy lr=%s to use yours)",
+            type(owner).__name__,
+            keys.lr,
+            theirs,
+            lr,
+            theirs,
+        )
 
 
 def round_metrics(

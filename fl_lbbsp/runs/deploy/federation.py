@@ -98,11 +98,9 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
 
 
 class LocalFederation:
-    """SuperLink plus one SuperNode per silo on 127.0.0.1, torn down on exit.
-
-    Use it as a context manager; the federation is up (every SuperNode registered with
-    the SuperLink) when the ``with`` block starts, and every process it started is
-    stopped when the block ends, whatever the reason.
+    """SuperLink plus one SuperNode per silo on 127.0.0.1, torn down on exit: a context
+    manager, up (every SuperNode registered) when the ``with`` block starts, every process
+    it started stopped when the block ends, whatever the reason.
 
     Parameters
     ----------
