@@ -192,3 +192,47 @@ def test_an_inflated_claim_weighs_no_more_in_the_noise_budget_than_in_the_aggreg
 
     # Assert: the budget sees the capped weight (all the others together), not the claim
     assert weights == {"0": 100.0, "1": 100.0, "2": 100.0, "3": 300.0}
+
+
+def _cap_weights_by_definition(
+    claimed: dict[str, float], known: dict[str, float], declared: dict[str, float], ratio: float
+) -> dict[str, tuple[float, bool]]:
+    """The cap as its docstring defines it, one silo at a time (quadratic)."""
+    federation = {**known, **claimed}
+    out = {}
+    for silo, size in claimed.items():
+        others = [n for s, n in federation.items() if s != silo]
+        if silo in declared or not others:
+            out[silo] = (size, False)
+            continue
+        cap = min(ratio * float(np.median(others)), math.fsum(others))
+        out[silo] = (cap, True) if size > cap else (size, False)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(
+        st.one_of(st.integers(1, 10**7).map(float), st.floats(0.5, 1e9)), min_size=1, max_size=12
+    ),
+    absent=st.integers(0, 4),
+    ratio=st.floats(1.0, 20.0),
+    declared=st.sets(st.integers(0, 11), max_size=3),
+)
+def test_capped_weights_equal_the_cap_by_definition(
+    sizes: list[float], absent: int, ratio: float, declared: set[int]
+) -> None:
+    # Prepare: the round's silos, and silos of the federation not in this round
+    claimed = {f"s{k}": n for k, n in enumerate(sizes)}
+    known = {**{f"gone{k}": float(10 * (k + 1)) for k in range(absent)}, **claimed}
+    registry = {f"s{k}": 1.0 for k in declared}
+
+    # Execute
+    weights = cap_weights(claimed, known=known, declared=registry, max_weight_ratio=ratio)
+
+    # Assert: the same weights, bit for bit, and a reason exactly where capped
+    expected = _cap_weights_by_definition(claimed, known, registry, ratio)
+    assert {s: w for s, (w, _) in weights.items()} == {s: w for s, (w, _) in expected.items()}
+    assert {s: why is not None for s, (_, why) in weights.items()} == {
+        s: capped for s, (_, capped) in expected.items()
+    }

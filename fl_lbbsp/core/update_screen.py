@@ -19,10 +19,12 @@ dataset size. Two bounds, both relative to what the rest of the federation shows
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -36,10 +38,12 @@ def update_distance(update: Sequence[np.ndarray], start: Sequence[np.ndarray] | 
     the norm of ``update``, e.g. a gradient); ``inf`` when it overflows or is not finite."""
     total = 0.0
     for k, values in enumerate(update):
-        delta = np.asarray(values, dtype=np.float64)
-        if start is not None:
-            delta = delta - np.asarray(start[k], dtype=np.float64)
-        total += float(np.vdot(delta.ravel(), delta.ravel()).real)
+        if start is None:
+            delta = np.asarray(values, dtype=np.float64)
+        else:  # one float64 temporary (start is float64 already when the caller keeps it so)
+            delta = np.subtract(values, start[k], dtype=np.float64)
+        flat = delta.ravel()
+        total += float(np.vdot(flat, flat).real)
     return math.sqrt(total) if math.isfinite(total) else math.inf
 
 
@@ -113,6 +117,18 @@ class UpdateScreen:
             self._accepted.append([d for d in kept if d > 0])
 
 
+def _median_without(ordered: list[float], index: int) -> float:
+    """``np.median`` of ``ordered`` (sorted) without its element at ``index``."""
+    m = len(ordered) - 1
+
+    def at(k: int) -> float:
+        return ordered[k] if k < index else ordered[k + 1]
+
+    if m % 2:
+        return at(m // 2)
+    return (at(m // 2 - 1) + at(m // 2)) / 2.0
+
+
 def cap_weights(
     claimed: Mapping[str, float],
     *,
@@ -140,13 +156,17 @@ def cap_weights(
         Silo -> (weight, why it was capped or ``None``).
     """
     federation = {**known, **claimed}
+    ordered = sorted(float(n) for n in federation.values())
+    total = sum((Fraction(n) for n in ordered), Fraction(0))  # exact, for fsum(others)
     out: dict[str, tuple[float, str | None]] = {}
     for silo, size in claimed.items():
-        others = [n for s, n in federation.items() if s != silo]
-        if silo in declared or not others:
+        if silo in declared or len(ordered) < 2:
             out[silo] = (size, None)
             continue
-        cap = min(max_weight_ratio * float(np.median(others)), math.fsum(others))
+        # the others' median and sum without building them: O(n log n) for the round, as
+        # np.median(others) and math.fsum(others) (correctly rounded) give them
+        median = _median_without(ordered, bisect.bisect_left(ordered, float(size)))
+        cap = min(max_weight_ratio * median, float(total - Fraction(float(size))))
         if size > cap:
             out[silo] = (
                 cap,

@@ -24,13 +24,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, Message
 
 from ..contract import MODEL_REFUSED, RecordKeys
 from ..core.claims import ClaimChecker
 from ..core.round_state import RoundState
 from ..core.update_screen import UpdateScreen, cap_weights
 from .updates import Updates
+from .validation import config_record
 
 __all__ = ["Defenses", "EncryptedJudge"]
 
@@ -133,8 +134,8 @@ class Defenses:
         of the round's replying silos refused the global model they were sent."""
         refused: dict[str, str] = {}
         for silo, msg in replies.items():
-            record = msg.content.config_records.get(keys.silo_record, ConfigRecord())
-            note = record.get(MODEL_REFUSED)
+            record = config_record(msg.content, keys.silo_record)
+            note = None if record is None else record.get(MODEL_REFUSED)
             if isinstance(note, str) and note:
                 refused[silo] = note[:200]
         self.refused_by = set(refused)

@@ -121,7 +121,8 @@ def log_decision(
     """One line through Flower's logger for the round's decision and outcome: per-silo
     batch sizes, predicted and ideal round time (compute), the idle fraction the
     reports show, and the silos left out with why."""
-    order = sorted(state.shares, key=natural_key)
+    shares = state.shares
+    order = sorted(shares, key=natural_key)
     times = [
         float(r[keys.train_time])
         for r in state.reports.values()
@@ -133,7 +134,7 @@ def log_decision(
         "[%s] round %d: B %s | predicted %s, ideal %s | idle %s | left out: %s",
         scheme,
         state.server_round,
-        format_silos({s: state.shares[s] for s in order}),
+        format_silos({s: shares[s] for s in order}),
         _seconds(state.predicted),
         _seconds(state.ideal),
         "n/a" if idle is None else f"{100 * idle:.1f}%",

@@ -33,7 +33,7 @@ from .defenses import Defenses
 from .outcomes import RoundOutcomes, log_decision
 from .rounds import log_round
 from .updates import Updates
-from .validation import log_rejected, log_skipped, reply_of
+from .validation import config_record, log_rejected, log_skipped, reply_of
 
 __all__ = ["RoundResult", "TrainRound"]
 
@@ -248,7 +248,7 @@ class TrainRound:
     def misuse(self, state: RoundState, silo: str, msg: Message) -> str | None:
         """What the silo says it did other than it was told (its own loader, extra
         epochs, another batch size), logged once per silo; ``None``: nothing."""
-        record = msg.content.config_records.get(self.keys.silo_record)
+        record = config_record(msg.content, self.keys.silo_record)
         text = None if record is None else record.get(self.keys.misuse)
         if not isinstance(text, str) or not text:
             return None

@@ -82,7 +82,10 @@ class PlainMean:
         self._start = None
         if self._layout is not None:
             self._mean.begin([np.empty(s.shape, dtype=s.dtype) for s in self._layout])
-            self._start = [arrays[spec.name].numpy() for spec in self._layout]
+            # in float64 once per round, not once per reply (update_distance's dtype)
+            self._start = [
+                np.asarray(arrays[spec.name].numpy(), dtype=np.float64) for spec in self._layout
+            ]
 
     def config(self, state: RoundState) -> dict[str, float | int]:
         """Nothing beyond the instruction."""

@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_EXTRA_METRIC_KEYS",
     "InvalidReplyError",
     "check_array_record",
+    "config_record",
     "error_summary",
     "layout_of",
     "log_rejected",
@@ -60,6 +61,13 @@ def layout_of(record: ArrayRecord) -> Layout | None:
             return None
         specs.append(ArraySpec(name, np.dtype(array.dtype), tuple(int(n) for n in array.shape)))
     return tuple(specs)
+
+
+def config_record(content: RecordDict, name: str) -> ConfigRecord | None:
+    """The reply's ConfigRecord ``name`` (``None``: absent, or not a ConfigRecord), read
+    directly (``content.config_records`` builds a view of every ConfigRecord per access)."""
+    record = content.get(name)
+    return record if isinstance(record, ConfigRecord) else None
 
 
 def split_records(
