@@ -36,7 +36,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from ..contract import RecordKeys, silo_metric
+from ..contract import RecordKeys
 from ..core.engine import RoundEngine
 from ..core.round_state import Reply, RoundState
 from ..core.screening import (
@@ -47,7 +47,7 @@ from ..core.screening import (
 )
 from ..core.settings import BalancingKnobs
 from ..telemetry import TelemetryWriter
-from .outcomes import log_decision, route_to_flower
+from .outcomes import batch_size_metrics, log_decision, route_to_flower
 from .rounds import EngineView, log_round
 from .validation import log_rejected, log_skipped
 
@@ -221,15 +221,18 @@ class LBBSPStrategy(EngineView, FedAvg):
                 "skipped": skipped,
             },
         )
-        left_out = {entry["silo"]: f"rejected: {entry['reason']}" for entry, _ in rejected}
-        left_out.update({silo: "no reply in time" for silo in extra["missed"]})
-        log_decision(scheme=self.scheme, state=state, keys=self.keys, left_out=left_out)
+        log_decision(
+            scheme=self.scheme,
+            state=state,
+            keys=self.keys,
+            rejected=[entry for entry, _ in rejected],
+            missed=extra["missed"],
+        )
         if skipped is not None:
             return None, {}
         failures = [*failures, *(pair for _, pair in rejected)]
         parameters, metrics = super().aggregate_fit(server_round, valid, failures)
-        for node, ins in state.instructions.items():
-            metrics[silo_metric(self.keys.batch_size, self.engine.silo_id(node))] = ins.share
+        metrics.update(batch_size_metrics(state, keys=self.keys, silo_id=self.engine.silo_id))
         return parameters, metrics
 
     def _check_arrays(self, res: FitRes) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flwr.app import MetricRecord
@@ -29,6 +29,7 @@ from .rounds import format_silos
 
 __all__ = [
     "NoUpdateError",
+    "batch_size_metrics",
     "RoundOutcomes",
     "log_decision",
     "round_metrics",
@@ -116,11 +117,27 @@ def route_to_flower() -> None:
 
 
 def log_decision(
-    *, scheme: str, state: RoundState, keys: RecordKeys, left_out: Mapping[str, str]
+    *,
+    scheme: str,
+    state: RoundState,
+    keys: RecordKeys,
+    rejected: Iterable[Mapping[str, Any]],
+    missed: Iterable[str],
 ) -> None:
     """One line through Flower's logger for the round's decision and outcome: per-silo
     batch sizes, predicted and ideal round time (compute), the idle fraction the
-    reports show, and the silos left out with why."""
+    reports show, and the silos left out with why (``rejected``: the round's rejection
+    entries, ``missed``: silos with no reply in time; a silo whose report says it did not
+    train as instructed is named too)."""
+    left_out = {str(r["silo"]): f"rejected: {r['reason']}" for r in rejected}
+    left_out.update({silo: "no reply in time" for silo in missed})
+    left_out.update(
+        {
+            s: "not balanced: did not train as instructed (see its warning)"
+            for s, r in state.reports.items()
+            if "misuse" in r
+        }
+    )
     shares = state.shares
     order = sorted(shares, key=natural_key)
     times = [
@@ -165,6 +182,19 @@ def warn_overridden_lr(
         )
 
 
+def batch_size_metrics(
+    state: RoundState, *, keys: RecordKeys, silo_id: Callable[[Node], str] | None = None
+) -> dict[str, int]:
+    """``batch-size/<silo>`` for every silo sent a batch size this round, named by the
+    stable id its node reported (``silo_id``, the engine's) where known."""
+    return {
+        silo_metric(keys.batch_size, silo_id(node) if silo_id is not None else ins.silo): int(
+            ins.share
+        )
+        for node, ins in state.instructions.items()
+    }
+
+
 def round_metrics(
     aggregated: MetricRecord | None,
     *,
@@ -184,9 +214,7 @@ def round_metrics(
     record: dict[str, Any] = {
         key: value for key, value in (aggregated or {}).items() if key not in contract
     }
-    for node, ins in state.instructions.items():
-        silo = silo_id(node) if silo_id is not None else ins.silo
-        record[silo_metric(keys.batch_size, silo)] = int(ins.share)
+    record.update(batch_size_metrics(state, keys=keys, silo_id=silo_id))
     for silo, report in state.reports.items():
         speed = report.get(PREDICTED_SPEED)
         if isinstance(speed, int | float):

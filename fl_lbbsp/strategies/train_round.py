@@ -234,16 +234,13 @@ class TrainRound:
             telemetry=self.telemetry,
             extra={**extra, "rejected": state.rejected, "skipped": skipped},
         )
-        left_out = {r["silo"]: f"rejected: {r['reason']}" for r in state.rejected}
-        left_out.update({silo: "no reply in time" for silo in extra["missed"]})
-        left_out.update(
-            {
-                s: "not balanced: did not train as instructed (see its warning)"
-                for s, r in state.reports.items()
-                if "misuse" in r
-            }
+        log_decision(
+            scheme=scheme,
+            state=state,
+            keys=self.keys,
+            rejected=state.rejected,
+            missed=extra["missed"],
         )
-        log_decision(scheme=scheme, state=state, keys=self.keys, left_out=left_out)
 
     def misuse(self, state: RoundState, silo: str, msg: Message) -> str | None:
         """What the silo says it did other than it was told (its own loader, extra
