@@ -373,8 +373,16 @@ def _worker_main(rank: int, store: str, out: str) -> None:
 
 def _dying_worker(rank: int, store: str, out: str) -> None:
     _init(rank, store)
+    # Rank 1 dies only once rank 0 has finished setting up the group: a rank that leaves
+    # while its peer is still connecting makes init_process_group fail there instead.
+    dist.barrier()
+    ready = Path(out, "rank0-ready")
     if rank == 1:
+        deadline = time.monotonic() + SPAWN_TIMEOUT
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         os._exit(0)  # dies without a word, as a killed process would
+    ready.touch()
     from fl_lbbsp.distributed import RankFailureError
 
     coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
