@@ -16,6 +16,7 @@ from fl_lbbsp.core import BatchSizeBalancer, SiloReport, ideal_round_time, linea
 from fl_lbbsp.core.balancer import ALLOCATION_REASONS, NOISE_BUDGET
 from fl_lbbsp.core.budget import (
     REASONS,
+    BudgetProblem,
     budgeted_ideal_time,
     budgeted_minmax,
     budgeted_minmax_continuous,
@@ -116,9 +117,10 @@ def test_round_time_is_monotone_non_increasing_in_rho(
     common = {"knee": problem["knee"], "weights": problem["weights"]}
 
     # Execute
-    t_low = budgeted_minmax_continuous(*args, rho=low, **common)[1]
-    t_high = budgeted_minmax_continuous(*args, rho=high, **common)[1]
-    t_none = budgeted_minmax_continuous(*args, rho=None, **common)[1]
+    given = {"a": args[0], "b": args[1], "total": args[2], **common}
+    t_low = budgeted_minmax_continuous(BudgetProblem(rho=low, **given))[1]
+    t_high = budgeted_minmax_continuous(BudgetProblem(rho=high, **given))[1]
+    t_none = budgeted_minmax_continuous(BudgetProblem(rho=None, **given))[1]
     int_low = budgeted_minmax(*args, rho=low, **common).round_time
     int_high = budgeted_minmax(*args, rho=high, **common).round_time
 
@@ -143,8 +145,10 @@ def test_no_silo_below_its_knee_unless_forced(
     # them would make the round longer (the budget then needs the noise of a smaller batch)
     below = sizes < knee
     if below.any() and knee.sum() <= total:
-        held = budgeted_minmax_continuous(a, b, total, knee=knee, lower=knee, **common)
-        free = budgeted_minmax_continuous(a, b, total, knee=knee, **common)
+        held = budgeted_minmax_continuous(
+            BudgetProblem(a=a, b=b, total=total, knee=knee, lower=knee, **common)
+        )
+        free = budgeted_minmax_continuous(BudgetProblem(a=a, b=b, total=total, knee=knee, **common))
         assert rho is not None
         assert not held[4] or held[1] > free[1] * (1 + 1e-9)
 

@@ -40,6 +40,7 @@ from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_
 __all__ = [
     "REASONS",
     "Allocation",
+    "BudgetProblem",
     "Reason",
     "budgeted_ideal_time",
     "budgeted_minmax",
@@ -248,47 +249,9 @@ def _solve(
     return _Solution(x, high, s, caps(high), lo, True, True)
 
 
-def _inputs(
-    a: ArrayLike,
-    b: ArrayLike,
-    total: float,
-    knee: ArrayLike | None,
-    lower: ArrayLike | None,
-    upper: ArrayLike | None,
-) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
-    slope = np.asarray(a, dtype=np.float64)
-    n = slope.shape[0] if slope.ndim == 1 else 0
-    if n == 0 or not (np.all(np.isfinite(slope)) and np.all(slope > 0)):
-        raise ValueError(f"a must be a non-empty sequence of positive numbers, got {a!r}")
-    offset = np.asarray(b, dtype=np.float64)
-    k = np.zeros(n) if knee is None else np.asarray(knee, dtype=np.float64)
-    lo = np.zeros(n) if lower is None else np.asarray(lower, dtype=np.float64)
-    hi = np.full(n, np.inf) if upper is None else np.asarray(upper, dtype=np.float64)
-    for name, arr in (("b", offset), ("knee", k), ("lower", lo)):
-        if arr.shape != (n,) or not np.all(np.isfinite(arr)):
-            raise ValueError(f"{name} must be {n} finite numbers, got {arr.tolist()}")
-    if np.any(k < 0) or np.any(lo < 0):
-        raise ValueError("knee and lower must be >= 0")
-    if hi.shape != (n,) or np.any(np.isnan(hi)) or np.any(lo > hi):
-        raise ValueError("bounds must have one entry per silo with lower <= upper")
-    if not lo.sum() <= total <= hi.sum():
-        raise ValueError(f"total {total} is outside the feasible range [{lo.sum()}, {hi.sum()}]")
-    return slope, offset, k, lo, hi
-
-
-def budgeted_minmax_continuous(
-    a: ArrayLike,
-    b: ArrayLike,
-    total: float,
-    *,
-    knee: ArrayLike | None = None,
-    lower: ArrayLike | None = None,
-    upper: ArrayLike | None = None,
-    weights: ArrayLike | None = None,
-    noise: ArrayLike | None = None,
-    rho: float | None = None,
-) -> tuple[FloatArray, float, tuple[str, ...], bool, bool]:
-    """Real-valued min-max shares under the noise budget (see the module).
+@dataclass(frozen=True, kw_only=True)
+class BudgetProblem:
+    """One min-max problem under the noise budget (see the module).
 
     Parameters
     ----------
@@ -306,6 +269,65 @@ def budgeted_minmax_continuous(
         Per-silo gradient-noise variances; ``None``: equal.
     rho : float | None (default: None)
         The budget: noise ratio at most rho; ``None``: no budget.
+    """
+
+    a: ArrayLike
+    b: ArrayLike
+    total: float
+    knee: ArrayLike | None = None
+    lower: ArrayLike | None = None
+    upper: ArrayLike | None = None
+    weights: ArrayLike | None = None
+    noise: ArrayLike | None = None
+    rho: float | None = None
+
+
+def _inputs(
+    problem: BudgetProblem,
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
+    """The problem's costs, knees and bounds as arrays, checked."""
+    a, total = problem.a, problem.total
+    knee, lower, upper = problem.knee, problem.lower, problem.upper
+    slope = np.asarray(a, dtype=np.float64)
+    n = slope.shape[0] if slope.ndim == 1 else 0
+    if n == 0 or not (np.all(np.isfinite(slope)) and np.all(slope > 0)):
+        raise ValueError(f"a must be a non-empty sequence of positive numbers, got {a!r}")
+    offset = np.asarray(problem.b, dtype=np.float64)
+    k = np.zeros(n) if knee is None else np.asarray(knee, dtype=np.float64)
+    lo = np.zeros(n) if lower is None else np.asarray(lower, dtype=np.float64)
+    hi = np.full(n, np.inf) if upper is None else np.asarray(upper, dtype=np.float64)
+    for name, arr in (("b", offset), ("knee", k), ("lower", lo)):
+        if arr.shape != (n,) or not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be {n} finite numbers, got {arr.tolist()}")
+    if np.any(k < 0) or np.any(lo < 0):
+        raise ValueError("knee and lower must be >= 0")
+    if hi.shape != (n,) or np.any(np.isnan(hi)) or np.any(lo > hi):
+        raise ValueError("bounds must have one entry per silo with lower <= upper")
+    if not lo.sum() <= total <= hi.sum():
+        raise ValueError(f"total {total} is outside the feasible range [{lo.sum()}, {hi.sum()}]")
+    return slope, offset, k, lo, hi
+
+
+def _noise_budget(problem: BudgetProblem, n: int) -> tuple[FloatArray, float]:
+    """Each silo's noise cost c_i (:func:`noise_costs`) and the budget on
+    ``sum_i c_i / B_i`` (infinite without rho), checked."""
+    rho = problem.rho
+    if rho is not None and not (math.isfinite(rho) and rho > 0):
+        raise ValueError(f"rho must be finite and positive or None, got {rho!r}")
+    c = noise_costs(n, problem.weights, problem.noise)
+    budget = math.inf if rho is None else rho * float(np.sum(c)) * n / problem.total
+    return c, budget
+
+
+def budgeted_minmax_continuous(
+    problem: BudgetProblem,
+) -> tuple[FloatArray, float, tuple[str, ...], bool, bool]:
+    """Real-valued min-max shares under the noise budget (see the module).
+
+    Parameters
+    ----------
+    problem : BudgetProblem
+        The costs, the total, the bounds and the budget.
 
     Returns
     -------
@@ -318,12 +340,10 @@ def budgeted_minmax_continuous(
     ValueError
         On inputs of the wrong shape or sign, a total outside the bounds, or rho <= 0.
     """
-    slope, offset, k, lo, hi = _inputs(a, b, total, knee, lower, upper)
-    if rho is not None and not (math.isfinite(rho) and rho > 0):
-        raise ValueError(f"rho must be finite and positive or None, got {rho!r}")
+    slope, offset, k, lo, hi = _inputs(problem)
     n = slope.shape[0]
-    c = noise_costs(n, weights, noise)
-    budget = math.inf if rho is None else rho * float(np.sum(c)) * n / total
+    c, budget = _noise_budget(problem, n)
+    total = problem.total
     floors = np.maximum(lo, np.minimum(k, hi))
     if np.any(floors > lo) and floors.sum() <= total:
         with_knees = _solve(slope, offset, k, floors, hi, total, c, budget)
@@ -376,8 +396,8 @@ def budgeted_minmax(
     from the silo whose loss adds least noise to the one whose gain removes most, until
     the budget holds (or no move reduces the noise). The total and every bound are kept.
 
-    Parameters are those of :func:`budgeted_minmax_continuous` (``total`` an integer),
-    and ``rounding``: ``"remainder"`` rounds by largest remainder instead of by time
+    Parameters are the fields of :class:`BudgetProblem` (``total`` an integer), and
+    ``rounding``: ``"remainder"`` rounds by largest remainder instead of by time
     (proportional allocation, Alg. 1 line 6).
 
     Returns
@@ -391,10 +411,11 @@ def budgeted_minmax(
         As :func:`budgeted_minmax_continuous`, or when no integers within the bounds sum
         to ``total``.
     """
-    x, _, reasons, binds, _ = budgeted_minmax_continuous(
-        a, b, float(total), knee=knee, lower=lower, upper=upper,
+    problem = BudgetProblem(
+        a=a, b=b, total=float(total), knee=knee, lower=lower, upper=upper,
         weights=weights, noise=noise, rho=rho,
     )  # fmt: skip
+    x, _, reasons, binds, _ = budgeted_minmax_continuous(problem)
     n = len(x)
     floors = np.asarray(lower if lower is not None else np.zeros(n), dtype=np.float64)
     if knee is not None:
@@ -409,10 +430,9 @@ def budgeted_minmax(
         sizes = round_to_total(x, total, lower=lo, upper=hi, slope=a, intercept=offset)
     else:
         raise ValueError(f"unknown rounding {rounding!r}; expected 'time' or 'remainder'")
-    c = noise_costs(n, weights, noise)
+    c, budget = _noise_budget(problem, n)
     feasible = True
     if rho is not None:
-        budget = rho * float(np.sum(c)) * n / total
         lo_hard, _ = integer_bounds(n, lower=lower, upper=upper)
         feasible = enforce_budget(sizes, c, budget, lower=np.maximum(lo_hard, 1), upper=hi)
     times = hinge_times(a, b, knee, sizes)
@@ -465,7 +485,5 @@ def budgeted_ideal_time(
     hinge costs with the total X fixed and no other bound (shared/DESIGN.md, "The ideal
     to measure against"); for lines without a budget it is
     ``(X + sum_i b_i / a_i) / sum_i (1 / a_i)``."""
-    _, t, _, _, _ = budgeted_minmax_continuous(
-        a, b, total, knee=knee, weights=weights, noise=noise, rho=rho
-    )
-    return t
+    problem = BudgetProblem(a=a, b=b, total=total, knee=knee, weights=weights, noise=noise, rho=rho)
+    return budgeted_minmax_continuous(problem)[1]
