@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from .change import ChangeDetector, Deviation
-from .speed import EMAEstimator, LastValueEstimator, SpeedEstimator, check_speed
+from .speed import EMAEstimator, LastValueEstimator, MachineUse, SpeedEstimator, check_speed
 
 __all__ = [
     "ESTIMATORS",
     "ChangeAwareEMAEstimator",
     "EMAEstimator",
     "LastValueEstimator",
+    "MachineUse",
     "SpeedEstimator",
     "estimator_from_state",
     "make_estimator",
@@ -104,13 +105,7 @@ class ChangeAwareEMAEstimator:
         """Relative deviation of ``speed`` from the average (0 before any)."""
         return 0.0 if self._value is None else (speed - self._value) / self._value
 
-    def update(
-        self,
-        speed: float,
-        *,
-        cpu_percent: float | None = None,
-        memory_percent: float | None = None,
-    ) -> None:
+    def update(self, speed: float, **use: Unpack[MachineUse]) -> None:
         """Blend the speed into the average, hold it back as a possible change, or
         restart the average at a confirmed change (CPU and memory are ignored)."""
         value = check_speed(speed)

@@ -21,12 +21,12 @@ import math
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import numpy.typing as npt
 
-from .speed import EMAEstimator
+from .speed import EMAEstimator, MachineUse
 
 __all__ = ["NARXEstimator"]
 
@@ -131,17 +131,12 @@ class NARXEstimator:
         self.last_loss: float | None = None
 
     # ----------------------------------------------------------------- protocol
-    def update(
-        self,
-        speed: float,
-        *,
-        cpu_percent: float | None = None,
-        memory_percent: float | None = None,
-    ) -> None:
+    def update(self, speed: float, **use: Unpack[MachineUse]) -> None:
         """Record a round's speed, CPU and memory use (percent; missing ones count as
         the previous value, or 0), and retrain when due."""
         self._ema.update(speed)
         previous = self._series[-1] if self._series else (speed, 0.0, 0.0)
+        cpu_percent, memory_percent = use.get("cpu_percent"), use.get("memory_percent")
         cpu = previous[1] if cpu_percent is None else float(cpu_percent)
         memory = previous[2] if memory_percent is None else float(memory_percent)
         with self._lock:

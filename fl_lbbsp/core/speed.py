@@ -10,9 +10,9 @@ IEEE TCC 2021, Sec. 3.2.2 (last value, EMA) and Sec. 3.5 (EMA for cross-silo FL)
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
 
-__all__ = ["EMAEstimator", "LastValueEstimator", "SpeedEstimator", "check_speed"]
+__all__ = ["EMAEstimator", "LastValueEstimator", "MachineUse", "SpeedEstimator", "check_speed"]
 
 
 def check_speed(speed: float) -> float:
@@ -22,21 +22,32 @@ def check_speed(speed: float) -> float:
     return value
 
 
+class MachineUse(TypedDict, total=False):
+    """The machine's use during a round, the keywords of :meth:`SpeedEstimator.update`
+    after the speed (read by predictors that model it, ignored by the others).
+
+    Parameters
+    ----------
+    cpu_percent : float | None
+        CPU use in percent; ``None`` or absent: not measured.
+    memory_percent : float | None
+        Memory use in percent; ``None`` or absent: not measured.
+    """
+
+    cpu_percent: float | None
+    memory_percent: float | None
+
+
 @runtime_checkable
 class SpeedEstimator(Protocol):
     """Protocol of a per-silo speed predictor."""
 
     name: str
 
-    def update(
-        self,
-        speed: float,
-        *,
-        cpu_percent: float | None = None,
-        memory_percent: float | None = None,
-    ) -> None:
+    def update(self, speed: float, **use: Unpack[MachineUse]) -> None:
         """Record the speed (samples per second) observed in the last round, and the
-        machine's CPU and memory use during it (used by predictors that model them)."""
+        machine's CPU and memory use during it (:class:`MachineUse`; used by predictors
+        that model them)."""
 
     def predict(self) -> float | None:
         """Predicted speed for the next round, ``None`` before any observation."""
@@ -56,13 +67,7 @@ class LastValueEstimator:
     def __init__(self, *, value: float | None = None) -> None:
         self._value = None if value is None else check_speed(value)
 
-    def update(
-        self,
-        speed: float,
-        *,
-        cpu_percent: float | None = None,
-        memory_percent: float | None = None,
-    ) -> None:
+    def update(self, speed: float, **use: Unpack[MachineUse]) -> None:
         """Record the speed observed in the last round (CPU and memory are ignored)."""
         self._value = check_speed(speed)
 
@@ -98,13 +103,7 @@ class EMAEstimator:
         self.alpha = float(alpha)
         self._value = None if value is None else check_speed(value)
 
-    def update(
-        self,
-        speed: float,
-        *,
-        cpu_percent: float | None = None,
-        memory_percent: float | None = None,
-    ) -> None:
+    def update(self, speed: float, **use: Unpack[MachineUse]) -> None:
         """Blend the speed observed in the last round into the average (CPU and memory
         are ignored)."""
         value = check_speed(speed)
