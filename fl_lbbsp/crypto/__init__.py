@@ -12,56 +12,9 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         "fl_lbbsp.crypto needs TenSEAL: pip install 'fl_lbbsp[he]' (tenseal>=0.3.14)"
     ) from err
 
-from .ckks import (
-    EncryptedUpdate,
-    InvalidUpdateError,
-    NonFiniteUpdateError,
-    ParsedUpdate,
-    TensorSpec,
-    UpdateChecker,
-    aggregate_updates,
-    decrypt_update,
-    encrypt_update,
-    flatten,
-    unflatten,
-)
+from . import ckks, keys
+from .ckks import *  # noqa: F403 - the names in ckks.__all__
 from .config import CKKSConfig
-from .keys import (
-    PUBLIC_CONTEXT_FILE,
-    SECRET_CONTEXT_FILE,
-    CKKSKeys,
-    KeyFileError,
-    KeyFiles,
-    generate_keys,
-    key_fingerprint,
-    load_keys,
-    load_server_keys,
-    load_silo_keys,
-    write_key_files,
-)
+from .keys import *  # noqa: F403 - the names in keys.__all__
 
-__all__ = [
-    "PUBLIC_CONTEXT_FILE",
-    "SECRET_CONTEXT_FILE",
-    "CKKSConfig",
-    "CKKSKeys",
-    "EncryptedUpdate",
-    "InvalidUpdateError",
-    "KeyFileError",
-    "KeyFiles",
-    "NonFiniteUpdateError",
-    "ParsedUpdate",
-    "TensorSpec",
-    "UpdateChecker",
-    "aggregate_updates",
-    "decrypt_update",
-    "encrypt_update",
-    "flatten",
-    "generate_keys",
-    "key_fingerprint",
-    "load_keys",
-    "load_server_keys",
-    "load_silo_keys",
-    "unflatten",
-    "write_key_files",
-]
+__all__ = ["CKKSConfig", *ckks.__all__, *keys.__all__]
