@@ -22,7 +22,7 @@ from flwr.app import MetricRecord, RecordDict
 
 from ..contract import RecordKeys
 from ..core.optim import SGD
-from .config import ParameterServerConfig
+from .config import ParameterServerConfig, parameter_server_keywords
 from .engine_strategy import EngineStrategy
 from .updates import GradientUpdate
 
@@ -74,7 +74,10 @@ class LBBSPCluster(EngineStrategy):
     Raises
     ------
     pydantic.ValidationError
-        On a bad setting; the message names the keyword and the value.
+        On a bad ``momentum`` or ``aggregation``.
+    InvalidSettingError
+        (a ``ValueError``) On any other bad setting; the message names the keyword and
+        the value.
     """
 
     def __init__(
@@ -98,16 +101,12 @@ class LBBSPCluster(EngineStrategy):
     ) -> None:
         self.ps_config = ParameterServerConfig(momentum=momentum, aggregation=aggregation)
         super().__init__(
-            initial_batch_size=initial_batch_size,
-            local_steps=1,
-            lr=lr,
-            parameter_server=True,
+            **parameter_server_keywords(
+                initial_batch_size=initial_batch_size, lr=lr, evaluate=False
+            ),
             keys=keys,
             telemetry_path=telemetry_path,
-            fraction_train=1.0,
-            fraction_evaluate=0.0,
             min_train_nodes=min_train_nodes,
-            min_evaluate_nodes=0,
             min_available_nodes=min_available_nodes,
             train_metrics_aggr_fn=train_metrics_aggr_fn,
             min_train_silos=min_train_silos,

@@ -30,6 +30,7 @@ __all__ = [
     "ParameterServerConfig",
     "ReplyLimits",
     "ServerConfig",
+    "parameter_server_keywords",
     "record_keys",
     "setting_error",
     "settings_of_run_config",
@@ -125,6 +126,23 @@ class ParameterServerConfig(BaseModel):
 
     momentum: float = Field(default=0.0, ge=0, lt=1)
     aggregation: Literal["weighted", "naive"] = "weighted"
+
+
+def parameter_server_keywords(
+    *, initial_batch_size: int, lr: float, evaluate: bool
+) -> dict[str, Any]:
+    """The strategy keywords that every parameter-server mode fixes: one round is one
+    iteration (one local step, the server applies the update), every worker trains, and
+    evaluation (when ``evaluate``) asks every worker but waits for none."""
+    return {
+        "initial_batch_size": initial_batch_size,
+        "local_steps": 1,
+        "lr": lr,
+        "parameter_server": True,
+        "fraction_train": 1.0,
+        "fraction_evaluate": 1.0 if evaluate else 0.0,
+        "min_evaluate_nodes": 0,
+    }
 
 
 class EncryptionConfig(BaseModel):

@@ -63,7 +63,14 @@ log = logging.getLogger("fl_lbbsp")
 
 
 def server_keys(public_context: str | Path | CKKSKeys, fingerprint: str | None) -> CKKSKeys:
-    """The server's public keys; keys holding the secret key are refused."""
+    """The server's public keys; keys holding the secret key are refused.
+
+    Raises
+    ------
+    ValueError
+        The keys hold the secret key or do not match ``fingerprint``
+        (:class:`~fl_lbbsp.crypto.KeyFileError`: a key file that cannot be used).
+    """
     if not isinstance(public_context, CKKSKeys):
         return load_server_keys(public_context, fingerprint=fingerprint)
     if public_context.is_private:
@@ -264,8 +271,10 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
 
     Raises
     ------
-    pydantic.ValidationError
-        On a bad setting; the message names the keyword and the value.
+    InvalidSettingError
+        (a ``ValueError``) On a bad setting; the message names the keyword and the value.
+    ValueError
+        On keys the server must not use (:func:`server_keys`).
     """
 
     def __init__(

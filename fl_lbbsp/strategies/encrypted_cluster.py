@@ -36,7 +36,7 @@ from ..core.round_state import RoundState
 from ..core.screening import InvalidReplyError
 from ..crypto import CKKSKeys, ParsedUpdate
 from ..crypto.records import is_encrypted
-from .config import EncryptedClusterConfig, ParameterServerConfig
+from .config import EncryptedClusterConfig, ParameterServerConfig, parameter_server_keywords
 from .encrypted import EncryptedSum, log_federated_evaluation, log_keys, server_keys
 from .engine_strategy import EngineStrategy
 
@@ -221,7 +221,12 @@ class EncryptedLBBSPCluster(EngineStrategy):
     Raises
     ------
     pydantic.ValidationError
-        On a bad setting; the message names the keyword and the value.
+        On a bad ``momentum``, ``aggregation``, ``max_history`` or ``evaluate_every``.
+    InvalidSettingError
+        (a ``ValueError``) On a bad setting among ``**kwargs``, naming it and its value.
+    ValueError
+        On a ``public_context`` the server must not use, as for
+        :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`.
     """
 
     def __init__(
@@ -243,13 +248,9 @@ class EncryptedLBBSPCluster(EngineStrategy):
         )
         self.ps_config = ParameterServerConfig(momentum=momentum, aggregation=aggregation)
         super().__init__(
-            initial_batch_size=initial_batch_size,
-            local_steps=1,
-            lr=lr,
-            parameter_server=True,
-            fraction_train=1.0,
-            fraction_evaluate=0.0 if evaluate_every is None else 1.0,
-            min_evaluate_nodes=0,
+            **parameter_server_keywords(
+                initial_batch_size=initial_batch_size, lr=lr, evaluate=evaluate_every is not None
+            ),
             **kwargs,
         )
         self.he_keys = server_keys(public_context, fingerprint)
