@@ -107,14 +107,13 @@ def emulate_slowdown(
     wait: bool = True,
     sleep: Callable[[float], None] = time.sleep,
 ) -> float:
-    """Return the emulated time ``factor * t``, after waiting ``(factor - 1) * t``.
+    """Return the emulated time ``factor * t``, after waiting ``(factor - 1) * t``: the
+    measured case of :func:`emulated_time`.
 
     Parameters
     ----------
-    compute_time : float
-        Real seconds of compute t.
-    factor : float
-        Slowdown factor k >= 1.
+    compute_time, factor : float
+        As in :func:`emulated_time`: the compute t and its slowdown k.
     wait : bool (default: True)
         ``False`` reports ``k * t`` without waiting: enough when silos compute one after
         the other (nothing else shares the machine's time with a silo) and only the
