@@ -226,6 +226,31 @@ class RecordKeys(BaseModel):
     samples_drawn: str = SAMPLES_DRAWN
     misuse: str = "misuse"
 
+    @classmethod
+    def of(cls, keys: object, *, owner: str) -> RecordKeys:
+        """``keys`` as RecordKeys: ``None`` the defaults, a RecordKeys itself, a mapping of
+        its field names to names (``{"batch_size": "bs"}``) converted.
+
+        Raises
+        ------
+        TypeError
+            ``keys`` is none of these; the message starts with ``owner``
+            (``"lbbsp_train(keys=...)"``) and shows the fix.
+        pydantic.ValidationError
+            The mapping names a field RecordKeys does not have, or a name is empty.
+        """
+        if keys is None:
+            return cls()
+        if isinstance(keys, RecordKeys):
+            return keys
+        if isinstance(keys, Mapping):
+            return cls(**{str(k): v for k, v in keys.items()})
+        raise TypeError(
+            f"{owner} takes a fl_lbbsp.contract.RecordKeys, e.g. "
+            "keys=RecordKeys(batch_size='bs'), or a mapping of its field names to record "
+            f"keys, not {type(keys).__name__}"
+        )
+
 
 PREDICTED_SPEED = "predicted-speed"
 """The balancer's predicted speed of a silo (samples per second) after a round: a field of

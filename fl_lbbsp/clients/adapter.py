@@ -209,25 +209,16 @@ def lbbsp_train(
 
 
 def _record_keys(keys: object) -> RecordKeys:
-    """``keys`` as RecordKeys: the defaults for ``None``, a mapping of fields converted."""
-    if keys is None:
-        return RecordKeys()
-    if isinstance(keys, RecordKeys):
-        return keys
-    if isinstance(keys, Mapping):
-        try:
-            return RecordKeys(**{str(k): v for k, v in keys.items()})
-        except ValidationError as err:  # an unknown field, a name that is not a string
-            reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            raise TypeError(
-                "lbbsp_train(keys=...) takes a fl_lbbsp.contract.RecordKeys, e.g. "
-                "keys=RecordKeys(batch_size='bs'), or a mapping of its field names "
-                f"(batch_size, local_steps, lr, ...) to record keys: {reasons}"
-            ) from None
-    raise TypeError(
-        "lbbsp_train(keys=...) takes a fl_lbbsp.contract.RecordKeys, e.g. "
-        f"keys=RecordKeys(batch_size='bs'), not {type(keys).__name__}"
-    )
+    """``keys`` as RecordKeys (:meth:`RecordKeys.of`); every mistake a TypeError."""
+    try:
+        return RecordKeys.of(keys, owner="lbbsp_train(keys=...)")
+    except ValidationError as err:  # an unknown field, a name that is not a string
+        reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise TypeError(
+            "lbbsp_train(keys=...) takes a fl_lbbsp.contract.RecordKeys, e.g. "
+            "keys=RecordKeys(batch_size='bs'), or a mapping of its field names "
+            f"(batch_size, local_steps, lr, ...) to record keys: {reasons}"
+        ) from None
 
 
 def _check_function(function: object) -> None:

@@ -228,19 +228,10 @@ def record_keys(keys: object) -> RecordKeys:
     InvalidSettingError
         The mapping names a field RecordKeys does not have, or a name is empty.
     """
-    if keys is None:
-        return RecordKeys()
-    if isinstance(keys, RecordKeys):
-        return keys
-    if isinstance(keys, Mapping):
-        try:
-            return RecordKeys(**dict(keys))
-        except ValidationError as err:
-            raise setting_error(err, owner="keys") from err
-    raise TypeError(
-        f"keys must be a fl_lbbsp.contract.RecordKeys or a mapping of its fields to names, "
-        f"got {type(keys).__name__}"
-    )
+    try:
+        return RecordKeys.of(keys, owner="a strategy's keys=...")
+    except ValidationError as err:
+        raise setting_error(err, owner="keys") from err
 
 
 def split_settings(
