@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TelemetryWriter", "read_telemetry"]
+from pydantic import BaseModel
+
+__all__ = ["TelemetryWriter", "read_telemetry", "start_telemetry"]
+
+log = logging.getLogger("fl_lbbsp")
 
 
 class TelemetryWriter:
@@ -69,6 +74,21 @@ class TelemetryWriter:
             tmp.write_text("".join(kept), encoding="utf-8")
             os.replace(tmp, self.path)
         return dropped
+
+
+def start_telemetry(path: Path, config: BaseModel, *, resume: bool = False) -> None:
+    """Start a run's telemetry file at ``path`` afresh, with the run's config as its first
+    event.
+
+    With ``resume`` (a run that resumes from a checkpoint) an existing file is kept: the
+    strategy continues it and drops the events of rounds after its checkpoint.
+    """
+    if resume and path.exists():
+        log.info("resuming from a checkpoint: telemetry %s is continued", path)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    TelemetryWriter(path).write({"event": "config", **config.model_dump(mode="json")})
 
 
 def read_telemetry(path: str | Path) -> list[dict[str, Any]]:

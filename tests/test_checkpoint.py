@@ -22,7 +22,6 @@ from fl_lbbsp.cli import main
 from fl_lbbsp.clients.app import SiloSetup, make_client_app
 from fl_lbbsp.clients.cluster import WorkerSetup, make_worker_app
 from fl_lbbsp.models import build_model
-from fl_lbbsp.runs.engine import start_telemetry
 from fl_lbbsp.runs.fl import SimulationConfig, make_strategy
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg
@@ -31,6 +30,7 @@ from fl_lbbsp.strategies.checkpoint import (
     CheckpointStore,
     save_checkpoint,
 )
+from fl_lbbsp.telemetry import start_telemetry
 
 pytestmark = pytest.mark.usefixtures("flower_task")
 

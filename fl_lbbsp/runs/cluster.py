@@ -11,14 +11,18 @@ import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from flwr.app import ArrayRecord
 from pydantic import Field, model_validator
 
 from ..clients.cluster import WorkerSetup, make_worker_app
 from ..clients.silo_setup import SiloSetup, initial_model
+from ..strategies.checkpoint import resume_from
 from ..strategies.cluster import LBBSPCluster
 from ..strategies.engine_strategy import EngineStrategy
+from ..telemetry import start_telemetry
 from .config import RunSettings
-from .engine import ResolvedRun, check_key_files, execute, prepare_run
+from .engine import ResolvedRun, check_key_files, execute
+from .resume import run_record
 
 __all__ = [
     "ClusterConfig",
@@ -147,19 +151,40 @@ def make_cluster_strategy(config: ClusterConfig) -> EngineStrategy:
 
 
 def resolve_cluster(config: ClusterConfig) -> ResolvedRun[EngineStrategy]:
-    """The run's parts, each built once, everything checked before Flower starts: the
-    data source and the initial model, the parameter-server strategy, the workers'
-    ClientApp and the telemetry (:func:`~fl_lbbsp.runs.engine.prepare_run`)."""
-    return prepare_run(
-        config,
-        initial=initial_model(
-            SiloSetup(dataset=config.dataset, seed=config.seed, model=config.model)
-        ),
-        strategy=make_cluster_strategy(config),
-        client_app=make_worker_app(config.worker_setup()),
+    """The run's parts, each built once, everything checked before Flower starts, top
+    down as :func:`~fl_lbbsp.runs.fl.resolve`: the checkpoint folder; the
+    parameter-server strategy, the initial model and where the run resumes
+    (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`); the workers' ClientApp; the
+    telemetry.
+
+    Raises
+    ------
+    CheckpointError
+        A checkpoint folder that cannot be written, or a resume that differs from the run
+        that wrote the checkpoint (each differing field named with both values).
+    CheckpointInvalidError
+        A checkpoint that fails validation or that the strategy cannot restore.
+    KeyFileError
+        Missing or mismatched key files.
+    """
+    setup, telemetry = config.worker_setup(), config.telemetry_path()
+    record = run_record(config)
+    strategy = make_cluster_strategy(config)
+    initial = initial_model(SiloSetup(dataset=config.dataset, seed=config.seed, model=config.model))
+    arrays = ArrayRecord(initial.model.state_dict())
+    resume = resume_from(strategy, run=record, max_silos=config.workers, initial_arrays=arrays)
+    client_app = make_worker_app(setup)
+    start_telemetry(telemetry, config, resume=resume is not None)
+    return ResolvedRun(
+        strategy=strategy,
+        client_app=client_app,
+        telemetry=telemetry,
+        initial=initial,
         rounds=config.iterations,
-        every=config.eval_every,
+        evaluate_every=config.eval_every if config.encrypt is None else None,
+        nodes=config.workers,
         parallel=config.parallel,
+        resume=resume,
     )
 
 

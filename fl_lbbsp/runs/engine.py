@@ -1,8 +1,9 @@
-"""What every simulated run does around Flower: its configuration resolved once into the
-parts that run it (:class:`ResolvedRun`: strategy, ClientApp, telemetry, initial model),
-with everything that can be checked before round 1 checked (:func:`prepare_run`); the
-ServerApp's body with central evaluation (:func:`start_rounds`); and the parts run in this
-process or on Flower's Simulation Engine (:func:`execute`, :func:`run_engine`)."""
+"""What every simulated run does around Flower: the parts its configuration resolves into
+once (:class:`ResolvedRun`: strategy, ClientApp, telemetry, initial model, resume point;
+built by :func:`fl_lbbsp.runs.fl.resolve` and :func:`fl_lbbsp.runs.cluster.resolve_cluster`),
+the CKKS key files checked before a strategy is built (:func:`check_key_files`), the
+ServerApp's body with central evaluation (:func:`start_rounds`), and the parts run in this
+process or on Flower's Simulation Engine (:func:`execute`, :func:`run_apps`)."""
 
 from __future__ import annotations
 
@@ -18,17 +19,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
-from pydantic import BaseModel
 
 from ..clients.silo_setup import InitialModel
 from ..clients.trainer import evaluate
 from ..datasets import ArrayDataset
 from ..strategies import EngineStrategy
 from ..strategies.checkpoint import ResumePoint
-from ..telemetry import TelemetryWriter, read_telemetry
-from .config import RunSettings
+from ..telemetry import read_telemetry
 from .inprocess import run_in_process
-from .resume import resume_run
 
 if TYPE_CHECKING:
     from ..crypto import CKKSKeys
@@ -40,12 +38,11 @@ __all__ = [
     "central_evaluation",
     "check_key_files",
     "execute",
-    "prepare_run",
     "ray_init_args",
+    "run_apps",
     "run_engine",
     "server_app",
     "start_rounds",
-    "start_telemetry",
 ]
 
 log = logging.getLogger("fl_lbbsp")
@@ -61,8 +58,8 @@ process (:func:`~fl_lbbsp.runs.inprocess.run_in_process`)."""
 class ResolvedRun(Generic[S]):
     """A run's configuration resolved once: every part built once, every check passed.
 
-    Built by :func:`prepare_run`; the ServerApp's body (:func:`start_rounds`) and the
-    runtimes (:func:`execute`) take it as it is.
+    Built by a runner's resolve (:func:`fl_lbbsp.runs.fl.resolve`); the ServerApp's body
+    (:func:`start_rounds`) and the runtimes (:func:`execute`) take it as it is.
 
     Attributes
     ----------
@@ -86,7 +83,7 @@ class ResolvedRun(Generic[S]):
         ClientApps computing at once on the Simulation Engine.
     resume : ResumePoint | None (default: None)
         The checkpoint the run resumes from, validated and restored into ``strategy``
-        (:func:`~fl_lbbsp.runs.resume.resume_run`); ``None``: a fresh start.
+        (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`); ``None``: a fresh start.
     """
 
     strategy: S
@@ -113,11 +110,22 @@ def execute(run: ResolvedRun[S], *, runtime: Runtime = "ray") -> list[dict[str, 
         (:func:`~fl_lbbsp.runs.inprocess.run_in_process`), the machines one after the
         other in this process (messages still serialised), with no engine start-up.
     """
-    if runtime == "inprocess":
-        run_in_process(server_app(run), run.client_app, num_nodes=run.nodes)
-    else:
-        run_engine(server_app(run), run.client_app, num_supernodes=run.nodes, parallel=run.parallel)
+    run_apps(
+        server_app(run), run.client_app, runtime=runtime, nodes=run.nodes, parallel=run.parallel
+    )
     return read_telemetry(run.telemetry)
+
+
+def run_apps(
+    server_app: ServerApp, client_app: ClientApp, *, runtime: Runtime, nodes: int, parallel: int
+) -> None:
+    """Run a ServerApp and its ClientApp on ``nodes`` machines: on Flower's Simulation
+    Engine (:func:`run_engine`, ``parallel`` ClientApps computing at once) or in this
+    process (:func:`~fl_lbbsp.runs.inprocess.run_in_process`, one after the other)."""
+    if runtime == "inprocess":
+        run_in_process(server_app, client_app, num_nodes=nodes)
+    else:
+        run_engine(server_app, client_app, num_supernodes=nodes, parallel=parallel)
 
 
 def server_app(run: ResolvedRun[S]) -> ServerApp:
@@ -163,14 +171,7 @@ def central_evaluation(
             return None
         model.load_state_dict(arrays.to_torch_state_dict())
         loss, accuracy = evaluate(model, x, y)
-        strategy.telemetry.evaluation(
-            scheme=strategy.scheme,
-            server_round=server_round,
-            loss=loss,
-            accuracy=accuracy,
-            federated=False,
-        )
-        log.info("[%s] round %d | test accuracy %.4f", strategy.scheme, server_round, accuracy)
+        strategy.record_evaluation(server_round, loss=loss, accuracy=accuracy, federated=False)
         return MetricRecord({"loss": loss, "accuracy": accuracy})
 
     return evaluate_global
@@ -191,77 +192,6 @@ def check_key_files(key_dir: Path) -> CKKSKeys:
     server = load_server_keys(key_dir)
     load_silo_keys(key_dir, fingerprint=server.fingerprint)
     return server
-
-
-def prepare_run(
-    config: RunSettings,
-    *,
-    initial: InitialModel,
-    strategy: S,
-    client_app: ClientApp,
-    rounds: int,
-    every: int = 1,
-    parallel: int,
-) -> ResolvedRun[S]:
-    """Check everything that can be checked before round 1, start the telemetry and
-    return the run's parts.
-
-    The checkpoint folder and a resume are checked against the initial model, the
-    checkpoint restored
-    into ``strategy`` once (:func:`~fl_lbbsp.runs.resume.resume_run`). The strategy's
-    keys (encrypted runs) were checked as it was built (:func:`check_key_files`).
-
-    Parameters
-    ----------
-    config : RunSettings
-        The run's settings (its config is the telemetry's first event).
-    strategy : EngineStrategy
-        The run's strategy.
-    client_app : ClientApp
-        What every silo or worker runs.
-    rounds : int
-        Rounds or iterations.
-    every : int (default: 1)
-        Central evaluation every this many rounds (not for encrypted runs).
-    parallel : int
-        ClientApps computing at once on the Simulation Engine.
-
-    Raises
-    ------
-    CheckpointError
-        A checkpoint folder that cannot be written, or a resume that differs from the
-        run that wrote the checkpoint (each differing field named with both values).
-    CheckpointInvalidError
-        A checkpoint that fails validation or that the strategy cannot restore.
-    """
-    resume = resume_run(config, strategy, ArrayRecord(initial.model.state_dict()))
-    telemetry = config.telemetry_path()
-    start_telemetry(telemetry, config, resume=resume is not None)
-    return ResolvedRun(
-        strategy=strategy,
-        client_app=client_app,
-        telemetry=telemetry,
-        initial=initial,
-        rounds=rounds,
-        evaluate_every=every if config.encrypt is None else None,
-        nodes=config.size,
-        parallel=parallel,
-        resume=resume,
-    )
-
-
-def start_telemetry(path: Path, config: BaseModel, *, resume: bool = False) -> None:
-    """Start a fresh telemetry file at ``path`` with the run's config as first event.
-
-    With ``resume`` (a run that resumes from a checkpoint) an existing file is kept: the
-    strategy continues it and drops the events of rounds after its checkpoint.
-    """
-    if resume and path.exists():
-        log.info("resuming from a checkpoint: telemetry %s is continued", path)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    TelemetryWriter(path).write({"event": "config", **config.model_dump(mode="json")})
 
 
 def ray_init_args(cpus: int) -> dict[str, Any]:

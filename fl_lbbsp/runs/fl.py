@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
+from flwr.app import ArrayRecord
 from pydantic import Field, computed_field, model_validator
 
 from ..clients.app import make_client_app
@@ -15,8 +16,11 @@ from ..clients.silo_setup import SiloSetup, initial_model, silo_data
 from ..core.silo_keys import check_silo_keys
 from ..datasets import DataSourceError, PartitionText
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
+from ..strategies.checkpoint import resume_from
+from ..telemetry import start_telemetry
 from .config import RunSettings, check_schedule_order
-from .engine import ResolvedRun, Runtime, check_key_files, execute, prepare_run
+from .engine import ResolvedRun, Runtime, check_key_files, execute
+from .resume import run_record
 
 __all__ = [
     "SCHEMES",
@@ -221,21 +225,17 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     With ``config.encrypt`` it is :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`
     with federated evaluation on every silo, on the public context loaded once, after the
     silos' secret context is checked to match it (:func:`~fl_lbbsp.runs.engine.check_key_files`).
+    With ``config.silo_registry`` the strategy checks every reply's signature against the
+    folder's registry (:func:`resolve` checks the silos' key files against it).
 
     Raises
     ------
     IdentityError
-        A silo registry whose silos' key files do not match it.
+        A silo registry that cannot be read.
     KeyFileError
-        Missing or mismatched key files.
+        Missing or mismatched CKKS key files.
     """
-    # The key material first, each file loaded once: the CKKS public context (the silos'
-    # secret context checked against it) and the silo registry (every silo's key checked).
     he_keys = None if config.encrypt is None else check_key_files(config.encrypt)
-    registry = None
-    if config.silo_registry is not None:
-        silos = [str(k) for k in range(config.silos)]
-        registry = check_silo_keys(config.silo_registry, silos)
     settings: dict[str, Any] = {
         **config.strategy_settings(),
         "local_steps": config.local_steps,
@@ -246,8 +246,8 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     }
     if config.scheme == "partial":
         settings["replies"] = config.partial_replies
-    if registry is not None:
-        settings["silo_registry"] = registry
+    if config.silo_registry is not None:
+        settings["silo_registry"] = config.silo_registry
     if he_keys is None:
         strategy = _STRATEGIES[config.scheme]
         return strategy(fraction_evaluate=0.0, **settings)
@@ -266,19 +266,36 @@ def resolve(
 ) -> ResolvedRun[LBBSPFedAvg]:
     """The run's parts, each built once, everything checked before Flower starts.
 
-    The strategy (``strategy``, e.g. one the caller observes, else :func:`make_strategy`);
-    the data source loads and every silo's partition is made (a bad path, or a split the
-    data cannot give, is reported here); then the silos' ClientApp and the initial model
-    (:func:`~fl_lbbsp.clients.silo_setup.initial_model`), and the resume point and the
-    telemetry (:func:`~fl_lbbsp.runs.engine.prepare_run`).
+    Top down: the runner's own checks (the checkpoint folder and the run it records,
+    :func:`~fl_lbbsp.runs.resume.run_record`); the server's side: the strategy
+    (``strategy``, e.g. one the caller observes, else :func:`make_strategy`), the initial
+    model (:func:`~fl_lbbsp.clients.silo_setup.initial_model`) and where the run resumes,
+    validated and restored into the strategy once
+    (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`); the silos' side: every
+    partition (a split the data cannot give is reported here), their ClientApp and, with
+    a silo registry, their signing keys; last the telemetry, started with the config
+    (continued on a resume).
 
     Raises
     ------
     DataSourceError
         A data source that cannot be read, or a partition it cannot give.
+    CheckpointError
+        A checkpoint folder that cannot be written, or a resume that differs from the run
+        that wrote the checkpoint (each differing field named with both values).
+    CheckpointInvalidError
+        A checkpoint that fails validation or that the strategy cannot restore.
+    IdentityError
+        A silo registry that cannot be read, or a silo's key file that does not match it.
+    KeyFileError
+        Missing or mismatched CKKS key files.
     """
-    setup = config.silo_setup()
+    setup, telemetry = config.silo_setup(), config.telemetry_path()
+    record = run_record(config)
     strategy = strategy or make_strategy(config)
+    initial = initial_model(setup)
+    arrays = ArrayRecord(initial.model.state_dict())
+    resume = resume_from(strategy, run=record, max_silos=config.silos, initial_arrays=arrays)
     try:  # partitions every silo's data (cached), refusing a split the data cannot give
         silo_data(setup, 0)
     except DataSourceError:
@@ -286,15 +303,19 @@ def resolve(
     except ValueError as err:
         raise DataSourceError(f"--partition {config.partition}: {err}") from None
     client_app = make_client_app(setup)
-    initial = initial_model(setup)
-    # Every silo runs at once; the compute slots let `parallel` compute at a time.
-    return prepare_run(
-        config,
-        initial=initial,
+    if config.silo_registry is not None:  # the silos sign with the folder's key files
+        check_silo_keys(config.silo_registry, [str(k) for k in range(config.silos)])
+    start_telemetry(telemetry, config, resume=resume is not None)
+    return ResolvedRun(
         strategy=strategy,
         client_app=client_app,
+        telemetry=telemetry,
+        initial=initial,
         rounds=config.rounds,
-        parallel=config.silos,
+        evaluate_every=1 if config.encrypt is None else None,
+        nodes=config.silos,
+        parallel=config.silos,  # every silo at once; the compute slots let `parallel` compute
+        resume=resume,
     )
 
 

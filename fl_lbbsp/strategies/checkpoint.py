@@ -45,7 +45,8 @@ from .checkpoint_file import (
     load_checkpoint_key,
     write_checkpoint_key,
 )
-from .checkpoint_model import MAX_MODEL_GROWTH, check_model, check_records
+from .checkpoint_model import MAX_MODEL_GROWTH, check_arrays
+from .checkpoint_run import RUN_FILE, RunRecord
 from .checkpoint_schema import (
     CheckpointError,
     CheckpointInvalidError,
@@ -56,12 +57,14 @@ from .checkpoint_schema import (
 __all__ = [
     "FORMAT_VERSION",
     "MAX_MODEL_GROWTH",
+    "RUN_FILE",
     "Checkpoint",
     "CheckpointError",
     "CheckpointInvalidError",
     "CheckpointKeyError",
     "CheckpointStore",
     "ResumePoint",
+    "RunRecord",
     "check_arrays",
     "check_compatible",
     "limits_of",
@@ -226,54 +229,18 @@ def resume_point(
         If the newest readable checkpoint's contents fail validation against the
         strategy's bounds (:func:`limits_of`) or its model is not the strategy's.
     """
+    limits = limits_of(strategy, max_silos=max_silos)
+    encrypted = _encrypted(strategy)
     store = store if store is not None else store_of(strategy)
     checkpoint = None if store is None else store.latest()
     if checkpoint is not None:
         validate_checkpoint(
-            checkpoint.manifest,
-            checkpoint.state,
-            where=str(checkpoint.path),
-            limits=limits_of(strategy, max_silos=max_silos),
+            checkpoint.manifest, checkpoint.state, where=str(checkpoint.path), limits=limits
         )
         check_compatible(checkpoint, strategy)
         if initial_arrays is not None:
-            check_arrays(checkpoint, initial_arrays, encrypted=_encrypted(strategy))
+            check_arrays(checkpoint, initial_arrays, encrypted=encrypted)
     return checkpoint
-
-
-def check_arrays(
-    checkpoint: Checkpoint,
-    initial_arrays: ArrayRecord,
-    *,
-    encrypted: bool = False,
-    max_growth: float = MAX_MODEL_GROWTH,
-) -> None:
-    """Refuse a checkpoint whose model (and array state) the strategy cannot take.
-
-    Plaintext: the initial model's names in order, shapes and dtypes; every value finite;
-    an L2 norm at most ``max_growth`` times the initial model's (or 1, if larger). An
-    encrypted model (only for an ``encrypted`` strategy): a readable encrypted record of
-    the initial model's layout. The array state (momentum buffers, kept aggregates) is
-    checked alike (:func:`~fl_lbbsp.strategies.checkpoint_model.check_records`).
-
-    Raises
-    ------
-    CheckpointInvalidError
-        Naming the first array that fails, e.g. ``arrays.w: shape [3, 4], the model's is
-        [30, 4]``.
-    """
-    where = str(checkpoint.path)
-    check_model(
-        checkpoint.arrays,
-        initial_arrays,
-        where=where,
-        field="arrays",
-        encrypted=encrypted,
-        max_growth=max_growth,
-    )
-    check_records(
-        checkpoint.records, initial_arrays, where=where, encrypted=encrypted, max_growth=max_growth
-    )
 
 
 def restore(strategy: Checkpointable, checkpoint: Checkpoint) -> None:
@@ -315,24 +282,41 @@ class ResumePoint:
 def resume_from(
     strategy: Checkpointable,
     *,
-    store: CheckpointStore,
+    store: CheckpointStore | None = None,
+    run: RunRecord | None = None,
     max_silos: int | None = None,
     initial_arrays: ArrayRecord | None = None,
 ) -> ResumePoint | None:
     """The newest checkpoint in ``store``, validated (:func:`resume_point`) and restored
-    into ``strategy`` (:func:`restore`); ``None``: ``store`` holds none, a fresh start.
+    into ``strategy`` (:func:`restore`); ``None``: a fresh start (no checkpoint there).
+    ``store=None``: the strategy's own checkpoint folder (:func:`store_of`), if any.
+
+    With ``run`` (a runner's run, :class:`~fl_lbbsp.strategies.checkpoint_run.RunRecord`)
+    the checkpoints must be that run's: a folder with checkpoints must record the same
+    settings (checked first), a resumed run keeps the telemetry of its earlier rounds
+    (copied from the recorded run's output folder when it moved), and the record is
+    written when the run starts afresh or the folder had none.
 
     Raises
     ------
     CheckpointError
-        As :func:`resume_point`.
+        As :func:`resume_point`; with ``run``: a recorded run of other settings, an
+        unreadable record, or a resume without the telemetry of its earlier rounds.
     CheckpointInvalidError
         As :func:`resume_point` and :func:`restore`.
     """
+    store = store if store is not None else store_of(strategy)
+    if store is None or not store.rounds():
+        if run is not None:
+            run.write()
+        return None
+    earlier = None if run is None else run.check_same()
     checkpoint = resume_point(
         strategy, store=store, max_silos=max_silos, initial_arrays=initial_arrays
     )
     if checkpoint is None:
         return None
     restore(strategy, checkpoint)
+    if run is not None:
+        run.keep(earlier, after_round=checkpoint.server_round)
     return ResumePoint(checkpoint, store)

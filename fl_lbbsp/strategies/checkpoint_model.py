@@ -14,15 +14,16 @@ server's initial model and kept aggregates) is checked the same way.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord
 
 from ..contract import is_encrypted
+from .checkpoint_file import Checkpoint
 from .checkpoint_schema import CheckpointInvalidError
 
-__all__ = ["MAX_MODEL_GROWTH", "check_model", "check_records"]
+__all__ = ["MAX_MODEL_GROWTH", "check_arrays"]
 
 MAX_MODEL_GROWTH = 1000.0
 """Largest ratio of a checkpoint model's L2 norm to the initial model's (or to 1, when the
@@ -60,50 +61,66 @@ def _norm(values: Sequence[np.ndarray]) -> float:
 def _check_encrypted(record: ArrayRecord, initial: ArrayRecord, where: str, field: str) -> None:
     from ..crypto.records import update_from_record  # tenseal: encrypted strategies only
 
+    expected = _layout(initial)
     try:
         update = update_from_record(record)
     except Exception as err:  # noqa: BLE001 - any unreadable ciphertext record
         raise _refuse(where, field, f"not a readable encrypted model ({err})"[:300]) from None
     found = [(s.name, tuple(s.shape), str(np.dtype(s.dtype))) for s in update.layout]
-    expected = _layout(initial)
     if found != expected:
         raise _refuse(where, field, "its encrypted layout is not the model's")
 
 
-def check_model(
-    arrays: ArrayRecord,
-    initial: ArrayRecord,
+def check_arrays(
+    checkpoint: Checkpoint,
+    initial_arrays: ArrayRecord,
     *,
-    where: str,
-    field: str,
-    encrypted: bool,
+    encrypted: bool = False,
     max_growth: float = MAX_MODEL_GROWTH,
 ) -> None:
-    """Refuse a checkpoint's model that the strategy cannot start from.
+    """Refuse a checkpoint whose model (and array state) the strategy cannot take.
 
-    Parameters
-    ----------
-    arrays : ArrayRecord
-        The checkpoint's model (or a record of the same layout).
-    initial : ArrayRecord
-        The strategy's initial model (plaintext).
-    where, field : str
-        The checkpoint's path and the record's name, for the message.
-    encrypted : bool
-        Whether the strategy's model is encrypted (then an encrypted record is allowed).
-    max_growth : float (default: MAX_MODEL_GROWTH)
-        Largest ratio of the model's L2 norm to ``max(1, the initial model's)``.
+    The model (``arrays``): plaintext, the initial model's names in order, shapes and
+    dtypes, every value finite, an L2 norm at most ``max_growth`` times the initial
+    model's (or 1, if larger); encrypted (only for an ``encrypted`` strategy), a readable
+    encrypted record of the initial model's layout. The array state, record by record:
+    ``optimizer`` (momentum buffers) must have the model's shapes in order and finite,
+    bounded values; a record of the model's names, or an encrypted one, is checked as a
+    model; any other plaintext record must be finite. The plaintext records are checked
+    first, the encrypted ones (decoded) last.
 
     Raises
     ------
     CheckpointInvalidError
-        Naming the first array (or the record) that fails.
+        Naming the first array that fails, e.g. ``arrays.w: shape [3, 4], the model's is
+        [30, 4]``.
     """
-    if is_encrypted(arrays):
-        if not encrypted:
-            raise _refuse(where, field, "an encrypted model, but this strategy's is plaintext")
-        _check_encrypted(arrays, initial, where, field)
-        return
+    where, names = str(checkpoint.path), list(initial_arrays)
+    records = [("arrays", checkpoint.arrays)]
+    records += [(f"records.{name[:40]}", record) for name, record in checkpoint.records.items()]
+    sealed = []
+    for field, record in records:
+        if is_encrypted(record):
+            if not encrypted:
+                raise _refuse(where, field, "an encrypted model, but this strategy's is plaintext")
+            sealed.append((field, record))
+        elif field == "arrays" or list(record) == names:
+            _check_plain(record, initial_arrays, where=where, field=field, max_growth=max_growth)
+        elif field == f"records.{_OPTIMIZER}":
+            shapes = [tuple(record[k].shape) for k in sorted(record)]
+            if shapes != [tuple(initial_arrays[k].shape) for k in names]:
+                raise _refuse(where, field, "momentum buffers not of the model's shapes")
+            reference = _values(initial_arrays, where, "initial")
+            _check_norm(_values(record, where, field), reference, where, field, max_growth)
+        else:
+            _values(record, where, field)
+    for field, record in sealed:
+        _check_encrypted(record, initial_arrays, where, field)
+
+
+def _check_plain(
+    arrays: ArrayRecord, initial: ArrayRecord, *, where: str, field: str, max_growth: float
+) -> None:
     found, expected = _layout(arrays), _layout(initial)
     if [n for n, _, _ in found] != [n for n, _, _ in expected]:
         names = [n[:40] for n, _, _ in found][:8]
@@ -137,45 +154,3 @@ def _check_norm(
             f"L2 norm {norm:.4g} is over {bound:.4g} ({max_growth:g} times the initial "
             "model's, or 1)",
         )
-
-
-def check_records(
-    records: Mapping[str, ArrayRecord],
-    initial: ArrayRecord,
-    *,
-    where: str,
-    encrypted: bool,
-    max_growth: float = MAX_MODEL_GROWTH,
-) -> None:
-    """Refuse a checkpoint's array state that the strategy cannot take.
-
-    ``optimizer`` (momentum buffers) must have the model's shapes in order and finite,
-    bounded values; a record of the model's names is checked as a model
-    (:func:`check_model`); an encrypted record (only for an ``encrypted`` strategy) must
-    have the model's layout; any other plaintext record must be finite.
-
-    Raises
-    ------
-    CheckpointInvalidError
-        Naming the first record or array that fails.
-    """
-    names = list(initial)
-    for name, record in records.items():
-        field = f"records.{name[:40]}"
-        if is_encrypted(record) or list(record) == names:
-            check_model(
-                record,
-                initial,
-                where=where,
-                field=field,
-                encrypted=encrypted,
-                max_growth=max_growth,
-            )
-        elif name == _OPTIMIZER:
-            shapes = [tuple(record[k].shape) for k in sorted(record)]
-            if shapes != [tuple(initial[k].shape) for k in names]:
-                raise _refuse(where, field, "momentum buffers not of the model's shapes")
-            reference = _values(initial, where, "initial")
-            _check_norm(_values(record, where, field), reference, where, field, max_growth)
-        else:
-            _values(record, where, field)

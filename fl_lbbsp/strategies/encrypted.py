@@ -359,16 +359,7 @@ def log_federated_evaluation(
         return
     accuracy = float(metrics[EVAL_ACCURACY])  # type: ignore[arg-type]
     loss = float(metrics.get(EVAL_LOSS, math.nan))  # type: ignore[arg-type]
-    strategy.telemetry.evaluation(
-        scheme=strategy.scheme,
-        server_round=server_round,
-        loss=loss,
-        accuracy=accuracy,
-        federated=True,
-    )
-    log.info(
-        "[%s] round %d | federated test accuracy %.4f", strategy.scheme, server_round, accuracy
-    )
+    strategy.record_evaluation(server_round, loss=loss, accuracy=accuracy, federated=True)
 
 
 def log_keys(he_keys: CKKSKeys) -> None:

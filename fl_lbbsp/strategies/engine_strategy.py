@@ -135,6 +135,22 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
         self.log_settings()
         super().summary()
 
+    def record_evaluation(
+        self, server_round: int, *, loss: float, accuracy: float, federated: bool
+    ) -> None:
+        """One ``evaluate`` telemetry event and log line for the global model's test
+        accuracy: evaluated by the server on the held-out split, or (``federated``) by the
+        silos on their shares of it."""
+        self.telemetry.evaluation(
+            scheme=self.scheme,
+            server_round=server_round,
+            loss=loss,
+            accuracy=accuracy,
+            federated=federated,
+        )
+        where = "federated " if federated else ""
+        log.info("[%s] round %d | %stest accuracy %.4f", self.scheme, server_round, where, accuracy)
+
     # ---------------------------------------------------------------- training
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
