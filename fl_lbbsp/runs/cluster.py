@@ -21,8 +21,7 @@ from ..strategies.cluster import LBBSPCluster
 from ..strategies.engine_strategy import EngineStrategy
 from ..telemetry import start_telemetry
 from .config import RunSettings
-from .engine import ResolvedRun, check_key_files, execute
-from .resume import run_record
+from .engine import ResolvedRun, check_key_files, execute, plan_run
 
 __all__ = [
     "ClusterConfig",
@@ -152,7 +151,8 @@ def make_cluster_strategy(config: ClusterConfig) -> EngineStrategy:
 
 def resolve_cluster(config: ClusterConfig) -> ResolvedRun[EngineStrategy]:
     """The run's parts, each built once, everything checked before Flower starts, top
-    down as :func:`~fl_lbbsp.runs.fl.resolve`: the checkpoint folder; the
+    down as :func:`~fl_lbbsp.runs.fl.resolve`: the plan and the checkpoint folder
+    (:func:`~fl_lbbsp.runs.engine.plan_run`); the
     parameter-server strategy, the initial model and where the run resumes
     (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`); the workers' ClientApp; the
     telemetry.
@@ -167,24 +167,18 @@ def resolve_cluster(config: ClusterConfig) -> ResolvedRun[EngineStrategy]:
     KeyFileError
         Missing or mismatched key files.
     """
-    setup, telemetry = config.worker_setup(), config.telemetry_path()
-    record = run_record(config)
+    setup = config.worker_setup()
+    plan = plan_run(
+        config, rounds=config.iterations, every=config.eval_every, parallel=config.parallel
+    )
     strategy = make_cluster_strategy(config)
     initial = initial_model(SiloSetup(dataset=config.dataset, seed=config.seed, model=config.model))
     arrays = ArrayRecord(initial.model.state_dict())
-    resume = resume_from(strategy, run=record, max_silos=config.workers, initial_arrays=arrays)
+    resume = resume_from(strategy, run=plan.record, max_silos=plan.nodes, initial_arrays=arrays)
     client_app = make_worker_app(setup)
-    start_telemetry(telemetry, config, resume=resume is not None)
+    start_telemetry(plan.telemetry, config, resume=resume is not None)
     return ResolvedRun(
-        strategy=strategy,
-        client_app=client_app,
-        telemetry=telemetry,
-        initial=initial,
-        rounds=config.iterations,
-        evaluate_every=config.eval_every if config.encrypt is None else None,
-        nodes=config.workers,
-        parallel=config.parallel,
-        resume=resume,
+        plan=plan, strategy=strategy, initial=initial, client_app=client_app, resume=resume
     )
 
 

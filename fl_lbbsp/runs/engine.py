@@ -24,9 +24,11 @@ from ..clients.silo_setup import InitialModel
 from ..clients.trainer import evaluate
 from ..datasets import ArrayDataset
 from ..strategies import EngineStrategy
-from ..strategies.checkpoint import ResumePoint
+from ..strategies.checkpoint import ResumePoint, RunRecord
 from ..telemetry import read_telemetry
+from .config import RunSettings
 from .inprocess import run_in_process
+from .resume import run_record
 
 if TYPE_CHECKING:
     from ..crypto import CKKSKeys
@@ -34,10 +36,12 @@ if TYPE_CHECKING:
 __all__ = [
     "InitialModel",
     "ResolvedRun",
+    "RunPlan",
     "Runtime",
     "central_evaluation",
     "check_key_files",
     "execute",
+    "plan_run",
     "ray_init_args",
     "run_apps",
     "run_engine",
@@ -55,23 +59,17 @@ process (:func:`~fl_lbbsp.runs.inprocess.run_in_process`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResolvedRun(Generic[S]):
-    """A run's configuration resolved once: every part built once, every check passed.
-
-    Built by a runner's resolve (:func:`fl_lbbsp.runs.fl.resolve`); the ServerApp's body
-    (:func:`start_rounds`) and the runtimes (:func:`execute`) take it as it is.
+class RunPlan:
+    """What a runner decides from its configuration before it builds anything
+    (:func:`plan_run`).
 
     Attributes
     ----------
-    strategy : EngineStrategy
-        The server's strategy (restored from the checkpoint it resumes from, if any).
-    client_app : ClientApp
-        What every silo or worker runs.
     telemetry : Path
-        The run's JSON-lines telemetry, started with its config event (continued on a
-        resume).
-    initial : InitialModel
-        The initial global model (torch seeded with the run's seed) and the test split.
+        The run's JSON-lines telemetry file.
+    record : RunRecord | None
+        The run as its checkpoint folder records it, the folder checked writable
+        (:func:`~fl_lbbsp.runs.resume.run_record`); ``None``: no checkpoints.
     rounds : int
         Rounds (FL) or iterations (cluster) to run.
     evaluate_every : int | None
@@ -81,19 +79,64 @@ class ResolvedRun(Generic[S]):
         Silos or workers.
     parallel : int
         ClientApps computing at once on the Simulation Engine.
+    """
+
+    telemetry: Path
+    record: RunRecord | None
+    rounds: int
+    evaluate_every: int | None
+    nodes: int
+    parallel: int
+
+
+def plan_run(config: RunSettings, *, rounds: int, every: int = 1, parallel: int) -> RunPlan:
+    """The plan of a run of ``config``: its telemetry file, its checkpoint folder (checked
+    here, before anything is built), ``rounds`` rounds or iterations on ``config.size``
+    machines, ``parallel`` of them computing at once, central evaluation every ``every``
+    rounds (none in encrypted runs: the machines evaluate the model).
+
+    Raises
+    ------
+    CheckpointError
+        A checkpoint folder that cannot be written.
+    """
+    return RunPlan(
+        telemetry=config.telemetry_path(),
+        record=run_record(config),
+        rounds=rounds,
+        evaluate_every=every if config.encrypt is None else None,
+        nodes=config.size,
+        parallel=parallel,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedRun(Generic[S]):
+    """A run's configuration resolved once: every part built once, every check passed.
+
+    Built by a runner's resolve (:func:`fl_lbbsp.runs.fl.resolve`); the ServerApp's body
+    (:func:`start_rounds`) and the runtimes (:func:`execute`) take it as it is.
+
+    Attributes
+    ----------
+    plan : RunPlan
+        Its telemetry file (started with the run's config event, continued on a resume),
+        rounds, evaluation, machines.
+    strategy : EngineStrategy
+        The server's strategy (restored from the checkpoint it resumes from, if any).
+    initial : InitialModel
+        The initial global model (torch seeded with the run's seed) and the test split.
+    client_app : ClientApp
+        What every silo or worker runs.
     resume : ResumePoint | None (default: None)
         The checkpoint the run resumes from, validated and restored into ``strategy``
         (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`); ``None``: a fresh start.
     """
 
+    plan: RunPlan
     strategy: S
-    client_app: ClientApp
-    telemetry: Path
     initial: InitialModel
-    rounds: int
-    evaluate_every: int | None
-    nodes: int
-    parallel: int
+    client_app: ClientApp
     resume: ResumePoint | None = None
 
 
@@ -110,10 +153,11 @@ def execute(run: ResolvedRun[S], *, runtime: Runtime = "ray") -> list[dict[str, 
         (:func:`~fl_lbbsp.runs.inprocess.run_in_process`), the machines one after the
         other in this process (messages still serialised), with no engine start-up.
     """
+    plan = run.plan
     run_apps(
-        server_app(run), run.client_app, runtime=runtime, nodes=run.nodes, parallel=run.parallel
+        server_app(run), run.client_app, runtime=runtime, nodes=plan.nodes, parallel=plan.parallel
     )
-    return read_telemetry(run.telemetry)
+    return read_telemetry(plan.telemetry)
 
 
 def run_apps(
@@ -141,19 +185,19 @@ def server_app(run: ResolvedRun[S]) -> ServerApp:
 
 def start_rounds(run: ResolvedRun[S], grid: Grid) -> S:
     """The ServerApp's body of every run: run the strategy on ``grid`` from the initial
-    model for ``run.rounds`` rounds, evaluating the global model on the test split every
-    ``run.evaluate_every`` rounds (encrypted runs: the silos or workers evaluate it);
+    model for ``run.plan.rounds`` rounds, evaluating the global model on the test split
+    every ``run.plan.evaluate_every`` rounds (encrypted runs: the silos or workers evaluate it);
     return the strategy."""
-    strategy, (model, test) = run.strategy, run.initial
+    strategy, (model, test), every = run.strategy, run.initial, run.plan.evaluate_every
     strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
-        num_rounds=run.rounds,
+        num_rounds=run.plan.rounds,
         train_config=ConfigRecord(),
         # Encrypted: the server cannot read the model; the machines evaluate it.
         evaluate_fn=None
-        if run.evaluate_every is None
-        else central_evaluation(strategy, model, test, every=run.evaluate_every),
+        if every is None
+        else central_evaluation(strategy, model, test, every=every),
         resume=run.resume,
     )
     return strategy

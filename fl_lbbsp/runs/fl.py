@@ -19,8 +19,7 @@ from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 from ..strategies.checkpoint import resume_from
 from ..telemetry import start_telemetry
 from .config import RunSettings, check_schedule_order
-from .engine import ResolvedRun, Runtime, check_key_files, execute
-from .resume import run_record
+from .engine import ResolvedRun, Runtime, check_key_files, execute, plan_run
 
 __all__ = [
     "SCHEMES",
@@ -266,10 +265,11 @@ def resolve(
 ) -> ResolvedRun[LBBSPFedAvg]:
     """The run's parts, each built once, everything checked before Flower starts.
 
-    Top down: the runner's own checks (the checkpoint folder and the run it records,
-    :func:`~fl_lbbsp.runs.resume.run_record`); the server's side: the strategy
-    (``strategy``, e.g. one the caller observes, else :func:`make_strategy`), the initial
-    model (:func:`~fl_lbbsp.clients.silo_setup.initial_model`) and where the run resumes,
+    Top down: the runner's plan (its telemetry file, rounds and machines, the checkpoint
+    folder and the run it records: :func:`~fl_lbbsp.runs.engine.plan_run`); the server's
+    side: the strategy (``strategy``, e.g. one the caller observes, else
+    :func:`make_strategy`), the initial model
+    (:func:`~fl_lbbsp.clients.silo_setup.initial_model`) and where the run resumes,
     validated and restored into the strategy once
     (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`); the silos' side: every
     partition (a split the data cannot give is reported here), their ClientApp and, with
@@ -290,12 +290,13 @@ def resolve(
     KeyFileError
         Missing or mismatched CKKS key files.
     """
-    setup, telemetry = config.silo_setup(), config.telemetry_path()
-    record = run_record(config)
+    setup = config.silo_setup()
+    # Every silo runs at once; the compute slots let `parallel` compute at a time.
+    plan = plan_run(config, rounds=config.rounds, parallel=config.silos)
     strategy = strategy or make_strategy(config)
     initial = initial_model(setup)
     arrays = ArrayRecord(initial.model.state_dict())
-    resume = resume_from(strategy, run=record, max_silos=config.silos, initial_arrays=arrays)
+    resume = resume_from(strategy, run=plan.record, max_silos=plan.nodes, initial_arrays=arrays)
     try:  # partitions every silo's data (cached), refusing a split the data cannot give
         silo_data(setup, 0)
     except DataSourceError:
@@ -305,17 +306,9 @@ def resolve(
     client_app = make_client_app(setup)
     if config.silo_registry is not None:  # the silos sign with the folder's key files
         check_silo_keys(config.silo_registry, [str(k) for k in range(config.silos)])
-    start_telemetry(telemetry, config, resume=resume is not None)
+    start_telemetry(plan.telemetry, config, resume=resume is not None)
     return ResolvedRun(
-        strategy=strategy,
-        client_app=client_app,
-        telemetry=telemetry,
-        initial=initial,
-        rounds=config.rounds,
-        evaluate_every=1 if config.encrypt is None else None,
-        nodes=config.silos,
-        parallel=config.silos,  # every silo at once; the compute slots let `parallel` compute
-        resume=resume,
+        plan=plan, strategy=strategy, initial=initial, client_app=client_app, resume=resume
     )
 
 
