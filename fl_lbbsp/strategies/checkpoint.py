@@ -255,10 +255,8 @@ def restore(strategy: Checkpointable, checkpoint: Checkpoint) -> None:
     try:
         strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
     except Exception as err:  # noqa: BLE001 - whatever the strategy cannot restore is refused
-        message = " ".join(f"{type(err).__name__}: {err}".split())[:300]
-        raise CheckpointInvalidError(
-            f"{checkpoint.path}: invalid field state: the strategy cannot restore it ({message})",
-            field="state",
+        raise CheckpointInvalidError.caught(
+            err, where=str(checkpoint.path), field="state", what="the strategy cannot restore it"
         ) from None
 
 

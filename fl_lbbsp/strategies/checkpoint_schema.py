@@ -86,6 +86,14 @@ class CheckpointInvalidError(CheckpointError):
         super().__init__(message)
         self.field = field
 
+    @classmethod
+    def caught(cls, err: Exception, *, where: str, field: str, what: str) -> CheckpointInvalidError:
+        """The refusal of ``field`` for the exception ``err`` its use raised:
+        ``<where>: invalid field <field>: <what> (<type>: <message>)``, the message on
+        one line and at most 300 characters."""
+        message = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        return cls(f"{where}: invalid field {field}: {what} ({message})", field=field)
+
 
 @dataclass(frozen=True)
 class CheckpointLimits:
@@ -288,10 +296,8 @@ def _trial(balancer: Mapping[str, Any], where: str) -> None:
         if bad:
             raise ValueError(f"it allocates batch sizes out of range: {bad}"[:200])
     except Exception as err:  # noqa: BLE001 - whatever the balancer cannot use is refused
-        message = " ".join(f"{type(err).__name__}: {err}".split())[:300]
-        raise CheckpointInvalidError(
-            f"{where}: invalid field state.balancer: the balancer cannot use it ({message})",
-            field="state.balancer",
+        raise CheckpointInvalidError.caught(
+            err, where=where, field="state.balancer", what="the balancer cannot use it"
         ) from None
 
 

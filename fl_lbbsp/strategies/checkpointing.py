@@ -18,14 +18,15 @@ when it has a ``checkpoint_dir``; the file format is
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Result
 
 from .checkpoint import Checkpointable, CheckpointStore, ResumePoint, resume_from, save_checkpoint
+from .round_loop import EvaluateFn, RoundLoop, StartCall
 
 __all__ = ["Checkpointing"]
 
@@ -59,7 +60,7 @@ class CheckpointableStrategy(Checkpointable, Protocol):
         """As :meth:`flwr.serverapp.strategy.Strategy.aggregate_evaluate`."""
 
 
-class Checkpointing(Strategy):
+class Checkpointing(RoundLoop):
     """Checkpoint ``strategy`` after every training round; resume it from the newest one.
 
     Parameters
@@ -69,12 +70,10 @@ class Checkpointing(Strategy):
         ``checkpoint_settings``, ``checkpoint_state`` and ``load_checkpoint_state`` are
         what a checkpoint holds and restores.
     store : CheckpointStore
-        Where the checkpoints are written and the newest is resumed from.
-    resume : ResumePoint | None (default: None)
-        The checkpoint of ``store`` the run resumes from, already validated and restored
-        into ``strategy`` (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`, as a
-        runner resolves it before round 1); ``start`` then reads nothing again.
-        ``None``: ``start`` looks for it in ``store``.
+        Where the checkpoints are written and the newest is resumed from (unless
+        ``start`` is given the checkpoint of ``store`` the run resumes from, already
+        validated and restored into ``strategy``, as a runner resolves it before round 1:
+        :func:`~fl_lbbsp.strategies.checkpoint.resume_from`).
 
     Notes
     -----
@@ -85,17 +84,10 @@ class Checkpointing(Strategy):
     :func:`~fl_lbbsp.strategies.checkpoint.resume_point` has validated it.
     """
 
-    def __init__(
-        self,
-        strategy: CheckpointableStrategy,
-        *,
-        store: CheckpointStore,
-        resume: ResumePoint | None = None,
-    ) -> None:
+    def __init__(self, strategy: CheckpointableStrategy, *, store: CheckpointStore) -> None:
         super().__init__()
         self.strategy = strategy
         self.store = store
-        self.resume = resume
         self.round_offset = 0
         """Rounds done before this run started (the resumed checkpoint's round)."""
         self._sent: ArrayRecord | None = None
@@ -144,17 +136,8 @@ class Checkpointing(Strategy):
         """The wrapped strategy's, in the run's round numbers."""
         return self.strategy.aggregate_evaluate(server_round + self.round_offset, replies)
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Flower's round loop, resumed after the newest valid checkpoint.
+    def run_rounds(self, call: StartCall, *, resume: ResumePoint | None = None) -> Result:
+        """Flower's round loop, resumed after the newest valid checkpoint (``start``).
 
         As :meth:`flwr.serverapp.strategy.Strategy.start`. The run resumes from
         ``resume``, else from the newest checkpoint in the store, validated and restored
@@ -170,14 +153,15 @@ class Checkpointing(Strategy):
         CheckpointInvalidError
             Its contents fail validation, or the wrapped strategy cannot restore them.
         """
-        resume, self.resume = self.resume, None
         if resume is None:
-            resume = resume_from(self.strategy, store=self.store, initial_arrays=initial_arrays)
+            resume = resume_from(
+                self.strategy, store=self.store, initial_arrays=call.initial_arrays
+            )
         done = 0
         if resume is not None:
             checkpoint = resume.checkpoint
             done = checkpoint.server_round
-            initial_arrays = checkpoint.arrays
+            call = call.but(initial_arrays=checkpoint.arrays)
             dropped = self.strategy.telemetry.drop_rounds_after(done)
             log.info(
                 "[%s] resuming from %s: round %d of %d done; the initial arrays passed to "
@@ -185,20 +169,18 @@ class Checkpointing(Strategy):
                 self.strategy.scheme,
                 checkpoint.path,
                 done,
-                num_rounds,
+                call.num_rounds,
                 f"; {dropped} telemetry events of later rounds removed" if dropped else "",
             )
-            if done >= num_rounds:
+            if done >= call.num_rounds:
                 return Result(arrays=checkpoint.arrays)
         self.round_offset = done
-        result = super().start(
-            grid=grid,
-            initial_arrays=initial_arrays,
-            num_rounds=num_rounds - done,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=None if evaluate_fn is None else self._shifted(evaluate_fn),
+        evaluate_fn = call.evaluate_fn
+        result = self.flower_rounds(
+            call.but(
+                num_rounds=call.num_rounds - done,
+                evaluate_fn=None if evaluate_fn is None else self._shifted(evaluate_fn),
+            )
         )
         return Result(
             arrays=result.arrays,
@@ -207,9 +189,7 @@ class Checkpointing(Strategy):
             evaluate_metrics_serverapp=self._shift_keys(result.evaluate_metrics_serverapp),
         )
 
-    def _shifted(
-        self, fn: Callable[[int, ArrayRecord], MetricRecord | None]
-    ) -> Callable[[int, ArrayRecord], MetricRecord | None]:
+    def _shifted(self, fn: EvaluateFn) -> EvaluateFn:
         return lambda server_round, arrays: fn(server_round + self.round_offset, arrays)
 
     def _shift_keys(self, metrics: dict[int, MetricRecord]) -> dict[int, MetricRecord]:

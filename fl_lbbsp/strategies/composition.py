@@ -20,9 +20,9 @@ evaluation is sent: Flower's ``fixedclipping_mod`` fails every evaluate reply.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideFixedClipping,
@@ -31,6 +31,7 @@ from flwr.serverapp.strategy import (
 )
 
 from .engine_strategy import EngineStrategy
+from .round_loop import StartCall
 
 __all__ = ["inner_strategy", "start_wrapped"]
 
@@ -70,15 +71,7 @@ def inner_strategy(strategy: Strategy) -> EngineStrategy:
 
 
 def start_wrapped(
-    wrapper: Strategy,
-    *,
-    grid: Grid,
-    initial_arrays: ArrayRecord,
-    num_rounds: int = 3,
-    timeout: float = 3600,
-    train_config: ConfigRecord | None = None,
-    evaluate_config: ConfigRecord | None = None,
-    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    wrapper: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, **options: Any
 ) -> Result:
     """Run ``wrapper.start`` under the wrapped LBBSPFedAvg's round deadlines.
 
@@ -91,18 +84,23 @@ def start_wrapped(
     wrapper : Strategy
         A strategy wrapping an :class:`LBBSPFedAvg` (e.g.
         ``DifferentialPrivacyServerSideFixedClipping(LBBSPFedAvg(...), ...)``).
-    grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, \
-evaluate_fn :
-        As in :meth:`flwr.serverapp.strategy.Strategy.start` (defaults: 3 rounds,
-        3600 s, ``None``).
+    grid, initial_arrays : Grid, ArrayRecord
+        As in :meth:`flwr.serverapp.strategy.Strategy.start`.
+    **options :
+        The other keywords of :meth:`flwr.serverapp.strategy.Strategy.start`
+        (``num_rounds``, ``timeout``, ``train_config``, ``evaluate_config``,
+        ``evaluate_fn``; defaults: 3 rounds, 3600 s, ``None``), as
+        :class:`~fl_lbbsp.strategies.round_loop.StartCall` takes them.
 
     Raises
     ------
     TypeError
-        When ``wrapper`` wraps no LBBSPFedAvg.
+        When ``wrapper`` wraps no LBBSPFedAvg, or ``options`` has a keyword ``start``
+        does not take.
     ValueError
         When the inner strategy has a ``checkpoint_dir``.
     """
+    call = StartCall(grid=grid, initial_arrays=initial_arrays, **options)
     inner = inner_strategy(wrapper)
     if _client_side_clipping(wrapper) and inner.fraction_evaluate > 0:
         # Flower's fixedclipping_mod fails every evaluate message (it wants an ArrayRecord
@@ -117,12 +115,4 @@ evaluate_fn :
             f"{type(inner).__name__}(checkpoint_dir=...) inside {type(wrapper).__name__}: "
             "checkpoints are written by LBBSPFedAvg.start only; leave checkpoint_dir unset"
         )
-    return wrapper.start(
-        grid=inner.deadline_grid(grid, timeout=timeout),
-        initial_arrays=initial_arrays,
-        num_rounds=num_rounds,
-        timeout=timeout,
-        train_config=train_config,
-        evaluate_config=evaluate_config,
-        evaluate_fn=evaluate_fn,
-    )
+    return call.but(grid=inner.deadline_grid(grid, timeout=call.timeout)).on(wrapper.start)

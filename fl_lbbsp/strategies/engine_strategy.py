@@ -38,6 +38,7 @@ from .config import record_keys
 from .deadline import DeadlineGrid
 from .outcomes import round_metrics, warn_overridden_lr
 from .parts import EngineParts
+from .round_loop import RoundLoop, StartCall
 from .train_round import TrainRound
 from .updates import PlainMean, Updates
 from .validation import log_rejected, screen_evaluations
@@ -47,7 +48,7 @@ __all__ = ["EngineStrategy"]
 log = logging.getLogger("fl_lbbsp")
 
 
-class EngineStrategy(EngineParts, FedAvg):
+class EngineStrategy(EngineParts, RoundLoop, FedAvg):
     """FedAvg whose training rounds the LB-BSP round engine plans and screens.
 
     Parameters
@@ -64,10 +65,9 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
 
     Raises
     ------
-    InvalidSettingError
-        (a ``ValueError``) On a bad setting, naming the keyword, its bounds and value.
-    TypeError
-        ``keys`` is neither a ``RecordKeys`` nor a mapping of its fields.
+    InvalidSettingError, TypeError
+        As :class:`~fl_lbbsp.strategies.LBBSPFedAvg` (a bad setting; ``keys`` of another
+        type).
     """
 
     def __init__(
@@ -294,19 +294,9 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
             return None
 
     # ------------------------------------------------------ deadlines, checkpoints
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-        *,
-        resume: ResumePoint | None = None,
-    ) -> Result:
-        """Run the rounds like FedAvg, under per-round deadlines and fine polling.
+    def run_rounds(self, call: StartCall, *, resume: ResumePoint | None = None) -> Result:
+        """Run the rounds like FedAvg (``start``), under per-round deadlines and fine
+        polling.
 
         As :meth:`flwr.serverapp.strategy.Strategy.start`, except that every
         ``send_and_receive`` waits until the current round's deadline (see
@@ -319,21 +309,11 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
         checkpoint, already validated and restored into this strategy by the caller
         (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`), is not read again.
         """
+        call = call.but(grid=self.deadline_grid(call.grid, timeout=call.timeout))
         store = store_of(self) if resume is None else resume.store
-        run = (
-            super().start
-            if store is None
-            else Checkpointing(self, store=store, resume=resume).start
-        )
-        return run(
-            grid=self.deadline_grid(grid, timeout=timeout),
-            initial_arrays=initial_arrays,
-            num_rounds=num_rounds,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=evaluate_fn,
-        )
+        if store is None:
+            return self.flower_rounds(call)
+        return Checkpointing(self, store=store).run_rounds(call, resume=resume)
 
     def deadline_grid(self, grid: Grid, *, timeout: float) -> DeadlineGrid:
         """``grid`` behind this strategy's round deadlines and reply polling, as
