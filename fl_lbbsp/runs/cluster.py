@@ -131,6 +131,7 @@ def make_cluster_strategy(config: ClusterConfig) -> EngineStrategy:
     KeyFileError
         Missing or mismatched key files.
     """
+    he_keys = None if config.encrypt is None else check_key_files(config.encrypt)
     settings: dict[str, Any] = {
         **config.strategy_settings(),
         "momentum": config.momentum,
@@ -140,12 +141,12 @@ def make_cluster_strategy(config: ClusterConfig) -> EngineStrategy:
         # (None: on Flower's grids, off in process), not with modelled times only reported.
         "check_times": None if config.cost_model is None or config.wait else False,
     }
-    if config.encrypt is None:
+    if he_keys is None:
         return LBBSPCluster(**settings)
     from ..strategies.encrypted_cluster import EncryptedLBBSPCluster
 
     return EncryptedLBBSPCluster(
-        public_context=check_key_files(config.encrypt), evaluate_every=config.eval_every, **settings
+        public_context=he_keys, evaluate_every=config.eval_every, **settings
     )
 
 
@@ -185,7 +186,8 @@ def resolve_cluster(config: ClusterConfig) -> ResolvedRun[EngineStrategy]:
 def run_cluster(config: ClusterConfig) -> list[dict[str, Any]]:
     """Run one simulated cluster on Flower's Simulation Engine and return its telemetry
     events."""
-    return execute(resolve_cluster(config), runtime="ray")
+    resolved = resolve_cluster(config)
+    return execute(resolved, runtime="ray")
 
 
 def run_cluster_in_process(config: ClusterConfig) -> list[dict[str, Any]]:
@@ -198,4 +200,5 @@ def run_cluster_in_process(config: ClusterConfig) -> list[dict[str, Any]]:
     smoke benchmarks) take seconds. Emulated times are the same; the measured messaging
     overhead is not Flower's.
     """
-    return execute(resolve_cluster(config), runtime="inprocess")
+    resolved = resolve_cluster(config)
+    return execute(resolved, runtime="inprocess")
