@@ -54,8 +54,8 @@ __all__ = [
 ]
 
 SECTION_ORDER = (
-    "fl", "dynamics", "noise", "accuracy", "predictors", "cluster", "ddp", "overhead", "he",
-    "wallclock", "plugin",
+    "setup", "fl", "dynamics", "noise", "accuracy", "predictors", "cluster", "ddp", "overhead",
+    "he", "wallclock", "plugin",
 )  # fmt: skip
 GOAL_OPS = ("<=", "<", ">=", ">")
 REPORT_NAME = "REPORT.md"

@@ -1,7 +1,8 @@
 """Run every benchmark section, then write the report (``make bench``).
 
 Each section is its own script, run in a fresh process from the repository root (so its
-timings do not share a process with the others): ``bench_fl.py`` (sections ``fl`` and
+timings do not share a process with the others): ``bench_setup.py`` (``make demo``'s run),
+``bench_fl.py`` (sections ``fl`` and
 ``dynamics``), ``bench_noise.py`` (section ``noise``), ``bench_budget.py`` (section
 ``budget``), ``accuracy_study.py`` (section ``accuracy-budget``), ``bench_predictors.py``,
 ``bench_cluster.py``, ``bench_ddp.py``, ``bench_overhead.py``, ``bench_he.py``,
@@ -32,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 
 # name -> (script, the section files it writes)
 SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "setup": ("bench_setup.py", ("setup",)),
     "fl": ("bench_fl.py", ("fl", "dynamics")),
     "noise": ("bench_noise.py", ("noise",)),
     "budget": ("bench_budget.py", ("budget",)),
