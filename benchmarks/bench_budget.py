@@ -243,7 +243,7 @@ def main(
     """Run the cells, print them, write ``budget.json``."""
     cli = parser(__doc__.splitlines()[0])
     cli.add_argument(
-        "--mixes", default="wide", help=f"comma-separated mix names of {sorted(MIXES)} or 'all'"
+        "--mixes", default="all", help=f"comma-separated mix names of {sorted(MIXES)} or 'all'"
     )
     args = cli.parse_args(argv)
     names = list(MIXES) if args.mixes == "all" else [m.strip() for m in args.mixes.split(",")]
