@@ -86,6 +86,19 @@ def clear_sections(out: Path) -> list[str]:
     return removed
 
 
+def section_names(out: Path) -> list[str]:
+    """The ids of the section JSONs in ``out``."""
+    names = []
+    for path in sorted(out.glob("*.json")):
+        try:
+            section = json.loads(path.read_text()).get("section")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(section, str):
+            names.append(section)
+    return names
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
@@ -146,11 +159,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcomes[name] = run_section(name, args.out, smoke=args.smoke, timeout=args.timeout)
         print(f"=== {name}: {outcomes[name][0]} ({_minutes(outcomes[name][1])})", flush=True)
     total = time.perf_counter() - started
+    kind = "Smoke run" if args.smoke else "One `make bench` run"
+    if set(names) != set(SECTIONS):
+        kind += f" of the sections {', '.join(names)}"
     lines = [
-        f"{'Smoke run' if args.smoke else 'One `make bench` run'} of commit {commit} on "
-        f"{machine()}, {_minutes(total)} in all; load average {load_start} at the start, "
-        f"{_load()} at the end. Each section's setting line says what was emulated."
+        f"{kind} of commit {commit} on {machine()}, {_minutes(total)} in all; load average "
+        f"{load_start} at the start, {_load()} at the end. Each section's setting line says "
+        "what was emulated."
     ]
+    ran = {stem for name in names for stem in SECTIONS[name][1]}
+    kept = sorted(set(section_names(args.out)) - ran)
+    if kept:
+        lines.append(
+            f"Sections kept from earlier runs (their setting lines say how they ran): "
+            f"{', '.join(kept)}."
+        )
     lines += [
         f"- {name}: {outcome} ({_minutes(seconds)})"
         for name, (outcome, seconds) in outcomes.items()

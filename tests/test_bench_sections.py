@@ -126,3 +126,21 @@ def test_a_full_benchmark_run_starts_from_no_earlier_section(tmp_path: Path) -> 
         "fl_round_time.png",
         "notes.json",
     ]
+
+
+def test_a_partial_benchmark_run_names_the_sections_it_kept(tmp_path: Path) -> None:
+    # Prepare: sections of earlier runs, and files that are not sections
+    import json
+
+    import run_all
+
+    (tmp_path / "accuracy-budget.json").write_text(json.dumps({"section": "accuracy-budget"}))
+    (tmp_path / "fl.json").write_text(json.dumps({"section": "fl", "figures": []}))
+    (tmp_path / "notes.json").write_text(json.dumps(["not", "a section"]))
+    (tmp_path / "broken.json").write_text("{")
+
+    # Execute
+    names = run_all.section_names(tmp_path)
+
+    # Assert: the header of a partial run can say which sections it did not rerun
+    assert names == ["accuracy-budget", "fl"]
