@@ -171,9 +171,11 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
     model = build_model("lenet5", input_shape=train_set.input_shape,
                         num_classes=train_set.num_classes).to(device)  # fmt: skip
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    emulating = any(k != 1.0 for k in slowdowns) or args.cost_model is not None
     coordinator = LBBSPCoordinator(  # LB-BSP: the plan of per-rank batch sizes
-        initial_batch_size=args.batch_size, every=args.every, balance=args.mode == "lbbsp"
-    )
+        initial_batch_size=args.batch_size, every=args.every, balance=args.mode == "lbbsp",
+        cpu_time=emulating,  # an emulated slowdown scales the CPU time of the compute
+    )  # fmt: skip
     start = 0
     if args.checkpoint is not None and args.checkpoint.is_file():
         saved = torch.load(args.checkpoint, map_location=device, weights_only=False)
@@ -185,7 +187,6 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
             print(f"resumed from {args.checkpoint} at iteration {start}", flush=True)
     # LB-BSP: time each rank's backward (DDP keeps its own all-reduce)
     ddp = coordinator.register(DistributedDataParallel(model))
-    emulating = any(k != 1.0 for k in slowdowns) or args.cost_model is not None
     loader = lbbsp_data_loader(  # LB-BSP: batch B_rank of each iteration
         dataset, plan=coordinator, split=args.split, seed=args.seed,
         num_batches=args.iterations - start, start=start,

@@ -60,6 +60,20 @@ def test_global_split_gives_each_rank_its_slice_of_one_global_batch() -> None:
     assert second[0] + second[1] == next(reference)
 
 
+def test_global_stream_is_torchs_seeded_permutations_one_pass_after_another() -> None:
+    # Prepare: a world of one drawing 8 of 20 indices a batch (draws span two passes)
+    sampler = iter(LBBSPBatchSampler(20, plan=FixedPlan((8,), 0), seed=1))
+    generator = torch.Generator().manual_seed(1)
+    passes = [torch.randperm(20, generator=generator).tolist() for _ in range(2)]
+
+    # Execute
+    drawn = [next(sampler) for _ in range(5)]
+
+    # Assert: the batches are the permutations' indices in order, as Python ints
+    assert [i for batch in drawn for i in batch] == passes[0] + passes[1]
+    assert all(type(i) is int for batch in drawn for i in batch)
+
+
 def test_shard_split_draws_from_disjoint_shards_at_the_plans_size() -> None:
     # Prepare
     plans = [FixedPlan((4, 7), 0), FixedPlan((4, 7), 1)]
@@ -162,7 +176,7 @@ def test_cpu_time_of_the_compute_leaves_out_the_wait_for_a_core(
     wall, cpu = iter([10.0, 10.05]), iter([3.0, 3.02])
     monkeypatch.setattr(module.time, "perf_counter", lambda: next(wall))
     monkeypatch.setattr(module.time, "process_time", lambda: next(cpu))
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, cpu_time=True)
     assert coordinator.compute_cpu_time() is None and coordinator.began_at is None
 
     # Execute
@@ -173,6 +187,66 @@ def test_cpu_time_of_the_compute_leaves_out_the_wait_for_a_core(
     assert coordinator.compute_cpu_time() == pytest.approx(0.02)
     assert coordinator.compute_time() == pytest.approx(0.05)
     assert coordinator.began_at == 10.0
+
+
+def test_without_cpu_time_the_process_cpu_clock_is_never_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: a CPU clock that fails if read; a model whose 4 parameters mark the compute
+    def unread() -> float:
+        raise AssertionError("process_time read")
+
+    monkeypatch.setattr(time, "process_time", unread)
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    model = _model()
+    coordinator._clock.attach(model)
+    x, y = _data()
+
+    # Execute: two iterations of a timed backward
+    for _ in range(2):
+        coordinator.begin()
+        F.cross_entropy(model(x[:B_INIT]), y[:B_INIT]).backward()
+        coordinator.step()
+
+    # Assert: the wall time is measured, the CPU time is not
+    assert coordinator.compute_time() is None  # step() ended the iteration
+    coordinator.begin()
+    coordinator.mark_computed()
+    assert coordinator.compute_time() is not None
+    assert coordinator.compute_cpu_time() is None
+
+
+def test_the_cpu_clock_is_read_once_an_iteration_at_its_last_mark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: a CPU clock that counts its reads and advances 1 s per read; 3 marks per
+    # iteration (3 gradients), then an iteration of 2 marks
+    from fl_lbbsp.distributed.clock import ComputeClock
+
+    reads = [0]
+
+    def counted() -> float:
+        reads[0] += 1
+        return float(reads[0])
+
+    monkeypatch.setattr(time, "process_time", counted)
+    clock = ComputeClock(cpu=True)
+    per_iteration = []
+
+    # Execute
+    for marks in (3, 3, 3, 2, 2):
+        before = reads[0]
+        clock.begin()
+        for _ in range(marks):
+            clock.mark()
+        per_iteration.append((reads[0] - before, clock.cpu()))
+
+    # Assert: every mark reads it in the first iteration (the count unknown), then only
+    # the last (plus begin's read); an iteration with fewer marks than any before has no
+    # CPU time, and the next reads at its new last mark
+    assert [n for n, _ in per_iteration] == [4, 2, 2, 1, 2]
+    assert [t is not None for _, t in per_iteration] == [True, True, True, False, True]
+    assert per_iteration[1][1] == pytest.approx(1.0)  # begin's read, then the last mark's
 
 
 def test_the_balancer_sees_the_windows_mean_iteration_whatever_its_length() -> None:

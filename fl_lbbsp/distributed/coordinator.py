@@ -77,6 +77,11 @@ class LBBSPCoordinator(RankPlan):
         of the next window when they change). ``False``: gather and decide at once.
     balance : bool (default: True)
         ``False``: the sizes stay at B_init, nothing is exchanged (plain DDP's split).
+    cpu_time : bool (default: False)
+        Also measure the CPU seconds of each rank's compute
+        (:meth:`~fl_lbbsp.distributed.plan.RankPlan.compute_cpu_time`), to emulate slower
+        machines. Off by default: the process's CPU clock sums every thread, and read in a
+        backward while the backend's threads run it can stall for milliseconds.
     balancer : BatchSizeBalancer | None (default: None)
         The balancer to drive; ``None``: one with its default settings.
     group : ProcessGroup | None (default: None)
@@ -103,6 +108,7 @@ class LBBSPCoordinator(RankPlan):
         noise_sigmas: float | None = 2.0,
         overlap: bool = True,
         balance: bool = True,
+        cpu_time: bool = False,
         balancer: BatchSizeBalancer | None = None,
         group: dist.ProcessGroup | None = None,
         device: torch.device | None = None,
@@ -148,7 +154,7 @@ class LBBSPCoordinator(RankPlan):
         self._overhead = self._cost = self._last_exchange = self._started = 0.0
         self._last_step: float | None = None
         self._rebalances = 0
-        self._clock = ComputeClock()
+        self._clock = ComputeClock(cpu=cpu_time)
         self._comm_hook = False
         self.overlap = bool(overlap)
         self._gathering: Gathering | None = None

@@ -114,8 +114,9 @@ class RankPlan:
 
     def compute_cpu_time(self) -> float | None:
         """CPU seconds this process used from :meth:`begin` to the end of local compute
-        (``None`` if unknown): without the waits for a core, the rank's own work where
-        ranks share a host's cores, to scale when emulating a slower machine
+        (``None`` if unknown, and unless the coordinator was made with ``cpu_time=True``):
+        without the waits for a core, the rank's own work where ranks share a host's
+        cores, to scale when emulating a slower machine
         (:func:`~fl_lbbsp.clients.emulation.emulated_time`); not for real heterogeneity."""
         return self._clock.cpu()
 

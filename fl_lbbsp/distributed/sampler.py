@@ -40,22 +40,32 @@ class BatchPlan(Protocol):
 
 class _PermutationStream:
     """Indices from a seeded stream of permutations of ``range(n)``: every index once per
-    pass; a draw may span two passes (as :class:`~fl_lbbsp.clients.ResizableBatchSampler`)."""
+    pass; a draw may span two passes (as :class:`~fl_lbbsp.clients.ResizableBatchSampler`).
+
+    Each pass is drawn with ``torch.randperm`` and turned into a list once, as
+    ``DistributedSampler`` does per epoch; a draw is then a slice of that list (no tensor
+    operation per batch)."""
 
     def __init__(self, n: int, *, seed: int) -> None:
         self.n = n
         self.generator = torch.Generator().manual_seed(seed)
-        self.pending = torch.empty(0, dtype=torch.long)
+        self.pending: list[int] = []
+        self.position = 0
 
-    def take(self, count: int) -> torch.Tensor:
-        parts = []
+    def take(self, count: int) -> list[int]:
+        if self.position + count <= len(self.pending):  # the usual case: one slice
+            start, self.position = self.position, self.position + count
+            return self.pending[start : self.position]
+        out: list[int] = []
         while count > 0:
-            if self.pending.numel() == 0:
-                self.pending = torch.randperm(self.n, generator=self.generator)
-            part, self.pending = self.pending[:count], self.pending[count:]
-            parts.append(part)
-            count -= part.numel()
-        return torch.cat(parts)
+            if self.position >= len(self.pending):
+                self.pending = torch.randperm(self.n, generator=self.generator).tolist()
+                self.position = 0
+            part = self.pending[self.position : self.position + count]
+            self.position += len(part)
+            out += part
+            count -= len(part)
+        return out
 
 
 def _check_positive(name: str, value: object) -> int:
@@ -140,18 +150,18 @@ class LBBSPBatchSampler(Sampler[list[int]]):
             sizes, rank = self.plan.sizes, self.plan.rank
             batch = stream.take(sum(sizes))
             offset = sum(sizes[:rank])
-            yield batch[offset : offset + sizes[rank]].tolist()
+            yield batch[offset : offset + sizes[rank]]
             produced += 1
 
     def _shard(self) -> Iterator[list[int]]:
         rank = self.plan.rank
-        shard = torch.arange(rank, self.num_samples, len(self.plan.sizes))
+        shard = range(rank, self.num_samples, len(self.plan.sizes))
         stream = _PermutationStream(len(shard), seed=self.seed * 1_000_003 + rank)
         for _ in range(self.start):
             stream.take(self.plan.sizes[rank])
         produced = 0
         while self.num_batches is None or produced < self.num_batches:
-            yield shard[stream.take(self.plan.sizes[rank])].tolist()
+            yield [shard[i] for i in stream.take(self.plan.sizes[rank])]
             produced += 1
 
     def __len__(self) -> int:
