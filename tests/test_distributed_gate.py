@@ -1,6 +1,7 @@
 """The hold gate of LB-BSP on torch.distributed (pure logic, no processes): equal ranks
 under injected noise keep their sizes, a lasting lead moves them after two windows, one
-slow window does not, and the predicted gain is the proportional split's."""
+slow window does not, the predicted gain is the proportional split's, and an allocation
+the window predicts no faster than the sizes in force is held."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from fl_lbbsp.distributed import HoldGate, WindowStats
+from fl_lbbsp.distributed import HoldGate, Verdict, WindowStats
+from fl_lbbsp.distributed.gate import predicted_gain, review_proposal
 
 K = 10  # iterations per window, the coordinator's default
 BASE = 0.01  # seconds per iteration of an unloaded rank at B = 64
@@ -141,6 +143,57 @@ def test_gain_is_the_proportional_splits() -> None:
     # a third of the slowest rank's 2 s given back
     assert verdict.gain == pytest.approx(1.0 - (4.0 / 3.0) / 2.0)
     assert (verdict.move, verdict.reason, verdict.slowest) == (True, "beyond tolerance", 0)
+
+
+def test_predicted_gain_scales_each_ranks_time_per_sample() -> None:
+    # Prepare: rank 0 takes 2 s per iteration at 64, rank 1 1 s at 64
+    windows = [window([2.0, 2.0]), window([1.0, 1.0])]
+
+    # Execute
+    gains = [predicted_gain(windows, sizes) for sizes in ((43, 85), (64, 64), (80, 48))]
+
+    # Assert: (43, 85) finish at max(2 * 43 / 64, 85 / 64) = 1.34 s instead of 2 s; the
+    # sizes in force gain nothing; giving the slow rank more loses
+    assert gains[0] == pytest.approx(1.0 - (2.0 * 43 / 64) / 2.0)
+    assert gains[1] == pytest.approx(0.0)
+    assert gains[2] == pytest.approx(1.0 - (2.0 * 80 / 64) / 2.0) and gains[2] < 0
+    assert predicted_gain([window([2.0]), window([0.0])], (64, 64)) is None
+
+
+@pytest.mark.parametrize(
+    ("proposal", "move", "reason"),
+    [
+        ((66, 62), True, "confirmed"),  # near the window's proportional split
+        ((81, 47), False, "proposal no faster"),  # the rank behind in the window loaded more
+        ((54, 74), False, "proposal no faster"),  # the sizes in force: no gain
+    ],
+)
+def test_an_allocation_the_window_predicts_no_faster_is_held(
+    proposal: tuple[int, int], move: bool, reason: str
+) -> None:
+    # Prepare: a window logged on a loaded 2-core machine (equal ranks, sizes 54:74): rank
+    # 0 at 5.13 ms per iteration, rank 1 at 7.53 ms; the gate let a move through
+    windows = [window([0.00513] * K, 54), window([0.00753] * K, 74)]
+    confirmed = Verdict(True, 0.164, 0.067, 1, "confirmed")
+
+    # Execute
+    verdict = review_proposal(confirmed, windows, proposal)
+
+    # Assert: applied when the window predicts it faster, held otherwise (gain and noise
+    # kept for the logs)
+    assert (verdict.move, verdict.reason) == (move, reason)
+    assert (verdict.gain, verdict.noise, verdict.slowest) == (0.164, 0.067, 1)
+
+
+def test_a_held_verdict_is_not_reviewed() -> None:
+    # Prepare
+    held = Verdict(False, 0.01, None, 0, "within tolerance")
+
+    # Execute
+    verdict = review_proposal(held, [window([2.0]), window([1.0])], (80, 48))
+
+    # Assert
+    assert verdict is held
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from ..core.balancer import BatchSizeBalancer, SiloReport
 from ..core.reports import check_positive_int
 from .clock import ComputeClock
 from .exchange import Exchange, Gathering, Overhead, RankFailureError, RankReport, Row, fingerprint
-from .gate import HoldGate, Verdict, WindowStats, WindowTally, auto_every
+from .gate import HoldGate, Verdict, WindowStats, WindowTally, auto_every, review_proposal
 from .plan import RankPlan
 
 __all__ = ["LBBSPCoordinator", "Overhead", "RankFailureError", "RankReport"]
@@ -67,7 +67,9 @@ class LBBSPCoordinator(RankPlan):
     tolerance : float (default: 0.02)
         Keep the sizes while the predicted gain of a split proportional to the window's
         speeds is at most this share of the slowest rank's time (the reports still reach
-        the balancer). 0: apply every allocation.
+        the balancer), and when the window predicts the balancer's allocation no faster
+        than the sizes in force (:func:`~fl_lbbsp.distributed.gate.review_proposal`). 0:
+        apply every allocation.
     noise_sigmas : float | None (default: 2.0)
         Keep them too while that gain is within this many times the ranks' measured
         noise (equal ranks do not chase it). ``None``: only ``tolerance`` holds them.
@@ -252,11 +254,19 @@ class LBBSPCoordinator(RankPlan):
             if self._rank == 0 and rank_id in errors:
                 log.warning("rank %d: report left out at iteration %d: %s", r,
                             self.iteration, errors[rank_id])  # fmt: skip
-        self.last_verdict = self.gate.judge(_windows(rows))
+        windows = _windows(rows)
+        self.last_verdict = self.gate.judge(windows)
         before = self._sizes
-        # the gate is the allocation's hold step: held sizes are kept (reason "held")
-        move = self.tolerance <= 0 or self.last_verdict.move
-        self._sizes = self._allocate(held=None if move else before)
+        if self.tolerance <= 0:  # every allocation applied
+            self._sizes = self._allocate()
+        elif self.last_verdict.move:
+            # the balancer's allocation, unless the window that moved the gate predicts it
+            # no faster than the sizes in force
+            proposal = self._allocate()
+            self.last_verdict = review_proposal(self.last_verdict, windows, proposal)
+            self._sizes = proposal if self.last_verdict.move else self._allocate(held=before)
+        else:  # the gate is the allocation's hold step: held sizes are kept ("held")
+            self._sizes = self._allocate(held=before)
         if self._sizes != before:
             self._window = WindowTally()  # the iteration run while the gather was under way
         self._k = self._next_every(rows)

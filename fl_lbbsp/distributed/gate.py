@@ -31,7 +31,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["HoldGate", "Verdict", "WindowStats", "WindowTally", "auto_every"]
+__all__ = [
+    "HoldGate",
+    "Verdict",
+    "WindowStats",
+    "WindowTally",
+    "auto_every",
+    "predicted_gain",
+    "review_proposal",
+]
 
 MAD_TO_SD = 1.4826
 """Scale of a median absolute deviation to a normal standard deviation."""
@@ -115,6 +123,37 @@ def auto_every(
     return max(1, min(largest, math.ceil(cost / (share * per_iteration))))
 
 
+def predicted_gain(windows: Sequence[WindowStats], sizes: Sequence[int]) -> float | None:
+    """The share of the window's slowest mean iteration that ``sizes`` would give back,
+    each rank's time per sample taken as the window's: ``1 - max_r (t_r B'_r / B_r) /
+    max_r t_r`` (negative: predicted slower than the sizes in force); ``None`` when a
+    window has no time or no batch."""
+    means = [w.mean for w in windows]
+    if len(sizes) != len(windows) or not all(
+        w.batch_size > 0 and math.isfinite(m) and m > 0 for w, m in zip(windows, means, strict=True)
+    ):
+        return None
+    slowest = max(means)
+    proposed = max(m * b / w.batch_size for w, m, b in zip(windows, means, sizes, strict=True))
+    return 1.0 - proposed / slowest
+
+
+def review_proposal(
+    verdict: Verdict, windows: Sequence[WindowStats], sizes: Sequence[int]
+) -> Verdict:
+    """The gate's verdict on the balancer's allocation ``sizes`` once the gate let a move
+    through: held (reason ``"proposal no faster"``) when the window that moved the gate
+    predicts those sizes no faster than the sizes in force (:func:`predicted_gain` <= 0),
+    as when the balancer's cost lines, fitted to noisy windows at two sizes, overreact;
+    else ``verdict`` as it is."""
+    if not verdict.move:
+        return verdict
+    gain = predicted_gain(windows, sizes)
+    if gain is None or gain > 0.0:
+        return verdict
+    return Verdict(False, verdict.gain, verdict.noise, verdict.slowest, "proposal no faster")
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The gate's judgement of one window.
@@ -133,8 +172,8 @@ class Verdict:
     reason : str
         Why (for the logs): ``"within tolerance"``, ``"within noise"``,
         ``"unconfirmed"``, ``"confirmed"``, ``"beyond tolerance"`` (no noise test),
-        ``"noise unknown"`` (a window of one iteration, too few windows yet) or
-        ``"no times"``.
+        ``"noise unknown"`` (a window of one iteration, too few windows yet),
+        ``"no times"`` or, set by :func:`review_proposal`, ``"proposal no faster"``.
     """
 
     move: bool
