@@ -15,10 +15,13 @@ beats equal fast ones); the same with an emulated cost model; the Flower cluster
 (``fl_lbbsp.runs.cluster``, every worker in this process) on the emulated case.
 
 The schemes of a case alternate, repeat after repeat (A B, B A, A B, ...), so that load
-drift hits both; a pair is the repeat's two runs, its ratio their throughputs' (samples
-over iterations 21-200 over their wall time, the loading of the batches included, an
-evaluation not). The figures give the median pair ratio and the spread, and a table
-lists every pair with the machine's load average at the time.
+drift hits both, over an even number of pairs (each scheme runs first as often as
+second); a pair is the repeat's two runs, its ratio their throughputs' (samples over
+iterations 21-200 over their wall time, the loading of the batches included, an
+evaluation not). A short run of each script, discarded, comes before the first case, so
+that the first pair does not start cold. The figures give the median pair ratio, the
+spread and the medians of the pairs by order, and a table lists every pair with the
+iterations LB-BSP ran at unequal sizes and the machine's load average at the time.
 
 Run: ``python benchmarks/bench_ddp.py [--smoke] [--out DIR] [--repeats N] [--cases K,..]``.
 """
@@ -78,10 +81,11 @@ FULL = Settings(
     skip=20,
     cases=(
         Case("homogeneous-2", "equal, 2 ranks", 2, repeats=6),
-        Case("homogeneous-4", "equal, 4 ranks", 4, repeats=5),
-        Case("burner-2", "real: CPU burner on rank 0's core, 2 ranks", 2, burner=True),
+        Case("homogeneous-4", "equal, 4 ranks", 4, repeats=6),
+        Case("burner-2", "real: CPU burner on rank 0's core, 2 ranks", 2, burner=True,
+             repeats=6),
         Case("heterogeneous-4", "heterogeneous 4:2:1:1 (emulated), 4 ranks", 4,
-             slowdowns=(4.0, 2.0, 1.0, 1.0), flower=True, bound=True, repeats=3),
+             slowdowns=(4.0, 2.0, 1.0, 1.0), flower=True, bound=True, repeats=4),
         Case("cost-model-4", "heterogeneous 4:2:1:1 (emulated cost model), 4 ranks", 4,
              slowdowns=(4.0, 2.0, 1.0, 1.0), cost_model="0.0004,0.002", repeats=2),
     ),
@@ -170,6 +174,15 @@ def run_ddp(
             for r in range(1, case.ranks)
         ]
     return data
+
+
+def warm_up(settings: Settings, spec: str, out: Path) -> None:
+    """One short run of each script on 2 ranks, discarded: the section's first pair then
+    starts as warm (files, libraries and data in the page cache) as the others."""
+    case = Case("warm-up", "warm-up", 2)
+    short = replace(settings, iterations=max(2 * settings.skip, 4))
+    for scheme in ("stock", "lbbsp"):
+        run_ddp(case, scheme, short, spec, out)
 
 
 def run_flower(case: Case, settings: Settings, spec: str, out: Path) -> list[dict[str, Any]]:
@@ -270,7 +283,8 @@ def section(
         f"{settings.iterations} (the loading of the batches in, evaluations out). "
         f"{'/'.join(map(str, counts))} alternated pairs per case (A B, B A, ...; the table "
         "of schemes shows each scheme's run of median throughput, the table of pairs every "
-        "pair). Every run is a `torchrun --standalone` launch, gloo, 1 torch thread per "
+        "pair), after one discarded short run of each script (no cold first pair). Every "
+        "run is a `torchrun --standalone` launch, gloo, 1 torch thread per "
         "rank, every rank on this machine. The reference on real ranks is "
         "`benchmarks/stock_ddp.py`, a textbook DDP script (DistributedSampler, DataLoader, "
         "`DistributedDataParallel(model)` with its built-in all-reduce). LB-BSP is "
@@ -346,6 +360,7 @@ def section(
                     "ratio",
                     "ratio of median iterations",
                     "LB-BSP final sizes",
+                    "LB-BSP iterations at unequal sizes",
                     "LB-BSP exchange / iteration",
                     "load (1 min)",
                 ],
@@ -355,7 +370,10 @@ def section(
         "plots": [],
         "notes": [
             "Ratio: LB-BSP's throughput over the reference's in the same pair; the figures "
-            "give the median over the pairs and their range.",
+            "give the median over the pairs, their range, and the medians of the pairs where "
+            "LB-BSP ran first and second apart.",
+            "LB-BSP iterations at unequal sizes: of the measured iterations, those run at "
+            "sizes not all equal (on equal ranks: the moves its hold gate let through).",
             "Exchange cost: what LB-BSP's exchange of times and decision cost per iteration "
             "(for each exchange the shortest time any rank spent in it: the last to arrive "
             "waits for nobody), over the run's mean iteration time.",
@@ -410,6 +428,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         logs = Path(folder) if args.logs is None else args.logs
         logs.mkdir(parents=True, exist_ok=True)
+        warm_up(settings, spec, logs)
         for case in settings.cases:
             results[case.key] = run_case(case, settings, spec, logs)
             for scheme, s in results[case.key].items():

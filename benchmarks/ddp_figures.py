@@ -152,6 +152,7 @@ def summarise_ddp(log: dict[str, Any], skip: int) -> dict[str, Any]:
         "exchange_share": overhead / iteration_time,
         "training_time": summary["training_time"],
         "moves": sum(1 for r in log["rebalances"] if (r.get("gate") or {}).get("move")),
+        "unequal_iterations": sum(1 for it in later if len(set(it["sizes"])) > 1),
         "load": log.get("load"),
     }
 
@@ -196,6 +197,7 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "steadies": [s.get("steady_throughput") for s in runs],
         "positions": [s.get("position") for s in runs],
         "sizes_per_run": [s["final_sizes"] for s in runs],
+        "unequal_per_run": [s.get("unequal_iterations") for s in runs],
         "shares": [s.get("exchange_share") for s in runs],
         "loads": [s.get("load") for s in runs],
     }
@@ -218,13 +220,22 @@ def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def _spread(ratios: list[float]) -> str:
+def _spread(ratios: list[float], positions: list[int | None] | None = None) -> str:
+    """The pairs' spread; with LB-BSP's position in each pair (0: first), the median of
+    the pairs where it ran first and of those where it ran second, apart."""
     if len(ratios) < 2:
         return f"{len(ratios)} pair"
     slower = sum(r < 1.0 for r in ratios)
+    order = ""
+    if positions is not None and len(positions) == len(ratios):
+        first = [r for r, p in zip(ratios, positions, strict=True) if p == 0]
+        later = [r for r, p in zip(ratios, positions, strict=True) if p is not None and p > 0]
+        if first and later:
+            order = (f"; LB-BSP first: median {np.median(first):.3f} ({len(first)} pairs), "
+                     f"second: {np.median(later):.3f} ({len(later)})")  # fmt: skip
     return (f"median of {len(ratios)} alternated pairs, range {min(ratios):.3f}-"
             f"{max(ratios):.3f}, LB-BSP slower in {slower}; per pair: "
-            + ", ".join(f"{r:.3f}" for r in ratios))  # fmt: skip
+            + ", ".join(f"{r:.3f}" for r in ratios) + order)  # fmt: skip
 
 
 def _figure(
@@ -247,15 +258,17 @@ def case_figures(case: Case, runs: dict[str, dict[str, Any]]) -> list[dict[str, 
     goal = EQUAL_GOAL if equal else BURNER_GOAL if case.burner else None
     ratios = pair_ratios(lb, ref)
     steady = pair_ratios(lb, ref, key="steadies")
+    positions = lb.get("positions")
     shares = [s for s in lb.get("shares", [lb["exchange_share"]]) if s is not None]
     figures = [
         _figure(f"{case.label}: LB-BSP throughput / {SHORT[case.reference]}'s",
                 _median(ratios), ".3f", None if goal is None else {"op": ">=", "target": goal},
-                unit="x", note=_spread(ratios)),
+                unit="x", note=_spread(ratios, positions)),
         _figure(f"{case.label}: the same, median iterations",
                 _median(steady), ".3f", unit="x",
                 note="each run's samples per iteration over its median iteration's wall time, "
-                "less sensitive to the load's bursts than the throughput; " + _spread(steady)),
+                "less sensitive to the load's bursts than the throughput; "
+                + _spread(steady, positions)),
         _figure(f"{case.label}: LB-BSP exchange cost / iteration time",
                 _median(shares), ".4f",
                 {"op": "<=", "target": EXCHANGE_GOAL} if equal else None,
@@ -268,7 +281,7 @@ def case_figures(case: Case, runs: dict[str, dict[str, Any]]) -> list[dict[str, 
             _figure(f"{case.label}: LB-BSP throughput / the split's bound",
                     _median(bound), ".3f", {"op": ">=", "target": BOUND_GOAL}, unit="x",
                     note="the bound: the stock script on as many equal ranks in the same "
-                    "rotation; " + _spread(bound)),
+                    "rotation; " + _spread(bound, positions)),
             _figure(f"{case.label}: the most any split could gain over the equal split",
                     _median(pair_ratios(runs["bound"], ref)), ".2f", unit="x",
                     note="the bound's throughput over the equal split's (emulated), pair by "
@@ -323,12 +336,14 @@ def pair_rows(case: Case, runs: dict[str, dict[str, Any]]) -> list[list[str]]:
             first = lb["positions"][k] is not None and lb["positions"][k] == 0
             load = lb["loads"][k]
             share = lb["shares"][k]
+            unequal = lb.get("unequal_per_run", [None] * (k + 1))[k]
             rows.append([
                 case.label, NAMES[scheme], str(k + 1),
                 "LB-BSP first" if first else "LB-BSP later",
                 f"{mine:.0f}", f"{theirs:.0f}", f"{mine / theirs:.3f}",
                 f"{steady[k]:.3f}" if k < len(steady) else "-",
                 " ".join(map(str, lb["sizes_per_run"][k])),
+                "-" if unequal is None else str(unequal),
                 "-" if share is None else f"{share:.4f}",
                 "-" if not load else f"{load[0]:.1f}-{load[1]:.1f}",
             ])  # fmt: skip

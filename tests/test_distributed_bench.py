@@ -196,3 +196,54 @@ def test_smoke_run_writes_a_valid_ddp_section(tmp_path: Path) -> None:
     assert len(data["tables"][1]["rows"]) == 3
     goals = [f for f in data["figures"] if f["goal"] is not None]
     assert {f["goal"]["target"] for f in goals} == {0.98, 0.01, 0.9, 1.05, 1.8, -0.5}
+
+
+def test_a_run_counts_its_iterations_at_unequal_sizes() -> None:
+    # Prepare: a 2-rank LB-BSP log of 6 iterations, the first 2 skipped; it moved to 60:68
+    # at iteration 4 and back at iteration 6
+    sizes = [[64, 64], [60, 68], [64, 64], [60, 68], [60, 68], [64, 64]]
+    log = {
+        "config": {"batch_size": 64},
+        "iterations": [{"iteration": k + 1, "wall": 0.01, "sizes": s} for k, s in enumerate(sizes)],
+        "evaluations": [{"iteration": 6, "time": 0.06, "accuracy": 0.9}],
+        "rebalances": [],
+        "summary": {"final_sizes": [64, 64], "training_time": 0.06},
+    }
+
+    # Execute
+    run = _load("ddp_figures").summarise_ddp(log, 2)
+
+    # Assert: iterations 3-6 measured, 2 of them at unequal sizes
+    assert run["unequal_iterations"] == 2
+
+
+def test_figures_give_the_pairs_by_order_and_the_table_the_unequal_iterations() -> None:
+    # Prepare: 4 pairs, LB-BSP first in pairs 1 and 3 (as the alternation runs them)
+    bench = _load("bench_ddp")
+    figures_module = _load("ddp_figures")
+    case = bench.SMOKE.cases[0]
+    lb = _run([900.0, 1100.0, 950.0, 1050.0])
+    lb["unequal_per_run"] = [0, 12, 0, 0]
+    runs = {"lbbsp": lb, "stock": _run([1000.0] * 4)}
+
+    # Execute
+    figures = {f["label"]: f for f in figures_module.case_figures(case, runs)}
+    rows = figures_module.pair_rows(case, runs)
+
+    # Assert: the medians of the pairs where LB-BSP ran first (0.9, 0.95) and second
+    # (1.1, 1.05) apart; the unequal iterations of each pair's LB-BSP run in the table
+    note = figures["equal, 2 ranks: LB-BSP throughput / stock DDP's"]["note"]
+    assert "LB-BSP first: median 0.925 (2 pairs), second: 1.075 (2)" in note
+    assert [row[3] for row in rows] == ["LB-BSP first", "LB-BSP later"] * 2
+    assert [row[9] for row in rows] == ["0", "12", "0", "0"]
+
+
+def test_every_full_case_runs_each_scheme_first_as_often_as_second() -> None:
+    # Prepare
+    bench = _load("bench_ddp")
+
+    # Execute
+    counts = {case.key: case.repeats or bench.FULL.repeats for case in bench.FULL.cases}
+
+    # Assert: an even number of alternated pairs in every case
+    assert all(n % 2 == 0 for n in counts.values()), counts
