@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-OWN_SMOKE_TEST = {"ddp", "wallclock", "plugin"}
+# setup runs `make demo` itself: tests/test_bench_setup.py checks what it reads from a demo
+OWN_SMOKE_TEST = {"ddp", "wallclock", "plugin", "setup"}
 
 
 def _load(name: str, script: str = "report.py") -> Any:
@@ -73,5 +74,5 @@ def test_run_all_smoke_writes_valid_sections_and_the_report(tmp_path: Path) -> N
         assert f'<a id="{section["section"]}"></a>' in text
         for plot in section.get("plots", []):
             assert (tmp_path / plot).is_file(), plot
-    assert "Smoke run of commit" in text
+    assert "Smoke run of the sections " + ", ".join(sections) + " of commit" in text
     assert "load average" in text
