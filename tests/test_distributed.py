@@ -140,6 +140,7 @@ def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
         ({"initial_batch_size": 8, "every": "often"}, "every"),
         ({"initial_batch_size": 8, "overhead_share": 1.5}, "overhead_share"),
         ({"initial_batch_size": 8, "max_every": 0}, "max_every"),
+        ({"initial_batch_size": 8, "backoff": 0}, "backoff"),
         ({"initial_batch_size": 8, "tolerance": 1.0}, "tolerance"),
         ({"initial_batch_size": 8, "noise_sigmas": -1.0}, "noise_sigmas"),
     ],
@@ -148,6 +149,26 @@ def test_coordinator_rejects_bad_arguments(options: dict[str, Any], message: str
     # Execute / Assert
     with pytest.raises(ValueError, match=message):
         LBBSPCoordinator(**options)
+
+
+@pytest.mark.parametrize(("backoff", "expected"), [(8, [2, 4, 8, 16]), (1, [2])])
+def test_k_doubles_up_to_the_backoff_while_the_gate_holds_within_tolerance(
+    backoff: int, expected: list[int]
+) -> None:
+    # Prepare: a world of one (nothing to balance: every window within tolerance)
+    coordinator = LBBSPCoordinator(
+        initial_batch_size=B_INIT, every=2, backoff=backoff, overlap=False
+    )
+
+    # Execute
+    seen = []
+    for _ in range(60):
+        coordinator.step(0.01)
+        if coordinator.current_every not in seen:
+            seen.append(coordinator.current_every)
+
+    # Assert: k = every x 1, 2, 4, 8 (backoff 8), or every throughout (backoff 1)
+    assert seen == expected
 
 
 def test_automatic_every_stays_within_its_bounds() -> None:
@@ -403,6 +424,20 @@ def _worker_main(rank: int, store: str, out: str) -> None:
             )
             coordinator.step((1.0, 1.04)[rank])
             result[f"near_equal_{tolerance}"] = list(coordinator.sizes)
+        # Backoff: equal windows double k (1, 2, 4); an unequal one brings it back to 1.
+        backing = LBBSPCoordinator(
+            initial_batch_size=B_INIT, every=1, noise_sigmas=None, overlap=False
+        )
+        result["backoff"] = []
+        for times in [(1.0, 1.0)] * 3 + [(1.0, 3.0)] * 4:
+            backing.step(times[rank])
+            result["backoff"].append(backing.current_every)
+        # ... and a window whose gain (7%) is within the ranks' noise doubles it too.
+        noisy = LBBSPCoordinator(initial_batch_size=B_INIT, every=2, overlap=False)
+        for seconds in ((1.0, 1.3), (1.0, 1.0))[rank]:
+            noisy.step(seconds)
+        verdict = noisy.last_verdict
+        result["backoff_noise"] = [noisy.current_every, verdict.reason if verdict else None]
         # Unequal sizes from the injected times, then the gradients at those sizes.
         # Overlapped (the default): the first window's gather waits for the next step.
         overlapped = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, noise_sigmas=None)
@@ -493,6 +528,17 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("ddp")
     _spawn(_worker_main, tmp)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def test_k_backs_off_while_the_ranks_are_equal_and_returns_when_one_falls_behind(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # Assert: windows of 1 then 2 iterations within tolerance: k 2 then 4; the window of 4
+    # iterations in which rank 1 takes 3x as long: k back to every = 1, on both ranks; a
+    # window within the noise: k doubled
+    assert ranks[0]["backoff"] == [2, 2, 4, 4, 4, 4, 1]
+    assert ranks[1]["backoff"] == ranks[0]["backoff"]
+    assert ranks[0]["backoff_noise"] == ranks[1]["backoff_noise"] == [4, "within noise"]
 
 
 @pytest.mark.parametrize("every", [1, 2])

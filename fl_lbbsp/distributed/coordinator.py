@@ -63,7 +63,15 @@ class LBBSPCoordinator(RankPlan):
     overhead_share : float (default: 0.01)
         With ``every="auto"``: the share of wall time balancing may take, in (0, 1).
     max_every : int (default: 100)
-        With ``every="auto"``: the largest k.
+        With ``every="auto"``, or backing off: the largest k.
+    backoff : int (default: 8)
+        While the gate holds the sizes because the ranks finish within ``tolerance`` or
+        within their noise of each other, k doubles from one exchange to the next, up to
+        ``backoff`` times the k of ``every`` and at most ``max_every`` (unless ``every``
+        is larger); any other verdict brings it back at once. On equal ranks the
+        exchanges and the balancer's decisions (its cost fits: a few hundred us per rank
+        and exchange) become rarer; a rank that falls behind is seen within
+        ``backoff * k`` iterations. 1: k stays.
     tolerance : float (default: 0.02)
         Keep the sizes while the predicted gain of a split proportional to the window's
         speeds is at most this share of the slowest rank's time (the reports still reach
@@ -106,6 +114,7 @@ class LBBSPCoordinator(RankPlan):
         every: int | Literal["auto"] = 10,
         overhead_share: float = 0.01,
         max_every: int = 100,
+        backoff: int = 8,
         tolerance: float = 0.02,
         noise_sigmas: float | None = 2.0,
         overlap: bool = True,
@@ -120,6 +129,7 @@ class LBBSPCoordinator(RankPlan):
         if every != "auto":
             check_positive_int("every", every)
         check_positive_int("max_every", max_every)
+        check_positive_int("backoff", backoff)
         if not (isinstance(overhead_share, float | int) and 0 < overhead_share < 1):
             raise ValueError(f"overhead_share must be in (0, 1), got {overhead_share!r}")
         if not (isinstance(tolerance, float | int) and 0 <= tolerance < 1):
@@ -142,7 +152,10 @@ class LBBSPCoordinator(RankPlan):
         self.every = every
         self.overhead_share = float(overhead_share)
         self.max_every = max_every
-        self._k = 1 if every == "auto" else every
+        self._base_k = 1 if every == "auto" else every  # k before the backoff
+        self._k = self._base_k
+        self.backoff = backoff
+        self._factor = 1  # the backoff's factor on k now
         self.balance = bool(balance)
         self.balancer = balancer or BatchSizeBalancer(initial_batch_size=initial_batch_size)
         self.initial_batch_size = initial_batch_size
@@ -269,7 +282,10 @@ class LBBSPCoordinator(RankPlan):
             self._sizes = self._allocate(held=before)
         if self._sizes != before:
             self._window = WindowTally()  # the iteration run while the gather was under way
-        self._k = self._next_every(rows)
+        self._base_k = self._next_every(rows)
+        held = self.last_verdict.reason in ("within tolerance", "within noise")
+        self._factor = min(2 * self._factor, self.backoff) if held else 1
+        self._k = max(self._base_k, min(self._base_k * self._factor, self.max_every))
         self._rebalances += 1
         self._last_exchange = self._started + time.perf_counter() - started
         self._overhead += self._last_exchange
@@ -280,12 +296,19 @@ class LBBSPCoordinator(RankPlan):
         by floating point on unlike hosts): every rank takes rank 0's balancer, sizes
         and k."""
         state = self._exchange.adopt(
-            {"balancer": self.balancer.state_dict(), "sizes": list(self._sizes), "every": self._k},
+            {
+                "balancer": self.balancer.state_dict(),
+                "sizes": list(self._sizes),
+                "every": self._k,
+                "base": self._base_k,
+                "factor": self._factor,
+            },  # fmt: skip
             iteration=self.iteration,
         )
         self.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
         self._sizes = tuple(int(x) for x in state["sizes"])
         self._k = int(state["every"])
+        self._base_k, self._factor = int(state["base"]), int(state["factor"])
         self.gate.reset()
         self.disagreements += 1
         if self._rank == 0:
@@ -301,7 +324,9 @@ class LBBSPCoordinator(RankPlan):
         head = rows[0]
         count = head[Row.COUNT] - 1 if self._rebalances == 0 else head[Row.COUNT]
         cost = min(row[Row.EXCHANGE] for row in rows)
-        return auto_every(cost, head[Row.WALL], count, self.overhead_share, self.max_every, self._k)
+        return auto_every(
+            cost, head[Row.WALL], count, self.overhead_share, self.max_every, self._base_k
+        )
 
     def _allocate(self, held: tuple[int, ...] | None = None) -> tuple[int, ...]:
         # DDP weights every rank's gradient by its batch size: the global batch's noise is
@@ -319,7 +344,7 @@ class LBBSPCoordinator(RankPlan):
             "iteration": self.iteration,
             "sizes": list(self._sizes),
             "rank_ids": list(self.rank_ids),
-            "every": self._k,
+            "every": self._base_k,  # k before the backoff, which a resume starts anew
             "total": self.total,
         }
 
@@ -345,7 +370,8 @@ class LBBSPCoordinator(RankPlan):
         self._window = WindowTally()
         self.gate.reset()
         self._gathering = None
-        self._k = self._k if self.every != "auto" else int(state.get("every", 1))
+        self._base_k = self._base_k if self.every != "auto" else int(state.get("every", 1))
+        self._k, self._factor = self._base_k, 1
         saved = tuple(int(x) for x in state["sizes"])
         if tuple(state["rank_ids"]) == self.rank_ids and sum(saved) == self.total:
             self._sizes = saved
