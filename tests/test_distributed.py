@@ -276,7 +276,7 @@ def test_the_balancer_sees_the_windows_mean_iteration_whatever_its_length() -> N
 
     # Execute
     for every in (1, 3, 2):
-        coordinator.every = coordinator._k = every
+        coordinator.cadence.every = coordinator.cadence.k = every
         for _ in range(every):
             coordinator.step(0.5)
 

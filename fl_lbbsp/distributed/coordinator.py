@@ -27,9 +27,10 @@ import torch.distributed as dist
 
 from ..core.balancer import BatchSizeBalancer, SiloReport
 from ..core.reports import check_positive_int
+from .cadence import Cadence
 from .clock import ComputeClock
 from .exchange import Exchange, Gathering, Overhead, RankFailureError, RankReport, Row, fingerprint
-from .gate import HoldGate, Verdict, WindowStats, WindowTally, auto_every, review_proposal
+from .gate import HoldGate, Verdict, WindowStats, WindowTally, review_proposal
 from .plan import RankPlan
 
 __all__ = ["LBBSPCoordinator", "Overhead", "RankFailureError", "RankReport"]
@@ -65,13 +66,9 @@ class LBBSPCoordinator(RankPlan):
     max_every : int (default: 100)
         With ``every="auto"``, or backing off: the largest k.
     backoff : int (default: 8)
-        While the gate holds the sizes because the ranks finish within ``tolerance`` or
-        within their noise of each other, k doubles from one exchange to the next, up to
-        ``backoff`` times the k of ``every`` and at most ``max_every`` (unless ``every``
-        is larger); any other verdict brings it back at once. On equal ranks the
-        exchanges and the balancer's decisions (its cost fits: a few hundred us per rank
-        and exchange) become rarer; a rank that falls behind is seen within
-        ``backoff * k`` iterations. 1: k stays.
+        While the gate holds the sizes (within tolerance or noise), k doubles from one
+        exchange to the next up to ``backoff`` times its base (:class:`~.cadence.Cadence`);
+        any other verdict brings it back at once. 1: k stays.
     tolerance : float (default: 0.02)
         Keep the sizes while the predicted gain of a split proportional to the window's
         speeds is at most this share of the slowest rank's time (the reports still reach
@@ -88,10 +85,9 @@ class LBBSPCoordinator(RankPlan):
     balance : bool (default: True)
         ``False``: the sizes stay at B_init, nothing is exchanged (plain DDP's split).
     cpu_time : bool (default: False)
-        Also measure the CPU seconds of each rank's compute
-        (:meth:`~fl_lbbsp.distributed.plan.RankPlan.compute_cpu_time`), to emulate slower
-        machines. Off by default: the process's CPU clock sums every thread, and read in a
-        backward while the backend's threads run it can stall for milliseconds.
+        Also measure the CPU seconds of each rank's compute, to emulate slower machines
+        (:meth:`~.plan.RankPlan.compute_cpu_time`; off: the clock can stall, see
+        :mod:`~.clock`).
     balancer : BatchSizeBalancer | None (default: None)
         The balancer to drive; ``None``: one with its default settings.
     group : ProcessGroup | None (default: None)
@@ -149,13 +145,8 @@ class LBBSPCoordinator(RankPlan):
         if len(ids) != self._world or len(set(ids)) != self._world:
             raise ValueError(f"rank_ids must name the {self._world} ranks once each, got {ids!r}")
         self.rank_ids = tuple(ids)
-        self.every = every
-        self.overhead_share = float(overhead_share)
-        self.max_every = max_every
-        self._base_k = 1 if every == "auto" else every  # k before the backoff
-        self._k = self._base_k
-        self.backoff = backoff
-        self._factor = 1  # the backoff's factor on k now
+        self.cadence = Cadence(every=every, overhead_share=float(overhead_share),
+                               max_every=max_every, backoff=backoff)  # fmt: skip
         self.balance = bool(balance)
         self.balancer = balancer or BatchSizeBalancer(initial_batch_size=initial_batch_size)
         self.initial_batch_size = initial_batch_size
@@ -185,7 +176,12 @@ class LBBSPCoordinator(RankPlan):
     @property
     def current_every(self) -> int:
         """k: iterations between the exchanges from now on."""
-        return self._k
+        return self.cadence.k
+
+    @property
+    def every(self) -> int | Literal["auto"]:
+        """The base k (``every`` as given)."""
+        return self.cadence.every
 
     # ---------------------------------------------------------------- the loop
     def step(self, compute_time: float | None = None, *, samples: int | None = None) -> bool:
@@ -232,7 +228,7 @@ class LBBSPCoordinator(RankPlan):
         decided = self._gathering is not None
         if decided:
             self._decide()
-        if self._window.iterations >= self._k:
+        if self._window.iterations >= self.cadence.k:
             self._start_exchange()
             if not self.overlap:
                 self._decide()
@@ -245,7 +241,7 @@ class LBBSPCoordinator(RankPlan):
         window, self._window = self._window, WindowTally()
         row = [window.time, float(window.samples), float(self.batch_size),
                float(window.iterations), self._last_exchange, window.wall,
-               window.square, fingerprint(self._sizes, self._k)]  # fmt: skip
+               window.square, fingerprint(self._sizes, self.cadence.k)]  # fmt: skip
         self._gathering = self._exchange.start(row, iteration=self.iteration)
         self._started = time.perf_counter() - started
         self._last_step = time.perf_counter()
@@ -282,10 +278,7 @@ class LBBSPCoordinator(RankPlan):
             self._sizes = self._allocate(held=before)
         if self._sizes != before:
             self._window = WindowTally()  # the iteration run while the gather was under way
-        self._base_k = self._next_every(rows)
-        held = self.last_verdict.reason in ("within tolerance", "within noise")
-        self._factor = min(2 * self._factor, self.backoff) if held else 1
-        self._k = max(self._base_k, min(self._base_k * self._factor, self.max_every))
+        self.cadence.update(rows, self.last_verdict.reason, first=self._rebalances == 0)
         self._rebalances += 1
         self._last_exchange = self._started + time.perf_counter() - started
         self._overhead += self._last_exchange
@@ -299,34 +292,18 @@ class LBBSPCoordinator(RankPlan):
             {
                 "balancer": self.balancer.state_dict(),
                 "sizes": list(self._sizes),
-                "every": self._k,
-                "base": self._base_k,
-                "factor": self._factor,
+                "cadence": self.cadence.state(),
             },  # fmt: skip
             iteration=self.iteration,
         )
         self.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
         self._sizes = tuple(int(x) for x in state["sizes"])
-        self._k = int(state["every"])
-        self._base_k, self._factor = int(state["base"]), int(state["factor"])
+        self.cadence.adopt(state["cadence"])
         self.gate.reset()
         self.disagreements += 1
         if self._rank == 0:
             log.warning("the ranks' batch sizes disagreed at iteration %d; rank 0's taken",
                         self.iteration)  # fmt: skip
-
-    def _next_every(self, rows: list[list[float]]) -> int:
-        """k for the next window: fixed, or (``"auto"``) :func:`~.gate.auto_every` from the
-        exchange's cost (the shortest time any rank spent in the last one) and rank 0's
-        wall time per iteration (its first window's first iteration left out)."""
-        if self.every != "auto":
-            return self.every
-        head = rows[0]
-        count = head[Row.COUNT] - 1 if self._rebalances == 0 else head[Row.COUNT]
-        cost = min(row[Row.EXCHANGE] for row in rows)
-        return auto_every(
-            cost, head[Row.WALL], count, self.overhead_share, self.max_every, self._base_k
-        )
 
     def _allocate(self, held: tuple[int, ...] | None = None) -> tuple[int, ...]:
         # DDP weights every rank's gradient by its batch size: the global batch's noise is
@@ -344,7 +321,7 @@ class LBBSPCoordinator(RankPlan):
             "iteration": self.iteration,
             "sizes": list(self._sizes),
             "rank_ids": list(self.rank_ids),
-            "every": self._base_k,  # k before the backoff, which a resume starts anew
+            "every": self.cadence.base,  # k before the backoff, which a resume starts anew
             "total": self.total,
         }
 
@@ -370,8 +347,7 @@ class LBBSPCoordinator(RankPlan):
         self._window = WindowTally()
         self.gate.reset()
         self._gathering = None
-        self._base_k = self._base_k if self.every != "auto" else int(state.get("every", 1))
-        self._k, self._factor = self._base_k, 1
+        self.cadence.restart(int(state.get("every", 1)))
         saved = tuple(int(x) for x in state["sizes"])
         if tuple(state["rank_ids"]) == self.rank_ids and sum(saved) == self.total:
             self._sizes = saved
