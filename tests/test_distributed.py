@@ -171,6 +171,30 @@ def test_k_doubles_up_to_the_backoff_while_the_gate_holds_within_tolerance(
     assert seen == expected
 
 
+@pytest.mark.parametrize(
+    ("reasons", "expected"),
+    [
+        (["within tolerance", "within noise", "within noise"], [20, 40, 40]),
+        (["within noise", "unconfirmed", "confirmed"], [20, 20, 10]),
+        (["within noise", "no times", "within tolerance"], [20, 10, 20]),
+    ],
+)
+def test_k_keeps_its_length_for_the_window_that_confirms_a_lead(
+    reasons: list[str], expected: list[int]
+) -> None:
+    # Prepare: every = 10, backoff 4
+    from fl_lbbsp.distributed.cadence import Cadence
+
+    cadence = Cadence(every=10, overhead_share=0.01, max_every=100, backoff=4)
+
+    # Execute
+    ks = [cadence.update([], reason, first=False) for reason in reasons]
+
+    # Assert: doubled while held (at most 4 x 10), kept while a lead waits for its
+    # confirmation, back to 10 on a move or a window without times
+    assert ks == expected
+
+
 def test_automatic_every_stays_within_its_bounds() -> None:
     # Prepare
     coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every="auto", max_every=3)

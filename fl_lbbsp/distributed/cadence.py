@@ -5,7 +5,8 @@ On equal ranks every exchange ends in the same verdict (the sizes stay), yet eac
 an all_gather and the balancer's decision (its cost fits, a few hundred microseconds per
 rank; measured 1.3 ms of CPU per rank at 4 gloo ranks): while the gate holds the sizes
 within the tolerance or the noise, k doubles from one exchange to the next, up to
-``backoff`` times its base; any other verdict brings it back at once.
+``backoff`` times its base; a lead seen once keeps k for the window that confirms it
+(as long, so as precise, as the one that saw it); any other verdict brings it back.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from typing import Any, Literal
 from .exchange import Row
 from .gate import auto_every
 
-__all__ = ["Cadence", "HOLDING"]
+__all__ = ["HOLDING", "UNCONFIRMED", "Cadence"]
 
 HOLDING = ("within tolerance", "within noise")
 """The gate's reasons for holding the sizes on which k backs off."""
+UNCONFIRMED = "unconfirmed"
+"""The gate's reason for a lead seen once: k stays for the window that confirms it."""
 
 
 class Cadence:
@@ -57,7 +60,9 @@ class Cadence:
         """k after an exchange: the base (fixed, or ``"auto"`` from the exchange's cost,
         the shortest time any rank spent in it, and rank 0's wall time per iteration, the
         first window's first iteration left out when ``first``), times the backoff's
-        factor, doubled when the gate held the sizes for ``reason``, else 1."""
+        factor: doubled when the gate held the sizes for ``reason`` (:data:`HOLDING`), kept
+        when a lead is still to be confirmed (the confirming window as long as the one that
+        saw it), else 1."""
         if self.every != "auto":
             self.base = self.every
         else:
@@ -67,7 +72,10 @@ class Cadence:
             self.base = auto_every(
                 cost, head[Row.WALL], count, self.overhead_share, self.max_every, self.base
             )
-        self.factor = min(2 * self.factor, self.backoff) if reason in HOLDING else 1
+        if reason in HOLDING:
+            self.factor = min(2 * self.factor, self.backoff)
+        elif reason != UNCONFIRMED:  # a move, or nothing to judge: back to the base
+            self.factor = 1
         self.k = max(self.base, min(self.base * self.factor, self.max_every))
         return self.k
 

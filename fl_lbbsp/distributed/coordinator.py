@@ -65,10 +65,10 @@ class LBBSPCoordinator(RankPlan):
         With ``every="auto"``: the share of wall time balancing may take, in (0, 1).
     max_every : int (default: 100)
         With ``every="auto"``, or backing off: the largest k.
-    backoff : int (default: 8)
+    backoff : int (default: 4)
         While the gate holds the sizes (within tolerance or noise), k doubles from one
         exchange to the next up to ``backoff`` times its base (:class:`~.cadence.Cadence`);
-        any other verdict brings it back at once. 1: k stays.
+        a lead seen once keeps it, any other verdict brings it back. 1: k stays.
     tolerance : float (default: 0.02)
         Keep the sizes while the predicted gain of a split proportional to the window's
         speeds is at most this share of the slowest rank's time (the reports still reach
@@ -110,7 +110,7 @@ class LBBSPCoordinator(RankPlan):
         every: int | Literal["auto"] = 10,
         overhead_share: float = 0.01,
         max_every: int = 100,
-        backoff: int = 8,
+        backoff: int = 4,
         tolerance: float = 0.02,
         noise_sigmas: float | None = 2.0,
         overlap: bool = True,
