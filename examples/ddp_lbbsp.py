@@ -262,6 +262,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         if evaluate or save:
             dist.barrier()  # everyone starts the next iteration together
             last = time.perf_counter()  # the evaluation is not training time
+    coordinator.close()  # LB-BSP: no exchange of times left running at the teardown
     overhead = coordinator.overhead
     if rank == 0:
         log["summary"] = {

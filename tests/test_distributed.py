@@ -131,6 +131,19 @@ def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
     assert coordinator.overhead.rebalances == 1 and coordinator.overhead.iterations == 1
 
 
+def test_close_waits_for_the_exchange_in_flight_without_deciding_from_it() -> None:
+    # Prepare: an overlapped exchange started by the last step, not yet decided
+    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
+    coordinator.step(0.5)
+
+    # Execute: training is over
+    coordinator.close()
+    coordinator.close()  # a second close has nothing left to wait for
+
+    # Assert: the exchange was waited for but not decided from
+    assert coordinator.overhead.rebalances == 0 and coordinator.sizes == (B_INIT,)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

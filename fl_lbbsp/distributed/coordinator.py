@@ -235,6 +235,20 @@ class LBBSPCoordinator(RankPlan):
                 decided = True
         return decided
 
+    def close(self) -> None:
+        """Wait for the exchange of times still in flight, if any, without deciding from
+        it: every rank calls it once training is over, before ``destroy_process_group``
+        (a collective left running when the group is torn down can abort the process).
+
+        Raises
+        ------
+        RankFailureError
+            When the exchange fails (a peer rank died).
+        """
+        gathering, self._gathering = self._gathering, None
+        if gathering is not None:
+            gathering.rows()
+
     def _start_exchange(self) -> None:
         """Send this rank's window (the gather runs in the background) and open the next."""
         started = time.perf_counter()
