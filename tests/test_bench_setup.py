@@ -40,7 +40,6 @@ def test_the_demo_report_shows_the_gain_the_section_reads(demo_report: dict[str,
     # equal split, whose slowest silo (capacity 1 of 4) sets its pace
     assert figures["lbbsp_over_ideal"] < figures["fedavg_over_ideal"]
     assert figures["fedavg_over_ideal"] > 1.5
-    assert figures["speedup"] > 0
 
 
 def test_a_demo_whose_scheme_missed_the_target_is_refused(demo_report: dict[str, Any]) -> None:
