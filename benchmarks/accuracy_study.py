@@ -77,6 +77,15 @@ class Study:
     model: str
     cost_model: str = ba.COST_MODEL
     target_share: float = ba.TARGET_SHARE
+    seeds_by_dataset: tuple[tuple[str, int], ...] = ()
+    """Seed counts that replace ``seeds`` for some datasets (see :func:`seeds_of`)."""
+
+    def seeds_of(self, dataset: str) -> tuple[int, ...]:
+        """The seeds run on ``dataset``: ``range(n)`` where ``seeds_by_dataset`` names its
+        source (``embedded``, ``mnist``), else ``seeds``."""
+        counts = dict(self.seeds_by_dataset)
+        n = counts.get(_name(dataset).lower())
+        return self.seeds if n is None else tuple(range(n))
 
     def config(
         self, scheme: str, dataset: str, mix: str, partition: str, seed: int, out: Path
@@ -132,6 +141,7 @@ def trace(
     """One run's trace and its silos' dataset sizes (the aggregation weights), from
     ``cache`` when a run of the same settings left them there (``None``: always run)."""
     key = {**asdict(study), "datasets": None, "mixes": None, "partitions": None, "seeds": None}
+    del key["seeds_by_dataset"]
     key.update(scheme=scheme, dataset=dataset, mix=mix, partition=partition, seed=seed)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     path = None if cache is None else cache / f"{scheme}-{digest}.json"
@@ -254,7 +264,7 @@ def run_grid(study: Study, cache: Path | None, minutes: float | None) -> dict[st
         for dataset in study.datasets:
             for partition in study.partitions:
                 cell = f"{_name(dataset)} | {mix} | {partition}"
-                for seed in study.seeds:
+                for seed in study.seeds_of(dataset):
                     if time.monotonic() > deadline:
                         return rows
                     started = time.perf_counter()
@@ -356,7 +366,7 @@ def section(
     setting = (
         f"{study.model} on {', '.join(_name(d) for d in study.datasets)}; mixes "
         + "; ".join(f"{m} ({':'.join(f'{v:g}' for v in MIXES[m])})" for m in study.mixes)
-        + f"; partitions {', '.join(study.partitions)}; seeds {list(study.seeds)} (those "
+        + f"; partitions {', '.join(study.partitions)}; seeds {_seed_text(study)} (those "
         f"completed are in the tables); tau = {study.local_steps}, B_init = "
         f"{study.batch_size}, eta = {study.lr:g}, up to {study.rounds} rounds; capacities "
         f"emulated by the cost model {study.cost_model} (seconds per sample and step of the "
@@ -365,6 +375,8 @@ def section(
         f"sizes). Floor: min_batch_fraction 1/3, no budget. Plateau: window {WINDOW} rounds, "
         f"gain < {DELTA} points. {seconds:.0f} s on {machine()}."
     )
+    if study.seeds_by_dataset:
+        setting += f" {SEEDS_PRINCIPLE}"
     return {
         "section": name,
         "title": "Accuracy under the noise budget: LB-BSP against FedAvg, beside the floor"
@@ -413,7 +425,48 @@ def section(
             "Student's t over the seeds (the speed-up's on its logarithm).",
         ],
         "summary": summary,
+        "runs": {cell: {str(seed): per for seed, per in by.items()} for cell, by in rows.items()},
     }
+
+
+SEEDS_PRINCIPLE = (
+    "More seeds where an evaluation is coarser: the embedded set's test split holds 359 "
+    "images against MNIST's 2,000, so one evaluation's binomial standard deviation at 90% "
+    "accuracy is 1.6 points against 0.7; equal interval widths would ask about 5 times the "
+    "seeds, the embedded cells run 3 times as many."
+)
+
+
+def _seed_text(study: Study) -> str:
+    def span(seeds: Sequence[int]) -> str:
+        return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(list(seeds))
+
+    text = span(study.seeds)
+    extra = [f"{d}: {span(tuple(range(n)))}" for d, n in study.seeds_by_dataset]
+    return text + (f" ({'; '.join(extra)})" if extra else "")
+
+
+def keep_cells(data: dict[str, Any], earlier: Mapping[str, Any], source: str) -> list[str]:
+    """Add to ``data`` (a section of this run) the cells of ``earlier`` (a section of the
+    same study from an earlier run) that this run did not run: their figures, table rows,
+    per-seed rows and summary, and a line in the setting naming them and ``source``.
+    Returns the cells kept."""
+    ran = set(data["summary"])
+    kept = [cell for cell in earlier.get("summary", {}) if cell not in ran]
+    if not kept:
+        return []
+    for cell in kept:
+        data["figures"].extend(f for f in earlier["figures"] if f["label"].endswith(f", {cell}"))
+        for mine, theirs in zip(data["tables"], earlier["tables"], strict=True):
+            mine["rows"].extend(r for r in theirs["rows"] if r[0] == cell)
+        data["summary"][cell] = earlier["summary"][cell]
+        if cell in earlier.get("runs", {}):
+            data["runs"][cell] = earlier["runs"][cell]
+    data["setting"] += (
+        f" Cells kept from an earlier run of this study ({source}), not rerun here: "
+        f"{', '.join(kept)}; that run's setting: {earlier['setting']}"
+    )
+    return kept
 
 
 def _finite(value: Any) -> Any:
@@ -434,6 +487,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.add_argument("--mixes", default="wide,5:1", help=f"in order, of {sorted(MIXES)}")
     cli.add_argument("--partitions", default="labels:2,dirichlet:0.3")
     cli.add_argument("--seeds", type=int, default=8)
+    cli.add_argument(
+        "--seeds-for",
+        default="embedded=24",
+        help="seed counts per dataset that replace --seeds, e.g. embedded=24 (the default: "
+        "more seeds where the test split is smaller; '' for none)",
+    )
+    cli.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="an earlier accuracy-budget.json: its cells that this run does not run are "
+        "copied into this one's section, named as kept in its setting",
+    )
     cli.add_argument(
         "--rounds", type=int, default=50, help="the horizon: FedAvg's plateau or this many"
     )
@@ -460,6 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for d in args.datasets.split(",")
     )
     smoke = args.smoke
+    counts = _counts(cli, args.seeds_for)
     study = Study(
         datasets=("embedded",) if smoke else datasets,
         mixes=tuple(m.strip() for m in args.mixes.split(",")),
@@ -470,6 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch_size=8 if smoke else args.batch_size,
         lr=args.lr,
         model=args.model,
+        seeds_by_dataset=() if smoke else counts,
     )
     unknown = sorted(set(study.mixes) - set(MIXES))
     if unknown:
@@ -477,6 +545,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     rows = run_grid(study, args.cache, args.minutes)
     data = section(study, rows, time.perf_counter() - started, args.name)
+    if args.keep is not None:
+        keep_cells(data, json.loads(args.keep.read_text()), str(args.keep))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.name}.json"
     path.write_text(json.dumps(_finite(data), indent=2, allow_nan=False) + "\n")
@@ -484,6 +554,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(" | ".join(row))
     print(path)
     return 0
+
+
+def _counts(cli: Any, text: str) -> tuple[tuple[str, int], ...]:
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, count = item.partition("=")
+        if (
+            name.strip().lower() not in ("embedded", "mnist")
+            or not count.isdigit()
+            or int(count) < 2
+        ):
+            cli.error(f"--seeds-for wants embedded|mnist=count (count >= 2), got {item!r}")
+        out.append((name.strip().lower(), int(count)))
+    return tuple(out)
 
 
 if __name__ == "__main__":

@@ -164,3 +164,59 @@ def test_study_smoke_run_writes_a_finite_section(tmp_path: Path) -> None:
     assert variants == {"budget", "floor"}
     for figure in data["figures"]:
         assert figure["value"] is None or math.isfinite(figure["value"])
+
+
+def _study(**changes: Any) -> accuracy_study.Study:
+    base: dict[str, Any] = dict(
+        datasets=("embedded", "mnist:/data"), mixes=("5:1",), partitions=("labels:2",),
+        seeds=(0, 1), rounds=4, local_steps=2, batch_size=8, lr=0.1, model="mlp",
+    )  # fmt: skip
+    return accuracy_study.Study(**{**base, **changes})
+
+
+def test_seed_counts_per_dataset_replace_the_default_and_keep_the_cache_key() -> None:
+    # Prepare
+    plain = _study()
+    more = _study(seeds_by_dataset=(("embedded", 5),))
+
+    # Execute / Assert: the embedded cells run 5 seeds, MNIST keeps the default two
+    assert more.seeds_of("embedded") == (0, 1, 2, 3, 4)
+    assert more.seeds_of("mnist:/data") == (0, 1)
+    assert plain.seeds_of("embedded") == (0, 1)
+
+
+@pytest.mark.parametrize("text", ["embedded", "embedded=1", "embedded=x", "=3"])
+def test_seed_counts_are_refused_when_malformed(text: str) -> None:
+    # Execute / Assert
+    with pytest.raises(SystemExit):
+        accuracy_study.main(["--smoke", "--seeds-for", text, "--out", "/nonexistent"])
+
+
+def _section(cells: list[str], setting: str) -> dict[str, Any]:
+    return {
+        "setting": setting,
+        "figures": [{"label": f"figure, {c}", "value": 1.0} for c in cells],
+        "tables": [{"rows": [[c, "budget"] for c in cells]}, {"rows": [[c, "0"] for c in cells]}],
+        "summary": {c: {"budget": {"seeds": 8}} for c in cells},
+        "runs": {c: {"0": {}} for c in cells},
+    }
+
+
+def test_keep_cells_copies_only_the_cells_this_run_did_not_run() -> None:
+    # Prepare: this run has cell A; the earlier one A and B
+    data = _section(["A"], "now.")
+    earlier = _section(["A", "B"], "then.")
+    earlier["figures"][0]["value"] = 2.0  # the earlier A must not replace this run's
+
+    # Execute
+    kept = accuracy_study.keep_cells(data, earlier, "old.json")
+
+    # Assert
+    assert kept == ["B"]
+    assert [f["label"] for f in data["figures"]] == ["figure, A", "figure, B"]
+    assert data["figures"][0]["value"] == 1.0
+    assert [r[0] for r in data["tables"][0]["rows"]] == ["A", "B"]
+    assert [r[0] for r in data["tables"][1]["rows"]] == ["A", "B"]
+    assert set(data["summary"]) == set(data["runs"]) == {"A", "B"}
+    assert "kept from an earlier run" in data["setting"] and "old.json" in data["setting"]
+    assert data["setting"].endswith("then.")
