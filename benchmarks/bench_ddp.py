@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -135,6 +136,8 @@ def command_of(case: Case, scheme: str, settings: Settings, spec: str, log: Path
     if scheme in ("stock", "bound"):
         return [*launch, str(STOCK), *common]
     command = [*launch, str(EXAMPLE), "--mode", scheme, *common]
+    if scheme == "lbbsp":
+        command += list(case.lbbsp_args)
     if emulated and case.slowdowns:
         command += ["--slowdowns", ",".join(f"{k:g}" for k in case.slowdowns)]
     if emulated and case.cost_model is not None:
@@ -401,9 +404,13 @@ def main() -> int:
                      help="keep the runs' logs here (default: a temporary folder)")  # fmt: skip
     cli.add_argument("--batch-size", type=int, default=None,
                      help="per-rank batch (default: 64); like --cases")  # fmt: skip
+    cli.add_argument("--lbbsp-args", default="",
+                     help="options added to LB-BSP's runs, e.g. '--backoff 1 --no-review' "
+                     "(default: none); like --cases")  # fmt: skip
     args = cli.parse_args()
-    if (args.cases or args.batch_size is not None) and args.out.resolve() == RESULTS.resolve():
-        cli.error("--cases and --batch-size write a partial section: pass --out DIR")
+    partial = args.cases or args.batch_size is not None or args.lbbsp_args
+    if partial and args.out.resolve() == RESULTS.resolve():
+        cli.error("--cases, --batch-size and --lbbsp-args write a partial section: pass --out DIR")
     settings = SMOKE if args.smoke else FULL
     if args.cases:
         keys = [k.strip() for k in args.cases.split(",") if k.strip()]
@@ -413,6 +420,10 @@ def main() -> int:
         settings = replace(settings, cases=tuple(c for c in settings.cases if c.key in keys))
     if args.batch_size is not None:
         settings = replace(settings, batch_size=args.batch_size)
+    if args.lbbsp_args:
+        extra = tuple(shlex.split(args.lbbsp_args))
+        settings = replace(settings, cases=tuple(replace(c, lbbsp_args=extra)
+                                                 for c in settings.cases))  # fmt: skip
     if args.repeats is not None:
         if args.repeats < 1:
             cli.error("--repeats must be >= 1")

@@ -25,6 +25,8 @@ class Case:
     cost_model: str | None = None
     bound: bool = False
     repeats: int | None = None
+    lbbsp_args: tuple[str, ...] = ()
+    """Options added to LB-BSP's runs (the example's, e.g. ``("--backoff", "1")``)."""
 
     @property
     def emulated(self) -> bool:

@@ -79,6 +79,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     cli.add_argument("--every", type=_every, default=10,
                      help="exchange times every k iterations, or auto (default: 10)")  # fmt: skip
+    cli.add_argument("--backoff", type=int, default=4,
+                     help="k backs off up to this many times while the sizes hold; 1: never "
+                     "(default: 4)")  # fmt: skip
+    cli.add_argument(
+        "--no-review",
+        dest="review",
+        action="store_false",
+        help="apply the balancer's allocation without the gate's review of it",
+    )
     cli.add_argument(
         "--slowdowns", default="", help="emulated slowdown k per rank, e.g. 4,2,1,1 (default: none)"
     )
@@ -101,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds a collective waits for a peer before failing",
     )
     args = cli.parse_args(argv)
-    for name in ("iterations", "batch_size", "eval_every", "checkpoint_every"):
+    for name in ("iterations", "batch_size", "eval_every", "checkpoint_every", "backoff"):
         if getattr(args, name) <= 0:
             cli.error(f"--{name.replace('_', '-')} must be positive")
     return args
@@ -174,6 +183,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
     emulating = any(k != 1.0 for k in slowdowns) or args.cost_model is not None
     coordinator = LBBSPCoordinator(  # LB-BSP: the plan of per-rank batch sizes
         initial_batch_size=args.batch_size, every=args.every, balance=args.mode == "lbbsp",
+        backoff=args.backoff, review=args.review,
         cpu_time=emulating,  # an emulated slowdown scales the CPU time of the compute
     )  # fmt: skip
     start = 0
@@ -243,7 +253,8 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                 log["rebalances"].append({"iteration": iteration, "reports": {
                     str(r): [rep.batch_size, rep.compute_time, rep.iterations]
                     for r, rep in coordinator.last_reports.items()},
-                    "sizes": list(coordinator.sizes), "gate": gate})  # fmt: skip
+                    "sizes": list(coordinator.sizes), "gate": gate,
+                    "every": coordinator.current_every})  # fmt: skip
         evaluate = iteration % args.eval_every == 0 or iteration == args.iterations
         save = args.checkpoint is not None and iteration % args.checkpoint_every == 0
         if rank == 0 and evaluate:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fl_lbbsp.core.balancer import BatchSizeBalancer, SiloReport
-from fl_lbbsp.distributed import LBBSPBatchSampler, LBBSPCoordinator, lbbsp_data_loader
+from fl_lbbsp.distributed import LBBSPBatchSampler, LBBSPCoordinator, Verdict, lbbsp_data_loader
 
 WORLD = 2
 SPAWN_TIMEOUT = 240.0  # seconds for a whole spawned test; generous on a loaded machine
@@ -121,7 +121,7 @@ def test_data_loader_refuses_what_would_break_the_plan(
 # ------------------------------------------------------------------ single process
 def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
     # Prepare
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, overlap=False)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT, every=1, overlap=False)
 
     # Execute
     changed = coordinator.step(0.5)
@@ -133,7 +133,7 @@ def test_coordinator_without_a_process_group_is_a_world_of_one() -> None:
 
 def test_close_waits_for_the_exchange_in_flight_without_deciding_from_it() -> None:
     # Prepare: an overlapped exchange started by the last step, not yet decided
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT, every=1)
     coordinator.step(0.5)
 
     # Execute: training is over
@@ -154,6 +154,8 @@ def test_close_waits_for_the_exchange_in_flight_without_deciding_from_it() -> No
         ({"initial_batch_size": 8, "overhead_share": 1.5}, "overhead_share"),
         ({"initial_batch_size": 8, "max_every": 0}, "max_every"),
         ({"initial_batch_size": 8, "backoff": 0}, "backoff"),
+        ({"initial_batch_size": 8, "warm_up": -1}, "warm_up"),
+        ({"initial_batch_size": 8, "warm_up": True}, "warm_up"),
         ({"initial_batch_size": 8, "tolerance": 1.0}, "tolerance"),
         ({"initial_batch_size": 8, "noise_sigmas": -1.0}, "noise_sigmas"),
     ],
@@ -170,7 +172,7 @@ def test_k_doubles_up_to_the_backoff_while_the_gate_holds_within_tolerance(
 ) -> None:
     # Prepare: a world of one (nothing to balance: every window within tolerance)
     coordinator = LBBSPCoordinator(
-        initial_batch_size=B_INIT, every=2, backoff=backoff, overlap=False
+        warm_up=0, initial_batch_size=B_INIT, every=2, backoff=backoff, overlap=False
     )
 
     # Execute
@@ -184,16 +186,26 @@ def test_k_doubles_up_to_the_backoff_while_the_gate_holds_within_tolerance(
     assert seen == expected
 
 
+def _verdict(reason: str, *, equal: bool) -> Verdict:
+    return Verdict(reason == "confirmed", 0.1, 0.05, 0, reason, equal=equal)
+
+
 @pytest.mark.parametrize(
-    ("reasons", "expected"),
+    ("verdicts", "expected"),
     [
-        (["within tolerance", "within noise", "within noise"], [20, 40, 40]),
-        (["within noise", "unconfirmed", "confirmed"], [20, 20, 10]),
-        (["within noise", "no times", "within tolerance"], [20, 10, 20]),
+        # held, the ranks shown equal: doubled, at most 4 x 10
+        ([("within tolerance", True), ("within noise", True), ("within noise", True)],
+         [20, 40, 40]),
+        # a lead not yet told from the noise, or seen once: back to 10 at once
+        ([("within noise", True), ("within noise", False), ("within tolerance", True)],
+         [20, 10, 20]),
+        ([("within noise", True), ("within noise", True), ("unconfirmed", False)],
+         [20, 40, 10]),
+        ([("within noise", True), ("confirmed", False), ("no times", False)], [20, 10, 10]),
     ],
-)
-def test_k_keeps_its_length_for_the_window_that_confirms_a_lead(
-    reasons: list[str], expected: list[int]
+)  # fmt: skip
+def test_k_backs_off_only_on_windows_that_show_the_ranks_equal(
+    verdicts: list[tuple[str, bool]], expected: list[int]
 ) -> None:
     # Prepare: every = 10, backoff 4
     from fl_lbbsp.distributed.cadence import Cadence
@@ -201,16 +213,15 @@ def test_k_keeps_its_length_for_the_window_that_confirms_a_lead(
     cadence = Cadence(every=10, overhead_share=0.01, max_every=100, backoff=4)
 
     # Execute
-    ks = [cadence.update([], reason, first=False) for reason in reasons]
+    ks = [cadence.update([], _verdict(reason, equal=equal)) for reason, equal in verdicts]
 
-    # Assert: doubled while held (at most 4 x 10), kept while a lead waits for its
-    # confirmation, back to 10 on a move or a window without times
+    # Assert
     assert ks == expected
 
 
 def test_automatic_every_stays_within_its_bounds() -> None:
     # Prepare
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every="auto", max_every=3)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT, every="auto", max_every=3)
 
     # Execute
     seen = set()
@@ -234,7 +245,7 @@ def test_cpu_time_of_the_compute_leaves_out_the_wait_for_a_core(
     wall, cpu = iter([10.0, 10.05]), iter([3.0, 3.02])
     monkeypatch.setattr(module.time, "perf_counter", lambda: next(wall))
     monkeypatch.setattr(module.time, "process_time", lambda: next(cpu))
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, cpu_time=True)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT, cpu_time=True)
     assert coordinator.compute_cpu_time() is None and coordinator.began_at is None
 
     # Execute
@@ -255,7 +266,7 @@ def test_without_cpu_time_the_process_cpu_clock_is_never_read(
         raise AssertionError("process_time read")
 
     monkeypatch.setattr(time, "process_time", unread)
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT)
     model = _model()
     coordinator._clock.attach(model)
     x, y = _data()
@@ -309,7 +320,7 @@ def test_the_cpu_clock_is_read_once_an_iteration_at_its_last_mark(
 
 def test_the_balancer_sees_the_windows_mean_iteration_whatever_its_length() -> None:
     # Prepare: a world of one, windows of 1 then 3 then 2 iterations of 0.5 s each
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, overlap=False)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT, every=1, overlap=False)
 
     # Execute
     for every in (1, 3, 2):
@@ -328,7 +339,7 @@ def test_the_balancer_sees_the_windows_mean_iteration_whatever_its_length() -> N
 
 def test_step_without_a_time_is_an_error() -> None:
     # Prepare: no time given, none measured (no registered model marked the compute)
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT)
     coordinator.begin()
 
     # Execute / Assert
@@ -338,7 +349,7 @@ def test_step_without_a_time_is_an_error() -> None:
 
 def test_begin_refuses_a_batch_of_another_size() -> None:
     # Prepare
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT)
 
     # Execute / Assert
     with pytest.raises(ValueError, match="draw ahead"):
@@ -446,7 +457,7 @@ def _worker_main(rank: int, store: str, out: str) -> None:
         result: dict[str, Any] = {}
         for every in (1, 2):
             coordinator = LBBSPCoordinator(
-                initial_batch_size=B_INIT, every=every, noise_sigmas=None, overlap=False
+                warm_up=0, initial_batch_size=B_INIT, every=every, noise_sigmas=None, overlap=False
             )
             sizes = []
             for times in TIMES:
@@ -457,33 +468,36 @@ def _worker_main(rank: int, store: str, out: str) -> None:
         # Times within 5% of each other: the sizes stay; with no tolerance they move.
         for tolerance in (0.05, 0.0):
             coordinator = LBBSPCoordinator(
-                initial_batch_size=64, tolerance=tolerance, every=1, overlap=False
+                warm_up=0, initial_batch_size=64, tolerance=tolerance, every=1, overlap=False
             )
             coordinator.step((1.0, 1.04)[rank])
             result[f"near_equal_{tolerance}"] = list(coordinator.sizes)
         # Backoff: equal windows double k (1, 2, 4); an unequal one brings it back to 1.
         backing = LBBSPCoordinator(
-            initial_batch_size=B_INIT, every=1, noise_sigmas=None, overlap=False
+            warm_up=0, initial_batch_size=B_INIT, every=1, noise_sigmas=None, overlap=False
         )
         result["backoff"] = []
         for times in [(1.0, 1.0)] * 3 + [(1.0, 3.0)] * 4:
             backing.step(times[rank])
             result["backoff"].append(backing.current_every)
-        # ... and a window whose gain (7%) is within the ranks' noise doubles it too.
-        noisy = LBBSPCoordinator(initial_batch_size=B_INIT, every=2, overlap=False)
+        # ... but a window whose gain (7%) is within a noise known only from its own spread
+        # (no window before it) does not show the ranks equal: k stays.
+        noisy = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT, every=2, overlap=False)
         for seconds in ((1.0, 1.3), (1.0, 1.0))[rank]:
             noisy.step(seconds)
         verdict = noisy.last_verdict
         result["backoff_noise"] = [noisy.current_every, verdict.reason if verdict else None]
         # Unequal sizes from the injected times, then the gradients at those sizes.
         # Overlapped (the default): the first window's gather waits for the next step.
-        overlapped = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, noise_sigmas=None)
+        overlapped = LBBSPCoordinator(
+            warm_up=0, initial_batch_size=B_INIT, every=1, noise_sigmas=None
+        )
         result["overlapped"] = []
         for times in TIMES[:2]:
             decided = overlapped.step(times[rank])
             result["overlapped"].append([list(overlapped.sizes), decided])
         coordinator = LBBSPCoordinator(
-            initial_batch_size=B_INIT, every=1, noise_sigmas=None, overlap=False
+            warm_up=0, initial_batch_size=B_INIT, every=1, noise_sigmas=None, overlap=False
         )
         coordinator.step(TIMES[0][rank])
         for path in ("loss", "hook", "explicit"):
@@ -491,7 +505,7 @@ def _worker_main(rank: int, store: str, out: str) -> None:
         # Resume: a new coordinator from the state continues exactly.
         state = json.loads(json.dumps(coordinator.state_dict()))
         resumed = LBBSPCoordinator(
-            initial_batch_size=B_INIT, every=1, noise_sigmas=None, overlap=False
+            warm_up=0, initial_batch_size=B_INIT, every=1, noise_sigmas=None, overlap=False
         )
         resumed.load_state_dict(state)
         result["resumed_sizes"] = list(resumed.sizes)
@@ -502,7 +516,7 @@ def _worker_main(rank: int, store: str, out: str) -> None:
         result["after_resume"] = [list(coordinator.sizes), list(resumed.sizes)]
         # Disagreement: rank 1 holds other sizes (as if it had decided otherwise); at the
         # next exchange both ranks take rank 0's sizes and balancer.
-        coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1, overlap=False)
+        coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT, every=1, overlap=False)
         if rank == 1:
             coordinator._sizes = (B_INIT - 3, B_INIT + 3)
         coordinator.step(1.0)
@@ -531,7 +545,7 @@ def _dying_worker(rank: int, store: str, out: str) -> None:
     ready.touch()
     from fl_lbbsp.distributed import RankFailureError
 
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT, every=1)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT, every=1)
     outcome = "no error"
     try:
         coordinator.step(1.0)  # starts the gather in the background
@@ -572,10 +586,10 @@ def test_k_backs_off_while_the_ranks_are_equal_and_returns_when_one_falls_behind
 ) -> None:
     # Assert: windows of 1 then 2 iterations within tolerance: k 2 then 4; the window of 4
     # iterations in which rank 1 takes 3x as long: k back to every = 1, on both ranks; a
-    # window within the noise: k doubled
+    # first window within the noise of its own spread: k kept
     assert ranks[0]["backoff"] == [2, 2, 4, 4, 4, 4, 1]
     assert ranks[1]["backoff"] == ranks[0]["backoff"]
-    assert ranks[0]["backoff_noise"] == ranks[1]["backoff_noise"] == [4, "within noise"]
+    assert ranks[0]["backoff_noise"] == ranks[1]["backoff_noise"] == [2, "within noise"]
 
 
 @pytest.mark.parametrize("every", [1, 2])
@@ -676,7 +690,7 @@ def test_resume_changes_world_size_keeps_the_global_batch() -> None:
         "version": 1, "balancer": balancer.state_dict(), "iteration": 7, "sizes": [12, 4],
         "rank_ids": ["0", "1"], "every": 1, "total": 16,
     }  # fmt: skip
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT)
 
     # Execute: restarted as a world of one
     coordinator.load_state_dict(state)
@@ -691,12 +705,12 @@ def test_resume_changes_world_size_keeps_the_global_batch() -> None:
 )
 def test_load_state_dict_rejects_bad_states(change: dict[str, Any], message: str) -> None:
     # Prepare
-    coordinator = LBBSPCoordinator(initial_batch_size=B_INIT)
+    coordinator = LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT)
     state = {**coordinator.state_dict(), **change}
 
     # Execute / Assert
     with pytest.raises(ValueError, match=message):
-        LBBSPCoordinator(initial_batch_size=B_INIT).load_state_dict(state)
+        LBBSPCoordinator(warm_up=0, initial_batch_size=B_INIT).load_state_dict(state)
 
 
 # ------------------------------------------------------------------- restart attempts

@@ -1,12 +1,14 @@
 """How often the ranks exchange their times: k iterations, fixed or automatic, backed off
-while the hold gate keeps the sizes.
+while the hold gate shows the ranks equal.
 
 On equal ranks every exchange ends in the same verdict (the sizes stay), yet each costs
 an all_gather and the balancer's decision (its cost fits, a few hundred microseconds per
-rank; measured 1.3 ms of CPU per rank at 4 gloo ranks): while the gate holds the sizes
-within the tolerance or the noise, k doubles from one exchange to the next, up to
-``backoff`` times its base; a lead seen once keeps k for the window that confirms it
-(as long, so as precise, as the one that saw it); any other verdict brings it back.
+rank; measured 1.3 ms of CPU per rank at 4 gloo ranks). k doubles from one exchange to
+the next, up to ``backoff`` times its base, only while the windows show the ranks equal
+(:attr:`~.gate.Verdict.equal`: the gain within the tolerance, or within one standard
+deviation of the noise measured between windows); any other window (a lead not yet told
+from the noise, a lead seen, a move, no times) brings k back to its base at once, so a
+rank that falls behind is judged, confirmed and moved in windows of the base length.
 """
 
 from __future__ import annotations
@@ -14,14 +16,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from .exchange import Row
-from .gate import auto_every
+from .gate import Verdict, auto_every
 
-__all__ = ["HOLDING", "UNCONFIRMED", "Cadence"]
-
-HOLDING = ("within tolerance", "within noise")
-"""The gate's reasons for holding the sizes on which k backs off."""
-UNCONFIRMED = "unconfirmed"
-"""The gate's reason for a lead seen once: k stays for the window that confirms it."""
+__all__ = ["Cadence"]
 
 
 class Cadence:
@@ -56,26 +53,25 @@ class Cadence:
         self.factor = 1
         self.k = self.base
 
-    def update(self, rows: list[list[float]], reason: str, *, first: bool) -> int:
+    def update(self, rows: list[list[float]], verdict: Verdict) -> int:
         """k after an exchange: the base (fixed, or ``"auto"`` from the exchange's cost,
-        the shortest time any rank spent in it, and rank 0's wall time per iteration, the
-        first window's first iteration left out when ``first``), times the backoff's
-        factor: doubled when the gate held the sizes for ``reason`` (:data:`HOLDING`), kept
-        when a lead is still to be confirmed (the confirming window as long as the one that
-        saw it), else 1."""
+        the shortest time any rank spent in it, and rank 0's wall time per iteration),
+        times the backoff's factor: doubled when ``verdict`` shows the ranks equal
+        (:attr:`~.gate.Verdict.equal`), else 1."""
         if self.every != "auto":
             self.base = self.every
         else:
             head = rows[0]
-            count = head[Row.COUNT] - 1 if first else head[Row.COUNT]
             cost = min(row[Row.EXCHANGE] for row in rows)
             self.base = auto_every(
-                cost, head[Row.WALL], count, self.overhead_share, self.max_every, self.base
+                cost,
+                head[Row.WALL],
+                head[Row.COUNT],
+                self.overhead_share,
+                self.max_every,
+                self.base,
             )
-        if reason in HOLDING:
-            self.factor = min(2 * self.factor, self.backoff)
-        elif reason != UNCONFIRMED:  # a move, or nothing to judge: back to the base
-            self.factor = 1
+        self.factor = min(2 * self.factor, self.backoff) if verdict.equal else 1
         self.k = max(self.base, min(self.base * self.factor, self.max_every))
         return self.k
 

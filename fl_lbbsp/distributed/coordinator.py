@@ -19,28 +19,28 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 
-from ..core.balancer import BatchSizeBalancer, SiloReport
+from ..core.balancer import BatchSizeBalancer
 from ..core.reports import check_positive_int
 from .cadence import Cadence
+from .checkpoint import Checkpointed
 from .clock import ComputeClock
+from .decision import Decision
 from .exchange import Exchange, Gathering, Overhead, RankFailureError, RankReport, Row, fingerprint
-from .gate import HoldGate, Verdict, WindowStats, WindowTally, review_proposal
+from .gate import HoldGate, Verdict, WindowTally
 from .plan import RankPlan
 
 __all__ = ["LBBSPCoordinator", "Overhead", "RankFailureError", "RankReport"]
 
 log = logging.getLogger("fl_lbbsp")
 
-STATE_VERSION = 1
 
-
-class LBBSPCoordinator(RankPlan):
+class LBBSPCoordinator(Checkpointed, RankPlan):
     """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer.
 
     Every k iterations the ranks all_gather their windows (compute times, samples, their
@@ -78,6 +78,10 @@ class LBBSPCoordinator(RankPlan):
     noise_sigmas : float | None (default: 2.0)
         Keep them too while that gain is within this many times the ranks' measured
         noise (equal ranks do not chase it). ``None``: only ``tolerance`` holds them.
+    review : bool (default: True)
+        Once the gate lets a move through, apply the balancer's allocation only if the
+        window predicts it faster than the sizes in force
+        (:func:`~fl_lbbsp.distributed.gate.review_proposal`). ``False``: apply it as it is.
     overlap : bool (default: True)
         Run the gather behind the next iteration's compute and decide at the next
         :meth:`step` (the new sizes apply one iteration later; that iteration is left out
@@ -88,6 +92,10 @@ class LBBSPCoordinator(RankPlan):
         Also measure the CPU seconds of each rank's compute, to emulate slower machines
         (:meth:`~.plan.RankPlan.compute_cpu_time`; off: the clock can stall, see
         :mod:`~.clock`).
+    warm_up : int (default: 1)
+        Iterations left out of the first window after the start or a resume (DDP builds
+        its buckets, the allocator and the caches fill: set-up, not the rank's speed: 2-5
+        times the next ones, measured at 2 gloo ranks, it inflated the first window's spread).
     balancer : BatchSizeBalancer | None (default: None)
         The balancer to drive; ``None``: one with its default settings.
     group : ProcessGroup | None (default: None)
@@ -113,9 +121,11 @@ class LBBSPCoordinator(RankPlan):
         backoff: int = 4,
         tolerance: float = 0.02,
         noise_sigmas: float | None = 2.0,
+        review: bool = True,
         overlap: bool = True,
         balance: bool = True,
         cpu_time: bool = False,
+        warm_up: int = 1,
         balancer: BatchSizeBalancer | None = None,
         group: dist.ProcessGroup | None = None,
         device: torch.device | None = None,
@@ -126,6 +136,8 @@ class LBBSPCoordinator(RankPlan):
             check_positive_int("every", every)
         check_positive_int("max_every", max_every)
         check_positive_int("backoff", backoff)
+        if isinstance(warm_up, bool) or not isinstance(warm_up, int) or warm_up < 0:
+            raise ValueError(f"warm_up must be an integer >= 0, got {warm_up!r}")
         if not (isinstance(overhead_share, float | int) and 0 < overhead_share < 1):
             raise ValueError(f"overhead_share must be in (0, 1), got {overhead_share!r}")
         if not (isinstance(tolerance, float | int) and 0 <= tolerance < 1):
@@ -136,7 +148,6 @@ class LBBSPCoordinator(RankPlan):
             raise ValueError(f"noise_sigmas must be a finite number >= 0, got {noise_sigmas!r}")
         self.tolerance = float(tolerance)
         self.noise_sigmas = None if noise_sigmas is None else float(noise_sigmas)
-        self.gate = HoldGate(tolerance=self.tolerance, sigmas=self.noise_sigmas)
         self._exchange = Exchange(group=group, device=device)
         self.group = group
         self.device = self._exchange.device
@@ -145,18 +156,23 @@ class LBBSPCoordinator(RankPlan):
         if len(ids) != self._world or len(set(ids)) != self._world:
             raise ValueError(f"rank_ids must name the {self._world} ranks once each, got {ids!r}")
         self.rank_ids = tuple(ids)
-        self.cadence = Cadence(every=every, overhead_share=float(overhead_share),
-                               max_every=max_every, backoff=backoff)  # fmt: skip
         self.balance = bool(balance)
-        self.balancer = balancer or BatchSizeBalancer(initial_batch_size=initial_batch_size)
         self.initial_batch_size = initial_batch_size
-        self.total = self._world * initial_batch_size
-        self._sizes = self._allocate()
+        self.decision = Decision(
+            balancer=balancer or BatchSizeBalancer(initial_batch_size=initial_batch_size),
+            rank_ids=ids, total=self._world * initial_batch_size,
+            gate=HoldGate(tolerance=self.tolerance, sigmas=self.noise_sigmas),
+            cadence=Cadence(every=every, overhead_share=float(overhead_share),
+                            max_every=max_every, backoff=backoff),
+            review=bool(review),
+        )  # fmt: skip
+        self.gate, self.cadence = self.decision.gate, self.decision.cadence
+        self._sizes = self.decision.allocate()
         self.iteration = 0
-        self.last_reports: dict[int, RankReport] = {}
-        self.last_verdict: Verdict | None = None
         self.disagreements = 0
         self._window = WindowTally()
+        self.warm_up = warm_up
+        self._warm_up = warm_up  # iterations still to leave out of the window
         self._overhead = self._cost = self._last_exchange = self._started = 0.0
         self._last_step: float | None = None
         self._rebalances = 0
@@ -172,6 +188,26 @@ class LBBSPCoordinator(RankPlan):
         return Overhead(
             self._overhead, self._cost + self._last_exchange, self._rebalances, self.iteration
         )
+
+    @property
+    def balancer(self) -> BatchSizeBalancer:
+        """The balancer every rank drives alike."""
+        return self.decision.balancer
+
+    @property
+    def total(self) -> int:
+        """X, the global batch."""
+        return self.decision.total
+
+    @property
+    def last_reports(self) -> dict[int, RankReport]:
+        """Every rank's window at the last exchange, by rank."""
+        return self.decision.last_reports
+
+    @property
+    def last_verdict(self) -> Verdict | None:
+        """The gate's verdict on the last exchange's windows."""
+        return self.decision.last_verdict
 
     @property
     def current_every(self) -> int:
@@ -220,7 +256,10 @@ class LBBSPCoordinator(RankPlan):
         now = time.perf_counter()
         wall = 0.0 if self._last_step is None else now - self._last_step
         self._last_step = now
-        self._window.add(seconds, self.batch_size if samples is None else int(samples), wall)
+        if self._warm_up:  # left out of the first window: set-up, not the rank's speed
+            self._warm_up -= 1
+        else:
+            self._window.add(seconds, self.batch_size if samples is None else int(samples), wall)
         self.iteration += 1
         self._clock.stop()
         if not self.balance:
@@ -270,29 +309,14 @@ class LBBSPCoordinator(RankPlan):
             self._adopt_rank0()
         if self._rebalances:
             self._cost += min(row[Row.EXCHANGE] for row in rows)
-        self.last_reports = _rank_reports(rows)
-        # the ranks' reports fed together: a slowdown they all share is taken out of them
-        errors = self.balancer.report_round(_balancer_round(self.last_reports, self.rank_ids))
-        for r, rank_id in enumerate(self.rank_ids):
-            if self._rank == 0 and rank_id in errors:
-                log.warning("rank %d: report left out at iteration %d: %s", r,
-                            self.iteration, errors[rank_id])  # fmt: skip
-        windows = _windows(rows)
-        self.last_verdict = self.gate.judge(windows)
         before = self._sizes
-        if self.tolerance <= 0:  # every allocation applied
-            self._sizes = self._allocate()
-        elif self.last_verdict.move:
-            # the balancer's allocation, unless the window that moved the gate predicts it
-            # no faster than the sizes in force
-            proposal = self._allocate()
-            self.last_verdict = review_proposal(self.last_verdict, windows, proposal)
-            self._sizes = proposal if self.last_verdict.move else self._allocate(held=before)
-        else:  # the gate is the allocation's hold step: held sizes are kept ("held")
-            self._sizes = self._allocate(held=before)
+        self._sizes = self.decision.decide(rows, before)
+        for r, rank_id in enumerate(self.rank_ids):
+            if self._rank == 0 and rank_id in self.decision.errors:
+                log.warning("rank %d: report left out at iteration %d: %s", r,
+                            self.iteration, self.decision.errors[rank_id])  # fmt: skip
         if self._sizes != before:
             self._window = WindowTally()  # the iteration run while the gather was under way
-        self.cadence.update(rows, self.last_verdict.reason, first=self._rebalances == 0)
         self._rebalances += 1
         self._last_exchange = self._started + time.perf_counter() - started
         self._overhead += self._last_exchange
@@ -310,7 +334,7 @@ class LBBSPCoordinator(RankPlan):
             },  # fmt: skip
             iteration=self.iteration,
         )
-        self.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
+        self.decision.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
         self._sizes = tuple(int(x) for x in state["sizes"])
         self.cadence.adopt(state["cadence"])
         self.gate.reset()
@@ -318,89 +342,3 @@ class LBBSPCoordinator(RankPlan):
         if self._rank == 0:
             log.warning("the ranks' batch sizes disagreed at iteration %d; rank 0's taken",
                         self.iteration)  # fmt: skip
-
-    def _allocate(self, held: tuple[int, ...] | None = None) -> tuple[int, ...]:
-        # DDP weights every rank's gradient by its batch size: the global batch's noise is
-        # the same whatever the split, so no noise budget (it would only cost speed)
-        kept = None if held is None else dict(zip(self.rank_ids, held, strict=True))
-        sizes = self.balancer.allocate(self.rank_ids, total=self.total, budget=False, held=kept)
-        return tuple(int(sizes[i]) for i in self.rank_ids)
-
-    # ------------------------------------------------------------ checkpoint
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state: the balancer's, the sizes and the iteration."""
-        return {
-            "version": STATE_VERSION,
-            "balancer": self.balancer.state_dict(),
-            "iteration": self.iteration,
-            "sizes": list(self._sizes),
-            "rank_ids": list(self.rank_ids),
-            "every": self.cadence.base,  # k before the backoff, which a resume starts anew
-            "total": self.total,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict` (after an elastic restart, say).
-
-        With the same ranks the sizes continue where they were; with another world
-        (torchrun restarted fewer or more ranks) the balancer splits the same global
-        batch X over the ranks of the new world, those it knows at their predicted speeds.
-
-        Raises
-        ------
-        ValueError
-            On a state of another version, or sizes that cannot feed the ranks.
-        """
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported coordinator state version {state.get('version')!r}")
-        self.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
-        self.iteration = int(state["iteration"])
-        self.total = int(state["total"])
-        if self.total < self._world:
-            raise ValueError(f"a global batch of {self.total} cannot feed {self._world} ranks")
-        self._window = WindowTally()
-        self.gate.reset()
-        self._gathering = None
-        self.cadence.restart(int(state.get("every", 1)))
-        saved = tuple(int(x) for x in state["sizes"])
-        if tuple(state["rank_ids"]) == self.rank_ids and sum(saved) == self.total:
-            self._sizes = saved
-        else:
-            self._sizes = self._allocate()
-        if any(not math.isfinite(x) or x <= 0 for x in self._sizes):
-            raise ValueError(f"invalid batch sizes in the state: {self._sizes}")
-
-
-def _rank_reports(rows: list[list[float]]) -> dict[int, RankReport]:
-    """Every rank's window from the gathered rows, by rank."""
-    return {
-        r: RankReport(int(row[Row.SIZE]), float(row[Row.TIME]), int(row[Row.SAMPLES]),
-                      int(row[Row.COUNT]))
-        for r, row in enumerate(rows)
-    }  # fmt: skip
-
-
-def _balancer_round(
-    reports: Mapping[int, RankReport], rank_ids: Sequence[str]
-) -> dict[str, SiloReport]:
-    """One balancer round: each rank's window as its mean iteration, so that the cost fit
-    (batch size -> time of a round) does not mix windows of different lengths
-    (``every="auto"`` changes k)."""
-    out = {}
-    for r, report in reports.items():
-        count = max(report.iterations, 1)
-        out[rank_ids[r]] = SiloReport(
-            batch_size=report.batch_size,
-            train_time=report.compute_time / count,
-            samples=max(1, round(report.samples / count)),
-        )
-    return out
-
-
-def _windows(rows: list[list[float]]) -> list[WindowStats]:
-    """Every rank's window for the gate, in rank order."""
-    return [
-        WindowStats(batch_size=int(row[Row.SIZE]), time=row[Row.TIME], square=row[Row.SQUARE],
-                    iterations=int(row[Row.COUNT]))
-        for row in rows
-    ]  # fmt: skip

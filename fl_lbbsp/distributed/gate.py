@@ -174,6 +174,12 @@ class Verdict:
         ``"unconfirmed"``, ``"confirmed"``, ``"beyond tolerance"`` (no noise test),
         ``"noise unknown"`` (a window of one iteration, too few windows yet),
         ``"no times"`` or, set by :func:`review_proposal`, ``"proposal no faster"``.
+    equal : bool (default: False)
+        Whether the window shows the ranks equal: its gain within the tolerance, or within
+        one standard deviation of the noise measured between windows (the window is
+        what equal ranks give); not when the gain is only within the move's margin of
+        the noise (``sigmas`` times it), nor before the noise between windows is known.
+        The exchange backs off only on such windows (:class:`~.cadence.Cadence`).
     """
 
     move: bool
@@ -181,6 +187,7 @@ class Verdict:
     noise: float | None
     slowest: int
     reason: str
+    equal: bool = False
 
 
 class HoldGate:
@@ -280,13 +287,17 @@ class HoldGate:
         previous, self._last_means = self._last_means, tuple(means)
         over, self._over = self._over, False
         if len(windows) < 2 or gain <= self.tolerance:
-            return Verdict(False, gain, noise, slowest, "within tolerance")
+            return Verdict(False, gain, noise, slowest, "within tolerance", equal=True)
         if self.sigmas is None:
             return Verdict(True, gain, None, slowest, "beyond tolerance")
         if noise is None:
             return Verdict(True, gain, None, slowest, "noise unknown")
         if gain <= self.sigmas * noise:
-            return Verdict(False, gain, noise, slowest, "within noise")
+            # equal ranks give gains within one sigma of the noise between windows in
+            # about two windows of three; a gain between one sigma and the move's margin
+            # is a lead not yet told from the noise: k stays short to tell it soon
+            equal = self.noise() is not None and gain <= noise
+            return Verdict(False, gain, noise, slowest, "within noise", equal=equal)
         # Beyond the noise: move if the window before was too, with this rank behind
         # then as well (a lasting lead, not one spike).
         lasting = (
