@@ -24,6 +24,7 @@ from .allocation import ALLOCATION_REASONS, Decision, order_guard, per_silo
 from .balancer_settings import ALLOCATORS, FITS, AllocationSettings, Allocator, Fit, ModelSettings
 from .budget import Allocation
 from .iterative import IterativeAllocator, IterativeStep
+from .report_columns import report_columns
 from .reports import InvalidReportError, SiloReport
 from .settings import BALANCER_DEFAULTS, MAX_NOISE_BUDGET, NOISE_BUDGET
 from .silo_model import SiloModel, SiloTable
@@ -188,16 +189,14 @@ class BatchSizeBalancer:
         """Feed one round's reports, the round's shared slowdown taken out of them
         (``common_noise``); return the unusable reports by silo (their silos' states are
         left unchanged), the others are fed."""
-        errors: dict[str, InvalidReportError] = {}
-        valid: dict[str, SiloReport] = {}
-        for silo, report in reports.items():
-            try:
-                report.validate()
-            except InvalidReportError as err:
-                errors[silo] = err
-            else:
-                valid[silo] = report
-        self.common_factor = self._table.take_round(valid, shared=self.common_noise)
+        silos, given = list(reports), list(reports.values())
+        columns, bad = report_columns(given)
+        errors = {silos[k]: err for k, err in bad.items()}
+        if errors:
+            silos = [silos[k] for k in columns.position.tolist()]
+            given = [given[k] for k in columns.position.tolist()]
+        table = self._table
+        self.common_factor = table.take_columns(silos, given, columns, shared=self.common_noise)
         return errors
 
     def restart(self, silo_id: str) -> None:
@@ -215,8 +214,7 @@ class BatchSizeBalancer:
 
     def predicted_speed(self, silo_id: str) -> float | None:
         """Predicted samples per second of a silo, ``None`` if it never reported."""
-        model = self._silos.get(silo_id)
-        return None if model is None else model.estimator.predict()
+        return self._table.predict(silo_id)
 
     def cost_line(self, silo_id: str) -> tuple[float, float] | None:
         """The silo's cost line ``(a, b)`` as the linear allocator uses it (its smoothed
@@ -241,8 +239,7 @@ class BatchSizeBalancer:
 
     def fixed_time(self, silo_id: str) -> float | None:
         """Smoothed fixed per-round time of a silo (``he-time``), ``None`` if never reported."""
-        model = self._silos.get(silo_id)
-        return None if model is None else model.fixed_time
+        return self._table.fixed_time(silo_id)
 
     @property
     def silo_ids(self) -> list[str]:

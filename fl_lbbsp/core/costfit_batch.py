@@ -1,0 +1,249 @@
+"""The cost fits of many silos at once: :mod:`.costfit` over a table of windows.
+
+Each silo's window is a row of two ``(N, W)`` arrays (batch sizes and times, oldest
+first, its ``n`` reports in the first ``n`` columns); every function here does for all
+rows at once, in numpy, what its namesake in :mod:`.costfit` does for one window, step for
+step, so that a round of reports costs a few array operations rather than a Python fit
+per silo. Sums are numpy's rather than ``math.fsum``'s (they may differ in the last bit).
+
+Reference: as :mod:`.costfit` (Theil-Sen, James-Stein, trimmed geometric mean).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .costfit import FLAT_SHARE, KNEE_SIGMAS, MIN_SLOPE_SHARE, SCATTER_REPORTS, TRIM
+
+__all__ = ["CostFits", "find_knees", "fit_robust_costs", "masked_levels", "masked_medians"]
+
+_MAD = 1.4826  # the MAD's consistency factor under normal noise
+
+
+def _rows(values: np.ndarray) -> np.ndarray:
+    return np.arange(values.shape[0])[:, None]
+
+
+def masked_medians(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Median of each row's values where ``mask`` (NaN where none)."""
+    if values.shape[1] == 0:
+        return np.full(values.shape[0], np.nan)
+    v = np.sort(np.where(mask, values, np.inf), axis=1)
+    m = np.count_nonzero(mask, axis=1)
+    k = m // 2
+    upper = np.take_along_axis(v, np.minimum(k, v.shape[1] - 1)[:, None], axis=1)[:, 0]
+    lower = np.take_along_axis(v, np.maximum(k - 1, 0)[:, None], axis=1)[:, 0]
+    out = np.where(m % 2 == 1, upper, 0.5 * (lower + upper))
+    return np.where(m > 0, out, np.nan)
+
+
+def masked_levels(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """:func:`~.costfit.robust_level` of each row's values where ``mask`` (NaN where
+    none)."""
+    v = np.sort(np.where(mask, values, np.inf), axis=1)
+    m = np.count_nonzero(mask, axis=1)
+    cut = (TRIM * m).astype(np.intp)
+    count = m - 2 * cut
+    columns = np.arange(v.shape[1])
+    keep = (columns >= cut[:, None]) & (columns < (m - cut)[:, None])
+    first = np.take_along_axis(v, np.minimum(cut, v.shape[1] - 1)[:, None], axis=1)[:, 0]
+    with np.errstate(all="ignore"):
+        kept = np.where(keep, v, 1.0)
+        geometric = np.exp(np.where(keep, np.log(kept), 0.0).sum(axis=1) / count)
+        arithmetic = np.where(keep, v, 0.0).sum(axis=1) / count
+    return np.where(m > 0, np.where(first > 0, geometric, arithmetic), np.nan)
+
+
+def find_knees(
+    x: np.ndarray,
+    t: np.ndarray,
+    n: np.ndarray,
+    *,
+    knee: np.ndarray,
+    noise: np.ndarray,
+    min_relative_spread: float,
+) -> np.ndarray:
+    """:func:`~.costfit.find_knee` of each row (``noise`` NaN: unknown)."""
+    out = knee.astype(np.float64, copy=True)
+    columns = np.arange(x.shape[1])
+    valid = columns < n[:, None]
+    low = np.where(valid, x, np.inf).min(axis=1)
+    high = np.where(valid, x, -np.inf).max(axis=1)
+    grouped = np.flatnonzero(high >= low * (1.0 + min_relative_spread))  # >= 2 groups
+    if grouped.size:
+        out[grouped] = _knees(
+            x[grouped], t[grouped], n[grouped], knee[grouped], noise[grouped],
+            min_relative_spread,
+        )  # fmt: skip
+    return out
+
+
+def _knees(
+    x: np.ndarray, t: np.ndarray, n: np.ndarray, knee: np.ndarray, noise: np.ndarray,
+    spread: float,
+) -> np.ndarray:  # fmt: skip
+    """:func:`find_knees` of rows with at least two groups of batch sizes."""
+    rows, width = x.shape
+    columns = np.arange(width)
+    valid = columns < n[:, None]
+    order = np.lexsort((np.where(valid, t, np.inf), np.where(valid, x, np.inf)), axis=1)
+    xs, ts = np.take_along_axis(x, order, axis=1), np.take_along_axis(t, order, axis=1)
+    group = np.zeros((rows, width), dtype=np.intp)  # group of each report, smallest first
+    floor, g = xs[:, 0].copy(), np.zeros(rows, dtype=np.intp)
+    for c in range(1, width):
+        new = ~(xs[:, c] < floor * (1.0 + spread))
+        g = g + new
+        floor = np.where(new, xs[:, c], floor)
+        group[:, c] = g
+    group = np.where(valid, group, width)
+    groups = np.take_along_axis(group, (n - 1)[:, None], axis=1)[:, 0] + 1
+    # the end (exclusive) of the group of each report, in the sorted row
+    bounds = np.full((rows, width), width, dtype=np.intp)
+    bounds[:, :-1] = np.where(group[:, 1:] != group[:, :-1], columns[1:], width)
+    ends = np.minimum.accumulate(bounds[:, ::-1], axis=1)[:, ::-1]
+    logx = np.log(np.where(valid, xs, 1.0))
+    given = np.isfinite(noise)
+    active = np.ones(rows, dtype=bool)
+    run_end = (group == 0).sum(axis=1)
+    run_top = np.take_along_axis(xs, (run_end - 1)[:, None], axis=1)[:, 0]
+    flat, ceiling = np.ones(rows, dtype=np.intp), np.full(rows, np.inf)
+    with np.errstate(all="ignore"):
+        for j in range(1, int(groups.max())):
+            active &= j < groups
+            if not active.any():
+                break
+            members = group == j
+            count = members.sum(axis=1)
+            start = np.argmax(members, axis=1)
+            end = start + count
+            g_low = np.take_along_axis(xs, start[:, None], axis=1)[:, 0]
+            g_high = np.take_along_axis(xs, np.maximum(end - 1, 0)[:, None], axis=1)[:, 0]
+            span = np.where(members, logx, 0.0).sum(axis=1) / count - np.log(run_top)
+            active &= span > 0
+            # the pooled reports: the run, the group and the next groups up to 5 reports
+            at = np.minimum(np.maximum(end, SCATTER_REPORTS) - 1, width - 1)
+            pooled = np.where(
+                np.maximum(end, SCATTER_REPORTS) <= n,
+                np.take_along_axis(ends, at[:, None], axis=1)[:, 0],
+                n,
+            )
+            enough = pooled >= SCATTER_REPORTS
+            prefix = columns < pooled[:, None]
+            centre = np.log(masked_levels(ts, prefix))
+            scatter = _MAD * masked_medians(np.abs(np.log(ts) - centre[:, None]), prefix)
+            sigma = np.where(enough, scatter, np.nan)
+            sigma = np.where(given, np.where(enough, np.minimum(sigma, noise), noise), sigma)
+            active &= np.isfinite(sigma)
+            run = columns < run_end[:, None]
+            ratio = masked_levels(ts, members) / masked_levels(ts, run)
+            elasticity = np.maximum(np.log(ratio) / span, 0.0)
+            error = KNEE_SIGMAS * sigma * np.sqrt(1 / run_end + 1 / count) / span
+            flatter = active & (elasticity + error < FLAT_SHARE)
+            rises = active & ~flatter & (elasticity - error > FLAT_SHARE)
+            ceiling = np.where(rises, g_low, ceiling)
+            run_end = np.where(flatter, end, run_end)
+            run_top = np.where(flatter, g_high, run_top)
+            flat = flat + flatter
+            active = flatter
+    top = np.maximum(knee, run_top)
+    return np.where(
+        flat >= 2,
+        np.where(top < ceiling, top, run_top),
+        np.where(knee < ceiling, knee, 0.0),
+    )
+
+
+class CostFits(NamedTuple):
+    """:class:`~.costfit.CostFit` of each row, by field."""
+
+    slope: np.ndarray
+    intercept: np.ndarray
+    anchor: np.ndarray
+    level: np.ndarray
+    noise: np.ndarray
+    weight: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    knee: np.ndarray
+
+
+_PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _pairs(width: int) -> tuple[np.ndarray, np.ndarray]:
+    if width not in _PAIRS:
+        i, j = np.triu_indices(width, 1)
+        _PAIRS[width] = (i.astype(np.intp), j.astype(np.intp))
+    return _PAIRS[width]
+
+
+def fit_robust_costs(
+    x: np.ndarray,
+    t: np.ndarray,
+    n: np.ndarray,
+    *,
+    prior_shape: np.ndarray,
+    prior_noise: np.ndarray,
+    prior_known: np.ndarray,
+    min_relative_spread: float,
+    knee: np.ndarray,
+) -> CostFits:
+    """:func:`~.costfit.fit_robust_cost` of each row (``prior_noise`` NaN: unknown);
+    every row has at least one report, positive batch sizes and times."""
+    rows, width = x.shape
+    columns = np.arange(width)
+    valid = columns < n[:, None]
+    xs = np.where(valid, np.maximum(x, knee[:, None]), 1.0)
+    ts = np.where(valid, t, 1.0)
+    x0 = prior_shape
+    anchor = np.take_along_axis(xs, (n - 1)[:, None], axis=1)[:, 0]
+    gap = min_relative_spread * anchor
+    level0 = masked_levels(ts * (anchor + x0)[:, None] / (xs + x0[:, None]), valid)
+    prior = level0 / (anchor + x0)
+    i, j = _pairs(width)
+    paired = j[None, :] < n[:, None]
+    dx = xs[:, j] - xs[:, i]
+    apart = paired & (np.abs(dx) >= gap[:, None])
+    near = paired & ~apart
+    with np.errstate(all="ignore"):
+        own = masked_medians((ts[:, j] - ts[:, i]) / dx, apart)
+        residual = ts - own[:, None] * xs
+        middle = masked_medians(residual, valid)
+        scale = np.where(
+            n >= 4, _MAD * masked_medians(np.abs(residual - middle[:, None]), valid), -1.0
+        )
+        known = np.isfinite(prior_noise)
+        scale = np.where(known, np.maximum(scale, prior_noise * level0), scale)
+        blend = apart.any(axis=1) & (own > 0) & (scale >= 0)
+        mean_x = np.where(valid, xs, 0.0).sum(axis=1) / n
+        se2 = scale * scale / np.where(valid, (xs - mean_x[:, None]) ** 2, 0.0).sum(axis=1)
+        gap2 = (own - prior) ** 2
+        shrunk = np.where(gap2 > 0, np.maximum(0.0, 1.0 - se2 / gap2), 0.0)
+        weight = np.where(blend, np.where(se2 == 0, 1.0, shrunk), 0.0)
+        slope = np.where(blend, weight * own + (1.0 - weight) * prior, prior)
+        moved = ts - slope[:, None] * (xs - anchor[:, None])
+        local = valid & (np.abs(xs - anchor[:, None]) < gap[:, None])
+        trusted = (weight >= 0.5) | prior_known
+        use_local = (local.sum(axis=1) >= 3) | ~trusted
+        level = masked_levels(moved, np.where(use_local[:, None], local, valid))
+        level = np.where(level > 0, level, level0)
+        slope = np.minimum(np.maximum(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
+        intercept = np.maximum(level - slope * anchor, 0.0)
+        logs = np.log(ts / (slope[:, None] * xs + intercept[:, None]))
+        replicates = _MAD * masked_medians(np.abs(logs[:, j] - logs[:, i]), near) / math.sqrt(2)
+        overall = _MAD * masked_medians(np.abs(logs), valid)
+    noise = np.where(n >= 4, np.where(near.sum(axis=1) >= 3, replicates, overall), np.nan)
+    return CostFits(
+        slope=slope,
+        intercept=intercept,
+        anchor=anchor,
+        level=level,
+        noise=noise,
+        weight=weight,
+        low=np.where(valid, xs, np.inf).min(axis=1),
+        high=np.where(valid, xs, -np.inf).max(axis=1),
+        knee=knee.astype(np.float64, copy=True),
+    )
