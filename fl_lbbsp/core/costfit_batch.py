@@ -16,9 +16,29 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .costfit import FLAT_SHARE, KNEE_SIGMAS, MIN_SLOPE_SHARE, SCATTER_REPORTS, TRIM
+from .costfit import (
+    FLAT_SHARE,
+    KNEE_SIGMAS,
+    MIN_SLOPE_SHARE,
+    SCATTER_REPORTS,
+    TRIM,
+    find_knee,
+    fit_robust_cost,
+)
 
-__all__ = ["CostFits", "find_knees", "fit_robust_costs", "masked_levels", "masked_medians"]
+__all__ = [
+    "SCALAR_ROWS",
+    "CostFits",
+    "find_knees",
+    "fit_robust_costs",
+    "fit_windows",
+    "masked_levels",
+    "masked_medians",
+]
+
+SCALAR_ROWS = 12
+"""Up to this many windows :func:`fit_windows` fits one at a time (:mod:`.costfit`): a
+few array operations on a handful of rows cost more than plain Python."""
 
 _MAD = 1.4826  # the MAD's consistency factor under normal noise
 
@@ -107,47 +127,51 @@ def _knees(
     logx = np.log(np.where(valid, xs, 1.0))
     given = np.isfinite(noise)
     active = np.ones(rows, dtype=bool)
-    run_end = (group == 0).sum(axis=1)
+    run_end = np.count_nonzero(group == 0, axis=1)
     run_top = np.take_along_axis(xs, (run_end - 1)[:, None], axis=1)[:, 0]
     flat, ceiling = np.ones(rows, dtype=np.intp), np.full(rows, np.inf)
     with np.errstate(all="ignore"):
         for j in range(1, int(groups.max())):
-            active &= j < groups
-            if not active.any():
+            k = np.flatnonzero(active & (j < groups))  # the rows still in the loop
+            if not k.size:
                 break
-            members = group == j
-            count = members.sum(axis=1)
+            at_end, top, size = run_end[k], run_top[k], n[k]
+            members = group[k] == j
+            count = np.count_nonzero(members, axis=1)
             start = np.argmax(members, axis=1)
             end = start + count
-            g_low = np.take_along_axis(xs, start[:, None], axis=1)[:, 0]
-            g_high = np.take_along_axis(xs, np.maximum(end - 1, 0)[:, None], axis=1)[:, 0]
-            span = np.where(members, logx, 0.0).sum(axis=1) / count - np.log(run_top)
-            active &= span > 0
+            sub_x, sub_t = xs[k], ts[k]
+            g_low = np.take_along_axis(sub_x, start[:, None], axis=1)[:, 0]
+            g_high = np.take_along_axis(sub_x, np.maximum(end - 1, 0)[:, None], axis=1)[:, 0]
+            span = np.where(members, logx[k], 0.0).sum(axis=1) / count - np.log(top)
             # the pooled reports: the run, the group and the next groups up to 5 reports
             at = np.minimum(np.maximum(end, SCATTER_REPORTS) - 1, width - 1)
             pooled = np.where(
-                np.maximum(end, SCATTER_REPORTS) <= n,
-                np.take_along_axis(ends, at[:, None], axis=1)[:, 0],
-                n,
+                np.maximum(end, SCATTER_REPORTS) <= size,
+                np.take_along_axis(ends[k], at[:, None], axis=1)[:, 0],
+                size,
             )
             enough = pooled >= SCATTER_REPORTS
             prefix = columns < pooled[:, None]
-            centre = np.log(masked_levels(ts, prefix))
-            scatter = _MAD * masked_medians(np.abs(np.log(ts) - centre[:, None]), prefix)
+            centre = np.log(masked_levels(sub_t, prefix))
+            scatter = _MAD * masked_medians(np.abs(np.log(sub_t) - centre[:, None]), prefix)
             sigma = np.where(enough, scatter, np.nan)
-            sigma = np.where(given, np.where(enough, np.minimum(sigma, noise), noise), sigma)
-            active &= np.isfinite(sigma)
-            run = columns < run_end[:, None]
-            ratio = masked_levels(ts, members) / masked_levels(ts, run)
+            sub_noise = noise[k]
+            sigma = np.where(
+                given[k], np.where(enough, np.minimum(sigma, sub_noise), sub_noise), sigma
+            )
+            going = (span > 0) & np.isfinite(sigma)
+            ratio = masked_levels(sub_t, members) / masked_levels(sub_t, columns < at_end[:, None])
             elasticity = np.maximum(np.log(ratio) / span, 0.0)
-            error = KNEE_SIGMAS * sigma * np.sqrt(1 / run_end + 1 / count) / span
-            flatter = active & (elasticity + error < FLAT_SHARE)
-            rises = active & ~flatter & (elasticity - error > FLAT_SHARE)
-            ceiling = np.where(rises, g_low, ceiling)
-            run_end = np.where(flatter, end, run_end)
-            run_top = np.where(flatter, g_high, run_top)
-            flat = flat + flatter
-            active = flatter
+            error = KNEE_SIGMAS * sigma * np.sqrt(1 / at_end + 1 / count) / span
+            flatter = going & (elasticity + error < FLAT_SHARE)
+            rises = going & ~flatter & (elasticity - error > FLAT_SHARE)
+            ceiling[k] = np.where(rises, g_low, ceiling[k])
+            run_end[k] = np.where(flatter, end, at_end)
+            run_top[k] = np.where(flatter, g_high, top)
+            flat[k] += flatter
+            active[:] = False
+            active[k] = flatter
     top = np.maximum(knee, run_top)
     return np.where(
         flat >= 2,
@@ -174,10 +198,26 @@ _PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _pairs(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs ``(i, j)``, ``i < j``, of a window, by offset ``j - i`` (as
+    :func:`_differences` lays them out)."""
     if width not in _PAIRS:
-        i, j = np.triu_indices(width, 1)
+        i = np.concatenate([np.arange(width - d) for d in range(1, width)] or [np.zeros(0)])
+        j = np.concatenate([np.arange(d, width) for d in range(1, width)] or [np.zeros(0)])
         _PAIRS[width] = (i.astype(np.intp), j.astype(np.intp))
     return _PAIRS[width]
+
+
+def _differences(values: np.ndarray) -> np.ndarray:
+    """``values[:, j] - values[:, i]`` over the pairs of :func:`_pairs`, a slice per
+    offset on the transposed rows (contiguous across silos)."""
+    rows, width = values.shape
+    by_column = np.ascontiguousarray(values.T)
+    out = np.empty((width * (width - 1) // 2, rows))
+    start = 0
+    for d in range(1, width):
+        np.subtract(by_column[d:], by_column[: width - d], out=out[start : start + width - d])
+        start += width - d
+    return out.T
 
 
 def fit_robust_costs(
@@ -205,11 +245,11 @@ def fit_robust_costs(
     prior = level0 / (anchor + x0)
     i, j = _pairs(width)
     paired = j[None, :] < n[:, None]
-    dx = xs[:, j] - xs[:, i]
+    dx = _differences(xs)
     apart = paired & (np.abs(dx) >= gap[:, None])
     near = paired & ~apart
     with np.errstate(all="ignore"):
-        own = masked_medians((ts[:, j] - ts[:, i]) / dx, apart)
+        own = masked_medians(_differences(ts) / dx, apart)
         residual = ts - own[:, None] * xs
         middle = masked_medians(residual, valid)
         scale = np.where(
@@ -233,7 +273,7 @@ def fit_robust_costs(
         slope = np.minimum(np.maximum(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
         intercept = np.maximum(level - slope * anchor, 0.0)
         logs = np.log(ts / (slope[:, None] * xs + intercept[:, None]))
-        replicates = _MAD * masked_medians(np.abs(logs[:, j] - logs[:, i]), near) / math.sqrt(2)
+        replicates = _MAD * masked_medians(np.abs(_differences(logs)), near) / math.sqrt(2)
         overall = _MAD * masked_medians(np.abs(logs), valid)
     noise = np.where(n >= 4, np.where(near.sum(axis=1) >= 3, replicates, overall), np.nan)
     return CostFits(
@@ -247,3 +287,42 @@ def fit_robust_costs(
         high=np.where(valid, xs, -np.inf).max(axis=1),
         knee=knee.astype(np.float64, copy=True),
     )
+
+
+def fit_windows(
+    x: np.ndarray,
+    t: np.ndarray,
+    n: np.ndarray,
+    *,
+    knee: np.ndarray,
+    noise: np.ndarray,
+    prior_shape: np.ndarray,
+    prior_known: np.ndarray,
+    min_relative_spread: float,
+    scalar_rows: int | None = None,
+) -> CostFits:
+    """The knee (:func:`find_knees`, from ``knee`` and ``noise``) and then the robust fit
+    (:func:`fit_robust_costs`, ``noise`` its prior) of each row; up to ``scalar_rows``
+    rows (``None``: :data:`SCALAR_ROWS`) one at a time with :mod:`.costfit`."""
+    limit = SCALAR_ROWS if scalar_rows is None else scalar_rows
+    if len(n) > limit:
+        knees = find_knees(x, t, n, knee=knee, noise=noise, min_relative_spread=min_relative_spread)
+        return fit_robust_costs(
+            x, t, n, prior_shape=prior_shape, prior_noise=noise, prior_known=prior_known,
+            min_relative_spread=min_relative_spread, knee=knees,
+        )  # fmt: skip
+    out = np.empty((len(CostFits._fields), len(n)))
+    for k, size in enumerate(n.tolist()):
+        xs, ts = x[k, :size].tolist(), t[k, :size].tolist()
+        given = None if math.isnan(noise[k]) else float(noise[k])
+        found = find_knee(
+            xs, ts, knee=float(knee[k]), noise=given, min_relative_spread=min_relative_spread
+        )
+        fit = fit_robust_cost(
+            xs, ts, prior_shape=float(prior_shape[k]), prior_noise=given,
+            prior_known=bool(prior_known[k]), min_relative_spread=min_relative_spread,
+            knee=found,
+        )  # fmt: skip
+        out[:, k] = (fit.slope, fit.intercept, fit.anchor, fit.level, fit.noise, fit.weight,
+                     *fit.spread, fit.knee)  # fmt: skip
+    return CostFits(*out)

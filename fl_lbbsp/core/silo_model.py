@@ -29,7 +29,7 @@ import numpy as np
 
 from .balancer_settings import ModelSettings
 from .costfit import fit_linear_cost
-from .costfit_batch import find_knees, fit_robust_costs, masked_levels
+from .costfit_batch import fit_windows, masked_levels
 from .estimators import SpeedEstimator
 from .report_columns import ReportColumns, report_columns
 from .reports import SiloReport
@@ -81,6 +81,9 @@ class SiloTable:
         """Each silo's model by id, read from the columns (:class:`SiloView`)."""
         self.shapes_changed = False
         self.pooled_shape = 0.0
+        self.scalar_rows: int | None = None
+        """Up to how many silos a round's fits are made one at a time (``None``:
+        :data:`~fl_lbbsp.core.costfit_batch.SCALAR_ROWS`)."""
 
     # ------------------------------------------------------------------ reports
     def take_round(self, reports: Mapping[str, SiloReport], *, shared: bool = False) -> float:
@@ -266,12 +269,12 @@ class SiloTable:
         x, t = f.hist_x[rows, :width], f.hist_t[rows, :width]
         shape, noise = f["shape"][rows], f["noise"][rows]
         known = ~np.isnan(shape)
-        knee = find_knees(x, t, n, knee=f["knee"][rows], noise=noise, min_relative_spread=spread)
-        f["knee"][rows] = knee
-        fit = fit_robust_costs(
-            x, t, n, prior_shape=np.where(known, shape, self.pooled_shape), prior_noise=noise,
-            prior_known=known, min_relative_spread=spread, knee=knee,
+        fit = fit_windows(
+            x, t, n, knee=f["knee"][rows], noise=noise,
+            prior_shape=np.where(known, shape, self.pooled_shape), prior_known=known,
+            min_relative_spread=spread, scalar_rows=self.scalar_rows,
         )  # fmt: skip
+        f["knee"][rows] = fit.knee
         for name, values in zip(FIT_FIELDS, fit, strict=True):
             f[f"fit_{name}"][rows] = values
         # its own shape, once its batch sizes identified it
