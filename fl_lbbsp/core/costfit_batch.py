@@ -201,8 +201,9 @@ def _pairs(width: int) -> tuple[np.ndarray, np.ndarray]:
     """The pairs ``(i, j)``, ``i < j``, of a window, by offset ``j - i`` (as
     :func:`_differences` lays them out)."""
     if width not in _PAIRS:
-        i = np.concatenate([np.arange(width - d) for d in range(1, width)] or [np.zeros(0)])
-        j = np.concatenate([np.arange(d, width) for d in range(1, width)] or [np.zeros(0)])
+        none = np.zeros(0, dtype=np.intp)
+        i = np.concatenate([none, *(np.arange(width - d) for d in range(1, width))])
+        j = np.concatenate([none, *(np.arange(d, width) for d in range(1, width))])
         _PAIRS[width] = (i.astype(np.intp), j.astype(np.intp))
     return _PAIRS[width]
 
