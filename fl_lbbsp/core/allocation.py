@@ -289,12 +289,16 @@ def cost_curves(
 def name_bounds(result: Allocation, bounds: Bounds, caps: np.ndarray) -> list[str]:
     """The solver's reasons with its bounds named: ``floor`` (the hard floor),
     ``memory-cap`` (the silo's reported cap), ``max-batch-size`` or ``change-limit``."""
-    why = np.array(result.reasons)
-    lower = np.where(bounds.lower > bounds.hard_lower, "change-limit", "floor")
-    cap = np.where(caps <= bounds.hard_upper, "memory-cap", "max-batch-size")
-    upper = np.where(bounds.upper < bounds.hard_upper, "change-limit", cap)
-    named = np.where(why == "lower", lower, np.where(why == "upper", upper, why))
-    return [str(r) for r in named.tolist()]
+    named = list(result.reasons)
+    for k, why in enumerate(named):
+        if why == "lower":
+            named[k] = "change-limit" if bounds.lower[k] > bounds.hard_lower[k] else "floor"
+        elif why == "upper":
+            if bounds.upper[k] < bounds.hard_upper[k]:
+                named[k] = "change-limit"
+            else:
+                named[k] = "memory-cap" if caps[k] <= bounds.hard_upper[k] else "max-batch-size"
+    return named
 
 
 def guard_margin(errors: np.ndarray, largest: float) -> float:

@@ -77,6 +77,9 @@ REASONS: tuple[str, ...] = (
 
 _TOL = 1e-9
 
+_ALL_POINTS = 32
+"""Up to this many silos :func:`_waterfill` sums the shares at every breakpoint at once."""
+
 
 @dataclass(frozen=True)
 class Allocation:
@@ -157,26 +160,39 @@ def noise_ratio(
     return float(np.sum(c / x) / (np.sum(c) * x.size / x.sum()))
 
 
+def _clip(values: FloatArray, lo: FloatArray, hi: FloatArray) -> FloatArray:
+    """``np.clip(values, lo, hi)`` without its per-call overhead (the same floats)."""
+    return np.minimum(np.maximum(values, lo), hi)
+
+
 def _waterfill(
     q: FloatArray, lo: FloatArray, hi: FloatArray, total: float
 ) -> tuple[FloatArray, float]:
     """``x_i = clip(s * q_i, lo_i, hi_i)`` summing to ``total`` (the least
     ``sum q_i^2 / x_i``), and the level s; ``sum lo <= total <= sum hi``."""
     finite = np.isfinite(hi)
-    points = np.unique(np.concatenate([lo / q, (hi / q)[finite]]))
+    points = np.sort(np.concatenate([lo / q, (hi / q)[finite]]))
+    points = points[np.concatenate([[True], points[1:] != points[:-1]])]  # np.unique's
 
-    def filled(s: float) -> float:
-        return float(np.clip(s * q, lo, hi).sum())
+    def filled(k: int) -> float:
+        return float(_clip(float(points[k]) * q, lo, hi).sum())
 
-    # First breakpoint whose sum reaches the total (sums never decrease in s).
+    # First breakpoint whose sum reaches the total (sums never decrease in s): every
+    # breakpoint's sum at once for a few silos (each row summed as one silo vector is),
+    # else a binary search.
     k, end = 0, len(points)
+    if len(q) <= _ALL_POINTS:
+        sums = np.minimum(np.maximum(points[:, None] * q[None, :], lo), hi).sum(axis=1)
+        reach = sums >= total
+        k = end = int(np.argmax(reach)) if reach[-1] else end
+        filled = sums.tolist().__getitem__
     while k < end:
         middle = (k + end) // 2
-        if filled(float(points[middle])) >= total:
+        if filled(middle) >= total:
             end = middle
         else:
             k = middle + 1
-    if k < len(points) and (k == 0 or filled(float(points[k])) == total):
+    if k < len(points) and (k == 0 or filled(k) == total):
         s = float(points[k])
     else:
         low = float(points[k - 1])
@@ -184,10 +200,10 @@ def _waterfill(
         inside = 0.5 * (low + float(points[k])) if k < len(points) else 2.0 * low + 1.0
         free = (inside * q > lo) & (inside * q < hi)
         if not free.any():
-            return np.asarray(np.clip(low * q, lo, hi), dtype=np.float64), low
-        fixed = float(np.clip(inside * q, lo, hi)[~free].sum())
+            return _clip(low * q, lo, hi), low
+        fixed = float(_clip(inside * q, lo, hi)[~free].sum())
         s = (total - fixed) / float(q[free].sum())
-    x = np.asarray(np.clip(s * q, lo, hi), dtype=np.float64)
+    x = _clip(s * q, lo, hi)
     # Float error: put the residue on the free silos, within their bounds.
     residue = total - float(x.sum())
     free = (x > lo) & (x < hi)
