@@ -22,7 +22,8 @@
    ``LBBSPFedAvg`` is driven only through Flower's Strategy API, so the figures follow
    whatever aggregation path the strategy has.
 
-Run: ``python benchmarks/bench_overhead.py [--smoke] [--out DIR]``.
+Run: ``python benchmarks/bench_overhead.py [--smoke] [--out DIR] [--balancer-only]``
+(``--balancer-only``: parts 1 and 2, printed, nothing written).
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ def fl_server_time(scheme: str, settings: Settings, spec: str) -> dict[str, floa
     )  # fmt: skip
     balancer: list[float] = []
     strategy.balancer.report = _timed(strategy.balancer.report, balancer)  # type: ignore[method-assign]
+    strategy.balancer.report_round = _timed(strategy.balancer.report_round, balancer)  # type: ignore[method-assign]
     strategy.balancer.allocate = _timed(strategy.balancer.allocate, balancer)  # type: ignore[method-assign]
     grid = InProcessGrid(make_client_app(setup), num_nodes=5)
     torch.manual_seed(settings.seed)
@@ -639,7 +641,13 @@ def section(
 
 def main() -> int:
     """Measure, write ``overhead.json``."""
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    flags = parser(__doc__.splitlines()[0])
+    flags.add_argument(
+        "--balancer-only", action="store_true",
+        help="measure only the balancer's decision time (part 1) and the 5-silo FL run's "
+        "balancer share (part 2), print them and write nothing",
+    )  # fmt: skip
+    args = flags.parse_args()
     settings = SMOKE if args.smoke else FULL
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("fl_lbbsp").setLevel(logging.ERROR)
@@ -659,6 +667,8 @@ def main() -> int:
     for scheme, r in fl.items():
         print(f"{scheme}: round {r['round']:.3f} s, server {1000 * r['server']:.2f} ms, "
               f"balancer {1000 * r['balancer']:.3f} ms")  # fmt: skip
+    if args.balancer_only:
+        return 0
     aggregation = {}
     with tempfile.TemporaryDirectory() as workdir:
         for n in settings.aggregation_silos:

@@ -88,3 +88,13 @@ def test_reference_model_is_lenet5_sized() -> None:
     # Assert
     assert sum(a.size for a in reference.values()) == 61_706
     assert {a.dtype.name for a in reference.values()} == {"float32"}
+
+
+@pytest.mark.parametrize("allocator", ["linear", "proportional", "iterative"])
+def test_balancer_times_measure_a_round_of_reports_and_a_decision(allocator: str) -> None:
+    # Prepare / Execute: 12 silos (the fits over arrays) for 4 rounds
+    times = bench_overhead.balancer_times(allocator, 12, 4, 0)
+
+    # Assert: both medians measured
+    assert set(times) == {"decision", "reports"}
+    assert times["decision"] > 0 and times["reports"] > 0
