@@ -49,9 +49,11 @@ def observe_run(
     limit: np.ndarray,
     floor: float,
     confirm: int,
+    exact: bool = False,
 ) -> np.ndarray:
     """Add one deviation to the run of each of ``rows`` and say where it confirms a
-    change (the run then holds the reports that confirmed it)."""
+    change (the run then holds the reports that confirmed it); ``exact``: the CUSUM
+    sums with ``math.fsum``, as :class:`~fl_lbbsp.core.change.ChangeDetector` does."""
     width, run = f.width, f.run
     count = f.run_n[rows]
     deviation = entry[3]
@@ -83,7 +85,12 @@ def observe_run(
     if long.any():
         clipped = np.clip(run["dev"][rows], -limit[:, None], limit[:, None])
         with np.errstate(all="ignore"):
-            mean = np.abs(np.where(inside, clipped, 0.0).sum(axis=1)) / count
+            if exact:
+                pairs = zip(clipped.tolist(), count.tolist(), strict=True)
+                sums = [math.fsum(row[:c]) for row, c in pairs]
+                mean = np.abs(np.array(sums)) / count
+            else:
+                mean = np.abs(np.where(inside, clipped, 0.0).sum(axis=1)) / count
             confirmed |= long & (mean > np.maximum(floor, limit / np.sqrt(count)))
     f.run_n[rows] = count
     return confirmed

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from .balancer_settings import ModelSettings
-from .costfit import fit_linear_cost
-from .costfit_batch import fit_windows, masked_levels
+from .costfit import fit_linear_cost, robust_level
+from .costfit_batch import SCALAR_ROWS, fit_windows, masked_levels
 from .estimators import SpeedEstimator
 from .report_columns import ReportColumns, report_columns
 from .reports import SiloReport
@@ -126,6 +126,8 @@ class SiloTable:
         a fit or such reports."""
         f = self.columns
         slope, n = f["fit_slope"][rows], f.hist_n[rows]
+        if self._one_at_a_time(rows):
+            return self._near_levels_one_at_a_time(rows, size)
         width = int(n.max())
         x, t = f.hist_x[rows, :width], f.hist_t[rows, :width]
         valid = np.arange(width) < n[:, None]
@@ -137,6 +139,28 @@ class SiloTable:
             # moved along a steep slope, reports far below x can land at or under zero: no
             # level to judge a time by (the change detection and the common factor take logs)
             out = np.where(judged & np.isfinite(level) & (level > 0), level, np.nan)
+        return out
+
+    def _one_at_a_time(self, rows: np.ndarray) -> bool:
+        """Whether a round of ``rows`` is judged one silo at a time (a few silos: the
+        same floats as :mod:`.costfit` gives, and faster)."""
+        return len(rows) <= (SCALAR_ROWS if self.scalar_rows is None else self.scalar_rows)
+
+    def _near_levels_one_at_a_time(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """:meth:`near_levels`, one silo at a time."""
+        f, spread = self.columns, self.settings.min_fit_spread
+        out = np.full(len(rows), np.nan)
+        for k, (i, x) in enumerate(zip(rows.tolist(), size.tolist(), strict=True)):
+            n, slope = int(f.hist_n[i]), float(f["fit_slope"][i])
+            if math.isnan(slope) or n < 2:
+                continue
+            reach = spread * x
+            history = zip(f.hist_x[i, :n].tolist(), f.hist_t[i, :n].tolist(), strict=True)
+            near = [bt + slope * (x - bx) for bx, bt in history if abs(bx - x) < reach]
+            if len(near) >= 2:
+                level = robust_level(near)
+                if math.isfinite(level) and level > 0:
+                    out[k] = level
         return out
 
     def _take(
@@ -154,14 +178,16 @@ class SiloTable:
         change = np.zeros(len(rows), dtype=bool)
         if judged.any():
             j = np.flatnonzero(judged)
-            deviation = np.log(t[j] / level[j])
+            exact = self._one_at_a_time(rows)
+            ratio = t[j] / level[j]
+            deviation = np.array(list(map(math.log, ratio.tolist()))) if exact else np.log(ratio)
             noise = np.nan_to_num(f["noise"][rows[j]], nan=0.0)
             floor = math.log1p(settings.change_threshold)
             limit = np.maximum(floor, settings.change_sigmas * noise)
             held = np.abs(deviation) > limit
             confirmed = observe_run(
                 f, rows[j], (x[j], t[j], speed[j], deviation), held, limit=limit, floor=floor,
-                confirm=settings.change_confirm,
+                confirm=settings.change_confirm, exact=exact,
             )  # fmt: skip
             normal[j] = ~confirmed & ~held
             change[j] = confirmed
