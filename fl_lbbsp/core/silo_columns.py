@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from .reports import SiloReport
 from .silo_state import Observation, SiloModel
 from .speed import EMAEstimator, LastValueEstimator
 
-__all__ = ["COLUMN_ESTIMATORS", "FIT_FIELDS", "SiloColumns"]
+__all__ = ["COLUMN_ESTIMATORS", "FIT_FIELDS", "SiloColumns", "SiloModels", "SiloView"]
 
 COLUMN_ESTIMATORS = ("ema", "last")
 """Estimators kept as a column (the others: one object per silo)."""
@@ -243,6 +244,67 @@ class SiloColumns:
             slope=v[0], intercept=v[1], anchor=v[2], level=v[3], noise=v[4], weight=v[5],
             spread=(v[6], v[7]), knee=v[8],
         )  # fmt: skip
+
+
+class SiloView:
+    """One silo's model read from the table's columns (what the iterative allocator and a
+    checkpoint read); :meth:`record` takes the whole of it out."""
+
+    def __init__(self, columns: SiloColumns, index: int) -> None:
+        self._columns, self.index = columns, index
+
+    @property
+    def reports(self) -> int:
+        """Reports taken."""
+        return int(self._columns.reports[self.index])
+
+    @property
+    def history(self) -> list[Observation]:
+        """The window of recent normal reports, oldest first."""
+        f, i = self._columns, self.index
+        n = int(f.hist_n[i])
+        xs, ts = f.hist_x[i, :n].tolist(), f.hist_t[i, :n].tolist()
+        return [Observation(int(x), t) for x, t in zip(xs, ts, strict=True)]
+
+    @property
+    def last(self) -> dict[str, Any]:
+        """Its last report's fields."""
+        return self._columns.last_fields(self.index)
+
+    @property
+    def estimator(self) -> SpeedEstimator:
+        """Its speed estimator (a copy, for an estimator kept as a column)."""
+        return self._columns.estimator(self.index)
+
+    @property
+    def fixed_time(self) -> float | None:
+        """Smoothed fixed per-round seconds (``he-time``)."""
+        value = float(self._columns["fixed"][self.index])
+        return None if math.isnan(value) else value
+
+    def record(self) -> SiloModel:
+        """The silo's whole state as a record."""
+        return self._columns.record(self.index)
+
+    def state(self) -> dict[str, Any]:
+        """JSON-serialisable state (the balancer's checkpoint format)."""
+        return self.record().state()
+
+
+class SiloModels(Mapping[str, SiloView]):
+    """The silos' models by id (their rows in ``index``), read from the columns."""
+
+    def __init__(self, columns: SiloColumns, index: Mapping[str, int]) -> None:
+        self._columns, self._index = columns, index
+
+    def __getitem__(self, silo_id: str) -> SiloView:
+        return SiloView(self._columns, self._index[silo_id])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
 
 
 def _optional(value: float, kind: type[int] | type[float]) -> Any:

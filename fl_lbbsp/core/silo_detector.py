@@ -2,7 +2,8 @@
 
 :func:`observe_run` is :meth:`~fl_lbbsp.core.change.ChangeDetector.observe` (with its
 CUSUM test) for many silos at once, each silo's run a row of the
-:class:`~fl_lbbsp.core.silo_columns.SiloColumns`; :func:`take_changes` restarts a silo's
+:class:`~fl_lbbsp.core.silo_columns.SiloColumns`, against the level
+:func:`near_levels` finds; :func:`take_changes` restarts a silo's
 estimator and window from the reports that confirmed a change; :func:`push` appends one
 report to windows of fixed length.
 
@@ -16,9 +17,11 @@ import math
 
 import numpy as np
 
+from .costfit import robust_level
+from .costfit_batch import masked_levels
 from .silo_columns import SiloColumns
 
-__all__ = ["observe_run", "push", "take_changes"]
+__all__ = ["near_levels", "observe_run", "push", "take_changes"]
 
 _RUN = ("x", "t", "speed", "dev")
 
@@ -112,3 +115,45 @@ def take_changes(f: SiloColumns, rows: np.ndarray, max_boost: float) -> None:
         level_ratio = math.exp(abs(math.fsum(run["dev"][i, :n].tolist()) / n))
         f["boost"][i] = min(level_ratio, max_boost)
         f.run_n[i] = 0
+
+
+def near_levels(
+    f: SiloColumns, rows: np.ndarray, size: np.ndarray, *, spread: float, exact: bool = False
+) -> np.ndarray:
+    """Each silo's time at batch size ``size`` from its reports within ``spread`` of it
+    (relative), moved along the fitted slope, at least 2 of them, so that an error of the
+    line's shape (a fixed cost not identified yet) does not count; NaN without a fit or
+    such reports. ``exact``: one silo at a time, with :func:`~.costfit.robust_level`."""
+    if exact:
+        return _near_levels_one_at_a_time(f, rows, size, spread)
+    slope, n = f["fit_slope"][rows], f.hist_n[rows]
+    width = int(n.max())
+    x, t = f.hist_x[rows, :width], f.hist_t[rows, :width]
+    valid = np.arange(width) < n[:, None]
+    near = valid & (np.abs(x - size[:, None]) < (spread * size)[:, None])
+    judged = (near.sum(axis=1) >= 2) & ~np.isnan(slope) & (n >= 2)
+    out = np.full(len(rows), np.nan)
+    if judged.any():
+        level = masked_levels(t + slope[:, None] * (size[:, None] - x), near & judged[:, None])
+        # moved along a steep slope, reports far below x can land at or under zero: no
+        # level to judge a time by (the change detection and the common factor take logs)
+        out = np.where(judged & np.isfinite(level) & (level > 0), level, np.nan)
+    return out
+
+
+def _near_levels_one_at_a_time(
+    f: SiloColumns, rows: np.ndarray, size: np.ndarray, spread: float
+) -> np.ndarray:
+    out = np.full(len(rows), np.nan)
+    for k, (i, x) in enumerate(zip(rows.tolist(), size.tolist(), strict=True)):
+        n, slope = int(f.hist_n[i]), float(f["fit_slope"][i])
+        if math.isnan(slope) or n < 2:
+            continue
+        reach = spread * x
+        history = zip(f.hist_x[i, :n].tolist(), f.hist_t[i, :n].tolist(), strict=True)
+        near = [bt + slope * (x - bx) for bx, bt in history if abs(bx - x) < reach]
+        if len(near) >= 2:
+            level = robust_level(near)
+            if math.isfinite(level) and level > 0:
+                out[k] = level
+    return out

@@ -21,20 +21,18 @@ Chen et al., SoCC 2020, Sec. 3.3 and BOA (Yang et al.).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import repeat
-from typing import Any
 
 import numpy as np
 
 from .balancer_settings import ModelSettings
-from .costfit import fit_linear_cost, robust_level
-from .costfit_batch import SCALAR_ROWS, fit_windows, masked_levels
-from .estimators import SpeedEstimator
+from .costfit import fit_linear_cost
+from .costfit_batch import SCALAR_ROWS, fit_windows
 from .report_columns import ReportColumns, report_columns
 from .reports import SiloReport
-from .silo_columns import FIT_FIELDS, SiloColumns
-from .silo_detector import observe_run, push, take_changes
+from .silo_columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
+from .silo_detector import near_levels, observe_run, push, take_changes
 from .silo_state import Observation, SiloModel
 from .slowdown import shared_slowdown
 
@@ -77,7 +75,7 @@ class SiloTable:
         self.columns = SiloColumns(settings)
         self.rows = np.array([_NO_ROW] * 8, dtype=ROW)
         self._index: dict[str, int] = {}
-        self.models = _Models(self)
+        self.models = SiloModels(self.columns, self._index)
         """Each silo's model by id, read from the columns (:class:`SiloView`)."""
         self.shapes_changed = False
         self.pooled_shape = 0.0
@@ -120,48 +118,17 @@ class SiloTable:
         return scale
 
     def near_levels(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
-        """Each silo's time at batch size ``size`` from its reports within the fit spread of
-        it (relative), moved along the fitted slope, at least 2 of them, so that an error
-        of the line's shape (a fixed cost not identified yet) does not count; NaN without
-        a fit or such reports."""
-        f = self.columns
-        slope, n = f["fit_slope"][rows], f.hist_n[rows]
-        if self._one_at_a_time(rows):
-            return self._near_levels_one_at_a_time(rows, size)
-        width = int(n.max())
-        x, t = f.hist_x[rows, :width], f.hist_t[rows, :width]
-        valid = np.arange(width) < n[:, None]
-        near = valid & (np.abs(x - size[:, None]) < (self.settings.min_fit_spread * size)[:, None])
-        judged = (near.sum(axis=1) >= 2) & ~np.isnan(slope) & (n >= 2)
-        out = np.full(len(rows), np.nan)
-        if judged.any():
-            level = masked_levels(t + slope[:, None] * (size[:, None] - x), near & judged[:, None])
-            # moved along a steep slope, reports far below x can land at or under zero: no
-            # level to judge a time by (the change detection and the common factor take logs)
-            out = np.where(judged & np.isfinite(level) & (level > 0), level, np.nan)
-        return out
+        """Each silo's time at batch size ``size`` from its own earlier reports near it
+        (:func:`~fl_lbbsp.core.silo_detector.near_levels`); NaN: none."""
+        return near_levels(
+            self.columns, rows, size, spread=self.settings.min_fit_spread,
+            exact=self._one_at_a_time(rows),
+        )  # fmt: skip
 
     def _one_at_a_time(self, rows: np.ndarray) -> bool:
         """Whether a round of ``rows`` is judged one silo at a time (a few silos: the
         same floats as :mod:`.costfit` gives, and faster)."""
         return len(rows) <= (SCALAR_ROWS if self.scalar_rows is None else self.scalar_rows)
-
-    def _near_levels_one_at_a_time(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
-        """:meth:`near_levels`, one silo at a time."""
-        f, spread = self.columns, self.settings.min_fit_spread
-        out = np.full(len(rows), np.nan)
-        for k, (i, x) in enumerate(zip(rows.tolist(), size.tolist(), strict=True)):
-            n, slope = int(f.hist_n[i]), float(f["fit_slope"][i])
-            if math.isnan(slope) or n < 2:
-                continue
-            reach = spread * x
-            history = zip(f.hist_x[i, :n].tolist(), f.hist_t[i, :n].tolist(), strict=True)
-            near = [bt + slope * (x - bx) for bx, bt in history if abs(bx - x) < reach]
-            if len(near) >= 2:
-                level = robust_level(near)
-                if math.isfinite(level) and level > 0:
-                    out[k] = level
-        return out
 
     def _take(
         self, rows: np.ndarray, x: np.ndarray, t: np.ndarray, speed: np.ndarray,
@@ -283,9 +250,9 @@ class SiloTable:
             a = a.copy()
             for k, i in enumerate(rows.tolist()):
                 if f.hist_n[i]:
-                    line = self._wls(i)
+                    line = _wls(f, i, self.settings)
                     a[k], b[k] = (math.nan, 0.0) if line is None else line
-        self._write_rows(rows, a, b, knee)
+        _write_rows(f, self.rows, rows, (a, b, knee))
 
     def _refit(self, rows: np.ndarray) -> None:
         """The robust fit and the knee of ``rows`` (each with a window)."""
@@ -309,24 +276,6 @@ class SiloTable:
         f["noise"][rows] = np.where(np.isfinite(fit.noise), fit.noise, noise)
         if own.any():
             self.shapes_changed = True
-
-    def _wls(self, i: int) -> tuple[float, float] | None:
-        f, n = self.columns, int(self.columns.hist_n[i])
-        ages = np.arange(n)[::-1]
-        return fit_linear_cost(
-            f.hist_x[i, :n], f.hist_t[i, :n], weights=(1.0 - self.settings.alpha) ** ages,
-            min_relative_spread=self.settings.min_fit_spread,
-        )  # fmt: skip
-
-    def _write_rows(self, rows: np.ndarray, a: np.ndarray, b: np.ndarray, knee: np.ndarray) -> None:
-        f, out = self.columns, self.rows
-        cap = f["cap"][rows]
-        out["cap"][rows] = np.where(np.isnan(cap), np.inf, cap)
-        out["last"][rows] = f["last_size"][rows]
-        out["slope"][rows], out["intercept"][rows], out["knee"][rows] = a, b, knee
-        out["fixed"][rows] = np.nan_to_num(f["fixed"][rows], nan=0.0)
-        out["steps"][rows], out["boost"][rows] = f["steps"][rows], f["boost"][rows]
-        out["error"][rows] = f["noise"][rows] / np.sqrt(np.maximum(1, f.hist_n[rows]))
 
     def pool(self) -> None:
         """Refresh the pooled shape from the silos' known shapes, if any changed."""
@@ -403,65 +352,29 @@ class SiloTable:
         return float(np.mean(self.columns["steps"][1 : size + 1])) if size else 1.0
 
 
-class SiloView:
-    """One silo's model read from the table's columns (what the iterative allocator and a
-    checkpoint read); :meth:`record` takes the whole of it out."""
-
-    def __init__(self, columns: SiloColumns, index: int) -> None:
-        self._columns, self.index = columns, index
-
-    @property
-    def reports(self) -> int:
-        """Reports taken."""
-        return int(self._columns.reports[self.index])
-
-    @property
-    def history(self) -> list[Observation]:
-        """The window of recent normal reports, oldest first."""
-        f, i = self._columns, self.index
-        n = int(f.hist_n[i])
-        xs, ts = f.hist_x[i, :n].tolist(), f.hist_t[i, :n].tolist()
-        return [Observation(int(x), t) for x, t in zip(xs, ts, strict=True)]
-
-    @property
-    def last(self) -> dict[str, Any]:
-        """Its last report's fields."""
-        return self._columns.last_fields(self.index)
-
-    @property
-    def estimator(self) -> SpeedEstimator:
-        """Its speed estimator (a copy, for an estimator kept as a column)."""
-        return self._columns.estimator(self.index)
-
-    @property
-    def fixed_time(self) -> float | None:
-        """Smoothed fixed per-round seconds (``he-time``)."""
-        value = float(self._columns["fixed"][self.index])
-        return None if math.isnan(value) else value
-
-    def record(self) -> SiloModel:
-        """The silo's whole state as a record."""
-        return self._columns.record(self.index)
-
-    def state(self) -> dict[str, Any]:
-        """JSON-serialisable state (the balancer's checkpoint format)."""
-        return self.record().state()
+def _wls(f: SiloColumns, i: int, settings: ModelSettings) -> tuple[float, float] | None:
+    """The weighted least-squares line of row ``i``'s window (older reports weigh less)."""
+    n = int(f.hist_n[i])
+    ages = np.arange(n)[::-1]
+    return fit_linear_cost(
+        f.hist_x[i, :n], f.hist_t[i, :n], weights=(1.0 - settings.alpha) ** ages,
+        min_relative_spread=settings.min_fit_spread,
+    )  # fmt: skip
 
 
-class _Models(Mapping[str, SiloView]):
-    """The silos' models by id, read from the table's columns."""
-
-    def __init__(self, table: SiloTable) -> None:
-        self._table = table
-
-    def __getitem__(self, silo_id: str) -> SiloView:
-        return SiloView(self._table.columns, self._table._index[silo_id])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table._index)
-
-    def __len__(self) -> int:
-        return len(self._table._index)
+def _write_rows(
+    f: SiloColumns, out: np.ndarray, rows: np.ndarray,
+    curve: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:  # fmt: skip
+    """Refresh ``rows`` of the table (:data:`ROW`) from the columns, with the cost curve
+    ``(a, b, knee)``."""
+    cap = f["cap"][rows]
+    out["cap"][rows] = np.where(np.isnan(cap), np.inf, cap)
+    out["last"][rows] = f["last_size"][rows]
+    out["slope"][rows], out["intercept"][rows], out["knee"][rows] = curve
+    out["fixed"][rows] = np.nan_to_num(f["fixed"][rows], nan=0.0)
+    out["steps"][rows], out["boost"][rows] = f["steps"][rows], f["boost"][rows]
+    out["error"][rows] = f["noise"][rows] / np.sqrt(np.maximum(1, f.hist_n[rows]))
 
 
 def _nones(values: np.ndarray) -> list[float | None]:
