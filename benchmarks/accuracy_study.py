@@ -79,6 +79,15 @@ class Study:
     target_share: float = ba.TARGET_SHARE
     seeds_by_dataset: tuple[tuple[str, int], ...] = ()
     """Seed counts that replace ``seeds`` for some datasets (see :func:`seeds_of`)."""
+    floor_seeds: int | None = None
+    """The blanket floor (a reference: the design the budget replaced) runs on the first
+    this many seeds of each cell only; ``None``: on every seed."""
+
+    def schemes_of(self, seed: int) -> tuple[str, ...]:
+        """The schemes run on ``seed``: FedAvg and the budget always, the floor on the
+        first ``floor_seeds``."""
+        floor = self.floor_seeds is None or seed < self.floor_seeds
+        return SCHEMES if floor else tuple(s for s in SCHEMES if s != "floor")
 
     def seeds_of(self, dataset: str) -> tuple[int, ...]:
         """The seeds run on ``dataset``: ``range(n)`` where ``seeds_by_dataset`` names its
@@ -141,7 +150,7 @@ def trace(
     """One run's trace and its silos' dataset sizes (the aggregation weights), from
     ``cache`` when a run of the same settings left them there (``None``: always run)."""
     key = {**asdict(study), "datasets": None, "mixes": None, "partitions": None, "seeds": None}
-    del key["seeds_by_dataset"]
+    del key["seeds_by_dataset"], key["floor_seeds"]
     key.update(scheme=scheme, dataset=dataset, mix=mix, partition=partition, seed=seed)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     path = None if cache is None else cache / f"{scheme}-{digest}.json"
@@ -269,7 +278,8 @@ def run_grid(study: Study, cache: Path | None, minutes: float | None) -> dict[st
                         return rows
                     started = time.perf_counter()
                     runs = {
-                        s: trace(study, s, dataset, mix, partition, seed, cache) for s in SCHEMES
+                        s: trace(study, s, dataset, mix, partition, seed, cache)
+                        for s in study.schemes_of(seed)
                     }
                     rows.setdefault(cell, {})[seed] = {
                         v: compare(
@@ -279,6 +289,7 @@ def run_grid(study: Study, cache: Path | None, minutes: float | None) -> dict[st
                             weights=runs[v][1],
                         )
                         for v in VARIANTS
+                        if v in runs
                     }
                     print(
                         f"study: {cell} seed {seed} done ({time.perf_counter() - started:.0f} s)",
@@ -315,7 +326,7 @@ def section(
 ) -> dict[str, Any]:
     """The section JSON (the schema of benchmarks/report.py)."""
     summary = {
-        cell: {v: summarise([per[v] for per in seeds.values()]) for v in VARIANTS}
+        cell: {v: summarise([per[v] for per in seeds.values() if v in per]) for v in VARIANTS}
         for cell, seeds in rows.items()
     }
     figures, table, per_seed = [], [], []
@@ -355,7 +366,7 @@ def section(
                 _f(s["min_batch_size"], "g"), str(s["climbing"]),
             ])  # fmt: skip
         for seed, per in rows[cell].items():
-            for variant in VARIANTS:
+            for variant in (v for v in VARIANTS if v in per):
                 r = per[variant]
                 per_seed.append([
                     cell, str(seed), variant, str(r["plateau"]), f"{r['fedavg_final']:.3f}",
@@ -372,7 +383,9 @@ def section(
         f"emulated by the cost model {study.cost_model} (seconds per sample and step of the "
         f"fastest silo) scaled by each silo's slowdown; silos in process, times emulated. "
         f"LB-BSP (budget): the default balancer (noise budget sqrt 2, weights the dataset "
-        f"sizes). Floor: min_batch_fraction 1/3, no budget. Plateau: window {WINDOW} rounds, "
+        f"sizes). Floor: min_batch_fraction 1/3, no budget"
+        + ("" if study.floor_seeds is None else f", on the first {study.floor_seeds} seeds")
+        + f". Plateau: window {WINDOW} rounds, "
         f"gain < {DELTA} points. {seconds:.0f} s on {machine()}."
     )
     if study.seeds_by_dataset:
@@ -494,6 +507,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "more seeds where the test split is smaller; '' for none)",
     )
     cli.add_argument(
+        "--floor-seeds",
+        type=int,
+        default=8,
+        help="run the blanket floor (the reference) on the first this many seeds of a cell "
+        "only (default 8; 0: every seed)",
+    )
+    cli.add_argument(
         "--keep",
         type=Path,
         default=None,
@@ -538,6 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lr=args.lr,
         model=args.model,
         seeds_by_dataset=() if smoke else counts,
+        floor_seeds=None if smoke or args.floor_seeds <= 0 else args.floor_seeds,
     )
     unknown = sorted(set(study.mixes) - set(MIXES))
     if unknown:

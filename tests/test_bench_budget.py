@@ -220,3 +220,13 @@ def test_keep_cells_copies_only_the_cells_this_run_did_not_run() -> None:
     assert set(data["summary"]) == set(data["runs"]) == {"A", "B"}
     assert "kept from an earlier run" in data["setting"] and "old.json" in data["setting"]
     assert data["setting"].endswith("then.")
+
+
+def test_the_floor_reference_runs_on_the_first_seeds_only() -> None:
+    # Prepare
+    study = _study(floor_seeds=2)
+
+    # Execute / Assert: FedAvg and the budget on every seed, the floor on seeds 0 and 1
+    assert study.schemes_of(1) == ("fedavg", "budget", "floor")
+    assert study.schemes_of(2) == ("fedavg", "budget")
+    assert _study().schemes_of(9) == ("fedavg", "budget", "floor")
