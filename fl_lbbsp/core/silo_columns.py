@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from .reports import SiloReport
 from .silo_state import Observation, SiloModel
 from .speed import EMAEstimator, LastValueEstimator
 
-__all__ = ["COLUMN_ESTIMATORS", "FIT_FIELDS", "SiloColumns", "SiloModels", "SiloView"]
+__all__ = ["COLUMN_ESTIMATORS", "FIT_FIELDS", "History", "SiloColumns", "SiloModels", "SiloView"]
 
 COLUMN_ESTIMATORS = ("ema", "last")
 """Estimators kept as a column (the others: one object per silo)."""
@@ -246,6 +246,29 @@ class SiloColumns:
         )  # fmt: skip
 
 
+class History(Sequence[Observation]):
+    """A silo's history window read from the columns, oldest first."""
+
+    def __init__(self, columns: SiloColumns, index: int) -> None:
+        self._columns, self._index = columns, index
+
+    def __len__(self) -> int:
+        return int(self._columns.hist_n[self._index])
+
+    @overload
+    def __getitem__(self, k: int) -> Observation: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[Observation]: ...
+    def __getitem__(self, k: int | slice) -> Observation | list[Observation]:
+        f, i, n = self._columns, self._index, len(self)
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(n))]
+        if not -n <= k < n:
+            raise IndexError("history index out of range")
+        k %= n
+        return Observation(int(f.hist_x[i, k]), float(f.hist_t[i, k]))
+
+
 class SiloView:
     """One silo's model read from the table's columns (what the iterative allocator and a
     checkpoint read); :meth:`record` takes the whole of it out."""
@@ -259,12 +282,9 @@ class SiloView:
         return int(self._columns.reports[self.index])
 
     @property
-    def history(self) -> list[Observation]:
+    def history(self) -> History:
         """The window of recent normal reports, oldest first."""
-        f, i = self._columns, self.index
-        n = int(f.hist_n[i])
-        xs, ts = f.hist_x[i, :n].tolist(), f.hist_t[i, :n].tolist()
-        return [Observation(int(x), t) for x, t in zip(xs, ts, strict=True)]
+        return History(self._columns, self.index)
 
     @property
     def last(self) -> dict[str, Any]:
