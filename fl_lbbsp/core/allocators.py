@@ -98,7 +98,8 @@ def linear_minmax_continuous(
         return float(shares(float(points[k])).sum())
 
     points = np.concatenate([slope * lo + offset, (slope * hi + offset)[np.isfinite(hi)]])
-    points = np.unique(points)
+    points = np.sort(points)
+    points = points[np.concatenate([[True], points[1:] != points[:-1]])]  # np.unique's
     # First breakpoint whose sum reaches the total (the sums never decrease, so a binary
     # search over O(log n) of them finds it); T lies on the segment just before it. The
     # search starts at the breakpoint of T without bounds, usually the one it ends at.

@@ -383,12 +383,9 @@ def _reasons(sol: _Solution, k: FloatArray, lo: FloatArray, hi: FloatArray) -> t
     near = _TOL * np.maximum(1.0, np.abs(x)) * 1e3
     at_lower = x <= sol.lower + near
     knee = at_lower & (sol.lower > lo) & (x <= k + near)
-    reasons = np.select(
-        [x >= hi - near, knee, at_lower, x >= sol.cap - near],
-        ["upper", "knee", "lower", "round-time"],
-        default="noise-budget" if sol.binds else "noise-share",
-    )
-    return tuple(reasons.tolist())
+    names = ("upper", "knee", "lower", "round-time", "noise-budget" if sol.binds else "noise-share")
+    codes = np.select([x >= hi - near, knee, at_lower, x >= sol.cap - near], [0, 1, 2, 3], 4)
+    return tuple(map(names.__getitem__, codes.tolist()))
 
 
 def budgeted_minmax(
