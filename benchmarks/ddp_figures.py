@@ -49,6 +49,7 @@ __all__ = [
     "case_figures",
     "ideal_time",
     "median_run",
+    "order_balanced",
     "pair_ratios",
     "pair_rows",
     "smallest_batch",
@@ -240,6 +241,20 @@ def _spread(ratios: list[float], positions: list[int | None] | None = None) -> s
             + ", ".join(f"{r:.3f}" for r in ratios) + order)  # fmt: skip
 
 
+def order_balanced(ratios: list[float], positions: list[int | None]) -> float | None:
+    """The geometric mean of the median ratio of the pairs where LB-BSP ran first and of
+    those where it ran second (a cross-over design's estimate: what running second in a
+    pair gains or costs, the same for both scripts, cancels); ``None`` without pairs of
+    both orders."""
+    if len(positions) != len(ratios):
+        return None
+    first = [r for r, p in zip(ratios, positions, strict=True) if p == 0]
+    later = [r for r, p in zip(ratios, positions, strict=True) if p is not None and p > 0]
+    if not first or not later:
+        return None
+    return float(np.sqrt(np.median(first) * np.median(later)))
+
+
 def _figure(
     label: str, value: float | None, fmt: str, goal: dict[str, Any] | None = None, **extra: str
 ) -> dict[str, Any]:
@@ -266,6 +281,11 @@ def case_figures(case: Case, runs: dict[str, dict[str, Any]]) -> list[dict[str, 
         _figure(f"{case.label}: LB-BSP throughput / {SHORT[case.reference]}'s",
                 _median(ratios), ".3f", None if goal is None else {"op": ">=", "target": goal},
                 unit="x", note=_spread(ratios, positions)),
+        _figure(f"{case.label}: the same, order-balanced",
+                order_balanced(ratios, positions or []), ".3f", unit="x",
+                note="the geometric mean of the medians of the pairs where LB-BSP ran first "
+                "and where it ran second: what the second run of a pair gains or loses, "
+                "the same whichever script it is, cancels"),
         _figure(f"{case.label}: the same, median iterations",
                 _median(steady), ".3f", unit="x",
                 note="each run's samples per iteration over its median iteration's wall time, "

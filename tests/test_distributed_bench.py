@@ -173,6 +173,21 @@ def test_commands_launch_the_stock_script_or_the_example(tmp_path: Path) -> None
     assert lbbsp[lbbsp.index("--slowdowns") + 1] == "4,2,1,1"
 
 
+def test_lbbsp_args_reach_only_lbbsps_runs(tmp_path: Path) -> None:
+    # Prepare: the burner case with the backoff off for LB-BSP
+    from dataclasses import replace
+
+    bench = _load("bench_ddp")
+    case = replace(bench.FULL.cases[2], lbbsp_args=("--backoff", "1"))
+
+    # Execute
+    lbbsp = bench.command_of(case, "lbbsp", bench.FULL, "embedded", tmp_path / "a.json")
+    stock = bench.command_of(case, "stock", bench.FULL, "embedded", tmp_path / "b.json")
+
+    # Assert
+    assert lbbsp[-2:] == ["--backoff", "1"] and "--backoff" not in stock
+
+
 @pytest.mark.slow
 def test_smoke_run_writes_a_valid_ddp_section(tmp_path: Path) -> None:
     # Execute: the smoke run, torchrun launches included
@@ -234,6 +249,8 @@ def test_figures_give_the_pairs_by_order_and_the_table_the_unequal_iterations() 
     # (1.1, 1.05) apart; the unequal iterations of each pair's LB-BSP run in the table
     note = figures["equal, 2 ranks: LB-BSP throughput / stock DDP's"]["note"]
     assert "LB-BSP first: median 0.925 (2 pairs), second: 1.075 (2)" in note
+    balanced = figures["equal, 2 ranks: the same, order-balanced"]
+    assert balanced["value"] == pytest.approx((0.925 * 1.075) ** 0.5)
     assert [row[3] for row in rows] == ["LB-BSP first", "LB-BSP later"] * 2
     assert [row[9] for row in rows] == ["0", "12", "0", "0"]
 

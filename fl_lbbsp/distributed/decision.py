@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..core.balancer import BatchSizeBalancer, SiloReport
+from ..core.balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .cadence import Cadence
 from .exchange import RankReport, Row
 from .gate import HoldGate, Verdict, WindowStats, review_proposal
@@ -61,7 +61,7 @@ class Decision:
         self.review = review
         self.last_reports: dict[int, RankReport] = {}
         self.last_verdict: Verdict | None = None
-        self.errors: dict[str, str] = {}
+        self.errors: dict[str, InvalidReportError] = {}
 
     def allocate(self, held: Sequence[int] | None = None) -> tuple[int, ...]:
         """The balancer's sizes for the ranks (``held``: the sizes the gate keeps)."""
