@@ -55,15 +55,18 @@ def _report(rng: np.random.Generator, size: int, a: float, b: float, k: float,
     )
 
 
-def scenario(seed: int, scalar_rows: int | None = None) -> list[list[int]]:
+def scenario(
+    seed: int, scalar_rows: int | None = None, silos: int | None = None
+) -> list[list[int]]:
     """The batch sizes of every round of one seeded scenario (silos of random cost
     curves, jitter, spikes, co-tenants, a shared slowdown, restarts, bad reports, a
-    checkpoint round trip); ``scalar_rows``: the silo table's (0: every fit over arrays)."""
+    checkpoint round trip); ``scalar_rows``: the silo table's (0: every fit over arrays);
+    ``silos``: that many silos instead of 1 to 6."""
     rng = np.random.default_rng(seed)
     settings = _settings(rng)
     balancer = BatchSizeBalancer(**settings)
     balancer._table.scalar_rows = scalar_rows
-    n = int(rng.integers(1, 7))
+    n = int(rng.integers(1, 7)) if silos is None else silos
     ids = [f"s{i}" for i in range(n)]
     a = 1.0 / rng.uniform(50.0, 400.0, n)
     b = rng.uniform(0.0, 0.1, n) * rng.integers(0, 2, n)
@@ -120,6 +123,17 @@ def test_the_balancer_hands_out_the_pinned_batch_sizes(
     # Assert
     differ = [seed for seed in seeds if got[seed] != pinned[seed]]
     assert differ == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_many_silos_get_the_same_sizes_over_arrays_as_one_at_a_time(seed: int) -> None:
+    # Prepare / Execute: 30 silos, every round over arrays, and one silo at a time (the
+    # arithmetic of the balancer before the silo table had columns)
+    arrays = scenario(1000 + seed, scalar_rows=0, silos=30)
+    single = scenario(1000 + seed, scalar_rows=10**6, silos=30)
+
+    # Assert
+    assert arrays == single
 
 
 if __name__ == "__main__":

@@ -235,8 +235,9 @@ class SiloTable:
                 a, b, knee = f["fit_slope"][rows], f["fit_intercept"][rows], f["fit_knee"][rows]
         elif robust or settings.change_sigmas is not None:
             fitted = rows[n > 0]
-            for name in FIT_FIELDS:
-                f[f"fit_{name}"][rows[n == 0]] = np.nan
+            if fitted.size < rows.size:
+                for name in FIT_FIELDS:
+                    f[f"fit_{name}"][rows[n == 0]] = np.nan
             if fitted.size:
                 self._refit(fitted)
                 if robust:
