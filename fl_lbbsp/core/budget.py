@@ -160,11 +160,6 @@ def noise_ratio(
     return float(np.sum(c / x) / (np.sum(c) * x.size / x.sum()))
 
 
-def _clip(values: FloatArray, lo: FloatArray, hi: FloatArray) -> FloatArray:
-    """``np.clip(values, lo, hi)`` without its per-call overhead (the same floats)."""
-    return np.minimum(np.maximum(values, lo), hi)
-
-
 def _waterfill(
     q: FloatArray, lo: FloatArray, hi: FloatArray, total: float
 ) -> tuple[FloatArray, float]:
@@ -175,7 +170,7 @@ def _waterfill(
     points = points[np.concatenate([[True], points[1:] != points[:-1]])]  # np.unique's
 
     def filled(k: int) -> float:
-        return float(_clip(float(points[k]) * q, lo, hi).sum())
+        return float(np.clip(float(points[k]) * q, lo, hi).sum())
 
     # First breakpoint whose sum reaches the total (sums never decrease in s): every
     # breakpoint's sum at once for a few silos (each row summed as one silo vector is),
@@ -200,10 +195,10 @@ def _waterfill(
         inside = 0.5 * (low + float(points[k])) if k < len(points) else 2.0 * low + 1.0
         free = (inside * q > lo) & (inside * q < hi)
         if not free.any():
-            return _clip(low * q, lo, hi), low
-        fixed = float(_clip(inside * q, lo, hi)[~free].sum())
+            return np.asarray(np.clip(low * q, lo, hi), dtype=np.float64), low
+        fixed = float(np.clip(inside * q, lo, hi)[~free].sum())
         s = (total - fixed) / float(q[free].sum())
-    x = _clip(s * q, lo, hi)
+    x = np.asarray(np.clip(s * q, lo, hi), dtype=np.float64)
     # Float error: put the residue on the free silos, within their bounds.
     residue = total - float(x.sum())
     free = (x > lo) & (x < hi)
