@@ -244,24 +244,24 @@ class IterativeStep:
         table: SiloTable,
     ) -> dict[str, int]:
         """The silos' sizes: after a step if every silo reported since the last one."""
-        allocator, models = self.allocator, table.models
-        reported = all(i in models and models[i].reports > 0 for i in ids)
+        allocator, counts = self.allocator, table.report_counts(ids)
+        reported = len(counts) == len(ids) and all(c > 0 for c in counts.values())
         if set(ids) != set(allocator.sizes) or speeds is None or not reported:
             # First round, or silos joined or left: restart from a proportional split.
             start = proportional(
                 np.ones(len(ids)) if speeds is None else speeds, total, lower=lower, upper=upper
             )
             allocator.reset(dict(zip(ids, (int(x) for x in start), strict=True)))
-            self.stepped = {i: models[i].reports for i in ids if i in models}
+            self.stepped = counts
             return {i: allocator.sizes[i] for i in ids}
-        if all(models[i].reports > self.stepped.get(i, 0) for i in ids):
+        if all(counts[i] > self.stepped.get(i, 0) for i in ids):
             allocator.update(
-                {i: models[i].history[-1].time for i in ids},
-                memory={i: models[i].last.get("memory_percent") for i in ids},
+                table.newest(ids, "time"),
+                memory=table.newest(ids, "memory_percent"),
                 upper=dict(zip(ids, upper.tolist(), strict=True)),
                 lower=dict(zip(ids, lower.tolist(), strict=True)),
             )
-            self.stepped = {i: models[i].reports for i in ids}
+            self.stepped = counts
         return {i: allocator.sizes[i] for i in ids}
 
     def state(self) -> dict[str, Any]:

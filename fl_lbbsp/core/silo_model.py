@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +114,7 @@ class SiloTable:
             )  # fmt: skip
         speed = np.where(np.isnan(samples), size, samples) / time
         self._take(rows, size, time / scale, speed * scale, levels, reports)
-        self._take_fields(rows, reports, columns)
+        _take_fields(self.columns, rows, reports, columns, self.settings.alpha)
         self.refresh(rows)
         return scale
 
@@ -168,22 +169,6 @@ class SiloTable:
         push(f.hist_x, f.hist_t, f.hist_n, rows[k], x[k], t[k])
         if change.any():
             take_changes(f, rows[change], settings.max_boost)
-
-    def _take_fields(
-        self, rows: np.ndarray, reports: Sequence[SiloReport], columns: ReportColumns
-    ) -> None:
-        """The reports' own fields: local steps, memory cap, fixed time, last report."""
-        f, size, samples = self.columns, columns.batch_size, columns.samples
-        f["steps"][rows] = np.where(np.isnan(samples), 1.0, samples / size)
-        cap = columns.max_batch_size
-        f["cap"][rows] = np.where(np.isnan(cap), f["cap"][rows], cap)
-        new, old, alpha = columns.fixed_time, f["fixed"][rows], self.settings.alpha
-        blended = np.where(np.isnan(old), new, alpha * new + (1 - alpha) * old)
-        f["fixed"][rows] = np.where(np.isnan(new), old, blended)
-        last = np.empty(len(reports), dtype=object)
-        last[:] = reports
-        f.last[rows] = last
-        f["last_size"][rows] = size
 
     def restart(self, silo_id: str) -> None:
         """Forget what a silo's reports taught its estimate and window, as after a
@@ -335,6 +320,24 @@ class SiloTable:
         value = math.nan if i is None else float(self.columns["fixed"][i])
         return None if math.isnan(value) else value
 
+    def report_counts(self, ids: Sequence[str]) -> dict[str, int]:
+        """Reports taken by each silo of ``ids`` seen so far (in the order of ``ids``)."""
+        seen = [i for i in ids if i in self._index]
+        rows = np.fromiter(map(self._index.__getitem__, seen), np.intp, count=len(seen))
+        return dict(zip(seen, self.columns.reports[rows].tolist(), strict=True))
+
+    def newest(self, ids: Sequence[str], field: str) -> dict[str, Any]:
+        """Each silo's newest time in its window (``field`` ``"time"``; IndexError on an
+        empty window) or a field of its last report (``None``: not given)."""
+        f = self.columns
+        rows = np.fromiter(map(self._index.__getitem__, ids), np.intp, count=len(ids))
+        if field == "time":
+            n = f.hist_n[rows]
+            if (n == 0).any():
+                raise IndexError("history index out of range")
+            return dict(zip(ids, f.hist_t[rows, n - 1].tolist(), strict=True))
+        return {i: _field(f.last[k], field) for i, k in zip(ids, rows.tolist(), strict=True)}
+
     def warming_up(self) -> dict[str, tuple[int, int]]:
         """Silos whose estimator is still in its warm-up: id -> (reports, warm-up)."""
         out = {}
@@ -351,6 +354,24 @@ class SiloTable:
         """Mean local steps of the silos seen (1 if none)."""
         size = self.columns.size
         return float(np.mean(self.columns["steps"][1 : size + 1])) if size else 1.0
+
+
+def _take_fields(
+    f: SiloColumns, rows: np.ndarray, reports: Sequence[SiloReport], columns: ReportColumns,
+    alpha: float,
+) -> None:  # fmt: skip
+    """The reports' own fields: local steps, memory cap, fixed time, last report."""
+    size, samples = columns.batch_size, columns.samples
+    f["steps"][rows] = np.where(np.isnan(samples), 1.0, samples / size)
+    cap = columns.max_batch_size
+    f["cap"][rows] = np.where(np.isnan(cap), f["cap"][rows], cap)
+    new, old = columns.fixed_time, f["fixed"][rows]
+    blended = np.where(np.isnan(old), new, alpha * new + (1 - alpha) * old)
+    f["fixed"][rows] = np.where(np.isnan(new), old, blended)
+    last = np.empty(len(reports), dtype=object)
+    last[:] = reports
+    f.last[rows] = last
+    f["last_size"][rows] = size
 
 
 def _wls(f: SiloColumns, i: int, settings: ModelSettings) -> tuple[float, float] | None:
@@ -376,6 +397,11 @@ def _write_rows(
     out["fixed"][rows] = np.nan_to_num(f["fixed"][rows], nan=0.0)
     out["steps"][rows], out["boost"][rows] = f["steps"][rows], f["boost"][rows]
     out["error"][rows] = f["noise"][rows] / np.sqrt(np.maximum(1, f.hist_n[rows]))
+
+
+def _field(last: object, name: str) -> Any:
+    """A field of a last report (a :class:`SiloReport`, or its fields restored)."""
+    return last.get(name) if isinstance(last, dict) else getattr(last, name, None)
 
 
 def _nones(values: np.ndarray) -> list[float | None]:
