@@ -108,6 +108,14 @@ class SiloColumns:
         estimator = self.estimators[index]
         return None if estimator is None else estimator.predict()
 
+    def predictions(self, rows: np.ndarray) -> np.ndarray:
+        """The predicted speeds of ``rows`` (NaN: none yet; row 0: never reported)."""
+        if self.columnar:
+            out: np.ndarray = self.floats["value"][rows]
+            return out
+        predicted = [self.predict(i) for i in rows.tolist()]
+        return np.array([math.nan if v is None else v for v in predicted], dtype=np.float64)
+
     def estimator(self, index: int) -> SpeedEstimator:
         """The silo's estimator as an object (a copy for a column)."""
         if not self.columnar:

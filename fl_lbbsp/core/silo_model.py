@@ -281,19 +281,18 @@ class SiloTable:
         silo without a prediction gets the mean of the others'. ``None`` if no silo has
         one."""
         f = self.columns
-        index = [self._index.get(i) for i in ids]
+        rows = np.fromiter(map(self._index.get, ids, repeat(0)), np.intp, count=len(ids))
         if only is not None:
-            some = [None if index[k] is None else f.predict(index[k]) for k in only]  # type: ignore[arg-type]
-            if all(v is not None for v in some):  # no mean over the others needed
-                return np.array(some, dtype=np.float64)
+            some = f.predictions(rows[only])
+            if not np.isnan(some).any():  # no mean over the others needed
+                return some
             speeds = self.speeds(ids)
             return None if speeds is None else speeds[only]
-        predicted = [None if i is None else f.predict(i) for i in index]
-        known = [v for v in predicted if v is not None]
-        if not known:
+        predicted = f.predictions(rows)
+        known = ~np.isnan(predicted)
+        if not known.any():
             return None
-        mean = float(np.mean(known))
-        return np.array([mean if v is None else v for v in predicted], dtype=np.float64)
+        return np.where(known, predicted, float(np.mean(predicted[known])))
 
     def cost_line(self, silo_id: str) -> tuple[float, float] | None:
         """The silo's cost line ``(a, b)`` as the allocation uses it (its smoothed fixed
