@@ -264,3 +264,32 @@ def test_every_full_case_runs_each_scheme_first_as_often_as_second() -> None:
 
     # Assert: an even number of alternated pairs in every case
     assert all(n % 2 == 0 for n in counts.values()), counts
+
+
+@pytest.mark.parametrize(("failures", "retries"), [(0, 0), (1, 1), (2, None)])
+def test_a_failed_launch_is_run_again_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int, retries: int | None
+) -> None:
+    # Prepare: torchrun stood in for by a launch that fails ``failures`` times, then
+    # writes a rank-0 log
+    bench = _load("bench_ddp")
+    case = bench.Case("equal", "equal", 2)
+    calls = []
+
+    def launch(command: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(command)
+        if len(calls) <= failures:
+            return subprocess.CompletedProcess(command, 1, "", "terminate called")
+        Path(command[command.index("--json-log") + 1]).write_text(json.dumps({"summary": {}}))
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", launch)
+
+    # Execute / Assert: a second failure raises; otherwise the run, with its retries
+    if retries is None:
+        with pytest.raises(RuntimeError, match="torchrun exited 1"):
+            bench.run_ddp(case, "stock", bench.SMOKE, "embedded", tmp_path)
+        assert len(calls) == 2
+    else:
+        data = bench.run_ddp(case, "stock", bench.SMOKE, "embedded", tmp_path)
+        assert data["retries"] == retries and len(calls) == failures + 1
