@@ -92,7 +92,8 @@ def linear_minmax_continuous(
         raise ValueError(f"total {total} is outside the feasible range [{lo.sum()}, {hi.sum()}]")
 
     def shares(t: float) -> FloatArray:
-        return np.asarray(np.clip((t - offset) / slope, lo, hi), dtype=np.float64)
+        out: FloatArray = np.minimum(np.maximum((t - offset) / slope, lo), hi)  # np.clip's
+        return out
 
     def total_at(k: int) -> float:
         return float(shares(float(points[k])).sum())

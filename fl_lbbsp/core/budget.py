@@ -170,7 +170,7 @@ def _waterfill(
     points = points[np.concatenate([[True], points[1:] != points[:-1]])]  # np.unique's
 
     def filled(k: int) -> float:
-        return float(np.clip(float(points[k]) * q, lo, hi).sum())
+        return float(np.minimum(np.maximum(float(points[k]) * q, lo), hi).sum())
 
     # First breakpoint whose sum reaches the total (sums never decrease in s): every
     # breakpoint's sum at once for a few silos (each row summed as one silo vector is),
@@ -195,10 +195,10 @@ def _waterfill(
         inside = 0.5 * (low + float(points[k])) if k < len(points) else 2.0 * low + 1.0
         free = (inside * q > lo) & (inside * q < hi)
         if not free.any():
-            return np.asarray(np.clip(low * q, lo, hi), dtype=np.float64), low
-        fixed = float(np.clip(inside * q, lo, hi)[~free].sum())
+            return np.minimum(np.maximum(low * q, lo), hi), low
+        fixed = float(np.minimum(np.maximum(inside * q, lo), hi)[~free].sum())
         s = (total - fixed) / float(q[free].sum())
-    x = np.asarray(np.clip(s * q, lo, hi), dtype=np.float64)
+    x = np.minimum(np.maximum(s * q, lo), hi)  # np.clip's floats, without its overhead
     # Float error: put the residue on the free silos, within their bounds.
     residue = total - float(x.sum())
     free = (x > lo) & (x < hi)
@@ -236,7 +236,7 @@ def _solve(
         return np.asarray(np.maximum(np.minimum(hi, (t - b) / a), lo), dtype=np.float64)
 
     def variance(x: FloatArray) -> float:
-        return math.inf if np.any(x <= 0) else float(np.sum(c / x))
+        return math.inf if (x <= 0).any() else float((c / x).sum())
 
     _, t_star = linear_minmax_continuous(a, b, total, lower=lo, upper=hi)
     t0 = max(t_star, floor_time)
@@ -464,7 +464,7 @@ def enforce_budget(
     x = sizes.astype(np.float64)
     if np.any(x < 1):
         return False
-    while float(np.sum(c / x)) > budget * (1 + _TOL):
+    while float((c / x).sum()) > budget * (1 + _TOL):
         take = np.full(len(x), np.inf)
         can = x > np.maximum(lower, 1)
         take[can] = c[can] / (x[can] - 1.0) - c[can] / x[can]
