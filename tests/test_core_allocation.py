@@ -667,3 +667,18 @@ def test_fit_linear_cost_refits_through_origin_when_intercept_negative() -> None
     assert fit is not None
     assert fit[1] == 0.0
     assert fit[0] == pytest.approx((20 * 1.0 + 40 * 3.0) / (20**2 + 40**2))
+
+
+@pytest.mark.parametrize(("a", "b", "lower"), [(1 / 34, 1.0, 16.0), (0.1, 0.3, 7.0)])
+def test_a_total_every_silo_meets_at_its_lower_bound_is_solved(
+    a: float, b: float, lower: float
+) -> None:
+    # Prepare: one silo whose lower bound is the total (its first breakpoint's share can
+    # land a float error above it)
+    from fl_lbbsp.core.allocators import linear_minmax_continuous
+
+    # Execute
+    shares, _ = linear_minmax_continuous([a], [b], lower, lower=[lower])
+
+    # Assert
+    assert shares.tolist() == pytest.approx([lower])

@@ -119,7 +119,8 @@ def linear_minmax_continuous(
             end = middle
         else:
             k = middle + 1
-    if k < len(points) and total_at(k) == total:
+    if k < len(points) and (k == 0 or total_at(k) == total):
+        # (k == 0: every silo at its lower bound, the sum above the total by float error)
         t_star = float(points[k])
     elif k == len(points) and not np.any(np.isinf(hi)):
         # Every silo at its cap: the total is the sum of the caps (up to float error).
