@@ -636,3 +636,27 @@ def test_any_positive_reports_are_taken_and_keep_every_prediction_finite(
     # Assert
     assert all(math.isfinite(balancer.predicted_speed(s) or math.nan) for s in "abc")
     assert sum(sizes.values()) == 96
+
+
+def test_iterative_allocator_holds_the_sizes_of_a_restarted_silo_until_it_reports() -> None:
+    # Prepare: two silos, the second 3x slower, three rounds of the iterative allocator
+    balancer = BatchSizeBalancer(initial_batch_size=30, allocator="iterative")
+    sizes = balancer.allocate(["fast", "slow"])
+    for _ in range(3):
+        for silo, per_sample in (("fast", 0.01), ("slow", 0.03)):
+            balancer.report(
+                silo, SiloReport(batch_size=sizes[silo], train_time=per_sample * sizes[silo])
+            )
+        sizes = balancer.allocate(["fast", "slow"])
+    before = dict(sizes)
+
+    # Execute: both report, then the slow silo's report is found to hold its start-up (a
+    # rejoin) and its window is forgotten before the next allocation
+    balancer.report("fast", SiloReport(batch_size=before["fast"], train_time=0.45))
+    balancer.report("slow", SiloReport(batch_size=before["slow"], train_time=0.45))
+    balancer.restart("slow")
+    held = balancer.allocate(["fast", "slow"])
+
+    # Assert: no step without the restarted silo's time; the same total
+    assert held == before
+    assert sum(held.values()) == 60

@@ -254,7 +254,9 @@ class IterativeStep:
             allocator.reset(dict(zip(ids, (int(x) for x in start), strict=True)))
             self.stepped = counts
             return {i: allocator.sizes[i] for i in ids}
-        if all(counts[i] > self.stepped.get(i, 0) for i in ids):
+        # A silo restarted since its last report has no time to step on: hold the sizes.
+        fresh = all(counts[i] > self.stepped.get(i, 0) for i in ids)
+        if fresh and all(n > 0 for n in table.window_sizes(ids).values()):
             allocator.update(
                 table.newest(ids, "time"),
                 memory=table.newest(ids, "memory_percent"),

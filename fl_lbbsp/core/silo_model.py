@@ -325,6 +325,11 @@ class SiloTable:
         rows = np.fromiter(map(self._index.__getitem__, seen), np.intp, count=len(seen))
         return dict(zip(seen, self.columns.reports[rows].tolist(), strict=True))
 
+    def window_sizes(self, ids: Sequence[str]) -> dict[str, int]:
+        """Reports in each silo's history window (0 after a restart, until it reports)."""
+        rows = np.fromiter(map(self._index.__getitem__, ids), np.intp, count=len(ids))
+        return dict(zip(ids, self.columns.hist_n[rows].tolist(), strict=True))
+
     def newest(self, ids: Sequence[str], field: str) -> dict[str, Any]:
         """Each silo's newest time in its window (``field`` ``"time"``; IndexError on an
         empty window) or a field of its last report (``None``: not given)."""
