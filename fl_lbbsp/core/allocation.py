@@ -290,14 +290,19 @@ def name_bounds(result: Allocation, bounds: Bounds, caps: np.ndarray) -> list[st
     """The solver's reasons with its bounds named: ``floor`` (the hard floor),
     ``memory-cap`` (the silo's reported cap), ``max-batch-size`` or ``change-limit``."""
     named = list(result.reasons)
+    if "lower" not in named and "upper" not in named:
+        return named
+    low = np.where(bounds.lower > bounds.hard_lower, "change-limit", "floor").tolist()
+    high = np.where(
+        bounds.upper < bounds.hard_upper,
+        "change-limit",
+        np.where(caps <= bounds.hard_upper, "memory-cap", "max-batch-size"),
+    ).tolist()
     for k, why in enumerate(named):
         if why == "lower":
-            named[k] = "change-limit" if bounds.lower[k] > bounds.hard_lower[k] else "floor"
+            named[k] = low[k]
         elif why == "upper":
-            if bounds.upper[k] < bounds.hard_upper[k]:
-                named[k] = "change-limit"
-            else:
-                named[k] = "memory-cap" if caps[k] <= bounds.hard_upper[k] else "max-batch-size"
+            named[k] = high[k]
     return named
 
 

@@ -47,15 +47,21 @@ def _rows(values: np.ndarray) -> np.ndarray:
     return np.arange(values.shape[0])[:, None]
 
 
-def masked_medians(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Median of each row's values where ``mask`` (NaN where none)."""
-    if values.shape[1] == 0:
-        return np.full(values.shape[0], np.nan)
-    v = np.sort(np.where(mask, values, np.inf), axis=1)
-    m = np.count_nonzero(mask, axis=1)
+def masked_medians(
+    values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None = None
+) -> np.ndarray:
+    """Median of each row's values where ``mask`` (NaN where none); ``counts``, if given,
+    is ``mask``'s count of each row."""
+    rows, width = values.shape
+    if width == 0:
+        return np.full(rows, np.nan)
+    v = np.where(mask, values, np.inf)
+    v.sort(axis=1)
+    m = np.count_nonzero(mask, axis=1) if counts is None else counts
     k = m // 2
-    upper = np.take_along_axis(v, np.minimum(k, v.shape[1] - 1)[:, None], axis=1)[:, 0]
-    lower = np.take_along_axis(v, np.maximum(k - 1, 0)[:, None], axis=1)[:, 0]
+    index = np.arange(rows)
+    upper = v[index, np.minimum(k, width - 1)]
+    lower = v[index, np.maximum(k - 1, 0)]
     out = np.where(m % 2 == 1, upper, 0.5 * (lower + upper))
     return np.where(m > 0, out, np.nan)
 
@@ -63,17 +69,21 @@ def masked_medians(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def masked_levels(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """:func:`~.costfit.robust_level` of each row's values where ``mask`` (NaN where
     none)."""
-    v = np.sort(np.where(mask, values, np.inf), axis=1)
+    rows, width = values.shape
+    v = np.where(mask, values, np.inf)
+    v.sort(axis=1)
     m = np.count_nonzero(mask, axis=1)
     cut = (TRIM * m).astype(np.intp)
     count = m - 2 * cut
-    columns = np.arange(v.shape[1])
+    columns = np.arange(width)
     keep = (columns >= cut[:, None]) & (columns < (m - cut)[:, None])
-    first = np.take_along_axis(v, np.minimum(cut, v.shape[1] - 1)[:, None], axis=1)[:, 0]
+    first = v[np.arange(rows), np.minimum(cut, width - 1)]
     with np.errstate(all="ignore"):
         kept = np.where(keep, v, 1.0)
-        geometric = np.exp(np.where(keep, np.log(kept), 0.0).sum(axis=1) / count)
-        arithmetic = np.where(keep, v, 0.0).sum(axis=1) / count
+        np.log(kept, out=kept)  # 0 where not kept
+        geometric = np.exp(kept.sum(axis=1) / count)
+        v[~keep] = 0.0
+        arithmetic = v.sum(axis=1) / count
     return np.where(m > 0, np.where(first > 0, geometric, arithmetic), np.nan)
 
 
@@ -249,16 +259,18 @@ def fit_robust_costs(
     dx = _differences(xs)
     apart = paired & (np.abs(dx) >= gap[:, None])
     near = paired & ~apart
+    apart_n = np.count_nonzero(apart, axis=1)
+    near_n = n * (n - 1) // 2 - apart_n
     with np.errstate(all="ignore"):
-        own = masked_medians(_differences(ts) / dx, apart)
+        own = masked_medians(_differences(ts) / dx, apart, apart_n)
         residual = ts - own[:, None] * xs
-        middle = masked_medians(residual, valid)
+        middle = masked_medians(residual, valid, n)
         scale = np.where(
-            n >= 4, _MAD * masked_medians(np.abs(residual - middle[:, None]), valid), -1.0
+            n >= 4, _MAD * masked_medians(np.abs(residual - middle[:, None]), valid, n), -1.0
         )
         known = np.isfinite(prior_noise)
         scale = np.where(known, np.maximum(scale, prior_noise * level0), scale)
-        blend = apart.any(axis=1) & (own > 0) & (scale >= 0)
+        blend = (apart_n > 0) & (own > 0) & (scale >= 0)
         mean_x = np.where(valid, xs, 0.0).sum(axis=1) / n
         se2 = scale * scale / np.where(valid, (xs - mean_x[:, None]) ** 2, 0.0).sum(axis=1)
         gap2 = (own - prior) ** 2
@@ -274,9 +286,9 @@ def fit_robust_costs(
         slope = np.minimum(np.maximum(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
         intercept = np.maximum(level - slope * anchor, 0.0)
         logs = np.log(ts / (slope[:, None] * xs + intercept[:, None]))
-        replicates = _MAD * masked_medians(np.abs(_differences(logs)), near) / math.sqrt(2)
-        overall = _MAD * masked_medians(np.abs(logs), valid)
-    noise = np.where(n >= 4, np.where(near.sum(axis=1) >= 3, replicates, overall), np.nan)
+        replicates = _MAD * masked_medians(np.abs(_differences(logs)), near, near_n) / math.sqrt(2)
+        overall = _MAD * masked_medians(np.abs(logs), valid, n)
+    noise = np.where(n >= 4, np.where(near_n >= 3, replicates, overall), np.nan)
     return CostFits(
         slope=slope,
         intercept=intercept,
