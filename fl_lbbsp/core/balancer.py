@@ -296,8 +296,10 @@ class BatchSizeBalancer:
             held=held,
         )  # fmt: skip
         sizes, reasons = decision.sizes, decision.reasons
-        self.last_allocation = {silo: (sizes[silo], reasons[silo]) for silo in order}
-        return {silo: sizes[silo] for silo in order}
+        given = list(map(sizes.__getitem__, order))
+        why = map(reasons.__getitem__, order)
+        self.last_allocation = dict(zip(order, zip(given, why, strict=True), strict=True))
+        return dict(zip(order, given, strict=True))
 
     # ------------------------------------------------------------ serialisation
     def state_dict(self) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from .reports import SiloReport
 from .silo_columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
 from .silo_detector import near_levels, observe_run, push, take_changes
 from .silo_state import Observation, SiloModel
-from .slowdown import shared_slowdown
+from .slowdown import MIN_SILOS, shared_slowdown
 
 __all__ = ["ROW", "Observation", "SiloModel", "SiloTable", "SiloView"]
 
@@ -106,12 +106,9 @@ class SiloTable:
         levels = self.near_levels(rows, size)
         scale = 1.0
         if shared:
-            f = self.columns
-            lines = f["fit_slope"][rows] * size + f["fit_intercept"][rows]
-            scale = shared_slowdown(
-                time.tolist(), _nones(levels), _nones(lines),
-                threshold=self.settings.change_threshold,
-            )  # fmt: skip
+            scale = _round_slowdown(
+                self.columns, rows, (size, time, levels), self.settings.change_threshold
+            )
         speed = np.where(np.isnan(samples), size, samples) / time
         self._take(rows, size, time / scale, speed * scale, levels, reports)
         _take_fields(self.columns, rows, reports, columns, self.settings.alpha)
@@ -358,6 +355,22 @@ class SiloTable:
         """Mean local steps of the silos seen (1 if none)."""
         size = self.columns.size
         return float(np.mean(self.columns["steps"][1 : size + 1])) if size else 1.0
+
+
+def _round_slowdown(
+    f: SiloColumns, rows: np.ndarray, round_: tuple[np.ndarray, np.ndarray, np.ndarray],
+    threshold: float,
+) -> float:  # fmt: skip
+    """:func:`~fl_lbbsp.core.slowdown.shared_slowdown` of a round ``(size, time, levels)``
+    of ``rows``; where enough silos have a level, its first branch over arrays (the same
+    divisions and logs)."""
+    size, time, levels = round_
+    near = ~np.isnan(levels)
+    if np.count_nonzero(near) >= MIN_SILOS:
+        deviations = list(map(math.log, (time[near] / levels[near]).tolist()))
+        return math.exp(float(np.median(deviations)))
+    lines = f["fit_slope"][rows] * size + f["fit_intercept"][rows]
+    return shared_slowdown(time.tolist(), _nones(levels), _nones(lines), threshold=threshold)
 
 
 def _take_fields(
