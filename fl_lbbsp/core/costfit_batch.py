@@ -66,6 +66,22 @@ def masked_medians(
     return np.where(m > 0, out, np.nan)
 
 
+def _pair_medians(by_pair: np.ndarray, mask: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """:func:`masked_medians` of values and mask laid out ``(pairs, rows)`` (as
+    :func:`_differences` gives them), ``counts`` the mask's count of each row."""
+    width, rows = by_pair.shape
+    if width == 0:
+        return np.full(rows, np.nan)
+    v = np.where(mask, by_pair, np.inf)
+    v.sort(axis=0)
+    k = counts // 2
+    index = np.arange(rows)
+    upper = v[np.minimum(k, width - 1), index]
+    lower = v[np.maximum(k - 1, 0), index]
+    out = np.where(counts % 2 == 1, upper, 0.5 * (lower + upper))
+    return np.where(counts > 0, out, np.nan)
+
+
 def masked_levels(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """:func:`~.costfit.robust_level` of each row's values where ``mask`` (NaN where
     none)."""
@@ -219,8 +235,9 @@ def _pairs(width: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _differences(values: np.ndarray) -> np.ndarray:
-    """``values[:, j] - values[:, i]`` over the pairs of :func:`_pairs`, a slice per
-    offset on the transposed rows (contiguous across silos)."""
+    """``values[:, j] - values[:, i]`` over the pairs of :func:`_pairs`, laid out
+    ``(pairs, rows)``: a slice per offset on the transposed rows (contiguous across
+    silos)."""
     rows, width = values.shape
     by_column = np.ascontiguousarray(values.T)
     out = np.empty((width * (width - 1) // 2, rows))
@@ -228,7 +245,7 @@ def _differences(values: np.ndarray) -> np.ndarray:
     for d in range(1, width):
         np.subtract(by_column[d:], by_column[: width - d], out=out[start : start + width - d])
         start += width - d
-    return out.T
+    return out
 
 
 def fit_robust_costs(
@@ -255,14 +272,14 @@ def fit_robust_costs(
     level0 = masked_levels(ts * (anchor + x0)[:, None] / (xs + x0[:, None]), valid)
     prior = level0 / (anchor + x0)
     i, j = _pairs(width)
-    paired = j[None, :] < n[:, None]
+    paired = j[:, None] < n[None, :]  # by pair, as _differences lays them out
     dx = _differences(xs)
-    apart = paired & (np.abs(dx) >= gap[:, None])
+    apart = paired & (np.abs(dx) >= gap[None, :])
     near = paired & ~apart
-    apart_n = np.count_nonzero(apart, axis=1)
+    apart_n = np.count_nonzero(apart, axis=0)
     near_n = n * (n - 1) // 2 - apart_n
     with np.errstate(all="ignore"):
-        own = masked_medians(_differences(ts) / dx, apart, apart_n)
+        own = _pair_medians(_differences(ts) / dx, apart, apart_n)
         residual = ts - own[:, None] * xs
         middle = masked_medians(residual, valid, n)
         scale = np.where(
@@ -286,7 +303,7 @@ def fit_robust_costs(
         slope = np.minimum(np.maximum(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
         intercept = np.maximum(level - slope * anchor, 0.0)
         logs = np.log(ts / (slope[:, None] * xs + intercept[:, None]))
-        replicates = _MAD * masked_medians(np.abs(_differences(logs)), near, near_n) / math.sqrt(2)
+        replicates = _MAD * _pair_medians(np.abs(_differences(logs)), near, near_n) / math.sqrt(2)
         overall = _MAD * masked_medians(np.abs(logs), valid, n)
     noise = np.where(n >= 4, np.where(near_n >= 3, replicates, overall), np.nan)
     return CostFits(
