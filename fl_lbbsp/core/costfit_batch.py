@@ -82,13 +82,15 @@ def _pair_medians(by_pair: np.ndarray, mask: np.ndarray, counts: np.ndarray) -> 
     return np.where(counts > 0, out, np.nan)
 
 
-def masked_levels(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def masked_levels(
+    values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None = None
+) -> np.ndarray:
     """:func:`~.costfit.robust_level` of each row's values where ``mask`` (NaN where
-    none)."""
+    none); ``counts``, if given, is ``mask``'s count of each row."""
     rows, width = values.shape
     v = np.where(mask, values, np.inf)
     v.sort(axis=1)
-    m = np.count_nonzero(mask, axis=1)
+    m = np.count_nonzero(mask, axis=1) if counts is None else counts
     cut = (TRIM * m).astype(np.intp)
     count = m - 2 * cut
     columns = np.arange(width)
@@ -97,10 +99,11 @@ def masked_levels(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         kept = np.where(keep, v, 1.0)
         np.log(kept, out=kept)  # 0 where not kept
-        geometric = np.exp(kept.sum(axis=1) / count)
-        v[~keep] = 0.0
-        arithmetic = v.sum(axis=1) / count
-    return np.where(m > 0, np.where(first > 0, geometric, arithmetic), np.nan)
+        out = np.exp(kept.sum(axis=1) / count)
+        signed = np.flatnonzero(~(first > 0))  # the arithmetic mean there
+        if signed.size:
+            out[signed] = np.where(keep[signed], v[signed], 0.0).sum(axis=1) / count[signed]
+    return np.where(m > 0, out, np.nan)
 
 
 def find_knees(
@@ -179,15 +182,17 @@ def _knees(
             )
             enough = pooled >= SCATTER_REPORTS
             prefix = columns < pooled[:, None]
-            centre = np.log(masked_levels(sub_t, prefix))
-            scatter = _MAD * masked_medians(np.abs(np.log(sub_t) - centre[:, None]), prefix)
+            centre = np.log(masked_levels(sub_t, prefix, pooled))
+            scatter = _MAD * masked_medians(np.abs(np.log(sub_t) - centre[:, None]), prefix, pooled)
             sigma = np.where(enough, scatter, np.nan)
             sub_noise = noise[k]
             sigma = np.where(
                 given[k], np.where(enough, np.minimum(sigma, sub_noise), sub_noise), sigma
             )
             going = (span > 0) & np.isfinite(sigma)
-            ratio = masked_levels(sub_t, members) / masked_levels(sub_t, columns < at_end[:, None])
+            ratio = masked_levels(sub_t, members, count) / masked_levels(
+                sub_t, columns < at_end[:, None], at_end
+            )
             elasticity = np.maximum(np.log(ratio) / span, 0.0)
             error = KNEE_SIGMAS * sigma * np.sqrt(1 / at_end + 1 / count) / span
             flatter = going & (elasticity + error < FLAT_SHARE)
@@ -269,7 +274,7 @@ def fit_robust_costs(
     x0 = prior_shape
     anchor = np.take_along_axis(xs, (n - 1)[:, None], axis=1)[:, 0]
     gap = min_relative_spread * anchor
-    level0 = masked_levels(ts * (anchor + x0)[:, None] / (xs + x0[:, None]), valid)
+    level0 = masked_levels(ts * (anchor + x0)[:, None] / (xs + x0[:, None]), valid, n)
     prior = level0 / (anchor + x0)
     i, j = _pairs(width)
     paired = j[:, None] < n[None, :]  # by pair, as _differences lays them out
@@ -297,8 +302,11 @@ def fit_robust_costs(
         moved = ts - slope[:, None] * (xs - anchor[:, None])
         local = valid & (np.abs(xs - anchor[:, None]) < gap[:, None])
         trusted = (weight >= 0.5) | prior_known
-        use_local = (local.sum(axis=1) >= 3) | ~trusted
-        level = masked_levels(moved, np.where(use_local[:, None], local, valid))
+        local_n = np.count_nonzero(local, axis=1)
+        use_local = (local_n >= 3) | ~trusted
+        level = masked_levels(
+            moved, np.where(use_local[:, None], local, valid), np.where(use_local, local_n, n)
+        )
         level = np.where(level > 0, level, level0)
         slope = np.minimum(np.maximum(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
         intercept = np.maximum(level - slope * anchor, 0.0)
