@@ -13,6 +13,7 @@ Distributed Learning in Non-Dedicated Environments", IEEE TCC 2021, Sec. 4.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -64,11 +65,11 @@ def report_columns(
 ) -> tuple[ReportColumns, dict[int, InvalidReportError]]:
     """The valid reports' fields as columns, and each unusable report's error by its
     position (what :meth:`~fl_lbbsp.core.reports.SiloReport.validate` raises for it)."""
-    size, plain = _column([r.batch_size for r in reports], False)
-    time, ok = _column([r.train_time for r in reports], False)
-    samples, ok_samples = _column([r.samples for r in reports], True)
-    cap, ok_cap = _column([r.max_batch_size for r in reports], True)
-    fixed, ok_fixed = _column([r.fixed_time for r in reports], True)
+    size, plain = _column(list(map(attrgetter("batch_size"), reports)), False)
+    time, ok = _column(list(map(attrgetter("train_time"), reports)), False)
+    samples, ok_samples = _column(list(map(attrgetter("samples"), reports)), True)
+    cap, ok_cap = _column(list(map(attrgetter("max_batch_size"), reports)), True)
+    fixed, ok_fixed = _column(list(map(attrgetter("fixed_time"), reports)), True)
     errors: dict[int, InvalidReportError] = {}
     if plain and ok and ok_samples and ok_cap and ok_fixed:
         with np.errstate(all="ignore"):

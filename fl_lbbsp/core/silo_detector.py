@@ -131,10 +131,14 @@ def near_levels(
     x, t = f.hist_x[rows, :width], f.hist_t[rows, :width]
     valid = np.arange(width) < n[:, None]
     near = valid & (np.abs(x - size[:, None]) < (spread * size)[:, None])
-    judged = (near.sum(axis=1) >= 2) & ~np.isnan(slope) & (n >= 2)
+    count = np.count_nonzero(near, axis=1)
+    judged = (count >= 2) & ~np.isnan(slope) & (n >= 2)
     out = np.full(len(rows), np.nan)
     if judged.any():
-        level = masked_levels(t + slope[:, None] * (size[:, None] - x), near & judged[:, None])
+        level = masked_levels(
+            t + slope[:, None] * (size[:, None] - x), near & judged[:, None],
+            np.where(judged, count, 0),
+        )  # fmt: skip
         # moved along a steep slope, reports far below x can land at or under zero: no
         # level to judge a time by (the change detection and the common factor take logs)
         out = np.where(judged & np.isfinite(level) & (level > 0), level, np.nan)

@@ -101,7 +101,9 @@ class SiloTable:
         (:func:`~fl_lbbsp.core.report_columns.report_columns`)."""
         if not silos:
             return 1.0
-        rows = np.fromiter(map(self.index, silos), np.intp, count=len(silos))
+        rows = np.fromiter(map(self._index.get, silos, repeat(0)), np.intp, count=len(silos))
+        if not rows.all():  # a silo never seen: rows made in order
+            rows = np.fromiter(map(self.index, silos), np.intp, count=len(silos))
         size, time, samples = columns.batch_size, columns.train_time, columns.samples
         levels = self.near_levels(rows, size)
         scale = 1.0
