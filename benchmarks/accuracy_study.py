@@ -138,6 +138,20 @@ def strategy(scheme: str, config: SimulationConfig) -> LBBSPFedAvg:
     )
 
 
+def cache_path(
+    study: Study, scheme: str, dataset: str, mix: str, partition: str, seed: int, cache: Path | None
+) -> Path | None:
+    """Where one run's trace is cached (``None``: no cache): named by every setting of the
+    run, the grid's lists left out."""
+    if cache is None:
+        return None
+    key = {**asdict(study), "datasets": None, "mixes": None, "partitions": None, "seeds": None}
+    del key["seeds_by_dataset"], key["floor_seeds"]
+    key.update(scheme=scheme, dataset=dataset, mix=mix, partition=partition, seed=seed)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache / f"{scheme}-{digest}.json"
+
+
 def trace(
     study: Study,
     scheme: str,
@@ -149,11 +163,7 @@ def trace(
 ) -> tuple[ba.Trace, dict[str, float]]:
     """One run's trace and its silos' dataset sizes (the aggregation weights), from
     ``cache`` when a run of the same settings left them there (``None``: always run)."""
-    key = {**asdict(study), "datasets": None, "mixes": None, "partitions": None, "seeds": None}
-    del key["seeds_by_dataset"], key["floor_seeds"]
-    key.update(scheme=scheme, dataset=dataset, mix=mix, partition=partition, seed=seed)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    path = None if cache is None else cache / f"{scheme}-{digest}.json"
+    path = cache_path(study, scheme, dataset, mix, partition, seed, cache)
     if path is not None and path.is_file():
         saved = json.loads(path.read_text())
         return ba.Trace(**saved["trace"]), saved["weights"]
@@ -264,8 +274,11 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- runs
-def run_grid(study: Study, cache: Path | None, minutes: float | None) -> dict[str, dict[int, Any]]:
-    """Every cell, seed and scheme (cached), cell by cell, until ``minutes``."""
+def run_grid(
+    study: Study, cache: Path | None, minutes: float | None, *, cached_only: bool = False
+) -> dict[str, dict[int, Any]]:
+    """Every cell, seed and scheme (cached), cell by cell, until ``minutes``; with
+    ``cached_only`` only the seeds whose every run is in ``cache`` (nothing is run)."""
     deadline = math.inf if minutes is None else time.monotonic() + 60.0 * minutes
     rows: dict[str, dict[int, Any]] = {}
     # Cell by cell, every seed of one before the next: a cut grid has whole cells.
@@ -276,6 +289,12 @@ def run_grid(study: Study, cache: Path | None, minutes: float | None) -> dict[st
                 for seed in study.seeds_of(dataset):
                     if time.monotonic() > deadline:
                         return rows
+                    if cached_only and not all(
+                        (p := cache_path(study, s, dataset, mix, partition, seed, cache))
+                        and p.is_file()
+                        for s in study.schemes_of(seed)
+                    ):
+                        continue
                     started = time.perf_counter()
                     runs = {
                         s: trace(study, s, dataset, mix, partition, seed, cache)
@@ -536,6 +555,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cli.add_argument("--minutes", type=float, default=None, help="stop starting runs after")
     cli.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="run nothing: the section from the seeds whose runs are all in --cache",
+    )
+    cli.add_argument(
         "--name", default=SECTION, help=f"section id, and file name (default {SECTION})"
     )
     args = cli.parse_args(argv)
@@ -564,7 +588,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         cli.error(f"unknown mixes {unknown}; expected {sorted(MIXES)}")
     started = time.perf_counter()
-    rows = run_grid(study, args.cache, args.minutes)
+    if args.cached_only and args.cache is None:
+        cli.error("--cached-only needs --cache")
+    rows = run_grid(study, args.cache, args.minutes, cached_only=args.cached_only)
     data = section(study, rows, time.perf_counter() - started, args.name)
     if args.keep is not None:
         keep_cells(data, json.loads(args.keep.read_text()), str(args.keep))

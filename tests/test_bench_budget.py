@@ -165,6 +165,20 @@ def test_study_smoke_run_writes_a_finite_section(tmp_path: Path) -> None:
     for figure in data["figures"]:
         assert figure["value"] is None or math.isfinite(figure["value"])
 
+    # Execute: the same section again from the cache alone, and from an empty cache
+    again = tmp_path / "again"
+    args = ["--smoke", "--mixes", "5:1", "--partitions", "dirichlet:0.3", "--cached-only"]
+    assert (
+        accuracy_study.main([*args, "--out", str(again), "--cache", str(tmp_path / "cache")]) == 0
+    )
+    empty = tmp_path / "empty"
+    assert accuracy_study.main([*args, "--out", str(empty), "--cache", str(empty / "c")]) == 0
+
+    # Assert: nothing ran, the cached runs give the same tables; no runs, no cells
+    cached = json.loads((again / "accuracy-budget.json").read_text())
+    assert cached["tables"] == data["tables"]
+    assert json.loads((empty / "accuracy-budget.json").read_text())["summary"] == {}
+
 
 def _study(**changes: Any) -> accuracy_study.Study:
     base: dict[str, Any] = dict(
