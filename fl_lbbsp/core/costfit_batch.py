@@ -312,7 +312,10 @@ def fit_robust_costs(
         intercept = np.maximum(level - slope * anchor, 0.0)
         logs = np.log(ts / (slope[:, None] * xs + intercept[:, None]))
         replicates = _MAD * _pair_medians(np.abs(_differences(logs)), near, near_n) / math.sqrt(2)
-        overall = _MAD * masked_medians(np.abs(logs), valid, n)
+        overall = np.full(rows, np.nan)  # needed only where too few pairs are near
+        few = np.flatnonzero((n >= 4) & (near_n < 3))
+        if few.size:
+            overall[few] = _MAD * masked_medians(np.abs(logs[few]), valid[few], n[few])
     noise = np.where(n >= 4, np.where(near_n >= 3, replicates, overall), np.nan)
     return CostFits(
         slope=slope,
