@@ -465,7 +465,7 @@ SEEDS_PRINCIPLE = (
     "More seeds where an evaluation is coarser: the embedded set's test split holds 359 "
     "images against MNIST's 2,000, so one evaluation's binomial standard deviation at 90% "
     "accuracy is 1.6 points against 0.7; equal interval widths would ask about 5 times the "
-    "seeds, the embedded cells run 3 times as many."
+    "seeds (the counts run are in the seeds above)."
 )
 
 
