@@ -29,11 +29,15 @@ import hashlib
 import json
 import logging
 import math
+import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -275,47 +279,88 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------- runs
 def run_grid(
-    study: Study, cache: Path | None, minutes: float | None, *, cached_only: bool = False
+    study: Study,
+    cache: Path | None,
+    minutes: float | None,
+    *,
+    cached_only: bool = False,
+    jobs: int = 1,
 ) -> dict[str, dict[int, Any]]:
     """Every cell, seed and scheme (cached), cell by cell, until ``minutes``; with
-    ``cached_only`` only the seeds whose every run is in ``cache`` (nothing is run)."""
+    ``cached_only`` only the seeds whose every run is in ``cache`` (nothing is run).
+
+    ``jobs`` > 1: that many worker processes run the seeds side by side (each run's times
+    are emulated and its silos train on one torch thread, so the figures do not depend on
+    it); the rows come back in the same order, and ``minutes`` stops the starting of seeds.
+    """
     deadline = math.inf if minutes is None else time.monotonic() + 60.0 * minutes
-    rows: dict[str, dict[int, Any]] = {}
+    tasks: list[tuple[str, str, str, str, int]] = []
     # Cell by cell, every seed of one before the next: a cut grid has whole cells.
     for mix in study.mixes:
         for dataset in study.datasets:
             for partition in study.partitions:
                 cell = f"{_name(dataset)} | {mix} | {partition}"
                 for seed in study.seeds_of(dataset):
-                    if time.monotonic() > deadline:
-                        return rows
                     if cached_only and not all(
                         (p := cache_path(study, s, dataset, mix, partition, seed, cache))
                         and p.is_file()
                         for s in study.schemes_of(seed)
                     ):
                         continue
-                    started = time.perf_counter()
-                    runs = {
-                        s: trace(study, s, dataset, mix, partition, seed, cache)
-                        for s in study.schemes_of(seed)
-                    }
-                    rows.setdefault(cell, {})[seed] = {
-                        v: compare(
-                            runs["fedavg"][0],
-                            runs[v][0],
-                            target_share=study.target_share,
-                            weights=runs[v][1],
-                        )
-                        for v in VARIANTS
-                        if v in runs
-                    }
-                    print(
-                        f"study: {cell} seed {seed} done ({time.perf_counter() - started:.0f} s)",
-                        file=sys.stderr,
-                        flush=True,
+                    tasks.append((cell, dataset, mix, partition, seed))
+    rows: dict[str, dict[int, Any]] = {}
+
+    def record(task: tuple[str, str, str, str, int], runs: Mapping[str, Any], took: float) -> None:
+        cell, seed = task[0], task[4]
+        rows.setdefault(cell, {})[seed] = {
+            v: compare(
+                runs["fedavg"][0], runs[v][0], target_share=study.target_share, weights=runs[v][1]
+            )
+            for v in VARIANTS
+            if v in runs
+        }
+        print(f"study: {cell} seed {seed} done ({took:.0f} s)", file=sys.stderr, flush=True)
+
+    if jobs <= 1 or cached_only:  # nothing to run: no workers
+        for task in tasks:
+            if time.monotonic() > deadline:
+                break
+            started = time.perf_counter()
+            record(task, _seed_runs(study, cache, task), time.perf_counter() - started)
+        return rows
+    context = multiprocessing.get_context("spawn")  # no torch state forked into a worker
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        pending: deque[tuple[tuple[str, str, str, str, int], Future[Any], float]] = deque()
+        queued = iter(tasks)
+        for task in queued:  # keep every worker busy, no more, so the deadline can cut
+            pending.append((task, pool.submit(_seed_runs, study, cache, task), time.perf_counter()))
+            if len(pending) >= jobs:
+                break
+        while pending:
+            task, future, started = pending.popleft()
+            record(task, future.result(), time.perf_counter() - started)
+            following = next(queued, None) if time.monotonic() <= deadline else None
+            if following is not None:
+                pending.append(
+                    (
+                        following,
+                        pool.submit(_seed_runs, study, cache, following),
+                        time.perf_counter(),
                     )
+                )
     return rows
+
+
+def _seed_runs(
+    study: Study, cache: Path | None, task: tuple[str, str, str, str, int]
+) -> dict[str, tuple[ba.Trace, dict[str, float]]]:
+    """Every scheme's run of one seed (see :func:`trace`); module-level for the workers."""
+    for name in ("flwr", "fl_lbbsp"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    _, dataset, mix, partition, seed = task
+    return {
+        s: trace(study, s, dataset, mix, partition, seed, cache) for s in study.schemes_of(seed)
+    }
 
 
 def _name(dataset: str) -> str:
@@ -560,6 +605,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run nothing: the section from the seeds whose runs are all in --cache",
     )
     cli.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="worker processes running seeds side by side (default: the CPUs; 1: in this "
+        "process); the times are emulated, so the figures do not depend on it",
+    )
+    cli.add_argument(
         "--name", default=SECTION, help=f"section id, and file name (default {SECTION})"
     )
     args = cli.parse_args(argv)
@@ -590,7 +642,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     if args.cached_only and args.cache is None:
         cli.error("--cached-only needs --cache")
-    rows = run_grid(study, args.cache, args.minutes, cached_only=args.cached_only)
+    if args.jobs < 1:
+        cli.error("--jobs must be at least 1")
+    rows = run_grid(study, args.cache, args.minutes, cached_only=args.cached_only, jobs=args.jobs)
     data = section(study, rows, time.perf_counter() - started, args.name)
     if args.keep is not None:
         keep_cells(data, json.loads(args.keep.read_text()), str(args.keep))

@@ -150,16 +150,23 @@ def test_summarise_gives_intervals_and_counts() -> None:
 
 
 def test_study_smoke_run_writes_a_finite_section(tmp_path: Path) -> None:
-    # Execute: two seeds, one mix and partition, tiny rounds, embedded digits
+    # Execute: two seeds, one mix and partition, tiny rounds, embedded digits; the seeds
+    # in two worker processes, then again in this process from no cache
     code = accuracy_study.main(
         ["--smoke", "--out", str(tmp_path), "--cache", str(tmp_path / "cache"),
-         "--mixes", "5:1", "--partitions", "dirichlet:0.3"]
+         "--mixes", "5:1", "--partitions", "dirichlet:0.3", "--jobs", "2"]
     )  # fmt: skip
+    alone = tmp_path / "alone"
+    assert accuracy_study.main(
+        ["--smoke", "--out", str(alone), "--mixes", "5:1", "--partitions", "dirichlet:0.3",
+         "--jobs", "1"]
+    ) == 0  # fmt: skip
 
     # Assert
     assert code == 0
     data = json.loads((tmp_path / "accuracy-budget.json").read_text())
     assert data["section"] == "accuracy-budget"
+    assert json.loads((alone / "accuracy-budget.json").read_text())["tables"] == data["tables"]
     variants = {row[1] for row in data["tables"][0]["rows"]}
     assert variants == {"budget", "floor"}
     for figure in data["figures"]:
@@ -204,6 +211,13 @@ def test_seed_counts_are_refused_when_malformed(text: str) -> None:
     # Execute / Assert
     with pytest.raises(SystemExit):
         accuracy_study.main(["--smoke", "--seeds-for", text, "--out", "/nonexistent"])
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2"])
+def test_study_refuses_fewer_than_one_job(jobs: str) -> None:
+    # Execute / Assert
+    with pytest.raises(SystemExit):
+        accuracy_study.main(["--smoke", "--jobs", jobs, "--out", "/nonexistent"])
 
 
 def _section(cells: list[str], setting: str) -> dict[str, Any]:
