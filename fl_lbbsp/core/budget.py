@@ -36,6 +36,9 @@ import numpy as np
 
 from .allocators import linear_minmax_continuous
 from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_total
+from .waterfill import TOLERANCE as _TOL
+from .waterfill import least_round_time
+from .waterfill import waterfill as _waterfill
 
 __all__ = [
     "REASONS",
@@ -74,11 +77,6 @@ REASONS: tuple[str, ...] = (
 * ``lower`` / ``upper``: at a lower or upper bound the caller set (memory floor, change
   limit, memory cap, max batch size);
 * ``infeasible``: the budget cannot be met within the bounds; the least noisy split."""
-
-_TOL = 1e-9
-
-_ALL_POINTS = 32
-"""Up to this many silos :func:`_waterfill` sums the shares at every breakpoint at once."""
 
 
 @dataclass(frozen=True)
@@ -160,53 +158,6 @@ def noise_ratio(
     return float(np.sum(c / x) / (np.sum(c) * x.size / x.sum()))
 
 
-def _waterfill(
-    q: FloatArray, lo: FloatArray, hi: FloatArray, total: float
-) -> tuple[FloatArray, float]:
-    """``x_i = clip(s * q_i, lo_i, hi_i)`` summing to ``total`` (the least
-    ``sum q_i^2 / x_i``), and the level s; ``sum lo <= total <= sum hi``."""
-    finite = np.isfinite(hi)
-    points = np.sort(np.concatenate([lo / q, (hi / q)[finite]]))
-    points = points[np.concatenate([[True], points[1:] != points[:-1]])]  # np.unique's
-
-    def filled(k: int) -> float:
-        return float(np.minimum(np.maximum(float(points[k]) * q, lo), hi).sum())
-
-    # First breakpoint whose sum reaches the total (sums never decrease in s): every
-    # breakpoint's sum at once for a few silos (each row summed as one silo vector is),
-    # else a binary search.
-    k, end = 0, len(points)
-    if len(q) <= _ALL_POINTS:
-        sums = np.minimum(np.maximum(points[:, None] * q[None, :], lo), hi).sum(axis=1)
-        reach = sums >= total
-        k = end = int(np.argmax(reach)) if reach[-1] else end
-        filled = sums.tolist().__getitem__
-    while k < end:
-        middle = (k + end) // 2
-        if filled(middle) >= total:
-            end = middle
-        else:
-            k = middle + 1
-    if k < len(points) and (k == 0 or filled(k) == total):
-        s = float(points[k])
-    else:
-        low = float(points[k - 1])
-        # The silos strictly between their bounds inside the segment (its midpoint).
-        inside = 0.5 * (low + float(points[k])) if k < len(points) else 2.0 * low + 1.0
-        free = (inside * q > lo) & (inside * q < hi)
-        if not free.any():
-            return np.minimum(np.maximum(low * q, lo), hi), low
-        fixed = float(np.minimum(np.maximum(inside * q, lo), hi)[~free].sum())
-        s = (total - fixed) / float(q[free].sum())
-    x = np.minimum(np.maximum(s * q, lo), hi)  # np.clip's floats, without its overhead
-    # Float error: put the residue on the free silos, within their bounds.
-    residue = total - float(x.sum())
-    free = (x > lo) & (x < hi)
-    if residue and free.any():
-        x[free] = np.clip(x[free] + residue * q[free] / q[free].sum(), lo[free], hi[free])
-    return x, s
-
-
 @dataclass(frozen=True)
 class _Solution:
     x: FloatArray
@@ -247,15 +198,9 @@ def _solve(
     t1 = float(np.max(hinge_times(a, b, k, least)))
     if variance(least) > budget * (1 + _TOL):
         return _Solution(least, t1, s, caps(t1), lo, True, False)
-    low, high = t0, max(t1, t0)
-    for _ in range(200):
-        if high - low <= _TOL * high:
-            break
-        middle = 0.5 * (low + high)
-        if variance(_waterfill(q, lo, caps(middle), total)[0]) <= budget:
-            high = middle
-        else:
-            low = middle
+    high = least_round_time(
+        (t0, max(t1, t0)), q=q, lo=lo, hi=hi, a=a, b=b, c=c, total=total, budget=budget
+    )
     x, s = _waterfill(q, lo, caps(high), total)
     return _Solution(x, high, s, caps(high), lo, True, True)
 
