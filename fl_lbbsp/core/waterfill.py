@@ -150,7 +150,8 @@ class _Scalar:
                 y = v
             caps.append(y)
         if not all(map(math.isfinite, caps)):  # numpy's path says what inf - inf gives
-            x = waterfill(*map(np.array, (self.q, lo, caps)), self.total)[0].tolist()
+            arrays = np.array(self.q), np.array(lo), np.array(caps)
+            x = waterfill(*arrays, self.total)[0].tolist()
         else:
             x = self.fill(caps)
         if any(v <= 0 for v in x):
