@@ -189,8 +189,9 @@ def allocate(
         sizes = equal_split_guard(sizes, a, b, knee, bounds, margin)
         if np.array_equal(sizes, _equal(bounds)) and not np.array_equal(sizes, result.sizes):
             return Decision.of(ids, sizes, "equal-split")
-    moved = (sizes != result.sizes).tolist()
-    reasons = ["order" if m else r for m, r in zip(moved, reasons, strict=True)]
+    moved = sizes != result.sizes
+    if moved.any():
+        reasons = ["order" if m else r for m, r in zip(moved.tolist(), reasons, strict=True)]
     if rho is not None and not np.array_equal(sizes, result.sizes):
         restore_budget(sizes, bounds, weights, noise, rho)
     return Decision.of(ids, sizes, reasons)

@@ -373,7 +373,7 @@ def budgeted_minmax(
     floors = np.asarray(lower if lower is not None else np.zeros(n), dtype=np.float64)
     if knee is not None:
         # Silos the solution kept at their knee keep it through the rounding.
-        held = np.array([r == "knee" for r in reasons])
+        held = np.fromiter(map("knee".__eq__, reasons), bool, count=n)
         floors = np.where(held, np.maximum(floors, np.asarray(knee, dtype=np.float64)), floors)
     lo, hi = integer_bounds(n, lower=np.minimum(floors, x), upper=upper)
     if rounding == "remainder":

@@ -189,9 +189,16 @@ def _cheapest_units(
     silo = np.repeat(np.arange(n), count)
     unit = np.arange(silo.size) - np.repeat(np.cumsum(count) - count, count) + 1
     times = a[silo] * (result[silo] + unit) + b[silo]
-    # The candidates are in (silo, unit) order: a stable sort by time breaks ties so.
-    order = np.argsort(times, kind="stable")[:missing]
-    return np.bincount(silo[order], minlength=n).astype(np.int64)
+    # The candidates are in (silo, unit) order: a stable sort by time, ties so broken,
+    # takes every unit cheaper than the missing-th cheapest and the first of those tied
+    # with it (the same units, without the sort).
+    if times.size <= missing:
+        return np.bincount(silo, minlength=n).astype(np.int64)
+    last = float(np.partition(times, missing - 1)[missing - 1])
+    taken = times < last
+    tied = np.flatnonzero(times == last)[: missing - int(np.count_nonzero(taken))]
+    taken[tied] = True
+    return np.bincount(silo[taken], minlength=n).astype(np.int64)
 
 
 def _move_units(
