@@ -44,6 +44,7 @@ from .iterative import IterativeStep
 from .reports import check_positive_int
 from .rounding import round_to_total
 from .silo_model import SiloTable
+from .slowdown import median
 
 __all__ = [
     "ALLOCATION_REASONS",
@@ -368,7 +369,7 @@ def per_silo(
         return None
     if not all(math.isfinite(v) and v > 0 for v in given.values()):
         raise ValueError(f"{name} must be finite and positive, got {given}")
-    fill = float(np.median(list(given.values())))
+    fill = median(list(given.values()))
     return np.array([given.get(i, fill) for i in ids], dtype=np.float64)
 
 

@@ -35,7 +35,7 @@ from .reports import SiloReport
 from .silo_columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
 from .silo_detector import near_levels, observe_run, push, take_changes
 from .silo_state import Observation, SiloModel
-from .slowdown import MIN_SILOS, shared_slowdown
+from .slowdown import MIN_SILOS, median, shared_slowdown
 
 __all__ = ["ROW", "Observation", "SiloModel", "SiloTable", "SiloView"]
 
@@ -266,7 +266,7 @@ class SiloTable:
         """Refresh the pooled shape from the silos' known shapes, if any changed."""
         if self.shapes_changed:
             shapes = self.columns["shape"][1 : self.columns.size + 1]
-            self.pooled_shape = float(np.median(shapes[~np.isnan(shapes)]))
+            self.pooled_shape = median(shapes[~np.isnan(shapes)])
             self.shapes_changed = False
 
     # ------------------------------------------------------------------ queries
@@ -370,7 +370,7 @@ def _round_slowdown(
     near = ~np.isnan(levels)
     if np.count_nonzero(near) >= MIN_SILOS:
         deviations = list(map(math.log, (time[near] / levels[near]).tolist()))
-        return math.exp(float(np.median(deviations)))
+        return math.exp(median(deviations))
     lines = f["fit_slope"][rows] * size + f["fit_intercept"][rows]
     return shared_slowdown(time.tolist(), _nones(levels), _nones(lines), threshold=threshold)
 

@@ -138,6 +138,8 @@ class _Scalar:
         self.a, self.b, self.c, self.total = a.tolist(), b.tolist(), c.tolist(), total
         self.low_points = [v / w for v, w in zip(self.lo, self.q, strict=True)]
         self.terms = list(zip(self.b, self.a, self.lo, self.hi, strict=True))
+        self.guess = 0
+        """Where the last water-filling's level lay among its breakpoints."""
 
     def meets(self, t: float, budget: float) -> bool:
         """Whether the water-filling within the caps at ``t`` meets ``budget``."""
@@ -163,20 +165,32 @@ class _Scalar:
     def fill(self, hi: list[float]) -> list[float]:
         """:func:`waterfill`'s ``x`` within the (finite) caps ``hi``."""
         q, total = self.q, self.total
-        ordered = sorted(self.low_points + [h / w for h, w in zip(hi, q, strict=True)])
-        points = [p for k, p in enumerate(ordered) if k == 0 or p != ordered[k - 1]]
+        # The breakpoints, not deduplicated: equal points have equal sums, so the first
+        # point whose sum reaches the total and the point before it are the ones of the
+        # deduplicated points.
+        points = sorted(self.low_points + [h / w for h, w in zip(hi, q, strict=True)])
         bounds = list(zip(q, self.lo, hi, strict=True))
-        # The first breakpoint whose sum reaches the total: the sums never decrease along
-        # the points (each share and each float addition is monotone), so a binary search
+        # The first point whose sum reaches the total: the sums never decrease along the
+        # points (each share and each float addition is monotone), so the point found
+        # last time is checked first (it and the one before it), else a binary search
         # finds the one numpy's scan of every sum finds.
         k, end, sums = 0, len(points), {}
+        guess = self.guess
+        if 0 < guess < end:
+            sums[guess] = _sum(_shares(points[guess], bounds))
+            if sums[guess] >= total:
+                sums[guess - 1] = _sum(_shares(points[guess - 1], bounds))
+                if sums[guess - 1] < total:
+                    k = end = guess
         while k < end:
             middle = (k + end) // 2
-            sums[middle] = _sum(_shares(points[middle], bounds))
+            if middle not in sums:
+                sums[middle] = _sum(_shares(points[middle], bounds))
             if sums[middle] >= total:
                 end = middle
             else:
                 k = middle + 1
+        self.guess = k
         if k < len(points) and (k == 0 or sums[k] == total):
             s = points[k]
         else:
