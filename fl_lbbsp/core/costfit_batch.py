@@ -43,6 +43,12 @@ few array operations on a handful of rows cost more than plain Python."""
 _MAD = 1.4826  # the MAD's consistency factor under normal noise
 
 
+def _at(values: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``values[r, index[r]]`` of each row r."""
+    out: np.ndarray = values[np.arange(values.shape[0]), index]
+    return out
+
+
 def _rows(values: np.ndarray) -> np.ndarray:
     return np.arange(values.shape[0])[:, None]
 
@@ -82,6 +88,20 @@ def _pair_medians(by_pair: np.ndarray, mask: np.ndarray, counts: np.ndarray) -> 
     return np.where(counts > 0, out, np.nan)
 
 
+_KEPT: dict[int, np.ndarray] = {}
+
+
+def _kept(width: int) -> np.ndarray:
+    """Row m: the sorted positions :func:`masked_levels` keeps of m values (the trimmed
+    ends cut), for m from 0 to ``width``."""
+    if width not in _KEPT:
+        m = np.arange(width + 1)
+        cut = (TRIM * m).astype(np.intp)
+        columns = np.arange(width)
+        _KEPT[width] = (columns >= cut[:, None]) & (columns < (m - cut)[:, None])
+    return _KEPT[width]
+
+
 def masked_levels(
     values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None = None
 ) -> np.ndarray:
@@ -93,8 +113,7 @@ def masked_levels(
     m = np.count_nonzero(mask, axis=1) if counts is None else counts
     cut = (TRIM * m).astype(np.intp)
     count = m - 2 * cut
-    columns = np.arange(width)
-    keep = (columns >= cut[:, None]) & (columns < (m - cut)[:, None])
+    keep = _kept(width)[m]
     first = v[np.arange(rows), np.minimum(cut, width - 1)]
     with np.errstate(all="ignore"):
         kept = np.where(keep, v, 1.0)
@@ -130,6 +149,23 @@ def find_knees(
     return out
 
 
+def _grouped(
+    x: np.ndarray, t: np.ndarray, order: np.ndarray, spread: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows in ``order`` (by batch size) and the group of each report, smallest
+    first (a group: the sizes within ``spread`` of its smallest)."""
+    flat = order + np.arange(0, order.size, x.shape[1])[:, None]  # order in the flat rows
+    xs, ts = np.take(x, flat), np.take(t, flat)
+    group = np.zeros(x.shape, dtype=np.intp)
+    floor, g = xs[:, 0].copy(), np.zeros(x.shape[0], dtype=np.intp)
+    for c in range(1, x.shape[1]):
+        new = ~(xs[:, c] < floor * (1.0 + spread))
+        g = g + new
+        floor = np.where(new, xs[:, c], floor)
+        group[:, c] = g
+    return xs, ts, group
+
+
 def _knees(
     x: np.ndarray, t: np.ndarray, n: np.ndarray, knee: np.ndarray, noise: np.ndarray,
     spread: float,
@@ -138,17 +174,18 @@ def _knees(
     rows, width = x.shape
     columns = np.arange(width)
     valid = columns < n[:, None]
-    order = np.lexsort((np.where(valid, t, np.inf), np.where(valid, x, np.inf)), axis=1)
-    xs, ts = np.take_along_axis(x, order, axis=1), np.take_along_axis(t, order, axis=1)
-    group = np.zeros((rows, width), dtype=np.intp)  # group of each report, smallest first
-    floor, g = xs[:, 0].copy(), np.zeros(rows, dtype=np.intp)
-    for c in range(1, width):
-        new = ~(xs[:, c] < floor * (1.0 + spread))
-        g = g + new
-        floor = np.where(new, xs[:, c], floor)
-        group[:, c] = g
+    # By batch size: where equal sizes share a group (always, unless the spread is 0 or
+    # too small to part a size from itself), a report's time enters only through sets
+    # of whole groups, sorted where they count, so any order of equal sizes does; else
+    # equal sizes in the order of their times.
+    by_size = np.where(valid, x, np.inf)
+    xs, ts, group = _grouped(x, t, np.argsort(by_size, axis=1), spread)
+    parted = (xs[:, 1:] == xs[:, :-1]) & (group[:, 1:] != group[:, :-1]) & valid[:, 1:]
+    if parted.any():
+        order = np.lexsort((np.where(valid, t, np.inf), by_size), axis=1)
+        xs, ts, group = _grouped(x, t, order, spread)
     group = np.where(valid, group, width)
-    groups = np.take_along_axis(group, (n - 1)[:, None], axis=1)[:, 0] + 1
+    groups = _at(group, n - 1) + 1
     # the end (exclusive) of the group of each report, in the sorted row
     bounds = np.full((rows, width), width, dtype=np.intp)
     bounds[:, :-1] = np.where(group[:, 1:] != group[:, :-1], columns[1:], width)
@@ -157,7 +194,7 @@ def _knees(
     given = np.isfinite(noise)
     active = np.ones(rows, dtype=bool)
     run_end = np.count_nonzero(group == 0, axis=1)
-    run_top = np.take_along_axis(xs, (run_end - 1)[:, None], axis=1)[:, 0]
+    run_top = _at(xs, run_end - 1)
     flat, ceiling = np.ones(rows, dtype=np.intp), np.full(rows, np.inf)
     with np.errstate(all="ignore"):
         for j in range(1, int(groups.max())):
@@ -165,19 +202,21 @@ def _knees(
             if not k.size:
                 break
             at_end, top, size = run_end[k], run_top[k], n[k]
-            members = group[k] == j
+            # the rows' reports (every row: the arrays themselves, not copies)
+            sub_group, sub_t, sub_logx = (
+                (group, ts, logx) if k.size == rows else (group[k], ts[k], logx[k])
+            )
+            members = sub_group == j
             count = np.count_nonzero(members, axis=1)
             start = np.argmax(members, axis=1)
             end = start + count
-            sub_x, sub_t = xs[k], ts[k]
-            g_low = np.take_along_axis(sub_x, start[:, None], axis=1)[:, 0]
-            g_high = np.take_along_axis(sub_x, np.maximum(end - 1, 0)[:, None], axis=1)[:, 0]
-            span = np.where(members, logx[k], 0.0).sum(axis=1) / count - np.log(top)
+            g_low, g_high = xs[k, start], xs[k, np.maximum(end - 1, 0)]
+            span = np.where(members, sub_logx, 0.0).sum(axis=1) / count - np.log(top)
             # the pooled reports: the run, the group and the next groups up to 5 reports
             at = np.minimum(np.maximum(end, SCATTER_REPORTS) - 1, width - 1)
             pooled = np.where(
                 np.maximum(end, SCATTER_REPORTS) <= size,
-                np.take_along_axis(ends[k], at[:, None], axis=1)[:, 0],
+                ends[k, at],
                 size,
             )
             enough = pooled >= SCATTER_REPORTS
@@ -272,7 +311,7 @@ def fit_robust_costs(
     xs = np.where(valid, np.maximum(x, knee[:, None]), 1.0)
     ts = np.where(valid, t, 1.0)
     x0 = prior_shape
-    anchor = np.take_along_axis(xs, (n - 1)[:, None], axis=1)[:, 0]
+    anchor = _at(xs, n - 1)
     gap = min_relative_spread * anchor
     level0 = masked_levels(ts * (anchor + x0)[:, None] / (xs + x0[:, None]), valid, n)
     prior = level0 / (anchor + x0)
