@@ -387,9 +387,7 @@ def _take_fields(
     new, old = columns.fixed_time, f["fixed"][rows]
     blended = np.where(np.isnan(old), new, alpha * new + (1 - alpha) * old)
     f["fixed"][rows] = np.where(np.isnan(new), old, blended)
-    last = np.empty(len(reports), dtype=object)
-    last[:] = reports
-    f.last[rows] = last
+    f.last[rows] = np.fromiter(reports, dtype=object, count=len(reports))
     f["last_size"][rows] = size
 
 
