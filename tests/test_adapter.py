@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -77,7 +78,7 @@ def test_adapter_hands_over_the_instructions_and_adds_the_contract(flower_task) 
     function, seen = _user_train()
     train = lbbsp_train(cost_model=COST, emulate_wait=False)(function)
     config = {KEYS.batch_size: 12, KEYS.local_steps: 4, KEYS.lr: 0.1, KEYS.server_round: 3}
-    context = _context({"slowdown": 2.0, KEYS.silo_id: "clinic-a", KEYS.max_batch_size: 64})
+    context = _context({"slowdown": 2.0, KEYS.silo_id: "clinic-a", KEYS.max_batch_size: 40})
 
     # Execute
     reply = train(_train_message(config), context)
@@ -88,7 +89,7 @@ def test_adapter_hands_over_the_instructions_and_adds_the_contract(flower_task) 
     metrics = reply.content["metrics0"]
     assert metrics[KEYS.train_time] == pytest.approx(4 * 2 * (0.001 * 12 + 0.002))
     assert metrics[KEYS.batch_size] == 12 and metrics[KEYS.samples_processed] == 48
-    assert metrics[KEYS.max_batch_size] == 64 and metrics["train_loss"] == 0.5
+    assert metrics[KEYS.max_batch_size] == 40 and metrics["train_loss"] == 0.5
     assert metrics[KEYS.num_examples] == 50
     assert {KEYS.cpu_percent, KEYS.memory_percent} <= set(metrics)
     assert reply.content[KEYS.silo_record][KEYS.silo_id] == "clinic-a"
@@ -160,6 +161,37 @@ def test_quickstart_style_app_balances_through_the_in_process_grid(
     assert sizes[0] > sizes[1] > sizes[2] and sum(sizes) == 48
     assert rounds[-1]["round_time"] < 0.6 * rounds[0]["round_time"]
     assert all(t.error is None for t in grid.transfers)
+
+
+def test_a_silo_is_never_given_more_than_its_data_from_round_two(
+    plugin_app, tmp_path: Path
+) -> None:
+    # Prepare: 3 silos of about 480 samples, 1:2:4 times slower, and B_init = 300: the
+    # fastest silo's share of X = 900 would be over its data
+    grid = InProcessGrid(
+        plugin_app.app,
+        num_nodes=3,
+        run_config={"slowdowns": SLOWDOWNS, "cost-model": "0.0001,0.002"},
+    )
+    telemetry = tmp_path / "telemetry.jsonl"
+    strategy = LBBSPFedAvg(
+        initial_batch_size=300, local_steps=2, lr=0.05, fraction_evaluate=0.0,
+        min_train_nodes=3, min_available_nodes=3, telemetry_path=telemetry,
+    )  # fmt: skip
+
+    # Execute
+    strategy.start(
+        grid=grid, initial_arrays=ArrayRecord(plugin_app.Net().state_dict()), num_rounds=3,
+        timeout=600,
+    )  # fmt: skip
+
+    # Assert: from round 2 every silo's batch fits its data, the fastest at its data
+    rounds = [e for e in read_telemetry(telemetry) if e["event"] == "train"]
+    for event in rounds[1:]:
+        for row in event["silos"].values():
+            assert row[KEYS.batch_size] <= row[KEYS.num_examples]
+    fastest = rounds[-1]["silos"]["0"]
+    assert fastest[KEYS.batch_size] == fastest[KEYS.num_examples]
 
 
 @pytest.mark.slow
@@ -262,3 +294,34 @@ def test_the_right_order_decorates_and_registers_the_wrapped_function() -> None:
 
     # Assert: what Flower registered takes (msg, context)
     assert list(inspect.signature(train, follow_wrapped=False).parameters) == ["msg", "context"]
+
+
+@pytest.mark.parametrize(
+    ("memory_cap", "batch_size", "reported"),
+    [
+        (None, 12, 50),  # no memory cap: the 50 samples drawn over
+        (64, 12, 50),  # a memory cap over the data: the data
+        (30, 12, 30),  # a memory cap under the data: the memory cap
+        (None, 80, 50),  # a batch over the data: drawn as told, the data reported
+    ],
+)
+def test_adapter_reports_the_local_data_as_a_cap_on_the_batch_size(
+    flower_task, caplog, memory_cap, batch_size, reported
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the silo draws from 50 samples
+    function, seen = _user_train()
+    train = lbbsp_train(cost_model=COST, emulate_wait=False)(function)
+    config = {KEYS.batch_size: batch_size, KEYS.local_steps: 2, KEYS.lr: 0.1,
+              KEYS.server_round: 1}  # fmt: skip
+    node = {} if memory_cap is None else {KEYS.max_batch_size: memory_cap}
+
+    # Execute
+    with caplog.at_level(logging.WARNING, logger="fl_lbbsp.clients.round"):
+        reply = train(_train_message(config), _context(node))
+
+    # Assert: the batches are as instructed; the server learns the silo's cap; a batch
+    # over the data is named in a warning, and only then
+    assert [len(batch) for batch in seen] == [batch_size] * 2
+    assert reply.content["metrics0"][KEYS.max_batch_size] == reported
+    warned = [r.getMessage() for r in caplog.records if "repeats samples" in r.getMessage()]
+    assert len(warned) == (1 if batch_size > 50 else 0)

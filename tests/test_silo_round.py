@@ -187,13 +187,14 @@ def test_a_round_that_draws_other_batches_says_so_and_reports_what_was_drawn(
 
 
 def test_an_honest_round_reports_the_contract_and_no_misuse() -> None:
-    # Prepare: a silo emulated 2x slower on a cost model, with a memory cap
+    # Prepare: a silo emulated 2x slower on a cost model, with a memory cap under its
+    # local data
     seen: list[int] = []
 
     def work(plan: LocalTraining) -> WorkDone[str]:
         with plan.timed():
-            seen.extend(len(b) for b in plan.batch_sampler(20))
-        return WorkDone(output="done", num_examples=20, loss=0.5)
+            seen.extend(len(b) for b in plan.batch_sampler(80))
+        return WorkDone(output="done", num_examples=80, loss=0.5)
 
     # Execute
     report = run_round(
@@ -208,7 +209,7 @@ def test_an_honest_round_reports_the_contract_and_no_misuse() -> None:
     assert seen == [B] * TAU and report.output == "done" and report.notes == {}
     assert report.metrics[KEYS.train_time] == pytest.approx(TAU * 2 * (0.01 * B + 0.02))
     assert report.metrics[KEYS.samples_processed] == report.metrics[KEYS.samples_drawn] == B * TAU
-    assert report.metrics[KEYS.batch_size] == B and report.metrics[KEYS.num_examples] == 20
+    assert report.metrics[KEYS.batch_size] == B and report.metrics[KEYS.num_examples] == 80
     assert report.metrics[KEYS.max_batch_size] == 64 and report.metrics["train-loss"] == 0.5
     assert report.metrics["slowdown"] == 2.0 and report.plan.seed == round_seed(0, "s", 2)
 

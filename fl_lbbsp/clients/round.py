@@ -25,6 +25,7 @@ indices; only :meth:`LocalTraining.loader` (given a torch ``DataLoader``) uses t
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 SLOWDOWN_KEY = "slowdown"
 """node_config entry: this silo's emulated slowdown k (``"4"`` or ``"1:1,10:4"``)."""
@@ -110,7 +113,17 @@ class LocalTraining:
         """Exactly ``local_steps`` batches of ``batch_size`` indices (lists of ints) over
         reshuffled ``range(num_samples)`` (seeded): iterate it, or pass it to a torch
         ``DataLoader`` as ``batch_sampler=``. What is drawn through it is counted and
-        reported (``samples-drawn``). It needs no torch."""
+        reported (``samples-drawn``). It needs no torch.
+
+        A batch size over ``num_samples`` is drawn as told (each batch repeats samples),
+        with a warning; the round then reports ``num_samples`` as this silo's
+        ``max-batch-size``, so that the server gives it no more from the next round on."""
+        if self.batch_size > num_samples > 0:
+            log.warning(
+                "round %d: batch size %d is over this silo's %d samples, so each batch "
+                "repeats samples; the silo reports max-batch-size %d to the server",
+                self.server_round, self.batch_size, num_samples, num_samples,
+            )  # fmt: skip
         sampler = ResizableBatchSampler(
             num_samples,
             batch_size=self.batch_size,
@@ -183,6 +196,12 @@ class LocalTraining:
     def compute_time(self) -> float | None:
         """Seconds measured by :meth:`timed` so far (``None``: not used)."""
         return self._compute_time
+
+    @property
+    def num_samples(self) -> int | None:
+        """The local dataset size the batches were drawn over (the largest, if the work
+        made several samplers); ``None``: no sampler made."""
+        return max((s.num_samples for s in self._samplers), default=None)
 
     @property
     def batches_drawn(self) -> int:
@@ -331,8 +350,10 @@ def run_round(
         The silo's memory cap to report; ``None``: not reported.
     check_draws : bool (default: True)
         The work draws its batches through the plan: report ``samples-drawn``, count
-        ``samples-processed`` from what was drawn, and add a ``misuse`` note when that
-        is not ``local_steps`` batches of ``batch_size``. ``False`` (cluster mode, which
+        ``samples-processed`` from what was drawn, add a ``misuse`` note when that
+        is not ``local_steps`` batches of ``batch_size``, and report the local dataset
+        size the batches were drawn over as a ``max-batch-size`` (the lower of it and
+        ``max_batch_size``): a batch over it only repeats samples. ``False`` (cluster mode, which
         slices a global batch): ``samples-processed`` is ``batch_size * local_steps``.
 
     Returns
@@ -374,7 +395,11 @@ def run_round(
         metrics[names.num_examples] = done.num_examples
     samples = instruction.samples
     notes: dict[str, str] = {}
+    cap = max_batch_size
     if check_draws:
+        if plan.num_samples is not None:
+            # a cap of 0 is none (the node config's default)
+            cap = plan.num_samples if not cap else min(cap, plan.num_samples)
         if plan.batches_drawn:
             samples = plan.samples_drawn
         metrics[names.samples_drawn] = plan.samples_drawn
@@ -392,8 +417,8 @@ def run_round(
             SLOWDOWN: emulate.factor,
         }
     )
-    if max_batch_size is not None:
-        metrics[names.max_batch_size] = max_batch_size
+    if cap is not None:
+        metrics[names.max_batch_size] = cap
     if done.loss is not None:
         metrics[TRAIN_LOSS] = done.loss
     return RoundReport(
