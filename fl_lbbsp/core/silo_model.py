@@ -274,7 +274,7 @@ class SiloTable:
         """The rows of ``ids`` (a silo never seen: row 0), as one structured array."""
         index = np.fromiter(map(self._index.get, ids, repeat(0)), np.intp, count=len(ids))
         # the rows as a float table (every field a float64): one gather, not one per record
-        table = self.rows.view(np.float64).reshape(len(self.rows), len(ROW.names))
+        table = self.rows.view(np.float64).reshape(len(self.rows), ROW.itemsize // 8)
         gathered: np.ndarray = np.take(table, index, axis=0).view(ROW).reshape(len(ids))
         return gathered
 
