@@ -72,6 +72,36 @@ def test_train_local_runs_exactly_tau_steps_at_the_given_batch_size() -> None:
     assert any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
 
 
+def _trained(optimizer: str | None) -> tuple[list[torch.Tensor], torch.optim.Optimizer | None]:
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 4, 4), num_classes=3)
+    x, y = torch.randn(20, 1, 4, 4), torch.randint(0, 3, (20,))
+    opt: torch.optim.Optimizer | None = None
+    if optimizer == "plain":  # the app's SGD, with a learning rate the server overrides
+        opt = torch.optim.SGD(model.parameters(), lr=9.0)
+    elif optimizer == "momentum":
+        opt = torch.optim.SGD(model.parameters(), lr=9.0, momentum=0.9)
+    train_local(model, x, y, batch_size=6, local_steps=5, lr=0.1,
+                generator=torch.Generator().manual_seed(1), optimizer=opt)  # fmt: skip
+    return [p.detach().clone() for p in model.parameters()], opt
+
+
+def test_train_local_steps_the_apps_optimizer_at_the_servers_learning_rate() -> None:
+    # Execute
+    default, _ = _trained(None)
+    plain, plain_opt = _trained("plain")
+    momentum, momentum_opt = _trained("momentum")
+
+    # Assert: the app's plain SGD at eta is the default trainer step for step; its
+    # momentum is kept (other weights, buffers filled); eta replaces the app's rate
+    assert all(torch.equal(a, b) for a, b in zip(default, plain, strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(default, momentum, strict=True))
+    assert momentum_opt is not None and plain_opt is not None
+    assert all(g["lr"] == 0.1 for g in [*plain_opt.param_groups, *momentum_opt.param_groups])
+    assert all("momentum_buffer" in momentum_opt.state[p] for g in momentum_opt.param_groups
+               for p in g["params"])  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("batch_size", 0), ("batch_size", -1), ("local_steps", 0), ("lr", 0.0), ("lr", float("nan"))],

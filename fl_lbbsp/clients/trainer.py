@@ -46,8 +46,10 @@ def train_local(
     lr: float,
     generator: torch.Generator | None = None,
     sampler: ResizableBatchSampler | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> TrainResult:
-    """Run exactly ``local_steps`` plain SGD steps of ``batch_size`` samples each.
+    """Run exactly ``local_steps`` optimiser steps of ``batch_size`` samples each (plain
+    SGD unless the app passes its own optimiser).
 
     Parameters
     ----------
@@ -68,6 +70,10 @@ def train_local(
         :meth:`~fl_lbbsp.clients.round.LocalTraining.batch_sampler` (which counts what is
         drawn); ``None``: ``local_steps`` batches of ``batch_size`` seeded by
         ``generator``.
+    optimizer : torch.optim.Optimizer | None (default: None)
+        The app's own optimiser over ``model``'s parameters (momentum, weight decay, Adam,
+        ...), stepped once per batch; the learning rate of each of its parameter groups is
+        set to ``lr`` (eta is the server's, the same for every silo). ``None``: plain SGD.
 
     Raises
     ------
@@ -79,7 +85,11 @@ def train_local(
         sampler = ResizableBatchSampler(
             len(x), batch_size=batch_size, num_batches=local_steps, generator=generator
         )
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    if optimizer is None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    else:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
     model.train()
     total_loss = torch.zeros(())
     steps = samples = 0
