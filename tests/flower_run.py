@@ -39,6 +39,7 @@ def run_app(
     overrides: str = "",
     declare: str = "",
     pythonpath: tuple[Path, ...] = (),
+    supernodes: int | None = None,
     timeout: float = 800,
 ) -> subprocess.CompletedProcess[str]:
     """Copy ``app`` into ``folder`` and run it with ``flwr run --stream``.
@@ -56,6 +57,9 @@ def run_app(
         keys the app does not declare: the test's own instruments go there).
     pythonpath : tuple of Path (default: ())
         Folders put before ``PYTHONPATH``.
+    supernodes : int | None (default: None)
+        Simulated SuperNodes (``--federation-config num-supernodes=N``, for an app whose
+        pyproject.toml names no federation); ``None``: the app's own federation.
     timeout : float (default: 800)
         Seconds (a 2-core machine starts Ray and the ClientApps).
     """
@@ -78,6 +82,8 @@ def run_app(
     command = [str(flwr), "run", str(copy), "--stream"]
     if overrides:
         command += ["--run-config", overrides]
+    if supernodes is not None:
+        command += ["--federation-config", f"num-supernodes={supernodes}"]
     try:
         return subprocess.run(
             command, env=env, cwd=folder, capture_output=True, text=True, timeout=timeout,

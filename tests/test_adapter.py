@@ -204,11 +204,15 @@ def test_quickstart_style_app_runs_under_flwr_run_in_simulation(tmp_path: Path) 
 
     # Execute
     done = run_app(
-        APP, tmp_path, overrides=f"telemetry='{telemetry}'", pythonpath=(APP.parent.parent,)
-    )
+        APP, tmp_path, overrides=f"telemetry='{telemetry}'", pythonpath=(APP.parent.parent,),
+        supernodes=3,
+    )  # fmt: skip
 
-    # Assert: three rounds, every silo's reply accepted, batch sizes ordered by speed
+    # Assert: three rounds, every silo's reply accepted, batch sizes ordered by speed; the
+    # app's pyproject.toml left as it was (Flower migrates a legacy federation in place)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    copied = (tmp_path / APP.name / "pyproject.toml").read_text()
+    assert copied == (APP / "pyproject.toml").read_text()
     rounds = [e for e in read_telemetry(telemetry) if e["event"] == "train"]
     assert len(rounds) == 3 and all(e["rejected"] == [] for e in rounds)
     last = rounds[-1]["silos"]
