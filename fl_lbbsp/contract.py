@@ -8,6 +8,7 @@ renamed through the strategy's and the trainer's constructor parameters (shared/
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Container, Mapping
 
 from pydantic import BaseModel, ConfigDict
@@ -33,7 +34,11 @@ __all__ = [
     "INITIAL_MODEL",
     "UPDATE_PREFIX",
     "STEP_BATCH_SIZE",
+    "OUT_OF_MEMORY",
+    "BatchSizeOutOfMemoryError",
     "RecordKeys",
+    "is_out_of_memory",
+    "out_of_memory_batch_size",
     "read_float",
     "read_int",
     "silo_metric",
@@ -133,6 +138,57 @@ REFUSED_ROUND = "lbbsp-refused-round"
 refused the global model in; it answers check requests only in the round after."""
 LAST_MODEL = "lbbsp-last-model"
 """ArrayRecord of a silo's Context state: its model after its last round of training."""
+
+OUT_OF_MEMORY = "lbbsp: out of memory at batch size"
+"""How a silo's error reply says its batch size did not fit its memory: this text and the
+batch size (:class:`BatchSizeOutOfMemoryError`). Flower carries an exception to the server
+only as an error reply's text, so the server reads it back with
+:func:`out_of_memory_batch_size`."""
+
+_OUT_OF_MEMORY = re.compile(re.escape(OUT_OF_MEMORY) + r" (\d+)")
+
+
+class BatchSizeOutOfMemoryError(MemoryError):
+    """A silo ran out of memory at the batch size it was sent.
+
+    Raised in the silo (the round's work raised ``MemoryError`` or torch's
+    ``OutOfMemoryError``); Flower turns it into an error reply whose text starts with
+    :data:`OUT_OF_MEMORY` and the batch size, from which the server learns a cap for the
+    silo (:class:`~fl_lbbsp.core.memory_caps.MemoryCaps`) instead of sending the size again.
+
+    Parameters
+    ----------
+    batch_size : int
+        The batch size that did not fit.
+    cause : BaseException
+        The memory error the work raised.
+    """
+
+    def __init__(self, *, batch_size: int, cause: BaseException) -> None:
+        self.batch_size = int(batch_size)
+        super().__init__(
+            f"{OUT_OF_MEMORY} {self.batch_size} ({type(cause).__name__}: {cause}); the server "
+            "caps this silo's batch size below it from the next round"
+        )
+
+
+def out_of_memory_batch_size(reason: str) -> int | None:
+    """The batch size an error reply's ``reason`` says did not fit the silo's memory
+    (:class:`BatchSizeOutOfMemoryError`); ``None``: the reply says no such thing."""
+    found = _OUT_OF_MEMORY.search(reason)
+    return int(found.group(1)) if found else None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a memory failure: ``MemoryError`` (host memory), torch's
+    ``OutOfMemoryError`` (a GPU's, any torch version), or a ``RuntimeError`` saying "out of
+    memory" (older torch, MPS); checked without importing torch."""
+    if isinstance(error, MemoryError):
+        return True
+    if any(cls.__name__ == "OutOfMemoryError" for cls in type(error).__mro__):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+
 
 STEP_BATCH_SIZE = "step-batch-size"
 """Telemetry field of the ``lbbsp-tau`` baseline: the batch size a silo used per step,

@@ -34,7 +34,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psutil
 
-from ..contract import COMPUTE_TIME, SLOWDOWN, TRAIN_LOSS, RecordKeys
+from ..contract import (
+    COMPUTE_TIME,
+    SLOWDOWN,
+    TRAIN_LOSS,
+    BatchSizeOutOfMemoryError,
+    RecordKeys,
+    is_out_of_memory,
+)
 from ..instruction import PARTITION_ID, RoundInstruction, round_seed
 from .emulation import CostModel, SlowdownSchedule, emulated_time
 from .sampler import ResizableBatchSampler
@@ -363,8 +370,11 @@ def run_round(
 
     Raises
     ------
+    BatchSizeOutOfMemoryError
+        When the work runs out of memory (``MemoryError``, torch's ``OutOfMemoryError``):
+        the server reads the batch size from the error reply and caps the silo below it.
     Exception
-        Whatever the work raises, before any emulated wait.
+        Whatever else the work raises, before any emulated wait.
     """
     names = keys or RecordKeys()
     emulate = emulation or Emulation()
@@ -374,7 +384,15 @@ def run_round(
     with slot or contextlib.nullcontext():
         machine_usage()  # start psutil's CPU window
         begun = time.perf_counter()
-        done = work(plan)
+        try:
+            done = work(plan)
+        except Exception as err:
+            if is_out_of_memory(err) and not isinstance(err, BatchSizeOutOfMemoryError):
+                # a reply the server reads: it caps this silo instead of resending the size
+                raise BatchSizeOutOfMemoryError(
+                    batch_size=instruction.batch_size, cause=err
+                ) from err
+            raise
         ended = time.perf_counter()
         cpu, memory = machine_usage()
     measured = plan.compute_time

@@ -123,6 +123,7 @@ def allocate(
     noise: np.ndarray | None = None,
     rho: float | None = None,
     held: Mapping[str, int] | None = None,
+    caps: Sequence[float] | None = None,
 ) -> Decision:
     """The pipeline: every silo of ``ids`` (sorted: the result does not depend on their
     order) gets its batch size and reason.
@@ -145,6 +146,9 @@ def allocate(
         The noise budget; ``None``: none.
     held : mapping of str to int | None (default: None)
         Sizes a gate keeps (:func:`hold`); nothing else runs.
+    caps : sequence of float | None (default: None)
+        Per-silo memory caps learned by the server (``inf``: none), beside those the silos
+        report (:class:`~fl_lbbsp.core.memory_caps.MemoryCaps`).
 
     Raises
     ------
@@ -156,7 +160,9 @@ def allocate(
     if held is not None:
         return hold(ids, held)
     table.pool()
-    rows = table.gather(ids)
+    rows = table.gather(ids)  # a copy: the caps learned by the server join the reported
+    if caps is not None:
+        rows["cap"] = np.minimum(rows["cap"], np.asarray(caps, dtype=np.float64))
     bounds = change_limits(rows, hard_bounds(rows, len(ids), total, settings), settings)
     if settings.allocator == "iterative":
         speeds = table.speeds(ids)

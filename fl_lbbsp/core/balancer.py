@@ -260,6 +260,7 @@ class BatchSizeBalancer:
         noise: Mapping[str, float] | None = None,
         budget: bool = True,
         held: Mapping[str, int] | None = None,
+        caps: Mapping[str, int] | None = None,
     ) -> dict[str, int]:
         """Next batch size of each silo in ``silo_ids`` (:func:`~.allocation.allocate`),
         summing to ``total`` (``None``: ``n * B_init``) where the memory caps allow;
@@ -281,6 +282,9 @@ class BatchSizeBalancer:
             gradients weighted by batch size in cluster mode).
         held : Mapping[str, int] | None (default: None)
             The sizes in force, when a gate held them: kept (reason ``held``).
+        caps : Mapping[str, int] | None (default: None)
+            Memory caps the caller learned (a silo that ran out of memory), beside those
+            the silos report; a silo missing: no such cap.
 
         Raises
         ------
@@ -294,6 +298,7 @@ class BatchSizeBalancer:
             total=total, weights=per_silo(ids, weights, "weights"),
             noise=per_silo(ids, noise, "noise"), rho=self.noise_budget if budget else None,
             held=held,
+            caps=None if not caps else [caps.get(i, float("inf")) for i in ids],
         )  # fmt: skip
         sizes, reasons = decision.sizes, decision.reasons
         given = list(map(sizes.__getitem__, order))
