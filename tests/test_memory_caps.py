@@ -4,20 +4,31 @@ again."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
 
+from fl_lbbsp.clients import lbbsp_train
 from fl_lbbsp.clients.round import LocalTraining, WorkDone, run_round
 from fl_lbbsp.contract import (
     BatchSizeOutOfMemoryError,
+    RecordKeys,
     is_out_of_memory,
     out_of_memory_batch_size,
 )
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
 from fl_lbbsp.core.memory_caps import MemoryCaps
 from fl_lbbsp.instruction import RoundInstruction
+from fl_lbbsp.runs.inprocess import InProcessGrid
+from fl_lbbsp.strategies import LBBSPFedAvg
+from fl_lbbsp.telemetry import read_telemetry
+
+KEYS = RecordKeys()
 
 INSTRUCTION = RoundInstruction(batch_size=48, local_steps=2, lr=0.1, server_round=3)
 
@@ -137,3 +148,53 @@ def test_the_balancer_keeps_a_learned_cap_and_gives_the_rest_to_the_others() -> 
     # Assert: uncapped, "a" takes most of X = 96; capped, it gets 20 and the others the rest
     assert free["a"] > 20
     assert capped["a"] == 20 and sum(capped.values()) == 96
+
+
+LIMIT = 24
+"""Silo 0's memory holds batches of at most this many samples."""
+
+
+def _app_short_of_memory() -> ClientApp:
+    """A Message-API app whose silo 0 (the fastest) fails above ``LIMIT``."""
+    app = ClientApp()
+
+    @app.train()
+    @lbbsp_train()
+    def train(msg: Message, context: Context, plan: LocalTraining) -> Message:
+        if context.node_config["partition-id"] == 0 and plan.batch_size > LIMIT:
+            raise MemoryError(f"cannot allocate a batch of {plan.batch_size}")
+        with plan.timed():
+            list(plan.batch_sampler(200))
+        content = RecordDict(
+            {"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 200})}
+        )
+        return Message(content=content, reply_to=msg)
+
+    return app
+
+
+def test_a_silo_out_of_memory_misses_one_round_then_runs_capped(tmp_path: Path) -> None:
+    # Prepare: silo 0 is 4 times as fast as the others; B_init 16 runs, 32 would not
+    grid = InProcessGrid(
+        _app_short_of_memory(), num_nodes=3,
+        run_config={"slowdowns": "1;4;4", "cost-model": "0.001,0.002"},
+    )  # fmt: skip
+    telemetry = tmp_path / "telemetry.jsonl"
+    strategy = LBBSPFedAvg(
+        initial_batch_size=16, local_steps=2, lr=0.1, fraction_evaluate=0.0,
+        min_train_nodes=2, min_available_nodes=3, telemetry_path=telemetry,
+    )  # fmt: skip
+    arrays = ArrayRecord({"w": Array(np.zeros(4, dtype=np.float32))})
+
+    # Execute
+    strategy.start(grid=grid, initial_arrays=arrays, num_rounds=5, timeout=600)
+
+    # Assert: silo 0 fails once, at the size it was sent, then runs every round at the
+    # size it ran before (16), the other silos taking the rest of X = 48
+    rounds = [e for e in read_telemetry(telemetry) if e["event"] == "train"]
+    failed = [r for r, e in enumerate(rounds) if e["rejected"]]
+    assert len(failed) == 1 and failed[0] >= 1
+    assert "out of memory at batch size" in rounds[failed[0]]["rejected"][0]["reason"]
+    for event in rounds[failed[0] + 1 :]:
+        assert event["rejected"] == [] and event["silos"]["0"][KEYS.batch_size] == 16
+        assert sum(row[KEYS.batch_size] for row in event["silos"].values()) == 48

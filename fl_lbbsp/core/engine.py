@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from ..contract import RecordKeys
+from ..contract import RecordKeys, out_of_memory_batch_size
 from .balancer import BatchSizeBalancer
 from .claims import ClaimChecker
 from .deadline import (
@@ -48,6 +48,7 @@ from .deadline import (
     StragglerWatch,
 )
 from .identity import SiloRegistry
+from .memory_caps import MemoryCaps
 from .reply_screen import ReplyScreen
 from .rewriters import FastestReplies, InstructionRewriter
 from .round_reports import RoundReporting
@@ -156,6 +157,8 @@ class RoundEngine(RoundTiming, RoundReporting):
         :attr:`RoundState.cold`): their next warm report replaces it."""
         self.federation_size = 0
         self.overhead = OverheadTracker(self.deadline.overhead_rounds)
+        self.memory = MemoryCaps()
+        """Caps learned from silos that ran out of memory at the size they were sent."""
         self.claims = ClaimChecker(
             **config.claim_bounds(),
             overhead_rounds=self.deadline.overhead_rounds,
@@ -239,6 +242,7 @@ class RoundEngine(RoundTiming, RoundReporting):
             total=total,
             weights=self.budget_weights() if by_size else None,
             budget=by_size,
+            caps=self.memory.caps,
         )
         return {node: sizes[silo] for node, silo in silos.items()}
 
@@ -322,8 +326,16 @@ class RoundEngine(RoundTiming, RoundReporting):
 
     def screen(self, state: RoundState, reply: Reply, parse: Callable[[], U]) -> Verdict[U]:
         """Check one reply; ``parse`` reads and checks its update, last
-        (:meth:`ReplyScreen.screen`: origin, signature, duplicates, size, contract)."""
-        return self.screening.screen(state, reply, parse)
+        (:meth:`ReplyScreen.screen`: origin, signature, duplicates, size, contract). An
+        error reply saying the silo ran out of memory at the size it was sent caps that
+        silo from the next round (:class:`~fl_lbbsp.core.memory_caps.MemoryCaps`)."""
+        verdict = self.screening.screen(state, reply, parse)
+        failed = None if reply.error is None else out_of_memory_batch_size(reply.error)
+        sent = state.instructions.get(reply.node)
+        if failed is not None and sent is not None and self.rewriter is None:
+            # the size the server sent, whatever the text says (it only says that it failed)
+            self.memory.failed(verdict.silo, sent.batch_size)
+        return verdict
 
     def verify(self, state: RoundState, reply: Reply) -> None:
         """Check a reply's signature against the silo registry (:meth:`ReplyScreen.verify`)."""
@@ -339,6 +351,7 @@ class RoundEngine(RoundTiming, RoundReporting):
             "overhead": self.overhead.seen,
             "federation_size": self.federation_size,
             "claims": self.claims.state_dict(),
+            "memory": self.memory.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -349,3 +362,4 @@ class RoundEngine(RoundTiming, RoundReporting):
         self.overhead = OverheadTracker(self.deadline.overhead_rounds, state["overhead"])
         self.federation_size = int(state.get("federation_size", 0))
         self.claims.load_state_dict(state.get("claims", {}))
+        self.memory.load_state_dict(state.get("memory", {}))

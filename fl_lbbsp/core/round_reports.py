@@ -19,6 +19,7 @@ from ..contract import PREDICTED_SPEED, RecordKeys
 from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from .claims import ClaimChecker, honest_gap
 from .deadline import OverheadTracker
+from .memory_caps import MemoryCaps
 from .rewriters import FastestReplies, InstructionRewriter
 from .round_state import Node, RoundState, Verdict, silo_round_time
 from .settings import BalancingConfig
@@ -41,6 +42,7 @@ class RoundReporting:
     require_valid_report: bool
     balancer: BatchSizeBalancer
     claims: ClaimChecker
+    memory: MemoryCaps
     overhead: OverheadTracker
     silo_of_node: dict[Node, str]
     node_of_silo: dict[str, Node]
@@ -125,6 +127,8 @@ class RoundReporting:
             record["invalid-report"] = f"misuse: {misuse}"
             state.reports[silo] = record
             return not self.require_valid_report
+        if sent is not None:  # trained as instructed: that size fits its memory
+            self.memory.ran(silo, sent.batch_size)
         if self.config.check_times is False:
             observed = None
         train = _real(metrics.get(keys.train_time))

@@ -47,6 +47,7 @@ from .checkpoint_balancer import (
     MAX_ENTRIES,
     MAX_SILOS,
     BalancerState,
+    Batch,
     Count,
     NodeId,
     OpenRecord,
@@ -173,6 +174,22 @@ class ClaimsState(OpenRecord):
     overhead: list[Seconds] = Field(default_factory=list, max_length=MAX_ENTRIES)
 
 
+class MemoryState(OpenRecord):
+    """The caps learned from silos that ran out of memory
+    (:class:`~fl_lbbsp.core.memory_caps.MemoryCaps`) in a checkpoint.
+
+    Parameters
+    ----------
+    caps : dict of str to int (default: {})
+        Silo id -> its learned cap (a batch size).
+    completed : dict of str to int (default: {})
+        Silo id -> the largest batch size it completed a round with.
+    """
+
+    caps: dict[SiloId, Batch] = Field(default_factory=dict, max_length=MAX_SILOS)
+    completed: dict[SiloId, Batch] = Field(default_factory=dict, max_length=MAX_SILOS)
+
+
 class EngineState(OpenRecord):
     """The strategy's state in a checkpoint: the round engine's and its updates'.
 
@@ -188,6 +205,8 @@ class EngineState(OpenRecord):
         The most silos seen in a round; at most the silos the checkpoint knows.
     claims : ClaimsState (default: empty)
         The bounds on the silos' claims (pinned dataset sizes, distrusted silos).
+    memory : MemoryState (default: empty)
+        The caps learned from silos that ran out of memory.
     num_examples : dict of str to float | None (default: None)
         Encrypted strategies: each silo's last dataset size (positive, finite).
     version : int | None (default: None)
@@ -202,6 +221,7 @@ class EngineState(OpenRecord):
     overhead: list[Seconds] = Field(max_length=MAX_ENTRIES)
     federation_size: int = Field(default=0, ge=0, le=MAX_SILOS, strict=True)
     claims: ClaimsState = Field(default_factory=ClaimsState)
+    memory: MemoryState = Field(default_factory=MemoryState)
     num_examples: dict[SiloId, Positive] | None = Field(default=None, max_length=MAX_SILOS)
     version: Count | None = None
     node_version: dict[NodeId, Count] | None = Field(default=None, max_length=MAX_SILOS)
