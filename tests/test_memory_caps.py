@@ -12,6 +12,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from pydantic import ValidationError
 
 from fl_lbbsp.clients import lbbsp_train
 from fl_lbbsp.clients.round import LocalTraining, WorkDone, run_round
@@ -26,6 +27,7 @@ from fl_lbbsp.core.memory_caps import MemoryCaps
 from fl_lbbsp.instruction import RoundInstruction
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg
+from fl_lbbsp.strategies.checkpoint_schema import EngineState
 from fl_lbbsp.telemetry import read_telemetry
 
 KEYS = RecordKeys()
@@ -198,3 +200,8 @@ def test_a_silo_out_of_memory_misses_one_round_then_runs_capped(tmp_path: Path) 
     for event in rounds[failed[0] + 1 :]:
         assert event["rejected"] == [] and event["silos"]["0"][KEYS.batch_size] == 16
         assert sum(row[KEYS.batch_size] for row in event["silos"].values()) == 48
+    # the cap goes into a checkpoint through its schema, and a bad one does not
+    state = strategy.engine.state_dict()
+    assert EngineState.model_validate(state).memory.caps == {"0": 16}
+    with pytest.raises(ValidationError):
+        EngineState.model_validate({**state, "memory": {"caps": {"0": 0}}})
