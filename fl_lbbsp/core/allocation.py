@@ -441,11 +441,11 @@ def order_guard(
     """
     x = np.asarray(sizes, dtype=np.int64).copy()
     n = len(x)
-    times = a * x + b
-    inside = (x > np.asarray(lower)) & (x < np.asarray(upper))
     # The common finish time of the silos no bound holds (the median of their predicted
     # times); all of them when every silo is at a bound.
     if round_time is None:
+        times = a * x + b
+        inside = (x > np.asarray(lower)) & (x < np.asarray(upper))
         round_time = float(np.median(times[inside])) if inside.any() else float(np.max(times))
     speed = np.maximum(round_time - b, 0.0) / a
     # Fast check (the usual case): along the silos sorted by speed, no silo below its

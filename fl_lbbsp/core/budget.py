@@ -315,6 +315,11 @@ def budgeted_minmax_continuous(
     return best.x, best.round_time, reasons, best.binds, best.feasible
 
 
+_BOUND_BY = np.array(["upper", "knee", "lower", "round-time", "noise-budget"], dtype=object)
+_SHARE_BY = np.array(["upper", "knee", "lower", "round-time", "noise-share"], dtype=object)
+"""The reasons by code, where the budget binds and where it does not."""
+
+
 def _reasons(sol: _Solution, k: FloatArray, lo: FloatArray, hi: FloatArray) -> tuple[str, ...]:
     """Each silo's reason (:data:`REASONS`), all silos at once."""
     x = sol.x
@@ -323,9 +328,14 @@ def _reasons(sol: _Solution, k: FloatArray, lo: FloatArray, hi: FloatArray) -> t
     near = _TOL * np.maximum(1.0, np.abs(x)) * 1e3
     at_lower = x <= sol.lower + near
     knee = at_lower & (sol.lower > lo) & (x <= k + near)
-    names = ("upper", "knee", "lower", "round-time", "noise-budget" if sol.binds else "noise-share")
-    codes = np.select([x >= hi - near, knee, at_lower, x >= sol.cap - near], [0, 1, 2, 3], 4)
-    return tuple(map(names.__getitem__, codes.tolist()))
+    # the first that holds (np.select's order): upper, knee, lower, round time, else
+    codes = np.where(
+        x >= hi - near,
+        0,
+        np.where(knee, 1, np.where(at_lower, 2, np.where(x >= sol.cap - near, 3, 4))),
+    )
+    names = _BOUND_BY if sol.binds else _SHARE_BY
+    return tuple(names[codes].tolist())
 
 
 def budgeted_minmax(
