@@ -72,3 +72,20 @@ def test_a_binding_budget_gives_the_same_shares_either_way(
     assert on_floats[3]  # the budget binds: the bisection ran
     assert np.array_equal(on_floats[0], on_arrays[0])
     assert on_floats[1:] == on_arrays[1:]
+
+
+@pytest.mark.parametrize("count", range(1, SCALAR_SILOS + 1))
+def test_numpy_adds_as_few_numbers_as_the_float_path_does_left_to_right(count: int) -> None:
+    # Prepare: a large value first and ones after it, whose sum depends on the order of
+    # the additions (each 1 alone is lost against 1e16, 2 are not)
+    values = np.array([1e16] + [1.0] * (count - 1))
+    shares = np.tile(values, (3, 1))
+
+    # Execute
+    left_to_right = float(values[0])
+    for v in values[1:].tolist():
+        left_to_right += v
+
+    # Assert: numpy's sum of a vector, and of each row of a table, is that one
+    assert float(values.sum()) == left_to_right == waterfill._sum(values.tolist())
+    assert shares.sum(axis=1).tolist() == [left_to_right] * 3
