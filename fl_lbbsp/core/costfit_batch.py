@@ -53,6 +53,15 @@ def _rows(values: np.ndarray) -> np.ndarray:
     return np.arange(values.shape[0])[:, None]
 
 
+def _filled(values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None) -> np.ndarray:
+    """``np.where(mask, values, inf)``: a copy of ``values`` where ``counts`` (the mask's
+    count of each row) say that the mask holds every position."""
+    if counts is not None and values.shape[1] and int(counts.min()) >= values.shape[1]:
+        return values.astype(np.result_type(values, np.inf), copy=True)
+    out: np.ndarray = np.where(mask, values, np.inf)
+    return out
+
+
 def masked_medians(
     values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None = None
 ) -> np.ndarray:
@@ -61,7 +70,7 @@ def masked_medians(
     rows, width = values.shape
     if width == 0:
         return np.full(rows, np.nan)
-    v = np.where(mask, values, np.inf)
+    v = _filled(values, mask, counts)
     v.sort(axis=1)
     m = np.count_nonzero(mask, axis=1) if counts is None else counts
     k = m // 2
@@ -108,7 +117,7 @@ def masked_levels(
     """:func:`~.costfit.robust_level` of each row's values where ``mask`` (NaN where
     none); ``counts``, if given, is ``mask``'s count of each row."""
     rows, width = values.shape
-    v = np.where(mask, values, np.inf)
+    v = _filled(values, mask, counts)
     v.sort(axis=1)
     m = np.count_nonzero(mask, axis=1) if counts is None else counts
     cut = (TRIM * m).astype(np.intp)
@@ -308,8 +317,11 @@ def fit_robust_costs(
     rows, width = x.shape
     columns = np.arange(width)
     valid = columns < n[:, None]
-    xs = np.where(valid, np.maximum(x, knee[:, None]), 1.0)
-    ts = np.where(valid, t, 1.0)
+    full = width > 0 and int(n.min()) >= width  # every window full: no padding to mask
+    xs = (
+        np.maximum(x, knee[:, None]) if full else np.where(valid, np.maximum(x, knee[:, None]), 1.0)
+    )
+    ts = t if full else np.where(valid, t, 1.0)
     x0 = prior_shape
     anchor = _at(xs, n - 1)
     gap = min_relative_spread * anchor
@@ -332,8 +344,9 @@ def fit_robust_costs(
         known = np.isfinite(prior_noise)
         scale = np.where(known, np.maximum(scale, prior_noise * level0), scale)
         blend = (apart_n > 0) & (own > 0) & (scale >= 0)
-        mean_x = np.where(valid, xs, 0.0).sum(axis=1) / n
-        se2 = scale * scale / np.where(valid, (xs - mean_x[:, None]) ** 2, 0.0).sum(axis=1)
+        mean_x = (xs if full else np.where(valid, xs, 0.0)).sum(axis=1) / n
+        squares = (xs - mean_x[:, None]) ** 2
+        se2 = scale * scale / (squares if full else np.where(valid, squares, 0.0)).sum(axis=1)
         gap2 = (own - prior) ** 2
         shrunk = np.where(gap2 > 0, np.maximum(0.0, 1.0 - se2 / gap2), 0.0)
         weight = np.where(blend, np.where(se2 == 0, 1.0, shrunk), 0.0)
@@ -363,8 +376,8 @@ def fit_robust_costs(
         level=level,
         noise=noise,
         weight=weight,
-        low=np.where(valid, xs, np.inf).min(axis=1),
-        high=np.where(valid, xs, -np.inf).max(axis=1),
+        low=(xs if full else np.where(valid, xs, np.inf)).min(axis=1),
+        high=(xs if full else np.where(valid, xs, -np.inf)).max(axis=1),
         knee=knee.astype(np.float64, copy=True),
     )
 
