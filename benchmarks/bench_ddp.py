@@ -86,7 +86,7 @@ FULL = Settings(
         Case("burner-2", "real: CPU burner on rank 0's core, 2 ranks", 2, burner=True,
              repeats=6),
         Case("heterogeneous-4", "heterogeneous 4:2:1:1 (emulated), 4 ranks", 4,
-             slowdowns=(4.0, 2.0, 1.0, 1.0), flower=True, bound=True, repeats=4),
+             slowdowns=(4.0, 2.0, 1.0, 1.0), flower=True, bound=True, repeats=6),
         Case("cost-model-4", "heterogeneous 4:2:1:1 (emulated cost model), 4 ranks", 4,
              slowdowns=(4.0, 2.0, 1.0, 1.0), cost_model="0.0004,0.002", repeats=2),
     ),
