@@ -296,6 +296,15 @@ def budgeted_minmax_continuous(
     ValueError
         On inputs of the wrong shape or sign, a total outside the bounds, or rho <= 0.
     """
+    x, round_time, reasons, binds, feasible, _ = _continuous(problem)
+    return x, round_time, reasons, binds, feasible
+
+
+def _continuous(
+    problem: BudgetProblem,
+) -> tuple[FloatArray, float, tuple[str, ...], bool, bool, FloatArray]:
+    """:func:`budgeted_minmax_continuous`, and the silos' noise costs c_i
+    (:func:`noise_costs`)."""
     slope, offset, k, lo, hi = _inputs(problem)
     n = slope.shape[0]
     c, budget = _noise_budget(problem, n)
@@ -312,7 +321,7 @@ def budgeted_minmax_continuous(
     else:
         best = _solve(slope, offset, k, lo, hi, total, c, budget)
     reasons = _reasons(best, k, lo, hi)
-    return best.x, best.round_time, reasons, best.binds, best.feasible
+    return best.x, best.round_time, reasons, best.binds, best.feasible, c
 
 
 _BOUND_BY = np.array(["upper", "knee", "lower", "round-time", "noise-budget"], dtype=object)
@@ -378,7 +387,7 @@ def budgeted_minmax(
         a=a, b=b, total=float(total), knee=knee, lower=lower, upper=upper,
         weights=weights, noise=noise, rho=rho,
     )  # fmt: skip
-    x, _, reasons, binds, _ = budgeted_minmax_continuous(problem)
+    x, _, reasons, binds, _, c = _continuous(problem)
     n = len(x)
     floors = np.asarray(lower if lower is not None else np.zeros(n), dtype=np.float64)
     if knee is not None:
@@ -393,13 +402,17 @@ def budgeted_minmax(
         sizes = round_to_total(x, total, lower=lo, upper=hi, slope=a, intercept=offset)
     else:
         raise ValueError(f"unknown rounding {rounding!r}; expected 'time' or 'remainder'")
-    c, budget = _noise_budget(problem, n)
     feasible = True
     if rho is not None:
+        # the budget of _noise_budget, on the costs c it gave
+        budget = rho * float(np.sum(c)) * n / problem.total
         lo_hard, _ = integer_bounds(n, lower=lower, upper=upper)
         feasible = enforce_budget(sizes, c, budget, lower=np.maximum(lo_hard, 1), upper=hi)
     times = hinge_times(a, b, knee, sizes)
-    ratio = math.inf if np.any(sizes <= 0) else noise_ratio(sizes, weights=weights, noise=noise)
+    ratio = math.inf
+    if not np.any(sizes <= 0):  # noise_ratio's floats, on the costs c known here
+        x_sizes = np.asarray(sizes, dtype=np.float64)
+        ratio = float(np.sum(c / x_sizes) / (np.sum(c) * n / x_sizes.sum()))
     return Allocation(
         sizes=sizes,
         reasons=reasons,
