@@ -235,7 +235,7 @@ def fit_robust_cost(
         xi, ti = xs[i], ts[i]
         for j in range(i + 1, n):
             dx = xs[j] - xi
-            if abs(dx) >= gap:
+            if abs(dx) >= gap and dx != 0:  # equal batch sizes are replicates, gap 0 too
                 slopes.append((ts[j] - ti) / dx)
             else:
                 near.append((i, j))
@@ -258,7 +258,8 @@ def fit_robust_cost(
     # there are enough of them (an error of the slope does not reach them), else from all
     # of them moved along the slope.
     moved = [tv - slope * (xv - anchor) for xv, tv in zip(xs, ts, strict=True)]
-    local = [m for m, xv in zip(moved, xs, strict=True) if abs(xv - anchor) < gap]
+    # (the anchor's own batch size always counts as near it, a gap of 0 included)
+    local = [m for m, xv in zip(moved, xs, strict=True) if abs(xv - anchor) < gap or xv == anchor]
     # Far observations moved along a slope that is neither the data's own nor a known
     # shape would bias the level: then only the nearby ones count.
     trusted = weight >= 0.5 or prior_known
@@ -331,10 +332,11 @@ def _groups(
     xs: list[float], ts: list[float], spread: float
 ) -> list[tuple[float, float, list[float]]]:
     """Observations grouped by batch size (a group spans less than ``spread``, relative, of
-    its smallest): (smallest x, largest x, times), smallest batch sizes first."""
+    its smallest; equal sizes always share one): (smallest x, largest x, times), smallest
+    batch sizes first."""
     groups: list[tuple[float, float, list[float]]] = []
     for x, t in sorted(zip(xs, ts, strict=True)):
-        if groups and x < groups[-1][0] * (1.0 + spread):
+        if groups and (x < groups[-1][0] * (1.0 + spread) or x == groups[-1][0]):
             low, _, times = groups[-1]
             groups[-1] = (low, x, [*times, t])
         else:

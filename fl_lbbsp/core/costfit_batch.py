@@ -149,7 +149,7 @@ def find_knees(
     valid = columns < n[:, None]
     low = np.where(valid, x, np.inf).min(axis=1)
     high = np.where(valid, x, -np.inf).max(axis=1)
-    grouped = np.flatnonzero(high >= low * (1.0 + min_relative_spread))  # >= 2 groups
+    grouped = np.flatnonzero((high >= low * (1.0 + min_relative_spread)) & (high > low))
     if grouped.size:
         out[grouped] = _knees(
             x[grouped], t[grouped], n[grouped], knee[grouped], noise[grouped],
@@ -168,7 +168,7 @@ def _grouped(
     group = np.zeros(x.shape, dtype=np.intp)
     floor, g = xs[:, 0].copy(), np.zeros(x.shape[0], dtype=np.intp)
     for c in range(1, x.shape[1]):
-        new = ~(xs[:, c] < floor * (1.0 + spread))
+        new = ~((xs[:, c] < floor * (1.0 + spread)) | (xs[:, c] == floor))  # equal: one group
         g = g + new
         floor = np.where(new, xs[:, c], floor)
         group[:, c] = g
@@ -330,7 +330,7 @@ def fit_robust_costs(
     i, j = _pairs(width)
     paired = j[:, None] < n[None, :]  # by pair, as _differences lays them out
     dx = _differences(xs)
-    apart = paired & (np.abs(dx) >= gap[None, :])
+    apart = paired & (np.abs(dx) >= gap[None, :]) & (dx != 0)  # equal sizes: replicates
     near = paired & ~apart
     apart_n = np.count_nonzero(apart, axis=0)
     near_n = n * (n - 1) // 2 - apart_n
@@ -352,7 +352,9 @@ def fit_robust_costs(
         weight = np.where(blend, np.where(se2 == 0, 1.0, shrunk), 0.0)
         slope = np.where(blend, weight * own + (1.0 - weight) * prior, prior)
         moved = ts - slope[:, None] * (xs - anchor[:, None])
-        local = valid & (np.abs(xs - anchor[:, None]) < gap[:, None])
+        # (the anchor's own batch size always counts as near it, a gap of 0 included)
+        near_anchor = np.abs(xs - anchor[:, None])
+        local = valid & ((near_anchor < gap[:, None]) | (near_anchor == 0))
         trusted = (weight >= 0.5) | prior_known
         local_n = np.count_nonzero(local, axis=1)
         use_local = (local_n >= 3) | ~trusted
