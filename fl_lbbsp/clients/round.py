@@ -357,11 +357,12 @@ def run_round(
         The silo's memory cap to report; ``None``: not reported.
     check_draws : bool (default: True)
         The work draws its batches through the plan: report ``samples-drawn``, count
-        ``samples-processed`` from what was drawn, add a ``misuse`` note when that
-        is not ``local_steps`` batches of ``batch_size``, and report the local dataset
-        size the batches were drawn over as a ``max-batch-size`` (the lower of it and
-        ``max_batch_size``): a batch over it only repeats samples. ``False`` (cluster mode, which
-        slices a global batch): ``samples-processed`` is ``batch_size * local_steps``.
+        ``samples-processed`` from what was drawn, add a ``misuse`` note when that is not
+        ``local_steps`` batches of ``batch_size``, and report the local dataset size the
+        batches were drawn over as a ``max-batch-size`` (the lower of it and
+        ``max_batch_size``): a batch over it only repeats samples. ``False`` (cluster
+        mode, which slices a global batch): ``samples-processed`` is
+        ``batch_size * local_steps``.
 
     Returns
     -------
