@@ -232,6 +232,7 @@ def test_every_config_class_is_covered() -> None:
         "OpenRecord", "Manifest", "EstimatorState", "LastReport", "SiloState", "BalancerState",
         "EngineState", "ClaimsState", "FitState", "IterativeConfig",
         "IterativeAllocatorState", "IterativeState", "PooledShape",  # and test_checkpoint_hostile
+        "MemoryState",  # tests/test_memory_caps.py
     }  # fmt: skip
 
     # Execute
