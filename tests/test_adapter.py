@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -124,37 +125,45 @@ def test_adapter_refuses_bad_instructions_and_replies_without_a_weight(
         train(_train_message(config), _context())
 
 
-def test_quickstart_style_app_balances_through_the_in_process_grid(
-    plugin_app, tmp_path: Path
-) -> None:
-    # Prepare: the example's ClientApp on 3 nodes emulated 1:2:4 times slower
+def _three_rounds(
+    plugin_app: Any,
+    tmp_path: Path,
+    *,
+    initial_batch_size: int,
+    local_steps: int,
+    cost: str,
+    extra_metric_keys: tuple[str, ...] | None = None,
+) -> tuple[InProcessGrid, list[dict[str, Any]]]:
+    """The example's ClientApp on 3 in-process nodes emulated 1:2:4 times slower, 3 rounds
+    of LBBSPFedAvg: the grid and the rounds' telemetry."""
     grid = InProcessGrid(
-        plugin_app.app,
-        num_nodes=3,
-        run_config={"slowdowns": SLOWDOWNS, "cost-model": COST},
+        plugin_app.app, num_nodes=3, run_config={"slowdowns": SLOWDOWNS, "cost-model": cost}
     )
     telemetry = tmp_path / "telemetry.jsonl"
     strategy = LBBSPFedAvg(
-        initial_batch_size=16,
-        local_steps=TAU,
-        lr=0.05,
-        fraction_evaluate=0.0,
-        min_train_nodes=3,
-        min_available_nodes=3,
-        extra_metric_keys=(*DEFAULT_EXTRA_METRIC_KEYS, "train_loss"),
-        telemetry_path=telemetry,
-    )
+        initial_batch_size=initial_batch_size, local_steps=local_steps, lr=0.05,
+        fraction_evaluate=0.0, min_train_nodes=3, min_available_nodes=3,
+        extra_metric_keys=extra_metric_keys, telemetry_path=telemetry,
+    )  # fmt: skip
     torch.manual_seed(0)
     model = plugin_app.Net()
-
-    # Execute
     strategy.start(
         grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=3, timeout=600
     )
+    return grid, [e for e in read_telemetry(telemetry) if e["event"] == "train"]
+
+
+def test_quickstart_style_app_balances_through_the_in_process_grid(
+    plugin_app, tmp_path: Path
+) -> None:
+    # Prepare / Execute: the example's ClientApp on 3 nodes emulated 1:2:4 times slower
+    grid, rounds = _three_rounds(
+        plugin_app, tmp_path, initial_batch_size=16, local_steps=TAU, cost=COST,
+        extra_metric_keys=(*DEFAULT_EXTRA_METRIC_KEYS, "train_loss"),
+    )  # fmt: skip
 
     # Assert: every reply accepted, silos named by partition, the faster a silo the
     # bigger its batch, the total X = 3 * 16 kept, and the round shorter than FedAvg's
-    rounds = [e for e in read_telemetry(telemetry) if e["event"] == "train"]
     assert [e["rejected"] for e in rounds] == [[], [], []]
     assert set(rounds[-1]["silos"]) == {"0", "1", "2"}
     sizes = [rounds[-1]["silos"][s][KEYS.batch_size] for s in ("0", "1", "2")]
@@ -166,27 +175,13 @@ def test_quickstart_style_app_balances_through_the_in_process_grid(
 def test_a_silo_is_never_given_more_than_its_data_from_round_two(
     plugin_app, tmp_path: Path
 ) -> None:
-    # Prepare: 3 silos of about 480 samples, 1:2:4 times slower, and B_init = 300: the
-    # fastest silo's share of X = 900 would be over its data
-    grid = InProcessGrid(
-        plugin_app.app,
-        num_nodes=3,
-        run_config={"slowdowns": SLOWDOWNS, "cost-model": "0.0001,0.002"},
+    # Prepare / Execute: 3 silos of about 480 samples, 1:2:4 times slower, and B_init =
+    # 300: the fastest silo's share of X = 900 would be over its data
+    _, rounds = _three_rounds(
+        plugin_app, tmp_path, initial_batch_size=300, local_steps=2, cost="0.0001,0.002"
     )
-    telemetry = tmp_path / "telemetry.jsonl"
-    strategy = LBBSPFedAvg(
-        initial_batch_size=300, local_steps=2, lr=0.05, fraction_evaluate=0.0,
-        min_train_nodes=3, min_available_nodes=3, telemetry_path=telemetry,
-    )  # fmt: skip
-
-    # Execute
-    strategy.start(
-        grid=grid, initial_arrays=ArrayRecord(plugin_app.Net().state_dict()), num_rounds=3,
-        timeout=600,
-    )  # fmt: skip
 
     # Assert: from round 2 every silo's batch fits its data, the fastest at its data
-    rounds = [e for e in read_telemetry(telemetry) if e["event"] == "train"]
     for event in rounds[1:]:
         for row in event["silos"].values():
             assert row[KEYS.batch_size] <= row[KEYS.num_examples]

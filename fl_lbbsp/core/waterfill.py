@@ -177,15 +177,15 @@ class _Scalar:
         k, end, sums = 0, len(points), {}
         guess = self.guess
         if 0 < guess < end:
-            sums[guess] = _filled(points[guess], bounds)
+            sums[guess] = _sum(_shares(points[guess], bounds))
             if sums[guess] >= total:
-                sums[guess - 1] = _filled(points[guess - 1], bounds)
+                sums[guess - 1] = _sum(_shares(points[guess - 1], bounds))
                 if sums[guess - 1] < total:
                     k = end = guess
         while k < end:
             middle = (k + end) // 2
             if middle not in sums:
-                sums[middle] = _filled(points[middle], bounds)
+                sums[middle] = _sum(_shares(points[middle], bounds))
             if sums[middle] >= total:
                 end = middle
             else:
@@ -212,19 +212,6 @@ class _Scalar:
                 for xi, f, (w, v, h) in zip(x, free, bounds, strict=True)
             ]
         return x
-
-
-def _filled(s: float, bounds: list[tuple[float, float, float]]) -> float:
-    """``_sum(_shares(s, bounds))``, without the list."""
-    total = None
-    for w, v, h in bounds:
-        y = s * w
-        if v > y:
-            y = v
-        if h < y:
-            y = h
-        total = y if total is None else total + y
-    return 0.0 if total is None else total
 
 
 def _shares(s: float, bounds: list[tuple[float, float, float]]) -> list[float]:
