@@ -81,10 +81,10 @@ FULL = Settings(
     eval_every=20,
     skip=20,
     cases=(
-        Case("homogeneous-2", "equal, 2 ranks", 2, repeats=6),
+        Case("homogeneous-2", "equal, 2 ranks", 2, repeats=12),
         Case("homogeneous-4", "equal, 4 ranks", 4, repeats=6),
         Case("burner-2", "real: CPU burner on rank 0's core, 2 ranks", 2, burner=True,
-             repeats=6),
+             repeats=12),
         Case("heterogeneous-4", "heterogeneous 4:2:1:1 (emulated), 4 ranks", 4,
              slowdowns=(4.0, 2.0, 1.0, 1.0), flower=True, bound=True, repeats=6),
         Case("cost-model-4", "heterogeneous 4:2:1:1 (emulated cost model), 4 ranks", 4,
