@@ -165,6 +165,93 @@ def test_the_screen_rejects_one_far_update_and_never_an_honest_one(
     assert set(rejected) == {"x"}
 
 
+def test_a_silo_sent_a_small_batch_keeps_an_update_its_batch_size_explains() -> None:
+    # Prepare: nine silos at the equal split's 32 with distances near 1, and a slow silo
+    # sent 3 whose honest update is 20x as long (sqrt(32 / 3) = 3.27: bound 32.7x)
+    distances = {f"h{k}": 1.0 + 0.01 * k for k in range(9)} | {"slow": 20.0}
+    sizes = {f"h{k}": 32 for k in range(9)} | {"slow": 3}
+
+    # Execute
+    at_its_size = UpdateScreen().screen(distances, batch_sizes=sizes, equal_batch=32)
+    at_the_equal_size = UpdateScreen().screen(
+        distances, batch_sizes={**sizes, "slow": 32}, equal_batch=32
+    )
+
+    # Assert: kept at the size it was sent; the same update at the equal split's size is not
+    assert at_its_size == {}
+    assert set(at_the_equal_size) == {"slow"}
+    assert "the bound is 10x" in at_the_equal_size["slow"]
+
+
+@pytest.mark.parametrize(("factor", "size"), [(1e3, 1), (200.0, 3), (1e30, 1)])
+def test_a_far_update_is_rejected_whatever_the_batch_size_it_was_sent(
+    factor: float, size: int
+) -> None:
+    # Prepare: a batch size of 1 widens the bound by sqrt(32) = 5.7 at most (57x)
+    distances = {f"h{k}": 1.0 + 0.1 * k for k in range(5)} | {"x": factor}
+    sizes = {f"h{k}": 40 for k in range(5)} | {"x": size}
+
+    # Execute
+    rejected = UpdateScreen().screen(distances, batch_sizes=sizes, equal_batch=32)
+
+    # Assert
+    assert set(rejected) == {"x"}
+    assert "at the batch size it was sent" in rejected["x"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    distances=st.lists(st.floats(0.1, 1e6), min_size=2, max_size=8),
+    equal=st.integers(1, 256),
+    extra=st.integers(0, 64),
+)
+def test_sizes_at_or_above_the_equal_split_change_nothing(
+    distances: list[float], equal: int, extra: int
+) -> None:
+    # Prepare: every silo sent at least the equal split's batch size
+    by_silo = {f"s{k}": d for k, d in enumerate(distances)}
+    sizes = {silo: equal + extra * (k % 2) for k, silo in enumerate(by_silo)}
+
+    # Execute
+    plain = UpdateScreen().screen(by_silo)
+    sized = UpdateScreen().screen(by_silo, batch_sizes=sizes, equal_batch=equal)
+
+    # Assert: the same verdicts, word for word
+    assert sized == plain
+
+
+def test_the_round_judge_compares_each_update_at_the_batch_size_it_was_sent() -> None:
+    # Prepare: a round that sent three silos 48, 45 and 3 of X = 96 (equal split 32); the
+    # slow silo's update is 15x the others' distance
+    from fl_lbbsp.core.round_state import Instruction, RoundState
+    from fl_lbbsp.strategies.defenses import Defenses
+
+    sent = {"a": 48, "b": 45, "slow": 3}
+    state = RoundState(
+        server_round=2,
+        instructions={
+            k: Instruction(silo=silo, batch_size=b, local_steps=2, lr=0.1, share=b)
+            for k, (silo, b) in enumerate(sent.items())
+        },
+        total=96,
+        deadline=None,
+    )
+    defenses = Defenses(
+        max_update_ratio=10.0, update_spread_sigmas=3.0, max_weight_ratio=10.0,
+        weigh_by_size=True,
+    )  # fmt: skip
+
+    class Distances:  # each parsed update is its distance
+        def distance(self, update: float) -> float:
+            return update
+
+    # Execute
+    rejected = defenses.judge(state, Distances(), {"a": 1.0, "b": 1.1, "slow": 15.0})  # type: ignore[arg-type]
+
+    # Assert
+    assert rejected == {}
+
+
 def test_update_distance_is_the_l2_distance_and_inf_when_it_overflows() -> None:
     # Prepare
     start = [np.zeros(3, np.float32), np.zeros((2, 2), np.float32)]

@@ -11,7 +11,14 @@ dataset size. Two bounds, both relative to what the rest of the federation shows
   spread) is rejected. This is the median / MAD rule of robust statistics applied to
   update norms, as in norm-bounding defences against model replacement (Sun et al., "Can
   You Really Backdoor Federated Learning?", 2019): a bound no honest silo of a round is
-  near, one that a single 1e30 update cannot move.
+  near, one that a single 1e30 update cannot move. The balancer itself makes honest
+  updates longer: the minibatch noise of tau steps at batch size B adds
+  ``eta^2 tau tr(Sigma) / B`` to an update's squared distance, so a silo sent B_i below the
+  equal split's B_eq may move up to ``sqrt(B_eq / B_i)`` times as far as it would at B_eq.
+  Each distance is therefore compared as ``d_i * sqrt(B_i / B_eq)`` (B_i the size the
+  server sent, never one a silo claims; no change at or above B_eq): measured in the
+  study's federation, a slow silo at B = 3 of B_eq = 32 sent honest updates 10-27 times the
+  median and was rejected in 15 of 50 rounds, its dataset losing its say in the model.
 - **Weight cap.** An undeclared dataset size weighs at most ``max_weight_ratio`` times the
   median of the other silos' sizes, and never more than all the others together, so no
   single silo holds most of the aggregate unless the silo registry declares its size.
@@ -71,7 +78,13 @@ class UpdateScreen:
     def __post_init__(self) -> None:
         self._accepted: deque[list[float]] = deque(maxlen=self.history)
 
-    def screen(self, distances: Mapping[str, float]) -> dict[str, str]:
+    def screen(
+        self,
+        distances: Mapping[str, float],
+        *,
+        batch_sizes: Mapping[str, int] | None = None,
+        equal_batch: float | None = None,
+    ) -> dict[str, str]:
         """The silos whose update is rejected, with why; the others' distances are kept
         as the next rounds' reference.
 
@@ -79,7 +92,15 @@ class UpdateScreen:
         ----------
         distances : Mapping[str, float]
             Each accepted reply's update distance (:func:`update_distance`).
+        batch_sizes : Mapping[str, int] | None (default: None)
+            The batch size the server sent each silo; with ``equal_batch``, a silo sent
+            ``B_i < equal_batch`` has its distance compared as ``d_i * sqrt(B_i /
+            equal_batch)`` (see the module). ``None``: distances as they are.
+        equal_batch : float | None (default: None)
+            The equal split's batch size (X / n).
         """
+        scales = _noise_scales(distances, batch_sizes, equal_batch)
+        raw, distances = distances, {s: d * scales.get(s, 1.0) for s, d in distances.items()}
         finite = [d for d in distances.values() if math.isfinite(d) and d > 0]
         reference = [d for past in self._accepted for d in past] + finite
         rejected: dict[str, str] = {
@@ -94,11 +115,14 @@ class UpdateScreen:
             limit = max(math.log(self.max_update_ratio), self.spread_sigmas * spread)
             for silo, d in distances.items():
                 if math.isfinite(d) and d > 0 and math.log(d) - center > limit:
-                    ratio = d / math.exp(center)
+                    scale = scales.get(silo, 1.0)
+                    ratio = raw[silo] / math.exp(center)
                     rejected[silo] = (
                         f"its update is {ratio:.3g}x the median distance to the global model "
-                        f"({d:.3g} vs {math.exp(center):.3g}; the bound is "
-                        f"{math.exp(limit):.3g}x)"
+                        f"({raw[silo]:.3g} vs {math.exp(center):.3g}; the bound is "
+                        f"{math.exp(limit) / scale:.3g}x"
+                        + ("" if scale == 1.0 else " at the batch size it was sent")
+                        + ")"
                     )
         kept = [d for silo, d in distances.items() if silo not in rejected and d > 0]
         if kept:
@@ -115,6 +139,22 @@ class UpdateScreen:
         for past in state:
             kept = [float(d) for d in past if isinstance(d, int | float) and math.isfinite(d)]
             self._accepted.append([d for d in kept if d > 0])
+
+
+def _noise_scales(
+    distances: Mapping[str, float],
+    batch_sizes: Mapping[str, int] | None,
+    equal_batch: float | None,
+) -> dict[str, float]:
+    """``sqrt(B_i / equal_batch)`` for the silos sent less than the equal split (see the
+    module); the others, and every silo without both, 1."""
+    if batch_sizes is None or equal_batch is None or not equal_batch > 0:
+        return {}
+    return {
+        silo: math.sqrt(batch_sizes[silo] / equal_batch)
+        for silo in distances
+        if 0 < batch_sizes.get(silo, 0) < equal_batch
+    }
 
 
 def _median_without(ordered: list[float], index: int) -> float:

@@ -101,7 +101,12 @@ class Defenses:
             for silo in rejected:
                 state.feed.pop(silo, None)
             return rejected
-        rejected = self.screen.screen(distances)
+        sent = {i.silo: i.batch_size for i in state.instructions.values()}
+        rejected = self.screen.screen(
+            distances,
+            batch_sizes=sent,
+            equal_batch=state.total / len(sent) if sent else None,
+        )
         for silo in accepted:
             if silo not in rejected:
                 self.streaks.pop(silo, None)
