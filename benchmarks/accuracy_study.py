@@ -63,6 +63,9 @@ climbing."""
 GOAL_DIFF = -0.5
 GOAL_SPEEDUP = 1.5
 FLOOR = 1.0 / 3.0
+BUDGET_AT = "budget@"
+"""Scheme-name prefix of LB-BSP at another noise budget: ``budget@2`` runs rho = 2
+(``budget_tradeoff.py``)."""
 
 
 @dataclass(frozen=True)
@@ -125,8 +128,13 @@ class Study:
 
 def strategy(scheme: str, config: SimulationConfig) -> LBBSPFedAvg:
     """FedAvg and the budget variant as :func:`make_strategy` builds them; the floor
-    variant with the blanket floor and no budget."""
-    if scheme != "floor":
+    variant with the blanket floor and no budget; ``budget@RHO`` the budget variant at
+    noise budget RHO."""
+    if scheme == "floor":
+        changes: dict[str, Any] = {"min_batch_fraction": FLOOR, "noise_budget": None}
+    elif scheme.startswith(BUDGET_AT):
+        changes = {"noise_budget": float(scheme.removeprefix(BUDGET_AT))}
+    else:
         return make_strategy(config)
     return LBBSPFedAvg(
         fraction_evaluate=0.0,
@@ -134,9 +142,8 @@ def strategy(scheme: str, config: SimulationConfig) -> LBBSPFedAvg:
             **config.strategy_settings(),
             "local_steps": config.local_steps,
             "balance": True,
-            "min_batch_fraction": FLOOR,
-            "noise_budget": None,
             "check_times": False,
+            **changes,
         },
     )
 
@@ -618,10 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = cli.parse_args(argv)
     for name in ("flwr", "fl_lbbsp"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    datasets = tuple(
-        f"mnist:{MNIST.resolve()}" if d.strip() == "mnist" else d.strip()
-        for d in args.datasets.split(",")
-    )
+    datasets = datasets_of(args.datasets)
     smoke = args.smoke
     counts = _counts(cli, args.seeds_for)
     study = Study(
@@ -656,6 +660,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(" | ".join(row))
     print(path)
     return 0
+
+
+def datasets_of(text: str) -> tuple[str, ...]:
+    """The data sources of ``--datasets`` (comma-separated; ``mnist``: the shared set)."""
+    return tuple(
+        f"mnist:{MNIST.resolve()}" if d.strip() == "mnist" else d.strip() for d in text.split(",")
+    )
 
 
 def _counts(cli: Any, text: str) -> tuple[tuple[str, int], ...]:

@@ -4,7 +4,8 @@ Each section is its own script, run in a fresh process from the repository root 
 timings do not share a process with the others): ``bench_setup.py`` (``make demo``'s run),
 ``bench_fl.py`` (sections ``fl`` and
 ``dynamics``), ``bench_noise.py`` (section ``noise``), ``bench_budget.py`` (section
-``budget``), ``accuracy_study.py`` (section ``accuracy-budget``), ``bench_predictors.py``,
+``budget``), ``accuracy_study.py`` (section ``accuracy-budget``), ``budget_tradeoff.py`` (section
+``budget-tradeoff``, on the study's cached runs), ``bench_predictors.py``,
 ``bench_cluster.py``, ``bench_ddp.py``, ``bench_overhead.py``, ``bench_he.py``,
 ``bench_wallclock.py``, ``bench_plugin.py``. A missing script is skipped with a message; a
 failing one is reported and the others still run. A run of every section first removes
@@ -22,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +42,7 @@ SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     # The accuracy study (to FedAvg's plateau, 8 seeds, 2 datasets) supersedes
     # bench_accuracy.py's short LeNet-5 section, which stays runnable on its own.
     "accuracy": ("accuracy_study.py", ("accuracy-budget",)),
+    "tradeoff": ("budget_tradeoff.py", ("budget-tradeoff",)),
     "predictors": ("bench_predictors.py", ("predictors",)),
     "cluster": ("bench_cluster.py", ("cluster",)),
     "ddp": ("bench_ddp.py", ("ddp",)),
@@ -48,6 +51,11 @@ SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "wallclock": ("bench_wallclock.py", ("wallclock",)),
     "plugin": ("bench_plugin.py", ("plugin",)),
 }
+
+
+SHARED_RUNS = frozenset({"accuracy", "tradeoff"})
+"""Sections that share one run cache (``--cache``, a folder of this run): the trade-off
+reuses the study's FedAvg and default-budget runs of the same commit."""
 
 
 def _load() -> str:
@@ -103,9 +111,12 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def run_section(name: str, out: Path, *, smoke: bool, timeout: float | None) -> tuple[str, float]:
+def run_section(
+    name: str, out: Path, *, smoke: bool, timeout: float | None, runs: Path | None = None
+) -> tuple[str, float]:
     """Run one section's script; return its outcome (``ok``, ``skipped: ...``,
-    ``failed: ...``) and its wall time."""
+    ``failed: ...``) and its wall time. ``runs``: the run cache of this ``run_all`` run,
+    given to the sections of :data:`SHARED_RUNS`."""
     script, files = SECTIONS[name]
     path = HERE / script
     if not path.is_file():
@@ -116,6 +127,8 @@ def run_section(name: str, out: Path, *, smoke: bool, timeout: float | None) -> 
     # The scripts import fl_lbbsp from this checkout, whatever is installed.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, str(path), "--out", str(out), *(["--smoke"] if smoke else [])]
+    if runs is not None and name in SHARED_RUNS:
+        command += ["--cache", str(runs)]
     print(f"=== {name}: {' '.join(command[1:])}", flush=True)
     start = time.perf_counter()
     try:
@@ -155,9 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes: dict[str, tuple[str, float]] = {}
     load_start, commit = _load(), _commit()
     started = time.perf_counter()
-    for name in names:
-        outcomes[name] = run_section(name, args.out, smoke=args.smoke, timeout=args.timeout)
-        print(f"=== {name}: {outcomes[name][0]} ({_minutes(outcomes[name][1])})", flush=True)
+    with tempfile.TemporaryDirectory(prefix="fl-lbbsp-runs-") as runs:
+        for name in names:
+            outcomes[name] = run_section(
+                name, args.out, smoke=args.smoke, timeout=args.timeout, runs=Path(runs)
+            )
+            print(f"=== {name}: {outcomes[name][0]} ({_minutes(outcomes[name][1])})", flush=True)
     total = time.perf_counter() - started
     kind = "Smoke run" if args.smoke else "One `make bench` run"
     if set(names) != set(SECTIONS):

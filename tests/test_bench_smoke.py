@@ -39,7 +39,8 @@ def test_run_all_smoke_writes_valid_sections_and_the_report(tmp_path: Path) -> N
     run_all = _load("bench_run_all_smoke", "run_all.py")
     assert set(run_all.SECTIONS) >= OWN_SMOKE_TEST  # a renamed section is not left out
     sections = [s for s in run_all.SECTIONS if s not in OWN_SMOKE_TEST]
-    expected = {"noise", "budget", "accuracy-budget", "predictors", "cluster", "overhead"}
+    expected = {"noise", "budget", "accuracy-budget", "budget-tradeoff", "predictors", "cluster",
+                "overhead"}  # fmt: skip
     if (ROOT / "benchmarks" / "bench_fl.py").is_file():
         expected |= {"fl", "dynamics"}
     if all(importlib.util.find_spec(m) for m in ("tenseal", "phe", "gmpy2")):
