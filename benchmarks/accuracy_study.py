@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import multiprocessing
 import statistics
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_accuracy as ba
-from common import MNIST, machine, parser
+from common import MNIST, machine, parser, quiet_logs
 
 from fl_lbbsp.core.budget import noise_ratio
 from fl_lbbsp.runs.fl import SimulationConfig, make_strategy, run
@@ -362,12 +361,11 @@ def _seed_runs(
     study: Study, cache: Path | None, task: tuple[str, str, str, str, int]
 ) -> dict[str, tuple[ba.Trace, dict[str, float]]]:
     """Every scheme's run of one seed (see :func:`trace`); module-level for the workers."""
-    for name in ("flwr", "fl_lbbsp"):
-        logging.getLogger(name).setLevel(logging.ERROR)
     _, dataset, mix, partition, seed = task
-    return {
-        s: trace(study, s, dataset, mix, partition, seed, cache) for s in study.schemes_of(seed)
-    }
+    with quiet_logs():
+        return {
+            s: trace(study, s, dataset, mix, partition, seed, cache) for s in study.schemes_of(seed)
+        }
 
 
 def _name(dataset: str) -> str:
@@ -623,8 +621,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--name", default=SECTION, help=f"section id, and file name (default {SECTION})"
     )
     args = cli.parse_args(argv)
-    for name in ("flwr", "fl_lbbsp"):
-        logging.getLogger(name).setLevel(logging.ERROR)
     datasets = datasets_of(args.datasets)
     smoke = args.smoke
     counts = _counts(cli, args.seeds_for)

@@ -19,7 +19,6 @@ accuracy curves' evaluation noise does to the smallest speed-up over many seeds.
 
 from __future__ import annotations
 
-import logging
 import math
 import statistics
 import sys
@@ -30,7 +29,7 @@ from typing import Any
 
 import accuracy_study as study_mod
 import bench_accuracy as ba
-from common import machine, parser
+from common import machine, parser, quiet_logs
 from report import write_section
 
 SECTION = "budget-tradeoff"
@@ -211,8 +210,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted({m.strip() for m in args.mixes.split(",")} - set(study_mod.MIXES))
     if unknown:
         cli.error(f"unknown mixes {unknown}; expected {sorted(study_mod.MIXES)}")
-    for name in ("flwr", "fl_lbbsp"):
-        logging.getLogger(name).setLevel(logging.ERROR)
     smoke = args.smoke
     study = study_mod.Study(
         datasets=("embedded",) if smoke else study_mod.datasets_of(args.datasets),
@@ -226,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         model="mlp",
     )
     started = time.perf_counter()
-    rows = run_cells(study, budgets[:1] if smoke else budgets, args.cache, args.minutes)
+    with quiet_logs():
+        rows = run_cells(study, budgets[:1] if smoke else budgets, args.cache, args.minutes)
     write_section(section(study, rows, time.perf_counter() - started), args.out)
     return 0
 

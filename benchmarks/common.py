@@ -5,10 +5,12 @@ benchmark measures a balancer against (shared/DESIGN.md, "The ideal to measure a
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import math
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ __all__ = [
     "oracle_goal",
     "oracle_split",
     "parser",
+    "quiet_logs",
     "rounds_within",
     "save_figure",
     "telemetry_oracle",
@@ -65,6 +68,22 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--smoke", action="store_true", help="a tiny run that only checks the pipeline"
     )
     return args
+
+
+@contextlib.contextmanager
+def quiet_logs(names: Sequence[str] = ("flwr", "fl_lbbsp")) -> Iterator[None]:
+    """Only errors from these loggers while the block runs (a study's hundreds of runs),
+    their levels restored after it (a section's ``main`` called from a test leaves the
+    process's logging as it found it)."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def dataset(mnist: Path = MNIST) -> tuple[str, str]:

@@ -5,6 +5,7 @@ section (tiny rounds, embedded data) with its runs reused from the cache."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,7 @@ def test_a_budget_run_gets_its_noise_budget_and_keeps_the_rest() -> None:
 def test_smoke_run_writes_a_section_and_reuses_the_cached_runs(tmp_path: Path) -> None:
     # Prepare
     cache = tmp_path / "cache"
+    levels = [logging.getLogger(n).level for n in ("flwr", "fl_lbbsp")]
     args = ["--smoke", "--mixes", "5:1", "--partitions", "dirichlet:0.3", "--budgets", "2",
             "--cache", str(cache)]  # fmt: skip
 
@@ -83,6 +85,10 @@ def test_smoke_run_writes_a_section_and_reuses_the_cached_runs(tmp_path: Path) -
     runs = sorted(p.name for p in cache.iterdir())
     again = tmp_path / "again"
     assert budget_tradeoff.main([*args, "--out", str(again)]) == 0
+
+    # Assert: the process's loggers as they were (a test after this one still sees
+    # Flower's warnings)
+    assert [logging.getLogger(n).level for n in ("flwr", "fl_lbbsp")] == levels
 
     # Assert: one row per rho and cell, FedAvg's and both budgets' runs cached once
     data = json.loads((tmp_path / "budget-tradeoff.json").read_text())
