@@ -98,7 +98,7 @@ class Study:
         """The seeds run on ``dataset``: ``range(n)`` where ``seeds_by_dataset`` names its
         source (``embedded``, ``mnist``), else ``seeds``."""
         counts = dict(self.seeds_by_dataset)
-        n = counts.get(_name(dataset).lower())
+        n = counts.get(source_name(dataset).lower())
         return self.seeds if n is None else tuple(range(n))
 
     def config(
@@ -305,7 +305,7 @@ def run_grid(
     for mix in study.mixes:
         for dataset in study.datasets:
             for partition in study.partitions:
-                cell = f"{_name(dataset)} | {mix} | {partition}"
+                cell = f"{source_name(dataset)} | {mix} | {partition}"
                 for seed in study.seeds_of(dataset):
                     if cached_only and not all(
                         (p := cache_path(study, s, dataset, mix, partition, seed, cache))
@@ -368,7 +368,8 @@ def _seed_runs(
         }
 
 
-def _name(dataset: str) -> str:
+def source_name(dataset: str) -> str:
+    """A data source as the tables name it (``MNIST`` for any ``mnist:PATH``)."""
     return "MNIST" if dataset.startswith("mnist") else dataset
 
 
@@ -444,7 +445,7 @@ def section(
                     _f(r["noise_ratio"], ".2f"),
                 ])  # fmt: skip
     setting = (
-        f"{study.model} on {', '.join(_name(d) for d in study.datasets)}; mixes "
+        f"{study.model} on {', '.join(source_name(d) for d in study.datasets)}; mixes "
         + "; ".join(f"{m} ({':'.join(f'{v:g}' for v in MIXES[m])})" for m in study.mixes)
         + f"; partitions {', '.join(study.partitions)}; seeds {_seed_text(study)} (those "
         f"completed are in the tables); tau = {study.local_steps}, B_init = "

@@ -96,7 +96,7 @@ def run_cells(
     for mix in study.mixes:
         for dataset in study.datasets:
             for partition in study.partitions:
-                cell = f"{study_mod._name(dataset)} | {mix} | {partition}"
+                cell = f"{study_mod.source_name(dataset)} | {mix} | {partition}"
                 for seed in study.seeds:
                     if time.monotonic() > deadline:
                         return rows
@@ -147,7 +147,7 @@ def section(
             ])  # fmt: skip
     seeds = study.seeds
     setting = (
-        f"{study.model} on {', '.join(study_mod._name(d) for d in study.datasets)}; the "
+        f"{study.model} on {', '.join(study_mod.source_name(d) for d in study.datasets)}; the "
         f"accuracy study's mixes, partitions and settings (tau = {study.local_steps}, "
         f"B_init = {study.batch_size}, eta = {study.lr:g}, up to {study.rounds} rounds, "
         f"capacities emulated by the cost model {study.cost_model}, times emulated); seeds "
