@@ -180,6 +180,21 @@ def test_deadline_grid_collects_replies_at_its_polling_interval() -> None:
     assert grid.last_timeout == 5.0
 
 
+@pytest.mark.parametrize("nodes", [[1, 2, 3, 4, 5, 6, 7, 8], [8, 3, 5, 1, 7, 2, 6, 4]])
+def test_replies_pulled_together_come_back_in_the_order_they_were_sent(
+    nodes: list[int],
+) -> None:
+    # Prepare: every node has answered by the first pull
+    inner = ScriptedGrid(dict.fromkeys(nodes, 1.0), dict.fromkeys(nodes, 0.0))
+    grid = DeadlineGrid(inner, timeout_fn=lambda t: 5.0, poll_interval=0.02)
+
+    # Execute
+    replies = list(grid.send_and_receive(_train_messages(nodes)))
+
+    # Assert: the order sent, so that a simulation adds the updates alike every run
+    assert [m.metadata.src_node_id for m in replies] == nodes
+
+
 def test_deadline_grid_leaves_out_replies_that_miss_the_deadline() -> None:
     # Prepare: node 2 would answer after 20 s, node 3 never; deadline 0.3 s
     inner = ScriptedGrid({1: 1.0, 2: 1.0, 3: 1.0}, {1: 0.0, 2: 20.0, 3: None})

@@ -348,3 +348,32 @@ def test_legacy_adapter_and_message_api_strategy_give_the_same_batch_sizes(
         expected = {f"batch-size/{silo}": b for silo, b in legacy_sizes.items()}
         assert {k: v for k, v in legacy_metrics.items() if k.startswith("batch-size/")} == expected
         assert {k: v for k, v in message_metrics.items() if k.startswith("batch-size/")} == expected
+
+
+@pytest.mark.usefixtures("flower_task")
+def test_legacy_aggregate_does_not_depend_on_the_order_results_finished_in() -> None:
+    # Prepare: four clients' float32 updates and dataset sizes, handed over in two orders
+    from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+
+    rng = np.random.default_rng(0)
+    manager = _Manager(["1", "2", "3", "4"])
+    results = []
+    for k, client in enumerate(manager.clients):
+        update = [rng.standard_normal(5000).astype(np.float32)]
+        metrics = {"train-time": 1.0, "batch-size": 40, "samples-processed": 320,
+                   "silo-id": f"s{k}"}  # fmt: skip
+        res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(update), 97 + 13 * k, metrics)
+        results.append((client, res))
+    aggregates = []
+    for order in (results, results[::-1]):
+        strategy = LBBSPStrategy(initial_batch_size=40, local_steps=8, lr=0.1,
+                                 min_fit_clients=4, min_available_clients=4)  # fmt: skip
+        strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(5000, np.float32)]), manager)  # type: ignore[arg-type]
+
+        # Execute
+        parameters, _ = strategy.aggregate_fit(1, list(order), [])  # type: ignore[arg-type]
+        assert parameters is not None
+        aggregates.append(parameters_to_ndarrays(parameters)[0])
+
+    # Assert: bit for bit
+    assert aggregates[0].tobytes() == aggregates[1].tobytes()

@@ -135,7 +135,9 @@ class DeadlineGrid(Grid):
     ) -> list[Message]:
         if not messages:
             return []
-        pending = {mid for mid in self.grid.push_messages(messages) if mid}
+        # In the order sent (a dict, not a set): the replies a pull brings back together
+        # come in that order, so a simulation adds them to the aggregate alike every run.
+        pending = dict.fromkeys(mid for mid in self.grid.push_messages(messages) if mid)
         pushed = self.clock()
         end = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
@@ -147,7 +149,8 @@ class DeadlineGrid(Grid):
             received = self.clock()
             self._observed.update((id(reply), received - pushed) for reply in got)
             replies.extend(got)
-            pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            for reply in got:
+                pending.pop(reply.metadata.reply_to_message_id, None)
             if not pending:
                 break
             left = None if end is None else end - time.monotonic()

@@ -185,7 +185,10 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
 
     def sample_train_nodes(self, grid: Grid) -> list[int]:
         """The nodes of the round, sampled as FedAvg samples them (``fraction_train``,
-        ``min_train_nodes``, ``min_available_nodes``)."""
+        ``min_train_nodes``, ``min_available_nodes``), in node-id order: Flower's sample
+        comes in a random order, and a simulation whose silos reply in the order they
+        were sent would add their updates in that order, so the same seed would not give
+        the same model twice (float sums depend on their order in the last bit)."""
         if self.fraction_train == 0.0:
             return []
         available = len(list(grid.get_node_ids()))
@@ -194,7 +197,7 @@ configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn, **settings :
         FLOWER_LOGGER.info(
             "configure_train: Sampled %s nodes (out of %s)", len(nodes), len(everyone)
         )
-        return nodes
+        return sorted(nodes)
 
     def train_messages(
         self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord

@@ -176,7 +176,9 @@ class LBBSPStrategy(EngineView, FedAvg):
         if state is None:
             raise RuntimeError("aggregate_fit called before configure_fit")
         wall = time.perf_counter() - state.started
-        results = self._from_secure_aggregation(results)
+        # In client order, not the order Flower's threads finished in: a float sum depends
+        # on its order, and the same seed should give the same model twice.
+        results = sorted(self._from_secure_aggregation(results), key=lambda r: r[0].cid)
         valid, rejected = [], []
         for client, res in results:
             metrics = {**res.metrics, self.keys.num_examples: res.num_examples}
