@@ -295,8 +295,8 @@ def run_grid(
     ``cached_only`` only the seeds whose every run is in ``cache`` (nothing is run).
 
     ``jobs`` > 1: that many worker processes run the seeds side by side (each run's times
-    are emulated, so which process runs a seed does not change its figures beyond the
-    last-bit differences in-process training has from one run to the next); the rows come
+    are emulated and a seed's runs are reproducible, so which process runs a seed does not
+    change its figures); the rows come
     back in the same order, and ``minutes`` stops the starting of seeds.
     """
     deadline = math.inf if minutes is None else time.monotonic() + 60.0 * minutes
