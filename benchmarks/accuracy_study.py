@@ -62,6 +62,13 @@ climbing."""
 GOAL_DIFF = -0.5
 GOAL_SPEEDUP = 1.5
 FLOOR = 1.0 / 3.0
+FEDERATION: dict[str, Any] = {
+    "rounds": 50, "local_steps": 10, "batch_size": 32, "lr": 0.1, "model": "mlp"
+}  # fmt: skip
+"""The study's federation settings (its command line's defaults), which the trade-off
+section shares so that its runs are the study's cached ones."""
+SMOKE: dict[str, Any] = {**FEDERATION, "rounds": 4, "local_steps": 2, "batch_size": 8}
+"""The same for ``--smoke``."""
 BUDGET_AT = "budget@"
 """Scheme-name prefix of LB-BSP at another noise budget: ``budget@2`` runs rho = 2
 (``budget_tradeoff.py``)."""
@@ -591,12 +598,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "copied into this one's section, named as kept in its setting",
     )
     cli.add_argument(
-        "--rounds", type=int, default=50, help="the horizon: FedAvg's plateau or this many"
+        "--rounds",
+        type=int,
+        default=FEDERATION["rounds"],
+        help="the horizon: FedAvg's plateau or this many",
     )
-    cli.add_argument("--local-steps", type=int, default=10)
-    cli.add_argument("--batch-size", type=int, default=32)
-    cli.add_argument("--lr", type=float, default=0.1)
-    cli.add_argument("--model", default="mlp", choices=["mlp", "lenet5"])
+    cli.add_argument("--local-steps", type=int, default=FEDERATION["local_steps"])
+    cli.add_argument("--batch-size", type=int, default=FEDERATION["batch_size"])
+    cli.add_argument("--lr", type=float, default=FEDERATION["lr"])
+    cli.add_argument("--model", default=FEDERATION["model"], choices=["mlp", "lenet5"])
     cli.add_argument(
         "--cache",
         type=Path,
@@ -630,9 +640,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         mixes=tuple(m.strip() for m in args.mixes.split(",")),
         partitions=tuple(p.strip() for p in args.partitions.split(",")),
         seeds=tuple(range(2 if smoke else args.seeds)),
-        rounds=4 if smoke else args.rounds,
-        local_steps=2 if smoke else args.local_steps,
-        batch_size=8 if smoke else args.batch_size,
+        rounds=SMOKE["rounds"] if smoke else args.rounds,
+        local_steps=SMOKE["local_steps"] if smoke else args.local_steps,
+        batch_size=SMOKE["batch_size"] if smoke else args.batch_size,
         lr=args.lr,
         model=args.model,
         seeds_by_dataset=() if smoke else counts,

@@ -216,11 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mixes=tuple(m.strip() for m in args.mixes.split(",")),
         partitions=tuple(p.strip() for p in args.partitions.split(",")),
         seeds=tuple(range(2 if smoke else args.seeds)),
-        rounds=4 if smoke else 50,
-        local_steps=2 if smoke else 10,
-        batch_size=8 if smoke else 32,
-        lr=0.1,
-        model="mlp",
+        **(study_mod.SMOKE if smoke else study_mod.FEDERATION),
     )
     started = time.perf_counter()
     with quiet_logs():
