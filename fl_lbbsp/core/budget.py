@@ -154,7 +154,11 @@ def noise_ratio(
     x = np.asarray(sizes, dtype=np.float64)
     if x.ndim != 1 or x.size == 0 or not np.all(x > 0):
         raise ValueError(f"sizes must be a non-empty sequence of positive numbers, got {x}")
-    c = noise_costs(x.size, weights, noise)
+    return _ratio(noise_costs(x.size, weights, noise), x)
+
+
+def _ratio(c: FloatArray, x: FloatArray) -> float:
+    """The noise ratio of positive sizes ``x`` for the noise costs ``c``."""
     return float(np.sum(c / x) / (np.sum(c) * x.size / x.sum()))
 
 
@@ -302,9 +306,9 @@ def budgeted_minmax_continuous(
 
 def _continuous(
     problem: BudgetProblem,
-) -> tuple[FloatArray, float, tuple[str, ...], bool, bool, FloatArray]:
-    """:func:`budgeted_minmax_continuous`, and the silos' noise costs c_i
-    (:func:`noise_costs`)."""
+) -> tuple[FloatArray, float, tuple[str, ...], bool, bool, tuple[FloatArray, float]]:
+    """:func:`budgeted_minmax_continuous`, and the silos' noise costs c_i with the budget
+    on ``sum_i c_i / B_i`` (:func:`_noise_budget`)."""
     slope, offset, k, lo, hi = _inputs(problem)
     n = slope.shape[0]
     c, budget = _noise_budget(problem, n)
@@ -321,7 +325,7 @@ def _continuous(
     else:
         best = _solve(slope, offset, k, lo, hi, total, c, budget)
     reasons = _reasons(best, k, lo, hi)
-    return best.x, best.round_time, reasons, best.binds, best.feasible, c
+    return best.x, best.round_time, reasons, best.binds, best.feasible, (c, budget)
 
 
 _BOUND_BY = np.array(["upper", "knee", "lower", "round-time", "noise-budget"], dtype=object)
@@ -387,7 +391,7 @@ def budgeted_minmax(
         a=a, b=b, total=float(total), knee=knee, lower=lower, upper=upper,
         weights=weights, noise=noise, rho=rho,
     )  # fmt: skip
-    x, _, reasons, binds, _, c = _continuous(problem)
+    x, _, reasons, binds, _, (c, budget) = _continuous(problem)
     n = len(x)
     floors = np.asarray(lower if lower is not None else np.zeros(n), dtype=np.float64)
     if knee is not None:
@@ -404,15 +408,10 @@ def budgeted_minmax(
         raise ValueError(f"unknown rounding {rounding!r}; expected 'time' or 'remainder'")
     feasible = True
     if rho is not None:
-        # the budget of _noise_budget, on the costs c it gave
-        budget = rho * float(np.sum(c)) * n / problem.total
         lo_hard, _ = integer_bounds(n, lower=lower, upper=upper)
         feasible = enforce_budget(sizes, c, budget, lower=np.maximum(lo_hard, 1), upper=hi)
     times = hinge_times(a, b, knee, sizes)
-    ratio = math.inf
-    if not np.any(sizes <= 0):  # noise_ratio's floats, on the costs c known here
-        x_sizes = np.asarray(sizes, dtype=np.float64)
-        ratio = float(np.sum(c / x_sizes) / (np.sum(c) * n / x_sizes.sum()))
+    ratio = math.inf if np.any(sizes <= 0) else _ratio(c, np.asarray(sizes, dtype=np.float64))
     return Allocation(
         sizes=sizes,
         reasons=reasons,
