@@ -380,18 +380,16 @@ def source_name(dataset: str) -> str:
     return "MNIST" if dataset.startswith("mnist") else dataset
 
 
-def _f(value: float | None, spec: str) -> str:
-    return (
-        "-"
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else format(value, spec)
-    )
+def number(value: float | None, spec: str) -> str:
+    """A table cell: ``value`` in ``spec``, ``-`` when unknown or not finite (an interval
+    of one seed)."""
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)
 
 
 def _ci(s: Mapping[str, Any], name: str) -> str:
     return (
-        f"{_f(s[f'{name}_mean'], '+.2f')} [{_f(s[f'{name}_low'], '+.2f')}, "
-        f"{_f(s[f'{name}_high'], '+.2f')}]"
+        f"{number(s[f'{name}_mean'], '+.2f')} [{number(s[f'{name}_low'], '+.2f')}, "
+        f"{number(s[f'{name}_high'], '+.2f')}]"
     )
 
 
@@ -420,10 +418,11 @@ def section(
             "label": f"Time-to-target speed-up, min over seeds, {cell}",
             "value": b["speedup_min"], "format": ".2f", "unit": "x",
             "goal": {"op": ">=", "target": GOAL_SPEEDUP},
-            "note": f"geometric mean {_f(b.get('speedup_geo'), '.2f')} [95% "
-            f"{_f(b.get('speedup_low'), '.2f')}, {_f(b.get('speedup_high'), '.2f')}]; blanket "
-            f"floor min {_f(f['speedup_min'], '.2f')}, geometric mean "
-            f"{_f(f.get('speedup_geo'), '.2f')}",
+            "note": f"geometric mean {number(b.get('speedup_geo'), '.2f')} [95% "
+            f"{number(b.get('speedup_low'), '.2f')}, {number(b.get('speedup_high'), '.2f')}]; "
+            "blanket "
+            f"floor min {number(f['speedup_min'], '.2f')}, geometric mean "
+            f"{number(f.get('speedup_geo'), '.2f')}",
         })  # fmt: skip
         figures.append({
             "label": f"Seeds where LB-BSP's accuracy at equal emulated time >= FedAvg's, {cell}",
@@ -436,11 +435,11 @@ def section(
             table.append([
                 cell, variant, str(s["seeds"]), _ci(s, "diff"), _ci(s, "equal_time"),
                 f"{s['equal_time_seeds_ok']} of {s['seeds']}",
-                f"{_f(s.get('speedup_geo'), '.2f')} [{_f(s.get('speedup_low'), '.2f')}, "
-                f"{_f(s.get('speedup_high'), '.2f')}]",
-                _f(s["speedup_min"], ".2f"), _f(s["weighted_noise_ratio"], ".2f"),
-                _f(s["noise_ratio"], ".2f"),
-                _f(s["min_batch_size"], "g"), str(s["climbing"]),
+                f"{number(s.get('speedup_geo'), '.2f')} [{number(s.get('speedup_low'), '.2f')}, "
+                f"{number(s.get('speedup_high'), '.2f')}]",
+                number(s["speedup_min"], ".2f"), number(s["weighted_noise_ratio"], ".2f"),
+                number(s["noise_ratio"], ".2f"),
+                number(s["min_batch_size"], "g"), str(s["climbing"]),
             ])  # fmt: skip
         for seed, per in rows[cell].items():
             for variant in (v for v in VARIANTS if v in per):
@@ -448,8 +447,8 @@ def section(
                 per_seed.append([
                     cell, str(seed), variant, str(r["plateau"]), f"{r['fedavg_final']:.3f}",
                     f"{r['lbbsp_final']:.3f}", f"{r['diff']:+.2f}",
-                    f"{r['equal_time_diff']:+.2f}", _f(r["speedup"], ".2f"),
-                    _f(r["noise_ratio"], ".2f"),
+                    f"{r['equal_time_diff']:+.2f}", number(r["speedup"], ".2f"),
+                    number(r["noise_ratio"], ".2f"),
                 ])  # fmt: skip
     setting = (
         f"{study.model} on {', '.join(source_name(d) for d in study.datasets)}; mixes "

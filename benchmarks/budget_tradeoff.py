@@ -29,6 +29,7 @@ from typing import Any
 
 import accuracy_study as study_mod
 import bench_accuracy as ba
+from accuracy_study import number as _n
 from common import machine, parser, quiet_logs
 from report import write_section
 
@@ -115,10 +116,6 @@ def run_cells(
     return rows
 
 
-def _f(value: float | None, spec: str) -> str:
-    return "-" if value is None or not math.isfinite(value) else format(value, spec)
-
-
 def _rho(variant: str) -> str:
     return "sqrt 2 (default)" if variant == DEFAULT else variant.removeprefix(study_mod.BUDGET_AT)
 
@@ -138,12 +135,12 @@ def section(
             median, low, high = s["rounds_ratio"]
             table.append([
                 cell, _rho(variant), str(s["seeds"]),
-                f"{_f(s['diff_mean'], '+.2f')} [{_f(s['diff_low'], '+.2f')}, "
-                f"{_f(s['diff_high'], '+.2f')}]",
-                f"{_f(s['equal_time_mean'], '+.2f')}",
-                f"{_f(s.get('speedup_geo'), '.2f')}", _f(s["speedup_min"], ".2f"),
-                _f(s["weighted_noise_ratio"], ".2f"),
-                f"{_f(median, '.2f')} [{_f(low, '.2f')}, {_f(high, '.2f')}]",
+                f"{_n(s['diff_mean'], '+.2f')} [{_n(s['diff_low'], '+.2f')}, "
+                f"{_n(s['diff_high'], '+.2f')}]",
+                f"{_n(s['equal_time_mean'], '+.2f')}",
+                f"{_n(s.get('speedup_geo'), '.2f')}", _n(s["speedup_min"], ".2f"),
+                _n(s["weighted_noise_ratio"], ".2f"),
+                f"{_n(median, '.2f')} [{_n(low, '.2f')}, {_n(high, '.2f')}]",
             ])  # fmt: skip
     seeds = study.seeds
     setting = (
