@@ -43,7 +43,7 @@ from typing import Any
 import bench_accuracy as ba
 from common import MNIST, machine, parser, quiet_logs
 
-from fl_lbbsp.core.budget import noise_ratio
+from fl_lbbsp.core.allocation.budget import noise_ratio
 from fl_lbbsp.runs.fl import SimulationConfig, make_strategy, run
 from fl_lbbsp.strategies import LBBSPFedAvg
 

@@ -50,7 +50,7 @@ from typing import Any
 from common import MNIST, machine, parser
 
 from fl_lbbsp.core import BALANCER_DEFAULTS
-from fl_lbbsp.core.estimators import ESTIMATORS
+from fl_lbbsp.core.silo.estimators import ESTIMATORS
 from fl_lbbsp.runs.fl import SimulationConfig, make_strategy, run
 from fl_lbbsp.runs.summary import run_cost_lines, summarise
 from fl_lbbsp.strategies import LBBSPFedAvg

@@ -33,7 +33,7 @@ from common import RHO, ideal_time, machine, mark, parser
 from report import write_section
 
 from fl_lbbsp.core import BatchSizeBalancer, ideal_round_time
-from fl_lbbsp.core.budget import noise_ratio
+from fl_lbbsp.core.allocation.budget import noise_ratio
 
 SECTION = "budget"
 MIXES: dict[str, tuple[float, ...]] = {

@@ -63,7 +63,7 @@ from common import (
 )
 
 from fl_lbbsp.core.balancer import BALANCER_DEFAULTS, BatchSizeBalancer
-from fl_lbbsp.core.estimators import ESTIMATORS
+from fl_lbbsp.core.silo.estimators import ESTIMATORS
 from fl_lbbsp.runs.fl import SCHEMES, SimulationConfig, make_strategy, run
 from fl_lbbsp.runs.summary import CostLine, run_cost_lines, summarise
 from fl_lbbsp.strategies import LBBSPFedAvg

@@ -60,8 +60,8 @@ from fl_lbbsp.core import (
     SiloReport,
     idle_fraction,
 )
+from fl_lbbsp.core.allocation.budget import hinge_times, noise_ratio
 from fl_lbbsp.core.balancer import BALANCER_DEFAULTS
-from fl_lbbsp.core.budget import hinge_times, noise_ratio
 
 
 @dataclass(frozen=True)

@@ -543,7 +543,7 @@ def section(
         f"during {busy:.0%} of the iterations. {pinning}"
         "Predictions are one step ahead and causal; RMSEs are over the iterations after "
         f"NARX's warm-up (from iteration {results['begin']}), the same span for every "
-        f"predictor. NARX as deployed (`fl_lbbsp.core.narx`, {narx_options}, trained "
+        f"predictor. NARX as deployed (`fl_lbbsp.core.silo.narx`, {narx_options}, trained "
         "synchronously here): EMA during the warm-up, then retrained online. Change-aware "
         "EMA: `change-ema` (alpha 0.2, threshold 20%; confirm 2, the default, ignores "
         "one-iteration spikes; confirm 1 restarts at every large deviation). Iteration "

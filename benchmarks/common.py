@@ -131,7 +131,7 @@ def oracle_split(
     of ``total`` samples, every silo at least ``floor``, within the noise budget ``rho``
     (the default balancer's; aggregation ``weights``, equal when ``None``): what a
     balancer that knew the curves would send under the same budget."""
-    from fl_lbbsp.core.budget import budgeted_minmax
+    from fl_lbbsp.core.allocation.budget import budgeted_minmax
 
     lower = np.full(len(a), float(floor))
     return budgeted_minmax(a, b, total, knee=knee, lower=lower, weights=weights, rho=rho).sizes
@@ -149,7 +149,7 @@ def ideal_time(
     """T*: the real-valued min-max round time of the true cost curves with the total
     fixed, under the same noise budget as the oracle (no other bound); with lines and no
     budget ``(X + sum_i b_i / a_i) / sum_i (1 / a_i)``."""
-    from fl_lbbsp.core.budget import budgeted_ideal_time
+    from fl_lbbsp.core.allocation.budget import budgeted_ideal_time
 
     return budgeted_ideal_time(a, b, total, knee=knee, weights=weights, rho=rho)
 

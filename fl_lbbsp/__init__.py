@@ -5,12 +5,12 @@ Architecture
 Every decision of a round is made in ``fl_lbbsp.core`` (numpy only, no Flower, no torch);
 everything else translates.
 
-``core/engine.py``, :class:`~fl_lbbsp.core.engine.RoundEngine`
+``core/round/engine.py``, :class:`~fl_lbbsp.core.round.engine.RoundEngine`
     The one place where a batch size is decided (``plan``): it asks the balancer
     (``core/balancer.py``: speed estimators, allocators, rounding, guards) to split
     ``X = n * B_init`` and gives one instruction per silo (batch size, local steps,
     learning rate, sample offset in cluster mode) and the round's deadline
-    (``core/deadline.py``). ``screen`` checks each reply (``core/screening.py``),
+    (``core/round/deadline.py``). ``screen`` checks each reply (``security/screening.py``),
     ``report`` feeds its timing to the balancer, ``close`` ends the round;
     ``state_dict`` / ``load_state_dict`` is the engine's whole checkpoint. The baselines
     are pieces of it: ``TauRewriter`` / ``EtaRewriter`` rewrite instructions,

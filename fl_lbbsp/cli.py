@@ -35,8 +35,8 @@ def _checkpoint_key(args: argparse.Namespace) -> int:
 
 
 def _silo_keys(args: argparse.Namespace) -> int:
-    from .core.identity import check_silo_id
-    from .core.silo_keys import write_silo_keys
+    from .security.identity import check_silo_id
+    from .security.silo_keys import write_silo_keys
 
     if (args.silos is None) == (args.ids is None):
         raise ValueError("give the silos with exactly one of --silos N and --ids A,B,...")
@@ -237,8 +237,8 @@ def _main(argv: Sequence[str] | None) -> int:
     for scheme in chosen:
         if scheme not in SCHEMES:
             parser.error(f"unknown {flag} {scheme!r}: expected one of {', '.join(SCHEMES)}")
-    from .core.identity import IdentityError
     from .datasets import DataSourceError
+    from .security.identity import IdentityError
     from .strategies.checkpoint import CheckpointError
 
     key_errors: tuple[type[Exception], ...] = ()

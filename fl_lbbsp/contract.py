@@ -154,7 +154,7 @@ class BatchSizeOutOfMemoryError(MemoryError):
     Raised in the silo (the round's work raised ``MemoryError`` or torch's
     ``OutOfMemoryError``); Flower turns it into an error reply whose text starts with
     :data:`OUT_OF_MEMORY` and the batch size, from which the server learns a cap for the
-    silo (:class:`~fl_lbbsp.core.memory_caps.MemoryCaps`) instead of sending the size again.
+    silo (:class:`~fl_lbbsp.core.round.memory_caps.MemoryCaps`) instead of sending the size again.
 
     Parameters
     ----------
@@ -226,7 +226,7 @@ class RecordKeys(BaseModel):
         Key of the reply's ConfigRecord that carries the silo id.
     signature : str (default: "signature")
         Reply ConfigRecord (``silo_record``): the silo's Ed25519 signature of the reply
-        (:mod:`fl_lbbsp.core.identity`), checked when the server has a silo registry.
+        (:mod:`fl_lbbsp.security.identity`), checked when the server has a silo registry.
     he_time : str (default: "he-time")
         Metric: seconds spent decrypting the global model and encrypting the update
         (encrypted mode), apart from ``train-time``; the linear allocator's fixed cost.

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport, ideal_round_time
-from fl_lbbsp.core.budget import budgeted_ideal_time, noise_ratio
+from fl_lbbsp.core.allocation.budget import budgeted_ideal_time, noise_ratio
 
 CAPACITIES = np.array([16.0, 8.0, 8.0, 4.0, 4.0])
 SLOWDOWN = CAPACITIES.max() / CAPACITIES

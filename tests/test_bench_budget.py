@@ -22,7 +22,7 @@ import bench_budget  # noqa: E402
 import common  # noqa: E402
 
 from fl_lbbsp.core import BALANCER_DEFAULTS, ideal_round_time, linear_minmax  # noqa: E402
-from fl_lbbsp.core.budget import noise_ratio  # noqa: E402
+from fl_lbbsp.core.allocation.budget import noise_ratio  # noqa: E402
 
 
 # ------------------------------------------------------------------ oracle and T*

@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_lbbsp.contract import RecordKeys
-from fl_lbbsp.core.claims import ClaimChecker
-from fl_lbbsp.core.engine import RoundEngine
-from fl_lbbsp.core.rewriters import FastestReplies
-from fl_lbbsp.core.round_state import RoundState, Verdict
+from fl_lbbsp.core.round.engine import RoundEngine
+from fl_lbbsp.core.round.rewriters import FastestReplies
+from fl_lbbsp.core.round.state import RoundState, Verdict
 from fl_lbbsp.core.settings import CLAIM_SETTINGS, BalancingConfig, ReplyLimits, balancing_config
+from fl_lbbsp.security.claims import ClaimChecker
 
 KEYS = RecordKeys()
 B_INIT, TAU = 32, 5

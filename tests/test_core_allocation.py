@@ -1,4 +1,4 @@
-"""Tests for fl_lbbsp.core.allocators and fl_lbbsp.core.rounding."""
+"""Tests for fl_lbbsp.core.allocation.allocators and fl_lbbsp.core.allocation.rounding."""
 
 from __future__ import annotations
 
@@ -675,7 +675,7 @@ def test_a_total_every_silo_meets_at_its_lower_bound_is_solved(
 ) -> None:
     # Prepare: one silo whose lower bound is the total (its first breakpoint's share can
     # land a float error above it)
-    from fl_lbbsp.core.allocators import linear_minmax_continuous
+    from fl_lbbsp.core.allocation.allocators import linear_minmax_continuous
 
     # Execute
     shares, _ = linear_minmax_continuous([a], [b], lower, lower=[lower])

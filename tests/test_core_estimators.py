@@ -1,4 +1,4 @@
-"""Tests for fl_lbbsp.core.estimators: last value, EMA, change-aware EMA, state round trip."""
+"""Tests for fl_lbbsp.core.silo.estimators: last value, EMA, change-aware EMA, state round trip."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fl_lbbsp.clients.emulation import CostModel, OutOfMemoryError
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
-from fl_lbbsp.core.iterative import IterativeAllocator
+from fl_lbbsp.core.allocation.iterative import IterativeAllocator
 
 BASE = CostModel(per_sample=0.002, fixed=0.02, floor=0.05, max_batch_size=400)
 CAPACITIES = {"w0": 1.0, "w1": 2.0, "w2": 4.0, "w3": 4.0}  # slowdown factors: 4:2:1:1

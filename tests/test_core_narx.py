@@ -14,7 +14,7 @@ from fl_lbbsp.core import (
     SiloReport,
     estimator_from_state,
 )
-from fl_lbbsp.core.narx import NARXEstimator
+from fl_lbbsp.core.silo.narx import NARXEstimator
 
 pytest.importorskip("torch")
 

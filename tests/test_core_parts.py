@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_lbbsp.core import BatchSizeBalancer, ChangeAwareEMAEstimator, SiloReport
-from fl_lbbsp.core.allocation import ALLOCATION_REASONS, hold
+from fl_lbbsp.core.allocation.pipeline import ALLOCATION_REASONS, hold
 from fl_lbbsp.core.balancer_settings import ModelSettings
-from fl_lbbsp.core.change import ChangeDetector, Deviation
-from fl_lbbsp.core.silo_model import ROW, SiloModel
+from fl_lbbsp.core.silo.change import ChangeDetector, Deviation
+from fl_lbbsp.core.silo.model import ROW, SiloModel
 from fl_lbbsp.core.slowdown import shared_slowdown
 from fl_lbbsp.distributed.gate import WindowTally, auto_every
 

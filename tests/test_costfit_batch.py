@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from fl_lbbsp.core import SiloReport
-from fl_lbbsp.core.costfit import find_knee, fit_robust_cost, robust_level
-from fl_lbbsp.core.costfit_batch import (
+from fl_lbbsp.core.silo.costfit import find_knee, fit_robust_cost, robust_level
+from fl_lbbsp.core.silo.costfit_batch import (
     fit_windows,
     masked_levels,
     masked_medians,
 )
-from fl_lbbsp.core.report_columns import report_columns
+from fl_lbbsp.core.silo.report_columns import report_columns
 
 
 def _windows(seed: int, rows: int = 400, width: int = 20) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
-from fl_lbbsp.core.deadline import DeadlinePolicy, predicted_compute_time
+from fl_lbbsp.core.round.deadline import DeadlinePolicy, predicted_compute_time
 from fl_lbbsp.strategies import LBBSPFedAvg
 from fl_lbbsp.strategies.deadline import DeadlineGrid
 

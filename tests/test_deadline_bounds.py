@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from fl_lbbsp.contract import RecordKeys
-from fl_lbbsp.core.deadline import DeadlinePolicy
-from fl_lbbsp.core.engine import RoundEngine
-from fl_lbbsp.core.round_state import Verdict
+from fl_lbbsp.core.round.deadline import DeadlinePolicy
+from fl_lbbsp.core.round.engine import RoundEngine
+from fl_lbbsp.core.round.state import Verdict
 
 KEYS = RecordKeys()
 TAU, B_INIT = 10, 16

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_lbbsp.contract import MODEL_REFUSED, RecordKeys
-from fl_lbbsp.core.update_screen import UpdateScreen, cap_weights, update_distance
 from fl_lbbsp.runs.inprocess import InProcessGrid
+from fl_lbbsp.security.update_screen import UpdateScreen, cap_weights, update_distance
 from fl_lbbsp.strategies import LBBSPFedAvg
 
 KEYS = RecordKeys()
@@ -223,7 +223,7 @@ def test_sizes_at_or_above_the_equal_split_change_nothing(
 def test_the_round_judge_compares_each_update_at_the_batch_size_it_was_sent() -> None:
     # Prepare: a round that sent three silos 48, 45 and 3 of X = 96 (equal split 32); the
     # slow silo's update is 15x the others' distance
-    from fl_lbbsp.core.round_state import Instruction, RoundState
+    from fl_lbbsp.core.round.state import Instruction, RoundState
     from fl_lbbsp.strategies.defenses import Defenses
 
     sent = {"a": 48, "b": 45, "slow": 3}
@@ -264,7 +264,7 @@ def test_update_distance_is_the_l2_distance_and_inf_when_it_overflows() -> None:
 
 def test_an_inflated_claim_weighs_no_more_in_the_noise_budget_than_in_the_aggregate() -> None:
     # Prepare: an engine that pinned four silos' claims, one of them 9.9 million
-    from fl_lbbsp.core.engine import RoundEngine
+    from fl_lbbsp.core.round.engine import RoundEngine
 
     engine = RoundEngine.from_keywords(
         initial_batch_size=B_INIT, local_steps=TAU, lr=0.1, keys=KEYS,

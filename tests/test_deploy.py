@@ -24,7 +24,6 @@ import psutil
 import pytest
 import tomli
 
-from fl_lbbsp.core.silo_keys import write_silo_keys
 from fl_lbbsp.runs.deploy import (
     LocalFederation,
     RestartPolicy,
@@ -35,6 +34,7 @@ from fl_lbbsp.runs.deploy import (
     stop_processes,
     write_run_config,
 )
+from fl_lbbsp.security.silo_keys import write_silo_keys
 from fl_lbbsp.telemetry import read_telemetry
 
 APP = Path(__file__).resolve().parent.parent / "examples" / "quickstart"

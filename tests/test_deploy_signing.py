@@ -18,13 +18,6 @@ from flwr.app import Context, RecordDict
 from flwr.common.config import parse_config_args
 
 from fl_lbbsp.cli import main
-from fl_lbbsp.core.identity import (
-    IdentityError,
-    load_registry,
-    load_signing_key,
-    sign_reply,
-)
-from fl_lbbsp.core.silo_keys import write_silo_keys
 from fl_lbbsp.runs.deploy import (
     LocalFederation,
     ManagedProcess,
@@ -35,6 +28,13 @@ from fl_lbbsp.runs.deploy import (
     serve,
 )
 from fl_lbbsp.runs.inprocess import InProcessGrid
+from fl_lbbsp.security.identity import (
+    IdentityError,
+    load_registry,
+    load_signing_key,
+    sign_reply,
+)
+from fl_lbbsp.security.silo_keys import write_silo_keys
 from fl_lbbsp.telemetry import read_telemetry
 
 APP = Path(__file__).resolve().parent.parent / "examples" / "quickstart"

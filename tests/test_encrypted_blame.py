@@ -25,8 +25,6 @@ pytest.importorskip("tenseal")
 import tenseal as ts  # noqa: E402
 
 from fl_lbbsp.clients.app import SiloSetup, make_client_app, silo_data, train_reply  # noqa: E402
-from fl_lbbsp.core.identity import signed_arrays  # noqa: E402
-from fl_lbbsp.core.silo_keys import write_silo_keys  # noqa: E402
 from fl_lbbsp.crypto import (  # noqa: E402
     CKKSConfig,
     InvalidUpdateError,
@@ -53,6 +51,8 @@ from fl_lbbsp.crypto.records import (  # noqa: E402
 )
 from fl_lbbsp.models import build_model  # noqa: E402
 from fl_lbbsp.runs.inprocess import InProcessGrid  # noqa: E402
+from fl_lbbsp.security.identity import signed_arrays  # noqa: E402
+from fl_lbbsp.security.silo_keys import write_silo_keys  # noqa: E402
 from fl_lbbsp.strategies.config import InvalidSettingError  # noqa: E402
 from fl_lbbsp.strategies.encrypted import EncryptedLBBSPFedAvg  # noqa: E402
 

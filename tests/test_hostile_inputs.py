@@ -15,7 +15,7 @@ from conftest import FakeGrid, make_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fl_lbbsp.cli import main
-from fl_lbbsp.core.silo_keys import write_silo_keys
+from fl_lbbsp.security.silo_keys import write_silo_keys
 from fl_lbbsp.strategies import LBBSPFedAvg
 from fl_lbbsp.strategies.checkpoint import write_checkpoint_key
 
@@ -213,8 +213,8 @@ def test_a_registry_with_an_id_outside_the_rule_is_refused(
 
 def test_deploy_local_refuses_silo_ids_outside_the_rule(tmp_path: Path) -> None:
     # Prepare
-    from fl_lbbsp.core.identity import IdentityError
     from fl_lbbsp.runs.deploy import LocalFederation
+    from fl_lbbsp.security.identity import IdentityError
 
     # Execute / Assert
     with pytest.raises(IdentityError, match="not a valid silo id"):

@@ -26,7 +26,9 @@ from fl_lbbsp.cli import main
 from fl_lbbsp.clients.app import SiloSetup, _checked_model, make_client_app, silo_data
 from fl_lbbsp.clients.cluster import WorkerSetup, make_worker_app, worker_data
 from fl_lbbsp.contract import LAST_MODEL
-from fl_lbbsp.core.identity import (
+from fl_lbbsp.models import build_model
+from fl_lbbsp.runs.inprocess import InProcessGrid
+from fl_lbbsp.security.identity import (
     IdentityError,
     SiloRegistry,
     load_registry,
@@ -35,9 +37,7 @@ from fl_lbbsp.core.identity import (
     signed_arrays,
     signed_bytes,
 )
-from fl_lbbsp.core.silo_keys import write_silo_keys
-from fl_lbbsp.models import build_model
-from fl_lbbsp.runs.inprocess import InProcessGrid
+from fl_lbbsp.security.silo_keys import write_silo_keys
 from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg
 
 pytestmark = pytest.mark.usefixtures("flower_task")

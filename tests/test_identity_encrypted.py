@@ -15,7 +15,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 pytest.importorskip("tenseal")
 
-from fl_lbbsp.core.identity import SiloRegistry, sign_reply, signed_arrays  # noqa: E402
 from fl_lbbsp.crypto import (  # noqa: E402
     CKKSConfig,
     decrypt_update,
@@ -25,6 +24,7 @@ from fl_lbbsp.crypto import (  # noqa: E402
     write_key_files,
 )
 from fl_lbbsp.crypto.records import update_from_record, update_to_record  # noqa: E402
+from fl_lbbsp.security.identity import SiloRegistry, sign_reply, signed_arrays  # noqa: E402
 from fl_lbbsp.strategies.encrypted import EncryptedLBBSPFedAvg  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("flower_task")

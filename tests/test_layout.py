@@ -44,8 +44,8 @@ def test_layers_import_only_what_they_may(
 ) -> None:
     # Execute
     found = {
-        f"{path.name}: {name}"
-        for path in sorted((PACKAGE / folder).glob("*.py"))
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for path in sorted((PACKAGE / folder).rglob("*.py"))
         for name in imported_modules(path, module_level=module_level)
         if name.startswith(forbidden)
     }

@@ -23,7 +23,7 @@ from fl_lbbsp.contract import (
     out_of_memory_batch_size,
 )
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
-from fl_lbbsp.core.memory_caps import MemoryCaps
+from fl_lbbsp.core.round.memory_caps import MemoryCaps
 from fl_lbbsp.instruction import RoundInstruction
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg

@@ -1,4 +1,4 @@
-"""The noise budget and the cost curves that bend (fl_lbbsp.core.budget, .costfit, the
+"""The noise budget and the cost curves that bend (fl_lbbsp.core.allocation.budget, .costfit, the
 balancer's allocation, the emulated CostModel's knee). No timing: every time is injected."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 from fl_lbbsp.clients.emulation import CostModel
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport, ideal_round_time, linear_minmax
-from fl_lbbsp.core.balancer import ALLOCATION_REASONS, NOISE_BUDGET
-from fl_lbbsp.core.budget import (
+from fl_lbbsp.core.allocation.budget import (
     REASONS,
     BudgetProblem,
     budgeted_ideal_time,
@@ -23,8 +22,9 @@ from fl_lbbsp.core.budget import (
     hinge_times,
     noise_ratio,
 )
-from fl_lbbsp.core.costfit import find_knee, fit_robust_cost
+from fl_lbbsp.core.balancer import ALLOCATION_REASONS, NOISE_BUDGET
 from fl_lbbsp.core.settings import BalancingConfig
+from fl_lbbsp.core.silo.costfit import find_knee, fit_robust_cost
 
 
 @st.composite

@@ -11,10 +11,10 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fl_lbbsp.clients.app import SiloApp, SiloSetup, make_client_app, silo_data
-from fl_lbbsp.core.silo_keys import write_silo_keys
 from fl_lbbsp.models import build_model
 from fl_lbbsp.runs.engine import execute
 from fl_lbbsp.runs.fl import SimulationConfig, resolve, run
+from fl_lbbsp.security.silo_keys import write_silo_keys
 from fl_lbbsp.strategies.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.usefixtures("flower_task")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fl_lbbsp.core import waterfill
-from fl_lbbsp.core.budget import BudgetProblem, budgeted_minmax_continuous
-from fl_lbbsp.core.waterfill import SCALAR_SILOS, least_round_time
+from fl_lbbsp.core.allocation import waterfill
+from fl_lbbsp.core.allocation.budget import BudgetProblem, budgeted_minmax_continuous
+from fl_lbbsp.core.allocation.waterfill import SCALAR_SILOS, least_round_time
 
 
 def _problem(seed: int) -> dict[str, np.ndarray | float]:

@@ -37,11 +37,11 @@ from ..contract import (
     is_encrypted,
     read_int,
 )
-from ..core.identity import key_file_name, load_signing_key, sign_reply, signed_arrays
-from ..core.screening import model_problem
 from ..datasets import ArrayDataset
 from ..instruction import RoundInstruction, silo_id_of
 from ..models import build_model
+from ..security.identity import key_file_name, load_signing_key, sign_reply, signed_arrays
+from ..security.screening import model_problem
 from .emulation import CostModel, SlowdownSchedule, compute_slot, emulate_slowdown
 from .round import Emulation, run_round, slowdown_schedule
 from .silo_setup import SiloSetup, silo_data, test_data, test_shard

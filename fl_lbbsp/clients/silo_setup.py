@@ -83,7 +83,7 @@ class SiloSetup(BaseModel):
         The silos' Ed25519 signing keys from ``fl-lbbsp keys silos``: a key file, or their
         folder (silo ``s`` then uses ``silo-<s>.key``); a node's
         ``node_config["signing-key"]`` overrides it. With a key every train reply is
-        signed (:mod:`fl_lbbsp.core.identity`). ``None``: replies are unsigned.
+        signed (:mod:`fl_lbbsp.security.identity`). ``None``: replies are unsigned.
     max_model_ratio : float | None (default: 10.0)
         A global model (decrypted aggregate) whose L2 norm is more than this factor
         above or below the silo's last model's, or that holds NaN or inf, is refused with

@@ -9,7 +9,7 @@ from .aggregation import (
     weighted_average,
     weighted_sum,
 )
-from .allocators import (
+from .allocation.allocators import (
     CostFit,
     fit_linear_cost,
     fit_robust_cost,
@@ -19,8 +19,9 @@ from .allocators import (
     linear_minmax_continuous,
     proportional,
 )
+from .allocation.rounding import integer_bounds, round_to_total
 from .balancer import BALANCER_DEFAULTS, BatchSizeBalancer, InvalidReportError, SiloReport
-from .estimators import (
+from .silo.estimators import (
     ChangeAwareEMAEstimator,
     EMAEstimator,
     LastValueEstimator,
@@ -28,7 +29,6 @@ from .estimators import (
     estimator_from_state,
     make_estimator,
 )
-from .rounding import integer_bounds, round_to_total
 
 __all__ = [
     "Aggregator",

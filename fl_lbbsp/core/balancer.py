@@ -1,7 +1,7 @@
 """The balancer: LB-BSP's BatchSizeManager, keyed by a stable silo id.
 
 A small facade over the parts: each round the strategy passes every silo's report
-(:class:`~fl_lbbsp.core.reports.SiloReport`) to :meth:`BatchSizeBalancer.report_round`,
+(:class:`~fl_lbbsp.core.silo.reports.SiloReport`) to :meth:`BatchSizeBalancer.report_round`,
 which takes the round's shared slowdown out (:func:`~fl_lbbsp.core.slowdown.shared_slowdown`)
 and feeds each silo's model (:mod:`.silo_model`: estimator, history window, cost fit,
 change detector), then asks :meth:`BatchSizeBalancer.allocate` for the next batch sizes,
@@ -19,15 +19,15 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import allocation
-from .allocation import ALLOCATION_REASONS, Decision, order_guard, per_silo
+from .allocation import pipeline as allocation
+from .allocation.budget import Allocation
+from .allocation.iterative import IterativeAllocator, IterativeStep
+from .allocation.pipeline import ALLOCATION_REASONS, Decision, order_guard, per_silo
 from .balancer_settings import ALLOCATORS, FITS, AllocationSettings, Allocator, Fit, ModelSettings
-from .budget import Allocation
-from .iterative import IterativeAllocator, IterativeStep
-from .report_columns import report_columns
-from .reports import InvalidReportError, SiloReport
 from .settings import BALANCER_DEFAULTS, MAX_NOISE_BUDGET, NOISE_BUDGET
-from .silo_model import SiloModel, SiloTable
+from .silo.model import SiloModel, SiloTable
+from .silo.report_columns import report_columns
+from .silo.reports import InvalidReportError, SiloReport
 
 __all__ = [
     "ALLOCATION_REASONS",
@@ -59,13 +59,13 @@ class BatchSizeBalancer:
         B_init: every silo's batch size before any report; ``X = n * B_init``.
     estimator : str
         Speed predictor: ``"ema"``, ``"last"``, ``"narx"`` (torch trains it) or
-        ``"change-ema"`` (:class:`~fl_lbbsp.core.estimators.ChangeAwareEMAEstimator`).
+        ``"change-ema"`` (:class:`~fl_lbbsp.core.silo.estimators.ChangeAwareEMAEstimator`).
     alpha : float
         EMA weight of the latest observation, in (0, 1].
     allocator : {"proportional", "linear", "iterative"}
         Alg. 1 (proportional to speed); the exact min-max over fitted cost lines
         ``t = a * max(x, k) + b`` (fixed costs such as encryption in b); Alg. 2
-        (:class:`~fl_lbbsp.core.iterative.IterativeAllocator`).
+        (:class:`~fl_lbbsp.core.allocation.iterative.IterativeAllocator`).
     min_batch_size : int
         Smallest batch size handed out.
     min_batch_fraction : float
@@ -73,7 +73,7 @@ class BatchSizeBalancer:
         wins); the noise budget protects accuracy, this is for a floor of your own.
     noise_budget : float | None
         rho: the update's variance ``sum_i w_i^2 sigma_i^2 / B_i`` at most rho times the
-        equal split's (:func:`~fl_lbbsp.core.budget.budgeted_minmax`); ``None``: none.
+        equal split's (:func:`~fl_lbbsp.core.allocation.budget.budgeted_minmax`); ``None``: none.
     max_batch_size : int | None
         Largest batch size handed out; a silo's reported memory cap lowers it.
     history : int
@@ -83,11 +83,11 @@ class BatchSizeBalancer:
     max_change_ratio : float | None
         A silo's next batch size stays within ``[B / r, B * r]`` of the one it last
         reported (B_init before), widened after a confirmed change
-        (:func:`~fl_lbbsp.core.allocation.change_limits`); ``None``: no limit.
+        (:func:`~fl_lbbsp.core.allocation.pipeline.change_limits`); ``None``: no limit.
     fit : {"robust", "wls"}
-        Cost fit: :func:`~fl_lbbsp.core.costfit.fit_robust_cost` or weighted least squares.
+        Cost fit: :func:`~fl_lbbsp.core.silo.costfit.fit_robust_cost` or weighted least squares.
     change_sigmas : float | None
-        Change detection (:class:`~fl_lbbsp.core.change.ChangeDetector`): a report beyond
+        Change detection (:class:`~fl_lbbsp.core.silo.change.ChangeDetector`): a report beyond
         ``max(log(1 + change_threshold), change_sigmas * noise)`` of the silo's level is
         held; ``None``: no detection.
     change_threshold : float
@@ -98,7 +98,7 @@ class BatchSizeBalancer:
         :meth:`report_round` takes the slowdown all its silos share out of the reports
         (:func:`~fl_lbbsp.core.slowdown.shared_slowdown`).
     order_tolerance : float | None
-        The order guard (:func:`~fl_lbbsp.core.allocation.order_guard`); ``None``: off.
+        The order guard (:func:`~fl_lbbsp.core.allocation.pipeline.order_guard`); ``None``: off.
     equal_split_guard : bool
         Ship the equal split instead of an allocation not predicted faster than it.
     equal_split_margin : float

@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .estimators import SpeedEstimator, make_estimator
-from .reports import check_positive_int, is_real
 from .settings import MAX_NOISE_BUDGET
+from .silo.estimators import SpeedEstimator, make_estimator
+from .silo.reports import check_positive_int, is_real
 
 __all__ = [
     "ALLOCATORS",
@@ -46,7 +46,7 @@ class ModelSettings:
     Parameters
     ----------
     estimator, alpha, estimator_options
-        The speed estimator (:func:`~fl_lbbsp.core.estimators.make_estimator`).
+        The speed estimator (:func:`~fl_lbbsp.core.silo.estimators.make_estimator`).
     history : int
         Reports kept in the window.
     min_fit_spread : float

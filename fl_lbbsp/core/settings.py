@@ -112,7 +112,7 @@ class BalancingKnobs(BaseModel):
     allocator_options: dict[str, Any] = Field(default_factory=dict)
     """Extra arguments of the iterative allocator."""
     max_dataset_size: int | None = Field(default=10_000_000, gt=0, strict=True)
-    """Bounded claims (fl_lbbsp.core.claims): the largest num-examples (the
+    """Bounded claims (fl_lbbsp.security.claims): the largest num-examples (the
     aggregation weight in FL) a silo may claim; a silo's size is pinned at its first
     accepted report and a reply claiming another is rejected. Ten million samples is beyond
     a cross-silo dataset of today (ImageNet-1k holds 1.28 million) and keeps a 10**9 grab
@@ -187,7 +187,7 @@ class BalancingConfig(BalancingKnobs):
         return self
 
     def claim_bounds(self) -> dict[str, Any]:
-        """The keywords of :class:`~fl_lbbsp.core.claims.ClaimChecker` these settings give:
+        """The keywords of :class:`~fl_lbbsp.security.claims.ClaimChecker` these settings give:
         its bounds on the silos' claims (``max_dataset_size``, ``tolerance``, ``min_time``,
         ``max_time``)."""
         return {
@@ -233,7 +233,7 @@ code that builds a balancer or reports its settings without a config."""
 
 
 class ReplyLimits(BaseModel):
-    """What a strategy accepts in a round's replies (:mod:`fl_lbbsp.core.screening`).
+    """What a strategy accepts in a round's replies (:mod:`fl_lbbsp.security.screening`).
 
     Parameters
     ----------

@@ -63,7 +63,7 @@ def shared_slowdown(
         Each silo's reported time (positive).
     levels : sequence of float or None
         Each silo's time near its batch size from its earlier reports
-        (:meth:`~fl_lbbsp.core.silo_model.SiloTable.near_levels`); ``None``: none.
+        (:meth:`~fl_lbbsp.core.silo.model.SiloTable.near_levels`); ``None``: none.
     lines : sequence of float or None
         Each silo's fitted cost line at its batch size; ``None``: no line. Used only
         where fewer than :data:`MIN_SILOS` silos have a level.

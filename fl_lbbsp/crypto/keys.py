@@ -24,7 +24,7 @@ from typing import Any
 
 import tenseal as ts
 
-from ..core.identity import IdentityError, check_private_file, write_file
+from ..security.identity import IdentityError, check_private_file, write_file
 from .config import CKKSConfig
 
 __all__ = [

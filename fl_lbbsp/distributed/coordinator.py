@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.balancer import BatchSizeBalancer
-from ..core.reports import check_positive_int
+from ..core.silo.reports import check_positive_int
 from .cadence import Cadence
 from .checkpoint import Checkpointed
 from .clock import ComputeClock

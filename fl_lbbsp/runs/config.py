@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
-from ..core.estimators import make_estimator
 from ..core.settings import BalancingKnobs
+from ..core.silo.estimators import make_estimator
 from ..datasets import SourceSpec
 from ..models import ModelName
 

@@ -13,8 +13,8 @@ from pydantic import Field, computed_field, model_validator
 from ..clients.app import make_client_app
 from ..clients.emulation import SlowdownSchedule
 from ..clients.silo_setup import SiloSetup, initial_model, silo_data
-from ..core.silo_keys import check_silo_keys
 from ..datasets import DataSourceError, PartitionText
+from ..security.silo_keys import check_silo_keys
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
 from ..strategies.checkpoint import resume_from
 from ..telemetry import start_telemetry

@@ -6,8 +6,9 @@ partial aggregation (backup workers).
 * :class:`PartialAggregation` aggregates only the k fastest of the n replies.
 
 All three are :class:`~fl_lbbsp.strategies.LBBSPFedAvg` composed with one piece of the
-round engine (:class:`~fl_lbbsp.core.rewriters.TauRewriter`,
-:class:`~fl_lbbsp.core.rewriters.EtaRewriter`, :class:`~fl_lbbsp.core.rewriters.FastestReplies`),
+round engine (:class:`~fl_lbbsp.core.round.rewriters.TauRewriter`,
+:class:`~fl_lbbsp.core.round.rewriters.EtaRewriter`,
+:class:`~fl_lbbsp.core.round.rewriters.FastestReplies`),
 so they share its balancer, telemetry, deadlines and record keys, and run wherever it runs.
 
 References
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.rewriters import EtaRewriter, FastestReplies, TauRewriter
+from ..core.round.rewriters import EtaRewriter, FastestReplies, TauRewriter
 from .fedavg import LBBSPFedAvg
 
 __all__ = ["LBBSPEta", "LBBSPTau", "PartialAggregation"]

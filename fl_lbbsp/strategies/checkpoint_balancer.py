@@ -18,9 +18,9 @@ from pydantic import (
     model_validator,
 )
 
-from ..core.estimators import ESTIMATORS
-from ..core.identity import SILO_ID_PATTERN
 from ..core.settings import BALANCER_SETTINGS, BalancingConfig
+from ..core.silo.estimators import ESTIMATORS
+from ..security.identity import SILO_ID_PATTERN
 
 __all__ = [
     "MAX_BATCH_SIZE",
@@ -86,7 +86,7 @@ class LastReport(OpenRecord):
 
 class FitState(OpenRecord):
     """A silo's cost line ``t = slope * x + intercept`` (see
-    :class:`~fl_lbbsp.core.allocators.CostFit`)."""
+    :class:`~fl_lbbsp.core.allocation.allocators.CostFit`)."""
 
     slope: Positive
     intercept: Seconds
@@ -150,7 +150,10 @@ def _real(value: object) -> bool:
 
 
 class IterativeConfig(OpenRecord):
-    """The iterative allocator's settings (:class:`~fl_lbbsp.core.iterative.IterativeAllocator`)."""
+    """The iterative allocator's settings.
+
+    See :class:`~fl_lbbsp.core.allocation.iterative.IterativeAllocator`.
+    """
 
     step: int = Field(ge=1, le=MAX_BATCH_SIZE, strict=True)
     window: int = Field(ge=1, le=MAX_ENTRIES, strict=True)

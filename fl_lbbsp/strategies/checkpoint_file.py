@@ -23,7 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from ..core.identity import IdentityError, check_private_file, write_file
+from ..security.identity import IdentityError, check_private_file, write_file
 from .checkpoint_schema import CheckpointError, CheckpointInvalidError, validate_checkpoint
 
 __all__ = [

@@ -11,7 +11,7 @@ strategy's state is validated here before anything is restored, in three layers:
   non-negative intercept, a weight in [0, 1], an ordered spread); the pooled shape; the
   pending reports; the iterative allocator (phase, sizes, times); a silo's ``boost``
   within the balancer's ``max_change_ratio ** 2`` (what the balancer can set); silo ids
-  of :data:`~fl_lbbsp.core.identity.SILO_ID_PATTERN`; the balancer's settings against
+  of :data:`~fl_lbbsp.security.identity.SILO_ID_PATTERN`; the balancer's settings against
   the same :class:`~fl_lbbsp.core.settings.BalancingConfig` the strategies validate
   their keywords with, and no setting the balancer does not know.
 - **The strategy's bounds** (:class:`CheckpointLimits`, given by the resuming strategy):
@@ -152,7 +152,7 @@ class Manifest(OpenRecord):
 
 
 class ClaimsState(OpenRecord):
-    """The claim checker's state (:mod:`fl_lbbsp.core.claims`) in a checkpoint.
+    """The claim checker's state (:mod:`fl_lbbsp.security.claims`) in a checkpoint.
 
     Parameters
     ----------
@@ -176,7 +176,7 @@ class ClaimsState(OpenRecord):
 
 class MemoryState(OpenRecord):
     """The caps learned from silos that ran out of memory
-    (:class:`~fl_lbbsp.core.memory_caps.MemoryCaps`) in a checkpoint.
+    (:class:`~fl_lbbsp.core.round.memory_caps.MemoryCaps`) in a checkpoint.
 
     Parameters
     ----------

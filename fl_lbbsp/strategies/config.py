@@ -69,7 +69,7 @@ class ServerConfig(BaseModel):
     max_update_ratio : float (default: 10.0)
         An update whose distance to the global model (a gradient's norm in cluster mode)
         is more than this many times the median of the round's and the recent rounds'
-        accepted ones is rejected (:mod:`fl_lbbsp.core.update_screen`); > 1.
+        accepted ones is rejected (:mod:`fl_lbbsp.security.update_screen`); > 1.
     update_spread_sigmas : float (default: 3.0)
         The bound widens to this many robust standard deviations of the log-distances
         when the federation's updates are naturally that spread; > 0.

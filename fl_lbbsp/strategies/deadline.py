@@ -1,6 +1,6 @@
 """Reply collection under the round's deadline, at a chosen polling interval.
 
-The deadline itself is decided in the core (:mod:`fl_lbbsp.core.deadline`). Flower's
+The deadline itself is decided in the core (:mod:`fl_lbbsp.core.round.deadline`). Flower's
 gRPC/HTTP Grid polls the SuperLink for replies every 3 s inside ``send_and_receive``,
 which rounds every deployed round up to the next multiple of 3 s.
 :class:`DeadlineGrid` wraps any Grid and collects replies with ``push_messages`` /

@@ -2,7 +2,7 @@
 
 A signature proves which silo sent a reply, not that its content is sane. After a round's
 replies are screened one by one (:mod:`fl_lbbsp.strategies.validation`), the accepted
-updates are judged together (:mod:`fl_lbbsp.core.update_screen`):
+updates are judged together (:mod:`fl_lbbsp.security.update_screen`):
 
 - an update far outside the round's others (distance to the global model sent, or a
   gradient's norm) is rejected, and its silo's streak of rejected updates counted;
@@ -27,9 +27,9 @@ from typing import Any, Protocol
 from flwr.app import ArrayRecord, Message
 
 from ..contract import MODEL_REFUSED, RecordKeys
-from ..core.claims import ClaimChecker
-from ..core.round_state import RoundState
-from ..core.update_screen import UpdateScreen, cap_weights
+from ..core.round.state import RoundState
+from ..security.claims import ClaimChecker
+from ..security.update_screen import UpdateScreen, cap_weights
 from .updates import Updates
 from .validation import config_record
 
@@ -54,7 +54,7 @@ class Defenses:
     Parameters
     ----------
     max_update_ratio, update_spread_sigmas : float
-        The update screen's bound (:class:`~fl_lbbsp.core.update_screen.UpdateScreen`).
+        The update screen's bound (:class:`~fl_lbbsp.security.update_screen.UpdateScreen`).
     max_weight_ratio : float
         The weight cap of an undeclared dataset size.
     weigh_by_size : bool

@@ -30,8 +30,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from pydantic import ValidationError
 
 from ..contract import EVAL_ACCURACY, EVAL_LOSS, NAMED_SILO, RecordKeys, silo_metric
-from ..core.round_state import RoundState
-from ..core.screening import InvalidReplyError
+from ..core.round.state import RoundState
 from ..crypto import (
     CKKSKeys,
     InvalidUpdateError,
@@ -47,6 +46,7 @@ from ..crypto.records import (
     update_from_record,
     update_to_record,
 )
+from ..security.screening import InvalidReplyError
 from .config import EncryptionConfig, setting_error
 from .encrypted_blame import ContributionBlame
 from .engine_strategy import EngineStrategy
@@ -220,7 +220,7 @@ class EncryptedSum:
         """Every screened silo's dataset size of the last round (for the next S)."""
         if self._round is not None:
             for silo, record in self._round.reports.items():
-                # A rejected claim (fl_lbbsp.core.claims) must not set S.
+                # A rejected claim (fl_lbbsp.security.claims) must not set S.
                 if self.weight_key in record and "rejected-claim" not in record:
                     self.num_examples[silo] = float(record[self.weight_key])
 

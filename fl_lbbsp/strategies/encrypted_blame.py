@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from flwr.app import ArrayRecord
 
-from ..core.round_state import RoundState
+from ..core.round.state import RoundState
 from ..crypto import EncryptedUpdate, ParsedUpdate
 from ..crypto.blame import CheckRequest, assign_checkers, judge_checks
 from ..crypto.records import is_encrypted, request_records, update_from_record

@@ -32,10 +32,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 
 from ..contract import INITIAL_MODEL, UPDATE_PREFIX
-from ..core.round_state import RoundState
-from ..core.screening import InvalidReplyError
+from ..core.round.state import RoundState
 from ..crypto import CKKSKeys, ParsedUpdate
 from ..crypto.records import is_encrypted
+from ..security.screening import InvalidReplyError
 from .config import EncryptedClusterConfig, ParameterServerConfig, parameter_server_keywords
 from .encrypted import EncryptedSum, log_federated_evaluation, log_keys, server_keys
 from .engine_strategy import EngineStrategy

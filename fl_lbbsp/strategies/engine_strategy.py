@@ -1,7 +1,7 @@
 """The Flower side of every LB-BSP strategy on the Message API, driven by the engine.
 
 :class:`EngineStrategy` is FedAvg with its training round handed to the round engine
-(:mod:`fl_lbbsp.core.engine`): ``configure_train`` samples nodes as FedAvg does and sends
+(:mod:`fl_lbbsp.core.round.engine`): ``configure_train`` samples nodes as FedAvg does and sends
 each the instruction the engine planned for it; ``aggregate_train`` hands the replies to
 a :class:`~fl_lbbsp.strategies.train_round.TrainRound`; ``start`` runs Flower's loop
 under the engine's round deadlines, inside
@@ -28,10 +28,10 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..contract import RecordKeys
-from ..core.identity import SiloRegistry
-from ..core.rewriters import FastestReplies, InstructionRewriter
-from ..core.round_state import Node, RoundState
+from ..core.round.rewriters import FastestReplies, InstructionRewriter
+from ..core.round.state import Node, RoundState
 from ..instruction import RoundInstruction
+from ..security.identity import SiloRegistry
 from .checkpoint import ResumePoint, store_of
 from .checkpointing import Checkpointing
 from .config import record_keys

@@ -1,6 +1,6 @@
 """LB-BSP on Flower's Message API: FedAvg with a per-silo batch size every round.
 
-The federated strategy over the round engine (:mod:`fl_lbbsp.core.engine`), which decides
+The federated strategy over the round engine (:mod:`fl_lbbsp.core.round.engine`), which decides
 every batch size, screens every reply and feeds the balancer. Like Flower's FedProx it
 changes FedAvg's training round only (:class:`~fl_lbbsp.strategies.engine_strategy.EngineStrategy`:
 ``configure_train`` gives each sampled node its own instruction, ``aggregate_train``
@@ -40,7 +40,7 @@ class LBBSPFedAvg(EngineStrategy):
     modified). One log line per round gives each silo's batch size and train time, the
     round time and the idle fraction; the same figures go to ``telemetry_path`` as JSON
     lines. Every reply is screened before any of it is used
-    (:mod:`fl_lbbsp.core.reply_screen`): a rejected one gets one warning naming round,
+    (:mod:`fl_lbbsp.security.reply_screen`): a rejected one gets one warning naming round,
     silo, node and reason, and a ``rejected`` telemetry event.
 
     Parameters

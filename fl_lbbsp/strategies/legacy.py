@@ -37,15 +37,15 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from ..contract import RecordKeys
-from ..core.engine import RoundEngine
-from ..core.round_state import Reply, RoundState
-from ..core.screening import (
+from ..core.round.engine import RoundEngine
+from ..core.round.state import Reply, RoundState
+from ..core.settings import BalancingKnobs
+from ..security.screening import (
     InvalidReplyError,
     Layout,
     check_npy_list,
     layout_of_npy,
 )
-from ..core.settings import BalancingKnobs
 from ..telemetry import TelemetryWriter
 from .outcomes import batch_size_metrics, log_decision, route_to_flower
 from .rounds import EngineView, log_round

@@ -23,8 +23,8 @@ from flwr.app import MetricRecord
 from flwr.common.logger import FLOWER_LOGGER
 
 from ..contract import PREDICTED_SPEED, SILO_APP_METRICS, TRAIN_LOSS, RecordKeys, silo_metric
-from ..core.round_state import Node, RoundState, natural_key
-from ..core.screening import contract_metric_keys
+from ..core.round.state import Node, RoundState, natural_key
+from ..security.screening import contract_metric_keys
 from .rounds import format_silos
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The parts a Message-API LB-BSP strategy is built from, and what it says of them.
 
 :class:`EngineParts` builds, from a strategy's setting keywords, the round engine
-(:class:`~fl_lbbsp.core.engine.RoundEngine`), the server's settings, telemetry, defences
+(:class:`~fl_lbbsp.core.round.engine.RoundEngine`), the server's settings, telemetry, defences
 and round outcomes, and gives what the strategy's summary, logs and checkpoints need of
 them: its scheme, its settings line, the state a checkpoint holds.
 """
@@ -17,11 +17,11 @@ from flwr.app import ArrayRecord
 from pydantic import ValidationError
 
 from ..contract import RecordKeys
-from ..core.deadline import DeadlinePolicy
-from ..core.engine import RoundEngine
-from ..core.identity import SiloRegistry, load_registry
-from ..core.rewriters import FastestReplies, InstructionRewriter
+from ..core.round.deadline import DeadlinePolicy
+from ..core.round.engine import RoundEngine
+from ..core.round.rewriters import FastestReplies, InstructionRewriter
 from ..core.settings import CLAIM_SETTINGS
+from ..security.identity import SiloRegistry, load_registry
 from ..telemetry import TelemetryWriter
 from .config import ServerConfig, setting_error, split_settings
 from .defenses import Defenses

@@ -1,6 +1,6 @@
 """The round's log line and telemetry event, the same for every strategy.
 
-The decisions are the round engine's (:mod:`fl_lbbsp.core.engine`); this module only
+The decisions are the round engine's (:mod:`fl_lbbsp.core.round.engine`); this module only
 shows them: one log line per round, readable for any number of silos, and one ``train``
 telemetry event.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 from ..contract import BUSY_TIME, RecordKeys
 from ..core import BatchSizeBalancer, idle_fraction
-from ..core.engine import RoundEngine
-from ..core.round_state import natural_key, silo_round_time
+from ..core.round.engine import RoundEngine
+from ..core.round.state import natural_key, silo_round_time
 from ..core.settings import BalancingConfig
 from ..telemetry import TelemetryWriter
 
@@ -25,7 +25,7 @@ log = logging.getLogger("fl_lbbsp")
 
 
 class EngineView:
-    """What both Flower adapters show of their :class:`~fl_lbbsp.core.engine.RoundEngine`."""
+    """What both Flower adapters show of their :class:`~fl_lbbsp.core.round.engine.RoundEngine`."""
 
     engine: RoundEngine
 

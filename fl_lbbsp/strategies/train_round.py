@@ -2,9 +2,9 @@
 
 :class:`TrainRound` is what :meth:`LBBSPFedAvg.aggregate_train
 <fl_lbbsp.strategies.LBBSPFedAvg.aggregate_train>` does with a round's replies: each one
-is read into a :class:`~fl_lbbsp.core.round_state.Reply` and screened by the engine
-(:meth:`~fl_lbbsp.core.engine.RoundEngine.screen`), an accepted one is reported
-(:meth:`~fl_lbbsp.core.engine.RoundEngine.report`) with the wall time the deadline grid
+is read into a :class:`~fl_lbbsp.core.round.state.Reply` and screened by the engine
+(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.screen`), an accepted one is reported
+(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.report`) with the wall time the deadline grid
 observed and what the silo says it did other than told; the accepted updates are then
 judged together and weighed (:class:`~fl_lbbsp.strategies.defenses.Defenses`) and summed
 (:class:`~fl_lbbsp.strategies.updates.Updates`); the round closes in the engine and is
@@ -25,8 +25,8 @@ from typing import Any
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from ..contract import RecordKeys, read_float
-from ..core.engine import RoundEngine
-from ..core.round_state import RoundState, Verdict
+from ..core.round.engine import RoundEngine
+from ..core.round.state import RoundState, Verdict
 from ..telemetry import TelemetryWriter
 from .deadline import DeadlineGrid
 from .defenses import Defenses

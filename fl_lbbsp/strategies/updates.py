@@ -18,9 +18,9 @@ from flwr.app import Array, ArrayRecord
 
 from ..core.aggregation import GradientStep, WeightedMean
 from ..core.optim import SGD
-from ..core.round_state import RoundState
-from ..core.screening import InvalidReplyError, Layout
-from ..core.update_screen import update_distance
+from ..core.round.state import RoundState
+from ..security.screening import InvalidReplyError, Layout
+from ..security.update_screen import update_distance
 from .validation import check_array_record, layout_of
 
 __all__ = ["GradientUpdate", "PlainMean", "Updates"]

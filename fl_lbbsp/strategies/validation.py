@@ -1,7 +1,7 @@
 """Reply checks on Flower's record types; the rest of screening is in the core.
 
-The round engine (:mod:`fl_lbbsp.core.engine`) screens every train reply with the pure
-checks of :mod:`fl_lbbsp.core.screening`; this module adds what needs Flower's types (the
+The round engine (:mod:`fl_lbbsp.core.round.engine`) screens every train reply with the pure
+checks of :mod:`fl_lbbsp.security.screening`; this module adds what needs Flower's types (the
 layout of an ArrayRecord, a reply's size from its buffers, its arrays against the global
 model's layout) and the one-line log of a rejected reply or a skipped round.
 """
@@ -18,9 +18,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common.constant import SType
 
 from ..contract import RecordKeys
-from ..core.identity import IdentityError, check_silo_id, signed_arrays
-from ..core.round_state import Reply
-from ..core.screening import (
+from ..core.round.state import Reply
+from ..security.identity import IdentityError, check_silo_id, signed_arrays
+from ..security.screening import (
     DEFAULT_EXTRA_METRIC_KEYS,
     MAX_SUMMARY,
     ArraySpec,

@@ -28,7 +28,7 @@ from flwr.clientapp import ClientApp
 from fl_lbbsp.clients.task import TaskRequest
 from fl_lbbsp.clients.warm import run_task, worker_folder
 from fl_lbbsp.contract import RecordKeys
-from fl_lbbsp.core.identity import load_signing_key, sign_reply, signed_arrays
+from fl_lbbsp.security.identity import load_signing_key, sign_reply, signed_arrays
 
 app = ClientApp()
 

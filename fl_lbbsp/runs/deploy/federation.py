@@ -31,8 +31,8 @@ SuperNode gets its own Ed25519 signing key as ``signing-key=".../silo-<id>.key"`
 config (:meth:`LocalFederation.app_run_config`): the quickstart's silos then sign their
 train replies, over the id of the instruction each answers, and its server rejects any
 reply that is not signed by the silo it claims for the instruction it sent that node
-(:mod:`fl_lbbsp.core.identity`). Silo ids follow
-:data:`~fl_lbbsp.core.identity.SILO_ID_PATTERN`.
+(:mod:`fl_lbbsp.security.identity`). Silo ids follow
+:data:`~fl_lbbsp.security.identity.SILO_ID_PATTERN`.
 
 With ``warm_workers`` (the default; ``fl-lbbsp deploy-local --no-warm-worker`` turns it
 off) every silo also gets a warm worker (:mod:`fl_lbbsp.clients.warm`): a long-lived
@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import IO
 
 from ...clients.warm import SOCKET_FILE
-from ...core.identity import REGISTRY_FILE
-from ...core.silo_keys import check_silo_keys, write_silo_keys
+from ...security.identity import REGISTRY_FILE
+from ...security.silo_keys import check_silo_keys, write_silo_keys
 from .flower_cli import (
     flower_config,
     register_node_key,

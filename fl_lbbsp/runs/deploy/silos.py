@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...clients.warm import SOCKET_FILE
-from ...core.identity import check_silo_id, key_file_name
+from ...security.identity import check_silo_id, key_file_name
 
 __all__ = ["SiloNode", "WarmFolders", "node_config", "silo_nodes", "worker_args"]
 
@@ -41,7 +41,7 @@ def silo_nodes(
     ------
     ValueError
         Not one finite slowdown >= 1 and one distinct valid silo id
-        (:func:`~fl_lbbsp.core.identity.check_silo_id`) per silo.
+        (:func:`~fl_lbbsp.security.identity.check_silo_id`) per silo.
     """
     if num_silos <= 0:
         raise ValueError(f"num_silos must be positive, got {num_silos!r}")

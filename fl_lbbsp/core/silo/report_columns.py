@@ -1,9 +1,9 @@
 """A round's reports as columns, checked at once.
 
-:func:`report_columns` reads the fields of many :class:`~fl_lbbsp.core.reports.SiloReport`
+:func:`report_columns` reads the fields of many :class:`~fl_lbbsp.core.silo.reports.SiloReport`
 into one array each and checks them with array operations; a report whose fields are not
 all plain ``int`` / ``float`` (or ``None`` where allowed), or that fails a check, is
-judged by :meth:`~fl_lbbsp.core.reports.SiloReport.validate` itself, so that the reports
+judged by :meth:`~fl_lbbsp.core.silo.reports.SiloReport.validate` itself, so that the reports
 accepted and the errors raised are exactly the ones ``validate`` gives.
 
 Reference: the BatchSizeManager's per-worker reports, Chen et al., "Accelerating
@@ -64,7 +64,7 @@ def report_columns(
     reports: Sequence[SiloReport],
 ) -> tuple[ReportColumns, dict[int, InvalidReportError]]:
     """The valid reports' fields as columns, and each unusable report's error by its
-    position (what :meth:`~fl_lbbsp.core.reports.SiloReport.validate` raises for it)."""
+    position (what :meth:`~fl_lbbsp.core.silo.reports.SiloReport.validate` raises for it)."""
     size, plain = _column(list(map(attrgetter("batch_size"), reports)), False)
     time, ok = _column(list(map(attrgetter("train_time"), reports)), False)
     samples, ok_samples = _column(list(map(attrgetter("samples"), reports)), True)

@@ -1,6 +1,6 @@
 """Every silo's state as columns: one array per field, one row per silo.
 
-The silo table (:class:`~fl_lbbsp.core.silo_model.SiloTable`) works on these columns for a
+The silo table (:class:`~fl_lbbsp.core.silo.model.SiloTable`) works on these columns for a
 whole round at once. Row 0 is the row of a silo that never reported. A missing value is
 NaN (a float field) or ``None`` (an object field). The history window and the change
 detector's run are ``(rows, W)`` arrays, their entries in the first ``n`` columns, oldest
@@ -20,13 +20,13 @@ from typing import Any, overload
 
 import numpy as np
 
-from .balancer_settings import ModelSettings
+from ..balancer_settings import ModelSettings
 from .change import ChangeDetector, Deviation
 from .costfit import CostFit
 from .estimators import SpeedEstimator
 from .reports import SiloReport
-from .silo_state import Observation, SiloModel
 from .speed import EMAEstimator, LastValueEstimator
+from .state import Observation, SiloModel
 
 __all__ = ["COLUMN_ESTIMATORS", "FIT_FIELDS", "History", "SiloColumns", "SiloModels", "SiloView"]
 

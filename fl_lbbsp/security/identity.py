@@ -19,7 +19,7 @@ and a telemetry record. Private key files must not be readable by group or other
 (:func:`check_private_file`, as ssh does).
 
 ``fl-lbbsp keys silos`` writes the key files and the registry
-(:func:`fl_lbbsp.core.silo_keys.write_silo_keys`).
+(:func:`fl_lbbsp.security.silo_keys.write_silo_keys`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
 4. :func:`cost_curves`: each silo's predicted curve ``t = a * max(x, k) + b`` from its
    model (:mod:`.silo_model`), or ``a = steps / v`` from its predicted speed;
 5. the allocator: the shortest round within the bounds and the noise budget
-   (:func:`~fl_lbbsp.core.budget.budgeted_minmax`, LB-BSP's min-max: Alg. 1 for
+   (:func:`~fl_lbbsp.core.allocation.budget.budgeted_minmax`, LB-BSP's min-max: Alg. 1 for
    proportional costs), or Alg. 2's leader/straggler step (:mod:`.iterative`);
 6. :func:`name_bounds`: the solver's ``lower``/``upper`` named (floor, memory cap, ...);
 7. :func:`order_guard`: a silo predicted faster gets no smaller batch (beyond a
@@ -37,14 +37,14 @@ from typing import Literal
 
 import numpy as np
 
+from ..balancer_settings import AllocationSettings
+from ..silo.model import SiloTable
+from ..silo.reports import check_positive_int
+from ..slowdown import median
 from .allocators import proportional
-from .balancer_settings import AllocationSettings
 from .budget import REASONS, Allocation, budgeted_minmax, enforce_budget, hinge_times, noise_costs
 from .iterative import IterativeStep
-from .reports import check_positive_int
 from .rounding import round_to_total
-from .silo_model import SiloTable
-from .slowdown import median
 
 __all__ = [
     "ALLOCATION_REASONS",
@@ -76,8 +76,8 @@ ALLOCATION_REASONS: tuple[str, ...] = (
     "held",
 )
 """Why a silo got its batch size: the solver's reasons
-(:data:`~fl_lbbsp.core.budget.REASONS`: ``round-time``, ``noise-budget``, ``noise-share``,
-``knee``, ``infeasible``) with its bounds named (``floor``: ``min_batch_size`` /
+(:data:`~fl_lbbsp.core.allocation.budget.REASONS`: ``round-time``, ``noise-budget``,
+``noise-share``, ``knee``, ``infeasible``) with its bounds named (``floor``: ``min_batch_size`` /
 ``min_batch_fraction``; ``memory-cap``: the silo's reported cap; ``max-batch-size``;
 ``change-limit``: ``max_change_ratio``), ``order`` (moved by the order guard),
 ``equal-split`` (the equal-split guard shipped FedAvg's split), ``no-report`` (no silo has
@@ -148,7 +148,7 @@ def allocate(
         Sizes a gate keeps (:func:`hold`); nothing else runs.
     caps : sequence of float | None (default: None)
         Per-silo memory caps learned by the server (``inf``: none), beside those the silos
-        report (:class:`~fl_lbbsp.core.memory_caps.MemoryCaps`).
+        report (:class:`~fl_lbbsp.core.round.memory_caps.MemoryCaps`).
 
     Raises
     ------
@@ -253,7 +253,7 @@ def change_limits(rows: np.ndarray, bounds: Bounds, settings: AllocationSettings
     3.3), so one report, true or not, moves a silo at most ``max_change_ratio`` from it (a
     silo reporting a thousandth of its time gets ``2 * B_init`` in round 2, not most of
     X). What a silo claims is bounded by the round engine's claim checks
-    (:mod:`fl_lbbsp.core.claims`)."""
+    (:mod:`fl_lbbsp.security.claims`)."""
     ratio = settings.max_change_ratio
     if ratio is None:
         return bounds
@@ -350,7 +350,7 @@ def restore_budget(
     rho: float,
 ) -> None:
     """Move samples (in place) until the noise budget ``rho`` holds again after the order
-    guard moved some (:func:`~fl_lbbsp.core.budget.enforce_budget`)."""
+    guard moved some (:func:`~fl_lbbsp.core.allocation.budget.enforce_budget`)."""
     n = len(sizes)
     c = noise_costs(n, weights, noise)
     budget = rho * float(np.sum(c)) * n / bounds.total

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ..contract import STEP_BATCH_SIZE, RecordKeys
-from .round_state import Instruction, natural_key
-from .settings import BalancingConfig
+from ...contract import STEP_BATCH_SIZE, RecordKeys
+from ..settings import BalancingConfig
+from .state import Instruction, natural_key
 
 __all__ = ["EtaRewriter", "FastestReplies", "InstructionRewriter", "TauRewriter"]
 

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .deadline import OverheadTracker
+from ..core.round.deadline import OverheadTracker
 
 __all__ = ["CheckedTimes", "ClaimChecker", "honest_gap"]
 

@@ -1,11 +1,11 @@
 """One silo's model as a record: the checkpoint form of a row of the silo table.
 
 The balancer keeps every silo's state in the columns of one table
-(:class:`~fl_lbbsp.core.silo_model.SiloTable`); a :class:`SiloModel` is one silo's
+(:class:`~fl_lbbsp.core.silo.model.SiloTable`); a :class:`SiloModel` is one silo's
 state taken out of it (its estimator, history window, change detector's run, cost fit)
 as objects, to save (:meth:`SiloModel.state`, the balancer's checkpoint format) and to
 restore (:meth:`SiloModel.from_state`, put back with
-:meth:`~fl_lbbsp.core.silo_model.SiloTable.register`).
+:meth:`~fl_lbbsp.core.silo.model.SiloTable.register`).
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
 Environments", IEEE TCC 2021, Sec. 4 (the BatchSizeManager's per-worker state).
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from .balancer_settings import ModelSettings
+from ..balancer_settings import ModelSettings
 from .change import ChangeDetector, Deviation
 from .costfit import CostFit
 from .estimators import SpeedEstimator, estimator_from_state

@@ -1,10 +1,10 @@
 """How long a planned round may take: its ideal and predicted time, stragglers, deadline.
 
-The part of the round engine (:class:`~fl_lbbsp.core.engine.RoundEngine`) that times a
+The part of the round engine (:class:`~fl_lbbsp.core.round.engine.RoundEngine`) that times a
 plan: the ideal compute time of a perfect split (``tau * X / sum v``), the silos the split
-could not bring to the others' pace (:class:`~fl_lbbsp.core.deadline.StragglerWatch`: the
+could not bring to the others' pace (:class:`~fl_lbbsp.core.round.deadline.StragglerWatch`: the
 deadline does not wait for them), the predicted round time and the deadline
-(:class:`~fl_lbbsp.core.deadline.DeadlinePolicy`), never below what a cold round showed
+(:class:`~fl_lbbsp.core.round.deadline.DeadlinePolicy`), never below what a cold round showed
 until a warm round has taught the messaging overhead.
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 
-from .balancer import BatchSizeBalancer
+from ..balancer import BatchSizeBalancer
+from ..settings import BalancingConfig
 from .deadline import (
     DeadlinePolicy,
     OverheadTracker,
@@ -20,14 +21,13 @@ from .deadline import (
     predicted_compute_time,
     predicted_times,
 )
-from .round_state import RoundState
-from .settings import BalancingConfig
+from .state import RoundState
 
 __all__ = ["RoundTiming"]
 
 
 class RoundTiming:
-    """The timing of :class:`~fl_lbbsp.core.engine.RoundEngine`'s plans (a part of it,
+    """The timing of :class:`~fl_lbbsp.core.round.engine.RoundEngine`'s plans (a part of it,
     over its balancer, deadline policy, overhead and straggler watch)."""
 
     config: BalancingConfig
@@ -80,7 +80,7 @@ class RoundTiming:
         return min(ceiling, max(deadline, margin * wall))
 
     def _slow_silos(self, state: RoundState) -> set[str]:
-        """The plan's stragglers (:class:`~fl_lbbsp.core.deadline.StragglerWatch`); none
+        """The plan's stragglers (:class:`~fl_lbbsp.core.round.deadline.StragglerWatch`); none
         without balancing (FedAvg's split holds no silo at a floor)."""
         if not self.config.balance:
             return set()

@@ -1,11 +1,11 @@
 """Screening one reply of a round: origin, signature, duplicates, size, contract, update.
 
-:class:`ReplyScreen` is the round engine's (:class:`~fl_lbbsp.core.engine.RoundEngine`)
+:class:`ReplyScreen` is the round engine's (:class:`~fl_lbbsp.core.round.engine.RoundEngine`)
 first look at a reply, before anything in it is believed: it says whether the reply
 answers this round's instruction to its node in time, is signed by the silo it claims
 (with a silo registry), is the first from its node and for its silo, is not an error,
 fits the size cap, keeps the contract's metrics, and carries an update the adapter's
-parser can read. Its :class:`~fl_lbbsp.core.round_state.Verdict` names the reason of a
+parser can read. Its :class:`~fl_lbbsp.core.round.state.Verdict` names the reason of a
 rejection.
 """
 
@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..contract import RecordKeys
+from ..core.round.state import Node, Reply, RoundState, Verdict
+from ..core.settings import ReplyLimits
 from .identity import SiloRegistry, instruction_of
-from .round_state import Node, Reply, RoundState, Verdict
 from .screening import InvalidReplyError, ReplyValidator, error_summary
-from .settings import ReplyLimits
 
 __all__ = ["ReplyScreen"]
 
@@ -88,7 +88,7 @@ class ReplyScreen:
         from its node and for its silo; it is not an error; its size is under
         the cap; its records are well formed; its metrics keep the contract (with the
         batch size sent); its update parses (``parse`` raises
-        :class:`~fl_lbbsp.core.screening.InvalidReplyError` with the reason).
+        :class:`~fl_lbbsp.security.screening.InvalidReplyError` with the reason).
         """
         node = reply.node
         try:

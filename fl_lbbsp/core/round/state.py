@@ -1,6 +1,6 @@
 """One LB-BSP round as data: what each silo is told, what came back, what was decided.
 
-The round engine (:mod:`fl_lbbsp.core.engine`) fills a :class:`RoundState` from
+The round engine (:mod:`fl_lbbsp.core.round.engine`) fills a :class:`RoundState` from
 ``plan`` to ``close``; the Flower adapters read it (instructions to send, reports to log).
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ..contract import RecordKeys
-from .balancer import SiloReport
+from ...contract import RecordKeys
+from ..balancer import SiloReport
 
 __all__ = [
     "Instruction",

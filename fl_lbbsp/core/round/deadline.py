@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # the balancer imports the settings, which import the claims and this
-    from .balancer import BatchSizeBalancer
+    from ..balancer import BatchSizeBalancer
 
 __all__ = [
     "DeadlinePolicy",

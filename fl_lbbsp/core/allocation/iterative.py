@@ -33,7 +33,7 @@ import numpy as np
 from .allocators import proportional
 
 if TYPE_CHECKING:
-    from .silo_model import SiloTable
+    from ..silo.model import SiloTable
 
 __all__ = ["IterativeAllocator", "IterativeStep"]
 

@@ -1,7 +1,7 @@
 """Reply screening in pure numpy: the checks on a silo's train reply that need no Flower.
 
 Every check raises :class:`InvalidReplyError` with a reason a person can act on. The round
-engine (:mod:`fl_lbbsp.core.engine`) applies them in order to each reply; the Flower
+engine (:mod:`fl_lbbsp.core.round.engine`) applies them in order to each reply; the Flower
 adapters (:mod:`fl_lbbsp.strategies.validation`) add the checks on Flower's record types.
 
 Arrays are checked before any value is touched: an npy header (shape, dtype, data length)

@@ -1,8 +1,8 @@
 """Reporting a round's accepted replies to the balancer, and closing the round.
 
-The part of the round engine (:class:`~fl_lbbsp.core.engine.RoundEngine`) that comes
+The part of the round engine (:class:`~fl_lbbsp.core.round.engine.RoundEngine`) that comes
 after a reply is screened: :meth:`RoundReporting.report` bounds what an accepted reply
-claims (:mod:`fl_lbbsp.core.claims`) and queues its timing; :meth:`RoundReporting.close`
+claims (:mod:`fl_lbbsp.security.claims`) and queues its timing; :meth:`RoundReporting.close`
 notes who missed the round, learns the messaging overhead, judges the first observed
 round's held claims against its honest gap, and feeds the round's reports to the balancer
 together; :meth:`RoundReporting.select` keeps a backup-worker round's fastest replies.
@@ -15,14 +15,14 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..contract import PREDICTED_SPEED, RecordKeys
-from .balancer import BatchSizeBalancer, InvalidReportError, SiloReport
-from .claims import ClaimChecker, honest_gap
+from ...contract import PREDICTED_SPEED, RecordKeys
+from ...security.claims import ClaimChecker, honest_gap
+from ..balancer import BatchSizeBalancer, InvalidReportError, SiloReport
+from ..settings import BalancingConfig
 from .deadline import OverheadTracker
 from .memory_caps import MemoryCaps
 from .rewriters import FastestReplies, InstructionRewriter
-from .round_state import Node, RoundState, Verdict, silo_round_time
-from .settings import BalancingConfig
+from .state import Node, RoundState, Verdict, silo_round_time
 
 __all__ = ["RoundReporting"]
 
@@ -30,7 +30,7 @@ log = logging.getLogger("fl_lbbsp")
 
 
 class RoundReporting:
-    """Reports and round closing of :class:`~fl_lbbsp.core.engine.RoundEngine` (a part of
+    """Reports and round closing of :class:`~fl_lbbsp.core.round.engine.RoundEngine` (a part of
     it, over its state: the balancer, the claim checker, the overhead, the node <-> silo
     ids)."""
 
@@ -65,7 +65,7 @@ class RoundReporting:
     ) -> bool:
         """Bound an accepted reply's claims, feed its timing to the balancer; record it.
 
-        The claims are bounded first (:mod:`fl_lbbsp.core.claims`): in FL a dataset size
+        The claims are bounded first (:mod:`fl_lbbsp.security.claims`): in FL a dataset size
         other than the silo's pinned (or declared) one, or over ``max_dataset_size``, is
         rejected with one warning (the update is left out, the balancer not fed); claimed
         times are clipped to ``[min_claimed_time, max_claimed_time]`` and, with
@@ -196,7 +196,7 @@ class RoundReporting:
     ) -> Mapping[str, Any]:
         """The metrics with their claimed times bounded and cross-checked against
         ``observed`` net of ``overhead`` (``None``: the learned one)
-        (:meth:`~fl_lbbsp.core.claims.ClaimChecker.check_times`); ``record`` notes what
+        (:meth:`~fl_lbbsp.security.claims.ClaimChecker.check_times`); ``record`` notes what
         changed."""
         keys = self.keys
         train, he = _real(metrics.get(keys.train_time)), _real(metrics.get(keys.he_time))

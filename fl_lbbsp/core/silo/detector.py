@@ -1,8 +1,8 @@
 """The change detector and the history window over the silo table's columns.
 
-:func:`observe_run` is :meth:`~fl_lbbsp.core.change.ChangeDetector.observe` (with its
+:func:`observe_run` is :meth:`~fl_lbbsp.core.silo.change.ChangeDetector.observe` (with its
 CUSUM test) for many silos at once, each silo's run a row of the
-:class:`~fl_lbbsp.core.silo_columns.SiloColumns`, against the level
+:class:`~fl_lbbsp.core.silo.columns.SiloColumns`, against the level
 :func:`near_levels` finds; :func:`take_changes` restarts a silo's
 estimator and window from the reports that confirmed a change; :func:`push` appends one
 report to windows of fixed length.
@@ -17,9 +17,9 @@ import math
 
 import numpy as np
 
+from .columns import SiloColumns
 from .costfit import robust_level
 from .costfit_batch import masked_levels
-from .silo_columns import SiloColumns
 
 __all__ = ["near_levels", "observe_run", "push", "take_changes"]
 
@@ -56,7 +56,7 @@ def observe_run(
 ) -> np.ndarray:
     """Add one deviation to the run of each of ``rows`` and say where it confirms a
     change (the run then holds the reports that confirmed it); ``exact``: the CUSUM
-    sums with ``math.fsum``, as :class:`~fl_lbbsp.core.change.ChangeDetector` does."""
+    sums with ``math.fsum``, as :class:`~fl_lbbsp.core.silo.change.ChangeDetector` does."""
     width, run = f.width, f.run
     count = f.run_n[rows]
     deviation = entry[3]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rounding import ArrayLike
+from ..allocation.rounding import ArrayLike
 
 __all__ = [
     "FLAT_SHARE",

@@ -367,7 +367,7 @@ def budgeted_minmax(
     """Integer batch sizes minimising the round time under the noise budget.
 
     The real-valued optimum (:func:`budgeted_minmax_continuous`) is rounded by time
-    (:func:`~fl_lbbsp.core.rounding.round_to_total`, each leftover unit to the silo it
+    (:func:`~fl_lbbsp.core.allocation.rounding.round_to_total`, each leftover unit to the silo it
     slows least); where rounding left the noise above the budget, units move one at a time
     from the silo whose loss adds least noise to the one whose gain removes most, until
     the budget holds (or no move reduces the noise). The total and every bound are kept.

@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 
 # The cost fits moved to :mod:`.costfit`; importable from here as before.
-from .costfit import CostFit, fit_linear_cost, fit_robust_cost, robust_level
+from ..silo.costfit import CostFit, fit_linear_cost, fit_robust_cost, robust_level
 from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_total
 
 Rounding = Literal["time", "remainder"]
@@ -149,8 +149,8 @@ def linear_minmax(
 
     Solves ``min max_i (a_i * x_i + b_i)`` s.t. ``sum x_i = total`` and the bounds
     exactly: over the reals (:func:`linear_minmax_continuous`), then rounded by time
-    with :func:`~fl_lbbsp.core.rounding.round_to_total`, which gives each leftover unit to
-    the silo it slows least; the result is the integer min-max, with the total and every
+    with :func:`~fl_lbbsp.core.allocation.rounding.round_to_total`, which gives each leftover
+    unit to the silo it slows least; the result is the integer min-max, with the total and every
     bound kept. ``rounding="remainder"`` rounds by largest remainder instead, which keeps
     every silo within one sample of its real share at a slightly longer round.
 

@@ -40,7 +40,7 @@ class ChangeAwareEMAEstimator:
     the same side, the average restarts at their mean (a co-tenant arrived or left). A
     deviation that is not confirmed (a spike) never enters the average. ``confirm=1``
     restarts at every large deviation. The test is the balancer's own change detector
-    (:class:`~fl_lbbsp.core.change.ChangeDetector`) on relative deviations, without its
+    (:class:`~fl_lbbsp.core.silo.change.ChangeDetector`) on relative deviations, without its
     CUSUM test.
 
     It targets what EMA(0.2) is worst at on a non-dedicated machine: after a step change
@@ -154,7 +154,7 @@ def make_estimator(
         before warm-up).
     options : dict | None (default: None)
         Extra keyword arguments of the estimator (for ``"narx"``: ``warmup``, ``hidden``,
-        ...; see :class:`~fl_lbbsp.core.narx.NARXEstimator`; for ``"change-ema"``:
+        ...; see :class:`~fl_lbbsp.core.silo.narx.NARXEstimator`; for ``"change-ema"``:
         ``threshold``, ``confirm``).
     """
     extra = dict(options or {})

@@ -2,7 +2,7 @@
 per silo (``silo-<id>.key``, mode 0600) and the registry of their public keys
 (``registry.json``) for the server (:func:`write_silo_keys`), and the check that a
 simulation's silos can sign with them (:func:`check_silo_keys`). The identities
-themselves, the registry and the signatures are :mod:`fl_lbbsp.core.identity`'s."""
+themselves, the registry and the signatures are :mod:`fl_lbbsp.security.identity`'s."""
 
 from __future__ import annotations
 

@@ -12,13 +12,13 @@ One round is ``plan`` -> ``screen`` and ``report`` for each reply -> ``close``:
   update through the adapter's parser) and gives
   a :class:`Verdict`: accepted with its parsed update, or the reason it is not.
 - :meth:`RoundEngine.report` bounds an accepted reply's claims (dataset size pinned and
-  capped, times checked against the wall time observed, :mod:`fl_lbbsp.core.claims`),
+  capped, times checked against the wall time observed, :mod:`fl_lbbsp.security.claims`),
   feeds its timing to the balancer and returns the round's telemetry record of that silo.
 - :meth:`RoundEngine.close` notes who missed the round and learns the messaging overhead.
 
-Planning lives here; screening is a :class:`~fl_lbbsp.core.reply_screen.ReplyScreen`
-reporting and closing are :class:`~fl_lbbsp.core.round_reports.RoundReporting`, the plan's
-timing and deadline :class:`~fl_lbbsp.core.round_timing.RoundTiming`.
+Planning lives here; screening is a :class:`~fl_lbbsp.security.reply_screen.ReplyScreen`
+reporting and closing are :class:`~fl_lbbsp.core.round.reports.RoundReporting`, the plan's
+timing and deadline :class:`~fl_lbbsp.core.round.timing.RoundTiming`.
 
 The baselines are not subclasses: :class:`TauRewriter` and :class:`EtaRewriter` rewrite
 the instructions (local steps tau_i or learning rate eta_i from the balanced share), and
@@ -39,28 +39,28 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from ..contract import RecordKeys, out_of_memory_batch_size
-from .balancer import BatchSizeBalancer
-from .claims import ClaimChecker
+from ...contract import RecordKeys, out_of_memory_batch_size
+from ...security.claims import ClaimChecker
+from ...security.identity import SiloRegistry
+from ...security.reply_screen import ReplyScreen
+from ...security.screening import ReplyValidator
+from ...security.update_screen import cap_weights
+from ..balancer import BatchSizeBalancer
+from ..settings import (
+    BalancingConfig,
+    ReplyLimits,
+    balancing_config,
+)
 from .deadline import (
     DeadlinePolicy,
     OverheadTracker,
     StragglerWatch,
 )
-from .identity import SiloRegistry
 from .memory_caps import MemoryCaps
-from .reply_screen import ReplyScreen
+from .reports import RoundReporting
 from .rewriters import FastestReplies, InstructionRewriter
-from .round_reports import RoundReporting
-from .round_state import Instruction, Node, Reply, RoundState, Verdict
-from .round_timing import RoundTiming
-from .screening import ReplyValidator
-from .settings import (
-    BalancingConfig,
-    ReplyLimits,
-    balancing_config,
-)
-from .update_screen import cap_weights
+from .state import Instruction, Node, Reply, RoundState, Verdict
+from .timing import RoundTiming
 
 __all__ = ["RoundEngine"]
 
@@ -99,7 +99,7 @@ class RoundEngine(RoundTiming, RoundReporting):
         Backup workers: only the fastest accepted replies enter the aggregate.
     registry : SiloRegistry | None (default: None)
         The federation's silos and their public keys
-        (:mod:`fl_lbbsp.core.identity`): every reply must be signed by the key of the
+        (:mod:`fl_lbbsp.security.identity`): every reply must be signed by the key of the
         silo it claims, for this run and round. ``None``: silo ids are believed (one
         warning when the first round is planned).
     """
@@ -328,7 +328,7 @@ class RoundEngine(RoundTiming, RoundReporting):
         """Check one reply; ``parse`` reads and checks its update, last
         (:meth:`ReplyScreen.screen`: origin, signature, duplicates, size, contract). An
         error reply saying the silo ran out of memory at the size it was sent caps that
-        silo from the next round (:class:`~fl_lbbsp.core.memory_caps.MemoryCaps`)."""
+        silo from the next round (:class:`~fl_lbbsp.core.round.memory_caps.MemoryCaps`)."""
         verdict = self.screening.screen(state, reply, parse)
         failed = None if reply.error is None else out_of_memory_batch_size(reply.error)
         sent = state.instructions.get(reply.node)

@@ -2,7 +2,7 @@
 
 Every report of a silo (batch size x, seconds t) is judged against the silo's own earlier
 reports near x (:meth:`SiloTable.near_levels`) by the change detector (the run of
-deviations of :class:`~fl_lbbsp.core.change.ChangeDetector`, here over columns): a normal
+deviations of :class:`~fl_lbbsp.core.silo.change.ChangeDetector`, here over columns): a normal
 report feeds the speed estimator and the history window; a held one (a possible change)
 feeds nothing; a confirmed change restarts the estimator and the window from the reports
 that confirmed it (a co-tenant came or went), keeping the fit's shape and noise. After the
@@ -10,7 +10,7 @@ reports the cost curves ``t = a * max(x, k) + b`` are refitted from the windows
 (:mod:`.costfit_batch`) and the silos' rows of the table (:data:`ROW`) refreshed, so that
 the allocation only gathers rows (:mod:`.allocation`). A whole round is one pass of array
 operations over the silos' columns (:mod:`.silo_columns`); one silo's state comes out as
-a record (:class:`~fl_lbbsp.core.silo_state.SiloModel`, the checkpoint form).
+a record (:class:`~fl_lbbsp.core.silo.state.SiloModel`, the checkpoint form).
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
 Environments", IEEE TCC 2021, Sec. 3.2 (per-worker speed prediction), Sec. 3.5 (EMA for
@@ -27,15 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from .balancer_settings import ModelSettings
+from ..balancer_settings import ModelSettings
+from ..slowdown import MIN_SILOS, median, shared_slowdown
+from .columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
 from .costfit import fit_linear_cost
 from .costfit_batch import SCALAR_ROWS, fit_windows
+from .detector import near_levels, observe_run, push, take_changes
 from .report_columns import ReportColumns, report_columns
 from .reports import SiloReport
-from .silo_columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
-from .silo_detector import near_levels, observe_run, push, take_changes
-from .silo_state import Observation, SiloModel
-from .slowdown import MIN_SILOS, median, shared_slowdown
+from .state import Observation, SiloModel
 
 __all__ = ["ROW", "Observation", "SiloModel", "SiloTable", "SiloView"]
 
@@ -82,7 +82,7 @@ class SiloTable:
         self.pooled_shape = 0.0
         self.scalar_rows: int | None = None
         """Up to how many silos a round's fits are made one at a time (``None``:
-        :data:`~fl_lbbsp.core.costfit_batch.SCALAR_ROWS`)."""
+        :data:`~fl_lbbsp.core.silo.costfit_batch.SCALAR_ROWS`)."""
 
     # ------------------------------------------------------------------ reports
     def take_round(self, reports: Mapping[str, SiloReport], *, shared: bool = False) -> float:
@@ -98,7 +98,7 @@ class SiloTable:
         *, shared: bool = False,
     ) -> float:  # fmt: skip
         """:meth:`take_round` of valid reports whose fields are already ``columns``
-        (:func:`~fl_lbbsp.core.report_columns.report_columns`)."""
+        (:func:`~fl_lbbsp.core.silo.report_columns.report_columns`)."""
         if not silos:
             return 1.0
         rows = np.fromiter(map(self._index.get, silos, repeat(0)), np.intp, count=len(silos))
@@ -119,7 +119,7 @@ class SiloTable:
 
     def near_levels(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
         """Each silo's time at batch size ``size`` from its own earlier reports near it
-        (:func:`~fl_lbbsp.core.silo_detector.near_levels`); NaN: none."""
+        (:func:`~fl_lbbsp.core.silo.detector.near_levels`); NaN: none."""
         return near_levels(
             self.columns, rows, size, spread=self.settings.min_fit_spread,
             exact=self._one_at_a_time(rows),

@@ -12,7 +12,7 @@ hidden in the noise). A deviation to the other side ends the run.
 
 Two users share it: the balancer's silo model (:mod:`.silo_model`, log deviations of a
 report's time from the silo's cost line, with ``cusum``) and the change-aware EMA
-(:class:`~fl_lbbsp.core.estimators.ChangeAwareEMAEstimator`, relative deviations of a
+(:class:`~fl_lbbsp.core.silo.estimators.ChangeAwareEMAEstimator`, relative deviations of a
 speed from its average, without).
 
 Reference: Page, "Continuous inspection schemes", Biometrika 41 (1954) (CUSUM), applied

@@ -1,0 +1,8 @@
+"""What the server does not trust: the checks on every silo's reply.
+
+- :mod:`.identity` and :mod:`.silo_keys`: Ed25519 signing keys, the registry of silos, the
+  signature each reply carries (signatures prove origin, not validity);
+- :mod:`.claims`: a silo's claims (dataset size, times) bounded by what the federation shows;
+- :mod:`.screening` and :mod:`.reply_screen`: a reply's contract, size and arrays checked;
+- :mod:`.update_screen`: plaintext updates and dataset-size weights bounded against the rest.
+"""
