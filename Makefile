@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 OUT ?= runs/demo
 
-.PHONY: venv install install-dev install-bench demo demo-live test test-under-load check bench lint typecheck \
+.PHONY: venv install install-dev install-bench demo demo-live test test-portable test-under-load check bench lint typecheck \
 	check-flwr-141 clean
 
 $(PY):
@@ -52,6 +52,13 @@ test: install-dev
 # pid when it ends, passed or failed): no test may depend on how busy the machine is.
 test-under-load: install-dev
 	.ci/with-cpu-burners 2 $(MAKE) --no-print-directory check
+
+# The same suite with numpy's SIMD dispatch held down to its baseline (the AVX2 and AVX-512
+# paths of numpy 2.x switched off; a feature the CPU lacks is ignored), so that it runs as on
+# a CPU of another kind: no test may hang on the last bit of a float sum.
+NPY_HELD_DOWN := X86_V3 X86_V4 AVX512_SKX AVX512_ICL AVX512_SPR AVX2 FMA3 AVX512F
+test-portable: install-dev
+	NPY_DISABLE_CPU_FEATURES="$(NPY_HELD_DOWN)" $(VENV)/bin/python -m pytest -q
 
 # ruff, mypy and pytest on what is installed (`make test` installs first).
 check:

@@ -61,7 +61,13 @@ _BURNER = (
 
 @dataclass(frozen=True)
 class Settings:
-    """Sizes of one run (full or smoke)."""
+    """Sizes of one run (full or smoke).
+
+    The trace runs for ``duration`` seconds (the span of the contention schedule) and then
+    on, at the schedule's last level, until it holds ``min_iterations``: how many iterations
+    fit in the schedule depends on the machine, and the evaluation needs the warm-up and a
+    window after it whatever the machine.
+    """
 
     duration: float
     batch_size: int
@@ -73,10 +79,12 @@ class Settings:
     window: int
     seed: int = 0
     workers: int = 4
+    min_iterations: int = 0
 
 
 FULL = Settings(
     duration=200.0,
+    min_iterations=800,
     batch_size=1024,
     burners=2,
     period=(3.0, 12.0),
@@ -87,6 +95,7 @@ FULL = Settings(
 )
 SMOKE = Settings(
     duration=5.0,
+    min_iterations=150,
     batch_size=256,
     burners=2,
     period=(0.5, 1.5),
@@ -224,7 +233,8 @@ _COLUMNS = ("start", "seconds", "speed", "cpu", "memory", "level")
 
 
 def record_trace(settings: Settings, spec: str) -> Trace:
-    """Train LeNet-5 for ``settings.duration`` seconds under the contention schedule."""
+    """Train LeNet-5 under the contention schedule for ``settings.duration`` seconds and at
+    least ``settings.min_iterations`` iterations."""
     import torch
     import torch.nn.functional as F
 
@@ -248,13 +258,16 @@ def record_trace(settings: Settings, spec: str) -> Trace:
     burners = Burners(
         settings.burners,
         cpus=None if trace.core is None else [trace.core],
-        limit=settings.duration + 60.0,
+        limit=settings.duration + 600.0,
     )
     begin = time.perf_counter()
     try:
         with contention(burners, changes):
             machine_usage()
-            while (now := time.perf_counter() - begin) < settings.duration:
+            while True:
+                now = time.perf_counter() - begin
+                if now >= settings.duration and len(trace.speed) >= settings.min_iterations:
+                    break
                 level = burners.level
                 index = torch.randint(len(data), (settings.batch_size,), generator=generator)
                 tick = time.perf_counter()

@@ -9,6 +9,23 @@ from collections.abc import Iterator
 import pytest
 
 
+def pytest_report_header() -> str:
+    """Which of numpy's SIMD paths this run uses: ``make test-portable`` holds them down
+    (``NPY_DISABLE_CPU_FEATURES``), so that the suite runs as it would on an older CPU."""
+    import os
+
+    import numpy as np
+
+    try:  # what np.show_runtime() prints, read from the module it reads it from
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:  # pragma: no cover - another numpy layout
+        return f"numpy {np.__version__}"
+    active = [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
+    disabled = os.environ.get("NPY_DISABLE_CPU_FEATURES")
+    held = f" (NPY_DISABLE_CPU_FEATURES={disabled!r})" if disabled else ""
+    return f"numpy {np.__version__}, SIMD dispatch: {' '.join(active) or 'baseline only'}{held}"
+
+
 @pytest.fixture
 def flower_task() -> Iterator[None]:
     """Set Flower's TaskIdentity (needed to construct Messages) and restore it after."""
