@@ -1,7 +1,7 @@
 """Flower strategies over the LB-BSP core.
 
-``LBBSPFedAvg`` (federated) and ``LBBSPCluster`` (parameter server) are siblings over
-``EngineStrategy``, FedAvg driven by the round engine. Baselines to compare with:
+``LBBSPFedAvg`` (federated) is FedAvg driven by the round engine; ``LBBSPCluster``
+(parameter server) is the same class composed with the SGD step. Baselines to compare with:
 ``LBBSPTau`` (tune tau instead of B), ``LBBSPEta`` (scale eta with B) and
 ``PartialAggregation`` (backup workers: aggregate the k fastest replies).
 
@@ -14,8 +14,7 @@ from typing import Any
 from .baselines import LBBSPEta, LBBSPTau, PartialAggregation
 from .cluster import LBBSPCluster
 from .config import BalancingConfig
-from .engine_strategy import EngineStrategy
-from .fedavg import LBBSPFedAvg
+from .fedavg import EngineStrategy, LBBSPFedAvg
 from .legacy import LBBSPStrategy
 
 __all__ = [

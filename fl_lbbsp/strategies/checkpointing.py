@@ -18,19 +18,21 @@ when it has a ``checkpoint_dir``; the file format is
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy import Result, Strategy
 
 from .checkpoint import Checkpointable, CheckpointStore, ResumePoint, resume_from, save_checkpoint
-from .round_loop import EvaluateFn, RoundLoop, StartCall
 
-__all__ = ["Checkpointing"]
+__all__ = ["Checkpointing", "EvaluateFn"]
 
 log = logging.getLogger("fl_lbbsp")
+
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+"""Flower's ``evaluate_fn``: the global model's metrics of a round (``None``: none)."""
 
 
 class CheckpointableStrategy(Checkpointable, Protocol):
@@ -60,7 +62,7 @@ class CheckpointableStrategy(Checkpointable, Protocol):
         """As :meth:`flwr.serverapp.strategy.Strategy.aggregate_evaluate`."""
 
 
-class Checkpointing(RoundLoop):
+class Checkpointing(Strategy):
     """Checkpoint ``strategy`` after every training round; resume it from the newest one.
 
     Parameters
@@ -136,8 +138,19 @@ class Checkpointing(RoundLoop):
         """The wrapped strategy's, in the run's round numbers."""
         return self.strategy.aggregate_evaluate(server_round + self.round_offset, replies)
 
-    def run_rounds(self, call: StartCall, *, resume: ResumePoint | None = None) -> Result:
-        """Flower's round loop, resumed after the newest valid checkpoint (``start``).
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+        *,
+        resume: ResumePoint | None = None,
+    ) -> Result:
+        """Flower's round loop, resumed after the newest valid checkpoint.
 
         As :meth:`flwr.serverapp.strategy.Strategy.start`. The run resumes from
         ``resume``, else from the newest checkpoint in the store, validated and restored
@@ -154,14 +167,12 @@ class Checkpointing(RoundLoop):
             Its contents fail validation, or the wrapped strategy cannot restore them.
         """
         if resume is None:
-            resume = resume_from(
-                self.strategy, store=self.store, initial_arrays=call.initial_arrays
-            )
+            resume = resume_from(self.strategy, store=self.store, initial_arrays=initial_arrays)
         done = 0
         if resume is not None:
             checkpoint = resume.checkpoint
             done = checkpoint.server_round
-            call = call.but(initial_arrays=checkpoint.arrays)
+            initial_arrays = checkpoint.arrays
             dropped = self.strategy.telemetry.drop_rounds_after(done)
             log.info(
                 "[%s] resuming from %s: round %d of %d done; the initial arrays passed to "
@@ -169,18 +180,20 @@ class Checkpointing(RoundLoop):
                 self.strategy.scheme,
                 checkpoint.path,
                 done,
-                call.num_rounds,
+                num_rounds,
                 f"; {dropped} telemetry events of later rounds removed" if dropped else "",
             )
-            if done >= call.num_rounds:
+            if done >= num_rounds:
                 return Result(arrays=checkpoint.arrays)
         self.round_offset = done
-        evaluate_fn = call.evaluate_fn
-        result = self.flower_rounds(
-            call.but(
-                num_rounds=call.num_rounds - done,
-                evaluate_fn=None if evaluate_fn is None else self._shifted(evaluate_fn),
-            )
+        result = super().start(
+            grid=grid,
+            initial_arrays=initial_arrays,
+            num_rounds=num_rounds - done,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=None if evaluate_fn is None else self._shifted(evaluate_fn),
         )
         return Result(
             arrays=result.arrays,

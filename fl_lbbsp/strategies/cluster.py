@@ -23,13 +23,13 @@ from flwr.app import MetricRecord, RecordDict
 from ..contract import RecordKeys
 from ..core.optim import SGD
 from .config import ParameterServerConfig, parameter_server_keywords
-from .engine_strategy import EngineStrategy
+from .fedavg import LBBSPFedAvg
 from .updates import GradientUpdate
 
 __all__ = ["LBBSPCluster"]
 
 
-class LBBSPCluster(EngineStrategy):
+class LBBSPCluster(LBBSPFedAvg):
     """Parameter-server LB-BSP: one round = one gradient step, weighted by batch size.
 
     Workers get ``batch-size`` (their x_i), ``batch-offset`` (where their share starts in

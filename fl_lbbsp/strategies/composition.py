@@ -30,8 +30,7 @@ from flwr.serverapp.strategy import (
     Strategy,
 )
 
-from .engine_strategy import EngineStrategy
-from .round_loop import StartCall
+from .fedavg import EngineStrategy
 
 __all__ = ["inner_strategy", "start_wrapped"]
 
@@ -89,8 +88,7 @@ def start_wrapped(
     **options :
         The other keywords of :meth:`flwr.serverapp.strategy.Strategy.start`
         (``num_rounds``, ``timeout``, ``train_config``, ``evaluate_config``,
-        ``evaluate_fn``; defaults: 3 rounds, 3600 s, ``None``), as
-        :class:`~fl_lbbsp.strategies.round_loop.StartCall` takes them.
+        ``evaluate_fn``; defaults: 3 rounds, 3600 s, ``None``).
 
     Raises
     ------
@@ -100,7 +98,6 @@ def start_wrapped(
     ValueError
         When the inner strategy has a ``checkpoint_dir``.
     """
-    call = StartCall(grid=grid, initial_arrays=initial_arrays, **options)
     inner = inner_strategy(wrapper)
     if _client_side_clipping(wrapper) and inner.fraction_evaluate > 0:
         # Flower's fixedclipping_mod fails every evaluate message (it wants an ArrayRecord
@@ -115,4 +112,5 @@ def start_wrapped(
             f"{type(inner).__name__}(checkpoint_dir=...) inside {type(wrapper).__name__}: "
             "checkpoints are written by LBBSPFedAvg.start only; leave checkpoint_dir unset"
         )
-    return call.but(grid=inner.deadline_grid(grid, timeout=call.timeout)).on(wrapper.start)
+    deadlines = inner.deadline_grid(grid, timeout=options.get("timeout", 3600))
+    return wrapper.start(grid=deadlines, initial_arrays=initial_arrays, **options)

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from flwr.app import Message, RecordDict
-from flwr.proto.node_pb2 import NodeInfo
 from flwr.serverapp import Grid
-from flwr.supercore.run import Run
+
+if TYPE_CHECKING:
+    # Flower's Grid interface is typed with these two and re-exports neither; this module,
+    # the one that implements that interface, names them for the type checker only.
+    from flwr.proto.node_pb2 import NodeInfo
+    from flwr.supercore.run import Run
 
 __all__ = ["DeadlineGrid"]
 

@@ -49,8 +49,7 @@ from ..crypto.records import (
 from ..security.screening import InvalidReplyError
 from .config import EncryptionConfig, setting_error
 from .encrypted_blame import ContributionBlame
-from .engine_strategy import EngineStrategy
-from .fedavg import LBBSPFedAvg
+from .fedavg import EngineStrategy, LBBSPFedAvg
 
 __all__ = [
     "EncryptedLBBSPFedAvg",

@@ -38,7 +38,7 @@ from ..crypto.records import is_encrypted
 from ..security.screening import InvalidReplyError
 from .config import EncryptedClusterConfig, ParameterServerConfig, parameter_server_keywords
 from .encrypted import EncryptedSum, log_federated_evaluation, log_keys, server_keys
-from .engine_strategy import EngineStrategy
+from .fedavg import EngineStrategy
 
 __all__ = ["EncryptedLBBSPCluster", "ReplicaLog"]
 

@@ -1,14 +1,17 @@
 """LB-BSP on Flower's Message API: FedAvg with a per-silo batch size every round.
 
-The federated strategy over the round engine (:mod:`fl_lbbsp.core.round.engine`), which decides
-every batch size, screens every reply and feeds the balancer. Like Flower's FedProx it
-changes FedAvg's training round only (:class:`~fl_lbbsp.strategies.engine_strategy.EngineStrategy`:
-``configure_train`` gives each sampled node its own instruction, ``aggregate_train``
-hands the replies to a :class:`~fl_lbbsp.strategies.train_round.TrainRound`). Its variants
-are the same class composed with another part: a rewriter or a selector (the baselines),
-encrypted sums (:class:`~fl_lbbsp.strategies.updates.Updates`); checkpointing is the
-wrapper strategy :class:`~fl_lbbsp.strategies.checkpointing.Checkpointing`; the parameter
-server is its sibling, :class:`~fl_lbbsp.strategies.LBBSPCluster`.
+:class:`LBBSPFedAvg` is FedAvg driven by the round engine (:mod:`fl_lbbsp.core.round.engine`),
+which decides every batch size, screens every reply and feeds the balancer. Like Flower's
+FedProx it changes FedAvg's training round only: ``configure_train`` samples nodes as
+FedAvg does and gives each its own instruction, ``aggregate_train`` hands the replies to a
+:class:`~fl_lbbsp.strategies.train_round.TrainRound`. Everything else is composed in, not
+inherited: the update arithmetic (:class:`~fl_lbbsp.strategies.updates.Updates`: FedAvg's
+mean, the parameter server's SGD step, encrypted sums), a rewriter or a selector (the
+baselines), the round deadlines (:class:`~fl_lbbsp.strategies.deadline.DeadlineGrid`) and
+the checkpoints (the wrapper strategy
+:class:`~fl_lbbsp.strategies.checkpointing.Checkpointing`, as Flower's DP wrappers wrap a
+strategy). The parameter server, :class:`~fl_lbbsp.strategies.LBBSPCluster`, is this
+class with ``parameter_server=True`` and the SGD step.
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated Environments",
 IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL: tune B per silo, keep tau and eta).
@@ -16,17 +19,55 @@ IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL: tune B per silo, keep tau and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, Self
 
-from .config import settings_of_run_config
-from .engine_strategy import EngineStrategy
-from .outcomes import NoUpdateError
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result
+from pydantic import ValidationError
 
-__all__ = ["LBBSPFedAvg", "NoUpdateError"]
+from ..contract import RecordKeys
+from ..core.round.deadline import DeadlinePolicy
+from ..core.round.engine import RoundEngine
+from ..core.round.rewriters import FastestReplies, InstructionRewriter
+from ..core.round.state import Node, RoundState
+from ..core.settings import CLAIM_SETTINGS
+from ..instruction import RoundInstruction
+from ..security.identity import SiloRegistry, load_registry
+from ..telemetry import TelemetryWriter
+from .checkpoint import ResumePoint, store_of
+from .checkpointing import Checkpointing, EvaluateFn
+from .config import (
+    ServerConfig,
+    record_keys,
+    setting_error,
+    settings_of_run_config,
+    split_settings,
+)
+from .deadline import DeadlineGrid
+from .defenses import Defenses
+from .outcomes import (
+    NoUpdateError,
+    RoundOutcomes,
+    round_metrics,
+    route_to_flower,
+    warn_overridden_lr,
+)
+from .rounds import EngineView
+from .train_round import TrainRound
+from .updates import PlainMean, Updates
+from .validation import log_rejected, screen_evaluations
+
+__all__ = ["EngineStrategy", "LBBSPFedAvg", "NoUpdateError"]
+
+log = logging.getLogger("fl_lbbsp")
 
 
-class LBBSPFedAvg(EngineStrategy):
+class LBBSPFedAvg(EngineView, FedAvg):
     """FedAvg whose silos get batch sizes proportional to their predicted speed.
 
     Before each round the balancer predicts every silo's sample-processing speed (EMA by
@@ -71,6 +112,10 @@ class LBBSPFedAvg(EngineStrategy):
         The silos' public signing keys and declared dataset sizes (``fl-lbbsp keys
         silos``): every reply must be signed by the silo it claims. ``None``: silo ids
         are believed (one warning).
+    parameter_server : bool (default: False)
+        ``True`` (:class:`~fl_lbbsp.strategies.LBBSPCluster`): one round is one
+        synchronous iteration (replies weighted by their batch sizes, sample offsets in
+        the instructions, a reply without a usable report left out).
     clock : Callable[[], float] (default: time.monotonic)
         The clock that times each reply from push to pull; injected by tests.
 
@@ -83,15 +128,90 @@ class LBBSPFedAvg(EngineStrategy):
     """
 
     def __init__(
-        self, *, initial_batch_size: int, local_steps: int, lr: float, **settings: Any
+        self,
+        *,
+        initial_batch_size: int,
+        local_steps: int,
+        lr: float,
+        keys: RecordKeys | Mapping[str, str] | None = None,
+        updates: Updates[Any] | None = None,
+        rewriter: InstructionRewriter | None = None,
+        selector: FastestReplies | None = None,
+        silo_registry: str | Path | Mapping[str, Any] | SiloRegistry | None = None,
+        parameter_server: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        **settings: Any,
     ) -> None:
+        self.keys = record_keys(keys)
+        server, limits, balancing = split_settings(settings)
+        try:
+            config = self.server_config = ServerConfig(**server)
+            self.engine = RoundEngine.from_keywords(
+                initial_batch_size=initial_batch_size,
+                local_steps=local_steps,
+                lr=lr,
+                keys=self.keys,
+                weight_key=self.keys.batch_size if parameter_server else self.keys.num_examples,
+                balancing=balancing,
+                deadline=DeadlinePolicy(
+                    margin=config.deadline_margin,
+                    floor=config.deadline_floor,
+                    ceiling=config.deadline_ceiling,
+                ),
+                rewriter=rewriter,
+                selector=selector,
+                registry=None if silo_registry is None else load_registry(silo_registry),
+                offsets=parameter_server,
+                require_valid_report=parameter_server,
+                **limits,
+            )
+        except ValidationError as err:
+            raise setting_error(err, owner=type(self).__name__) from None
         super().__init__(
-            initial_batch_size=initial_batch_size,
-            local_steps=local_steps,
-            lr=lr,
-            parameter_server=False,
-            **settings,
+            fraction_train=config.fraction_train,
+            fraction_evaluate=config.fraction_evaluate,
+            min_train_nodes=config.min_train_nodes,
+            min_evaluate_nodes=config.min_evaluate_nodes,
+            min_available_nodes=config.min_available_nodes,
+            weighted_by_key=self.engine.weight_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
+        self.engine.max_weight_ratio = config.max_weight_ratio
+        self.telemetry = TelemetryWriter(config.telemetry_path)
+        self.poll_interval = config.poll_interval
+        self.outcomes = RoundOutcomes(max_empty_rounds=config.max_empty_rounds)
+        """Rejections logged once per silo and cause, empty rounds counted."""
+        self.defenses = Defenses(
+            max_update_ratio=config.max_update_ratio,
+            update_spread_sigmas=config.update_spread_sigmas,
+            max_weight_ratio=config.max_weight_ratio,
+            weigh_by_size=not parameter_server,
+        )
+        self.updates: Updates[Any] = updates or PlainMean()
+        self.rounds = TrainRound(
+            engine=self.engine,
+            keys=self.keys,
+            weight_key=self.weighted_by_key,
+            defenses=self.defenses,
+            outcomes=self.outcomes,
+            telemetry=self.telemetry,
+            poll_interval=self.poll_interval,
+        )
+        self.round: RoundState | None = None
+        """The round in flight (``None`` before the first ``configure_train``)."""
+        self.clock = clock
+        self._observe = False
+        self._grid: DeadlineGrid | None = None
+        self._timeout_cap: float | None = None
+        self._config_checked = False
+        route_to_flower()
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any], **overrides: Any) -> Self:
@@ -107,3 +227,265 @@ class LBBSPFedAvg(EngineStrategy):
             out of range.
         """
         return cls(**settings_of_run_config(run_config, overrides, owner=cls.__name__))
+
+    # ------------------------------------------------------------ what it says
+    @property
+    def scheme(self) -> str:
+        """``"lbbsp"`` (``"lbbsp-tau"``, ``"lbbsp-partial"``, ...) when balancing,
+        ``"fedavg"`` (``"partial"``) otherwise."""
+        rewriter = self.engine.rewriter
+        if self.engine.selector is not None:
+            return "lbbsp-partial" if self.config.balance else "partial"
+        if not self.config.balance:
+            return "fedavg"
+        return "lbbsp" if rewriter is None else f"lbbsp-{rewriter.name}"
+
+    def summary(self) -> None:
+        """Log the LB-BSP settings, then FedAvg's."""
+        c = self.config
+        log.info(
+            "LB-BSP settings: scheme=%s B_init=%d tau=%d eta=%g estimator=%s(alpha=%g) "
+            "allocator=%s",
+            self.scheme, c.initial_batch_size, c.local_steps, c.lr, c.estimator, c.alpha,
+            c.allocator,
+        )  # fmt: skip
+        super().summary()
+
+    def record_evaluation(
+        self, server_round: int, *, loss: float, accuracy: float, federated: bool
+    ) -> None:
+        """One ``evaluate`` telemetry event and log line for the global model's test
+        accuracy: evaluated by the server on the held-out split, or (``federated``) by the
+        silos on their shares of it."""
+        self.telemetry.evaluation(
+            scheme=self.scheme,
+            server_round=server_round,
+            loss=loss,
+            accuracy=accuracy,
+            federated=federated,
+        )
+        where = "federated " if federated else ""
+        log.info("[%s] round %d | %stest accuracy %.4f", self.scheme, server_round, where, accuracy)
+
+    # ---------------------------------------------------------------- training
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample nodes as FedAvg does; the engine gives each its instruction.
+
+        Raises
+        ------
+        ValueError
+            With ``checkpoint_dir`` set, when the rounds are not run by :meth:`start`
+            (e.g. by a wrapper strategy's own ``start``, which would never checkpoint).
+        """
+        if self._grid is None and self.server_config.checkpoint_dir is not None:
+            raise ValueError(
+                f"{type(self).__name__}(checkpoint_dir=...) checkpoints only in its own "
+                "start(); inside a wrapper strategy (e.g. Flower's differential-privacy "
+                "wrappers) leave checkpoint_dir unset"
+            )
+        # FedAvg's sample (fraction_train, min_train_nodes, min_available_nodes, its log
+        # line), in node-id order: Flower's comes in a random order, and a simulation
+        # whose silos reply in the order sent would add the updates in that order, so the
+        # same seed would not give the same model twice.
+        sampled = super().configure_train(server_round, arrays, ConfigRecord(), grid)
+        nodes = sorted(msg.metadata.dst_node_id for msg in sampled)
+        state = self.engine.plan(server_round, nodes, timeout_cap=self._timeout_cap)
+        state.model = arrays
+        if not self._config_checked:
+            self._config_checked = True
+            warn_overridden_lr(config, keys=self.keys, lr=self.engine.config.lr, owner=self)
+        self.updates.begin(arrays, state)
+        state.expected_bytes = self.updates.expected_bytes(arrays)
+        self.round = state
+        state.sent = self.train_messages(state, arrays, config)
+        state.run_id = state.sent[0].metadata.run_id if state.sent else 0
+        return state.sent
+
+    def train_messages(
+        self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """One train message per instruction: the model and the node's own ConfigRecord
+        (the hook the encrypted strategies extend)."""
+        return [
+            Message(
+                content=RecordDict(
+                    {
+                        self.arrayrecord_key: arrays,
+                        self.configrecord_key: self.node_config(state, node, config),
+                    }
+                ),
+                message_type=MessageType.TRAIN,
+                dst_node_id=int(node),
+            )
+            for node in state.instructions
+        ]
+
+    def node_config(self, state: RoundState, node: Node, config: ConfigRecord) -> ConfigRecord:
+        """The caller's config (copied) with the node's instruction and the round."""
+        ins = state.instructions[node]
+        record = RoundInstruction(
+            batch_size=ins.batch_size,
+            local_steps=ins.local_steps,
+            lr=ins.lr,
+            server_round=state.server_round,
+            batch_offset=ins.batch_offset,
+        ).to_config(self.keys, base=config)
+        record.update(self.updates.config(state))
+        return record
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Screen every reply, feed the valid ones to the balancer, sum their updates.
+
+        In FL the updates are weighted by ``num-examples`` (the local dataset size),
+        whatever batch size each silo ran with; on a parameter server the gradients by
+        their batch sizes (the :class:`~fl_lbbsp.strategies.updates.Updates` sum them).
+        With fewer than ``min_train_silos`` valid replies, or if no aggregate can be
+        formed, the round is skipped: ``(None, None)``, and Flower keeps the previous
+        global model.
+
+        Raises
+        ------
+        NoUpdateError
+            In rounds run by :meth:`start`: the run's first round, or
+            ``max_empty_rounds`` rounds in a row, aggregated no update.
+        """
+        state = self.round
+        if state is None:
+            raise RuntimeError("aggregate_train called before configure_train")
+        result = self.rounds.aggregate(
+            state,
+            replies,
+            updates=self.updates,
+            scheme=self.scheme,
+            grid=self._grid,
+            observe=self._observe,
+        )
+        if self._grid is not None:  # rounds driven by start(): stop a run that learns nothing
+            self.outcomes.close(state, aggregated=result.arrays is not None, skipped=result.skipped)
+        if result.arrays is None:
+            return None, None
+        try:
+            aggregated = self.train_metrics_aggr_fn(result.contents, self.weighted_by_key)
+        except (ValueError, TypeError, ArithmeticError) as err:
+            log.warning("round %d: train metrics not aggregated: %s", server_round, err)
+            aggregated = None
+        return result.arrays, round_metrics(
+            aggregated, state=state, keys=self.keys, silo_id=self.engine.silo_id
+        )
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Average the evaluation metrics like FedAvg, without the replies that would make
+        Flower's aggregation fail: not one MetricRecord, a weight that is not a positive
+        count, a value that is not a finite number, or keys other than the first valid
+        reply's. Each is logged and written to the telemetry as ``rejected``."""
+        usable, rejected = screen_evaluations(replies, self.engine.validator)
+        for msg, reason in rejected:
+            node = msg.metadata.src_node_id
+            log_rejected(
+                self.telemetry,
+                scheme=self.scheme,
+                server_round=server_round,
+                silo=self.silo_id(node),
+                node=node,
+                reason=reason,
+            )
+        try:
+            return super().aggregate_evaluate(server_round, usable)
+        except (ValueError, TypeError, ArithmeticError) as err:
+            log.warning("round %d: evaluation metrics not aggregated: %s", server_round, err)
+            return None
+
+    # ------------------------------------------------------ deadlines, checkpoints
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+        *,
+        resume: ResumePoint | None = None,
+    ) -> Result:
+        """Run the rounds like FedAvg, under per-round deadlines and fine polling.
+
+        As :meth:`flwr.serverapp.strategy.Strategy.start`, except that every
+        ``send_and_receive`` waits until the current round's deadline (see
+        ``deadline_margin``), at most ``timeout`` seconds, and collects replies every
+        ``poll_interval`` seconds; evaluation messages get the deadline of the round's
+        training. With ``checkpoint_dir`` the rounds run inside
+        :class:`~fl_lbbsp.strategies.checkpointing.Checkpointing`: every round is
+        checkpointed, and a checkpoint of round k found there resumes the run with round
+        k+1 (its model replaces ``initial_arrays``). ``resume``: that checkpoint, already
+        validated and restored into this strategy by the caller
+        (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`), is not read again.
+        """
+        store = store_of(self) if resume is None else resume.store
+        run = super().start if store is None else Checkpointing(self, store=store).start
+        return run(
+            grid=self.deadline_grid(grid, timeout=timeout),
+            initial_arrays=initial_arrays,
+            num_rounds=num_rounds,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=evaluate_fn,
+            **({} if store is None else {"resume": resume}),
+        )
+
+    def deadline_grid(self, grid: Grid, *, timeout: float) -> DeadlineGrid:
+        """``grid`` behind this strategy's round deadlines and reply polling, as
+        :meth:`start` uses it; for a wrapper's round loop see
+        :func:`fl_lbbsp.strategies.composition.start_wrapped`.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's grid.
+        timeout : float
+            The longest any round may wait (``start``'s ``timeout``).
+        """
+        self._timeout_cap = timeout
+        check = self.config.check_times
+        # Silos really wait behind Flower's own grids (deployment, Simulation Engine).
+        self._observe = type(grid).__module__.startswith("flwr.") if check is None else check
+        self._grid = DeadlineGrid(
+            grid, timeout_fn=self._timeout_for, poll_interval=self.poll_interval, clock=self.clock
+        )
+        return self._grid
+
+    def _timeout_for(self, timeout: float | None) -> float | None:
+        if self.engine.deadline.margin is None or self.round is None or self.round.deadline is None:
+            return timeout
+        return self.round.deadline
+
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """The settings a checkpoint must have been written with for this strategy to
+        resume it (JSON values): those that decide batch sizes and updates."""
+        balancing = self.config.model_dump(mode="json", exclude=set(CLAIM_SETTINGS))
+        return {"balancing": balancing, **self.updates.settings()}
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+        """The state between two rounds: the engine's (JSON) and the updates' (JSON and
+        ArrayRecords)."""
+        state, records = self.updates.state_dict()
+        return {**self.engine.state_dict(), **state}, records
+
+    def load_checkpoint_state(
+        self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]
+    ) -> None:
+        """Restore :meth:`checkpoint_state`."""
+        self.engine.load_state_dict(state)
+        self.updates.load_state_dict(state, records)
+
+
+EngineStrategy = LBBSPFedAvg
+"""The Message-API LB-BSP strategy every variant is composed from (the name the encrypted
+strategies and the runners use)."""

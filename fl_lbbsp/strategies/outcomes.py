@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flwr.app import MetricRecord
-from flwr.common.logger import FLOWER_LOGGER
 
 from ..contract import PREDICTED_SPEED, SILO_APP_METRICS, TRAIN_LOSS, RecordKeys, silo_metric
 from ..core.round.state import Node, RoundState, natural_key
@@ -38,6 +37,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("fl_lbbsp")
+FLOWER_LOGGER = logging.getLogger("flwr")
+"""Flower's logger, by its name (the object itself is not public API)."""
 
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
