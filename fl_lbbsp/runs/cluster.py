@@ -16,9 +16,9 @@ from pydantic import Field, model_validator
 
 from ..clients.cluster import WorkerSetup, make_worker_app
 from ..clients.silo_setup import SiloSetup, initial_model
+from ..strategies import EngineStrategy
 from ..strategies.checkpoint import resume_from
 from ..strategies.cluster import LBBSPCluster
-from ..strategies import EngineStrategy
 from ..telemetry import start_telemetry
 from .config import RunSettings
 from .engine import ResolvedRun, check_key_files, execute, plan_run
