@@ -1,16 +1,13 @@
-"""The rounds behind ``tests/data/checkpoint-before-engine``: a parameter server with
-momentum and three workers of speeds 4:2:1, fed replies that depend only on the round.
+"""A parameter server with momentum and three workers of speeds 4:2:1, fed replies that
+depend only on the round, and its checkpoints (:func:`write_checkpoint`).
 
-``python tests/checkpoint_fixture.py DIR`` (run with the fl_lbbsp of commit ae7511b, the
-last before the round engine) wrote the checkpoint of round 2 and, in ``expected.json``,
-what that version did in round 3 from it: the batch sizes it sent and the weights it
-computed. ``test_checkpoint.py`` resumes the checkpoint with today's code.
+``tests/data/checkpoint-before-engine`` holds the round-2 checkpoint that
+``python tests/checkpoint_fixture.py DIR`` wrote with the fl_lbbsp of commit ae7511b (the
+checkpoint format 1): ``test_checkpoint.py`` checks that today's code refuses it.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -90,35 +87,26 @@ def sent_sizes(messages: list[Any]) -> dict[int, int]:
     }
 
 
-def main(folder: Path) -> None:  # pragma: no cover - run once, with the old version
+def write_checkpoint(folder: Path, rounds: int, **settings: Any) -> Path:
+    """Run ``rounds`` rounds of the parameter server (no training: the fixture replies)
+    and save the checkpoint of the last in ``folder`` (needs Flower's TaskIdentity set:
+    the tests' ``flower_task``)."""
     from flwr.app import Array, ArrayRecord, ConfigRecord
-    from flwr.supercore.task_identity import TaskIdentity
 
     from fl_lbbsp.strategies import LBBSPCluster
     from fl_lbbsp.strategies.checkpoint import CheckpointStore, save_checkpoint
-
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
 
     class Grid:
         def get_node_ids(self) -> list[int]:
             return list(NODES)
 
-    strategy = LBBSPCluster(**SETTINGS)
+    strategy = LBBSPCluster(**{**SETTINGS, **settings})
     arrays = ArrayRecord({k: Array(v) for k, v in weights().items()})
-    for server_round in (1, 2):
-        sent = sent_sizes(
-            list(strategy.configure_train(server_round, arrays, ConfigRecord(), Grid()))
+    for server_round in range(1, rounds + 1):
+        messages = strategy.configure_train(server_round, arrays, ConfigRecord(), Grid())  # type: ignore[arg-type]
+        after, _ = strategy.aggregate_train(
+            server_round, replies(server_round, sent_sizes(list(messages)))
         )
-        arrays, _ = strategy.aggregate_train(server_round, replies(server_round, sent))
-    save_checkpoint(CheckpointStore(folder), strategy, 2, arrays)
-    sent = sent_sizes(list(strategy.configure_train(3, arrays, ConfigRecord(), Grid())))
-    after, _ = strategy.aggregate_train(3, replies(3, sent))
-    expected = {
-        "round_3_sizes": {str(k): v for k, v in sent.items()},
-        "round_3_weights": {k: after[k].numpy().tolist() for k in SHAPES},
-    }
-    (folder / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main(Path(sys.argv[1]))
+        assert after is not None
+        arrays = after
+    return save_checkpoint(CheckpointStore(folder), strategy, rounds, arrays)

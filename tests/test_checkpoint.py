@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import FakeGrid
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Result
 
@@ -278,7 +278,7 @@ def test_encrypted_cluster_resume_keeps_the_workers_replicas_in_step(tmp_path) -
         for name, value in replica.items():
             np.testing.assert_allclose(value, replicas[0][name], rtol=0, atol=1e-4)
     saved = CheckpointStore(tmp_path / "ckpt").latest()
-    assert saved is not None and saved.state["version"] == 4
+    assert saved is not None and saved.state["updates"]["version"] == 4
     assert sorted(saved.records) == ["aggregate-1", "aggregate-2", "aggregate-3", "aggregate-4",
                                      "initial-model"]  # fmt: skip
 
@@ -321,7 +321,7 @@ def test_the_newest_two_checkpoints_are_kept_and_nothing_else(tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["round-000003.ckpt", "round-000004.ckpt"]
     latest = store.latest()
     assert latest is not None and latest.server_round == 4
-    assert latest.manifest["format"] == 1 and latest.manifest["strategy"] == "LBBSPFedAvg"
+    assert latest.manifest["format"] == 2 and latest.manifest["strategy"] == "LBBSPFedAvg"
     assert latest.manifest["settings"]["balancing"]["initial_batch_size"] == 16
     np.testing.assert_array_equal(latest.arrays["w"].numpy(), np.full(3, 4.0))
 
@@ -402,34 +402,20 @@ def test_a_resumed_run_keeps_its_telemetry(tmp_path) -> None:  # type: ignore[no
     assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["config"]
 
 
-def test_a_checkpoint_written_before_the_round_engine_resumes_where_it_left_off(
-    tmp_path,
-) -> None:  # type: ignore[no-untyped-def]
-    # Prepare: the round-2 checkpoint of a parameter server with momentum, written by
-    # fl_lbbsp before the round engine (tests/checkpoint_fixture.py), and what that version
-    # did in round 3
-    from checkpoint_fixture import NODES, SETTINGS, replies, sent_sizes
+def test_a_checkpoint_of_an_older_format_is_refused_with_one_line(tmp_path: Path) -> None:
+    # Prepare: the round-2 checkpoint a parameter server wrote with fl_lbbsp ae7511b
+    # (format 1: Flower's protobuf of a RecordDict; tests/checkpoint_fixture.py)
+    from checkpoint_fixture import SETTINGS
 
-    from fl_lbbsp.strategies.checkpoint import resume_point
+    from fl_lbbsp.strategies.checkpoint import CheckpointInvalidError, resume_point
 
     fixture = Path(__file__).parent / "data" / "checkpoint-before-engine"
-    expected = json.loads((fixture / "expected.json").read_text())
     folder = tmp_path / "ckpt"
     folder.mkdir()
     (folder / "round-000002.ckpt").write_bytes((fixture / "round-000002.ckpt").read_bytes())
     strategy = LBBSPCluster(**SETTINGS, checkpoint_dir=folder)
 
-    # Execute: the resume point, then round 3 from it
-    checkpoint = resume_point(strategy)
-    assert checkpoint is not None and checkpoint.server_round == 2
-    strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
-    strategy.deadline_grid(FakeGrid(list(NODES)), timeout=60)  # type: ignore[arg-type]
-    grid = FakeGrid(list(NODES))
-    sent = sent_sizes(list(strategy.configure_train(3, checkpoint.arrays, ConfigRecord(), grid)))  # type: ignore[arg-type]
-    after, _ = strategy.aggregate_train(3, replies(3, sent))
-
-    # Assert: the same batch sizes (balancer restored) and weights (momentum restored)
-    assert sent == {int(node): size for node, size in expected["round_3_sizes"].items()}
-    assert after is not None
-    for name, values in expected["round_3_weights"].items():
-        np.testing.assert_allclose(after[name].numpy(), np.asarray(values), rtol=1e-6)
+    # Execute / Assert: refused, never skipped, in one line that says what to do
+    with pytest.raises(CheckpointInvalidError, match="older fl_lbbsp .format 1.") as info:
+        resume_point(strategy)
+    assert "\n" not in str(info.value) and "another checkpoint dir" in str(info.value)

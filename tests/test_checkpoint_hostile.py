@@ -32,6 +32,8 @@ from fl_lbbsp.strategies.checkpoint import (
 
 pytestmark = pytest.mark.usefixtures("flower_task")
 
+E = "state.engine"
+"""Where the engine's state is in a checkpoint's fields."""
 Edit = Callable[[dict[str, Any], dict[str, Any], dict[str, np.ndarray]], None]
 
 
@@ -62,7 +64,7 @@ def rich(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     finally:
         TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
     checkpoint = CheckpointStore(folder).load(path)
-    assert checkpoint.state["balancer"]["silos"]["w11"]["fit"] is not None
+    assert checkpoint.state["engine"]["balancer"]["silos"]["w11"]["fit"] is not None
     assert checkpoint.records["optimizer"]
     return checkpoint
 
@@ -109,38 +111,38 @@ def _rename(arrays: dict[str, np.ndarray]) -> None:
     arrays["x"] = arrays.pop("w")
 
 
-W11 = "state.balancer.silos.w11"
+W11 = f"{E}.balancer.silos.w11"
 # The issue's edits (those obeyed on eb5bb71, and those that crashed with a traceback)
 EDITS = [
     pytest.param(_model(_fill("w", np.nan)), "arrays.w", id="nan-model"),
     pytest.param(_model(_fill("w", 1e30)), "arrays", id="1e30-model"),
     pytest.param(_model(_rename), "arrays", id="renamed-arrays"),
-    pytest.param(_set("state.claims.sizes", {"w11": 10**9}), "state.claims.sizes.w11",
+    pytest.param(_set(f"{E}.claims.sizes", {"w11": 10**9}), f"{E}.claims.sizes.w11",
                  id="pinned-size-1e9"),
-    pytest.param(_set("state.overhead", [1e9]), "state.overhead", id="overhead-1e9"),
-    pytest.param(_set("state.claims.overhead", [1e9]), "state.claims.overhead",
+    pytest.param(_set(f"{E}.overhead", [1e9]), f"{E}.overhead", id="overhead-1e9"),
+    pytest.param(_set(f"{E}.claims.overhead", [1e9]), f"{E}.claims.overhead",
                  id="claims-overhead-1e9"),
     pytest.param(_set(f"{W11}.fit.slope", -0.005), f"{W11}.fit.slope", id="negative-slope"),
     pytest.param(_set(f"{W11}.fit", "garbage"), f"{W11}.fit", id="fit-garbage"),
     pytest.param(_set(f"{W11}.fit.spread", [16.0, 13.0]), f"{W11}.fit", id="fit-spread"),
-    pytest.param(_set("state.balancer.pooled_shape.value", float("nan")),
-                 "state.balancer.pooled_shape.value", id="pooled-shape-nan"),
+    pytest.param(_set(f"{E}.balancer.pooled_shape.value", float("nan")),
+                 f"{E}.balancer.pooled_shape.value", id="pooled-shape-nan"),
     pytest.param(_set(f"{W11}.pending", "garbage"), f"{W11}.pending", id="pending-garbage"),
     pytest.param(_set(f"{W11}.pending", [["a", 1]]), f"{W11}.pending", id="pending-entries"),
-    pytest.param(_set("state.balancer.iterative", "garbage"), "state.balancer.iterative",
+    pytest.param(_set(f"{E}.balancer.iterative", "garbage"), f"{E}.balancer.iterative",
                  id="iterative-garbage"),
-    pytest.param(_set("state.balancer.iterative.allocator.phase", "warp"),
-                 "state.balancer.iterative.allocator.phase", id="iterative-phase"),
-    pytest.param(_set(f"{W11}.boost", 1e300), "state.balancer", id="boost-1e300"),
+    pytest.param(_set(f"{E}.balancer.iterative.allocator.phase", "warp"),
+                 f"{E}.balancer.iterative.allocator.phase", id="iterative-phase"),
+    pytest.param(_set(f"{W11}.boost", 1e300), f"{E}.balancer", id="boost-1e300"),
     pytest.param(_set(f"{W11}.estimator.value", 1e300), f"{W11}.estimator.value",
                  id="speed-1e300"),
     pytest.param(_set(f"{W11}.estimator.name", "oracle"), f"{W11}.estimator.name",
                  id="estimator-name"),
     pytest.param(_set(f"{W11}.history", [[16, 1e300]]), W11, id="history-time-1e300"),
-    pytest.param(_set("state.balancer.config.bogus", 1), "state.balancer.config",
+    pytest.param(_set(f"{E}.balancer.config.bogus", 1), f"{E}.balancer.config",
                  id="unknown-balancer-setting"),
-    pytest.param(_set("state.balancer.silos", {"../../x": {"estimator": {"name": "ema"}}}),
-                 "state.balancer.silos", id="silo-id-path"),
+    pytest.param(_set(f"{E}.balancer.silos", {"../../x": {"estimator": {"name": "ema"}}}),
+                 f"{E}.balancer.silos", id="silo-id-path"),
 ]  # fmt: skip
 
 
@@ -289,12 +291,12 @@ ARGV = ["simulate", "--silos", "3", "--model", "mlp", "--rounds", "2", "--in-pro
         pytest.param(_model(_fill("net.1.weight", np.nan)), "arrays.net.1.weight", id="nan-model"),
         pytest.param(_model(lambda a: a.update({"x": a.pop("net.1.weight")})), "arrays",
                      id="renamed-arrays"),
-        pytest.param(_set("state.balancer.pooled_shape", "x"), "state.balancer.pooled_shape",
+        pytest.param(_set(f"{E}.balancer.pooled_shape", "x"), f"{E}.balancer.pooled_shape",
                      id="pooled-shape-garbage"),
-        pytest.param(_set("state.claims", {"sizes": {"0": 10**9}}), "state.claims.sizes.0",
+        pytest.param(_set(f"{E}.claims", {"sizes": {"0": 10**9}}), f"{E}.claims.sizes.0",
                      id="pinned-size-1e9"),
-        pytest.param(_set("state.silo_of_node", {str(n): f"s{n}" for n in range(5)}),
-                     "state.silos", id="more-silos-than-the-run"),
+        pytest.param(_set(f"{E}.silo_of_node", {str(n): f"s{n}" for n in range(5)}),
+                     f"{E}.silos", id="more-silos-than-the-run"),
     ],
 )  # fmt: skip
 def test_cli_refuses_an_edited_checkpoint_with_one_line_and_exit_2(
@@ -332,7 +334,7 @@ def test_cli_with_a_checkpoint_key_refuses_a_checkpoint_with_a_recomputed_digest
     assert directory is not None
     keyed = CheckpointStore(directory, key=load_checkpoint_key(key))
     path = save_checkpoint(keyed, make_strategy(config), 1, _mlp())
-    _resaved(keyed.load(path), directory, _set("state.federation_size", 0))
+    _resaved(keyed.load(path), directory, _set(f"{E}.federation_size", 0))
 
     # Execute
     with pytest.raises(SystemExit) as exit_info:

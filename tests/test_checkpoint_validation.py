@@ -18,24 +18,36 @@ from fl_lbbsp.strategies.checkpoint import (
     Checkpoint,
     CheckpointError,
     CheckpointInvalidError,
+    CheckpointLimits,
     CheckpointStore,
     check_arrays,
     resume_point,
+    validate_checkpoint,
 )
-from fl_lbbsp.strategies.checkpoint_schema import validate_checkpoint
 
-FIXTURE = Path(__file__).parent / "data" / "checkpoint-before-engine" / "round-000002.ckpt"
+E = "state.engine"
+"""Where the engine's state is in a checkpoint's fields."""
 Edit = Callable[[dict[str, Any], dict[str, Any]], None]
 
 
-def _original() -> Checkpoint:
-    return CheckpointStore(FIXTURE.parent).load(FIXTURE)
+@pytest.fixture(scope="module")
+def original(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    """The round-2 checkpoint of the fixture's parameter server (checkpoint_fixture.py)."""
+    from checkpoint_fixture import write_checkpoint
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    try:
+        path = write_checkpoint(tmp_path_factory.mktemp("original"), 2)
+    finally:
+        TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+    return CheckpointStore(path.parent).load(path)
 
 
-def _resaved(folder: Path, edit: Edit) -> Path:
+def _resaved(original: Checkpoint, folder: Path, edit: Edit) -> Path:
     """The fixture's round-2 checkpoint, edited by ``edit(manifest, state)`` and written
     again with a digest of the edited contents (what an attacker with write access does)."""
-    original = _original()
     manifest, state = copy.deepcopy(original.manifest), copy.deepcopy(original.state)
     edit(manifest, state)
     return CheckpointStore(folder).save(
@@ -44,7 +56,7 @@ def _resaved(folder: Path, edit: Edit) -> Path:
 
 
 def _silo(state: dict[str, Any]) -> dict[str, Any]:
-    return state["balancer"]["silos"]["w11"]  # type: ignore[no-any-return]
+    return state["engine"]["balancer"]["silos"]["w11"]  # type: ignore[no-any-return]
 
 
 def _set(path: str, value: Any) -> Edit:
@@ -70,60 +82,62 @@ def _delete(path: str) -> Edit:
 
 
 EDITS = [
-    pytest.param(_delete("state.balancer"), "state.balancer", id="balancer-missing"),
-    pytest.param(_set("state.federation_size", 10**6), "state.federation_size", id="huge-fed"),
-    pytest.param(_set("state.federation_size", 4), "state.federation_size", id="fed>seen"),
-    pytest.param(_set("state.federation_size", -1), "state.federation_size", id="fed<0"),
+    pytest.param(_delete(f"{E}.balancer"), f"{E}.balancer", id="balancer-missing"),
+    pytest.param(_set(f"{E}.federation_size", 10**6), f"{E}.federation_size", id="huge-fed"),
+    pytest.param(_set(f"{E}.federation_size", 4), f"{E}.federation_size", id="fed>seen"),
+    pytest.param(_set(f"{E}.federation_size", -1), f"{E}.federation_size", id="fed<0"),
     pytest.param(
-        _set("state.balancer.silos.w11.estimator.value", -400.0),
-        "state.balancer.silos.w11.estimator.value",
+        _set(f"{E}.balancer.silos.w11.estimator.value", -400.0),
+        f"{E}.balancer.silos.w11.estimator.value",
         id="negative-speed",
     ),
     pytest.param(
-        _set("state.balancer.silos.w11.estimator.value", float("inf")),
-        "state.balancer.silos.w11.estimator.value",
+        _set(f"{E}.balancer.silos.w11.estimator.value", float("inf")),
+        f"{E}.balancer.silos.w11.estimator.value",
         id="infinite-speed",
     ),
     pytest.param(
-        _set("state.balancer.silos.w11.history", [[16, 0.04, 9]]),
-        "state.balancer.silos.w11.history",
+        _set(f"{E}.balancer.silos.w11.history", [[16, 0.04, 9]]),
+        f"{E}.balancer.silos.w11.history",
         id="history-shape",
     ),
     pytest.param(
-        _set("state.balancer.silos.w11.history", [[14_600_000, 0.04]]),
-        "state.balancer.silos.w11.history",
+        _set(f"{E}.balancer.silos.w11.history", [[14_600_000, 0.04]]),
+        f"{E}.balancer.silos.w11.history",
         id="history-batch-huge",
     ),
     pytest.param(
-        _set("state.balancer.silos.w11.max_batch_size", 0),
-        "state.balancer.silos.w11.max_batch_size",
+        _set(f"{E}.balancer.silos.w11.max_batch_size", 0),
+        f"{E}.balancer.silos.w11.max_batch_size",
         id="memory-cap-0",
     ),
     pytest.param(
-        _set("state.balancer.silos.w11.last.train_time", -1.0),
-        "state.balancer.silos.w11.last.train_time",
+        _set(f"{E}.balancer.silos.w11.last.train_time", -1.0),
+        f"{E}.balancer.silos.w11.last.train_time",
         id="negative-time",
     ),
     pytest.param(
-        _delete("state.balancer.silos.w11.estimator"),
-        "state.balancer.silos.w11.estimator",
+        _delete(f"{E}.balancer.silos.w11.estimator"),
+        f"{E}.balancer.silos.w11.estimator",
         id="estimator-missing",
     ),
     pytest.param(
-        _set("state.balancer.config.initial_batch_size", -16),
-        "state.balancer.config",
+        _set(f"{E}.balancer.config.initial_batch_size", -16),
+        f"{E}.balancer.config",
         id="balancer-config",
     ),
-    pytest.param(_set("state.overhead", [0.0, -5.0]), "state.overhead", id="overhead"),
+    pytest.param(_set(f"{E}.overhead", [0.0, -5.0]), f"{E}.overhead", id="overhead"),
     pytest.param(
-        _set("state.claims", {"sizes": {"w11": -100}}), "state.claims.sizes.w11", id="size<0"
+        _set(f"{E}.claims", {"sizes": {"w11": -100}}),
+        f"{E}.claims.sizes.w11",
+        id="size<0",
     ),
     pytest.param(
-        _set("state.claims", {"overhead": [float("nan")]}),
-        "state.claims.overhead",
+        _set(f"{E}.claims", {"overhead": [float("nan")]}),
+        f"{E}.claims.overhead",
         id="claims-overhead",
     ),
-    pytest.param(_set("state.silo_of_node", {"x": "w11"}), "state.silo_of_node", id="node-id"),
+    pytest.param(_set(f"{E}.silo_of_node", {"x": "w11"}), f"{E}.silo_of_node", id="node-id"),
     pytest.param(_delete("manifest.round"), "manifest.round", id="round-missing"),
     pytest.param(_set("manifest.round", 0), "manifest.round", id="round-0"),
     pytest.param(_set("manifest.settings.balancing.alpha", 7.0), "manifest.settings", id="alpha"),
@@ -131,9 +145,9 @@ EDITS = [
 
 
 @pytest.mark.parametrize(("edit", "field"), EDITS)
-def test_an_edited_checkpoint_is_refused_naming_the_field(tmp_path, edit, field) -> None:  # type: ignore[no-untyped-def]
+def test_an_edited_checkpoint_is_refused_naming_the_field(original, tmp_path, edit, field) -> None:  # type: ignore[no-untyped-def]
     # Prepare
-    path = _resaved(tmp_path, edit)
+    path = _resaved(original, tmp_path, edit)
 
     # Execute
     with pytest.raises(CheckpointInvalidError) as info:
@@ -146,47 +160,46 @@ def test_an_edited_checkpoint_is_refused_naming_the_field(tmp_path, edit, field)
     assert isinstance(info.value, CheckpointError)
 
 
-def test_an_edited_newest_checkpoint_is_not_skipped_for_an_older_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_edited_newest_checkpoint_is_not_skipped_for_an_older_one(original, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Prepare: an untouched round 1, an edited round 2
-    original = _original()
     store = CheckpointStore(tmp_path)
     store.save(1, arrays=original.arrays, manifest={**original.manifest, "round": 1},
                state=original.state)  # fmt: skip
-    _resaved(tmp_path, _set("state.federation_size", 10**6))
+    _resaved(original, tmp_path, _set(f"{E}.federation_size", 10**6))
 
     # Execute / Assert
     with pytest.raises(CheckpointInvalidError, match="federation_size"):
         store.latest()
 
 
-def test_the_untouched_checkpoint_passes() -> None:
+def test_the_untouched_checkpoint_passes(original: Checkpoint) -> None:
     # Execute / Assert: the fixture as written, and bounded by its own federation
-    original = _original()
-    validate_checkpoint(original.manifest, original.state, max_silos=3)
+    validate_checkpoint(original.manifest, original.state, limits=CheckpointLimits(max_silos=3))
 
 
-def test_a_federation_larger_than_configured_is_refused() -> None:
+def test_a_federation_larger_than_configured_is_refused(original: Checkpoint) -> None:
     # Prepare
-    original = _original()
 
     # Execute / Assert
-    with pytest.raises(CheckpointInvalidError, match="state.federation_size") as info:
-        validate_checkpoint(original.manifest, original.state, max_silos=2, where="ckpt")
-    assert info.value.field == "state.federation_size"
+    with pytest.raises(CheckpointInvalidError, match=f"{E}.federation_size") as info:
+        limits = CheckpointLimits(max_silos=2)
+        validate_checkpoint(original.manifest, original.state, where="ckpt", limits=limits)
+    assert info.value.field == f"{E}.federation_size"
 
 
-def test_resume_point_bounds_the_federation_with_the_configured_size(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_resume_point_bounds_the_federation_with_the_configured_size(original, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Prepare
     from checkpoint_fixture import SETTINGS
 
     from fl_lbbsp.strategies import LBBSPCluster
 
-    (tmp_path / FIXTURE.name).write_bytes(FIXTURE.read_bytes())
+    assert original.path is not None
+    (tmp_path / original.path.name).write_bytes(original.path.read_bytes())
     strategy = LBBSPCluster(**SETTINGS, checkpoint_dir=tmp_path)
 
     # Execute / Assert
     assert resume_point(strategy, max_silos=3) is not None
-    with pytest.raises(CheckpointInvalidError, match="the federation has 2"):
+    with pytest.raises(CheckpointInvalidError, match="over this strategy's 2"):
         resume_point(strategy, max_silos=2)
 
 
@@ -266,13 +279,15 @@ def test_array_state_the_strategy_cannot_take_is_refused(
         check_arrays(checkpoint, _model(**MODEL))
 
 
-def test_cli_refuses_an_edited_checkpoint_with_one_line_and_exit_2(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_cli_refuses_an_edited_checkpoint_with_one_line_and_exit_2(
+    original: Checkpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Prepare: an edited checkpoint where the run would resume from
     folder = tmp_path / "ckpt"
     config = SimulationConfig(silos=3, model="mlp", out=tmp_path, checkpoint_dir=folder)
     path = config.checkpoint_path()
     assert path is not None
-    _resaved(path, _delete("state.balancer"))
+    _resaved(original, path, _delete(f"{E}.balancer"))
     argv = ["simulate", "--silos", "3", "--model", "mlp", "--out", str(tmp_path)]
 
     # Execute
@@ -283,4 +298,4 @@ def test_cli_refuses_an_edited_checkpoint_with_one_line_and_exit_2(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2
     assert len(err.splitlines()) == 1, err
-    assert "state.balancer" in err and "Traceback" not in err and "KeyError" not in err
+    assert f"{E}.balancer" in err and "Traceback" not in err and "KeyError" not in err

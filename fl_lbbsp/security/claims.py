@@ -40,11 +40,39 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..core.balancer_state import MAX_ENTRIES, MAX_SILOS, Count, Seconds, SiloId
 from ..core.round.deadline import OverheadTracker
 
-__all__ = ["CheckedTimes", "ClaimChecker", "honest_gap"]
+__all__ = ["CheckedTimes", "ClaimChecker", "ClaimsState", "honest_gap"]
+
+
+class ClaimsState(BaseModel):
+    """The claim checker's state (:meth:`ClaimChecker.state_dict`, a checkpoint's).
+
+    Parameters
+    ----------
+    sizes : dict of str to int (default: {})
+        Silo id -> its pinned dataset size (a positive integer).
+    distrusted : list of str (default: [])
+        Silos timed by the server since they were caught lying.
+    contradicted : dict of str to int (default: {})
+        Silo -> consecutive rounds its claimed time was contradicted (not yet distrusted).
+    overhead : list of float (default: [])
+        The learned messaging overhead of recent rounds, seconds (finite, >= 0).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    sizes: dict[SiloId, Annotated[int, Field(gt=0, le=2**53, strict=True)]] = Field(
+        default_factory=dict, max_length=MAX_SILOS
+    )
+    distrusted: list[SiloId] = Field(default_factory=list, max_length=MAX_SILOS)
+    contradicted: dict[SiloId, Count] = Field(default_factory=dict, max_length=MAX_SILOS)
+    overhead: list[Seconds] = Field(default_factory=list, max_length=MAX_ENTRIES)
 
 
 def honest_gap(gaps: Iterable[float]) -> float | None:
@@ -281,18 +309,19 @@ class ClaimChecker:
             self.overhead.observe(gap, 0.0)
 
     # -------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """The pinned sizes, the distrusted silos and the learned overhead (JSON)."""
-        return {
-            "sizes": dict(self.sizes),
-            "distrusted": sorted(self.distrusted),
-            "contradicted": dict(self.contradicted),
-            "overhead": self.overhead.seen,
-        }
+    def state_dict(self) -> ClaimsState:
+        """The pinned sizes, the distrusted silos and the learned overhead."""
+        return ClaimsState(
+            sizes=dict(self.sizes),
+            distrusted=sorted(self.distrusted),
+            contradicted=dict(self.contradicted),
+            overhead=[float(t) for t in self.overhead.seen],
+        )
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.sizes = {str(s): int(n) for s, n in state.get("sizes", {}).items()}
-        self.distrusted = {str(s) for s in state.get("distrusted", [])}
-        self.contradicted = {str(s): int(n) for s, n in state.get("contradicted", {}).items()}
-        self.overhead = OverheadTracker(self.overhead_rounds, state.get("overhead", ()))
+    def load_state_dict(self, state: ClaimsState | Mapping[str, object]) -> None:
+        """Restore :meth:`state_dict` (a mapping is validated as a :class:`ClaimsState`)."""
+        state = ClaimsState.model_validate(state)
+        self.sizes = dict(state.sizes)
+        self.distrusted = set(state.distrusted)
+        self.contradicted = dict(state.contradicted)
+        self.overhead = OverheadTracker(self.overhead_rounds, state.overhead)

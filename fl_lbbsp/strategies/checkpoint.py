@@ -1,70 +1,69 @@
 """Checkpoints of the Message-API LB-BSP strategies, and resuming from them.
 
 With ``checkpoint_dir`` set, :meth:`LBBSPFedAvg.start <fl_lbbsp.strategies.LBBSPFedAvg.start>`
-writes one file per round as soon as the round's training is aggregated: the global
-ArrayRecord (encrypted or not), the balancer's state (every silo's speed estimator, cost
-history, memory cap and the iterative allocator), the node -> silo ids, the measured
-messaging overhead, the strategy's own state (the parameter server's momentum buffers,
-the encrypted strategy's per-silo dataset sizes) and a manifest (format version, round,
-strategy class, scheme and the settings that decide batch sizes and updates). The file is
-Flower's protobuf of a RecordDict behind a SHA-256 digest, written to a temporary file
-and renamed into place, so a crash never leaves a half-written checkpoint; the newest
-``keep`` files are kept. With a checkpoint key (``checkpoint_key``, ``fl-lbbsp
---checkpoint-key FILE``, made by ``fl-lbbsp keys checkpoint``) the digest is an
-HMAC-SHA256 under that key instead, so an edited file is detected, not only a damaged one;
-a store with a key refuses files without one, and a store without a key files with one.
+writes one file per round as soon as the round's training is aggregated. A checkpoint is a
+:class:`Manifest` (format, round, strategy class, scheme, the settings that decide batch
+sizes and updates) and each part's state as its own state model dumps it (the round
+engine's :class:`~fl_lbbsp.core.round.engine.EngineState`, which holds the balancer's,
+the claims' and the memory caps'; the updates' state), beside the global model and the
+parts' array records (momentum buffers, kept aggregates). The file is a JSON header and
+the arrays' bytes behind a SHA-256 digest, or, with a checkpoint key (``checkpoint_key``,
+``fl-lbbsp --checkpoint-key FILE``, made by ``fl-lbbsp keys checkpoint``), an
+HMAC-SHA256 under that key, so an edited file is detected, not only a damaged one: a
+store with a key refuses files without one, and a store without a key files with one.
+Files are written to a temporary file and renamed into place; the newest ``keep`` stay.
 
-A strategy started on a folder that holds a checkpoint of round k resumes: the global
-model comes from the checkpoint (the ``initial_arrays`` given to ``start`` are ignored),
-the balancer and the rest of the state are restored, and rounds k+1 .. ``num_rounds`` run
-with their real numbers (config records, logs, telemetry, the returned ``Result``); the
-wrapper strategy :class:`~fl_lbbsp.strategies.checkpointing.Checkpointing` does it. A
-checkpoint written by another strategy class, scheme or settings is refused with a
-:class:`CheckpointError` that names every difference. Nothing in a checkpoint is obeyed
-before it passes :func:`~fl_lbbsp.strategies.checkpoint_schema.validate_checkpoint`
-(every field, the strategy's bounds, a trial of the balancer) and :func:`check_arrays`
-(the model of the strategy's layout, finite, not far larger than the initial model); a
-state that still cannot be restored is refused as a :class:`CheckpointInvalidError`.
+Nothing in a checkpoint is obeyed before it is validated: the manifest and the state by
+the parts' own models (``model_validate``), the strategy's bounds (:func:`limits_of`), a
+trial of the balancer, and the model (:func:`check_arrays`: the strategy's layout,
+finite, not far larger than the initial model). A checkpoint of another strategy, scheme
+or settings is refused with a :class:`CheckpointError` that names every difference; one of
+an older fl_lbbsp (format 1) with one line that says so.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+import math
+import os
+import re
+import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from flwr.app import ArrayRecord
+import numpy as np
+from flwr.app import Array, ArrayRecord
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .checkpoint_file import (
-    Checkpoint,
-    CheckpointKeyError,
-    CheckpointStore,
-    load_checkpoint_key,
-    write_checkpoint_key,
-)
-from .checkpoint_model import MAX_MODEL_GROWTH, check_arrays
-from .checkpoint_run import RUN_FILE, RunRecord
-from .checkpoint_schema import (
-    CheckpointError,
-    CheckpointInvalidError,
-    CheckpointLimits,
-    validate_checkpoint,
-)
+from ..contract import is_encrypted
+from ..core.balancer import BatchSizeBalancer
+from ..core.balancer_state import MAX_BATCH_SIZE
+from ..core.round.engine import EngineState
+from ..core.settings import BalancingConfig
+from ..security.identity import IdentityError, check_private_file, write_file
+from .checkpoint_run import RUN_FILE, CheckpointError, RunRecord
 
 __all__ = [
     "FORMAT_VERSION",
     "MAX_MODEL_GROWTH",
+    "MIN_KEY_BYTES",
     "RUN_FILE",
     "Checkpoint",
     "CheckpointError",
     "CheckpointInvalidError",
     "CheckpointKeyError",
+    "CheckpointLimits",
     "CheckpointStore",
+    "Manifest",
     "ResumePoint",
     "RunRecord",
+    "StrategyState",
     "check_arrays",
     "check_compatible",
     "limits_of",
@@ -74,15 +73,417 @@ __all__ = [
     "resume_point",
     "save_checkpoint",
     "store_of",
+    "validate_checkpoint",
     "write_checkpoint_key",
 ]
 
 log = logging.getLogger("fl_lbbsp")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Version of the checkpoint layout; a file of another version is refused."""
+MAX_MODEL_GROWTH = 1000.0
+"""Largest ratio of a checkpoint model's L2 norm to the initial model's (or to 1)."""
+MIN_KEY_BYTES = 32
+"""Shortest checkpoint key accepted (``fl-lbbsp keys checkpoint`` writes 256 random bits)."""
+
+_MAGIC = b"FL-LBBSP-CHECKPOINT-2\n"
+_MAGIC_KEYED = b"FL-LBBSP-CHECKPOINT-2-HMAC-SHA256\n"
+_OLD_MAGIC = b"FL-LBBSP-CHECKPOINT"
+_DIGEST = hashlib.sha256().digest_size
+_FILE = re.compile(r"^round-(\d+)\.ckpt$")
+_MODEL = "arrays"
 
 
+class CheckpointInvalidError(CheckpointError):
+    """A readable checkpoint refused: one line naming the field, e.g.
+    ``<path>: invalid field state.engine.balancer.silos.w1.estimator.value: ...``.
+
+    Parameters
+    ----------
+    message : str
+        The one-line message.
+    field : str
+        Dotted name of the field that failed.
+    """
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+    @classmethod
+    def caught(cls, err: Exception, *, where: str, field: str, what: str) -> CheckpointInvalidError:
+        """The refusal of ``field`` for the exception ``err`` its use raised, on one line
+        of at most 300 characters of the exception."""
+        message = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        return cls(f"{where}: invalid field {field}: {what} ({message})", field=field)
+
+
+class CheckpointKeyError(CheckpointInvalidError):
+    """A file refused for its key: an HMAC that does not match the checkpoint key, a
+    keyed file read without the key, or a file without one read with a key. Never
+    skipped for an older checkpoint."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="hmac")
+
+
+def load_checkpoint_key(path: str | Path) -> bytes:
+    """The checkpoint key in ``path`` (its bytes, surrounding whitespace removed).
+
+    Raises
+    ------
+    CheckpointError
+        The file is accessible by group or others, cannot be read, or holds fewer than
+        :data:`MIN_KEY_BYTES` bytes.
+    """
+    try:
+        check_private_file(path)
+        key = Path(path).read_bytes().strip()
+    except IdentityError as err:
+        raise CheckpointError(f"checkpoint key {err}") from None
+    except OSError as err:
+        raise CheckpointError(f"checkpoint key {path} cannot be read ({err.strerror})") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise CheckpointError(
+            f"checkpoint key {path} holds {len(key)} bytes, fewer than {MIN_KEY_BYTES}: "
+            "write one with `fl-lbbsp keys checkpoint --out FILE`"
+        )
+    return key
+
+
+def write_checkpoint_key(path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write a new checkpoint key (64 random hex characters) to ``path``, mode 0600.
+
+    Raises
+    ------
+    FileExistsError
+        ``path`` exists and ``overwrite`` is false.
+    """
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; not replacing a checkpoint key without overwrite")
+    write_file(target, (secrets.token_hex(32) + "\n").encode(), mode=0o600)
+    return target
+
+
+class Manifest(BaseModel):
+    """What a checkpoint is of: its format, last finished round, the strategy class and
+    scheme that wrote it, and the settings groups that decide its rounds (``balancing``
+    is validated as a :class:`~fl_lbbsp.core.settings.BalancingConfig`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal[2]
+    round: int = Field(ge=1, le=10_000_000, strict=True)
+    strategy: str = Field(max_length=200)
+    scheme: str = Field(max_length=200)
+    settings: dict[str, Any] = Field(default_factory=dict)
+    saved_at: float = 0.0
+
+    @field_validator("settings")
+    @classmethod
+    def _balancing(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "balancing" in value:
+            BalancingConfig.model_validate(value["balancing"])
+        return value
+
+
+class StrategyState(BaseModel):
+    """A strategy's state: each part's, as its state model dumps it (the updates'
+    JSON state is checked by their own ``load_state_dict``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: EngineState
+    updates: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckpointLimits:
+    """The resuming strategy's bounds on a checkpoint (``None``: not bounded): the
+    configured federation size, and its largest pinned dataset size."""
+
+    max_silos: int | None = None
+    max_dataset_size: int | None = None
+
+
+def _invalid(where: str, field: str, reason: str) -> CheckpointInvalidError:
+    return CheckpointInvalidError(f"{where}: invalid field {field}: {reason}", field=field)
+
+
+def _refuse(where: str, err: ValidationError, prefix: str) -> CheckpointInvalidError:
+    first = err.errors()[0]
+    loc = [str(part)[:40] for part in first.get("loc", ())]
+    msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")[:300]
+    named = re.match(r"([a-z]+_[a-z_]+|[a-z_]+\.[\w.-]+)(?=[= ])", msg)
+    if named:  # a model-level check names its field first in the message
+        loc.append(named.group(1))
+    name = ".".join([prefix, *loc])
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return CheckpointInvalidError(
+        " ".join(f"{where}: invalid field {name}: {msg}{more}".split()), field=name
+    )
+
+
+def validate_checkpoint(
+    manifest: Mapping[str, Any],
+    state: Mapping[str, Any],
+    *,
+    where: str = "checkpoint",
+    limits: CheckpointLimits | None = None,
+) -> StrategyState:
+    """The checkpoint's state, validated (:class:`Manifest`, :class:`StrategyState`, the
+    strategy's ``limits``, one trial allocation of the balancer it holds).
+
+    Raises
+    ------
+    CheckpointInvalidError
+        One line: ``<where>: invalid field <dotted.name>: <reason>``.
+    """
+    try:
+        Manifest.model_validate(dict(manifest))
+    except ValidationError as err:
+        raise _refuse(where, err, "manifest") from None
+    try:
+        parsed = StrategyState.model_validate(dict(state))
+    except ValidationError as err:
+        raise _refuse(where, err, "state") from None
+    engine, limits = parsed.engine, limits or CheckpointLimits()
+    over: list[tuple[str, float, float]] = []
+    if limits.max_silos is not None:
+        over += [("federation_size", engine.federation_size, limits.max_silos)]
+        over += [("silos", len(engine.silos), limits.max_silos)]
+    if limits.max_dataset_size is not None:
+        pinned = engine.claims.sizes.items()
+        over += [(f"claims.sizes.{s}", n, limits.max_dataset_size) for s, n in pinned]
+    for name, value, limit in over:
+        if value > limit:
+            raise CheckpointInvalidError(
+                f"{where}: invalid field state.engine.{name}: {value:g} is over this "
+                f"strategy's {limit:g}",
+                field=f"state.engine.{name}",
+            )
+    try:  # a state the types admit that the balancer cannot use
+        trial = BatchSizeBalancer.from_state_dict(
+            engine.balancer.model_dump(mode="json", exclude_unset=True)
+        )
+        sizes = trial.allocate(trial.silo_ids)
+        if any(not 1 <= x <= MAX_BATCH_SIZE for x in sizes.values()):
+            raise ValueError(f"it allocates batch sizes out of range: {sizes}"[:200])
+    except Exception as err:  # noqa: BLE001 - whatever the balancer cannot use is refused
+        raise CheckpointInvalidError.caught(
+            err, where=where, field="state.engine.balancer", what="the balancer cannot use it"
+        ) from None
+    return parsed
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One saved round: its round, model, manifest, JSON state and array records (the
+    parts' array state), and the file it was read from."""
+
+    server_round: int
+    arrays: ArrayRecord
+    manifest: dict[str, Any]
+    state: dict[str, Any]
+    records: dict[str, ArrayRecord] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def _encode(header: dict[str, Any], records: Mapping[str, ArrayRecord]) -> bytes:
+    """A JSON header (with every array's dtype, shape, stype and size) and the arrays'
+    bytes, in order: the arrays travel as Flower's public ``Array`` fields hold them."""
+    blobs, index = [], {}
+    for name, record in records.items():
+        index[name] = [[k, a.dtype, list(a.shape), a.stype, len(a.data)] for k, a in record.items()]
+        blobs += [a.data for a in record.values()]
+    head = json.dumps({**header, "records": index}).encode()
+    return len(head).to_bytes(8, "big") + head + b"".join(blobs)
+
+
+def _decode(payload: bytes) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
+    size = int.from_bytes(payload[:8], "big")
+    header = json.loads(payload[8 : 8 + size])
+    offset, records = 8 + size, {}
+    for name, arrays in header.pop("records").items():
+        record = ArrayRecord()
+        for key, dtype, shape, stype, length in arrays:
+            data = payload[offset : offset + length]
+            if len(data) != length:
+                raise ValueError("truncated")
+            record[key] = Array(dtype=dtype, shape=tuple(shape), stype=stype, data=data)
+            offset += length
+        records[name] = record
+    if offset != len(payload):
+        raise ValueError(f"{len(payload) - offset} bytes after the last array")
+    return header, records
+
+
+class CheckpointStore:
+    """Checkpoint files ``round-NNNNNN.ckpt`` in one folder.
+
+    Parameters
+    ----------
+    directory : str | Path
+        The folder; created on the first save.
+    keep : int (default: 2)
+        Newest checkpoints kept; older ones are deleted after each save.
+    key : bytes | None (default: None)
+        Checkpoint key (:func:`load_checkpoint_key`): files are written with an
+        HMAC-SHA256 under it, and only such files whose HMAC matches are read. ``None``:
+        a SHA-256 digest (damage is detected, edits are not); keyed files are refused.
+    """
+
+    def __init__(self, directory: str | Path, *, keep: int = 2, key: bytes | None = None) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be a positive integer, got {keep!r}")
+        if key is not None and not key:
+            raise ValueError("an empty checkpoint key")
+        self.directory, self.keep, self.key = Path(directory), keep, key
+
+    def _open(self, path: Path, data: bytes) -> bytes:
+        """The payload of a checkpoint file, its digest or HMAC checked."""
+        keyed = data.startswith(_MAGIC_KEYED)
+        magic = _MAGIC_KEYED if keyed else _MAGIC
+        tag, payload = data[len(magic) : len(magic) + _DIGEST], data[len(magic) + _DIGEST :]
+        if keyed and self.key is None:
+            raise CheckpointKeyError(
+                f"{path} was written with a checkpoint key: give the same key "
+                "(--checkpoint-key) to resume it"
+            )
+        if keyed and self.key is not None:
+            if not hmac.compare_digest(tag, hmac.new(self.key, payload, "sha256").digest()):
+                raise CheckpointKeyError(
+                    f"{path}: its HMAC does not match the checkpoint key: the file was "
+                    "edited, damaged or written under another key; refused (remove it to "
+                    "resume from an older checkpoint)"
+                )
+            return payload
+        if not data.startswith(_MAGIC) and data.startswith(_OLD_MAGIC):
+            raise CheckpointInvalidError(
+                f"{path} is a checkpoint of an older fl_lbbsp (format 1), which this version "
+                "cannot resume: use another checkpoint dir, or remove it to start afresh",
+                field="manifest.format",
+            )
+        if not data.startswith(_MAGIC) or hashlib.sha256(payload).digest() != tag:
+            raise CheckpointError(f"{path} is damaged or not a checkpoint (digest mismatch)")
+        if self.key is not None:
+            raise CheckpointKeyError(
+                f"{path} was written without a checkpoint key, so an edit to it cannot be "
+                "detected: resume without --checkpoint-key, or remove the checkpoints to "
+                "start afresh"
+            )
+        return payload
+
+    def path(self, server_round: int) -> Path:
+        """File of the checkpoint of ``server_round``."""
+        return self.directory / f"round-{server_round:06d}.ckpt"
+
+    def rounds(self) -> list[int]:
+        """Rounds with a checkpoint file, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = (_FILE.match(p.name) for p in self.directory.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def save(
+        self,
+        server_round: int,
+        *,
+        arrays: ArrayRecord,
+        manifest: dict[str, Any],
+        state: dict[str, Any],
+        records: dict[str, ArrayRecord] | None = None,
+    ) -> Path:
+        """Write the checkpoint of ``server_round`` atomically; return its path."""
+        header = {"manifest": manifest, "state": state, "model": _MODEL}
+        parts = {f"state.{name}": record for name, record in (records or {}).items()}
+        payload = _encode(header, {_MODEL: arrays, **parts})
+        if self.key is None:
+            sealed = _MAGIC + hashlib.sha256(payload).digest() + payload
+        else:
+            sealed = _MAGIC_KEYED + hmac.new(self.key, payload, "sha256").digest() + payload
+        self.directory.mkdir(parents=True, exist_ok=True)
+        final = self.path(server_round)
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        try:
+            with tmp.open("wb") as f:
+                f.write(sealed)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        try:  # persist the rename (POSIX; best effort elsewhere)
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        for old in self.rounds()[: -self.keep]:
+            self.path(old).unlink(missing_ok=True)
+        return final
+
+    def load(self, path: str | Path) -> Checkpoint:
+        """Read one checkpoint file, validated (:func:`validate_checkpoint`).
+
+        Raises
+        ------
+        CheckpointError
+            If the file is damaged, truncated or not a checkpoint.
+        CheckpointKeyError
+            A key mismatch (see the class).
+        CheckpointInvalidError
+            If its contents fail validation, or it is of an older format.
+        """
+        path = Path(path)
+        payload = self._open(path, path.read_bytes())
+        try:
+            header, records = _decode(payload)
+            manifest, state, arrays = header["manifest"], header["state"], records.pop(_MODEL)
+        except Exception as err:  # noqa: BLE001 - any decoding failure means unreadable
+            message = " ".join(str(err).split())[:200]
+            raise CheckpointError(f"{path} is not a readable checkpoint: {message}") from None
+        for name, value in (("manifest", manifest), ("state", state)):
+            if not isinstance(value, dict):
+                raise CheckpointInvalidError(
+                    f"{path}: invalid field {name}: not a JSON object", field=name
+                )
+        validate_checkpoint(manifest, state, where=str(path))
+        parts = {name.removeprefix("state."): r for name, r in records.items()}
+        return Checkpoint(int(manifest["round"]), arrays, manifest, state, parts, path)
+
+    def latest(self) -> Checkpoint | None:
+        """The newest readable checkpoint (a damaged newer file is skipped with a
+        warning), or ``None`` when the folder holds none.
+
+        Raises
+        ------
+        CheckpointError
+            If the folder holds checkpoint files but none is readable.
+        CheckpointInvalidError
+            The newest readable one is refused (never skipped for an older one).
+        """
+        rounds = self.rounds()
+        for server_round in reversed(rounds):
+            path = self.path(server_round)
+            try:
+                return self.load(path)
+            except CheckpointInvalidError:
+                raise
+            except (CheckpointError, OSError) as err:
+                log.warning("skipping checkpoint %s: %s", path, err)
+        if rounds:
+            raise CheckpointError(
+                f"no readable checkpoint in {self.directory} ({len(rounds)} damaged files): "
+                "remove them to start afresh"
+            )
+        return None
+
+
+# ------------------------------------------------------------------ strategy side
 class Checkpointable(Protocol):
     """What a strategy offers to be checkpointed (:class:`~fl_lbbsp.strategies.LBBSPFedAvg`)."""
 
@@ -97,13 +498,12 @@ class Checkpointable(Protocol):
         """Settings a checkpoint must have been written with to be resumed."""
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """The state between two rounds."""
+        """The state between two rounds (a :class:`StrategyState`'s dump) and records."""
 
     def load_checkpoint_state(self, state: Any, records: Any) -> None:
         """Restore :meth:`checkpoint_state`."""
 
 
-# ------------------------------------------------------------------ strategy side
 def _manifest(strategy: Checkpointable) -> dict[str, Any]:
     return {
         "format": FORMAT_VERSION,
@@ -122,20 +522,18 @@ def save_checkpoint(
     return store.save(server_round, arrays=arrays, manifest=manifest, state=state, records=records)
 
 
-def _flat(manifest: dict[str, Any]) -> dict[str, Any]:
+def _flat(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """Strategy, scheme and every setting as one flat mapping (JSON values)."""
-    flat = {"format": manifest.get("format"), "strategy": manifest.get("strategy")}
-    flat["scheme"] = manifest.get("scheme")
+    flat = {k: manifest.get(k) for k in ("format", "strategy", "scheme")}
     for group, value in dict(manifest.get("settings") or {}).items():
         flat.update(value if isinstance(value, dict) else {group: value})
     return json.loads(json.dumps(flat))  # type: ignore[no-any-return]
 
 
 def check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
-    """Raise :class:`CheckpointError` unless ``strategy`` can resume ``checkpoint``:
-    same format version, strategy class, scheme and settings. A setting newer than the
-    checkpoint (absent from its manifest) is not compared: the run resumes with the
-    strategy's value of it."""
+    """Raise :class:`CheckpointError` unless ``strategy`` can resume ``checkpoint``: the
+    same strategy class, scheme and settings (a setting newer than the checkpoint, absent
+    from its manifest, is not compared: the run resumes with the strategy's value)."""
     found, expected = _flat(checkpoint.manifest), _flat(_manifest(strategy))
     newer = [name for name in expected if name not in found]
     if newer:
@@ -145,9 +543,9 @@ def check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
             ", ".join(newer),
         )
     differences = [
-        f"{name}={found.get(name)!r} (this strategy: {expected.get(name)!r})"
-        for name in dict.fromkeys([*expected, *found])
-        if name in found and found.get(name) != expected.get(name)
+        f"{name}={found[name]!r} (this strategy: {expected[name]!r})"
+        for name in expected
+        if name in found and found[name] != expected[name]
     ]
     if differences:
         raise CheckpointError(
@@ -157,43 +555,27 @@ def check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
 
 
 def limits_of(strategy: Checkpointable, *, max_silos: int | None = None) -> CheckpointLimits:
-    """The bounds ``strategy`` puts on a checkpoint it resumes (see
-    :class:`~fl_lbbsp.strategies.checkpoint_schema.CheckpointLimits`): its
-    ``max_dataset_size``, ``deadline_ceiling`` and twice its ``max_claimed_time``, as far
-    as it has them, and ``max_silos``."""
-    config = getattr(strategy, "config", None)
-    max_time = getattr(config, "max_claimed_time", None)
-    size = getattr(config, "max_dataset_size", None)
-    ceiling = getattr(strategy.server_config, "deadline_ceiling", None)
-    return CheckpointLimits(
-        max_silos=max_silos,
-        max_dataset_size=size if isinstance(size, int) else None,
-        max_overhead=float(ceiling) if isinstance(ceiling, int | float) else None,
-        max_seconds=2.0 * float(max_time) if isinstance(max_time, int | float) else None,
-    )
+    """The bounds ``strategy`` puts on a checkpoint it resumes: ``max_silos`` and its
+    ``max_dataset_size`` (where it has one)."""
+    size = getattr(getattr(strategy, "config", None), "max_dataset_size", None)
+    return CheckpointLimits(max_silos, size if isinstance(size, int) else None)
 
 
 def store_of(strategy: Checkpointable) -> CheckpointStore | None:
-    """The strategy's checkpoint folder (``server_config.checkpoint_dir``), with its
-    checkpoint key if it has one; ``None``: the strategy has no checkpoint folder.
+    """The strategy's checkpoint folder (``server_config.checkpoint_dir``) with its
+    checkpoint key, if any; ``None``: the strategy has no checkpoint folder.
 
     Raises
     ------
-    CheckpointKeyError
+    CheckpointError
         The checkpoint key file cannot be used.
     """
     server = strategy.server_config
-    directory = server.checkpoint_dir
-    if directory is None:
+    if server.checkpoint_dir is None:
         return None
     key_file = getattr(server, "checkpoint_key", None)
     key = None if key_file is None else load_checkpoint_key(key_file)
-    return CheckpointStore(directory, key=key)
-
-
-def _encrypted(strategy: Checkpointable) -> bool:
-    """Whether the strategy's model is encrypted (its settings carry a key fingerprint)."""
-    return "fingerprint" in _flat(_manifest(strategy))
+    return CheckpointStore(server.checkpoint_dir, key=key)
 
 
 def resume_point(
@@ -203,49 +585,33 @@ def resume_point(
     max_silos: int | None = None,
     initial_arrays: ArrayRecord | None = None,
 ) -> Checkpoint | None:
-    """The checkpoint ``strategy.start`` would resume from (``None``: a fresh start).
-
-    Parameters
-    ----------
-    strategy : Checkpointable
-        The strategy.
-    store : CheckpointStore | None (default: None)
-        Where to search; ``None``: the strategy's ``server_config.checkpoint_dir`` (with
-        its ``checkpoint_key``, if any, :func:`store_of`).
-    max_silos : int | None (default: None)
-        The configured federation size (a registry, a deployment's silos): a checkpoint
-        that knows more silos or a larger federation is refused. ``None``: the silos
-        the checkpoint has seen bound its federation size (always checked on load).
-    initial_arrays : ArrayRecord | None (default: None)
-        The model the strategy would start from: the checkpoint's model must have its
-        layout (:func:`check_arrays`). ``None``: not checked here (``start`` checks it).
+    """The checkpoint ``strategy.start`` would resume from (``None``: a fresh start),
+    validated against the strategy's bounds (:func:`limits_of`; ``max_silos``: the
+    configured federation size), settings (:func:`check_compatible`) and, with
+    ``initial_arrays``, model (:func:`check_arrays`). ``store=None``: the strategy's own
+    (:func:`store_of`).
 
     Raises
     ------
-    CheckpointError
-        If the newest readable checkpoint belongs to another strategy or settings, none
-        of the checkpoint files is readable, or the checkpoint key cannot be used.
-    CheckpointInvalidError
-        If the newest readable checkpoint's contents fail validation against the
-        strategy's bounds (:func:`limits_of`) or its model is not the strategy's.
+    CheckpointError, CheckpointInvalidError
+        As :func:`check_compatible`, :meth:`CheckpointStore.latest` and
+        :func:`check_arrays`.
     """
-    limits = limits_of(strategy, max_silos=max_silos)
-    encrypted = _encrypted(strategy)
     store = store if store is not None else store_of(strategy)
     checkpoint = None if store is None else store.latest()
     if checkpoint is not None:
-        validate_checkpoint(
-            checkpoint.manifest, checkpoint.state, where=str(checkpoint.path), limits=limits
-        )
+        limits = limits_of(strategy, max_silos=max_silos)
+        where = str(checkpoint.path)
+        validate_checkpoint(checkpoint.manifest, checkpoint.state, where=where, limits=limits)
         check_compatible(checkpoint, strategy)
         if initial_arrays is not None:
+            encrypted = "fingerprint" in _flat(_manifest(strategy))
             check_arrays(checkpoint, initial_arrays, encrypted=encrypted)
     return checkpoint
 
 
 def restore(strategy: Checkpointable, checkpoint: Checkpoint) -> None:
-    """Restore ``checkpoint``'s state into ``strategy``; a state the strategy cannot take
-    (state the validation does not know, from a newer strategy) is refused.
+    """Restore ``checkpoint``'s state into ``strategy``.
 
     Raises
     ------
@@ -262,16 +628,8 @@ def restore(strategy: Checkpointable, checkpoint: Checkpoint) -> None:
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """A checkpoint validated for a strategy and restored into it: where its run resumes
-    (:func:`resume_from`), with the store it was read from and the rest are written to.
-
-    Attributes
-    ----------
-    checkpoint : Checkpoint
-        The checkpoint: its round is the last one done, its model the next start's.
-    store : CheckpointStore
-        The checkpoint folder (with its key, if any).
-    """
+    """A checkpoint validated for a strategy and restored into it (:func:`resume_from`),
+    with the store it was read from and the next ones are written to."""
 
     checkpoint: Checkpoint
     store: CheckpointStore
@@ -285,23 +643,17 @@ def resume_from(
     max_silos: int | None = None,
     initial_arrays: ArrayRecord | None = None,
 ) -> ResumePoint | None:
-    """The newest checkpoint in ``store``, validated (:func:`resume_point`) and restored
-    into ``strategy`` (:func:`restore`); ``None``: a fresh start (no checkpoint there).
-    ``store=None``: the strategy's own checkpoint folder (:func:`store_of`), if any.
-
-    With ``run`` (a runner's run, :class:`~fl_lbbsp.strategies.checkpoint_run.RunRecord`)
+    """The newest checkpoint in ``store`` (``None``: the strategy's own), validated
+    (:func:`resume_point`) and restored into ``strategy`` (:func:`restore`); ``None``: a
+    fresh start. With ``run`` (:class:`~fl_lbbsp.strategies.checkpoint_run.RunRecord`)
     the checkpoints must be that run's: a folder with checkpoints must record the same
-    settings (checked first), a resumed run keeps the telemetry of its earlier rounds
-    (copied from the recorded run's output folder when it moved), and the record is
-    written when the run starts afresh or the folder had none.
+    settings (checked first), a resumed run keeps the telemetry of its earlier rounds,
+    and the record is written when the run starts afresh or the folder had none.
 
     Raises
     ------
-    CheckpointError
-        As :func:`resume_point`; with ``run``: a recorded run of other settings, an
-        unreadable record, or a resume without the telemetry of its earlier rounds.
-    CheckpointInvalidError
-        As :func:`resume_point` and :func:`restore`.
+    CheckpointError, CheckpointInvalidError
+        As :func:`resume_point`, :func:`restore` and the run record's checks.
     """
     store = store if store is not None else store_of(strategy)
     if store is None or not store.rounds():
@@ -318,3 +670,108 @@ def resume_from(
     if run is not None:
         run.keep(earlier, after_round=checkpoint.server_round)
     return ResumePoint(checkpoint, store)
+
+
+# ------------------------------------------------------------------------ the model
+Layout = list[tuple[str, tuple[int, ...], str]]
+
+
+def _layout(record: ArrayRecord) -> Layout:
+    return [(key, tuple(a.shape), str(a.dtype)) for key, a in record.items()]
+
+
+def _values(record: ArrayRecord, where: str, name: str) -> list[np.ndarray]:
+    """Every array of a plaintext record as numpy, each checked finite."""
+    out: list[np.ndarray] = []
+    for key, array in record.items():
+        try:
+            values = np.asarray(array.numpy())
+        except Exception as err:  # noqa: BLE001 - bytes that are not an array
+            raise _invalid(where, f"{name}.{key}", f"unreadable ({type(err).__name__})") from None
+        if values.dtype.kind in "fc" and not np.isfinite(values).all():
+            raise _invalid(where, f"{name}.{key}", "holds NaN or infinite values")
+        out.append(values)
+    return out
+
+
+def _norm(values: list[np.ndarray]) -> float:
+    return math.sqrt(math.fsum(float(np.sum(np.square(v, dtype=np.float64))) for v in values))
+
+
+def _why_not(
+    name: str, record: ArrayRecord, model: Layout, encrypted: bool
+) -> tuple[str, str | None]:
+    """The field and why ``record`` cannot be taken (``None``: it can, finite values and
+    the norm bound aside)."""
+    found = _layout(record)
+    if is_encrypted(record):
+        return name, _encrypted_layout(record, model) if encrypted else (
+            "an encrypted model, but this strategy's is plaintext"
+        )
+    if name == "records.optimizer":
+        same = [s for _, s, _ in found] == [s for _, s, _ in model]
+        return name, None if same else "momentum buffers not of the model's shapes"
+    names, want = [k for k, _, _ in found], [k for k, _, _ in model]
+    if names != want:
+        return (
+            name,
+            None if name != _MODEL else f"arrays {names[:8]} are not the model's {want[:8]}",
+        )
+    for (key, shape, dtype), (_, want_shape, want_dtype) in zip(found, model, strict=True):
+        if shape != want_shape:
+            return f"{name}.{key}", f"shape {list(shape)}, the model's is {list(want_shape)}"
+        if dtype != want_dtype:
+            return f"{name}.{key}", f"dtype {dtype}, the model's is {want_dtype}"
+    return name, None
+
+
+def check_arrays(
+    checkpoint: Checkpoint,
+    initial_arrays: ArrayRecord,
+    *,
+    encrypted: bool = False,
+    max_growth: float = MAX_MODEL_GROWTH,
+) -> None:
+    """Refuse a checkpoint whose model (or array state) the strategy cannot take.
+
+    The model, and any record named like it (a kept initial model), must have its names
+    in order, shapes and dtypes, finite values and an L2 norm at most ``max_growth``
+    times the initial model's (or 1); the momentum buffers (``optimizer``) its shapes in
+    order and the same bound; any other plaintext record finite values; an encrypted one
+    (only for an ``encrypted`` strategy) be a readable encrypted record of the model's
+    layout. The plaintext records are checked first, the encrypted ones (decoded) last.
+
+    Raises
+    ------
+    CheckpointInvalidError
+        Naming the first array that fails, e.g. ``arrays.w: shape [3, 4], the model's is
+        [30, 4]``.
+    """
+    where, model = str(checkpoint.path), _layout(initial_arrays)
+    bound = max_growth * max(1.0, _norm(_values(initial_arrays, where, "initial")))
+    records = [(_MODEL, checkpoint.arrays)]
+    records += [(f"records.{k[:40]}", r) for k, r in checkpoint.records.items()]
+    for name, record in sorted(records, key=lambda item: is_encrypted(item[1])):
+        field, reason = _why_not(name, record, model, encrypted)
+        if reason is None and not is_encrypted(record):
+            norm = _norm(_values(record, where, name))
+            bounded = name in (_MODEL, "records.optimizer") or list(record) == list(initial_arrays)
+            if bounded and not norm <= bound:
+                reason = (
+                    f"L2 norm {norm:.4g} is over {bound:.4g} ({max_growth:g} times the "
+                    "initial model's, or 1)"
+                )
+        if reason is not None:
+            raise _invalid(where, field, reason)
+
+
+def _encrypted_layout(record: ArrayRecord, model: Layout) -> str | None:
+    """Why ``record`` is not a readable encrypted model of ``model`` (``None``: it is)."""
+    from ..crypto.records import update_from_record  # tenseal: encrypted strategies only
+
+    try:
+        update = update_from_record(record)
+    except Exception as err:  # noqa: BLE001 - any unreadable ciphertext record
+        return f"not a readable encrypted model ({err})"[:300]
+    found = [(s.name, tuple(s.shape), str(np.dtype(s.dtype))) for s in update.layout]
+    return None if found == model else "its encrypted layout is not the model's"

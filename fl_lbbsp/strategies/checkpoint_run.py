@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .checkpoint_schema import CheckpointError
+__all__ = ["RUN_FILE", "CheckpointError", "RunRecord"]
 
-__all__ = ["RUN_FILE", "RunRecord"]
+
+class CheckpointError(ValueError):
+    """A checkpoint (or its run's record) that cannot be read or resumed by this strategy."""
+
 
 RUN_FILE = "run.json"
 """File beside a run's checkpoints recording the settings that decide the run."""

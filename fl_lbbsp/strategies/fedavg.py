@@ -473,17 +473,21 @@ class LBBSPFedAvg(EngineView, FedAvg):
         return {"balancing": balancing, **self.updates.settings()}
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """The state between two rounds: the engine's (JSON) and the updates' (JSON and
-        ArrayRecords)."""
+        """The state between two rounds (a
+        :class:`~fl_lbbsp.strategies.checkpoint.StrategyState`'s JSON) and the updates'
+        ArrayRecords: each part's as its state model dumps it."""
         state, records = self.updates.state_dict()
-        return {**self.engine.state_dict(), **state}, records
+        return {
+            "engine": self.engine.state_dict().model_dump(mode="json"),
+            "updates": state,
+        }, records
 
     def load_checkpoint_state(
         self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]
     ) -> None:
         """Restore :meth:`checkpoint_state`."""
-        self.engine.load_state_dict(state)
-        self.updates.load_state_dict(state, records)
+        self.engine.load_state_dict(state["engine"])
+        self.updates.load_state_dict(state.get("updates", {}), records)
 
 
 EngineStrategy = LBBSPFedAvg

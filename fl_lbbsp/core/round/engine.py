@@ -39,13 +39,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from ...contract import RecordKeys, out_of_memory_batch_size
-from ...security.claims import ClaimChecker
+from ...security.claims import ClaimChecker, ClaimsState
 from ...security.identity import SiloRegistry
 from ...security.reply_screen import ReplyScreen
 from ...security.screening import ReplyValidator
 from ...security.update_screen import cap_weights
 from ..balancer import BatchSizeBalancer
+from ..balancer_state import MAX_ENTRIES, MAX_SILOS, BalancerState, NodeId, Seconds, SiloId
 from ..settings import (
     BalancingConfig,
     ReplyLimits,
@@ -56,7 +59,7 @@ from .deadline import (
     OverheadTracker,
     StragglerWatch,
 )
-from .memory_caps import MemoryCaps
+from .memory_caps import MemoryCaps, MemoryState
 from .reports import RoundReporting
 from .rewriters import FastestReplies, InstructionRewriter
 from .state import Instruction, Node, Reply, RoundState, Verdict
@@ -67,6 +70,51 @@ __all__ = ["RoundEngine"]
 log = logging.getLogger("fl_lbbsp")
 
 U = TypeVar("U")
+
+
+class EngineState(BaseModel):
+    """The round engine's state between two rounds (:meth:`RoundEngine.state_dict`): each
+    part's own state model, and what the engine itself keeps.
+
+    Parameters
+    ----------
+    balancer : BalancerState
+        The balancer's (:class:`~fl_lbbsp.core.balancer_state.BalancerState`).
+    silo_of_node : dict of str to str
+        Flower node id (decimal) -> silo id.
+    overhead : list of float
+        Measured messaging overhead, seconds.
+    federation_size : int (default: 0)
+        The most silos seen in a round; at most the silos the state knows.
+    claims : ClaimsState (default: empty)
+        The claim checker's (:class:`~fl_lbbsp.security.claims.ClaimsState`).
+    memory : MemoryState (default: empty)
+        The caps learned from silos that ran out of memory
+        (:class:`~fl_lbbsp.core.round.memory_caps.MemoryState`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    balancer: BalancerState
+    silo_of_node: dict[NodeId, SiloId] = Field(max_length=MAX_SILOS)
+    overhead: list[Seconds] = Field(max_length=MAX_ENTRIES)
+    federation_size: int = Field(default=0, ge=0, le=MAX_SILOS, strict=True)
+    claims: ClaimsState = Field(default_factory=ClaimsState)
+    memory: MemoryState = Field(default_factory=MemoryState)
+
+    @property
+    def silos(self) -> set[str]:
+        """Every silo the state knows."""
+        return set(self.balancer.silos) | set(self.silo_of_node.values())
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EngineState:
+        if self.federation_size > len(self.silos):
+            raise ValueError(
+                f"federation_size={self.federation_size} exceeds the {len(self.silos)} "
+                "silos this state has seen"
+            )
+        return self
 
 
 class RoundEngine(RoundTiming, RoundReporting):
@@ -342,24 +390,34 @@ class RoundEngine(RoundTiming, RoundReporting):
         self.screening.verify(state, reply)
 
     # ----------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """The engine's state between two rounds (JSON values): the balancer, the node ->
-        silo ids, the messaging overhead, the most silos seen in a round."""
-        return {
-            "balancer": self.balancer.state_dict(),
-            "silo_of_node": {str(node): silo for node, silo in self.silo_of_node.items()},
-            "overhead": self.overhead.seen,
-            "federation_size": self.federation_size,
-            "claims": self.claims.state_dict(),
-            "memory": self.memory.state_dict(),
-        }
+    def state_dict(self) -> EngineState:
+        """The engine's state between two rounds: the balancer, the node -> silo ids,
+        the messaging overhead, the most silos seen in a round, the claims, the memory
+        caps."""
+        return EngineState(
+            balancer=BalancerState.model_validate(self.balancer.state_dict()),
+            silo_of_node={str(node): silo for node, silo in self.silo_of_node.items()},
+            overhead=self.overhead.seen,
+            federation_size=self.federation_size,
+            claims=self.claims.state_dict(),
+            memory=self.memory.state_dict(),
+        )
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
-        self.silo_of_node = {int(node): str(silo) for node, silo in state["silo_of_node"].items()}
+    def load_state_dict(self, state: EngineState | Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (a mapping is validated as an :class:`EngineState`).
+
+        Raises
+        ------
+        pydantic.ValidationError
+            A mapping that is not an engine's state.
+        """
+        state = EngineState.model_validate(state)
+        self.balancer = BatchSizeBalancer.from_state_dict(
+            state.balancer.model_dump(mode="json", exclude_unset=True)
+        )
+        self.silo_of_node = {int(node): silo for node, silo in state.silo_of_node.items()}
         self.node_of_silo = {silo: node for node, silo in self.silo_of_node.items()}
-        self.overhead = OverheadTracker(self.deadline.overhead_rounds, state["overhead"])
-        self.federation_size = int(state.get("federation_size", 0))
-        self.claims.load_state_dict(state.get("claims", {}))
-        self.memory.load_state_dict(state.get("memory", {}))
+        self.overhead = OverheadTracker(self.deadline.overhead_rounds, state.overhead)
+        self.federation_size = state.federation_size
+        self.claims.load_state_dict(state.claims)
+        self.memory.load_state_dict(state.memory)

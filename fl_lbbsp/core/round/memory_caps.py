@@ -16,11 +16,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
-__all__ = ["MemoryCaps"]
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..balancer_state import MAX_SILOS, Batch, SiloId
+
+__all__ = ["MemoryCaps", "MemoryState"]
 
 log = logging.getLogger(__name__)
+
+
+class MemoryState(BaseModel):
+    """The learned caps (:meth:`MemoryCaps.state_dict`, a checkpoint's).
+
+    Parameters
+    ----------
+    caps : dict of str to int (default: {})
+        Silo id -> its learned cap (a batch size).
+    completed : dict of str to int (default: {})
+        Silo id -> the largest batch size it completed a round with.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    caps: dict[SiloId, Batch] = Field(default_factory=dict, max_length=MAX_SILOS)
+    completed: dict[SiloId, Batch] = Field(default_factory=dict, max_length=MAX_SILOS)
 
 
 class MemoryCaps:
@@ -51,23 +71,17 @@ class MemoryCaps:
         )  # fmt: skip
         return cap
 
-    def state_dict(self) -> dict[str, Any]:
-        """The caps and completed sizes (JSON values)."""
-        return {"caps": dict(self.caps), "completed": dict(self.completed)}
+    def state_dict(self) -> MemoryState:
+        """The caps and completed sizes."""
+        return MemoryState(caps=dict(self.caps), completed=dict(self.completed))
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` (an empty mapping: nothing learned).
+    def load_state_dict(self, state: MemoryState | Mapping[str, object]) -> None:
+        """Restore :meth:`state_dict` (a mapping is validated as a :class:`MemoryState`).
 
         Raises
         ------
-        ValueError
+        pydantic.ValidationError
             On a cap or size that is not a positive integer.
         """
-        loaded = []
-        for name in ("caps", "completed"):
-            table = {str(s): v for s, v in dict(state.get(name, {})).items()}
-            bad = {s: v for s, v in table.items() if type(v) is not int or v < 1}
-            if bad:
-                raise ValueError(f"memory caps: {name} must be positive integers, got {bad}")
-            loaded.append(table)
-        self.caps, self.completed = loaded
+        state = MemoryState.model_validate(state)
+        self.caps, self.completed = dict(state.caps), dict(state.completed)

@@ -1,8 +1,10 @@
-"""The balancer's checkpointed state as types and ranges (the first layer of
-:mod:`fl_lbbsp.strategies.checkpoint_schema`): every silo's estimator, history, cost fit,
-pending reports and change limit, the iterative allocator and the pooled shape, and the
-balancer's settings against :class:`~fl_lbbsp.core.settings.BalancingConfig`, with the
-bounds and value types every part of a checkpoint shares."""
+"""The balancer's state model: what :meth:`BatchSizeBalancer.state_dict
+<fl_lbbsp.core.balancer.BatchSizeBalancer.state_dict>` holds (every silo's estimator,
+history, cost fit, pending reports and change limit, the iterative allocator and the
+pooled shape, the balancer's settings against
+:class:`~fl_lbbsp.core.settings.BalancingConfig`), as types and ranges, and the bounds and
+value types the other parts' state models share. A checkpoint validates the balancer's
+state with it (:class:`~fl_lbbsp.core.round.engine.EngineState`)."""
 
 from __future__ import annotations
 
@@ -18,14 +20,15 @@ from pydantic import (
     model_validator,
 )
 
-from ..core.settings import BALANCER_SETTINGS, BalancingConfig
-from ..core.silo.estimators import ESTIMATORS
 from ..security.identity import SILO_ID_PATTERN
+from .settings import BALANCER_SETTINGS, BalancingConfig
+from .silo.estimators import ESTIMATORS
 
 __all__ = [
     "MAX_BATCH_SIZE",
     "MAX_COUNT",
     "MAX_ENTRIES",
+    "MAX_SECONDS",
     "MAX_SILOS",
     "MAX_SPEED",
     "BalancerState",
@@ -49,11 +52,13 @@ MAX_COUNT = 10**9
 """Largest count (reports, steps, versions) a checkpoint may hold."""
 MAX_ENTRIES = 100_000
 """Longest list (history, pending reports, overheads) a checkpoint may hold."""
+MAX_SECONDS = 1e7
+"""Longest time (a round, an overhead: 115 days) a checkpoint may hold."""
 
 
 SiloId = Annotated[str, StringConstraints(pattern=f"^{SILO_ID_PATTERN}$")]
 NodeId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,20}$")]
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False, strict=True)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 Speed = Annotated[float, Field(ge=1 / MAX_SPEED, le=MAX_SPEED, allow_inf_nan=False, strict=True)]
 Batch = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE, strict=True)]
@@ -81,7 +86,7 @@ class LastReport(OpenRecord):
 
     batch_size: int = Field(default=0, ge=0, le=MAX_BATCH_SIZE, strict=True)
     train_time: Seconds = 0.0
-    samples: Seconds = 0.0
+    samples: float = Field(default=0.0, ge=0, allow_inf_nan=False, strict=True)
 
 
 class FitState(OpenRecord):
@@ -132,8 +137,8 @@ class SiloState(OpenRecord):
                 raise ValueError(
                     f"entry {i}: batch size {batch!r:.40} out of [1, {MAX_BATCH_SIZE}]"
                 )
-            if not (_real(seconds) and seconds >= 0):
-                raise ValueError(f"entry {i}: time {seconds!r:.40} is not a finite number >= 0")
+            if not (_real(seconds) and 0 <= seconds <= MAX_SECONDS):
+                raise ValueError(f"entry {i}: time {seconds!r:.40} out of [0, {MAX_SECONDS:g}]")
             if not (_real(speed) and 1 / MAX_SPEED <= speed <= MAX_SPEED):
                 raise ValueError(f"entry {i}: speed {speed!r:.40} out of range")
             if not _real(deviation) or any(not isinstance(h, bool) for h in held):
