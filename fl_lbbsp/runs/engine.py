@@ -24,11 +24,11 @@ from ..clients.silo_setup import InitialModel
 from ..clients.trainer import evaluate
 from ..datasets import ArrayDataset
 from ..strategies import EngineStrategy
-from ..strategies.checkpoint import ResumePoint, RunRecord
+from ..strategies.checkpoint import ResumePoint
 from ..telemetry import read_telemetry
 from .config import RunSettings
 from .inprocess import run_in_process
-from .resume import run_record
+from .resume import RunRecord, run_record
 
 if TYPE_CHECKING:
     from ..crypto import CKKSKeys

@@ -47,35 +47,14 @@ from ..core.balancer_state import MAX_BATCH_SIZE
 from ..core.round.engine import EngineState
 from ..core.settings import BalancingConfig
 from ..security.identity import IdentityError, check_private_file, write_file
-from .checkpoint_run import RUN_FILE, CheckpointError, RunRecord
 
-__all__ = [
-    "FORMAT_VERSION",
-    "MAX_MODEL_GROWTH",
-    "MIN_KEY_BYTES",
-    "RUN_FILE",
-    "Checkpoint",
-    "CheckpointError",
-    "CheckpointInvalidError",
-    "CheckpointKeyError",
-    "CheckpointLimits",
-    "CheckpointStore",
-    "Manifest",
-    "ResumePoint",
-    "RunRecord",
-    "StrategyState",
-    "check_arrays",
-    "check_compatible",
-    "limits_of",
-    "load_checkpoint_key",
-    "restore",
-    "resume_from",
-    "resume_point",
-    "save_checkpoint",
-    "store_of",
-    "validate_checkpoint",
-    "write_checkpoint_key",
-]
+__all__ = [  # noqa: RUF022 - by kind: errors, the file, the strategy's side
+    "CheckpointError", "CheckpointInvalidError", "CheckpointKeyError",
+    "Checkpoint", "CheckpointLimits", "CheckpointStore", "Manifest", "StrategyState",
+    "ResumePoint", "RunLog", "check_arrays", "check_compatible", "limits_of",
+    "load_checkpoint_key", "restore", "resume_from", "resume_point", "save_checkpoint",
+    "store_of", "validate_checkpoint", "write_checkpoint_key",
+]  # fmt: skip
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -92,6 +71,10 @@ _OLD_MAGIC = b"FL-LBBSP-CHECKPOINT"
 _DIGEST = hashlib.sha256().digest_size
 _FILE = re.compile(r"^round-(\d+)\.ckpt$")
 _MODEL = "arrays"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint (or its run's record) that this strategy cannot read or resume."""
 
 
 class CheckpointInvalidError(CheckpointError):
@@ -626,6 +609,20 @@ def restore(strategy: Checkpointable, checkpoint: Checkpoint) -> None:
         ) from None
 
 
+class RunLog(Protocol):
+    """A runner's record of its run beside the checkpoints
+    (:class:`~fl_lbbsp.runs.resume.RunRecord`)."""
+
+    def check_same(self) -> Path | None:
+        """Refuse another run's folder; the recorded run's telemetry file."""
+
+    def keep(self, earlier: Path | None, *, after_round: int) -> None:
+        """Keep the telemetry of the rounds before ``after_round``."""
+
+    def write(self) -> None:
+        """Record the run."""
+
+
 @dataclass(frozen=True)
 class ResumePoint:
     """A checkpoint validated for a strategy and restored into it (:func:`resume_from`),
@@ -639,13 +636,13 @@ def resume_from(
     strategy: Checkpointable,
     *,
     store: CheckpointStore | None = None,
-    run: RunRecord | None = None,
+    run: RunLog | None = None,
     max_silos: int | None = None,
     initial_arrays: ArrayRecord | None = None,
 ) -> ResumePoint | None:
     """The newest checkpoint in ``store`` (``None``: the strategy's own), validated
     (:func:`resume_point`) and restored into ``strategy`` (:func:`restore`); ``None``: a
-    fresh start. With ``run`` (:class:`~fl_lbbsp.strategies.checkpoint_run.RunRecord`)
+    fresh start. With ``run`` (:class:`~fl_lbbsp.runs.resume.RunRecord`)
     the checkpoints must be that run's: a folder with checkpoints must record the same
     settings (checked first), a resumed run keeps the telemetry of its earlier rounds,
     and the record is written when the run starts afresh or the folder had none.
@@ -673,10 +670,7 @@ def resume_from(
 
 
 # ------------------------------------------------------------------------ the model
-Layout = list[tuple[str, tuple[int, ...], str]]
-
-
-def _layout(record: ArrayRecord) -> Layout:
+def _layout(record: ArrayRecord) -> list[tuple[str, tuple[int, ...], str]]:
     return [(key, tuple(a.shape), str(a.dtype)) for key, a in record.items()]
 
 
@@ -698,33 +692,6 @@ def _norm(values: list[np.ndarray]) -> float:
     return math.sqrt(math.fsum(float(np.sum(np.square(v, dtype=np.float64))) for v in values))
 
 
-def _why_not(
-    name: str, record: ArrayRecord, model: Layout, encrypted: bool
-) -> tuple[str, str | None]:
-    """The field and why ``record`` cannot be taken (``None``: it can, finite values and
-    the norm bound aside)."""
-    found = _layout(record)
-    if is_encrypted(record):
-        return name, _encrypted_layout(record, model) if encrypted else (
-            "an encrypted model, but this strategy's is plaintext"
-        )
-    if name == "records.optimizer":
-        same = [s for _, s, _ in found] == [s for _, s, _ in model]
-        return name, None if same else "momentum buffers not of the model's shapes"
-    names, want = [k for k, _, _ in found], [k for k, _, _ in model]
-    if names != want:
-        return (
-            name,
-            None if name != _MODEL else f"arrays {names[:8]} are not the model's {want[:8]}",
-        )
-    for (key, shape, dtype), (_, want_shape, want_dtype) in zip(found, model, strict=True):
-        if shape != want_shape:
-            return f"{name}.{key}", f"shape {list(shape)}, the model's is {list(want_shape)}"
-        if dtype != want_dtype:
-            return f"{name}.{key}", f"dtype {dtype}, the model's is {want_dtype}"
-    return name, None
-
-
 def check_arrays(
     checkpoint: Checkpoint,
     initial_arrays: ArrayRecord,
@@ -734,38 +701,48 @@ def check_arrays(
 ) -> None:
     """Refuse a checkpoint whose model (or array state) the strategy cannot take.
 
-    The model, and any record named like it (a kept initial model), must have its names
-    in order, shapes and dtypes, finite values and an L2 norm at most ``max_growth``
-    times the initial model's (or 1); the momentum buffers (``optimizer``) its shapes in
-    order and the same bound; any other plaintext record finite values; an encrypted one
-    (only for an ``encrypted`` strategy) be a readable encrypted record of the model's
-    layout. The plaintext records are checked first, the encrypted ones (decoded) last.
+    Every plaintext record must hold finite values. The model, the momentum buffers
+    (``optimizer``) and any record named like the model (a kept initial model) must
+    have the model's names in order and shapes (the model its dtypes too) and an L2 norm
+    at most ``max_growth`` times the initial model's (or 1). An encrypted record (only
+    for an ``encrypted`` strategy; checked last, it is decoded) must be a readable
+    encrypted record of the model's layout.
 
     Raises
     ------
     CheckpointInvalidError
-        Naming the first array that fails, e.g. ``arrays.w: shape [3, 4], the model's is
-        [30, 4]``.
+        Naming the first array that fails, e.g. ``arrays.w: shape [30, 4] and dtype
+        float32, the model's are [3, 4] and float32``.
     """
     where, model = str(checkpoint.path), _layout(initial_arrays)
     bound = max_growth * max(1.0, _norm(_values(initial_arrays, where, "initial")))
-    records = [(_MODEL, checkpoint.arrays)]
-    records += [(f"records.{k[:40]}", r) for k, r in checkpoint.records.items()]
-    for name, record in sorted(records, key=lambda item: is_encrypted(item[1])):
-        field, reason = _why_not(name, record, model, encrypted)
-        if reason is None and not is_encrypted(record):
-            norm = _norm(_values(record, where, name))
-            bounded = name in (_MODEL, "records.optimizer") or list(record) == list(initial_arrays)
-            if bounded and not norm <= bound:
-                reason = (
-                    f"L2 norm {norm:.4g} is over {bound:.4g} ({max_growth:g} times the "
-                    "initial model's, or 1)"
-                )
-        if reason is not None:
-            raise _invalid(where, field, reason)
+    records = {_MODEL: checkpoint.arrays}
+    records |= {f"records.{k[:40]}": r for k, r in checkpoint.records.items()}
+    for name, record in sorted(records.items(), key=lambda item: is_encrypted(item[1])):
+        if is_encrypted(record):
+            plain = "an encrypted model, but this strategy's is plaintext"
+            reason = _encrypted_layout(record, model) if encrypted else plain
+            if reason is not None:
+                raise _invalid(where, name, reason)
+            continue
+        values, found = _values(record, where, name), _layout(record)
+        names, want = [k for k, _, _ in found], [k for k, _, _ in model]
+        if name not in (_MODEL, "records.optimizer") and names != want:
+            continue  # other array state: finite is all it must be
+        if names != want:
+            raise _invalid(where, name, f"arrays {names[:8]} are not the model's {want[:8]}")
+        for (key, shape, dtype), (_, shape_, dtype_) in zip(found, model, strict=True):
+            if shape != shape_ or (name == _MODEL and dtype != dtype_):
+                reason = f"shape {list(shape)} and dtype {dtype}, the model's are {list(shape_)} and {dtype_}"  # noqa: E501
+                raise _invalid(where, f"{name}.{key}", reason)
+        if not (norm := _norm(values)) <= bound:
+            reason = f"L2 norm {norm:.4g} is over {bound:.4g} ({max_growth:g} times the initial model's, or 1)"  # noqa: E501
+            raise _invalid(where, name, reason)
 
 
-def _encrypted_layout(record: ArrayRecord, model: Layout) -> str | None:
+def _encrypted_layout(
+    record: ArrayRecord, model: list[tuple[str, tuple[int, ...], str]]
+) -> str | None:
     """Why ``record`` is not a readable encrypted model of ``model`` (``None``: it is)."""
     from ..crypto.records import update_from_record  # tenseal: encrypted strategies only
 

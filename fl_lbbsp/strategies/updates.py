@@ -197,17 +197,14 @@ class GradientUpdate(PlainMean):
         }
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """The SGD momentum buffers (record ``optimizer``)."""
-        if self.optimizer.buffers is None:
+        """The SGD momentum buffers (record ``optimizer``, named like the weights)."""
+        buffers = self.optimizer.buffers
+        if buffers is None or self._layout is None:
             return {}, {}
-        record = ArrayRecord(
-            {f"{k:05d}": Array(np.asarray(b)) for k, b in enumerate(self.optimizer.buffers)}
-        )
-        return {}, {"optimizer": record}
+        named = zip(self._layout, buffers, strict=True)
+        return {}, {"optimizer": ArrayRecord({s.name: Array(np.asarray(b)) for s, b in named})}
 
     def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
-        """Restore the momentum buffers."""
+        """Restore the momentum buffers (in the weights' order)."""
         buffers = records.get("optimizer")
-        self.optimizer.buffers = (
-            None if buffers is None else [buffers[name].numpy() for name in sorted(buffers)]
-        )
+        self.optimizer.buffers = None if buffers is None else [a.numpy() for a in buffers.values()]
