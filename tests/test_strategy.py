@@ -232,3 +232,61 @@ def test_an_unknown_setting_is_named_in_one_line() -> None:
     assert str(caught.value).startswith(
         "LBBSPFedAvg: min_batch_fration is not a setting of LBBSPFedAvg"
     )
+
+
+# --------------------------------------------------------------- the class's shape
+def _variants() -> list[type]:
+    from fl_lbbsp.strategies import LBBSPCluster, LBBSPEta, LBBSPTau, PartialAggregation
+
+    return [LBBSPFedAvg, LBBSPTau, LBBSPEta, PartialAggregation, LBBSPCluster]
+
+
+@pytest.mark.parametrize("strategy", _variants(), ids=lambda c: c.__name__)
+def test_a_strategy_has_at_most_three_of_our_classes_over_flowers_fedavg(strategy: type) -> None:
+    # Execute
+    ours = [c.__name__ for c in strategy.__mro__ if c.__module__.startswith("fl_lbbsp.")]
+
+    # Assert: composed, not inherited (issue 37, item 6), and still a FedAvg
+    from flwr.serverapp.strategy import FedAvg
+
+    assert len(ours) <= 3, ours
+    assert issubclass(strategy, FedAvg)
+
+
+PUBLIC_FLWR = ("flwr.app", "flwr.serverapp", "flwr.serverapp.strategy", "flwr.clientapp")
+# the legacy API's strategy (another owner's file) and the Grid interface's own types
+ALLOWED = {"legacy.py": ("flwr.common", "flwr.server."), "deadline.py": ("TYPE_CHECKING",)}
+
+
+def test_the_strategies_import_only_flowers_public_api() -> None:
+    # Prepare
+    import ast
+    from pathlib import Path
+
+    import fl_lbbsp.strategies
+
+    folder = Path(fl_lbbsp.strategies.__file__).parent
+    bad = []
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        guarded = {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+            for node in ast.walk(block)
+        }
+        for node in ast.walk(tree):
+            # Execute: every `from flwr... import` outside a TYPE_CHECKING block
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("flwr"):
+                continue
+            allowed = ALLOWED.get(path.name, ())
+            if id(node) in guarded and "TYPE_CHECKING" in allowed:
+                continue
+            module = node.module or ""
+            private = [a.name for a in node.names if a.name.startswith("_")]
+            public = module in PUBLIC_FLWR or module.startswith(tuple(allowed))
+            if private or not public:
+                bad.append(f"{path.name}: from {module} import {[a.name for a in node.names]}")
+
+    # Assert
+    assert bad == []

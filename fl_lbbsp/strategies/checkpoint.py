@@ -1,24 +1,15 @@
 """Checkpoints of the Message-API LB-BSP strategies, and resuming from them.
 
 With ``checkpoint_dir`` set, :meth:`LBBSPFedAvg.start <fl_lbbsp.strategies.LBBSPFedAvg.start>`
-writes one file per round as soon as the round's training is aggregated. A checkpoint is a
-:class:`Manifest` (format, round, strategy class, scheme, the settings that decide batch
-sizes and updates) and each part's state as its own state model dumps it (the round
-engine's :class:`~fl_lbbsp.core.round.engine.EngineState`, which holds the balancer's,
-the claims' and the memory caps'; the updates' state), beside the global model and the
-parts' array records (momentum buffers, kept aggregates). The file is a JSON header and
-the arrays' bytes behind a SHA-256 digest, or, with a checkpoint key (``checkpoint_key``,
-``fl-lbbsp --checkpoint-key FILE``, made by ``fl-lbbsp keys checkpoint``), an
-HMAC-SHA256 under that key, so an edited file is detected, not only a damaged one: a
-store with a key refuses files without one, and a store without a key files with one.
-Files are written to a temporary file and renamed into place; the newest ``keep`` stay.
-
-Nothing in a checkpoint is obeyed before it is validated: the manifest and the state by
-the parts' own models (``model_validate``), the strategy's bounds (:func:`limits_of`), a
-trial of the balancer, and the model (:func:`check_arrays`: the strategy's layout,
-finite, not far larger than the initial model). A checkpoint of another strategy, scheme
-or settings is refused with a :class:`CheckpointError` that names every difference; one of
-an older fl_lbbsp (format 1) with one line that says so.
+writes one file per round once its training is aggregated: a :class:`Manifest` (format,
+round, strategy class, scheme, the settings that decide batch sizes and updates) and each
+part's state as its own model dumps it (:class:`StrategyState`: the round engine's
+:class:`~fl_lbbsp.core.round.engine.EngineState`, which holds the balancer's, the claims'
+and the memory caps'; the updates'), with the global model and the parts' array records,
+as a JSON header and the arrays' bytes behind a SHA-256 digest or, with a checkpoint key
+(``fl-lbbsp keys checkpoint``), an HMAC-SHA256 that detects an edit, not only damage.
+Nothing in it is obeyed before the parts' models validate it (``model_validate``), with
+the strategy's bounds, a trial of the balancer and :func:`check_arrays`.
 """
 
 from __future__ import annotations
@@ -35,7 +26,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
@@ -47,6 +38,9 @@ from ..core.balancer_state import MAX_BATCH_SIZE
 from ..core.round.engine import EngineState
 from ..core.settings import BalancingConfig
 from ..security.identity import IdentityError, check_private_file, write_file
+
+if TYPE_CHECKING:
+    from .fedavg import LBBSPFedAvg
 
 __all__ = [  # noqa: RUF022 - by kind: errors, the file, the strategy's side
     "CheckpointError", "CheckpointInvalidError", "CheckpointKeyError",
@@ -409,8 +403,8 @@ class CheckpointStore:
             self.path(old).unlink(missing_ok=True)
         return final
 
-    def load(self, path: str | Path) -> Checkpoint:
-        """Read one checkpoint file, validated (:func:`validate_checkpoint`).
+    def load(self, path: str | Path, *, limits: CheckpointLimits | None = None) -> Checkpoint:
+        """Read one checkpoint file, validated (:func:`validate_checkpoint` with ``limits``).
 
         Raises
         ------
@@ -434,13 +428,13 @@ class CheckpointStore:
                 raise CheckpointInvalidError(
                     f"{path}: invalid field {name}: not a JSON object", field=name
                 )
-        validate_checkpoint(manifest, state, where=str(path))
+        validate_checkpoint(manifest, state, where=str(path), limits=limits)
         parts = {name.removeprefix("state."): r for name, r in records.items()}
         return Checkpoint(int(manifest["round"]), arrays, manifest, state, parts, path)
 
-    def latest(self) -> Checkpoint | None:
-        """The newest readable checkpoint (a damaged newer file is skipped with a
-        warning), or ``None`` when the folder holds none.
+    def latest(self, *, limits: CheckpointLimits | None = None) -> Checkpoint | None:
+        """The newest readable checkpoint, validated with ``limits`` (a damaged newer
+        file is skipped with a warning), or ``None`` when the folder holds none.
 
         Raises
         ------
@@ -453,7 +447,7 @@ class CheckpointStore:
         for server_round in reversed(rounds):
             path = self.path(server_round)
             try:
-                return self.load(path)
+                return self.load(path, limits=limits)
             except CheckpointInvalidError:
                 raise
             except (CheckpointError, OSError) as err:
@@ -467,27 +461,7 @@ class CheckpointStore:
 
 
 # ------------------------------------------------------------------ strategy side
-class Checkpointable(Protocol):
-    """What a strategy offers to be checkpointed (:class:`~fl_lbbsp.strategies.LBBSPFedAvg`)."""
-
-    server_config: Any
-    telemetry: Any
-
-    @property
-    def scheme(self) -> str:
-        """The scheme's name."""
-
-    def checkpoint_settings(self) -> dict[str, Any]:
-        """Settings a checkpoint must have been written with to be resumed."""
-
-    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """The state between two rounds (a :class:`StrategyState`'s dump) and records."""
-
-    def load_checkpoint_state(self, state: Any, records: Any) -> None:
-        """Restore :meth:`checkpoint_state`."""
-
-
-def _manifest(strategy: Checkpointable) -> dict[str, Any]:
+def _manifest(strategy: LBBSPFedAvg) -> dict[str, Any]:
     return {
         "format": FORMAT_VERSION,
         "strategy": type(strategy).__name__,
@@ -497,7 +471,7 @@ def _manifest(strategy: Checkpointable) -> dict[str, Any]:
 
 
 def save_checkpoint(
-    store: CheckpointStore, strategy: Checkpointable, server_round: int, arrays: ArrayRecord
+    store: CheckpointStore, strategy: LBBSPFedAvg, server_round: int, arrays: ArrayRecord
 ) -> Path:
     """Write ``strategy``'s checkpoint of ``server_round`` with global model ``arrays``."""
     state, records = strategy.checkpoint_state()
@@ -513,7 +487,7 @@ def _flat(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(flat))  # type: ignore[no-any-return]
 
 
-def check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
+def check_compatible(checkpoint: Checkpoint, strategy: LBBSPFedAvg) -> None:
     """Raise :class:`CheckpointError` unless ``strategy`` can resume ``checkpoint``: the
     same strategy class, scheme and settings (a setting newer than the checkpoint, absent
     from its manifest, is not compared: the run resumes with the strategy's value)."""
@@ -537,14 +511,14 @@ def check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
         )
 
 
-def limits_of(strategy: Checkpointable, *, max_silos: int | None = None) -> CheckpointLimits:
+def limits_of(strategy: LBBSPFedAvg, *, max_silos: int | None = None) -> CheckpointLimits:
     """The bounds ``strategy`` puts on a checkpoint it resumes: ``max_silos`` and its
     ``max_dataset_size`` (where it has one)."""
     size = getattr(getattr(strategy, "config", None), "max_dataset_size", None)
     return CheckpointLimits(max_silos, size if isinstance(size, int) else None)
 
 
-def store_of(strategy: Checkpointable) -> CheckpointStore | None:
+def store_of(strategy: LBBSPFedAvg) -> CheckpointStore | None:
     """The strategy's checkpoint folder (``server_config.checkpoint_dir``) with its
     checkpoint key, if any; ``None``: the strategy has no checkpoint folder.
 
@@ -562,17 +536,16 @@ def store_of(strategy: Checkpointable) -> CheckpointStore | None:
 
 
 def resume_point(
-    strategy: Checkpointable,
+    strategy: LBBSPFedAvg,
     *,
     store: CheckpointStore | None = None,
     max_silos: int | None = None,
     initial_arrays: ArrayRecord | None = None,
 ) -> Checkpoint | None:
-    """The checkpoint ``strategy.start`` would resume from (``None``: a fresh start),
-    validated against the strategy's bounds (:func:`limits_of`; ``max_silos``: the
-    configured federation size), settings (:func:`check_compatible`) and, with
-    ``initial_arrays``, model (:func:`check_arrays`). ``store=None``: the strategy's own
-    (:func:`store_of`).
+    """The checkpoint ``strategy.start`` would resume from (``None``: a fresh start), with
+    the strategy's bounds (:func:`limits_of`; ``max_silos``: the federation size), its
+    settings (:func:`check_compatible`) and model (``initial_arrays``, :func:`check_arrays`)
+    checked; ``store=None``: the strategy's own (:func:`store_of`).
 
     Raises
     ------
@@ -581,11 +554,9 @@ def resume_point(
         :func:`check_arrays`.
     """
     store = store if store is not None else store_of(strategy)
-    checkpoint = None if store is None else store.latest()
+    limits = limits_of(strategy, max_silos=max_silos)
+    checkpoint = None if store is None else store.latest(limits=limits)
     if checkpoint is not None:
-        limits = limits_of(strategy, max_silos=max_silos)
-        where = str(checkpoint.path)
-        validate_checkpoint(checkpoint.manifest, checkpoint.state, where=where, limits=limits)
         check_compatible(checkpoint, strategy)
         if initial_arrays is not None:
             encrypted = "fingerprint" in _flat(_manifest(strategy))
@@ -593,7 +564,7 @@ def resume_point(
     return checkpoint
 
 
-def restore(strategy: Checkpointable, checkpoint: Checkpoint) -> None:
+def restore(strategy: LBBSPFedAvg, checkpoint: Checkpoint) -> None:
     """Restore ``checkpoint``'s state into ``strategy``.
 
     Raises
@@ -633,7 +604,7 @@ class ResumePoint:
 
 
 def resume_from(
-    strategy: Checkpointable,
+    strategy: LBBSPFedAvg,
     *,
     store: CheckpointStore | None = None,
     run: RunLog | None = None,
@@ -642,10 +613,9 @@ def resume_from(
 ) -> ResumePoint | None:
     """The newest checkpoint in ``store`` (``None``: the strategy's own), validated
     (:func:`resume_point`) and restored into ``strategy`` (:func:`restore`); ``None``: a
-    fresh start. With ``run`` (:class:`~fl_lbbsp.runs.resume.RunRecord`)
-    the checkpoints must be that run's: a folder with checkpoints must record the same
-    settings (checked first), a resumed run keeps the telemetry of its earlier rounds,
-    and the record is written when the run starts afresh or the folder had none.
+    fresh start. With ``run`` (:class:`~fl_lbbsp.runs.resume.RunRecord`) the folder must
+    record the same run (checked first), a resumed run keeps the telemetry of its
+    earlier rounds, and the record is written when the folder had none.
 
     Raises
     ------

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common.constant import SType
 
 from ..contract import RecordKeys
 from ..core.round.state import Reply
@@ -51,13 +50,16 @@ __all__ = [
 
 log = logging.getLogger("fl_lbbsp")
 
+NUMPY_STYPE = Array(np.zeros(0)).stype
+"""How Flower marks an array serialised from numpy (its own constant is not public API)."""
+
 
 def layout_of(record: ArrayRecord) -> Layout | None:
     """The layout of ``record``'s numpy arrays; ``None`` if one is not a numpy array
     (an encrypted update, a custom serialisation). Reads metadata only."""
     specs = []
     for name, array in record.items():
-        if array.stype != SType.NUMPY:
+        if array.stype != NUMPY_STYPE:
             return None
         specs.append(ArraySpec(name, np.dtype(array.dtype), tuple(int(n) for n in array.shape)))
     return tuple(specs)
@@ -158,9 +160,9 @@ def check_array_record(record: ArrayRecord, layout: Layout) -> list[np.ndarray]:
 
 
 def _check_metadata(array: Array, spec: ArraySpec) -> None:
-    if array.stype != SType.NUMPY:
+    if array.stype != NUMPY_STYPE:
         raise InvalidReplyError(
-            f"array {spec.name!r} has serialisation {array.stype!r}, expected {SType.NUMPY!r}"
+            f"array {spec.name!r} has serialisation {array.stype!r}, expected {NUMPY_STYPE!r}"
         )
     try:
         dtype = np.dtype(array.dtype)
