@@ -17,6 +17,8 @@ from conftest import FakeGrid
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fl_lbbsp.cli import main
 from fl_lbbsp.clients.app import SiloSetup, make_client_app
@@ -419,3 +421,50 @@ def test_a_checkpoint_of_an_older_format_is_refused_with_one_line(tmp_path: Path
     with pytest.raises(CheckpointInvalidError, match="older fl_lbbsp .format 1.") as info:
         resume_point(strategy)
     assert "\n" not in str(info.value) and "another checkpoint dir" in str(info.value)
+
+
+# ------------------------------------------------------------ the file format
+DTYPES = ["float32", "float64", "int64", "uint8"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shapes=st.lists(st.lists(st.integers(0, 4), max_size=3), min_size=1, max_size=4),
+    dtypes=st.lists(st.sampled_from(DTYPES), min_size=4, max_size=4),
+    seed=st.integers(0, 2**16),
+    flip=st.floats(0, 1, exclude_max=True),
+    keyed=st.booleans(),
+)
+def test_every_model_round_trips_and_every_flipped_byte_is_caught(
+    tmp_path_factory: pytest.TempPathFactory,
+    shapes: list[list[int]],
+    dtypes: list[str],
+    seed: int,
+    flip: float,
+    keyed: bool,
+) -> None:
+    # Prepare: a model of any layout, the checkpoint of a strategy that ran no round
+    rng = np.random.default_rng(seed)
+    model = {
+        f"layer.{i}": np.asarray(rng.standard_normal(shape) * 100).astype(dtype)
+        for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=False))
+    }
+    folder = tmp_path_factory.mktemp("codec")
+    store = CheckpointStore(folder, key=b"k" * 32 if keyed else None)
+    record = ArrayRecord({name: Array(values) for name, values in model.items()})
+    path = save_checkpoint(store, LBBSPFedAvg(**FL), 1, record)
+
+    # Execute
+    loaded = store.load(path)
+    data = bytearray(path.read_bytes())
+    data[int(flip * len(data))] ^= 0x01
+    path.write_bytes(bytes(data))
+
+    # Assert: the same names, dtypes, shapes and bits; any flipped byte refused
+    assert list(loaded.arrays) == list(model)
+    for name, values in model.items():
+        got = loaded.arrays[name].numpy()
+        assert got.dtype == values.dtype and got.shape == values.shape
+        assert got.tobytes() == values.tobytes()
+    with pytest.raises(CheckpointError):
+        store.load(path)
