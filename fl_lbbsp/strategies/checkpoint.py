@@ -14,6 +14,7 @@ the strategy's bounds, a trial of the balancer and :func:`check_arrays`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -72,16 +73,8 @@ class CheckpointError(ValueError):
 
 
 class CheckpointInvalidError(CheckpointError):
-    """A readable checkpoint refused: one line naming the field, e.g.
-    ``<path>: invalid field state.engine.balancer.silos.w1.estimator.value: ...``.
-
-    Parameters
-    ----------
-    message : str
-        The one-line message.
-    field : str
-        Dotted name of the field that failed.
-    """
+    """A readable checkpoint refused: one line naming the field (``field``, dotted), e.g.
+    ``<path>: invalid field state.engine.balancer.silos.w1.estimator.value: ...``."""
 
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message)
@@ -391,14 +384,12 @@ class CheckpointStore:
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
-        try:  # persist the rename (POSIX; best effort elsewhere)
+        with contextlib.suppress(OSError):  # persist the rename (POSIX; best effort)
             fd = os.open(self.directory, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        except OSError:
-            pass
         for old in self.rounds()[: -self.keep]:
             self.path(old).unlink(missing_ok=True)
         return final
@@ -409,11 +400,9 @@ class CheckpointStore:
         Raises
         ------
         CheckpointError
-            If the file is damaged, truncated or not a checkpoint.
-        CheckpointKeyError
-            A key mismatch (see the class).
-        CheckpointInvalidError
-            If its contents fail validation, or it is of an older format.
+            A damaged, truncated or foreign file; (``CheckpointKeyError``) a key
+            mismatch; (``CheckpointInvalidError``) contents that fail validation, or an
+            older format.
         """
         path = Path(path)
         payload = self._open(path, path.read_bytes())
