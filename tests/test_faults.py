@@ -861,9 +861,9 @@ def test_random_malformed_encrypted_replies_never_crash_or_put_nan_in_the_model(
     he_parts, data: st.DataObject
 ) -> None:  # type: ignore[no-untyped-def]
     # Prepare
-    from fl_lbbsp.security.update_screen import cap_weights
     from fl_lbbsp.crypto import decrypt_update
     from fl_lbbsp.crypto.records import update_from_record
+    from fl_lbbsp.security.update_screen import cap_weights
     from fl_lbbsp.strategies.encrypted import EncryptedLBBSPFedAvg
 
     keys, updates = he_parts
