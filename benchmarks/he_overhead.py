@@ -1,12 +1,25 @@
-"""Benchmark: what encrypted aggregation costs, CKKS (TenSEAL) against Paillier.
+"""Benchmark: what encrypted aggregation costs: three CKKS settings side by side, and
+CKKS against Paillier.
 
-For a LeNet-5-sized update (61,706 parameters, from ``fl_lbbsp.models``) and a 1M-parameter
-update, with 5 and 10 silos:
+The three CKKS settings, in one run, on a LeNet-5-sized update (61,706 parameters, from
+``fl_lbbsp.models``) at 5 and 100 silos and a 1M-parameter update at 5 silos:
 
-* CKKS (fl_lbbsp.crypto, N=8192, primes [60, 40], scale 2^40): encrypt (one silo, weighted,
-  chunked, serialized), aggregate (server: check every update and add the ciphertexts),
-  decrypt (one silo: check, decrypt, divide), ciphertext bytes per parameter, max abs error
-  against the plaintext weighted average.
+* **NVFlare default** (``benchmarks/nvflare_reference.py``: FLARE's TenSEAL calls, N = 8192,
+  [60, 40, 40], scale 2^40, one vector per layer, weighted by the client, the server adds and
+  multiplies by 1 / sum of the weights);
+* **previous** (this project before the change: TenSEAL vectors, N = 8192, [60, 40], scale
+  2^40, symmetric, one value per slot, chunks of N/2, each silo pre-weighted by n_i / S, the
+  server adds);
+* **new** (``fl_lbbsp.crypto``: SEAL through ``tenseal.sealapi``, N = 4096, [60, 40], scale
+  2^35, seeded symmetric ciphertexts at the data level, two values per slot, unweighted, the
+  server multiplies each by its integer weight n_i and adds).
+
+For each: upload and download bytes per parameter, encryption and decryption time per
+silo, the server's aggregation time (its checks included where it makes them) and the
+aggregate's max error against the plaintext weighted average, absolute and relative to the
+update's range (max - min).
+Against Paillier, for LeNet-5 and 1M-parameter updates at 5 and 10 silos, with the new CKKS:
+
 * Paillier, 2048-bit keys, python-paillier with gmpy2: one value per ciphertext as stock FATE
   does (a sample of values timed, extrapolated to the whole update), and packed
   BatchCrypt-style (Zhang et al., USENIX ATC 2020): values quantised to 16 bits, offset to
@@ -43,12 +56,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import nvflare_reference
+import tenseal as ts
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 from fl_lbbsp.clients.app import SiloSetup, make_client_app, silo_data
 from fl_lbbsp.crypto import (
-    CKKSConfig,
     CKKSKeys,
     UpdateChecker,
     aggregate_updates,
@@ -58,6 +72,7 @@ from fl_lbbsp.crypto import (
     generate_keys,
     write_key_files,
 )
+from fl_lbbsp.crypto.ckks import Layout
 from fl_lbbsp.models import build_model
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg
@@ -68,18 +83,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------ updates
-def make_updates(kind: str, silos: int, seed: int) -> tuple[list[np.ndarray], list[int]]:
-    """``silos`` flat updates of one model size and their dataset sizes n_i."""
+def make_updates(kind: str, silos: int, seed: int) -> tuple[list[np.ndarray], list[int], Layout]:
+    """``silos`` flat updates of one model size, their dataset sizes n_i and the layout."""
     rng = np.random.default_rng(seed)
     if kind == "lenet5":
         torch.manual_seed(seed)
         model = build_model("lenet5", input_shape=(1, 32, 32), num_classes=10)
-        base, _ = flatten({k: v.numpy() for k, v in model.state_dict().items()})
+        base, layout = flatten({k: v.numpy() for k, v in model.state_dict().items()})
         updates = [base + rng.normal(scale=0.01, size=base.size) for _ in range(silos)]
     else:
         updates = [rng.normal(scale=0.05, size=1_000_000) for _ in range(silos)]
+        _, layout = flatten({"w": np.zeros(1_000_000)})
     sizes = [int(n) for n in rng.integers(100, 1000, size=silos)]
-    return updates, sizes
+    return updates, sizes, layout
 
 
 def weighted_mean(updates: Sequence[np.ndarray], sizes: Sequence[int]) -> np.ndarray:
@@ -93,44 +109,189 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 # ----------------------------------------------------------------------------------- CKKS
-def bench_ckks(
+def _errors(result: np.ndarray, expected: np.ndarray) -> dict[str, float]:
+    error = float(np.abs(result - expected).max())
+    return {
+        "max_abs_error": error,
+        "max_rel_error": error / float(expected.max() - expected.min()),
+    }
+
+
+def _finish(out: dict[str, Any]) -> dict[str, Any]:
+    out["end_to_end_s"] = out["encrypt_s"] + out["aggregate_s"] + out["decrypt_s"]
+    return out
+
+
+def bench_new(
     keys: CKKSKeys, updates: Sequence[np.ndarray], sizes: Sequence[int], repeat: int
-) -> dict[str, float]:
-    """Encrypt (per silo), aggregate (server), decrypt (per silo); medians of ``repeat``."""
+) -> dict[str, Any]:
+    """fl_lbbsp.crypto: encrypt unweighted (per silo); the server checks every update,
+    multiplies it by n_i and adds (serialization included); decrypt (check, decrypt,
+    divide by sum n_i). Medians of ``repeat``."""
     server = keys.public()
-    total = float(sum(sizes))
     num = updates[0].size
     encrypt_times, aggregate_times, decrypt_times = [], [], []
     for _ in range(repeat):
         sent = []
-        for u, n in zip(updates, sizes, strict=True):
-            update, seconds = _timed(
-                lambda u=u, n=n: encrypt_update(
-                    keys, u, weight=n, total=total, max_contributors=len(updates)
-                )
-            )
+        for u in updates:
+            update, seconds = _timed(lambda u=u: encrypt_update(keys, u))
             sent.append(update)
             encrypt_times.append(seconds)
         checker = UpdateChecker(server, num_values=num)
         summed, seconds = _timed(
             lambda sent=sent, checker=checker: aggregate_updates(
-                server, [checker.check(u) for u in sent]
+                server, [checker.check(u) for u in sent], list(sizes)
             )
         )
-        # the server ships the serialized sum: serialization is inside aggregate_updates
         aggregate_times.append(seconds)
         result, seconds = _timed(lambda summed=summed: decrypt_update(keys, summed))
         decrypt_times.append(seconds)
-    error = float(np.abs(result - weighted_mean(updates, sizes)).max())
-    out = {
-        "encrypt_s": statistics.median(encrypt_times),
-        "aggregate_s": statistics.median(aggregate_times),
-        "decrypt_s": statistics.median(decrypt_times),
-        "bytes_per_param_up": sent[0].nbytes / num,
-        "bytes_per_param_down": summed.nbytes / num,
-        "max_abs_error": error,
-    }
-    out["end_to_end_s"] = out["encrypt_s"] + out["aggregate_s"] + out["decrypt_s"]
+    return _finish(
+        {
+            "encrypt_s": statistics.median(encrypt_times),
+            "aggregate_s": statistics.median(aggregate_times),
+            "decrypt_s": statistics.median(decrypt_times),
+            "bytes_per_param_up": sent[0].nbytes / num,
+            "bytes_per_param_down": summed.nbytes / num,
+            **_errors(result, weighted_mean(updates, sizes)),
+        }
+    )
+
+
+def previous_context() -> ts.Context:
+    """The previous default: N = 8192, [60, 40], scale 2^40, symmetric."""
+    context = ts.context(
+        ts.SCHEME_TYPE.CKKS,
+        poly_modulus_degree=8192,
+        coeff_mod_bit_sizes=[60, 40],
+        encryption_type=ts.ENCRYPTION_TYPE.SYMMETRIC,
+    )
+    context.global_scale = 2.0**40
+    return context
+
+
+def bench_previous(
+    context: ts.Context, updates: Sequence[np.ndarray], sizes: Sequence[int], repeat: int
+) -> dict[str, Any]:
+    """The previous setting's TenSEAL calls: each silo encrypts (n_i / S) u_i in chunks of
+    N/2 values; the server deserializes and adds (no multiplication); a silo decrypts and
+    divides by the plaintext sum of the weights."""
+    server = ts.context_from(context.serialize(save_secret_key=False))
+    slots = 4096
+    total = float(sum(sizes))
+    num = updates[0].size
+    encrypt_times, aggregate_times, decrypt_times = [], [], []
+
+    def encrypt(u: np.ndarray, n: int) -> list[bytes]:
+        scaled = u * (n / total)
+        return [
+            ts.ckks_vector(context, scaled[k : k + slots].tolist()).serialize()
+            for k in range(0, num, slots)
+        ]
+
+    def aggregate(sent: list[list[bytes]]) -> list[bytes]:
+        out = []
+        for k in range(len(sent[0])):
+            acc = ts.ckks_vector_from(server, sent[0][k])
+            for chunks in sent[1:]:
+                acc = acc + ts.ckks_vector_from(server, chunks[k])
+            out.append(acc.serialize())
+        return out
+
+    def decrypt(chunks: list[bytes]) -> np.ndarray:
+        parts = [ts.ckks_vector_from(context, c).decrypt() for c in chunks]
+        return np.concatenate([np.asarray(p) for p in parts]) / (sum(sizes) / total)
+
+    for _ in range(repeat):
+        sent = []
+        for u, n in zip(updates, sizes, strict=True):
+            chunks, seconds = _timed(lambda u=u, n=n: encrypt(u, n))
+            sent.append(chunks)
+            encrypt_times.append(seconds)
+        summed, seconds = _timed(lambda sent=sent: aggregate(sent))
+        aggregate_times.append(seconds)
+        result, seconds = _timed(lambda summed=summed: decrypt(summed))
+        decrypt_times.append(seconds)
+    return _finish(
+        {
+            "encrypt_s": statistics.median(encrypt_times),
+            "aggregate_s": statistics.median(aggregate_times),
+            "decrypt_s": statistics.median(decrypt_times),
+            "bytes_per_param_up": sum(map(len, sent[0])) / num,
+            "bytes_per_param_down": sum(map(len, summed)) / num,
+            **_errors(result, weighted_mean(updates, sizes)),
+        }
+    )
+
+
+def bench_nvflare(
+    contexts: nvflare_reference.Contexts,
+    updates: Sequence[np.ndarray],
+    sizes: Sequence[int],
+    layout: Layout,
+    repeat: int,
+) -> dict[str, Any]:
+    """NVFlare's default (``nvflare_reference``): one vector per layer weighted by the
+    client, the server adds and multiplies by 1 / sum of the weights."""
+    num = updates[0].size
+    encrypt_times, aggregate_times, decrypt_times = [], [], []
+
+    def layers(u: np.ndarray) -> dict[str, np.ndarray]:
+        out, offset = {}, 0
+        for spec in layout:
+            out[spec.name] = u[offset : offset + spec.size]
+            offset += spec.size
+        return out
+
+    for _ in range(repeat):
+        sent = []
+        for u, n in zip(updates, sizes, strict=True):
+            upload, seconds = _timed(
+                lambda u=u, n=n: nvflare_reference.encrypt(contexts.client, layers(u), n)
+            )
+            sent.append(upload)
+            encrypt_times.append(seconds)
+        summed, seconds = _timed(
+            lambda sent=sent: nvflare_reference.aggregate(contexts.server, sent, sizes)
+        )
+        aggregate_times.append(seconds)
+        result, seconds = _timed(
+            lambda summed=summed: nvflare_reference.decrypt(contexts.client, summed)
+        )
+        decrypt_times.append(seconds)
+    flat = np.concatenate([result[spec.name] for spec in layout])
+    return _finish(
+        {
+            "encrypt_s": statistics.median(encrypt_times),
+            "aggregate_s": statistics.median(aggregate_times),
+            "decrypt_s": statistics.median(decrypt_times),
+            "bytes_per_param_up": sum(map(len, sent[0].values())) / num,
+            "bytes_per_param_down": sum(map(len, summed.values())) / num,
+            **_errors(flat, weighted_mean(updates, sizes)),
+        }
+    )
+
+
+CKKS_SCHEMES = ("NVFlare default", "previous", "new")
+"""The CKKS settings of the side-by-side table, in order."""
+
+
+def compare_ckks(
+    kinds: Sequence[str], silo_counts: Sequence[int], repeat: int, keys: CKKSKeys
+) -> dict[str, dict[str, Any]]:
+    """The three CKKS settings on the same updates: ``{"lenet5/5": {scheme: row}}``."""
+    logging.getLogger("tenseal").setLevel(logging.ERROR)
+    nvflare = nvflare_reference.make_contexts()
+    previous = previous_context()
+    out: dict[str, dict[str, Any]] = {}
+    for kind, m in [(k, m) for k in kinds for m in silo_counts]:
+        updates, sizes, layout = make_updates(kind, m, seed=m)
+        runs = repeat if m <= 10 else 1
+        out[f"{kind}/{m}"] = {
+            "NVFlare default": bench_nvflare(nvflare, updates, sizes, layout, runs),
+            "previous": bench_previous(previous, updates, sizes, runs),
+            "new": bench_new(keys, updates, sizes, runs),
+        }
     return out
 
 
@@ -358,10 +519,11 @@ def round_overhead(rounds: int, keydir: Path, slowdowns: Sequence[float]) -> dic
 
 # ----------------------------------------------------------------------------------- main
 def _row(name: str, r: dict[str, float]) -> str:
+    relative = f"{r['max_rel_error']:.1e}" if "max_rel_error" in r else "-"
     return (
-        f"| {name} | {r['encrypt_s']:.3f} | {r['aggregate_s']:.3f} | {r['decrypt_s']:.3f} "
-        f"| {r['end_to_end_s']:.3f} | {r['bytes_per_param_up']:.1f} "
-        f"| {r['bytes_per_param_down']:.1f} | {r['max_abs_error']:.1e} |"
+        f"| {name} | {r['encrypt_s']:.4f} | {r['aggregate_s']:.4f} | {r['decrypt_s']:.4f} "
+        f"| {r['end_to_end_s']:.3f} | {r['bytes_per_param_up']:.2f} "
+        f"| {r['bytes_per_param_down']:.2f} | {r['max_abs_error']:.1e} | {relative} |"
     )
 
 
@@ -369,6 +531,7 @@ def measure(
     *,
     kinds: Sequence[str] = ("lenet5", "1m"),
     silo_counts: Sequence[int] = (5, 10),
+    compare: Sequence[tuple[str, int]] = (("lenet5", 5), ("lenet5", 100), ("1m", 5)),
     repeat: int = 3,
     paillier_values: int = 100,
     paillier_ciphertexts: int = 16,
@@ -383,6 +546,8 @@ def measure(
         Update sizes for the CKKS / Paillier tables (empty: none).
     silo_counts : sequence of int (default: (5, 10))
         Silos per table.
+    compare : sequence of (str, int) (default: LeNet-5 at 5 and 100 silos, 1m at 5)
+        Updates and silo counts of the three CKKS settings side by side (empty: none).
     repeat : int (default: 3)
         CKKS repetitions (medians).
     paillier_values : int (default: 100)
@@ -407,33 +572,33 @@ def measure(
             "torch_threads": torch.get_num_threads(),
         },
         "ckks_config": keys.config.model_dump(mode="json"),
+        "ckks_error_bound": keys.config.error_bound,
         "results": {},
     }
     header = (
         "| scheme | encrypt (s/silo) | aggregate (s) | decrypt (s) | end to end (s) "
-        "| B/param up | B/param down | max abs error |\n|---|---|---|---|---|---|---|---|"
+        "| B/param up | B/param down | max abs error | max error / range |\n"
+        "|---|---|---|---|---|---|---|---|---|"
     )
+    report["compare"] = {}
+    for kind, m in compare:
+        echo(f"\n### CKKS settings side by side: {kind}, {m} silos")
+        rows = compare_ckks([kind], [m], repeat, keys)[f"{kind}/{m}"]
+        echo(header)
+        for name, r in rows.items():
+            echo(_row(name, r))
+        report["compare"][f"{kind}/{m}"] = rows
     for kind in kinds:
         for m in silo_counts:
-            updates, sizes = make_updates(kind, m, seed=m)
+            updates, sizes, _ = make_updates(kind, m, seed=m)
             label = f"{kind}, {m} silos, {updates[0].size} parameters"
             echo(f"\n### {label}")
-            ckks = bench_ckks(keys, updates, sizes, repeat)
+            ckks = bench_new(keys, updates, sizes, repeat)
             stock = bench_paillier_stock(p_public, p_private, updates, sizes, paillier_values)
             packed = bench_paillier_packed(
                 p_public, p_private, updates, sizes, paillier_ciphertexts
             )
-            rows = {"CKKS [60,40]": ckks, "Paillier stock": stock, "Paillier packed": packed}
-            if kind == "lenet5" and m == silo_counts[0]:
-                rows["CKKS [60,40] asymmetric"] = bench_ckks(
-                    generate_keys(CKKSConfig(encryption="asymmetric")), updates, sizes, 1
-                )
-                rows["CKKS [60,40,40] (FLARE chain)"] = bench_ckks(
-                    generate_keys(CKKSConfig(coeff_mod_bit_sizes=(60, 40, 40))),
-                    updates,
-                    sizes,
-                    1,
-                )
+            rows = {"CKKS": ckks, "Paillier stock": stock, "Paillier packed": packed}
             echo(header)
             for name, r in rows.items():
                 echo(_row(name, r))
@@ -498,6 +663,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="demo rounds (default: 8)")
     parser.add_argument("--skip-rounds", action="store_true", help="skip the demo rounds")
     parser.add_argument(
+        "--skip-compare", action="store_true", help="skip the three CKKS settings side by side"
+    )
+    parser.add_argument(
         "--skip-micro", action="store_true", help="only the demo rounds (no CKKS/Paillier tables)"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -507,6 +675,7 @@ def main() -> None:
     report = measure(
         kinds=[] if args.skip_micro else [k.strip() for k in args.models.split(",")],
         silo_counts=[int(s) for s in args.silos.split(",")],
+        compare=() if args.skip_compare else (("lenet5", 5), ("lenet5", 100), ("1m", 5)),
         repeat=args.repeat,
         paillier_values=args.paillier_values,
         paillier_ciphertexts=args.paillier_ciphertexts,

@@ -59,6 +59,7 @@ def _generate_keys(args: argparse.Namespace) -> int:
         poly_modulus_degree=args.poly_modulus_degree,
         coeff_mod_bit_sizes=args.coeff_mod_bit_sizes,
         scale_bits=args.scale_bits,
+        value_bits=args.value_bits,
     )
     keys = generate_keys(config)
     files = write_key_files(keys, args.out, overwrite=args.force)

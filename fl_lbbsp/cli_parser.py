@@ -261,16 +261,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--out", type=Path, required=True, help="folder for the key files")
     generate.add_argument(
-        "--poly-modulus-degree", type=int, default=8192, help="ring degree N (default: 8192)"
+        "--poly-modulus-degree", type=int, default=4096, help="ring degree N (default: 4096)"
     )
     generate.add_argument(
         "--coeff-mod-bit-sizes",
         type=_integers("--coeff-mod-bit-sizes", "60,40"),
         default=(60, 40),
-        help="coefficient-modulus prime sizes in bits (default: 60,40)",
+        help="data and special prime sizes in bits (default: 60,40)",
     )
     generate.add_argument(
-        "--scale-bits", type=int, default=40, help="log2 of the CKKS scale (default: 40)"
+        "--scale-bits", type=int, default=35, help="log2 of the CKKS scale (default: 35)"
+    )
+    generate.add_argument(
+        "--value-bits",
+        type=int,
+        default=2,
+        help="silos refuse to encrypt a value above 2^value-bits in magnitude (default: 2)",
     )
     generate.add_argument("--force", action="store_true", help="replace existing key files")
     silos = keys_sub.add_parser(

@@ -576,9 +576,9 @@ def test_the_strategy_times_each_reply_with_its_clock(check: bool | None, replac
 # ------------------------------------------------------------- encrypted path
 @pytest.mark.usefixtures("flower_task")
 def test_a_num_examples_grab_is_refused_in_the_encrypted_path(tmp_path: Any) -> None:
-    # Prepare: silos a and b honest (100 and 300 samples), c claims 10^9 and pre-weights
-    # its ciphertext by it, its values small enough for the CKKS range (round 1: S = 3,
-    # the number of silos); believed, it would take the aggregate to about 1e-7
+    # Prepare: silos a and b honest (100 and 100 samples), c claims 10^9 (above the
+    # largest dataset size a silo may claim); believed, it would take the aggregate to
+    # its own 1e-7
     pytest.importorskip("tenseal")
     from conftest import FakeGrid, make_reply
 
@@ -610,7 +610,7 @@ def test_a_num_examples_grab_is_refused_in_the_encrypted_path(tmp_path: Any) -> 
 
     def reply(node: int, silo: str, value: float, n: int) -> Message:
         flat, layout = flatten({"w": np.full(8, value, dtype=np.float32)})
-        update = encrypt_update(keys, flat, weight=n, total=3.0, layout=layout, max_contributors=3)
+        update = encrypt_update(keys, flat, layout=layout)
         metrics = MetricRecord(
             {"num-examples": n, "train-time": 1.0, "batch-size": 16, "samples-processed": 64}
         )
@@ -625,17 +625,18 @@ def test_a_num_examples_grab_is_refused_in_the_encrypted_path(tmp_path: Any) -> 
 
     # Execute
     arrays, _ = strategy.aggregate_train(
-        1, [reply(1, "a", 1.0, 100), reply(2, "b", 3.0, 300), reply(3, "c", 1e-7, 10**9)]
+        1, [reply(1, "a", 1.0, 100), reply(2, "b", 4.0, 100), reply(3, "c", 1e-7, 10**9)]
     )
     second = list(strategy.configure_train(2, initial, ConfigRecord(), grid))  # type: ignore[arg-type]
 
-    # Assert: the mean of a and b only; c's claim sets neither S nor its pinned size
+    # Assert: the mean of a and b only, weighed by the server; c's claim is not pinned
     assert arrays is not None
     np.testing.assert_allclose(
-        decrypt_update(keys, update_from_record(arrays)), np.full(8, 2.5), rtol=1e-3
+        decrypt_update(keys, update_from_record(arrays)), np.full(8, 2.5), atol=1e-6
     )
-    assert {m.content["config"]["he-weight-total"] for m in second} == {600.0}
-    assert strategy.engine.claims.sizes == {"a": 100, "b": 300}
+    assert update_from_record(arrays).weight == 200
+    assert len(second) == 3
+    assert strategy.engine.claims.sizes == {"a": 100, "b": 100}
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,16 @@
-"""CKKS encryption of updates: parameters, keys, chunked weighted encryption, the server's
-checks and sums, and what the server can and cannot do with its context."""
+"""CKKS encryption of updates: parameters and their error bound, keys, seeded chunked
+encryption, the server's checks and integer-weighted sums, and what the server can and
+cannot do with its context."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 ts = pytest.importorskip("tenseal")
@@ -23,14 +27,18 @@ from fl_lbbsp.crypto import (  # noqa: E402
     encrypt_update,
     flatten,
     generate_keys,
+    integer_weights,
     load_server_keys,
     load_silo_keys,
     unflatten,
     write_key_files,
 )
 from fl_lbbsp.crypto.records import update_from_record, update_to_record  # noqa: E402
+from fl_lbbsp.crypto.seal import save_object  # noqa: E402
 
-SLOTS = 4096  # N = 8192
+sealapi = pytest.importorskip("tenseal.sealapi")
+
+PER = 4096  # values per ciphertext: N = 4096, two per complex slot
 
 
 @pytest.fixture(scope="session")
@@ -55,14 +63,16 @@ def foreign_keys():  # type: ignore[no-untyped-def]
 
 
 # -------------------------------------------------------------------------- parameters
-def test_default_parameters_are_the_short_chain() -> None:
+def test_default_parameters_meet_the_error_target_with_room_for_the_weights() -> None:
     # Execute
     config = CKKSConfig()
 
-    # Assert
-    assert (config.poly_modulus_degree, config.coeff_mod_bit_sizes) == (8192, (60, 40))
-    assert config.scale == 2.0**40 and config.slots == SLOTS
-    assert config.max_abs_value == 2.0**19
+    # Assert: one 60-bit data prime at N = 4096, 1e-6 of a 1/8 range with a margin of 2,
+    # weights up to 2^21, values up to 4, 100 bits in all (109 allowed)
+    assert (config.poly_modulus_degree, config.coeff_mod_bit_sizes) == (4096, (60, 40))
+    assert config.values_per_ciphertext == PER and config.slots == PER // 2
+    assert config.error_bound <= 1e-6 * (1 / 8) / 2
+    assert config.weight_bits == 21 and config.max_abs_value == 4.0
 
 
 @pytest.mark.parametrize(
@@ -71,10 +81,11 @@ def test_default_parameters_are_the_short_chain() -> None:
         ({"poly_modulus_degree": 5000}, "poly_modulus_degree", "5000"),
         ({"poly_modulus_degree": 1024}, "poly_modulus_degree", "1024"),
         ({"coeff_mod_bit_sizes": (60,)}, "coeff_mod_bit_sizes", r"\[60\]"),
+        ({"coeff_mod_bit_sizes": (60, 40, 40)}, "exactly two primes", r"\[60, 40, 40\]"),
         ({"coeff_mod_bit_sizes": (61, 40)}, "coeff_mod_bit_sizes", "61"),
-        ({"coeff_mod_bit_sizes": (40, 40)}, "too short", "scale_bits=40"),
-        ({"coeff_mod_bit_sizes": (30, 20), "scale_bits": 25}, "too short", "scale_bits=25"),
-        ({"poly_modulus_degree": 4096, "coeff_mod_bit_sizes": (60, 40, 40)}, "109", "140"),
+        ({"coeff_mod_bit_sizes": (40, 40)}, "too short", "scale_bits=35"),
+        ({"scale_bits": 50}, "too short", "value_bits=2"),
+        ({"poly_modulus_degree": 2048, "coeff_mod_bit_sizes": (40, 20)}, "54", "60"),
     ],
 )
 def test_bad_parameters_are_rejected_naming_field_and_value(settings, field, value) -> None:  # type: ignore[no-untyped-def]
@@ -89,18 +100,18 @@ def test_server_context_is_public_has_no_extra_keys_and_cannot_decrypt(
     silo_keys, server_keys
 ) -> None:  # type: ignore[no-untyped-def]
     # Prepare
-    update = encrypt_update(silo_keys, np.arange(10.0), weight=1.0)
-    vector = ts.ckks_vector_from(server_keys.context, update.chunks[0])
+    update = encrypt_update(silo_keys, np.linspace(-1, 1, 10))
 
     # Execute / Assert
     assert server_keys.context.is_private() is False
     assert silo_keys.context.is_private() is True
     assert not server_keys.context.has_galois_keys()
     assert not server_keys.context.has_relin_keys()
-    with pytest.raises(ValueError, match="secret"):
-        vector.decrypt()
+    assert server_keys.seal.encryptor is None and server_keys.seal.decryptor is None
     with pytest.raises(ValueError, match="secret context"):
         decrypt_update(server_keys, update)
+    with pytest.raises(ValueError, match="secret context"):
+        encrypt_update(server_keys, np.linspace(-1, 1, 10))
     assert server_keys.fingerprint == silo_keys.fingerprint
 
 
@@ -155,72 +166,184 @@ def test_write_key_files_does_not_overwrite_by_default(key_files, silo_keys) -> 
         write_key_files(silo_keys, key_files.secret.parent)
 
 
-# --------------------------------------------------------------- encrypt, sum, decrypt
-@pytest.mark.parametrize("size", [1, SLOTS - 1, SLOTS, SLOTS + 1, 3 * SLOTS + 17])
-def test_any_length_round_trips_in_chunks_of_n_over_2(silo_keys, size: int) -> None:
-    # Prepare
-    values = np.random.default_rng(size).normal(size=size)
+def test_a_key_of_the_previous_format_is_refused_with_one_line_saying_how_to_regenerate(
+    key_files, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the same file under the previous format's magic line
+    data = key_files.public.read_bytes().replace(
+        b"fl_lbbsp-ckks-context/2\n", b"fl_lbbsp-ckks-context/1\n", 1
+    )
+    path = tmp_path / "public.ckks"
+    path.write_bytes(data)
 
     # Execute
-    update = encrypt_update(silo_keys, values, weight=3.0, total=4.0)
+    with pytest.raises(KeyFileError) as info:
+        load_server_keys(path)
+
+    # Assert
+    message = str(info.value)
+    assert "\n" not in message
+    assert "older fl_lbbsp" in message and "fl-lbbsp keys generate" in message
+
+
+# --------------------------------------------------------------- encrypt, sum, decrypt
+@pytest.mark.parametrize("size", [1, 2, PER - 1, PER, PER + 1, 3 * PER + 17])
+def test_any_length_round_trips_in_chunks_of_n_values(silo_keys, size: int) -> None:
+    # Prepare
+    values = np.random.default_rng(size).uniform(-1, 1, size=size)
+
+    # Execute
+    update = encrypt_update(silo_keys, values)
     decrypted = decrypt_update(silo_keys, update)
 
     # Assert
-    assert len(update.chunks) == -(-size // SLOTS)
-    assert update.weight == 0.75
-    np.testing.assert_allclose(decrypted, values, atol=1e-6)
+    assert len(update.chunks) == -(-size // PER)
+    assert (update.weight, update.contributors, update.aggregate) == (1, 1, False)
+    np.testing.assert_allclose(decrypted, values, atol=silo_keys.config.error_bound)
 
 
-def test_server_sum_decrypts_to_the_weighted_average(silo_keys, server_keys) -> None:  # type: ignore[no-untyped-def]
-    # Prepare: 3 silos with dataset sizes 100, 300, 600 announced against S = 1000
-    rng = np.random.default_rng(0)
-    updates = [rng.normal(size=5000) for _ in range(3)]
-    sizes = [100, 300, 600]
-    sent = [
-        encrypt_update(silo_keys, u, weight=n, total=1000, max_contributors=3)
-        for u, n in zip(updates, sizes, strict=True)
-    ]
-    checker = UpdateChecker(server_keys, num_values=5000)
-
-    # Execute
-    total = aggregate_updates(server_keys, [checker.check(u) for u in sent])
-    result = decrypt_update(silo_keys, total)
-
-    # Assert
-    assert total.weight == pytest.approx(1.0)
-    assert total.contributors == 3
-    np.testing.assert_allclose(result, np.average(updates, axis=0, weights=sizes), atol=1e-6)
-
-
-def test_dropped_silo_needs_no_renormalisation(silo_keys, server_keys) -> None:  # type: ignore[no-untyped-def]
-    # Prepare: S announced for 3 silos, only 2 reply
-    updates = [np.full(10, 1.0), np.full(10, 4.0)]
-    sent = [
-        encrypt_update(silo_keys, u, weight=n, total=600)
-        for u, n in zip(updates, [100, 300], strict=True)
-    ]
+def test_fresh_ciphertexts_are_seeded_half_the_size_of_an_aggregate(silo_keys, server_keys) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    values = np.random.default_rng(3).uniform(-1, 1, size=PER)
     checker = UpdateChecker(server_keys)
 
     # Execute
-    result = decrypt_update(
-        silo_keys, aggregate_updates(server_keys, [checker.check(u) for u in sent])
+    fresh = encrypt_update(silo_keys, values)
+    aggregate = aggregate_updates(server_keys, [checker.check(fresh)], [1])
+
+    # Assert: c0 and a seed against c0 and c1, each c at 60 bits a coefficient, or more
+    config = silo_keys.config
+    information = config.poly_modulus_degree * config.data_bits / 8
+    assert information <= len(fresh.chunks[0]) <= 8 * config.poly_modulus_degree + 1024
+    assert len(aggregate.chunks[0]) >= 2 * information
+    assert len(fresh.chunks[0]) < 0.51 * len(aggregate.chunks[0])
+    np.testing.assert_allclose(decrypt_update(silo_keys, aggregate), values, atol=1e-7)
+
+
+def test_an_unseeded_fresh_ciphertext_is_refused_by_its_size(silo_keys, server_keys) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the same values encrypted into a full ciphertext (c1 sent whole)
+    seal = silo_keys.seal
+    plain, full = sealapi.Plaintext(), sealapi.Ciphertext()
+    seal.encoder.encode([0.5 + 0.5j] * (PER // 2), seal.parms_id, silo_keys.config.scale, plain)
+    seal.encryptor.encrypt_symmetric(plain, full)
+    update = EncryptedUpdate(
+        chunks=(save_object(full),), weight=1, num_values=PER, fingerprint=silo_keys.fingerprint,
+        slots=PER,
+    )  # fmt: skip
+
+    # Execute / Assert
+    with pytest.raises(InvalidUpdateError, match="fresh seeded ciphertext"):
+        UpdateChecker(server_keys).check(update)
+    np.testing.assert_allclose(
+        decrypt_update(silo_keys, update, checker=_lenient(silo_keys)), 0.5, atol=1e-7
     )
 
-    # Assert: (100 * 1 + 300 * 4) / 400
-    np.testing.assert_allclose(result, np.full(10, 3.25), atol=1e-6)
+
+def _lenient(keys):  # type: ignore[no-untyped-def]
+    """A checker that takes fresh chunks of an aggregate's size (to show the bytes decrypt)."""
+    checker = UpdateChecker(keys)
+    checker.chunk_bytes[1] = checker.chunk_bytes[2]
+    return checker
 
 
-def test_lenet_sized_update_costs_at_most_35_bytes_per_parameter(silo_keys) -> None:  # type: ignore[no-untyped-def]
-    # Prepare: LeNet-5 on 32x32 inputs has 61,706 parameters
-    values = np.random.default_rng(1).normal(scale=0.1, size=61706)
+def test_server_sum_weighs_each_update_by_its_integer_weight(silo_keys, server_keys) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: 3 silos with dataset sizes 100, 300, 600, unweighted updates
+    rng = np.random.default_rng(0)
+    updates = [rng.uniform(-2, 2, size=5000) for _ in range(3)]
+    sizes = [100, 300, 600]
+    sent = [encrypt_update(silo_keys, u) for u in updates]
+    checker = UpdateChecker(server_keys, num_values=5000)
 
     # Execute
-    update = encrypt_update(silo_keys, values, weight=1.0)
+    total = aggregate_updates(server_keys, [checker.check(u) for u in sent], sizes)
+    result = decrypt_update(silo_keys, total)
+
+    # Assert
+    assert (total.weight, total.contributors, total.aggregate) == (1000, 3, True)
+    np.testing.assert_allclose(
+        result, np.average(updates, axis=0, weights=sizes), atol=silo_keys.config.error_bound
+    )
+
+
+@pytest.mark.parametrize(
+    ("size", "low", "high", "silos"),
+    [
+        (7, -0.0625, 0.0625, 100),  # tiny update, the 1/8 range, the most silos
+        (20_000, -3.9, 3.9, 4),  # near the value bound
+        (3 * PER + 1, 0.0, 0.125, 2),  # one-signed, 1/8 range
+        (9_000, -1.0, 0.5, 100),  # lopsided, 100 silos
+    ],
+)
+def test_aggregate_error_stays_within_the_bound_on_untuned_shapes_and_ranges(
+    silo_keys, server_keys, size: int, low: float, high: float, silos: int
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: weights from a few examples to the room's share of each silo
+    rng = np.random.default_rng(size + silos)
+    updates = [rng.uniform(low, high, size=size) for _ in range(silos)]
+    limit = silo_keys.config.max_weight_total // silos
+    weights = [int(w) for w in rng.integers(1, limit, size=silos)]
+    checker = UpdateChecker(server_keys, num_values=size)
+
+    # Execute
+    total = aggregate_updates(
+        server_keys, [checker.check(u) for u in _sent_all(silo_keys, updates)], weights
+    )
+    error = np.abs(decrypt_update(silo_keys, total) - np.average(updates, axis=0, weights=weights))
+
+    # Assert: below the bound, so below 1e-6 of any range of 1/8 or more
+    assert error.max() <= silo_keys.config.error_bound
+    assert error.max() <= 1e-6 * (high - low)
+
+
+def _sent_all(keys, updates):  # type: ignore[no-untyped-def]
+    return [encrypt_update(keys, u) for u in updates]
+
+
+@given(
+    weights=st.lists(st.floats(0.5, 1e7, allow_nan=False), min_size=1, max_size=100),
+    limit=st.integers(100, 2**21),
+)
+def test_integer_weights_fit_the_room_and_keep_the_proportions(
+    weights: list[float], limit: int
+) -> None:
+    # Execute
+    applied, divisor = integer_weights(weights, limit=limit)
+
+    # Assert: positive integers within the room; as given (rounded) when they fit
+    assert sum(applied) <= limit and all(isinstance(w, int) and w >= 1 for w in applied)
+    assert all(
+        abs(a - max(1, round(w / divisor))) == 0 for a, w in zip(applied, weights, strict=True)
+    )
+    if sum(max(1, round(w)) for w in weights) <= limit:
+        assert divisor == 1
+
+
+@pytest.mark.parametrize(
+    ("weights", "reason"),
+    [([0], "positive integers"), ([1.5], "positive integers"), ([2**21 + 1], "room")],
+)
+def test_aggregation_refuses_weights_that_are_not_positive_integers_in_the_room(
+    silo_keys, server_keys, weights, reason
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    parsed = UpdateChecker(server_keys).check(encrypt_update(silo_keys, np.ones(4)))
+
+    # Execute / Assert
+    with pytest.raises(ValueError, match=reason):
+        aggregate_updates(server_keys, [parsed], weights)
+
+
+def test_lenet_sized_update_costs_at_most_12_bytes_per_parameter(silo_keys) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: LeNet-5 on 32x32 inputs has 61,706 parameters
+    values = np.random.default_rng(1).normal(scale=0.1, size=61706).clip(-4, 4)
+
+    # Execute
+    update = encrypt_update(silo_keys, values)
     error = np.abs(decrypt_update(silo_keys, update) - values).max()
 
     # Assert
-    assert update.nbytes / values.size <= 35
-    assert error <= 1e-6
+    assert update.nbytes / values.size <= 12
+    assert error <= 1e-6 * (values.max() - values.min())
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -231,14 +354,14 @@ def test_non_finite_updates_are_refused_before_encryption(silo_keys, bad: float)
 
     # Execute / Assert
     with pytest.raises(NonFiniteUpdateError, match="index 7, tensor 'b'"):
-        encrypt_update(silo_keys, flat, weight=1.0, layout=layout)
+        encrypt_update(silo_keys, flat, layout=layout)
 
 
-def test_values_too_large_for_the_scale_are_refused(silo_keys) -> None:  # type: ignore[no-untyped-def]
-    # Execute / Assert: 2^19 is the range; 10 silos share it
-    encrypt_update(silo_keys, np.full(3, 2.0e4), weight=1.0, max_contributors=10)
-    with pytest.raises(ValueError, match="CKKS range"):
-        encrypt_update(silo_keys, np.full(3, 3.0e4), weight=1.0, max_contributors=10)
+def test_values_above_the_value_bound_are_refused(silo_keys) -> None:  # type: ignore[no-untyped-def]
+    # Execute / Assert: 2^2 is the bound
+    encrypt_update(silo_keys, np.full(3, 4.0))
+    with pytest.raises(ValueError, match="value_bits"):
+        encrypt_update(silo_keys, np.array([0.0, -4.01, 1.0]))
 
 
 def test_flatten_and_unflatten_keep_names_shapes_and_dtypes() -> None:
@@ -258,7 +381,7 @@ def test_flatten_and_unflatten_keep_names_shapes_and_dtypes() -> None:
 def test_update_round_trips_through_an_array_record(silo_keys) -> None:  # type: ignore[no-untyped-def]
     # Prepare
     _, layout = flatten({"w": np.zeros(5000)})
-    update = encrypt_update(silo_keys, np.ones(5000), weight=2.0, layout=layout)
+    update = encrypt_update(silo_keys, np.ones(5000), layout=layout)
 
     # Execute
     back = update_from_record(update_to_record(update))
@@ -268,7 +391,24 @@ def test_update_round_trips_through_an_array_record(silo_keys) -> None:  # type:
 
 
 # ------------------------------------------------------------------ the server's checks
-def _damaged(update: EncryptedUpdate, damage: str, foreign: EncryptedUpdate) -> EncryptedUpdate:
+def _key_level(keys) -> bytes:  # type: ignore[no-untyped-def]
+    """A ciphertext at SEAL's key level (both primes), not the data level (SEAL encrypts
+    nothing there: a zero one)."""
+    seal = keys.seal
+    ciphertext = sealapi.Ciphertext()
+    ciphertext.resize(seal.context, list(seal.context.key_parms_id()), 2)
+    return save_object(ciphertext)
+
+
+@pytest.fixture(scope="session")
+def other_parameters():  # type: ignore[no-untyped-def]
+    """Keys of the same ring with a 50-bit data prime."""
+    return generate_keys(CKKSConfig(coeff_mod_bit_sizes=(50, 40), scale_bits=30))
+
+
+def _damaged(
+    update: EncryptedUpdate, damage: str, foreign: EncryptedUpdate, keys, other
+) -> EncryptedUpdate:  # type: ignore[no-untyped-def]
     chunks = list(update.chunks)
     if damage == "foreign key, own fingerprint claimed":
         return dataclasses.replace(foreign, fingerprint=update.fingerprint)
@@ -292,7 +432,17 @@ def _damaged(update: EncryptedUpdate, damage: str, foreign: EncryptedUpdate) -> 
     if damage == "wrong length":
         return dataclasses.replace(update, num_values=update.num_values - 1)
     if damage == "zero weight":
-        return dataclasses.replace(update, weight=0.0)
+        return dataclasses.replace(update, weight=0)
+    if damage == "weight above the room":
+        return dataclasses.replace(update, weight=2**21 + 1)
+    if damage == "weighted by the silo":
+        return dataclasses.replace(update, weight=3)
+    if damage == "key level":
+        chunks[0] = _key_level(keys)
+        return dataclasses.replace(update, chunks=tuple(chunks), digests=())
+    if damage == "other parameters, own fingerprint claimed":
+        chunks[0] = encrypt_update(other, np.ones(PER)).chunks[0]
+        return dataclasses.replace(update, chunks=tuple(chunks), digests=())
     raise AssertionError(damage)
 
 
@@ -306,39 +456,44 @@ def _damaged(update: EncryptedUpdate, damage: str, foreign: EncryptedUpdate) -> 
         ("chunk missing", "chunks"),
         ("wrong length", "values"),
         ("zero weight", "weight"),
+        ("weight above the room", "weight"),
+        ("weighted by the silo", "unweighted"),
+        ("key level", "at the data level"),
+        ("other parameters, own fingerprint claimed", "ciphertext"),
     ],
 )
 def test_checker_rejects_bad_updates_with_a_reason(
-    silo_keys, server_keys, foreign_keys, damage, reason
+    silo_keys, server_keys, foreign_keys, other_parameters, damage, reason
 ) -> None:  # type: ignore[no-untyped-def]
     # Prepare
-    values = np.ones(2 * SLOTS + 5)
-    update = encrypt_update(silo_keys, values, weight=1.0)
-    foreign = encrypt_update(foreign_keys, values, weight=1.0)
+    values = np.ones(2 * PER + 5)
+    update = encrypt_update(silo_keys, values)
+    foreign = encrypt_update(foreign_keys, values)
     checker = UpdateChecker(server_keys, num_values=values.size)
     checker.check(update)  # the undamaged update passes
 
     # Execute / Assert
     with pytest.raises(InvalidUpdateError, match=reason):
-        checker.check(_damaged(update, damage, foreign))
+        checker.check(_damaged(update, damage, foreign, silo_keys, other_parameters))
 
 
-def test_foreign_key_ciphertext_is_silently_accepted_by_tenseal(
+def test_foreign_key_ciphertext_is_silently_summed_by_seal(
     silo_keys, server_keys, foreign_keys
 ) -> None:  # type: ignore[no-untyped-def]
-    """Why fingerprints: same parameters, another key, and TenSEAL sums it into garbage."""
+    """Why fingerprints: same parameters, another key, and SEAL sums it into garbage."""
     # Prepare
-    ours = encrypt_update(silo_keys, np.ones(10), weight=1.0)
-    theirs = encrypt_update(foreign_keys, np.ones(10), weight=1.0)
-
-    # Execute
-    total = ts.ckks_vector_from(server_keys.context, ours.chunks[0]) + ts.ckks_vector_from(
-        server_keys.context, theirs.chunks[0]
+    ours = encrypt_update(silo_keys, np.ones(10))
+    theirs = dataclasses.replace(
+        encrypt_update(foreign_keys, np.ones(10)), fingerprint=silo_keys.fingerprint
     )
-    decrypted = ts.ckks_vector_from(silo_keys.context, total.serialize()).decrypt()
+    checker = UpdateChecker(server_keys)
 
-    # Assert: no error anywhere, and the sum is far from 2
-    assert np.abs(np.array(decrypted) - 2.0).max() > 1e3
+    # Execute: every check passes, the sum is made
+    total = aggregate_updates(server_keys, [checker.check(ours), checker.check(theirs)], [1, 1])
+    decrypted = decrypt_update(silo_keys, total)
+
+    # Assert: no error anywhere, and the mean is far from 1
+    assert np.abs(decrypted - 1.0).max() > 1e3
 
 
 def test_unreadable_header_is_rejected() -> None:
@@ -347,20 +502,16 @@ def test_unreadable_header_is_rejected() -> None:
         EncryptedUpdate.from_parts(b"{not json", [b""])
 
 
-def test_asymmetric_mode_encrypts_with_the_public_key_and_sums_the_same() -> None:
+@pytest.mark.parametrize("weight", [1.5, "2", True])
+def test_a_header_weight_that_is_not_an_integer_is_rejected(silo_keys, weight) -> None:  # type: ignore[no-untyped-def]
     # Prepare
-    keys = generate_keys(CKKSConfig(encryption="asymmetric", poly_modulus_degree=4096))
-    public = keys.public()
-    values = [np.linspace(-1, 1, 3000), np.linspace(1, -1, 3000)]
-    checker = UpdateChecker(public, num_values=3000)
+    update = encrypt_update(silo_keys, np.ones(3))
+    header = update.header().replace(b'"weight": 1', b'"weight": ' + _json_value(weight))
 
-    # Execute: the server could encrypt too; silos' updates still only add up
-    sent = [
-        encrypt_update(public, v, weight=n, total=4) for v, n in zip(values, [1, 3], strict=True)
-    ]
-    result = decrypt_update(keys, aggregate_updates(public, [checker.check(u) for u in sent]))
+    # Execute / Assert
+    with pytest.raises(InvalidUpdateError, match="integer"):
+        EncryptedUpdate.from_parts(header, update.chunks)
 
-    # Assert
-    assert public.context.has_public_key() and not public.is_private
-    assert public.fingerprint == keys.fingerprint
-    np.testing.assert_allclose(result, 0.25 * values[0] + 0.75 * values[1], atol=1e-6)
+
+def _json_value(value: object) -> bytes:
+    return json.dumps(value).encode()

@@ -22,7 +22,7 @@ from flwr.clientapp import ClientApp
 
 pytest.importorskip("tenseal")
 
-import tenseal as ts  # noqa: E402
+import tenseal.sealapi as sealapi  # noqa: E402
 
 from fl_lbbsp.clients.app import SiloSetup, make_client_app, silo_data, train_reply  # noqa: E402
 from fl_lbbsp.crypto import (  # noqa: E402
@@ -49,6 +49,7 @@ from fl_lbbsp.crypto.records import (  # noqa: E402
     update_to_record,
     with_check_report,
 )
+from fl_lbbsp.crypto.seal import save_object  # noqa: E402
 from fl_lbbsp.models import build_model  # noqa: E402
 from fl_lbbsp.runs.inprocess import InProcessGrid  # noqa: E402
 from fl_lbbsp.security.identity import signed_arrays  # noqa: E402
@@ -58,7 +59,7 @@ from fl_lbbsp.strategies.encrypted import EncryptedLBBSPFedAvg  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("flower_task")
 
-CONFIG = CKKSConfig(poly_modulus_degree=4096, coeff_mod_bit_sizes=(40, 21, 40), scale_bits=21)
+CONFIG = CKKSConfig()
 FORGER = "2"
 SETTINGS = {
     "initial_batch_size": 16,
@@ -95,20 +96,29 @@ def _lines(fl_log, level: int) -> list[str]:  # type: ignore[no-untyped-def]
 # ------------------------------------------------------------------------ the forger
 def _forged(forgery: str, record: ArrayRecord, keys) -> ArrayRecord:  # type: ignore[no-untyped-def]
     """``record`` (an honest encrypted update) with its ciphertexts replaced, its header
-    and check report kept: values of 1e9 (the scheme's range ends near 5e11: 1e30 cannot
-    be encoded), or a ciphertext under another key (noise over the whole range)."""
+    and check report kept: values of 1e6, far above the bound honest silos keep to (the
+    scale's range ends near 8e6: 1e30 cannot be encoded), or a ciphertext under another
+    key (noise over the whole range)."""
     update = update_from_record(record)
-    sizes = [
-        min(update.slots, update.num_values - k) for k in range(0, update.num_values, update.slots)
-    ]
+    count = len(update.chunks)
     if forgery == "huge":
-        chunks = tuple(ts.ckks_vector(keys.context, [1e9] * n).serialize() for n in sizes)
+        chunks = tuple(_seal_chunk(keys, 1e6) for _ in range(count))
     else:
-        foreign = generate_keys(CONFIG).context
-        chunks = tuple(ts.ckks_vector(foreign, [0.1] * n).serialize() for n in sizes)
+        foreign = generate_keys(CONFIG)
+        chunks = tuple(_seal_chunk(foreign, 0.1) for _ in range(count))
     forged = update_to_record(dataclasses.replace(update, chunks=chunks, digests=()))
     report = check_report_of(record)
     return forged if report is None else with_check_report(forged, report)
+
+
+def _seal_chunk(keys, value: float) -> bytes:  # type: ignore[no-untyped-def]
+    """A seeded ciphertext of ``value`` in every slot, made with SEAL directly (no bound)."""
+    seal = keys.seal
+    plain = sealapi.Plaintext()
+    seal.encoder.encode(
+        [complex(value, value)] * keys.config.slots, seal.parms_id, keys.config.scale, plain
+    )
+    return save_object(seal.encryptor.encrypt_symmetric(plain))
 
 
 def _framing(record: ArrayRecord) -> ArrayRecord:
@@ -343,7 +353,7 @@ def test_each_contribution_goes_to_two_checkers_never_its_sender(silos: int) -> 
 # ---------------------------------------------------------------------- the records
 def _update(keys, value: float):  # type: ignore[no-untyped-def]
     flat, layout = flatten({"w": np.full(3000, value, dtype=np.float32)})
-    return encrypt_update(keys, flat, weight=2.0, total=4.0, layout=layout)
+    return encrypt_update(keys, flat, layout=layout)
 
 
 def test_requests_and_reports_travel_in_records_and_the_report_is_signed(he_keys) -> None:  # type: ignore[no-untyped-def]
@@ -355,7 +365,7 @@ def test_requests_and_reports_travel_in_records_and_the_report_is_signed(he_keys
     content = RecordDict(
         {"arrays": ArrayRecord(), "config": ConfigRecord(), **request_records(requests)}
     )
-    own = update_to_record(_update(he_keys, 5.0))
+    own = update_to_record(_update(he_keys, 3.5))
     report = CheckReport(bad_round=3, reference=7.5, norms={"a": 54.7, "b": None})
 
     # Execute
@@ -395,7 +405,7 @@ def test_a_silo_answers_checks_only_the_round_after_it_refused_a_model(
     data = silo_data(setup, 0)
     model = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
     flat, layout = flatten({k: v.numpy() for k, v in model.state_dict().items()})
-    update = encrypt_update(he_keys, flat, weight=1.0, total=3.0, layout=layout, max_contributors=3)
+    update = encrypt_update(he_keys, flat, layout=layout)
     strategy = EncryptedLBBSPFedAvg(public_context=key_files.public, **SETTINGS)
     messages = list(strategy.configure_train(1, update_to_record(update), ConfigRecord(), grid))
     asked = CheckRequest(silo="1", bad_round=1, update=update)

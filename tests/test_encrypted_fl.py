@@ -1,5 +1,6 @@
 """Encrypted LB-BSP FedAvg: the same model as plaintext, ciphertexts only on the server,
-bad replies left out with a logged reason, he-time in the balancer, NaN refused on silos."""
+the server's capped weights applied to the ciphertexts, bad replies left out with a logged
+reason, he-time in the balancer, NaN refused on silos."""
 
 from __future__ import annotations
 
@@ -98,13 +99,19 @@ def test_encrypted_three_round_run_ends_with_the_plaintext_model(
         for name, ref in zip(plain_result.arrays.keys(), expected, strict=True)
     )
     assert diff <= 1e-4
-    assert update.contributors == 3 and update.weight == pytest.approx(1.0)
+    sizes = [
+        s["num-examples"] for e in _events(tmp_path) if e["event"] == "train" for s in
+        e["silos"].values()
+    ][-3:]  # fmt: skip
+    assert update.contributors == 3 and update.aggregate and update.weight == sum(sizes)
     train = [t for t in grid.transfers if t.message_type == "train"]
     assert len(train) == 9 and all(t.error is None for t in train)
-    assert all(t.reply_bytes > 30 * update.num_values for t in train)  # ciphertext sizes
+    # seeded ciphertexts: at most 12 bytes per parameter up, an aggregate's twice down
+    assert all(7.5 * update.num_values < t.reply_bytes < 12 * update.num_values for t in train)
+    assert all(t.sent_bytes > 15 * update.num_values for t in train[3:])
     # federated evaluation: every round, the silos' test shards
     assert sorted(enc_result.evaluate_metrics_clientapp) == [1, 2, 3]
-    events = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    events = _events(tmp_path)
     assert [e["round"] for e in events if e["event"] == "evaluate"] == [1, 2, 3]
     he_times = [s["he-time"] for e in events if e["event"] == "train" for s in e["silos"].values()]
     assert len(he_times) == 9 and all(t > 0 for t in he_times)
@@ -131,19 +138,29 @@ def test_silo_refuses_nan_update_and_replies_with_an_error(key_files) -> None:  
     assert arrays is None
 
 
+def _events(tmp_path) -> list[dict]:  # type: ignore[no-untyped-def,type-arg]
+    return [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+
+
 # ----------------------------------------------------- the strategy on hand-made replies
-def _reply(keys, node: int, silo: str, value: float, n: int, total: float, **overrides):  # type: ignore[no-untyped-def]
-    flat, layout = flatten({"w": np.full(5000, value, dtype=np.float32)})
-    update = encrypt_update(keys, flat, weight=n, total=total, layout=layout, max_contributors=3)
-    if overrides:
-        update = dataclasses.replace(update, **overrides)
+def _reply(keys, node: int, silo: str, value: float, n: int, **overrides):  # type: ignore[no-untyped-def]
+    """Silo ``silo``'s reply: its model (5000 times ``value``) encrypted under ``keys``,
+    in plaintext if ``keys`` is None, and ``num-examples`` n."""
+    model = {"w": np.full(5000, value, dtype=np.float32)}
+    if keys is None:
+        arrays = ArrayRecord({"w": Array(model["w"])})
+    else:
+        flat, layout = flatten(model)
+        update = encrypt_update(keys, flat, layout=layout)
+        if overrides:
+            update = dataclasses.replace(update, **overrides)
+        arrays = update_to_record(update)
     metrics = MetricRecord(
         {"num-examples": n, "train-time": 1.0, "batch-size": 16, "samples-processed": 64,
          "he-time": 0.25 * node}
     )  # fmt: skip
     content = RecordDict(
-        {"arrays": update_to_record(update), "metrics": metrics,
-         "silo": ConfigRecord({"silo-id": silo})}
+        {"arrays": arrays, "metrics": metrics, "silo": ConfigRecord({"silo-id": silo})}
     )  # fmt: skip
     return make_reply(content, node_id=node)
 
@@ -163,33 +180,85 @@ def _decrypted(keys, arrays: ArrayRecord) -> np.ndarray:  # type: ignore[no-unty
     return decrypt_update(keys, update_from_record(arrays))
 
 
-def test_announced_total_is_the_sum_of_known_dataset_sizes(key_files, silo_keys, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # Prepare
+def test_silos_are_sent_no_weight_total(key_files, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Execute
     strategy = _strategy(key_files, tmp_path)
-    grid = FakeGrid([1, 2, 3])
-    first = list(strategy.configure_train(1, _initial(), ConfigRecord(), grid))
-    replies = [
-        _reply(silo_keys, node, silo, 1.0, n, total=3.0)
-        for node, silo, n in ((1, "a", 100), (2, "b", 300), (3, "c", 600))
-    ]
-    strategy.aggregate_train(1, replies)
+    messages = list(strategy.configure_train(1, _initial(), ConfigRecord(), FakeGrid([1, 2, 3])))
+
+    # Assert: silos encrypt unweighted updates; there is nothing to scale them by
+    assert all("he-weight-total" not in m.content["config"] for m in messages)
+
+
+@pytest.mark.parametrize(
+    ("claims", "values", "weights"),
+    [
+        ((100, 300, 350), (0.5, 2.0, 3.5), (100, 300, 350)),  # honest: as claimed
+        ((100, 300, 50_000), (0.5, 2.0, 3.5), (100, 300, 400)),  # a grab: all the others
+        ((120, 90_000, 140, 100), (1.0, 3.0, 2.0, -1.0), (120, 360, 140, 100)),
+    ],
+    ids=["honest", "grab", "grab-among-four"],
+)
+def test_the_server_applies_the_capped_weights_to_the_ciphertexts_as_in_plaintext(
+    key_files, silo_keys, tmp_path, fl_log, claims, values, weights
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the same replies, encrypted to the encrypted strategy, in plaintext to
+    # the plaintext one
+    nodes = list(range(1, len(claims) + 1))
+    silos = "abcd"[: len(claims)]
+    encrypted = _strategy(key_files, tmp_path)
+    plain = LBBSPFedAvg(**{**SETTINGS, "min_train_nodes": len(claims)})
+    for strategy in (encrypted, plain):
+        strategy.configure_train(1, _initial(), ConfigRecord(), FakeGrid(nodes))
+
+    def replies(keys):  # type: ignore[no-untyped-def]
+        return [
+            _reply(keys, node, silo, value, n)
+            for node, silo, value, n in zip(nodes, silos, values, claims, strict=True)
+        ]
 
     # Execute
-    second = list(strategy.configure_train(2, _initial(), ConfigRecord(), grid))
+    arrays, _ = encrypted.aggregate_train(1, replies(silo_keys))
+    plain_arrays, _ = plain.aggregate_train(1, replies(None))
 
-    # Assert: round 1 knows nothing (S = number of silos), round 2 knows every n_i
-    assert {m.content["config"]["he-weight-total"] for m in first} == {3.0}
-    assert {m.content["config"]["he-weight-total"] for m in second} == {1000.0}
-    assert {m.content["config"]["he-num-silos"] for m in second} == {3}
+    # Assert: the decrypted aggregate is the capped-weight mean, as in plaintext; the
+    # weight the server logs is the weight it applied, and W is their sum
+    assert arrays is not None and plain_arrays is not None
+    expected = np.average(values, weights=weights)
+    decrypted = _decrypted(silo_keys, arrays)
+    np.testing.assert_allclose(decrypted, expected, atol=1e-6)
+    np.testing.assert_allclose(decrypted, plain_arrays["w"].numpy(), atol=1e-6)
+    assert update_from_record(arrays).weight == sum(weights) == sum(encrypted.updates.applied)
+    capped = {s: w for s, w, n in zip(silos, weights, claims, strict=True) if w != n}
+    logged = {r.getMessage() for r in fl_log.records if "weighs as" in r.getMessage()}
+    assert {line.split(":")[1].strip() for line in logged} == {f"silo {s}" for s in capped}
+    assert all(any(f"weighs as {w:g}" in line for line in logged) for w in capped.values())
+
+
+def test_a_silo_claiming_50000_examples_weighs_no_more_than_the_cap(
+    key_files, silo_keys, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: 19 silos' models at 0 with 100 examples each, one at 1 claiming 50,000:
+    # the cap is 10 x the median of the others, 1000 (the others hold 1900)
+    nodes = list(range(1, 21))
+    strategy = _strategy(key_files, tmp_path, min_train_nodes=20, min_available_nodes=20)
+    strategy.configure_train(1, _initial(), ConfigRecord(), FakeGrid(nodes))
+    replies = [_reply(silo_keys, n, f"s{n}", 0.0, 100) for n in nodes[:-1]]
+    replies.append(_reply(silo_keys, 20, "liar", 1.0, 50_000))
+
+    # Execute
+    arrays, _ = strategy.aggregate_train(1, replies)
+
+    # Assert: its share is 1000 / (1900 + 1000), not 50000 / 51900
+    assert arrays is not None
+    np.testing.assert_allclose(_decrypted(silo_keys, arrays), 1000 / 2900, atol=1e-6)
+    assert update_from_record(arrays).weight == 2900
 
 
 def test_he_time_is_reported_to_the_balancer_as_fixed_time(key_files, silo_keys, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Prepare
     strategy = _strategy(key_files, tmp_path)
     strategy.configure_train(1, _initial(), ConfigRecord(), FakeGrid([1, 2, 3]))
-    replies = [
-        _reply(silo_keys, node, s, 1.0, 10, total=3.0) for node, s in ((1, "a"), (2, "b"), (3, "c"))
-    ]
+    replies = [_reply(silo_keys, node, s, 1.0, 10) for node, s in ((1, "a"), (2, "b"), (3, "c"))]
 
     # Execute
     strategy.aggregate_train(1, replies)
@@ -207,7 +276,8 @@ def test_he_time_is_reported_to_the_balancer_as_fixed_time(key_files, silo_keys,
         ("truncated", "bytes"),
         ("corrupted", "corrupted"),
         ("wrong chunk count", "chunks"),
-        ("wrong weight", "num-examples / S"),
+        ("weighted by the silo", "unweighted"),
+        ("an aggregate", "aggregate"),
         ("plaintext", "no encrypted update"),
     ],
 )
@@ -217,15 +287,15 @@ def test_bad_reply_is_left_out_with_a_logged_reason_and_the_round_goes_on(
     # Prepare: silos a and b are fine, silo c's reply is damaged
     strategy = _strategy(key_files, tmp_path)
     strategy.configure_train(1, _initial(), ConfigRecord(), FakeGrid([1, 2, 3]))
-    good = [_reply(silo_keys, 1, "a", 1.0, 100, 3.0), _reply(silo_keys, 2, "b", 4.0, 300, 3.0)]
+    good = [_reply(silo_keys, 1, "a", 1.0, 100), _reply(silo_keys, 2, "b", 4.0, 100)]
     bad = _damaged_reply(damage, silo_keys)
 
     # Execute
     arrays, metrics = strategy.aggregate_train(1, [*good, bad])
 
-    # Assert: the weighted average of a and b only
+    # Assert: the average of a and b only
     assert arrays is not None and metrics is not None
-    np.testing.assert_allclose(_decrypted(silo_keys, arrays), np.full(5000, 3.25), atol=1e-5)
+    np.testing.assert_allclose(_decrypted(silo_keys, arrays), np.full(5000, 2.5), atol=1e-6)
     warnings = [r.getMessage() for r in fl_log.records if r.levelno == logging.WARNING]
     assert any("silo c" in w and reason in w and "goes on" in w for w in warnings), warnings
     events = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
@@ -235,8 +305,8 @@ def test_bad_reply_is_left_out_with_a_logged_reason_and_the_round_goes_on(
 
 def _damaged_reply(damage: str, keys):  # type: ignore[no-untyped-def]
     if damage == "foreign key":
-        return _reply(generate_keys(), 3, "c", 9.0, 600, 3.0)
-    reply = _reply(keys, 3, "c", 9.0, 600, 3.0)
+        return _reply(generate_keys(), 3, "c", 3.0, 600)
+    reply = _reply(keys, 3, "c", 3.0, 600)
     update = update_from_record(reply.content["arrays"])
     chunks = list(update.chunks)
     if damage == "truncated":
@@ -248,8 +318,10 @@ def _damaged_reply(damage: str, keys):  # type: ignore[no-untyped-def]
         update = dataclasses.replace(update, chunks=(bytes(broken), *chunks[1:]))
     elif damage == "wrong chunk count":
         update = dataclasses.replace(update, chunks=(*chunks, chunks[0]), digests=())
-    elif damage == "wrong weight":
-        update = dataclasses.replace(update, weight=update.weight * 10)
+    elif damage == "weighted by the silo":
+        update = dataclasses.replace(update, weight=600)
+    elif damage == "an aggregate":
+        update = dataclasses.replace(update, weight=600, aggregate=True)
     if damage == "plaintext":
         reply.content["arrays"] = ArrayRecord({"w": Array(np.full(5000, 9.0, dtype=np.float32))})
     else:

@@ -791,7 +791,7 @@ def he_parts():  # type: ignore[no-untyped-def]
     updates = {}
     for node, value, n in zip(NODES, (1.0, 2.0, 4.0), (100, 300, 350), strict=True):
         flat, layout = flatten(_model(value))
-        update = encrypt_update(keys, flat, weight=n, total=3.0, layout=layout, max_contributors=3)
+        update = encrypt_update(keys, flat, layout=layout)
         updates[node] = (value, n, dict(update_to_record(update).items()))
     return keys, updates
 
@@ -863,6 +863,7 @@ def test_random_malformed_encrypted_replies_never_crash_or_put_nan_in_the_model(
     # Prepare
     from fl_lbbsp.crypto import decrypt_update
     from fl_lbbsp.crypto.records import update_from_record
+    from fl_lbbsp.security.update_screen import cap_weights
     from fl_lbbsp.strategies.encrypted import EncryptedLBBSPFedAvg
 
     keys, updates = he_parts
@@ -877,12 +878,17 @@ def test_random_malformed_encrypted_replies_never_crash_or_put_nan_in_the_model(
     # Execute
     arrays, _ = strategy.aggregate_train(1, replies)
 
-    # Assert: what the silos decrypt is finite; well-formed rounds give the weighted mean
+    # Assert: what the silos decrypt is finite; well-formed rounds give the capped-weight
+    # mean
     if arrays is not None:
         model = decrypt_update(keys, update_from_record(arrays))
         assert model.shape == (7,) and np.isfinite(model).all()
         if clean:
-            expected = np.average([v for v, _ in clean], weights=[n for _, n in clean])
-            np.testing.assert_allclose(model, expected, atol=1e-5)
+            # the server's weights: each size capped against the round's others
+            claimed = {str(n): float(n) for _, n in clean}
+            capped = cap_weights(claimed, known=claimed, declared={}, max_weight_ratio=10.0)
+            weights = [capped[str(n)][0] for _, n in clean]
+            expected = np.average([v for v, _ in clean], weights=weights)
+            np.testing.assert_allclose(model, expected, atol=1e-6)
     else:
         assert not clean

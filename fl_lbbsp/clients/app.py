@@ -94,10 +94,9 @@ def _open_arrays(
     return {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in arrays.items()}, seconds
 
 
-def _encrypt_model(
-    model: torch.nn.Module, secret_context: str, *, weight: float, total: float, silos: int
-) -> tuple[ArrayRecord, float]:
-    """``Enc((weight / total) * parameters)`` as an ArrayRecord, and the seconds it took."""
+def _encrypt_model(model: torch.nn.Module, secret_context: str) -> tuple[ArrayRecord, float]:
+    """``Enc(parameters)`` (unweighted: the server applies the weight) as an ArrayRecord,
+    and the seconds it took."""
     from ..crypto import encrypt_update, flatten
     from ..crypto.records import update_to_record
 
@@ -105,9 +104,7 @@ def _encrypt_model(
     start = time.perf_counter()
     state = {name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
     flat, layout = flatten(state)
-    update = encrypt_update(
-        keys, flat, weight=weight, total=total, max_contributors=silos, layout=layout
-    )
+    update = encrypt_update(keys, flat, layout=layout)
     record = update_to_record(update)
     return record, time.perf_counter() - start
 
@@ -348,13 +345,7 @@ class SiloApp:
         if node.secret_context is None:
             arrays = ArrayRecord(model.state_dict())
         else:
-            arrays, seconds = _encrypt_model(
-                model,
-                node.secret_context,
-                weight=float(len(data)),
-                total=instruction.he_weight_total or 1.0,
-                silos=instruction.he_num_silos or 1,
-            )
+            arrays, seconds = _encrypt_model(model, node.secret_context)
             arrays, checking = _answer_checks(
                 msg, context, arrays, node.secret_context, state, instruction.server_round
             )
@@ -409,10 +400,11 @@ def make_client_app(setup: SiloSetup) -> ClientApp:
     ``train-loss``.
 
     In encrypted mode (``setup.secret_context`` or ``node_config["secret-context"]``) the
-    parameters go out as ``Enc((n_i / S) * u_i)`` with S the config's ``he-weight-total``,
-    an update with NaN or inf is refused before encryption (the silo replies with an
-    error), and ``he-time`` reports the seconds spent decrypting and encrypting, emulated
-    like ``train-time`` (a k times slower machine also encrypts k times slower).
+    parameters go out as ``Enc(u_i)``, unweighted (the server multiplies each by the
+    silo's capped ``num-examples`` and adds), an update with NaN or inf is refused before
+    encryption (the silo replies with an error), and ``he-time`` reports the seconds spent
+    decrypting and encrypting, emulated like ``train-time`` (a k times slower machine also
+    encrypts k times slower).
     """
     silo = SiloApp(setup)
     app = ClientApp()

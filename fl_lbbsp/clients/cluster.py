@@ -269,23 +269,17 @@ def sync_replica(
 
 
 def _encrypt_gradient(
-    grads: dict[str, np.ndarray], secret_context: str, instruction: RoundInstruction
+    grads: dict[str, np.ndarray], secret_context: str
 ) -> tuple[ArrayRecord, float]:
-    """``Enc((x_i / X) * g_i)`` as an ArrayRecord, and the seconds it took."""
+    """``Enc(g_i)`` (unweighted: the server multiplies it by the batch size) as an
+    ArrayRecord, and the seconds it took."""
     from ..crypto import encrypt_update, flatten
     from ..crypto.records import update_to_record
 
     he_keys, _ = _silo_keys(secret_context)
     start = time.perf_counter()
     flat, layout = flatten(grads)
-    update = encrypt_update(
-        he_keys,
-        flat,
-        weight=float(instruction.batch_size),
-        total=instruction.he_weight_total or 1.0,
-        max_contributors=instruction.he_num_silos or 1,
-        layout=layout,
-    )
+    update = encrypt_update(he_keys, flat, layout=layout)
     return update_to_record(update), time.perf_counter() - start
 
 
@@ -362,7 +356,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         if secret_context is None:
             arrays = ArrayRecord({k: Array(v) for k, v in report.output.items()})
         else:
-            arrays, seconds = _encrypt_gradient(report.output, secret_context, instruction)
+            arrays, seconds = _encrypt_gradient(report.output, secret_context)
             extra[keys.he_time] = emulate_slowdown(he_seconds + seconds, factor)
         metrics = MetricRecord(
             {**report.metrics, BUSY_TIME: time.perf_counter() - started, **extra}

@@ -1,8 +1,9 @@
 """CKKS homomorphic encryption of model updates (TenSEAL): keys, encryption, checks, sums.
 
 Needs the ``he`` extra (``pip install fl_lbbsp[he]``). Silos hold the secret context, the
-server only the public one; silos weight and encrypt their updates, the server checks and
-adds the ciphertexts, silos decrypt the sum and divide by the plaintext sum of weights.
+server only the public one; silos encrypt their updates unweighted (seeded symmetric
+ciphertexts), the server checks them, multiplies each by its integer weight and adds,
+silos decrypt the sum and divide by the plaintext sum of weights.
 """
 
 try:

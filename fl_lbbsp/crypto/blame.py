@@ -20,10 +20,10 @@ contributions). Honest checkers decrypt the same ciphertext with the same key an
 a disagreement is logged with the checkers' names.
 
 Why decryption by other silos rather than a norm computed under encryption: the default
-chain has a single data prime, so the server can add and rotate ciphertexts but not
-multiply them (a squared norm needs one multiplication and a longer chain, hence larger
-ciphertexts every round), and a statistic built from additions and rotations is linear,
-which a forger can make vanish.
+chain has a single data prime, so the server can add ciphertexts and multiply them by
+integers but not by each other (a squared norm needs one ciphertext multiplication and a
+longer chain, hence larger ciphertexts every round), and a statistic built from additions
+and integer products is linear, which a forger can make vanish.
 
 What it leaks is stated in ``docs/encryption.md``: each contribution of the one refused
 round to two other silos (which share the secret key anyway), and its norm to the server.

@@ -1,19 +1,21 @@
-"""Encrypted model updates: weighted, chunked CKKS ciphertexts that the server only adds.
+"""Encrypted model updates: unweighted seeded CKKS ciphertexts that the server weighs and adds.
 
-A party (silo in FL mode, worker in cluster mode) multiplies its flattened update ``u_i``
-by its weight ``w_i = n_i / S`` in plaintext (``n_i``: local dataset size in FL, batch size
-in cluster mode; ``S``: the total the server announces, so values stay well inside the
-range the scale allows) and encrypts it in chunks of N/2 slots. The server checks every
-update (key fingerprint, chunk count, byte sizes, digests, ciphertext structure) and adds
-the ciphertexts chunk by chunk with the same weighted-sum code as plaintext aggregation,
-each at weight 1, so nothing is ever multiplied under encryption. It returns
-``sum_i Enc(w_i u_i)`` with the plaintext ``sum_i w_i`` of the parties that replied; they
-decrypt and divide, which is exactly the weighted average of the updates actually summed
-(a dropped party needs no re-normalisation).
+A party (silo in FL mode, worker in cluster mode) encrypts its flattened update ``u_i``
+as it is, two real values per complex slot, N values per ciphertext, with the secret key
+it holds: each chunk is a fresh symmetric ciphertext at the data level, serialized seeded
+(``c0`` and the seed of ``c1``). The server checks every update (key fingerprint, chunk
+count, byte sizes, digests, ciphertext level, scale and size), multiplies each by its
+party's integer weight ``w_i`` (the dataset size after the server's cap in FL, the batch
+size in cluster mode: the weight the server logs is the weight it applies) and adds them
+with the weighted-sum code of plaintext aggregation. It returns ``sum_i w_i Enc(u_i)``
+with the plaintext ``W = sum_i w_i``; the parties decrypt and divide, which is the
+weighted average of the updates summed (a dropped party needs no re-normalisation).
+Multiplying by an integer plaintext at scale 1 and adding keep the scale and the level,
+so nothing is rescaled and one data prime suffices (:mod:`fl_lbbsp.crypto.config`).
 
 References: Cheon et al., ASIACRYPT 2017 (CKKS); Chen et al., IEEE TCC 2021, Sec. 3.4-3.5
 (weighted aggregation by dataset or batch size); Zhang et al., "BatchCrypt", USENIX ATC
-2020 (HE for cross-silo FL).
+2020 (HE for cross-silo FL); Microsoft SEAL (seeded symmetric ciphertexts).
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import tenseal as ts
+import tenseal.sealapi as sealapi
 
 from ..core.aggregation import weighted_sum
 from .check_report import CheckReport, InvalidUpdateError
 from .keys import CKKSKeys
+from .seal import Seal, load_ciphertext, save_object
 
 __all__ = [
     "FORMAT",
@@ -45,10 +48,11 @@ __all__ = [
     "decrypt_update",
     "encrypt_update",
     "flatten",
+    "integer_weights",
     "unflatten",
 ]
 
-FORMAT = "fl_lbbsp.ckks-update/1"
+FORMAT = "fl_lbbsp.ckks-update/2"
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -127,40 +131,45 @@ def unflatten(flat: npt.ArrayLike, layout: Layout) -> dict[str, npt.NDArray[Any]
 # ------------------------------------------------------------------------------ update
 @dataclass(frozen=True)
 class EncryptedUpdate:
-    """Serialized CKKS ciphertexts of a weighted update, with its plaintext metadata.
+    """Serialized CKKS ciphertexts of an update, with its plaintext metadata.
 
-    From a party it holds ``Enc(w_i u_i)`` and ``weight = w_i``; from the server
-    ``sum_i Enc(w_i u_i)`` and ``weight = sum_i w_i``. Nothing in the metadata reveals a
-    value of the update.
+    From a party it holds ``Enc(u_i)`` (seeded) and ``weight = 1``; from the server
+    ``sum_i w_i Enc(u_i)`` (full ciphertexts: a sum cannot be seeded), ``weight = W =
+    sum_i w_i``, the integer weights it applied, and ``aggregate = True``. Nothing in the
+    metadata reveals a value of the update.
 
     Parameters
     ----------
     chunks : tuple of bytes
-        One serialized CKKS vector per chunk of ``slots`` values (the last may be shorter).
-    weight : float
-        The plaintext weight (sum) the values were multiplied by.
+        One serialized SEAL ciphertext per chunk of ``slots`` values (the last may hold
+        fewer).
+    weight : int
+        The sum of the integer weights applied (1 for a party's own update).
     num_values : int
         Length of the flat update.
     fingerprint : str
         Fingerprint of the key the chunks are encrypted under.
     slots : int
-        Values per chunk: N / 2.
+        Real values per chunk: N (two per complex slot).
     contributors : int (default: 1)
         Number of parties summed into it.
     layout : tuple of TensorSpec (default: ())
         Names, dtypes and shapes of the flattened tensors; empty for a bare vector.
     digests : tuple of str (default: computed)
         sha256 of each chunk, so corruption in transit is caught before decryption.
+    aggregate : bool (default: False)
+        Whether the server made it (its chunks are full ciphertexts).
     """
 
     chunks: tuple[bytes, ...]
-    weight: float
+    weight: int
     num_values: int
     fingerprint: str
     slots: int
     contributors: int = 1
     layout: Layout = ()
     digests: tuple[str, ...] = field(default=())
+    aggregate: bool = False
 
     def __post_init__(self) -> None:
         if not self.digests:
@@ -183,6 +192,7 @@ class EncryptedUpdate:
                 "contributors": self.contributors,
                 "layout": [spec.to_json() for spec in self.layout],
                 "digests": list(self.digests),
+                "aggregate": self.aggregate,
             },
             sort_keys=True,
         ).encode()
@@ -200,15 +210,21 @@ class EncryptedUpdate:
             meta = json.loads(header)
             if meta.get("format") != FORMAT:
                 raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
+            weight, aggregate = meta["weight"], meta["aggregate"]
+            if not isinstance(weight, int) or isinstance(weight, bool):
+                raise ValueError(f"weight {weight!r} is not an integer")
+            if not isinstance(aggregate, bool):
+                raise ValueError(f"aggregate {aggregate!r} is not a boolean")
             return cls(
                 chunks=tuple(bytes(c) for c in chunks),
-                weight=float(meta["weight"]),
+                weight=weight,
                 num_values=int(meta["num_values"]),
                 fingerprint=str(meta["fingerprint"]),
                 slots=int(meta["slots"]),
                 contributors=int(meta["contributors"]),
                 layout=tuple(TensorSpec.from_json(item) for item in meta["layout"]),
                 digests=tuple(str(d) for d in meta["digests"]),
+                aggregate=aggregate,
             )
         except (ValueError, KeyError, TypeError, OverflowError) as err:
             raise InvalidUpdateError(f"unreadable header: {err}") from err
@@ -216,41 +232,29 @@ class EncryptedUpdate:
 
 @dataclass(frozen=True)
 class ParsedUpdate:
-    """An update that passed :class:`UpdateChecker`, its chunks deserialized, with the
-    silo's answers to the server's check requests (``None``: none)."""
+    """An update that passed :class:`UpdateChecker`, its chunks loaded as SEAL
+    ciphertexts, with the silo's answers to the server's check requests (``None``: none)."""
 
     update: EncryptedUpdate
-    vectors: tuple[ts.CKKSVector, ...]
+    vectors: tuple[Any, ...]
     check: CheckReport | None = None
 
 
 def encrypt_update(
-    keys: CKKSKeys,
-    values: npt.ArrayLike,
-    *,
-    weight: float,
-    total: float = 1.0,
-    max_contributors: int = 1,
-    layout: Layout = (),
+    keys: CKKSKeys, values: npt.ArrayLike, *, layout: Layout = ()
 ) -> EncryptedUpdate:
-    """Weight a flat update in plaintext and encrypt it in chunks of N/2 slots.
+    """Encrypt a flat update as it is, in seeded symmetric ciphertexts of N values each.
+
+    Values ``2j`` and ``2j + 1`` of a chunk are the real and imaginary part of slot ``j``;
+    every ciphertext is at the data level (the one prime the sum needs).
 
     Parameters
     ----------
     keys : CKKSKeys
-        The federation's keys: the secret context with symmetric encryption (the
-        default), the public one suffices with asymmetric encryption.
+        The federation's secret keys.
     values : array-like
         The flat update ``u_i`` (parameters after local training in FL, the gradient in
-        cluster mode).
-    weight : float
-        ``n_i``: local dataset size (FL) or batch size (cluster); finite and positive.
-    total : float (default: 1.0)
-        ``S``, the total announced by the server; the values encrypted are
-        ``(n_i / S) * u_i``.
-    max_contributors : int (default: 1)
-        Number of parties whose updates will be summed: the encrypted values must leave
-        room for that many in the range the scale allows.
+        cluster mode), unweighted: the server applies the weight.
     layout : tuple of TensorSpec (default: ())
         Tensor layout carried along in plaintext for the receivers.
 
@@ -259,9 +263,11 @@ def encrypt_update(
     NonFiniteUpdateError
         If ``values`` holds NaN or infinity (refused before anything is encrypted).
     ValueError
-        On a weight or total that is not finite and positive, or values too large for the
-        scale once summed over ``max_contributors`` parties.
+        On keys without the secret key, or a value above ``2**value_bits`` in magnitude
+        (the room for the weighted sum is sized by it).
     """
+    if not keys.is_private:
+        raise ValueError("encryption needs the secret context; these keys are public only")
     flat = np.asarray(values, dtype=np.float64).ravel()
     if flat.size == 0:
         raise ValueError("cannot encrypt an empty update")
@@ -272,35 +278,40 @@ def encrypt_update(
             f"update has {int(bad.sum())} NaN/inf values (first at index {first}"
             f"{_tensor_of(first, layout)}); refusing to encrypt it"
         )
-    for name, number in (("weight", weight), ("total", total)):
-        if isinstance(number, bool) or not math.isfinite(number) or number <= 0:
-            raise ValueError(f"{name} must be finite and positive, got {number!r}")
     if layout and sum(spec.size for spec in layout) != flat.size:
         raise ValueError(f"layout describes {sum(s.size for s in layout)} values, got {flat.size}")
-    w = float(weight) / float(total)
-    scaled = flat * w
-    limit = keys.config.max_abs_value / 2 / max(1, int(max_contributors))
-    peak = float(np.max(np.abs(scaled))) if scaled.size else 0.0
-    if peak > limit:
+    config = keys.config
+    peak = float(np.max(np.abs(flat)))
+    if peak > config.max_abs_value:
+        first = int(np.argmax(np.abs(flat) > config.max_abs_value))
         raise ValueError(
-            f"weighted update reaches |{peak:.4g}|, above {limit:.4g} = half the CKKS range "
-            f"2^{keys.config.data_bits - keys.config.scale_bits - 1} shared by "
-            f"{max_contributors} parties; announce a larger total S or use more data bits"
+            f"update reaches |{peak:.4g}| (index {first}{_tensor_of(first, layout)}), above "
+            f"2^{config.value_bits} = {config.max_abs_value:g}, the bound the CKKS keys are "
+            "sized for; generate keys with a larger value_bits"
         )
-    slots = keys.config.slots
-    # TenSEAL encodes a Python list about twice as fast as a numpy array.
+    seal = keys.seal
+    per = config.values_per_ciphertext
     chunks = tuple(
-        ts.ckks_vector(keys.context, scaled[start : start + slots].tolist()).serialize()
-        for start in range(0, scaled.size, slots)
+        _encrypt_chunk(seal, flat[start : start + per], config.scale)
+        for start in range(0, flat.size, per)
     )
     return EncryptedUpdate(
         chunks=chunks,
-        weight=w,
+        weight=1,
         num_values=int(flat.size),
         fingerprint=keys.fingerprint,
-        slots=slots,
+        slots=per,
         layout=tuple(layout),
     )
+
+
+def _encrypt_chunk(seal: Seal, values: FloatArray, scale: float) -> bytes:
+    if values.size % 2:
+        values = np.append(values, 0.0)
+    slots = (values[0::2] + 1j * values[1::2]).tolist()  # a list encodes faster than numpy
+    plain = sealapi.Plaintext()
+    seal.encoder.encode(slots, seal.parms_id, scale, plain)
+    return save_object(seal.encryptor.encrypt_symmetric(plain))
 
 
 class UpdateChecker:
@@ -320,11 +331,12 @@ class UpdateChecker:
 
     Notes
     -----
-    A fresh ciphertext is 2 polynomials of N coefficients per data prime, stored in 8-byte
-    words (``raw = 16 * N * data_primes`` bytes) plus a small header; SEAL may compress the
-    unused high bits of each word, never below the ``2 * N * data_bits / 8`` bytes of
-    information the coefficients carry. Chunks outside ``[0.99 * that, raw + 1024]`` are
-    rejected before parsing.
+    A ciphertext at the data level is ``k`` polynomials of N coefficients mod the data
+    prime, stored in 8-byte words that SEAL compresses (zstd) to no less than the
+    ``N * data_bits / 8`` bytes of information each carries: ``k = 1`` for a fresh seeded
+    ciphertext (``c1`` is a seed), ``k = 2`` for an aggregate. Chunks outside ``[0.99 * k *
+    N * data_bits / 8, k * 8 * N + 1024]`` bytes are rejected before parsing: an unseeded
+    upload is twice that size and refused.
     """
 
     def __init__(
@@ -339,38 +351,49 @@ class UpdateChecker:
         self.layout = layout
         config = keys.config
         degree = config.poly_modulus_degree
-        raw = 16 * degree * (len(config.coeff_mod_bit_sizes) - 1)
-        self.chunk_bytes = (int(0.99 * 2 * degree * config.data_bits / 8), raw + 1024)
-        self._parms_id = list(keys.context.seal_context().data.first_parms_id())
+        self.chunk_bytes = {
+            polys: (int(0.99 * polys * degree * config.data_bits / 8), polys * 8 * degree + 1024)
+            for polys in (1, 2)
+        }
         self._scale = config.scale
 
     def check(self, update: EncryptedUpdate) -> ParsedUpdate:
-        """Validate ``update`` and deserialize its chunks.
+        """Validate ``update`` and load its chunks.
 
-        Checks, in order: key fingerprint, slots, length and layout, plaintext weight and
-        contributor count, chunk count, then per chunk its byte size, sha256 digest,
-        deserialization, ciphertext parameters (level, scale, size) and value count.
+        Checks, in order: key fingerprint, values per chunk, length and layout, plaintext
+        weight and contributor count, chunk count, then per chunk its byte size, sha256
+        digest, deserialization (SEAL's own checks against the parameters), level, scale
+        and size.
         """
         keys = self.keys
+        config = keys.config
         if update.fingerprint != keys.fingerprint:
             raise InvalidUpdateError(
                 f"encrypted under another key (fingerprint {update.fingerprint[:16]}..., "
                 f"federation key {keys.fingerprint[:16]}...)"
             )
-        if update.slots != keys.config.slots:
+        if update.slots != config.values_per_ciphertext:
             raise InvalidUpdateError(
-                f"{update.slots} slots per chunk, expected {keys.config.slots}"
+                f"{update.slots} values per chunk, expected {config.values_per_ciphertext}"
             )
         if self.num_values is not None and update.num_values != self.num_values:
             raise InvalidUpdateError(f"{update.num_values} values, the model has {self.num_values}")
         if self.layout is not None and update.layout != self.layout:
             raise InvalidUpdateError("tensor layout differs from the model's")
-        if not math.isfinite(update.weight) or update.weight <= 0:
-            raise InvalidUpdateError(f"weight must be finite and positive, got {update.weight!r}")
         if update.num_values < 1:
             raise InvalidUpdateError(f"{update.num_values} values, expected at least 1")
         if update.contributors < 1:
             raise InvalidUpdateError(f"contributor count {update.contributors} is below 1")
+        if not update.aggregate and (update.weight, update.contributors) != (1, 1):
+            raise InvalidUpdateError(
+                f"a party's own update at weight {update.weight} of {update.contributors} "
+                "contributors: it is sent unweighted (weight 1), the server weighs it"
+            )
+        if not update.contributors <= update.weight <= config.max_weight_total:
+            raise InvalidUpdateError(
+                f"weight {update.weight} is not an integer from {update.contributors} (the "
+                f"contributors) to 2^{config.weight_bits}"
+            )
         expected = -(-update.num_values // update.slots)
         if len(update.chunks) != expected or len(update.digests) != expected:
             raise InvalidUpdateError(
@@ -382,43 +405,104 @@ class UpdateChecker:
             vectors.append(self._chunk(k, chunk, digest, update))
         return ParsedUpdate(update=update, vectors=tuple(vectors))
 
-    def _chunk(self, k: int, chunk: bytes, digest: str, update: EncryptedUpdate) -> ts.CKKSVector:
-        low, high = self.chunk_bytes
+    def _chunk(self, k: int, chunk: bytes, digest: str, update: EncryptedUpdate) -> Any:
+        kind = "an aggregate" if update.aggregate else "a fresh seeded ciphertext"
+        low, high = self.chunk_bytes[2 if update.aggregate else 1]
         if not low <= len(chunk) <= high:
             raise InvalidUpdateError(
-                f"chunk {k} has {len(chunk)} bytes; a ciphertext with these parameters has "
-                f"{low} to {high}"
+                f"chunk {k} has {len(chunk)} bytes; {kind} at the data level of these "
+                f"parameters has {low} to {high}"
             )
         if _digest(chunk) != digest:
             raise InvalidUpdateError(f"chunk {k} is corrupted (sha256 does not match the header)")
+        seal = self.keys.seal
         try:
-            vector = ts.ckks_vector_from(self.keys.context, chunk)
-            ciphertexts = vector.ciphertext()
-        except Exception as err:  # noqa: BLE001 - TenSEAL raises plain ValueError/RuntimeError
+            ciphertext = load_ciphertext(seal.context, chunk)
+        except Exception as err:  # noqa: BLE001 - SEAL raises plain ValueError/RuntimeError
             raise InvalidUpdateError(f"chunk {k} is not a CKKS ciphertext: {err}") from err
-        if len(ciphertexts) != 1:
-            raise InvalidUpdateError(f"chunk {k} holds {len(ciphertexts)} ciphertexts, expected 1")
-        ciphertext = ciphertexts[0]
-        if list(ciphertext.parms_id()) != self._parms_id:
+        if list(ciphertext.parms_id()) != seal.parms_id:
             raise InvalidUpdateError(
-                f"chunk {k} is at another modulus level than fresh ciphertexts"
+                f"chunk {k} is at another modulus level than the data level (or of other "
+                "parameters)"
             )
-        if ciphertext.size() != 2 or float(ciphertext.scale) != self._scale:
+        if (
+            ciphertext.size() != 2
+            or not ciphertext.is_ntt_form()
+            or float(ciphertext.scale) != self._scale
+        ):
             raise InvalidUpdateError(
                 f"chunk {k} has size {ciphertext.size()} and scale {ciphertext.scale:.6g}, "
-                f"expected 2 and {self._scale:.6g}"
+                f"expected 2 and {self._scale:.6g} in NTT form"
             )
-        length = min(update.slots, update.num_values - k * update.slots)
-        if vector.size() != length:
-            raise InvalidUpdateError(f"chunk {k} holds {vector.size()} values, expected {length}")
-        return vector
+        return ciphertext
 
 
-def aggregate_updates(keys: CKKSKeys, parsed: Sequence[ParsedUpdate]) -> EncryptedUpdate:
-    """Add checked updates chunk by chunk: ``sum_i Enc(w_i u_i)`` and ``sum_i w_i``.
+class _Summand:
+    """A SEAL ciphertext that :func:`~fl_lbbsp.core.aggregation.weighted_sum` can weigh by
+    an integer and add."""
 
-    The ciphertexts go through :func:`fl_lbbsp.core.aggregation.weighted_sum` at weight 1
-    each: additions only, no multiplication under encryption.
+    def __init__(self, seal: Seal, ciphertext: Any) -> None:
+        self.seal = seal
+        self.ciphertext = ciphertext
+
+    def __mul__(self, weight: float) -> _Summand:
+        out = sealapi.Ciphertext()
+        self.seal.evaluator.multiply_plain(self.ciphertext, self.seal.weight(int(weight)), out)
+        return _Summand(self.seal, out)
+
+    def __add__(self, other: _Summand) -> _Summand:
+        out = sealapi.Ciphertext()
+        self.seal.evaluator.add(self.ciphertext, other.ciphertext, out)
+        return _Summand(self.seal, out)
+
+
+def integer_weights(weights: Sequence[float], *, limit: int) -> tuple[list[int], int]:
+    """The integer weights the server applies: each weight rounded (at least 1) and, if
+    they sum above ``limit`` (the room the CKKS parameters leave), all divided by the
+    smallest common divisor ``g`` that makes them fit.
+
+    Parameters
+    ----------
+    weights : sequence of float
+        The silos' weights after the server's cap (dataset sizes) or batch sizes;
+        finite and positive.
+    limit : int
+        Largest sum allowed (``CKKSConfig.max_weight_total``).
+
+    Returns
+    -------
+    tuple of (list of int, int)
+        The integer weights and ``g`` (1: the weights as given, rounded).
+
+    Raises
+    ------
+    ValueError
+        On a weight that is not finite and positive, or more weights than ``limit``.
+    """
+    values = [float(w) for w in weights]
+    if not values:
+        raise ValueError("cannot weigh zero updates")
+    for w in values:
+        if not math.isfinite(w) or w <= 0:
+            raise ValueError(f"aggregation weights must be finite and positive, got {w!r}")
+    if len(values) > limit:
+        raise ValueError(f"{len(values)} updates do not fit a weight total of {limit}")
+    divisor = 1
+    while True:
+        rounded = [max(1, round(w / divisor)) for w in values]
+        if sum(rounded) <= limit:
+            return rounded, divisor
+        divisor = max(divisor + 1, math.ceil(divisor * sum(rounded) / limit))
+
+
+def aggregate_updates(
+    keys: CKKSKeys, parsed: Sequence[ParsedUpdate], weights: Sequence[int]
+) -> EncryptedUpdate:
+    """``sum_i w_i Enc(u_i)`` chunk by chunk, with ``W = sum_i w_i`` in the clear.
+
+    The ciphertexts go through :func:`fl_lbbsp.core.aggregation.weighted_sum` with the
+    integer weights: a product with an integer plaintext at scale 1, then additions, at
+    the one data level; no rescaling.
 
     Parameters
     ----------
@@ -426,26 +510,50 @@ def aggregate_updates(keys: CKKSKeys, parsed: Sequence[ParsedUpdate]) -> Encrypt
         The federation's keys (public context).
     parsed : sequence of ParsedUpdate
         Updates that passed the same :class:`UpdateChecker`.
+    weights : sequence of int
+        One positive integer weight per update (:func:`integer_weights`), summing to at
+        most ``max_weight_total``.
+
+    Raises
+    ------
+    ValueError
+        On no update, updates of different shapes, or weights that are not positive
+        integers within the room of the parameters.
     """
     if not parsed:
         raise ValueError("cannot aggregate zero updates")
-    first = parsed[0].update
-    for p in parsed[1:]:
-        if (p.update.num_values, p.update.layout) != (first.num_values, first.layout):
+    if len(weights) != len(parsed):
+        raise ValueError(f"{len(parsed)} updates but {len(weights)} weights")
+    integers = [int(w) for w in weights]
+    if any(w != v or w < 1 for w, v in zip(integers, weights, strict=True)):
+        raise ValueError(f"weights must be positive integers, got {list(weights)!r}")
+    base = [p.update for p in parsed]
+    total = sum(w * u.weight for w, u in zip(integers, base, strict=True))
+    if total > keys.config.max_weight_total:
+        raise ValueError(
+            f"weights sum to {total}, above the 2^{keys.config.weight_bits} these CKKS "
+            "parameters leave room for"
+        )
+    first = base[0]
+    for u in base[1:]:
+        if (u.num_values, u.layout) != (first.num_values, first.layout):
             raise ValueError("updates of different shapes cannot be summed")
-    ones = [1.0] * len(parsed)
+    seal = keys.seal
     chunks = tuple(
-        weighted_sum([p.vectors[k] for p in parsed], ones).serialize()
+        save_object(
+            weighted_sum([_Summand(seal, p.vectors[k]) for p in parsed], integers).ciphertext
+        )
         for k in range(len(first.chunks))
     )
     return EncryptedUpdate(
         chunks=chunks,
-        weight=math.fsum(p.update.weight for p in parsed),
+        weight=total,
         num_values=first.num_values,
         fingerprint=keys.fingerprint,
         slots=first.slots,
-        contributors=sum(p.update.contributors for p in parsed),
+        contributors=sum(u.contributors for u in base),
         layout=first.layout,
+        aggregate=True,
     )
 
 
@@ -454,14 +562,15 @@ def decrypt_update(
 ) -> FloatArray:
     """Decrypt an (aggregated) update and divide by its plaintext weight.
 
-    Returns ``sum_i w_i u_i / sum_i w_i``: the weighted average of the updates summed.
+    Returns ``sum_i w_i u_i / sum_i w_i``: the weighted average of the updates summed (a
+    party's own update: itself).
 
     Parameters
     ----------
     keys : CKKSKeys
         Keys holding the secret key.
     update : EncryptedUpdate
-        The update; it is checked first (fingerprint, chunks, digests).
+        The update; it is checked first (fingerprint, chunks, digests, level).
     checker : UpdateChecker | None (default: None)
         Checker to reuse; ``None`` makes one for ``keys``.
 
@@ -475,9 +584,15 @@ def decrypt_update(
     if not keys.is_private:
         raise ValueError("decryption needs the secret context; these keys are public only")
     parsed = (checker or UpdateChecker(keys)).check(update)
-    parts = [np.asarray(vector.decrypt(), dtype=np.float64) for vector in parsed.vectors]
-    flat = np.concatenate(parts) if parts else np.zeros(0)
-    return flat[: update.num_values] / update.weight
+    seal = keys.seal
+    parts = []
+    for ciphertext in parsed.vectors:
+        plain = sealapi.Plaintext()
+        seal.decryptor.decrypt(ciphertext, plain)
+        slots = np.asarray(seal.encoder.decode_complex(plain), dtype=np.complex128)
+        parts.append(np.stack([slots.real, slots.imag], axis=1).ravel())
+    flat = np.concatenate(parts)
+    return flat[: update.num_values] / float(update.weight)
 
 
 def _digest(chunk: bytes) -> str:

@@ -2,8 +2,9 @@
 
 One key serves a whole federation. The silos share the secret context (they encrypt their
 updates and decrypt the aggregate); the server gets the public context only: no secret
-key, no Galois keys and no relinearisation keys, since it only adds ciphertexts (with the
-default symmetric encryption it holds no key at all, only the parameters). Both files
+key, no public key, no Galois keys and no relinearisation keys: silos encrypt with the
+secret key (seeded symmetric ciphertexts) and the server only multiplies ciphertexts by
+integers and adds them, so it holds the parameters and no key at all. Both files
 start with a JSON header carrying the parameters, the key's fingerprint and a checksum of
 the context; silos recompute the fingerprint from their secret key on loading.
 
@@ -19,6 +20,7 @@ import os
 import struct
 import tempfile
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ import tenseal as ts
 
 from ..security.identity import IdentityError, check_private_file, write_file
 from .config import CKKSConfig
+from .seal import Seal
 
 __all__ = [
     "PUBLIC_CONTEXT_FILE",
@@ -45,7 +48,8 @@ SECRET_CONTEXT_FILE = "secret.ckks"
 PUBLIC_CONTEXT_FILE = "public.ckks"
 FINGERPRINT_FILE = "fingerprint.txt"
 CONFIG_FILE = "ckks.json"
-_MAGIC = b"fl_lbbsp-ckks-context/1\n"
+_MAGIC = b"fl_lbbsp-ckks-context/2\n"
+_OLD_MAGIC = b"fl_lbbsp-ckks-context/1\n"
 _FINGERPRINT_TAG = b"fl_lbbsp-ckks-key-fingerprint/1\0"
 
 
@@ -75,6 +79,11 @@ class CKKSKeys:
     def is_private(self) -> bool:
         """Whether the context holds the secret key (silos) or not (server)."""
         return bool(self.context.is_private())
+
+    @cached_property
+    def seal(self) -> Seal:
+        """SEAL's encoder, evaluator and (with the secret key) encryptor and decryptor."""
+        return Seal(self.context)
 
     def public(self) -> CKKSKeys:
         """The same keys without the secret key: what the server may hold."""
@@ -127,7 +136,7 @@ def generate_keys(config: CKKSConfig | None = None) -> CKKSKeys:
     Parameters
     ----------
     config : CKKSConfig | None (default: None)
-        Parameters; ``None`` means the defaults (N=8192, primes [60, 40], scale 2^40).
+        Parameters; ``None`` means the defaults (N=4096, primes [60, 40], scale 2^35).
 
     Reference: Cheon et al., ASIACRYPT 2017 (CKKS); Benaissa et al., "TenSEAL", 2021.
     """
@@ -136,11 +145,7 @@ def generate_keys(config: CKKSConfig | None = None) -> CKKSKeys:
         ts.SCHEME_TYPE.CKKS,
         poly_modulus_degree=config.poly_modulus_degree,
         coeff_mod_bit_sizes=list(config.coeff_mod_bit_sizes),
-        encryption_type=(
-            ts.ENCRYPTION_TYPE.SYMMETRIC
-            if config.encryption == "symmetric"
-            else ts.ENCRYPTION_TYPE.ASYMMETRIC
-        ),
+        encryption_type=ts.ENCRYPTION_TYPE.SYMMETRIC,
     )
     context.global_scale = config.scale
     keys = CKKSKeys(context=context, config=config, fingerprint=key_fingerprint(context))
@@ -249,7 +254,7 @@ def load_silo_keys(path: str | Path, *, fingerprint: str | None = None) -> CKKSK
 # ---------------------------------------------------------------------------- helpers
 def _serialize(keys: CKKSKeys, *, private: bool) -> bytes:
     body = keys.context.serialize(
-        save_public_key=keys.config.encryption == "asymmetric",
+        save_public_key=False,
         save_secret_key=private,
         save_galois_keys=False,
         save_relin_keys=False,
@@ -267,6 +272,11 @@ def _serialize(keys: CKKSKeys, *, private: bool) -> bytes:
 
 
 def _from_bytes(data: bytes, *, expect_private: bool | None, source: str = "key data") -> CKKSKeys:
+    if data.startswith(_OLD_MAGIC):
+        raise KeyFileError(
+            f"{source} is a CKKS key of an older fl_lbbsp (pre-weighted, unseeded updates); "
+            "regenerate the federation's keys with `fl-lbbsp keys generate --out DIR`"
+        )
     if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 4:
         raise KeyFileError(f"{source} is not an fl_lbbsp CKKS key file")
     start = len(_MAGIC) + 4

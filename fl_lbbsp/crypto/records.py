@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 HEADER_STYPE = "fl_lbbsp.ckks-header"
-CHUNK_STYPE = "tenseal.ckks-vector"
+CHUNK_STYPE = "seal.ckks-ciphertext"
 CHECK_STYPE = "fl_lbbsp.ckks-check"
 _CHUNK_PREFIX = "ckks-chunk-"
 _REQUEST_PREFIX = f"{HE_CHECK}-"

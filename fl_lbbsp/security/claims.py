@@ -9,8 +9,8 @@ which its speed and next batch size follow) and, in encrypted mode, its encrypti
 - The dataset size is pinned at the silo's first accepted report (or declared beforehand,
   e.g. by a silo registry) and capped: a later change, or a claim over the cap, is
   rejected. Rejection, not re-weighting with the pinned value, keeps the aggregate honest
-  in both paths: in encrypted mode the silo pre-weights its update by its own claim
-  inside the ciphertext, where the server cannot change the weight.
+  in both paths (in encrypted mode too the server applies the weight: it multiplies each
+  unweighted ciphertext by the silo's capped size).
 - The claimed times are clipped to finite positive bounds, and, where the server observed
   the wall time from sending a silo its instruction to receiving its reply, checked
   against it: the compute happened inside that wall time, so a claim above it (times

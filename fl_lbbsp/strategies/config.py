@@ -146,15 +146,10 @@ def parameter_server_keywords(
 
 
 class EncryptionConfig(BaseModel):
-    """How the encrypted strategy announces and checks the silos' weights.
+    """How the encrypted strategy treats a silo named for spoiling an aggregate.
 
     Parameters
     ----------
-    initial_weight_total : float | None (default: None)
-        Positive total S announced before any silo reported its dataset size; ``None``:
-        the number of sampled silos.
-    weight_tolerance : float (default: 1e-6)
-        Relative tolerance of the weight check, in (0, 1).
     exclude_named_for : int | None (default: None)
         Rounds a silo named for spoiling an aggregate is left out, the round it is named
         in included, >= 1; ``None``: for the rest of the run.
@@ -162,8 +157,6 @@ class EncryptionConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    initial_weight_total: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    weight_tolerance: float = Field(default=1e-6, gt=0, lt=1)
     exclude_named_for: int | None = Field(default=None, ge=1, strict=True)
 
 

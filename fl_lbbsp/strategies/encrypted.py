@@ -1,12 +1,15 @@
-"""LB-BSP FedAvg over CKKS-encrypted updates: the server adds ciphertexts it cannot read.
+"""LB-BSP FedAvg over CKKS-encrypted updates: the server weighs and adds ciphertexts it
+cannot read.
 
-Each silo multiplies its parameters after local training ``u_i`` by ``w_i = n_i / S``
-(``n_i``: its local dataset size, ``S``: the total this strategy announces for the round),
-encrypts them under the federation's CKKS key and replies with the ciphertexts, the key
-fingerprint and its plaintext ``w_i``. The server checks every reply (fingerprint, chunk
-count, sizes, digests, ciphertext structure, ``w_i = n_i / S``, and the metric checks of
-every strategy), leaves out any that fails with the reason logged, adds the rest and sends
-back ``sum_i Enc(w_i u_i)`` with the plaintext ``sum_i w_i``; silos decrypt and divide.
+Each silo encrypts its parameters after local training ``u_i`` as they are, under the
+federation's CKKS key (seeded symmetric ciphertexts), and replies with the ciphertexts,
+the key fingerprint and its ``num-examples`` ``n_i`` in the metrics. The server checks
+every reply (fingerprint, chunk count, sizes, digests, ciphertext level and structure, and
+the metric checks of every strategy), leaves out any that fails with the reason logged,
+caps each undeclared ``n_i`` as in plaintext (:func:`fl_lbbsp.security.update_screen.cap_weights`),
+multiplies each ciphertext by its integer weight ``w_i`` and sends back ``sum_i w_i Enc(u_i)``
+with the plaintext ``W = sum_i w_i``; silos decrypt and divide. The weight logged is the
+weight applied.
 Apart from the initial model it creates itself, the server never holds plaintext
 parameters, and evaluation is federated (silos decrypt and evaluate). Balancing is
 unchanged: batch sizes still follow the silos' reported ``train-time``, and their
@@ -23,7 +26,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -38,6 +41,7 @@ from ..crypto import (
     TensorSpec,
     UpdateChecker,
     aggregate_updates,
+    integer_weights,
     load_server_keys,
 )
 from ..crypto.records import (
@@ -83,10 +87,14 @@ def server_keys(public_context: str | Path | CKKSKeys, fingerprint: str | None) 
 
 
 class EncryptedSum:
-    """Sum of CKKS-encrypted, pre-weighted updates: the server adds what it cannot read.
+    """Sum of CKKS-encrypted updates, each multiplied by its integer weight on the server.
 
-    Silo i sends ``Enc(w_i u_i)`` with ``w_i = n_i / S``; the sum and the plaintext
-    ``sum_i w_i`` are the next global record, which the silos decrypt and divide.
+    Silo i sends ``Enc(u_i)``; the next global record is ``sum_i w_i Enc(u_i)`` with the
+    plaintext ``W = sum_i w_i``, which the silos decrypt and divide. ``w_i`` is the weight
+    the round gives :meth:`add` (a dataset size after the server's cap, or a batch size),
+    rounded to an integer; should the weights sum above the room the CKKS parameters leave
+    (``CKKSConfig.max_weight_total``), all are divided by one common factor first
+    (:func:`fl_lbbsp.crypto.ckks.integer_weights`) and a warning says so.
 
     Parameters
     ----------
@@ -94,45 +102,22 @@ class EncryptedSum:
         The federation's public keys.
     keys : RecordKeys
         Names of the contract's entries.
-    weight_key : str
-        The metric a silo's weight divides (``num-examples`` in FL, ``batch-size`` in
-        cluster mode).
-    total : {"dataset", "batch"} (default: "dataset")
-        The total S announced: the sum of the sampled silos' last dataset sizes (a silo not
-        yet heard from counts at the mean of the others), or the round's X.
-    initial_weight_total : float | None (default: None)
-        S while no sampled silo has reported a dataset size; ``None``: their number.
-    weight_tolerance : float (default: 1e-6)
-        Relative tolerance of the check ``w_i = n_i / S``.
     """
 
-    def __init__(
-        self,
-        he_keys: CKKSKeys,
-        *,
-        keys: RecordKeys,
-        weight_key: str,
-        total: Literal["dataset", "batch"] = "dataset",
-        initial_weight_total: float | None = None,
-        weight_tolerance: float = 1e-6,
-    ) -> None:
+    def __init__(self, he_keys: CKKSKeys, *, keys: RecordKeys) -> None:
         self.he_keys = he_keys
         self.keys = keys
-        self.weight_key = weight_key
-        self.total = total
-        self.initial_weight_total = initial_weight_total
-        self.weight_tolerance = weight_tolerance
-        self.num_examples: dict[str, float] = {}
-        self.weight_total = 1.0
         self._checker: UpdateChecker | None = None
         self._parsed: list[ParsedUpdate] = []
+        self._weights: list[float] = []
         self._round: RoundState | None = None
+        self.applied: list[int] = []
+        """The integer weights of the last aggregate, in the order the updates were added."""
         self.blame: ContributionBlame | None = None
         """Told which round's contributions every aggregate sums (FL mode)."""
 
     def begin(self, arrays: ArrayRecord, state: RoundState) -> None:
-        """Learn the layout once; fix the round's total S."""
-        self._harvest()
+        """Learn the layout once; start the round's sum."""
         if self._checker is None:
             if is_encrypted(arrays):
                 layout = update_from_record(arrays).layout
@@ -146,51 +131,36 @@ class EncryptedSum:
             )
         self._round = state
         self._parsed = []
-        self.weight_total = self.total_for(state)
-
-    def total_for(self, state: RoundState) -> float:
-        """S for the round: X, or the sum of the sampled silos' known dataset sizes."""
-        if self.total == "batch":
-            return float(sum(i.batch_size for i in state.instructions.values()))
-        ids = [i.silo for i in state.instructions.values()]
-        known = [self.num_examples[s] for s in ids if s in self.num_examples]
-        if not known:
-            return float(self.initial_weight_total or max(len(ids), 1))
-        return float(math.fsum(known) + np.mean(known) * (len(ids) - len(known)))
+        self._weights = []
 
     def config(self, state: RoundState) -> dict[str, float | int]:
-        """S and the number of silos whose updates will be summed."""
-        return {
-            self.keys.he_weight_total: self.weight_total,
-            self.keys.he_num_silos: len(state.instructions),
-        }
+        """Nothing: silos encrypt unweighted updates."""
+        return {}
 
     def expected_bytes(self, arrays: ArrayRecord) -> int:
-        """The largest encrypted update of the model: chunks at their largest size."""
+        """The largest encrypted update of the model: fresh chunks at their largest size."""
         if self._checker is None or self._checker.num_values is None:
             return sum(len(array.data) for array in arrays.values())
-        chunks = -(-self._checker.num_values // self.he_keys.config.slots)
-        return chunks * self._checker.chunk_bytes[1]
+        per = self.he_keys.config.values_per_ciphertext
+        chunks = -(-self._checker.num_values // per)
+        return chunks * self._checker.chunk_bytes[1][1]
 
     def parse(
         self, record: ArrayRecord, metrics: Mapping[str, Any], state: RoundState
     ) -> ParsedUpdate:
-        """The ciphertexts pass :class:`UpdateChecker` and the weight is ``n_i / S``; the
-        silo's answers to check requests, if any, come along."""
+        """The ciphertexts pass :class:`UpdateChecker` and are a silo's own unweighted
+        update; the silo's answers to check requests, if any, come along."""
         try:
             update = update_from_record(record)
+            if update.aggregate:
+                raise InvalidUpdateError(
+                    "an aggregate: a silo sends its own update, unweighted, the server weighs it"
+                )
             checker = self._checker or UpdateChecker(self.he_keys)
             parsed = checker.check(update)
             report = check_report_of(record)
         except InvalidUpdateError as err:
             raise InvalidReplyError(str(err)) from err
-        n = float(metrics[self.weight_key])
-        expected = n / self.weight_total
-        if not math.isclose(update.weight, expected, rel_tol=self.weight_tolerance):
-            raise InvalidReplyError(
-                f"weight {update.weight!r} is not {self.weight_key} / S = "
-                f"{n:g} / {self.weight_total:g} = {expected!r}"
-            )
         return parsed if report is None else dataclasses.replace(parsed, check=report)
 
     def distance(self, update: ParsedUpdate) -> float | None:
@@ -198,8 +168,9 @@ class EncryptedSum:
         return None
 
     def add(self, update: ParsedUpdate, *, weight: float) -> None:
-        """Keep an accepted update (its weight is inside the ciphertext)."""
+        """Keep an accepted update and the weight the server gives it."""
         self._parsed.append(update)
+        self._weights.append(weight)
 
     @property
     def count(self) -> int:
@@ -207,39 +178,42 @@ class EncryptedSum:
         return len(self._parsed)
 
     def result(self) -> ArrayRecord:
-        """``sum_i Enc(w_i u_i)`` with ``sum_i w_i``."""
+        """``sum_i w_i Enc(u_i)`` with ``W = sum_i w_i``."""
         if not self._parsed:
             raise ValueError("cannot aggregate zero updates")
-        aggregate = aggregate_updates(self.he_keys, self._parsed)
+        config = self.he_keys.config
+        weights, divisor = integer_weights(self._weights, limit=config.max_weight_total)
+        if divisor > 1:
+            log.warning(
+                "round %s: the weights sum to %g, above the 2^%d the CKKS keys leave room "
+                "for: applied in units of %d (%s)",
+                "?" if self._round is None else self._round.server_round,
+                math.fsum(self._weights),
+                config.weight_bits,
+                divisor,
+                ", ".join(str(w) for w in weights),
+            )
+        self.applied = weights
+        aggregate = aggregate_updates(self.he_keys, self._parsed, weights)
         if self.blame is not None and self._round is not None:
             self.blame.aggregated(self._round.server_round, aggregate)
         return update_to_record(aggregate)
-
-    def _harvest(self) -> None:
-        """Every screened silo's dataset size of the last round (for the next S)."""
-        if self._round is not None:
-            for silo, record in self._round.reports.items():
-                # A rejected claim (fl_lbbsp.security.claims) must not set S.
-                if self.weight_key in record and "rejected-claim" not in record:
-                    self.num_examples[silo] = float(record[self.weight_key])
 
     def settings(self) -> dict[str, Any]:
         """The key fingerprint (the model is encrypted under it)."""
         return {"fingerprint": self.he_keys.fingerprint}
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """Every silo's last dataset size (for the total S)."""
-        self._harvest()
-        return {"num_examples": dict(self.num_examples)}, {}
+        """Nothing between rounds: the weights are the round's."""
+        return {}, {}
 
     def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.num_examples = {str(s): float(n) for s, n in state["num_examples"].items()}
+        """Restore :meth:`state_dict` (nothing)."""
         self._round = None
 
 
 class EncryptedLBBSPFedAvg(LBBSPFedAvg):
-    """:class:`LBBSPFedAvg` whose silos ship CKKS-encrypted, pre-weighted updates.
+    """:class:`LBBSPFedAvg` whose silos ship CKKS-encrypted updates that the server weighs.
 
     Parameters
     ----------
@@ -248,13 +222,6 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         generate``, its folder, or loaded keys. Keys holding the secret key are refused.
     fingerprint : str | None (default: None)
         Expected key fingerprint (``fingerprint.txt``); checked against the context.
-    initial_weight_total : float | None (default: None)
-        The total S announced while none of the sampled silos has reported its
-        ``num-examples`` yet (round 1). ``None``: the number of sampled silos. Later rounds
-        announce the sum of the sampled silos' last ``num-examples`` (a silo not yet heard
-        from counts at the mean of the others), so that sum_i w_i is about 1.
-    weight_tolerance : float (default: 1e-6)
-        Relative tolerance when checking a reply's weight against ``num-examples / S``.
     exclude_named_for : int | None (default: None)
         When most silos refuse an aggregate, the next round's silos that refused it check
         its contributions and the silo that spoiled it is named
@@ -265,8 +232,7 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         ``local_steps``, ``lr``, ..., ``checkpoint_dir``). ``fraction_evaluate`` should
         stay above 0: the server cannot evaluate the model itself, and an ``evaluate_fn``
         passed to :meth:`start` receives the encrypted record. A checkpoint holds the
-        encrypted global model and the silos' last dataset sizes, and is resumed only
-        with the same key (fingerprint).
+        encrypted global model, and is resumed only with the same key (fingerprint).
 
     Raises
     ------
@@ -281,28 +247,16 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         *,
         public_context: str | Path | CKKSKeys,
         fingerprint: str | None = None,
-        initial_weight_total: float | None = None,
-        weight_tolerance: float = 1e-6,
         exclude_named_for: int | None = None,
         **kwargs: Any,
     ) -> None:
         try:
-            checked = EncryptionConfig(
-                initial_weight_total=initial_weight_total,
-                weight_tolerance=weight_tolerance,
-                exclude_named_for=exclude_named_for,
-            )
+            checked = EncryptionConfig(exclude_named_for=exclude_named_for)
         except ValidationError as err:
             raise setting_error(err, owner=type(self).__name__) from None
         super().__init__(**kwargs)
         self.he_keys = server_keys(public_context, fingerprint)
-        self.updates = EncryptedSum(
-            self.he_keys,
-            keys=self.keys,
-            weight_key=self.weighted_by_key,
-            initial_weight_total=checked.initial_weight_total,
-            weight_tolerance=checked.weight_tolerance,
-        )
+        self.updates = EncryptedSum(self.he_keys, keys=self.keys)
         self.blame = ContributionBlame(
             max_ratio=self.server_config.max_update_ratio,
             exclude_for=checked.exclude_named_for,
@@ -365,7 +319,7 @@ def log_keys(he_keys: CKKSKeys) -> None:
     """One line on the CKKS settings the server adds under."""
     c = he_keys.config
     log.info(
-        "CKKS: N=%d, primes %s bits, scale 2^%d, key %s...; the server only adds",
+        "CKKS: N=%d, primes %s bits, scale 2^%d, key %s...; the server weighs and adds",
         c.poly_modulus_degree,
         list(c.coeff_mod_bit_sizes),
         c.scale_bits,

@@ -1,11 +1,11 @@
-"""Cluster-mode LB-BSP over CKKS-encrypted gradients: the parameter server only adds.
+"""Cluster-mode LB-BSP over CKKS-encrypted gradients: the parameter server weighs and adds.
 
 Every worker keeps a replica of the model (parameters and momentum buffers) in its node
 state. In iteration k it computes the gradient ``g_i`` of the mean loss over its ``x_i``
-samples at version k-1 of the model, multiplies it by ``w_i = x_i / X`` (X: the sum of the
-batch sizes the server sent) and replies with ``Enc(w_i g_i)``. The server checks the
-replies as in :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg` and adds them:
-``sum_i Enc(w_i g_i)`` with the plaintext ``sum_i w_i`` is aggregate k. With the next
+samples at version k-1 of the model and replies with ``Enc(g_i)``. The server checks the
+replies as in :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`, multiplies each
+by its batch size ``x_i`` and adds them: ``sum_i x_i Enc(g_i)`` with the plaintext
+``sum_i x_i`` is aggregate k. With the next
 iteration's instructions every worker receives the aggregates it has not applied yet,
 decrypts them, divides by their weight sum (``sum_i x_i g_i / sum_i x_i``: the weighted
 gradient of Sec. 3.4 over the workers that replied) and takes the same SGD step the
@@ -48,14 +48,15 @@ log = logging.getLogger("fl_lbbsp")
 class ReplicaLog(EncryptedSum):
     """The encrypted parameter server's aggregates, one per model version.
 
-    An :class:`~fl_lbbsp.strategies.encrypted.EncryptedSum` with S = X whose every result
+    An :class:`~fl_lbbsp.strategies.encrypted.EncryptedSum` weighted by batch size whose
+    every result
     is aggregate ``v`` (the next model version); it keeps the initial model, the last
     ``max_history`` aggregates and each worker's version, so that every worker gets what
     brings its replica up to date.
 
     Parameters
     ----------
-    he_keys, keys, weight_key, weight_tolerance :
+    he_keys, keys :
         As in :class:`~fl_lbbsp.strategies.encrypted.EncryptedSum`.
     max_history : int
         Aggregates kept for workers that fall behind.
@@ -68,18 +69,10 @@ class ReplicaLog(EncryptedSum):
         he_keys: CKKSKeys,
         *,
         keys: Any,
-        weight_key: str,
-        weight_tolerance: float,
         max_history: int,
         momentum: float,
     ) -> None:
-        super().__init__(
-            he_keys,
-            keys=keys,
-            weight_key=weight_key,
-            total="batch",
-            weight_tolerance=weight_tolerance,
-        )
+        super().__init__(he_keys, keys=keys)
         self.max_history = max_history
         self.momentum = momentum
         self.version = 0
@@ -108,7 +101,7 @@ class ReplicaLog(EncryptedSum):
         return super().parse(record, metrics, state)
 
     def result(self) -> ArrayRecord:
-        """``sum_i Enc(w_i g_i)`` and ``sum_i w_i``: aggregate ``version + 1``."""
+        """``sum_i x_i Enc(g_i)`` and ``sum_i x_i``: aggregate ``version + 1``."""
         aggregate = super().result()
         self.version += 1
         self.aggregates[self.version] = aggregate
@@ -183,9 +176,8 @@ class EncryptedLBBSPCluster(EngineStrategy):
 
     Workers run :func:`fl_lbbsp.clients.cluster.make_worker_app` with a secret context
     (``WorkerSetup(secret_context=...)``). The train message of iteration k carries the
-    worker's ``batch-size``, ``batch-offset``, ``lr``, ``momentum``, the weight total S
-    (``he-weight-total``, the sum of the batch sizes sent), ``he-num-silos`` and
-    ``model-version`` (k-1), with the aggregates the worker still has to apply (and the
+    worker's ``batch-size``, ``batch-offset``, ``lr``, ``momentum`` and ``model-version``
+    (k-1), with the aggregates the worker still has to apply (and the
     initial model if it holds no replica). A reply computed at another model version is
     rejected. Evaluation messages carry the same and the workers evaluate their replica
     on their share of the test split.
@@ -203,8 +195,6 @@ class EncryptedLBBSPCluster(EngineStrategy):
         warning until it is restarted from a checkpoint.
     evaluate_every : int | None (default: None)
         Federated evaluation after every this many iterations (``None``: never).
-    weight_tolerance : float (default: 1e-6)
-        Relative tolerance when checking a reply's weight against ``batch-size / S``.
     initial_batch_size, lr :
         As in :class:`~fl_lbbsp.strategies.LBBSPCluster`.
     momentum : float (default: 0.0)
@@ -240,7 +230,6 @@ class EncryptedLBBSPCluster(EngineStrategy):
         aggregation: Literal["weighted"] = "weighted",
         max_history: int = 32,
         evaluate_every: int | None = None,
-        weight_tolerance: float = 1e-6,
         **kwargs: Any,
     ) -> None:
         checked = EncryptedClusterConfig(
@@ -258,8 +247,6 @@ class EncryptedLBBSPCluster(EngineStrategy):
         self.replicas = ReplicaLog(
             self.he_keys,
             keys=self.keys,
-            weight_key=self.weighted_by_key,
-            weight_tolerance=weight_tolerance,
             max_history=checked.max_history,
             momentum=self.ps_config.momentum,
         )
