@@ -65,7 +65,6 @@ def scenario(
     rng = np.random.default_rng(seed)
     settings = _settings(rng)
     balancer = BatchSizeBalancer(**settings)
-    balancer._table.scalar_rows = scalar_rows
     n = int(rng.integers(1, 7)) if silos is None else silos
     ids = [f"s{i}" for i in range(n)]
     a = 1.0 / rng.uniform(50.0, 400.0, n)
@@ -97,7 +96,6 @@ def scenario(
             balancer.restart(ids[int(rng.integers(n))])
         if round_ == 6:
             balancer = BatchSizeBalancer.from_json(balancer.to_json())
-            balancer._table.scalar_rows = scalar_rows
         sizes = balancer.allocate(ids)
         out.append([sizes[silo] for silo in ids])
     return out

@@ -18,8 +18,7 @@ import math
 import numpy as np
 
 from .columns import SiloColumns
-from .costfit import robust_level
-from .costfit_batch import masked_levels
+from .costfit import masked_levels
 
 __all__ = ["near_levels", "observe_run", "push", "take_changes"]
 
@@ -52,11 +51,9 @@ def observe_run(
     limit: np.ndarray,
     floor: float,
     confirm: int,
-    exact: bool = False,
 ) -> np.ndarray:
     """Add one deviation to the run of each of ``rows`` and say where it confirms a
-    change (the run then holds the reports that confirmed it); ``exact``: the CUSUM
-    sums with ``math.fsum``, as :class:`~fl_lbbsp.core.silo.change.ChangeDetector` does."""
+    change (the run then holds the reports that confirmed it)."""
     width, run = f.width, f.run
     count = f.run_n[rows]
     deviation = entry[3]
@@ -88,12 +85,7 @@ def observe_run(
     if long.any():
         clipped = np.clip(run["dev"][rows], -limit[:, None], limit[:, None])
         with np.errstate(all="ignore"):
-            if exact:
-                pairs = zip(clipped.tolist(), count.tolist(), strict=True)
-                sums = [math.fsum(row[:c]) for row, c in pairs]
-                mean = np.abs(np.array(sums)) / count
-            else:
-                mean = np.abs(np.where(inside, clipped, 0.0).sum(axis=1)) / count
+            mean = np.abs(np.where(inside, clipped, 0.0).sum(axis=1)) / count
             confirmed |= long & (mean > np.maximum(floor, limit / np.sqrt(count)))
     f.run_n[rows] = count
     return confirmed
@@ -118,14 +110,12 @@ def take_changes(f: SiloColumns, rows: np.ndarray, max_boost: float) -> None:
 
 
 def near_levels(
-    f: SiloColumns, rows: np.ndarray, size: np.ndarray, *, spread: float, exact: bool = False
+    f: SiloColumns, rows: np.ndarray, size: np.ndarray, *, spread: float
 ) -> np.ndarray:
     """Each silo's time at batch size ``size`` from its reports within ``spread`` of it
     (relative), moved along the fitted slope, at least 2 of them, so that an error of the
     line's shape (a fixed cost not identified yet) does not count; NaN without a fit or
-    such reports. ``exact``: one silo at a time, with :func:`~.costfit.robust_level`."""
-    if exact:
-        return _near_levels_one_at_a_time(f, rows, size, spread)
+    such reports."""
     slope, n = f["fit_slope"][rows], f.hist_n[rows]
     width = int(n.max())
     x, t = f.hist_x[rows, :width], f.hist_t[rows, :width]
@@ -144,20 +134,3 @@ def near_levels(
         out = np.where(judged & np.isfinite(level) & (level > 0), level, np.nan)
     return out
 
-
-def _near_levels_one_at_a_time(
-    f: SiloColumns, rows: np.ndarray, size: np.ndarray, spread: float
-) -> np.ndarray:
-    out = np.full(len(rows), np.nan)
-    for k, (i, x) in enumerate(zip(rows.tolist(), size.tolist(), strict=True)):
-        n, slope = int(f.hist_n[i]), float(f["fit_slope"][i])
-        if math.isnan(slope) or n < 2:
-            continue
-        reach = spread * x
-        history = zip(f.hist_x[i, :n].tolist(), f.hist_t[i, :n].tolist(), strict=True)
-        near = [bt + slope * (x - bx) for bx, bt in history if abs(bx - x) < reach]
-        if len(near) >= 2:
-            level = robust_level(near)
-            if math.isfinite(level) and level > 0:
-                out[k] = level
-    return out

@@ -7,9 +7,9 @@ report feeds the speed estimator and the history window; a held one (a possible 
 feeds nothing; a confirmed change restarts the estimator and the window from the reports
 that confirmed it (a co-tenant came or went), keeping the fit's shape and noise. After the
 reports the cost curves ``t = a * max(x, k) + b`` are refitted from the windows
-(:mod:`.costfit_batch`) and the silos' rows of the table (:data:`ROW`) refreshed, so that
+(:func:`~.costfit.fit_windows`) and the silos' rows of the table (:data:`ROW`) refreshed, so that
 the allocation only gathers rows (:mod:`.allocation`). A whole round is one pass of array
-operations over the silos' columns (:mod:`.silo_columns`); one silo's state comes out as
+operations over the silos' columns (:mod:`.columns`); one silo's state comes out as
 a record (:class:`~fl_lbbsp.core.silo.state.SiloModel`, the checkpoint form).
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
@@ -28,10 +28,9 @@ from typing import Any
 import numpy as np
 
 from ..balancer_settings import ModelSettings
-from ..slowdown import MIN_SILOS, median, shared_slowdown
+from ..slowdown import median, shared_slowdown
 from .columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
-from .costfit import fit_linear_cost
-from .costfit_batch import SCALAR_ROWS, fit_windows
+from .costfit import fit_linear_cost, fit_windows
 from .detector import near_levels, observe_run, push, take_changes
 from .report_columns import ReportColumns, report_columns
 from .reports import SiloReport
@@ -80,9 +79,6 @@ class SiloTable:
         """Each silo's model by id, read from the columns (:class:`SiloView`)."""
         self.shapes_changed = False
         self.pooled_shape = 0.0
-        self.scalar_rows: int | None = None
-        """Up to how many silos a round's fits are made one at a time (``None``:
-        :data:`~fl_lbbsp.core.silo.costfit_batch.SCALAR_ROWS`)."""
 
     # ------------------------------------------------------------------ reports
     def take_round(self, reports: Mapping[str, SiloReport], *, shared: bool = False) -> float:
@@ -120,15 +116,7 @@ class SiloTable:
     def near_levels(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
         """Each silo's time at batch size ``size`` from its own earlier reports near it
         (:func:`~fl_lbbsp.core.silo.detector.near_levels`); NaN: none."""
-        return near_levels(
-            self.columns, rows, size, spread=self.settings.min_fit_spread,
-            exact=self._one_at_a_time(rows),
-        )  # fmt: skip
-
-    def _one_at_a_time(self, rows: np.ndarray) -> bool:
-        """Whether a round of ``rows`` is judged one silo at a time (a few silos: the
-        same floats as :mod:`.costfit` gives, and faster)."""
-        return len(rows) <= (SCALAR_ROWS if self.scalar_rows is None else self.scalar_rows)
+        return near_levels(self.columns, rows, size, spread=self.settings.min_fit_spread)
 
     def _take(
         self, rows: np.ndarray, x: np.ndarray, t: np.ndarray, speed: np.ndarray,
@@ -145,16 +133,14 @@ class SiloTable:
         change = np.zeros(len(rows), dtype=bool)
         if judged.any():
             j = np.flatnonzero(judged)
-            exact = self._one_at_a_time(rows)
-            ratio = t[j] / level[j]
-            deviation = np.array(list(map(math.log, ratio.tolist()))) if exact else np.log(ratio)
+            deviation = np.log(t[j] / level[j])
             noise = np.nan_to_num(f["noise"][rows[j]], nan=0.0)
             floor = math.log1p(settings.change_threshold)
             limit = np.maximum(floor, settings.change_sigmas * noise)
             held = np.abs(deviation) > limit
             confirmed = observe_run(
                 f, rows[j], (x[j], t[j], speed[j], deviation), held, limit=limit, floor=floor,
-                confirm=settings.change_confirm, exact=exact,
+                confirm=settings.change_confirm,
             )  # fmt: skip
             normal[j] = ~confirmed & ~held
             change[j] = confirmed
@@ -250,7 +236,7 @@ class SiloTable:
         fit = fit_windows(
             x, t, n, knee=f["knee"][rows], noise=noise,
             prior_shape=np.where(known, shape, self.pooled_shape), prior_known=known,
-            min_relative_spread=spread, scalar_rows=self.scalar_rows,
+            min_relative_spread=spread,
         )  # fmt: skip
         f["knee"][rows] = fit.knee
         for name, values in zip(FIT_FIELDS, fit, strict=True):
@@ -367,13 +353,8 @@ def _round_slowdown(
     threshold: float,
 ) -> float:  # fmt: skip
     """:func:`~fl_lbbsp.core.slowdown.shared_slowdown` of a round ``(size, time, levels)``
-    of ``rows``; where enough silos have a level, its first branch over arrays (the same
-    divisions and logs)."""
+    of ``rows`` (their fitted lines standing in where a level is missing)."""
     size, time, levels = round_
-    near = ~np.isnan(levels)
-    if np.count_nonzero(near) >= MIN_SILOS:
-        deviations = list(map(math.log, (time[near] / levels[near]).tolist()))
-        return math.exp(median(deviations))
     lines = f["fit_slope"][rows] * size + f["fit_intercept"][rows]
     return shared_slowdown(time.tolist(), _nones(levels), _nones(lines), threshold=threshold)
 
