@@ -75,7 +75,14 @@ class EstimatorState(OpenRecord):
     """A silo's speed estimator: its name, the current speed (samples per second) and,
     where the estimator has them, its smoothing and held-back observations."""
 
-    name: Literal[ESTIMATORS]  # type: ignore[valid-type]
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in ESTIMATORS:
+            raise ValueError(f"unknown speed estimator {value!r:.40}")
+        return value
     value: Speed | None = None
     alpha: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, strict=True)
     pending: list[Speed] | None = Field(default=None, max_length=MAX_ENTRIES)

@@ -31,7 +31,8 @@ from ..balancer_settings import ModelSettings
 from ..slowdown import median, shared_slowdown
 from .columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
 from .costfit import fit_linear_cost, fit_windows
-from .detector import near_levels, observe_run, push, take_changes
+from .detector import near_levels, observe_run, push
+from .estimators import EMA, MachineUse
 from .report_columns import ReportColumns, report_columns
 from .reports import SiloReport
 from .state import Observation, SiloModel
@@ -116,7 +117,11 @@ class SiloTable:
     def near_levels(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
         """Each silo's time at batch size ``size`` from its own earlier reports near it
         (:func:`~fl_lbbsp.core.silo.detector.near_levels`); NaN: none."""
-        return near_levels(self.columns, rows, size, spread=self.settings.min_fit_spread)
+        f = self.columns
+        return near_levels(
+            (f.hist_x, f.hist_t, f.hist_n), f["fit_slope"][rows], rows, size,
+            spread=self.settings.min_fit_spread,
+        )  # fmt: skip
 
     def _take(
         self, rows: np.ndarray, x: np.ndarray, t: np.ndarray, speed: np.ndarray,
@@ -128,7 +133,7 @@ class SiloTable:
         judged = ~np.isnan(level) if settings.change_sigmas is not None else np.zeros(
             len(rows), dtype=bool
         )  # fmt: skip
-        f.run_n[rows[~judged]] = 0
+        f.run["n"][rows[~judged]] = 0
         normal = ~judged
         change = np.zeros(len(rows), dtype=bool)
         if judged.any():
@@ -139,7 +144,7 @@ class SiloTable:
             limit = np.maximum(floor, settings.change_sigmas * noise)
             held = np.abs(deviation) > limit
             confirmed = observe_run(
-                f, rows[j], (x[j], t[j], speed[j], deviation), held, limit=limit, floor=floor,
+                f.run, rows[j], (x[j], t[j], speed[j], deviation), held, limit=limit, floor=floor,
                 confirm=settings.change_confirm,
             )  # fmt: skip
             normal[j] = ~confirmed & ~held
@@ -149,11 +154,31 @@ class SiloTable:
         f["boost"][rows] = np.where(f.restarted[rows], settings.max_boost, 1.0)
         f.restarted[rows] = False
         k = np.flatnonzero(normal)
-        chosen = None if f.columnar else [reports[i] for i in k.tolist()]
-        f.update_estimators(rows[k], speed[k], chosen)
+        use = None
+        if f.estimator.uses_machine:
+            chosen = [reports[i] for i in k.tolist()]
+            use = MachineUse(_floats(chosen, "cpu_percent"), _floats(chosen, "memory_percent"))
+        f.update_estimators(rows[k], speed[k], use)
         push(f.hist_x, f.hist_t, f.hist_n, rows[k], x[k], t[k])
         if change.any():
-            take_changes(f, rows[change], settings.max_boost)
+            self._take_changes(rows[change])
+
+    def _take_changes(self, rows: np.ndarray) -> None:
+        """Restart the estimator and the window of each of ``rows`` from the reports that
+        confirmed its change, widen its change limit by the change's size, empty its
+        run."""
+        f, run = self.columns, self.columns.run
+        for i in rows.tolist():
+            n = int(run["n"][i])
+            one = np.array([i])
+            f.restart_estimators(one)
+            for speed in run["speed"][i, :n].tolist():  # oldest first
+                f.update_estimators(one, np.array([speed]))
+            f.hist_x[i, :n], f.hist_t[i, :n] = run["x"][i, :n], run["t"][i, :n]
+            f.hist_n[i] = n
+            level_ratio = math.exp(abs(float(run["dev"][i, :n].sum()) / n))
+            f["boost"][i] = min(level_ratio, self.settings.max_boost)
+            run["n"][i] = 0
 
     def restart(self, silo_id: str) -> None:
         """Forget what a silo's reports taught its estimate and window, as after a
@@ -163,7 +188,7 @@ class SiloTable:
         if i is not None:
             f, rows = self.columns, np.array([i])
             f.restart_estimators(rows)
-            f.hist_n[i] = f.run_n[i] = 0
+            f.hist_n[i] = f.run["n"][i] = 0
             f["boost"][i] = 1.0
             f.restarted[i] = True
             self.refresh(rows)  # no history: no cost line
@@ -332,15 +357,9 @@ class SiloTable:
 
     def warming_up(self) -> dict[str, tuple[int, int]]:
         """Silos whose estimator is still in its warm-up: id -> (reports, warm-up)."""
-        out = {}
-        if not self.columns.columnar:
-            for silo, i in self._index.items():
-                estimator = self.columns.estimators[i]
-                warmup = getattr(estimator, "warmup", None)
-                seen = getattr(estimator, "observations", None)
-                if isinstance(warmup, int) and isinstance(seen, int) and seen < warmup:
-                    out[silo] = (seen, warmup)
-        return out
+        f = self.columns
+        warming = {silo: f.estimator.warming_up(f.est, i) for silo, i in self._index.items()}
+        return {silo: w for silo, w in warming.items() if w is not None}
 
     def mean_steps(self) -> float:
         """Mean local steps of the silos seen (1 if none)."""
@@ -368,9 +387,9 @@ def _take_fields(
     f["steps"][rows] = np.where(np.isnan(samples), 1.0, samples / size)
     cap = columns.max_batch_size
     f["cap"][rows] = np.where(np.isnan(cap), f["cap"][rows], cap)
-    new, old = columns.fixed_time, f["fixed"][rows]
-    blended = np.where(np.isnan(old), new, alpha * new + (1 - alpha) * old)
-    f["fixed"][rows] = np.where(np.isnan(new), old, blended)
+    new = columns.fixed_time
+    given = ~np.isnan(new)
+    EMA(alpha=alpha).update({"value": f["fixed"]}, rows[given], new[given], None)
     f.last[rows] = np.fromiter(reports, dtype=object, count=len(reports))
     f["last_size"][rows] = size
 
@@ -403,6 +422,12 @@ def _write_rows(
 def _field(last: object, name: str) -> Any:
     """A field of a last report (a :class:`SiloReport`, or its fields restored)."""
     return last.get(name) if isinstance(last, dict) else getattr(last, name, None)
+
+
+def _floats(reports: Sequence[SiloReport], name: str) -> np.ndarray:
+    """A field of each report as floats (NaN: not given)."""
+    values = (getattr(r, name) for r in reports)
+    return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
 
 
 def _nones(values: np.ndarray) -> list[float | None]:

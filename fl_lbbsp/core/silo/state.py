@@ -14,15 +14,11 @@ Environments", IEEE TCC 2021, Sec. 4 (the BatchSizeManager's per-worker state).
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from ..balancer_settings import ModelSettings
-from .change import ChangeDetector, Deviation
 from .costfit import CostFit
-from .estimators import SpeedEstimator, estimator_from_state
 
 __all__ = ["Observation", "SiloModel"]
 
@@ -40,12 +36,14 @@ class SiloModel:
 
     Parameters
     ----------
-    estimator : SpeedEstimator
-        Its speed predictor.
-    history : deque of Observation
+    estimator : dict
+        Its speed estimator's state
+        (:meth:`~fl_lbbsp.core.silo.estimators.SpeedEstimator.silo_state`).
+    history : list of Observation
         The window of recent normal reports, for the cost fit.
-    detector : ChangeDetector
-        Its change detector (the run of reports deviating to the same side).
+    pending : list of list
+        The change detector's run of reports deviating to the same side, each
+        ``[batch size, time, speed, deviation, held]``.
     max_batch_size : int | None (default: None)
         Its reported memory cap.
     steps : float (default: 1.0)
@@ -71,9 +69,9 @@ class SiloModel:
         Its row in the :class:`SiloTable`.
     """
 
-    estimator: SpeedEstimator
-    history: deque[Observation]
-    detector: ChangeDetector
+    estimator: dict[str, Any]
+    history: list[Observation]
+    pending: list[list[Any]] = field(default_factory=list)
     max_batch_size: int | None = None
     steps: float = 1.0
     fixed_time: float | None = None
@@ -86,19 +84,10 @@ class SiloModel:
     knee: float = 0.0
     index: int = 0
 
-    @classmethod
-    def new(cls, settings: ModelSettings) -> SiloModel:
-        """A silo never seen before."""
-        return cls(
-            estimator=settings.new_estimator(),
-            history=deque(maxlen=settings.history),
-            detector=ChangeDetector(confirm=settings.change_confirm, window=settings.history),
-        )
-
     def state(self) -> dict[str, Any]:
         """JSON-serialisable state (the balancer's checkpoint format)."""
         return {
-            "estimator": self.estimator.state(),
+            "estimator": self.estimator,
             "history": [list(pair) for pair in self.history],
             "max_batch_size": self.max_batch_size,
             "steps": self.steps,
@@ -107,24 +96,24 @@ class SiloModel:
             "reports": self.reports,
             "shape": self.shape,
             "noise": self.noise,
-            "pending": [entry.to_list() for entry in self.detector.run],
+            "pending": self.pending,
             "boost": self.boost,
             "fit": None if self.fit is None else _fit_state(self.fit),
             "knee": self.knee,
         }
 
     @classmethod
-    def from_state(cls, saved: Mapping[str, Any], settings: ModelSettings) -> SiloModel:
-        """Rebuild from :meth:`state`; fields missing from an older state take defaults."""
-        history = (Observation(int(x), float(t)) for x, t in saved["history"])
+    def from_state(cls, saved: Mapping[str, Any]) -> SiloModel:
+        """Rebuild from :meth:`state`; fields missing from an older state take defaults
+        (a pending report without its ``held`` flag: held)."""
+        pending = [
+            [int(p[0]), float(p[1]), float(p[2]), float(p[3]), bool(p[4]) if len(p) > 4 else True]
+            for p in saved.get("pending", [])
+        ]
         return cls(
-            estimator=estimator_from_state(saved["estimator"]),
-            history=deque(history, maxlen=settings.history),
-            detector=ChangeDetector(
-                confirm=settings.change_confirm,
-                window=settings.history,
-                run=[Deviation.from_list(p) for p in saved.get("pending", [])],
-            ),
+            estimator=dict(saved["estimator"]),
+            history=[Observation(int(x), float(t)) for x, t in saved["history"]],
+            pending=pending,
             max_batch_size=saved["max_batch_size"],
             steps=float(saved["steps"]),
             fixed_time=saved.get("fixed_time"),

@@ -1,4 +1,5 @@
-"""The cost fits over a table of windows against the fit of one window at a time."""
+"""The cost fits over a table of windows: each row alone, the robust level and median by
+their definitions, and a round's reports checked as columns."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import numpy as np
 import pytest
 
 from fl_lbbsp.core import SiloReport
-from fl_lbbsp.core.silo.costfit import find_knee, fit_robust_cost, robust_level
-from fl_lbbsp.core.silo.costfit_batch import (
+from fl_lbbsp.core.silo.costfit import (
+    find_knee,
+    fit_robust_cost,
     fit_windows,
     masked_levels,
     masked_medians,
+    robust_level,
 )
 from fl_lbbsp.core.silo.report_columns import report_columns
 
@@ -49,53 +52,51 @@ def _windows(seed: int, rows: int = 400, width: int = 20) -> dict[str, np.ndarra
     }
 
 
-@pytest.mark.parametrize(("seed", "spread"), [(0, 0.1), (1, 0.1), (2, 0.1), (3, 0.0)])
-def test_the_fits_over_arrays_match_the_fits_one_window_at_a_time(seed: int, spread: float) -> None:
+def _trimmed_geometric_mean(values: list[float]) -> float:
+    """The robust level by its definition: the geometric mean of the sorted values with
+    int(0.2 * n) cut at each end."""
+    v = sorted(values)
+    cut = int(0.2 * len(v))
+    kept = v[cut : len(v) - cut]
+    return math.exp(sum(math.log(x) for x in kept) / len(kept))
+
+
+@pytest.mark.parametrize(("seed", "spread"), [(0, 0.1), (1, 0.1), (2, 0.0)])
+def test_a_windows_fit_does_not_depend_on_the_other_windows_of_the_table(
+    seed: int, spread: float
+) -> None:
     # Prepare (a spread of 0, which the settings allow: equal batch sizes are still
     # replicates, and the anchor's own reports are near it)
-    w = _windows(seed)
-    common = {
-        "knee": w["knee"], "noise": w["noise"], "prior_shape": w["shape"],
-        "prior_known": w["known"], "min_relative_spread": spread,
-    }  # fmt: skip
+    w = _windows(seed, rows=60)
 
-    # Execute: every row over arrays, and every row one at a time
-    arrays = fit_windows(w["x"], w["t"], w["n"], scalar_rows=0, **common)  # type: ignore[arg-type]
-    single = fit_windows(w["x"], w["t"], w["n"], scalar_rows=10**6, **common)  # type: ignore[arg-type]
-
-    # Assert: the same knees, the same lines up to the last bits of a sum
-    assert np.array_equal(arrays.knee, single.knee)
-    assert np.array_equal(arrays.low, single.low) and np.array_equal(arrays.high, single.high)
-    for name in ("slope", "intercept", "anchor", "level", "noise"):
-        got, want = getattr(arrays, name), getattr(single, name)
-        assert np.allclose(got, want, rtol=1e-9, atol=1e-12, equal_nan=True), name
-    assert np.allclose(arrays.weight, single.weight, rtol=1e-6, atol=1e-9)
-
-
-def test_one_window_at_a_time_is_the_scalar_fit() -> None:
-    # Prepare
-    w = _windows(3, rows=20)
-    r = 7
-    xs, ts = w["x"][r, : w["n"][r]].tolist(), w["t"][r, : w["n"][r]].tolist()
-    noise = None if math.isnan(w["noise"][r]) else float(w["noise"][r])
-
-    # Execute
+    # Execute: every row in one table, and each row as a table of its own
     fits = fit_windows(
         w["x"], w["t"], w["n"], knee=w["knee"], noise=w["noise"], prior_shape=w["shape"],
-        prior_known=w["known"], min_relative_spread=0.1,
+        prior_known=w["known"], min_relative_spread=spread,
     )  # fmt: skip
+    alone = []
+    for r in range(60):
+        xs, ts = w["x"][r, : w["n"][r]], w["t"][r, : w["n"][r]]
+        noise = None if math.isnan(w["noise"][r]) else float(w["noise"][r])
+        knee = find_knee(xs, ts, knee=float(w["knee"][r]), noise=noise, min_relative_spread=spread)
+        alone.append(fit_robust_cost(
+            xs, ts, prior_shape=float(w["shape"][r]), prior_noise=noise,
+            prior_known=bool(w["known"][r]), min_relative_spread=spread, knee=knee,
+        ))  # fmt: skip
 
-    # Assert
-    knee = find_knee(xs, ts, knee=float(w["knee"][r]), noise=noise, min_relative_spread=0.1)
-    fit = fit_robust_cost(
-        xs, ts, prior_shape=float(w["shape"][r]), prior_noise=noise,
-        prior_known=bool(w["known"][r]), min_relative_spread=0.1, knee=knee,
-    )  # fmt: skip
-    assert (fits.knee[r], fits.slope[r], fits.intercept[r]) == (knee, fit.slope, fit.intercept)
+    # Assert: the same lines up to the last bits of a sum
+    for r, fit in enumerate(alone):
+        got = fits.at(r)
+        assert got.spread == fit.spread
+        for name in ("slope", "intercept", "anchor", "level", "noise", "knee"):
+            assert math.isclose(getattr(got, name), getattr(fit, name), rel_tol=1e-9) or (
+                math.isnan(getattr(got, name)) and math.isnan(getattr(fit, name))
+            ), (r, name)
+        assert got.weight == pytest.approx(fit.weight, rel=1e-6, abs=1e-9)
 
 
 @pytest.mark.parametrize("count", [1, 2, 4, 5, 9, 20])
-def test_masked_levels_and_medians_are_the_scalar_ones(count: int) -> None:
+def test_masked_levels_and_medians_are_their_definitions(count: int) -> None:
     # Prepare: a row of `count` values among padding
     rng = np.random.default_rng(count)
     values = rng.lognormal(0.0, 0.5, (3, 20))
@@ -108,8 +109,9 @@ def test_masked_levels_and_medians_are_the_scalar_ones(count: int) -> None:
     # Assert
     for r in range(3):
         kept = values[r, :count].tolist()
-        assert levels[r] == pytest.approx(robust_level(kept), rel=1e-12)
-        assert medians[r] == float(np.median(kept))
+        assert levels[r] == pytest.approx(_trimmed_geometric_mean(kept), rel=1e-12)
+        assert robust_level(kept) == pytest.approx(levels[r], rel=1e-12)
+        assert medians[r] == pytest.approx(float(np.median(kept)), rel=1e-15)
 
 
 @pytest.mark.parametrize(
