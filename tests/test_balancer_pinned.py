@@ -132,9 +132,7 @@ def _agrees(got: Round, want: Round) -> bool:
 
 
 @pytest.mark.parametrize("block", range(5))
-def test_the_balancer_hands_out_the_pinned_decisions(
-    pinned: list[list[Round]], block: int
-) -> None:
+def test_the_balancer_hands_out_the_pinned_decisions(pinned: list[list[Round]], block: int) -> None:
     # Prepare: each scenario fed the reports of its pinned sizes
     seeds = range(block * SCENARIOS // 5, (block + 1) * SCENARIOS // 5)
 

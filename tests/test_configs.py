@@ -233,6 +233,7 @@ def test_every_config_class_is_covered() -> None:
         "EngineState", "StrategyState", "ClaimsState", "FitState", "IterativeConfig",
         "IterativeAllocatorState", "IterativeState", "PooledShape",  # and test_checkpoint_hostile
         "MemoryState",  # tests/test_memory_caps.py
+        "SpeedEstimator", "EMA", "Last", "ChangeAwareEMA", "NARX",  # test_core_estimators.py
     }  # fmt: skip
 
     # Execute

@@ -118,7 +118,7 @@ def test_masked_levels_and_medians_are_their_definitions(count: int) -> None:
     "bad",
     [
         SiloReport(batch_size=0, train_time=1.0),
-        SiloReport(batch_size=True, train_time=1.0),  # type: ignore[arg-type]
+        SiloReport(batch_size=True, train_time=1.0),
         SiloReport(batch_size=32, train_time=math.nan),
         SiloReport(batch_size=32, train_time=-1.0),
         SiloReport(batch_size=32.5, train_time=1.0),  # type: ignore[arg-type]

@@ -83,6 +83,7 @@ class EstimatorState(OpenRecord):
         if value not in ESTIMATORS:
             raise ValueError(f"unknown speed estimator {value!r:.40}")
         return value
+
     value: Speed | None = None
     alpha: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, strict=True)
     pending: list[Speed] | None = Field(default=None, max_length=MAX_ENTRIES)

@@ -150,7 +150,6 @@ TRIM = 0.2
 """Share of the observations cut at each end by :func:`fit_robust_costs`'s level."""
 
 
-
 FLAT_SHARE = 0.1
 """Largest elasticity ``d log t / d log x`` (the per-sample share of the time) at which
 :func:`find_knees` calls a curve flat: between two batch sizes where the time grows by
@@ -603,8 +602,6 @@ def fit_robust_costs(
         high=(xs if full else np.where(valid, xs, -np.inf)).max(axis=1),
         knee=knee.astype(np.float64, copy=True),
     )
-
-
 
 
 def fit_windows(

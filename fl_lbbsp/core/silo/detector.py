@@ -43,7 +43,7 @@ single-observation limit) and each row's length ``n``."""
 
 def new_runs(rows: int, width: int) -> dict[str, np.ndarray]:
     """Empty runs of ``rows`` silos, at most ``width`` entries each."""
-    runs = {name: np.zeros((rows, width)) for name in RUN}
+    runs: dict[str, np.ndarray] = {name: np.zeros((rows, width)) for name in RUN}
     runs["held"] = np.zeros((rows, width), dtype=bool)
     runs["n"] = np.zeros(rows, dtype=np.intp)
     return runs

@@ -363,7 +363,9 @@ def parse_estimator(
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{name} estimator: {where}: {first['msg']} (got {first['input']!r})") from None
+        raise ValueError(
+            f"{name} estimator: {where}: {first['msg']} (got {first['input']!r})"
+        ) from None
 
 
 def estimator_from_state(saved: Mapping[str, Any]) -> SpeedEstimator:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
