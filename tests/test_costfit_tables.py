@@ -17,7 +17,7 @@ from fl_lbbsp.core.silo.costfit import (
     masked_medians,
     robust_level,
 )
-from fl_lbbsp.core.silo.report_columns import report_columns
+from fl_lbbsp.core.silo.reports import report_columns
 
 
 def _windows(seed: int, rows: int = 400, width: int = 20) -> dict[str, np.ndarray]:
@@ -115,21 +115,24 @@ def test_masked_levels_and_medians_are_their_definitions(count: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "message"),
     [
-        SiloReport(batch_size=0, train_time=1.0),
-        SiloReport(batch_size=True, train_time=1.0),
-        SiloReport(batch_size=32, train_time=math.nan),
-        SiloReport(batch_size=32, train_time=-1.0),
-        SiloReport(batch_size=32.5, train_time=1.0),  # type: ignore[arg-type]
-        SiloReport(batch_size=32, train_time=1.0, samples=0),
-        SiloReport(batch_size=32, train_time=1.0, max_batch_size=-4),
-        SiloReport(batch_size=32, train_time=1.0, fixed_time=-0.5),
-        SiloReport(batch_size=32, train_time=1e-320),
-        SiloReport(batch_size="32", train_time=1.0),  # type: ignore[arg-type]
+        (SiloReport(batch_size=0, train_time=1.0), "batch size must be a positive integer, got 0"),
+        (SiloReport(batch_size=True, train_time=1.0), "batch size must be a positive integer, got True"),
+        (SiloReport(batch_size=32, train_time=math.nan), "train time must be finite and positive, got nan"),
+        (SiloReport(batch_size=32, train_time=-1.0), "train time must be finite and positive, got -1.0"),
+        (SiloReport(batch_size=32.5, train_time=1.0), "batch size must be a positive integer, got 32.5"),  # type: ignore[arg-type]
+        (SiloReport(batch_size=32, train_time=1.0, samples=0), "samples processed must be a positive integer, got 0"),
+        (SiloReport(batch_size=32, train_time=1.0, max_batch_size=-4), "max batch size must be a positive integer, got -4"),
+        (SiloReport(batch_size=32, train_time=1.0, fixed_time=-0.5), "fixed time must be finite and non-negative, got -0.5"),
+        (SiloReport(batch_size=32, train_time=1e-320), "speed 32 samples in 1e-320 s is not finite"),
+        (SiloReport(batch_size="32", train_time=1.0), "batch size must be a positive integer, got '32'"),  # type: ignore[arg-type]
+        (SiloReport(batch_size=10**400, train_time=1.0), "batch size must be a positive integer"),
     ],
-)
-def test_a_rounds_reports_are_judged_as_validate_judges_them(bad: SiloReport) -> None:
+)  # fmt: skip
+def test_a_rounds_reports_are_checked_at_once_and_one_alone_alike(
+    bad: SiloReport, message: str
+) -> None:
     # Prepare: a bad report among good ones (one of numpy types)
     good = [
         SiloReport(batch_size=32, train_time=0.5, samples=64, fixed_time=0.1),
@@ -139,10 +142,11 @@ def test_a_rounds_reports_are_judged_as_validate_judges_them(bad: SiloReport) ->
     # Execute
     columns, errors = report_columns([good[0], bad, good[1]])
 
-    # Assert: the bad one's error is validate's, the good ones' fields are read
-    with pytest.raises(ValueError) as expected:
+    # Assert: the bad one's error names its first bad field, as validate says it alone;
+    # the good ones' fields are read
+    assert list(errors) == [1] and str(errors[1]).startswith(message)
+    with pytest.raises(ValueError, match="^" + message.split(",")[0]):
         bad.validate()
-    assert list(errors) == [1] and str(errors[1]) == str(expected.value)
     assert columns.position.tolist() == [0, 2]
     assert columns.batch_size.tolist() == [32.0, 16.0]
     assert columns.samples[0] == 64.0 and math.isnan(columns.samples[1])

@@ -27,8 +27,7 @@ from .balancer_settings import ALLOCATORS, FITS, AllocationSettings, Allocator, 
 from .settings import BALANCER_DEFAULTS, MAX_NOISE_BUDGET, NOISE_BUDGET
 from .silo.estimators import SpeedEstimator, parse_estimator
 from .silo.model import SiloModel, SiloTable
-from .silo.report_columns import report_columns
-from .silo.reports import InvalidReportError, SiloReport
+from .silo.reports import InvalidReportError, SiloReport, report_columns
 
 __all__ = [
     "ALLOCATION_REASONS",

@@ -33,8 +33,7 @@ from .columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
 from .costfit import fit_linear_cost, fit_windows
 from .detector import near_levels, observe_run, push
 from .estimators import EMA, MachineUse
-from .report_columns import ReportColumns, report_columns
-from .reports import SiloReport
+from .reports import ReportColumns, SiloReport, report_columns
 from .state import Observation, SiloModel
 
 __all__ = ["ROW", "Observation", "SiloModel", "SiloTable", "SiloView"]
@@ -95,7 +94,7 @@ class SiloTable:
         *, shared: bool = False,
     ) -> float:  # fmt: skip
         """:meth:`take_round` of valid reports whose fields are already ``columns``
-        (:func:`~fl_lbbsp.core.silo.report_columns.report_columns`)."""
+        (:func:`~fl_lbbsp.core.silo.reports.report_columns`)."""
         if not silos:
             return 1.0
         rows = np.fromiter(map(self._index.get, silos, repeat(0)), np.intp, count=len(silos))
