@@ -114,22 +114,27 @@ def test_masked_levels_and_medians_are_their_definitions(count: int) -> None:
         assert medians[r] == pytest.approx(float(np.median(kept)), rel=1e-15)
 
 
+def _bad(**fields: object) -> SiloReport:
+    return SiloReport(**{"batch_size": 32, "train_time": 1.0, **fields})  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        (SiloReport(batch_size=0, train_time=1.0), "batch size must be a positive integer, got 0"),
-        (SiloReport(batch_size=True, train_time=1.0), "batch size must be a positive integer, got True"),
-        (SiloReport(batch_size=32, train_time=math.nan), "train time must be finite and positive, got nan"),
-        (SiloReport(batch_size=32, train_time=-1.0), "train time must be finite and positive, got -1.0"),
-        (SiloReport(batch_size=32.5, train_time=1.0), "batch size must be a positive integer, got 32.5"),  # type: ignore[arg-type]
-        (SiloReport(batch_size=32, train_time=1.0, samples=0), "samples processed must be a positive integer, got 0"),
-        (SiloReport(batch_size=32, train_time=1.0, max_batch_size=-4), "max batch size must be a positive integer, got -4"),
-        (SiloReport(batch_size=32, train_time=1.0, fixed_time=-0.5), "fixed time must be finite and non-negative, got -0.5"),
-        (SiloReport(batch_size=32, train_time=1e-320), "speed 32 samples in 1e-320 s is not finite"),
-        (SiloReport(batch_size="32", train_time=1.0), "batch size must be a positive integer, got '32'"),  # type: ignore[arg-type]
-        (SiloReport(batch_size=10**400, train_time=1.0), "batch size must be a positive integer"),
+        (_bad(batch_size=0), "batch size must be a positive integer, got 0"),
+        (_bad(batch_size=True), "batch size must be a positive integer, got True"),
+        (_bad(batch_size=32.5), "batch size must be a positive integer, got 32.5"),
+        (_bad(batch_size="32"), "batch size must be a positive integer, got '32'"),
+        (_bad(batch_size=10**400), "batch size must be a positive integer"),
+        (_bad(train_time=math.nan), "train time must be finite and positive, got nan"),
+        (_bad(train_time=-1.0), "train time must be finite and positive, got -1.0"),
+        (_bad(samples=0), "samples processed must be a positive integer, got 0"),
+        (_bad(samples=math.nan), "samples processed must be a positive integer, got nan"),
+        (_bad(max_batch_size=-4), "max batch size must be a positive integer, got -4"),
+        (_bad(fixed_time=-0.5), "fixed time must be finite and non-negative, got -0.5"),
+        (_bad(train_time=1e-320), "speed 32 samples in 1e-320 s is not finite"),
     ],
-)  # fmt: skip
+)
 def test_a_rounds_reports_are_checked_at_once_and_one_alone_alike(
     bad: SiloReport, message: str
 ) -> None:

@@ -168,7 +168,7 @@ def report_columns(
              "samples processed must be a positive integer"),
             ("max_batch_size", ~cap[1] & (np.isnan(cap[0]) | _counts(cap[0])),
              "max batch size must be a positive integer"),
-            ("fixed_time", ~fixed[1] & (np.isnan(fixed[0]) | (np.isfinite(fixed[0]) & (fixed[0] >= 0))),
+            ("fixed_time", ~fixed[1] & (np.isnan(fixed[0]) | (fixed[0] >= 0) & (fixed[0] < np.inf)),
              "fixed time must be finite and non-negative"),
         )  # fmt: skip
     good = np.ones(len(reports), dtype=bool)
