@@ -218,7 +218,7 @@ def test_a_silo_model_round_trips_its_state_over_named_fields() -> None:
     model = balancer._silos["s1"]
 
     # Execute
-    copy = SiloModel.from_state(model.state())
+    copy = SiloModel.model_validate(model.state())
 
     # Assert: the same state, and the table's row read by field name
     assert copy.state() == model.state()

@@ -343,7 +343,7 @@ class BatchSizeBalancer:
         balancer = cls(**state["config"])
         table = balancer._table
         for silo, saved in state["silos"].items():
-            table.register(str(silo), SiloModel.from_state(saved))
+            table.register(str(silo), SiloModel.model_validate(saved))
         if "pooled_shape" in state:
             table.pooled_shape = float(state["pooled_shape"]["value"])
             table.shapes_changed = bool(state["pooled_shape"]["stale"])

@@ -19,7 +19,6 @@ from typing import Any, overload
 import numpy as np
 
 from ..balancer_settings import ModelSettings
-from .costfit import CostFit
 from .detector import RUN, new_runs
 from .estimators import MachineUse
 from .reports import SiloReport
@@ -116,7 +115,7 @@ class SiloColumns:
         """Put a silo's record into row ``index``."""
         f = self.floats
         self.estimator.restart(self.est, np.array([index]))
-        self.estimator.load(self.est, index, model.estimator)
+        self.estimator.load(self.est, index, model.estimator.model_dump())
         history = list(model.history)[-self.width :]
         self.hist_n[index] = len(history)
         for c, (x, t) in enumerate(history):
@@ -135,25 +134,26 @@ class SiloColumns:
         f["noise"][index] = math.nan if model.noise is None else model.noise
         f["knee"][index] = model.knee
         self.reports[index] = model.reports
-        self.last[index] = dict(model.last)
-        last = model.last.get("batch_size")
-        f["last_size"][index] = math.nan if last is None else float(last)
+        last = {} if model.last is None else model.last.model_dump(exclude_unset=True)
+        self.last[index] = last
+        f["last_size"][index] = float(last.get("batch_size", math.nan))
         fit = model.fit
         values = (
             (math.nan,) * len(FIT_FIELDS)
             if fit is None
-            else (fit.slope, fit.intercept, fit.anchor, fit.level, fit.noise, fit.weight,
-                  *fit.spread, fit.knee)
+            else (fit.slope, fit.intercept, fit.anchor, fit.level,
+                  math.nan if fit.noise is None else fit.noise, fit.weight, *fit.spread,
+                  fit.knee)
         )  # fmt: skip
         for name, v in zip(FIT_FIELDS, values, strict=True):
             f[f"fit_{name}"][index] = v
 
     def record(self, index: int) -> SiloModel:
-        """Row ``index`` as a silo's record."""
+        """Row ``index`` as a silo's record (validated as a checkpoint's silo is)."""
         f = self.floats
         n, run = int(self.hist_n[index]), int(self.run["n"][index])
         history = [
-            Observation(int(x), float(t))
+            [int(x), t]
             for x, t in zip(
                 self.hist_x[index, :n].tolist(), self.hist_t[index, :n].tolist(), strict=True
             )
@@ -164,39 +164,34 @@ class SiloColumns:
                 *(self.run[name][index, :run].tolist() for name in (*RUN, "held")), strict=True
             )
         ]
-        return SiloModel(
-            estimator=self.estimator.silo_state(self.est, index),
-            history=history,
-            pending=pending,
-            max_batch_size=_optional(f["cap"][index], int),
-            steps=float(f["steps"][index]),
-            fixed_time=_optional(f["fixed"][index], float),
-            last=self.last_fields(index),
-            reports=int(self.reports[index]),
-            shape=_optional(f["shape"][index], float),
-            noise=_optional(f["noise"][index], float),
-            boost=float(f["boost"][index]),
-            fit=self.fit(index),
-            knee=float(f["knee"][index]),
-            index=index,
-        )
+        fit = [float(f[f"fit_{name}"][index]) for name in FIT_FIELDS]
+        return SiloModel.model_validate({
+            "estimator": self.estimator.silo_state(self.est, index),
+            "history": history,
+            "max_batch_size": _optional(f["cap"][index], int),
+            "steps": float(f["steps"][index]),
+            "fixed_time": _optional(f["fixed"][index], float),
+            "last": self.last_fields(index),
+            "reports": int(self.reports[index]),
+            "shape": _optional(f["shape"][index], float),
+            "noise": _optional(f["noise"][index], float),
+            "pending": pending,
+            "boost": float(f["boost"][index]),
+            "fit": None if math.isnan(fit[0]) else {
+                "slope": fit[0], "intercept": fit[1], "anchor": fit[2], "level": fit[3],
+                "noise": _optional(fit[4], float), "weight": fit[5], "spread": fit[6:8],
+                "knee": fit[8],
+            },
+            "knee": float(f["knee"][index]),
+        })  # fmt: skip
 
     def last_fields(self, index: int) -> dict[str, Any]:
         """The fields of the silo's last report (``{}``: none)."""
         last = self.last[index]
-        if isinstance(last, SiloReport):
-            return {k: v for k, v in vars(last).items() if v is not None}
+        if isinstance(last, SiloReport):  # plain numbers (a report may hold numpy's)
+            fields = {k: v for k, v in vars(last).items() if v is not None}
+            return {k: v.item() if isinstance(v, np.generic) else v for k, v in fields.items()}
         return {} if last is None else dict(last)
-
-    def fit(self, index: int) -> CostFit | None:
-        """The silo's last robust fit (``None``: none)."""
-        v = [float(self.floats[f"fit_{name}"][index]) for name in FIT_FIELDS]
-        if math.isnan(v[0]):
-            return None
-        return CostFit(
-            slope=v[0], intercept=v[1], anchor=v[2], level=v[3], noise=v[4], weight=v[5],
-            spread=(v[6], v[7]), knee=v[8],
-        )  # fmt: skip
 
 
 class History(Sequence[Observation]):
