@@ -120,9 +120,13 @@ def _column(values: list[object], optional: bool) -> tuple[np.ndarray, np.ndarra
             nones = None in values
             plain = [math.nan if v is None else v for v in values] if nones else values
             out = np.array(plain, dtype=np.float64)
+            if not optional:
+                return out, np.zeros(len(values), dtype=bool)
             # an optional field's NaN is a bad value, not an absent one
-            given = np.fromiter((v is not None for v in values), bool, len(values))
-            return out, np.isnan(out) & given if optional else np.zeros(len(values), bool)
+            bad = np.isnan(out)
+            if nones and bad.any():
+                bad &= np.fromiter((v is not None for v in values), bool, len(values))
+            return out, bad
         except OverflowError:
             pass
     out, bad = np.full(len(values), np.nan), np.zeros(len(values), dtype=bool)
