@@ -91,7 +91,7 @@ class BatchSizeBalancer:
     fit : {"robust", "wls"}
         Cost fit: :func:`~fl_lbbsp.core.silo.costfit.fit_robust_cost` or weighted least squares.
     change_sigmas : float | None
-        Change detection (:class:`~fl_lbbsp.core.silo.change.ChangeDetector`): a report beyond
+        Change detection (:func:`~fl_lbbsp.core.silo.detector.observe_run`): a report beyond
         ``max(log(1 + change_threshold), change_sigmas * noise)`` of the silo's level is
         held; ``None``: no detection.
     change_threshold : float

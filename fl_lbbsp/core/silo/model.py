@@ -2,7 +2,7 @@
 
 Every report of a silo (batch size x, seconds t) is judged against the silo's own earlier
 reports near x (:meth:`SiloTable.near_levels`) by the change detector (the run of
-deviations of :class:`~fl_lbbsp.core.silo.change.ChangeDetector`, here over columns): a normal
+deviations of :func:`~fl_lbbsp.core.silo.detector.observe_run`, over columns): a normal
 report feeds the speed estimator and the history window; a held one (a possible change)
 feeds nothing; a confirmed change restarts the estimator and the window from the reports
 that confirmed it (a co-tenant came or went), keeping the fit's shape and noise. After the
