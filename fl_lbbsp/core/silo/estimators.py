@@ -18,6 +18,7 @@ level confirmed by the one change detector (:mod:`.detector`).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any, ClassVar, NamedTuple, TypeVar
@@ -56,7 +57,7 @@ class MachineUse(NamedTuple):
     memory: np.ndarray
 
 
-class SpeedEstimator(BaseModel):
+class SpeedEstimator(BaseModel, ABC):
     """An estimator of every silo's speed: its settings are the fields, its silos' state
     the columns of :meth:`fresh`.
 
@@ -75,12 +76,12 @@ class SpeedEstimator(BaseModel):
         """The columns of ``rows`` silos never observed."""
         return {"value": np.full(rows, np.nan)}
 
+    @abstractmethod
     def update(
         self, state: State, rows: np.ndarray, speeds: np.ndarray, use: MachineUse | None
     ) -> None:
         """Feed one speed (samples per second, positive) to each of ``rows`` (distinct),
         and the machine's use during its round where :attr:`uses_machine`."""
-        raise NotImplementedError
 
     def predict(self, state: State, rows: np.ndarray) -> np.ndarray:
         """The predicted speeds of ``rows`` (NaN: no observation yet)."""
