@@ -195,11 +195,6 @@ class SiloModel(OpenRecord):
         """The JSON form (what a checkpoint holds; the fields given, no defaults added)."""
         return self.model_dump(mode="json", exclude_unset=True)
 
-    @property
-    def observations(self) -> list[Observation]:
-        """The history window as observations, oldest first."""
-        return [Observation(x, t) for x, t in self.history]
-
 
 def _integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
