@@ -327,12 +327,12 @@ def predict_series(
 ) -> tuple[np.ndarray, float]:
     """One-step-ahead predictions of predictor ``key`` over a series (NaN before the
     first observation) and the mean seconds per update + predict."""
-    from fl_lbbsp.core import make_estimator
+    from fl_lbbsp.core import Predictor, parse_estimator
 
     name, options, _ = PREDICTORS[key]
     if name == "narx":
         options = {**narx, "background": False}
-    estimator = make_estimator(name, alpha=0.2, options=options)
+    estimator = Predictor(parse_estimator(name, alpha=0.2, options=options))
     out = np.full(len(speed), np.nan)
     start = time.perf_counter()
     for k in range(len(speed)):

@@ -1,4 +1,5 @@
-"""Tests for fl_lbbsp.core.silo.estimators: last value, EMA, change-aware EMA, state round trip."""
+"""Tests for fl_lbbsp.core.silo.estimators: last value, EMA, change-aware EMA (one silo: a
+table of one row), state round trip, the registry and a toy estimator added to it."""
 
 from __future__ import annotations
 
@@ -7,25 +8,30 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_lbbsp.core import (
-    ChangeAwareEMAEstimator,
-    EMAEstimator,
-    LastValueEstimator,
+    EMA,
+    ESTIMATORS,
+    BatchSizeBalancer,
+    ChangeAwareEMA,
+    Last,
+    Predictor,
+    SiloReport,
     SpeedEstimator,
-    estimator_from_state,
-    make_estimator,
+    parse_estimator,
 )
+from fl_lbbsp.core.silo.estimators import MachineUse, State, estimator_from_state, registered
 
 speeds = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False, allow_infinity=False)
 
 
 def test_ema_follows_recursion_initialised_by_first_value() -> None:
     # Prepare
-    estimator = EMAEstimator(alpha=0.2)
+    estimator = Predictor(EMA(alpha=0.2))
     observed = [10.0, 20.0, 5.0, 5.0, 40.0]
 
     # Execute
@@ -49,7 +55,7 @@ def test_ema_follows_recursion_initialised_by_first_value() -> None:
 )
 def test_ema_matches_reference_recursion(observed: list[float], alpha: float) -> None:
     # Prepare
-    estimator = EMAEstimator(alpha=alpha)
+    estimator = Predictor(EMA(alpha=alpha))
 
     # Execute
     for speed in observed:
@@ -59,14 +65,15 @@ def test_ema_matches_reference_recursion(observed: list[float], alpha: float) ->
     expected = observed[0]
     for speed in observed[1:]:
         expected = alpha * speed + (1.0 - alpha) * expected
-    assert estimator.predict() == pytest.approx(expected, rel=1e-9)
-    assert min(observed) * (1 - 1e-9) <= estimator.predict() <= max(observed) * (1 + 1e-9)
+    value = estimator.predict()
+    assert value == pytest.approx(expected, rel=1e-9)
+    assert value is not None and min(observed) * (1 - 1e-9) <= value <= max(observed) * (1 + 1e-9)
 
 
 def test_ema_with_alpha_one_is_last_value() -> None:
     # Prepare
-    ema = EMAEstimator(alpha=1.0)
-    last = LastValueEstimator()
+    ema = Predictor(EMA(alpha=1.0))
+    last = Predictor(Last())
 
     # Execute
     for speed in [3.0, 7.0, 1.5]:
@@ -79,21 +86,16 @@ def test_ema_with_alpha_one_is_last_value() -> None:
 
 def test_predict_is_none_before_any_observation() -> None:
     # Prepare / Execute
-    estimators = [
-        EMAEstimator(),
-        LastValueEstimator(),
-        make_estimator("ema"),
-        make_estimator("last"),
-    ]
+    estimators = [EMA(), Last(), ChangeAwareEMA(), parse_estimator("ema"), parse_estimator("last")]
 
     # Assert
-    assert all(e.predict() is None for e in estimators)
+    assert all(Predictor(e).predict() is None for e in estimators)
     assert all(isinstance(e, SpeedEstimator) for e in estimators)
 
 
 def test_last_value_returns_latest_observation() -> None:
     # Prepare
-    estimator = LastValueEstimator()
+    estimator = Predictor(Last())
 
     # Execute / Assert
     for speed in [4.0, 100.0, 0.5]:
@@ -109,26 +111,29 @@ def test_last_value_returns_latest_observation() -> None:
 def test_ema_rejects_alpha_outside_unit_interval(alpha: object) -> None:
     # Prepare / Execute / Assert
     with pytest.raises(ValueError, match="alpha") as info:
-        EMAEstimator(alpha=alpha)  # type: ignore[arg-type]
+        EMA(alpha=alpha)  # type: ignore[arg-type]
     assert repr(alpha) in str(info.value)
 
 
 @pytest.mark.parametrize("alpha", [0, -0.1, 1.5, float("nan"), True])
-def test_make_estimator_rejects_bad_alpha(alpha: object) -> None:
+def test_parse_estimator_rejects_bad_alpha_on_one_line(alpha: object) -> None:
     # Prepare / Execute / Assert
-    with pytest.raises(ValueError, match="alpha"):
-        make_estimator("ema", alpha=alpha)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="alpha") as info:
+        parse_estimator("ema", alpha=alpha)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
 
 
-def test_make_estimator_rejects_unknown_name() -> None:
+def test_parse_estimator_rejects_unknown_name_and_option() -> None:
     # Prepare / Execute / Assert
     with pytest.raises(ValueError, match="'narx-typo'"):
-        make_estimator("narx-typo")
+        parse_estimator("narx-typo")
+    with pytest.raises(ValueError, match="warmup"):
+        parse_estimator("ema", options={"warmup": 4})
 
 
 @pytest.mark.parametrize(
     "factory",
-    [EMAEstimator, LastValueEstimator, ChangeAwareEMAEstimator],
+    [EMA, Last, ChangeAwareEMA],
     ids=["ema", "last", "change-ema"],
 )
 @pytest.mark.parametrize(
@@ -138,7 +143,7 @@ def test_make_estimator_rejects_unknown_name() -> None:
 )
 def test_update_rejects_non_finite_or_non_positive_speed(factory: type, speed: float) -> None:
     # Prepare
-    estimator = factory()
+    estimator = Predictor(factory())
     estimator.update(2.0)
 
     # Execute
@@ -149,16 +154,12 @@ def test_update_rejects_non_finite_or_non_positive_speed(factory: type, speed: f
     assert estimator.predict() == 2.0
 
 
-@pytest.mark.parametrize(
-    "factory",
-    [EMAEstimator, LastValueEstimator, ChangeAwareEMAEstimator],
-    ids=["ema", "last", "change-ema"],
-)
+@pytest.mark.parametrize("name", ["ema", "last", "change-ema"])
 @pytest.mark.parametrize("value", [0.0, -3.0, float("nan"), float("inf")])
-def test_constructor_rejects_bad_resume_value(factory: type, value: float) -> None:
+def test_a_bad_resume_value_is_refused(name: str, value: float) -> None:
     # Prepare / Execute / Assert
     with pytest.raises(ValueError, match="speed"):
-        factory(value=value)
+        Predictor.from_state({"name": name, "value": value})
 
 
 @settings(max_examples=40, deadline=None)
@@ -172,15 +173,15 @@ def test_state_round_trip_predicts_the_same(
     name: str, alpha: float, observed: list[float], following: list[float]
 ) -> None:
     # Prepare
-    original = make_estimator(name, alpha=alpha)
+    original = Predictor(parse_estimator(name, alpha=alpha))
     for speed in observed:
         original.update(speed)
 
     # Execute: through JSON, as the balancer checkpoints it
-    restored = estimator_from_state(json.loads(json.dumps(original.state())))
+    restored = Predictor.from_state(json.loads(json.dumps(original.state())))
 
     # Assert: same prediction now, and after the same further observations
-    assert restored.name == original.name
+    assert restored.estimator == original.estimator
     assert restored.predict() == original.predict()
     for speed in following:
         original.update(speed)
@@ -196,7 +197,7 @@ def test_estimator_from_state_rejects_unknown_name() -> None:
 
 def test_ema_prediction_is_finite_after_extreme_but_valid_speeds() -> None:
     # Prepare
-    estimator = EMAEstimator(alpha=0.2)
+    estimator = Predictor(EMA(alpha=0.2))
 
     # Execute
     for speed in [1e-300, 1e300, 1e-300]:
@@ -224,7 +225,7 @@ def test_core_imports_without_flwr_or_torch() -> None:
 
 
 # ------------------------------------------------------------------ change-aware EMA
-def _feed(estimator: SpeedEstimator, observed: list[float]) -> list[float | None]:
+def _feed(estimator: Predictor, observed: list[float]) -> list[float | None]:
     predictions = []
     for speed in observed:
         estimator.update(speed)
@@ -236,8 +237,8 @@ def _feed(estimator: SpeedEstimator, observed: list[float]) -> list[float | None
 @given(observed=st.lists(speeds, min_size=1, max_size=12), alpha=st.floats(0.01, 1.0))
 def test_change_ema_with_huge_threshold_is_the_ema(observed: list[float], alpha: float) -> None:
     # Prepare
-    change = ChangeAwareEMAEstimator(alpha=alpha, threshold=1e12)
-    ema = EMAEstimator(alpha=alpha)
+    change = Predictor(ChangeAwareEMA(alpha=alpha, threshold=1e12))
+    ema = Predictor(EMA(alpha=alpha))
 
     # Execute
     got, expected = _feed(change, observed), _feed(ema, observed)
@@ -248,7 +249,7 @@ def test_change_ema_with_huge_threshold_is_the_ema(observed: list[float], alpha:
 
 def test_change_ema_restarts_at_a_confirmed_step() -> None:
     # Prepare: a level of 100, then a co-tenant halves the speed
-    estimator = ChangeAwareEMAEstimator(alpha=0.2, threshold=0.2, confirm=2)
+    estimator = Predictor(ChangeAwareEMA(alpha=0.2, threshold=0.2, confirm=2))
     _feed(estimator, [100.0, 102.0, 98.0])
     before = estimator.predict()
 
@@ -263,7 +264,7 @@ def test_change_ema_restarts_at_a_confirmed_step() -> None:
 
 def test_change_ema_ignores_a_single_spike() -> None:
     # Prepare
-    estimator = ChangeAwareEMAEstimator(alpha=0.5, threshold=0.2, confirm=2)
+    estimator = Predictor(ChangeAwareEMA(alpha=0.5, threshold=0.2, confirm=2))
     _feed(estimator, [100.0])
 
     # Execute: a spike, then back to normal
@@ -275,7 +276,7 @@ def test_change_ema_ignores_a_single_spike() -> None:
 
 def test_change_ema_needs_deviations_on_the_same_side() -> None:
     # Prepare
-    estimator = ChangeAwareEMAEstimator(alpha=0.2, threshold=0.2, confirm=2)
+    estimator = Predictor(ChangeAwareEMA(alpha=0.2, threshold=0.2, confirm=2))
     _feed(estimator, [100.0])
 
     # Execute: one deviation up, one down: no change of level is confirmed
@@ -287,7 +288,7 @@ def test_change_ema_needs_deviations_on_the_same_side() -> None:
 
 def test_change_ema_with_confirm_one_restarts_at_once() -> None:
     # Prepare
-    estimator = ChangeAwareEMAEstimator(threshold=0.1, confirm=1)
+    estimator = Predictor(ChangeAwareEMA(threshold=0.1, confirm=1))
     _feed(estimator, [100.0])
 
     # Execute
@@ -308,7 +309,7 @@ def test_change_ema_prediction_stays_within_observed_range(
     observed: list[float], threshold: float, confirm: int
 ) -> None:
     # Prepare
-    estimator = ChangeAwareEMAEstimator(threshold=threshold, confirm=confirm)
+    estimator = Predictor(ChangeAwareEMA(threshold=threshold, confirm=confirm))
 
     # Execute
     predictions = _feed(estimator, observed)
@@ -330,8 +331,8 @@ def test_change_ema_prediction_stays_within_observed_range(
         ({"confirm": 0}, "confirm"),
         ({"confirm": 1.5}, "confirm"),
         ({"alpha": 0}, "alpha"),
-        ({"pending": [1.0, 2.0], "confirm": 2}, "pending"),
-        ({"pending": [-1.0]}, "speed"),
+        ({"value": 1.0, "pending": [1.0, 2.0], "confirm": 2}, "pending"),
+        ({"value": 1.0, "pending": [-1.0]}, "speed"),
     ],
     ids=[
         "threshold-zero",
@@ -348,25 +349,72 @@ def test_change_ema_prediction_stays_within_observed_range(
 def test_change_ema_rejects_bad_settings(kwargs: dict[str, object], message: str) -> None:
     # Prepare / Execute / Assert
     with pytest.raises(ValueError, match=message):
-        ChangeAwareEMAEstimator(**kwargs)  # type: ignore[arg-type]
+        Predictor.from_state({"name": "change-ema", **kwargs})
 
 
-def test_make_estimator_builds_change_ema_with_options() -> None:
+def test_parse_estimator_builds_change_ema_with_options() -> None:
     # Execute
-    estimator = make_estimator("change-ema", alpha=0.3, options={"threshold": 0.5, "confirm": 3})
+    estimator = parse_estimator("change-ema", alpha=0.3, options={"threshold": 0.5, "confirm": 3})
 
     # Assert
-    assert isinstance(estimator, ChangeAwareEMAEstimator)
+    assert isinstance(estimator, ChangeAwareEMA)
     assert (estimator.alpha, estimator.threshold, estimator.confirm) == (0.3, 0.5, 3)
 
 
 def test_state_round_trip_keeps_pending_deviations() -> None:
     # Prepare: one deviation pending
-    original = ChangeAwareEMAEstimator(confirm=2)
+    original = Predictor(ChangeAwareEMA(confirm=2))
     _feed(original, [100.0, 40.0])
 
     # Execute
-    restored = estimator_from_state(json.loads(json.dumps(original.state())))
+    restored = Predictor.from_state(json.loads(json.dumps(original.state())))
 
     # Assert: the next low observation confirms the change in both
     assert _feed(restored, [42.0]) == _feed(original, [42.0]) == [pytest.approx(41.0)]
+
+
+# ------------------------------------------------------------------ the registry
+class Halved(SpeedEstimator):
+    """A toy estimator: half the last speed (one class, one registry entry)."""
+
+    name = "toy-halved"
+
+    def update(
+        self, state: State, rows: np.ndarray, speeds: np.ndarray, use: MachineUse | None
+    ) -> None:
+        state["value"][rows] = speeds / 2
+
+
+def test_a_toy_estimator_added_to_the_registry_drives_a_balancer_end_to_end() -> None:
+    # Prepare: three silos of speeds 400, 200, 100
+    ids = ["a", "b", "c"]
+    times = {"a": 0.08, "b": 0.16, "c": 0.32}
+    with registered(Halved):
+        balancer = BatchSizeBalancer(
+            initial_batch_size=32, estimator=Halved(), allocator="proportional",
+            max_change_ratio=None, noise_budget=None,
+        )  # fmt: skip
+
+        # Execute: two rounds, a checkpoint round trip, and its name at the boundary
+        for _ in range(2):
+            balancer.report_round({s: SiloReport(batch_size=32, train_time=times[s]) for s in ids})
+        sizes = balancer.allocate(ids)
+        restored = BatchSizeBalancer.from_json(balancer.to_json())
+        named = BatchSizeBalancer(initial_batch_size=32, estimator="toy-halved")
+        assert "toy-halved" in ESTIMATORS
+
+    # Assert: its predictions, the split they give, kept across the round trip; the
+    # registry holds it no longer after the block
+    assert balancer.predicted_speed("a") == pytest.approx(200.0)
+    assert sizes == {"a": 55, "b": 27, "c": 14}
+    assert restored.allocate(ids) == sizes and restored.speed_estimator == Halved()
+    assert isinstance(named.speed_estimator, Halved)
+    assert "toy-halved" not in ESTIMATORS
+    with pytest.raises(ValueError, match="toy-halved"):
+        parse_estimator("toy-halved")
+
+
+def test_estimator_options_go_with_a_name_only() -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match="estimator_options"):
+        BatchSizeBalancer(initial_batch_size=32, estimator=EMA(), estimator_options={"x": 1})

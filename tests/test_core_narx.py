@@ -7,14 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fl_lbbsp.core import (
-    BatchSizeBalancer,
-    EMAEstimator,
-    LastValueEstimator,
-    SiloReport,
-    estimator_from_state,
-)
-from fl_lbbsp.core.silo.narx import NARXEstimator
+from fl_lbbsp.core import EMA, NARX, BatchSizeBalancer, Last, Predictor, SiloReport
 
 pytest.importorskip("torch")
 
@@ -36,7 +29,15 @@ def _contention_trace(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np
     return speed, cpu, memory
 
 
-def _rmse(estimator, speed, cpu, memory, start: int) -> float:
+def _narx(**settings: object) -> Predictor:
+    return Predictor(NARX(**settings))  # type: ignore[arg-type]
+
+
+def _trained(predictor: Predictor) -> bool:
+    return bool(predictor.columns["network"][0].trained)
+
+
+def _rmse(estimator: Predictor, speed, cpu, memory, start: int) -> float:  # type: ignore[no-untyped-def]
     errors = []
     for k in range(len(speed)):
         if k >= start:
@@ -47,8 +48,8 @@ def _rmse(estimator, speed, cpu, memory, start: int) -> float:
 
 def test_before_warmup_narx_is_the_ema() -> None:
     # Prepare
-    narx = NARXEstimator(warmup=50, background=False)
-    ema = EMAEstimator(alpha=0.2)
+    narx = _narx(warmup=50, background=False)
+    ema = Predictor(EMA(alpha=0.2))
     speed, cpu, memory = _contention_trace(40)
 
     # Execute / Assert
@@ -56,52 +57,52 @@ def test_before_warmup_narx_is_the_ema() -> None:
         narx.update(speed[k], cpu_percent=cpu[k], memory_percent=memory[k])
         ema.update(speed[k])
         assert narx.predict() == ema.predict()
-    assert not narx.trained
+    assert not _trained(narx)
 
 
 def test_narx_beats_ema_when_cpu_explains_the_speed() -> None:
     # Prepare: the co-tenant's CPU use is visible to NARX, not to the EMA
     speed, cpu, memory = _contention_trace(400, seed=1)
-    narx = NARXEstimator(warmup=150, background=False)
+    narx = _narx(warmup=150, background=False)
 
     # Execute
     narx_rmse = _rmse(narx, speed, cpu, memory, start=200)
-    ema_rmse = _rmse(EMAEstimator(alpha=0.2), speed, cpu, memory, start=200)
-    last_rmse = _rmse(LastValueEstimator(), speed, cpu, memory, start=200)
+    ema_rmse = _rmse(Predictor(EMA(alpha=0.2)), speed, cpu, memory, start=200)
+    last_rmse = _rmse(Predictor(Last()), speed, cpu, memory, start=200)
 
     # Assert: robust to the jitter (unlike the last value), quick on the co-tenant
     # (unlike the EMA)
-    assert narx.trained
+    assert _trained(narx)
     assert narx_rmse < 0.9 * min(ema_rmse, last_rmse)
 
 
 def test_background_training_gives_the_same_model_as_inline_training() -> None:
     # Prepare
     speed, cpu, memory = _contention_trace(60, seed=2)
-    inline = NARXEstimator(warmup=30, train_every=100, background=False)
-    background = NARXEstimator(warmup=30, train_every=100, background=True)
+    inline = _narx(warmup=30, train_every=100, background=False)
+    background = _narx(warmup=30, train_every=100, background=True)
 
     # Execute
     for k in range(60):
         for estimator in (inline, background):
             estimator.update(speed[k], cpu_percent=cpu[k], memory_percent=memory[k])
-    background.wait(timeout=60)
+    background.columns["network"][0].wait(timeout=60)
 
     # Assert
-    assert background.trained and inline.trained
+    assert _trained(background) and _trained(inline)
     assert background.predict() == pytest.approx(inline.predict(), rel=1e-9)
 
 
 def test_state_round_trips_through_json() -> None:
     # Prepare
     speed, cpu, memory = _contention_trace(80, seed=3)
-    narx = NARXEstimator(warmup=40, background=False)
+    narx = _narx(warmup=40, background=False)
     for k in range(80):
         narx.update(speed[k], cpu_percent=cpu[k], memory_percent=memory[k])
 
     # Execute
     state = json.loads(json.dumps(narx.state()))
-    rebuilt = estimator_from_state(state)
+    rebuilt = Predictor.from_state(state)
 
     # Assert
     assert rebuilt.predict() == narx.predict()
@@ -115,7 +116,7 @@ def test_state_round_trips_through_json() -> None:
 )
 def test_constructor_rejects_bad_settings(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
-        NARXEstimator(**kwargs)  # type: ignore[arg-type]
+        NARX(**kwargs)  # type: ignore[arg-type]
 
 
 def test_balancer_passes_cpu_and_memory_to_narx() -> None:

@@ -7,21 +7,34 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_lbbsp.core import BatchSizeBalancer, ChangeAwareEMAEstimator, SiloReport
+from fl_lbbsp.core import BatchSizeBalancer, ChangeAwareEMA, Predictor, SiloReport
 from fl_lbbsp.core.allocation.pipeline import ALLOCATION_REASONS, hold
-from fl_lbbsp.core.balancer_settings import ModelSettings
-from fl_lbbsp.core.silo.change import ChangeDetector, Deviation
+from fl_lbbsp.core.silo.detector import new_runs, observe_run
 from fl_lbbsp.core.silo.model import ROW, SiloModel
 from fl_lbbsp.core.slowdown import shared_slowdown
 from fl_lbbsp.distributed.gate import WindowTally, auto_every
 
 
-def _entry(deviation: float, limit: float = 0.2) -> Deviation:
-    return Deviation(32, 1.0, 32.0, deviation, abs(deviation) > limit)
+def _detect(
+    deviations: list[float], *, confirm: int = 2, width: int = 20, floor: float = 0.0
+) -> tuple[list[str], dict[str, np.ndarray]]:
+    """Each deviation's verdict from the one change detector (a silo's run, a table of
+    one row; limit 0.2), and the run after them."""
+    run, row = new_runs(1, width), np.zeros(1, dtype=np.intp)
+    verdicts = []
+    for d in deviations:
+        held = abs(d) > 0.2
+        entry = (np.array([32.0]), np.array([1.0]), np.array([32.0]), np.array([d]))
+        change = observe_run(
+            run, row, entry, np.array([held]), limit=0.2, floor=floor, confirm=confirm
+        )[0]
+        verdicts.append("change" if change else "held" if held else "normal")
+    return verdicts, run
 
 
 # ---------------------------------------------------------------- change detector
@@ -37,55 +50,30 @@ def _entry(deviation: float, limit: float = 0.2) -> Deviation:
 def test_the_detector_confirms_a_run_of_held_deviations_to_one_side(
     deviations: list[float], verdicts: list[str]
 ) -> None:
-    # Prepare
-    detector = ChangeDetector(confirm=2, window=20, cusum=False)
-
-    # Execute
-    seen = [detector.observe(_entry(d), limit=0.2) for d in deviations]
+    # Execute: a run of 2 (no CUSUM test)
+    seen, _ = _detect(deviations, width=2)
 
     # Assert
     assert seen == verdicts
 
 
-def test_the_detector_hands_the_confirming_observations_over_once() -> None:
-    # Prepare
-    detector = ChangeDetector(confirm=2, window=20)
-    detector.observe(_entry(0.05), limit=0.2)
-
+def test_the_detector_keeps_only_the_confirming_observations() -> None:
     # Execute
-    verdicts = [detector.observe(_entry(0.6), limit=0.2) for _ in range(2)]
-    confirmed = detector.take()
+    verdicts, run = _detect([0.05, 0.6, 0.6])
 
-    # Assert: the two held ones, not the normal one before them; the run is empty after
-    assert verdicts == ["held", "change"]
-    assert [e.deviation for e in confirmed] == [0.6, 0.6]
-    assert detector.run == []
+    # Assert: the two held ones, not the normal one before them
+    assert verdicts == ["normal", "held", "change"]
+    assert run["dev"][0, : run["n"][0]].tolist() == [0.6, 0.6]
 
 
-def test_the_cusum_test_confirms_a_step_hidden_in_the_noise() -> None:
-    # Prepare: deviations below the single-report limit, all to one side
-    with_cusum = ChangeDetector(confirm=2, window=20, cusum=True)
-    without = ChangeDetector(confirm=2, window=20, cusum=False)
-
-    # Execute
-    a = [with_cusum.observe(_entry(0.18), limit=0.2, floor=0.1) for _ in range(3)]
-    b = [without.observe(_entry(0.18), limit=0.2, floor=0.1) for _ in range(3)]
+@pytest.mark.parametrize(("width", "last"), [(20, "change"), (2, "normal")])
+def test_the_cusum_test_confirms_a_step_hidden_in_the_noise(width: int, last: str) -> None:
+    # Execute: deviations below the single-report limit, all to one side; a run no
+    # longer than confirm takes no CUSUM test
+    verdicts, _ = _detect([0.18] * 3, width=width, floor=0.1)
 
     # Assert
-    assert a[-1] == "change"
-    assert b == ["normal"] * 3
-
-
-@pytest.mark.parametrize(
-    ("saved", "held"), [([32, 1.5, 21.3, 0.4, False], False), ([32, 1.5, 21.3, 0.4], True)]
-)
-def test_a_deviation_round_trips_its_checkpoint_form(saved: list[float], held: bool) -> None:
-    # Execute
-    entry = Deviation.from_list(saved)
-
-    # Assert: an older form without the held flag reads as held
-    assert entry.held is held
-    assert entry.to_list()[:4] == saved[:4]
+    assert verdicts[-1] == last and verdicts[:2] == ["normal", "normal"]
 
 
 def _old_change_ema(
@@ -125,7 +113,7 @@ def test_the_change_aware_ema_behaves_as_before_over_the_shared_detector(
     speeds: list[float], alpha: float, threshold: float, confirm: int
 ) -> None:
     # Prepare
-    estimator = ChangeAwareEMAEstimator(alpha=alpha, threshold=threshold, confirm=confirm)
+    estimator = Predictor(ChangeAwareEMA(alpha=alpha, threshold=threshold, confirm=confirm))
     expected = _old_change_ema(speeds, alpha, threshold, confirm)
 
     # Execute
@@ -135,7 +123,8 @@ def test_the_change_aware_ema_behaves_as_before_over_the_shared_detector(
         seen.append((estimator.predict(), estimator.state()["pending"]))
 
     # Assert: the same average and the same pending observations after every update
-    assert seen == expected
+    assert [p for _, p in seen] == [p for _, p in expected]
+    assert [v for v, _ in seen] == pytest.approx([v for v, _ in expected], rel=1e-12)
 
 
 # ---------------------------------------------------------------- shared slowdown
@@ -224,13 +213,12 @@ def test_each_silo_carries_the_bound_that_bound_it(
 # ---------------------------------------------------------------- one silo's model
 def test_a_silo_model_round_trips_its_state_over_named_fields() -> None:
     # Prepare
-    settings_ = ModelSettings("ema", 0.2, {}, 20, 0.1, "robust", False, 2.5, 0.2, 2, 2.0)
     balancer = BatchSizeBalancer(initial_batch_size=32)
     _fed(balancer, [0.01, 0.02, 0.04], rounds=6)
     model = balancer._silos["s1"]
 
     # Execute
-    copy = SiloModel.from_state(model.state(), settings_)
+    copy = SiloModel.model_validate(model.state())
 
     # Assert: the same state, and the table's row read by field name
     assert copy.state() == model.state()

@@ -25,9 +25,9 @@ from .allocation.iterative import IterativeAllocator, IterativeStep
 from .allocation.pipeline import ALLOCATION_REASONS, Decision, order_guard, per_silo
 from .balancer_settings import ALLOCATORS, FITS, AllocationSettings, Allocator, Fit, ModelSettings
 from .settings import BALANCER_DEFAULTS, MAX_NOISE_BUDGET, NOISE_BUDGET
+from .silo.estimators import SpeedEstimator, parse_estimator
 from .silo.model import SiloModel, SiloTable
-from .silo.report_columns import report_columns
-from .silo.reports import InvalidReportError, SiloReport
+from .silo.reports import InvalidReportError, SiloReport, report_columns
 
 __all__ = [
     "ALLOCATION_REASONS",
@@ -57,11 +57,15 @@ class BatchSizeBalancer:
     ----------
     initial_batch_size : int
         B_init: every silo's batch size before any report; ``X = n * B_init``.
-    estimator : str
-        Speed predictor: ``"ema"``, ``"last"``, ``"narx"`` (torch trains it) or
-        ``"change-ema"`` (:class:`~fl_lbbsp.core.silo.estimators.ChangeAwareEMAEstimator`).
+    estimator : SpeedEstimator | str
+        Speed predictor, an object of the registry
+        (:data:`~fl_lbbsp.core.silo.estimators.ESTIMATORS`: ``EMA(alpha=0.2)``,
+        ``Last()``, ``ChangeAwareEMA(...)``, ``NARX(...)``, torch trains it), or its name,
+        parsed with ``alpha`` and ``estimator_options``
+        (:func:`~fl_lbbsp.core.silo.estimators.parse_estimator`).
     alpha : float
-        EMA weight of the latest observation, in (0, 1].
+        EMA weight of the latest observation, in (0, 1] (of the estimator named by a
+        string, and of each silo's fixed time).
     allocator : {"proportional", "linear", "iterative"}
         Alg. 1 (proportional to speed); the exact min-max over fitted cost lines
         ``t = a * max(x, k) + b`` (fixed costs such as encryption in b); Alg. 2
@@ -87,7 +91,7 @@ class BatchSizeBalancer:
     fit : {"robust", "wls"}
         Cost fit: :func:`~fl_lbbsp.core.silo.costfit.fit_robust_cost` or weighted least squares.
     change_sigmas : float | None
-        Change detection (:class:`~fl_lbbsp.core.silo.change.ChangeDetector`): a report beyond
+        Change detection (:func:`~fl_lbbsp.core.silo.detector.observe_run`): a report beyond
         ``max(log(1 + change_threshold), change_sigmas * noise)`` of the silo's level is
         held; ``None``: no detection.
     change_threshold : float
@@ -104,7 +108,7 @@ class BatchSizeBalancer:
     equal_split_margin : float
         The largest gain the equal-split guard asks for, in [0, 1).
     estimator_options : dict | None
-        Extra arguments of each silo's estimator.
+        Settings of the estimator named by a string (``warmup``, ``threshold``, ...).
     allocator_options : dict | None
         Extra arguments of the ``"iterative"`` allocator.
 
@@ -118,7 +122,7 @@ class BatchSizeBalancer:
         self,
         *,
         initial_batch_size: int,
-        estimator: str = _KNOBS["estimator"],
+        estimator: SpeedEstimator | str = _KNOBS["estimator"],
         alpha: float = _KNOBS["alpha"],
         allocator: Allocator = _KNOBS["allocator"],
         min_batch_size: int = _KNOBS["min_batch_size"],
@@ -144,15 +148,24 @@ class BatchSizeBalancer:
             noise_budget, max_change_ratio, order_tolerance, equal_split_guard,
             equal_split_margin,
         )  # fmt: skip
-        self.estimator_options = dict(estimator_options or {})
+        if isinstance(estimator, str):
+            estimator = parse_estimator(estimator, alpha=alpha, options=estimator_options)
+        elif estimator_options:
+            raise ValueError("estimator_options are for an estimator named by a string")
+        self.speed_estimator = estimator
+        # the estimator by name and settings (what a checkpoint's config holds)
+        options = estimator.model_dump(exclude_defaults=True)
+        if options.get("alpha") == alpha:
+            del options["alpha"]
+        self.estimator_options = options
         self.model_settings = ModelSettings(
-            estimator, float(alpha), self.estimator_options, history, float(min_fit_spread),
+            estimator, float(alpha), history, float(min_fit_spread),
             fit, allocator == "linear" and fit == "wls", change_sigmas, change_threshold,
             change_confirm, max_change_ratio,
         )  # fmt: skip
         self.allocator_options = dict(allocator_options or {})
         self._iterative = IterativeStep(IterativeAllocator(**self.allocator_options))
-        self.initial_batch_size, self.estimator = int(initial_batch_size), estimator
+        self.initial_batch_size, self.estimator = int(initial_batch_size), estimator.name
         self.alpha, self.allocator, self.fit = float(alpha), allocator, fit
         self.min_batch_size, self.history = int(min_batch_size), int(history)
         self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
@@ -330,7 +343,7 @@ class BatchSizeBalancer:
         balancer = cls(**state["config"])
         table = balancer._table
         for silo, saved in state["silos"].items():
-            table.register(str(silo), SiloModel.from_state(saved, balancer.model_settings))
+            table.register(str(silo), SiloModel.model_validate(saved))
         if "pooled_shape" in state:
             table.pooled_shape = float(state["pooled_shape"]["value"])
             table.shapes_changed = bool(state["pooled_shape"]["stale"])

@@ -14,14 +14,13 @@ Learning in Non-Dedicated Environments", IEEE TCC 2021, Sec. 4.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from .settings import MAX_NOISE_BUDGET
-from .silo.estimators import SpeedEstimator, make_estimator
+from .silo.estimators import SpeedEstimator
 from .silo.reports import check_positive_int, is_real
 
 __all__ = [
@@ -45,8 +44,10 @@ class ModelSettings:
 
     Parameters
     ----------
-    estimator, alpha, estimator_options
-        The speed estimator (:func:`~fl_lbbsp.core.silo.estimators.make_estimator`).
+    estimator : SpeedEstimator
+        The speed estimator (:mod:`~fl_lbbsp.core.silo.estimators`).
+    alpha : float
+        EMA weight of a silo's newest fixed time (and the ``wls`` fit's decay).
     history : int
         Reports kept in the window.
     min_fit_spread : float
@@ -70,9 +71,8 @@ class ModelSettings:
         On a value out of its range (the message names the setting).
     """
 
-    estimator: str
+    estimator: SpeedEstimator
     alpha: float
-    estimator_options: Mapping[str, Any]
     history: int
     min_fit_spread: float
     fit: Fit
@@ -84,7 +84,6 @@ class ModelSettings:
 
     def __post_init__(self) -> None:
         check_positive_int("history", self.history)
-        self.new_estimator()  # checks the name and options
         spread = self.min_fit_spread
         if not math.isfinite(spread) or spread < 0:
             raise ValueError(f"min_fit_spread must be >= 0, got {spread!r}")
@@ -99,11 +98,6 @@ class ModelSettings:
         confirm = self.change_confirm
         if isinstance(confirm, bool) or not isinstance(confirm, int | np.integer) or confirm < 1:
             raise ValueError(f"change_confirm must be an integer >= 1, got {confirm!r}")
-
-    def new_estimator(self) -> SpeedEstimator:
-        """A fresh speed estimator."""
-        options = dict(self.estimator_options)
-        return make_estimator(self.estimator, alpha=self.alpha, options=options)
 
     @property
     def max_boost(self) -> float:

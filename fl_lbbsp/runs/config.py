@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
 from ..core.settings import BalancingKnobs
-from ..core.silo.estimators import make_estimator
+from ..core.silo.estimators import parse_estimator
 from ..datasets import SourceSpec
 from ..models import ModelName
 
@@ -167,9 +167,7 @@ def writable_dir_problem(path: Path) -> str | None:
 def check_estimator_options(name: str, alpha: float, options: dict[str, Any]) -> None:
     """Refuse, before any round, estimator options the estimator would refuse."""
     try:
-        make_estimator(name, alpha=alpha, options=options)
-    except TypeError as err:  # an option the estimator does not have
-        raise ValueError(f"estimator_options {options}: {err}") from None
+        parse_estimator(name, alpha=alpha, options=options)
     except ValueError as err:
         raise ValueError(f"estimator_options {options}: {err}") from None
 

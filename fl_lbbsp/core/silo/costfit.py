@@ -3,15 +3,24 @@
 A silo's time is modelled as a hinge ``t(x) = a * max(x, k) + b``: flat up to the knee k
 (an underused core or GPU does a small batch in the time of a larger one), linear beyond
 (BOA, Yang et al.: ``t_i = A_i * b_i + c_i``; Chen et al., SoCC 2020, Sec. 3.3: linear on
-``[x_s, x_o]``). :func:`fit_robust_cost` fits the line robustly from a window of reports,
-:func:`find_knee` tells from the same window where the curve is flat, and
-:func:`fit_linear_cost` is the plain weighted least-squares fit of earlier versions.
+``[x_s, x_o]``). Every fit is written once, in numpy over a table of windows (each silo's
+window a row of two ``(N, W)`` arrays, batch sizes and times, oldest first, its ``n``
+reports in the first ``n`` columns): :func:`fit_robust_costs` fits the lines robustly,
+:func:`find_knees` tells where each curve is flat, :func:`fit_windows` does both. The
+one-window functions (:func:`fit_robust_cost`, :func:`find_knee`, :func:`robust_level`)
+check their input and run the same code on a table of one row. :func:`fit_linear_cost`
+is the plain weighted least-squares fit of earlier versions.
+
+Reference: Yang et al., BOA; Theil (1950) and Sen (1968) for the slope; James and Stein
+(1961) for the shrinkage; Chen et al., SoCC 2020, Sec. 3.3 for the line on ``[x_s, x_o]``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,9 +30,15 @@ __all__ = [
     "FLAT_SHARE",
     "MIN_SLOPE_SHARE",
     "CostFit",
+    "CostFits",
     "find_knee",
+    "find_knees",
     "fit_linear_cost",
     "fit_robust_cost",
+    "fit_robust_costs",
+    "fit_windows",
+    "masked_levels",
+    "masked_medians",
     "robust_level",
 ]
 
@@ -85,7 +100,7 @@ point on the per-sample part: a slope near 0 would hand the silo every sample.""
 
 @dataclass(frozen=True)
 class CostFit:
-    """A silo's cost line ``t = slope * x + intercept`` from :func:`fit_robust_cost`.
+    """A silo's cost line ``t = slope * x + intercept`` from :func:`fit_robust_costs`.
 
     Parameters
     ----------
@@ -108,7 +123,7 @@ class CostFit:
     spread : tuple of float
         Smallest and largest batch size of the window (where the line was observed).
     knee : float (default: 0.0)
-        Batch size up to which the time is flat (:func:`find_knee`): the curve is
+        Batch size up to which the time is flat (:func:`find_knees`): the curve is
         ``slope * max(x, knee) + intercept``; 0: a line.
     """
 
@@ -131,17 +146,336 @@ class CostFit:
         return self.slope * max(x, self.knee) + self.intercept
 
 
-def fit_robust_cost(
-    x: ArrayLike,
-    t: ArrayLike,
+TRIM = 0.2
+"""Share of the observations cut at each end by :func:`fit_robust_costs`'s level."""
+
+
+FLAT_SHARE = 0.1
+"""Largest elasticity ``d log t / d log x`` (the per-sample share of the time) at which
+:func:`find_knees` calls a curve flat: between two batch sizes where the time grows by
+less than a tenth of the batch size's relative growth, a smaller batch could save the
+silo at most a tenth of its time, and would add noise to the update for it."""
+
+SCATTER_REPORTS = 5
+"""Reports :func:`find_knees` pools (the run, the group tested and the next groups) for a
+scatter of its own: fewer scatter too little to tell a flat run from a noisy rise."""
+
+KNEE_SIGMAS = 2.0
+"""Standard errors by which the elasticity must clear :data:`FLAT_SHARE` for
+:func:`find_knees` to decide (flat or rising) rather than keep the knee it had."""
+
+
+_MAD = 1.4826  # the MAD's consistency factor under normal noise
+
+
+def _at(values: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``values[r, index[r]]`` of each row r."""
+    out: np.ndarray = values[np.arange(values.shape[0]), index]
+    return out
+
+
+def _filled(values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None) -> np.ndarray:
+    """``np.where(mask, values, inf)``: a copy of ``values`` where ``counts`` (the mask's
+    count of each row) say that the mask holds every position."""
+    if counts is not None and values.shape[1] and int(counts.min()) >= values.shape[1]:
+        return values.astype(np.result_type(values, np.inf), copy=True)
+    out: np.ndarray = np.where(mask, values, np.inf)
+    return out
+
+
+def masked_medians(
+    values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None = None
+) -> np.ndarray:
+    """Median of each row's values where ``mask`` (NaN where none); ``counts``, if given,
+    is ``mask``'s count of each row."""
+    rows, width = values.shape
+    if width == 0:
+        return np.full(rows, np.nan)
+    v = _filled(values, mask, counts)
+    v.sort(axis=1)
+    m = np.count_nonzero(mask, axis=1) if counts is None else counts
+    k = m // 2
+    index = np.arange(rows)
+    upper = v[index, np.minimum(k, width - 1)]
+    lower = v[index, np.maximum(k - 1, 0)]
+    out = np.where(m % 2 == 1, upper, 0.5 * (lower + upper))
+    return np.where(m > 0, out, np.nan)
+
+
+def _pair_medians(by_pair: np.ndarray, mask: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """:func:`masked_medians` of values and mask laid out ``(pairs, rows)`` (as
+    :func:`_differences` gives them), ``counts`` the mask's count of each row."""
+    width, rows = by_pair.shape
+    if width == 0:
+        return np.full(rows, np.nan)
+    v = np.where(mask, by_pair, np.inf)
+    v.sort(axis=0)
+    k = counts // 2
+    index = np.arange(rows)
+    upper = v[np.minimum(k, width - 1), index]
+    lower = v[np.maximum(k - 1, 0), index]
+    out = np.where(counts % 2 == 1, upper, 0.5 * (lower + upper))
+    return np.where(counts > 0, out, np.nan)
+
+
+_KEPT: dict[int, np.ndarray] = {}
+
+
+def _kept(width: int) -> np.ndarray:
+    """Row m: the sorted positions :func:`masked_levels` keeps of m values (the trimmed
+    ends cut), for m from 0 to ``width``."""
+    if width not in _KEPT:
+        m = np.arange(width + 1)
+        cut = (TRIM * m).astype(np.intp)
+        columns = np.arange(width)
+        _KEPT[width] = (columns >= cut[:, None]) & (columns < (m - cut)[:, None])
+    return _KEPT[width]
+
+
+def masked_levels(
+    values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None = None
+) -> np.ndarray:
+    """Robust level of each row's values where ``mask`` (NaN where none): the trimmed
+    geometric mean (``TRIM`` cut at each end, in log; the plain geometric mean of fewer
+    than 5 values; the trimmed arithmetic mean if any kept value is not positive), nearly
+    as efficient as the mean under log-normal jitter, robust to a spike like the median.
+    ``counts``, if given, is ``mask``'s count of each row."""
+    rows, width = values.shape
+    v = _filled(values, mask, counts)
+    v.sort(axis=1)
+    m = np.count_nonzero(mask, axis=1) if counts is None else counts
+    cut = (TRIM * m).astype(np.intp)
+    count = m - 2 * cut
+    keep = _kept(width)[m]
+    first = v[np.arange(rows), np.minimum(cut, width - 1)]
+    with np.errstate(all="ignore"):
+        kept = np.where(keep, v, 1.0)
+        np.log(kept, out=kept)  # 0 where not kept
+        out = np.exp(kept.sum(axis=1) / count)
+        signed = np.flatnonzero(~(first > 0))  # the arithmetic mean there
+        if signed.size:
+            out[signed] = np.where(keep[signed], v[signed], 0.0).sum(axis=1) / count[signed]
+    return np.where(m > 0, out, np.nan)
+
+
+def find_knees(
+    x: np.ndarray,
+    t: np.ndarray,
+    n: np.ndarray,
     *,
-    prior_shape: float = 0.0,
-    prior_noise: float | None = None,
-    prior_known: bool = True,
-    min_relative_spread: float = 0.1,
-    knee: float = 0.0,
-) -> CostFit:
-    """Robust fit of ``t = a * x + b`` over a window, shrunk toward a prior shape.
+    knee: np.ndarray,
+    noise: np.ndarray,
+    min_relative_spread: float,
+) -> np.ndarray:
+    """Batch size up to which a silo's time is flat, from a window of its reports.
+
+    The reports are grouped by batch size (within ``min_relative_spread``); from the
+    smallest group up, a group joins the flat run while the elasticity of the time from
+    the run's largest batch size to it, ``log(L_j / L_run) / log(x_j / x_top)`` (robust
+    levels L, the group's geometric-mean batch size x_j), is below :data:`FLAT_SHARE` by
+    :data:`KNEE_SIGMAS` standard errors (``noise * sqrt(1/n_run + 1/n_j)`` over the log
+    ratio). A run of at least two groups puts the knee at its largest batch size; a group
+    the time clearly rises to (the elasticity above :data:`FLAT_SHARE` by as much) bounds
+    the knee below it (a knee at or above it is dropped). Anything else leaves ``knee`` as
+    it was: a silo operating at one batch size says nothing about its knee, so the knee
+    found earlier is kept.
+
+    Parameters
+    ----------
+    x, t, n : ndarray
+        The windows (as :func:`fit_robust_costs`), positive batch sizes and times.
+    knee : ndarray
+        Each row's knee known so far (0: none).
+    noise : ndarray
+        Relative noise (log-sd) of one report of each row; NaN: unknown. The scatter of the run
+        and the group it is tested against (with the next groups, at least
+        ``SCATTER_REPORTS`` reports), replicates of one level if the curve is flat there,
+        is used where it is smaller; with neither, nothing is decided.
+    min_relative_spread : float
+        Batch sizes closer than this (relative) are one group.
+
+    Returns
+    -------
+    ndarray
+        Each row's knee (0: no flat part known).
+    """
+    out = knee.astype(np.float64, copy=True)
+    columns = np.arange(x.shape[1])
+    valid = columns < n[:, None]
+    low = np.where(valid, x, np.inf).min(axis=1)
+    high = np.where(valid, x, -np.inf).max(axis=1)
+    grouped = np.flatnonzero((high >= low * (1.0 + min_relative_spread)) & (high > low))
+    if grouped.size:
+        out[grouped] = _knees(
+            x[grouped], t[grouped], n[grouped], knee[grouped], noise[grouped],
+            min_relative_spread,
+        )  # fmt: skip
+    return out
+
+
+def _grouped(
+    x: np.ndarray, t: np.ndarray, order: np.ndarray, spread: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows in ``order`` (by batch size) and the group of each report, smallest
+    first (a group: the sizes within ``spread`` of its smallest)."""
+    flat = order + np.arange(0, order.size, x.shape[1])[:, None]  # order in the flat rows
+    xs, ts = np.take(x, flat), np.take(t, flat)
+    group = np.zeros(x.shape, dtype=np.intp)
+    floor, g = xs[:, 0].copy(), np.zeros(x.shape[0], dtype=np.intp)
+    for c in range(1, x.shape[1]):
+        new = ~((xs[:, c] < floor * (1.0 + spread)) | (xs[:, c] == floor))  # equal: one group
+        g = g + new
+        floor = np.where(new, xs[:, c], floor)
+        group[:, c] = g
+    return xs, ts, group
+
+
+def _knees(
+    x: np.ndarray, t: np.ndarray, n: np.ndarray, knee: np.ndarray, noise: np.ndarray,
+    spread: float,
+) -> np.ndarray:  # fmt: skip
+    """:func:`find_knees` of rows with at least two groups of batch sizes."""
+    rows, width = x.shape
+    columns = np.arange(width)
+    valid = columns < n[:, None]
+    # By batch size: where equal sizes share a group (always, unless the spread is 0 or
+    # too small to part a size from itself), a report's time enters only through sets
+    # of whole groups, sorted where they count, so any order of equal sizes does; else
+    # equal sizes in the order of their times.
+    by_size = np.where(valid, x, np.inf)
+    xs, ts, group = _grouped(x, t, np.argsort(by_size, axis=1), spread)
+    parted = (xs[:, 1:] == xs[:, :-1]) & (group[:, 1:] != group[:, :-1]) & valid[:, 1:]
+    if parted.any():
+        order = np.lexsort((np.where(valid, t, np.inf), by_size), axis=1)
+        xs, ts, group = _grouped(x, t, order, spread)
+    group = np.where(valid, group, width)
+    groups = _at(group, n - 1) + 1
+    # the end (exclusive) of the group of each report, in the sorted row
+    bounds = np.full((rows, width), width, dtype=np.intp)
+    bounds[:, :-1] = np.where(group[:, 1:] != group[:, :-1], columns[1:], width)
+    ends = np.minimum.accumulate(bounds[:, ::-1], axis=1)[:, ::-1]
+    logx = np.log(np.where(valid, xs, 1.0))
+    given = np.isfinite(noise)
+    active = np.ones(rows, dtype=bool)
+    run_end = np.count_nonzero(group == 0, axis=1)
+    run_top = _at(xs, run_end - 1)
+    flat, ceiling = np.ones(rows, dtype=np.intp), np.full(rows, np.inf)
+    with np.errstate(all="ignore"):
+        for j in range(1, int(groups.max())):
+            k = np.flatnonzero(active & (j < groups))  # the rows still in the loop
+            if not k.size:
+                break
+            at_end, top, size = run_end[k], run_top[k], n[k]
+            # the rows' reports (every row: the arrays themselves, not copies)
+            sub_group, sub_t, sub_logx = (
+                (group, ts, logx) if k.size == rows else (group[k], ts[k], logx[k])
+            )
+            members = sub_group == j
+            count = np.count_nonzero(members, axis=1)
+            start = np.argmax(members, axis=1)
+            end = start + count
+            g_low, g_high = xs[k, start], xs[k, np.maximum(end - 1, 0)]
+            span = np.where(members, sub_logx, 0.0).sum(axis=1) / count - np.log(top)
+            # the pooled reports: the run, the group and the next groups up to 5 reports
+            at = np.minimum(np.maximum(end, SCATTER_REPORTS) - 1, width - 1)
+            pooled = np.where(
+                np.maximum(end, SCATTER_REPORTS) <= size,
+                ends[k, at],
+                size,
+            )
+            enough = pooled >= SCATTER_REPORTS
+            prefix = columns < pooled[:, None]
+            centre = np.log(masked_levels(sub_t, prefix, pooled))
+            scatter = _MAD * masked_medians(np.abs(np.log(sub_t) - centre[:, None]), prefix, pooled)
+            sigma = np.where(enough, scatter, np.nan)
+            sub_noise = noise[k]
+            sigma = np.where(
+                given[k], np.where(enough, np.minimum(sigma, sub_noise), sub_noise), sigma
+            )
+            going = (span > 0) & np.isfinite(sigma)
+            ratio = masked_levels(sub_t, members, count) / masked_levels(
+                sub_t, columns < at_end[:, None], at_end
+            )
+            elasticity = np.maximum(np.log(ratio) / span, 0.0)
+            error = KNEE_SIGMAS * sigma * np.sqrt(1 / at_end + 1 / count) / span
+            flatter = going & (elasticity + error < FLAT_SHARE)
+            rises = going & ~flatter & (elasticity - error > FLAT_SHARE)
+            ceiling[k] = np.where(rises, g_low, ceiling[k])
+            run_end[k] = np.where(flatter, end, at_end)
+            run_top[k] = np.where(flatter, g_high, top)
+            flat[k] += flatter
+            active[:] = False
+            active[k] = flatter
+    top = np.maximum(knee, run_top)
+    return np.where(
+        flat >= 2,
+        np.where(top < ceiling, top, run_top),
+        np.where(knee < ceiling, knee, 0.0),
+    )
+
+
+class CostFits(NamedTuple):
+    """:class:`CostFit` of each row, by field (``low``, ``high``: its ``spread``)."""
+
+    slope: np.ndarray
+    intercept: np.ndarray
+    anchor: np.ndarray
+    level: np.ndarray
+    noise: np.ndarray
+    weight: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    knee: np.ndarray
+
+    def at(self, row: int) -> CostFit:
+        """Row ``row``'s fit."""
+        v = [float(field[row]) for field in self]
+        return CostFit(
+            slope=v[0], intercept=v[1], anchor=v[2], level=v[3], noise=v[4], weight=v[5],
+            spread=(v[6], v[7]), knee=v[8],
+        )  # fmt: skip
+
+
+_PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _pairs(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs ``(i, j)``, ``i < j``, of a window, by offset ``j - i`` (as
+    :func:`_differences` lays them out)."""
+    if width not in _PAIRS:
+        none = np.zeros(0, dtype=np.intp)
+        i = np.concatenate([none, *(np.arange(width - d) for d in range(1, width))])
+        j = np.concatenate([none, *(np.arange(d, width) for d in range(1, width))])
+        _PAIRS[width] = (i.astype(np.intp), j.astype(np.intp))
+    return _PAIRS[width]
+
+
+def _differences(values: np.ndarray) -> np.ndarray:
+    """``values[:, j] - values[:, i]`` over the pairs of :func:`_pairs`, laid out
+    ``(pairs, rows)``: a slice per offset on the transposed rows (contiguous across
+    silos)."""
+    rows, width = values.shape
+    by_column = np.ascontiguousarray(values.T)
+    out = np.empty((width * (width - 1) // 2, rows))
+    start = 0
+    for d in range(1, width):
+        np.subtract(by_column[d:], by_column[: width - d], out=out[start : start + width - d])
+        start += width - d
+    return out
+
+
+def fit_robust_costs(
+    x: np.ndarray,
+    t: np.ndarray,
+    n: np.ndarray,
+    *,
+    prior_shape: np.ndarray,
+    prior_noise: np.ndarray,
+    prior_known: np.ndarray,
+    min_relative_spread: float,
+    knee: np.ndarray,
+) -> CostFits:
+    """Robust fit of ``t = a * x + b`` over each window, shrunk toward a prior shape.
 
     The fit is built so that per-round timing noise moves it little:
 
@@ -167,31 +501,30 @@ def fit_robust_cost(
 
     Parameters
     ----------
-    x : sequence of float
-        Observed batch sizes (positive), at least one, oldest first.
-    t : sequence of float
-        Observed times (positive), one per batch size.
-    prior_shape : float (default: 0.0)
-        Fixed cost of the prior line in samples, ``x0 = b / a`` (>= 0).
-    prior_noise : float | None (default: None)
-        Relative noise of the silo's times known from earlier windows (>= 0), a lower
-        bound of the residual scale; ``None``: unknown.
-    prior_known : bool (default: True)
+    x, t, n : ndarray
+        The windows: ``(N, W)`` batch sizes (positive) and times (positive), oldest first,
+        row r's ``n[r] >= 1`` reports in its first ``n[r]`` columns.
+    prior_shape : ndarray
+        Fixed cost of each row's prior line in samples, ``x0 = b / a`` (>= 0).
+    prior_noise : ndarray
+        Relative noise of each silo's times known from earlier windows (>= 0), a lower
+        bound of the residual scale; NaN: unknown.
+    prior_known : ndarray of bool
         Whether ``prior_shape`` is the silo's own (identified from its data before), not a
         guess; with a guess and no slope of its own (weight < 0.5) the level comes only
         from the observations near the anchor (the last one at least).
-    min_relative_spread : float (default: 0.1)
+    min_relative_spread : float
         Smallest relative difference of two batch sizes for their pair to enter the
         Theil-Sen slope.
-    knee : float (default: 0.0)
-        Batch size up to which the silo's time is flat (:func:`find_knee`): observations
+    knee : ndarray
+        Batch size up to which the silo's time is flat (:func:`find_knees`): observations
         below it count as made at the knee, so that the line is the part of the curve
         above it; 0: no flat part.
 
     Returns
     -------
-    CostFit
-        The line, its anchor and level, the residual noise and the blend weight.
+    CostFits
+        Each row's line, its anchor and level, the residual noise and the blend weight.
 
     References
     ----------
@@ -201,158 +534,167 @@ def fit_robust_cost(
     James and Stein (1961) / Efron and Morris, JASA 68 (1973) for the positive-part
     shrinkage.
     """
-    # Plain Python on purpose: the windows are small (tens of reports) and a silo's fit is
-    # made at each of its reports, where numpy's per-call overhead would dominate.
-    try:
-        xs = [float(v) for v in x]
-        ts = [float(v) for v in t]
-    except TypeError as err:
-        raise ValueError(f"x and t must be 1-D sequences of numbers ({err})") from None
-    n = len(xs)
-    if n == 0 or n != len(ts):
-        raise ValueError(f"x and t must be equal non-empty 1-D sequences, got {n} and {len(ts)}")
-    if not all(math.isfinite(v) and v > 0 for v in xs) or not all(map(math.isfinite, ts)):
-        raise ValueError("x must be positive and t finite")
-    if any(v <= 0 for v in ts):
-        raise ValueError("t must be positive")
-    if not math.isfinite(knee) or knee < 0:
-        raise ValueError(f"knee must be finite and >= 0, got {knee!r}")
-    if knee > 0:
-        xs = [max(v, knee) for v in xs]
-    x0 = float(prior_shape)
-    if not math.isfinite(x0) or x0 < 0:
-        raise ValueError(f"prior_shape must be finite and >= 0, got {prior_shape!r}")
-    if prior_noise is not None and (not math.isfinite(prior_noise) or prior_noise < 0):
-        raise ValueError(f"prior_noise must be finite and >= 0 or None, got {prior_noise!r}")
-    anchor = xs[-1]
+    rows, width = x.shape
+    columns = np.arange(width)
+    valid = columns < n[:, None]
+    full = width > 0 and int(n.min()) >= width  # every window full: no padding to mask
+    xs = (
+        np.maximum(x, knee[:, None]) if full else np.where(valid, np.maximum(x, knee[:, None]), 1.0)
+    )
+    ts = t if full else np.where(valid, t, 1.0)
+    x0 = prior_shape
+    anchor = _at(xs, n - 1)
     gap = min_relative_spread * anchor
-    level0 = robust_level([tv * (anchor + x0) / (xv + x0) for xv, tv in zip(xs, ts, strict=True)])
+    level0 = masked_levels(ts * (anchor + x0)[:, None] / (xs + x0[:, None]), valid, n)
     prior = level0 / (anchor + x0)
-    slope, weight = prior, 0.0
-    slopes: list[float] = []
-    near: list[tuple[int, int]] = []
-    for i in range(n):
-        xi, ti = xs[i], ts[i]
-        for j in range(i + 1, n):
-            dx = xs[j] - xi
-            if abs(dx) >= gap and dx != 0:  # equal batch sizes are replicates, gap 0 too
-                slopes.append((ts[j] - ti) / dx)
-            else:
-                near.append((i, j))
-    if slopes:
-        own = _median(slopes)
-        scale = -1.0
-        if n >= 4:
-            residual = [tv - own * xv for xv, tv in zip(xs, ts, strict=True)]
-            middle = _median(residual)
-            scale = 1.4826 * _median([abs(r - middle) for r in residual])
-        if prior_noise is not None:
-            scale = max(scale, prior_noise * level0)
-        if own > 0 and scale >= 0:
-            mean_x = math.fsum(xs) / n
-            se2 = scale * scale / math.fsum((xv - mean_x) ** 2 for xv in xs)
-            gap2 = (own - prior) ** 2
-            weight = 1.0 if se2 == 0 else max(0.0, 1.0 - se2 / gap2) if gap2 > 0 else 0.0
-            slope = weight * own + (1.0 - weight) * prior
-    # The level where the silo operates: from the observations near the anchor when
-    # there are enough of them (an error of the slope does not reach them), else from all
-    # of them moved along the slope.
-    moved = [tv - slope * (xv - anchor) for xv, tv in zip(xs, ts, strict=True)]
-    # (the anchor's own batch size always counts as near it, a gap of 0 included)
-    local = [m for m, xv in zip(moved, xs, strict=True) if abs(xv - anchor) < gap or xv == anchor]
-    # Far observations moved along a slope that is neither the data's own nor a known
-    # shape would bias the level: then only the nearby ones count.
-    trusted = weight >= 0.5 or prior_known
-    level = robust_level(local if len(local) >= 3 or not trusted else moved)
-    if not level > 0:
-        level = level0
-    slope = min(max(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
-    intercept = max(level - slope * anchor, 0.0)
-    noise = math.nan
-    if n >= 4:
-        # Scale of the jitter alone: near-replicates (batch sizes closer than the spread
-        # a slope needs) differ by the noise of two rounds, whatever the line's misfit.
-        logs = [math.log(tv / (slope * xv + intercept)) for xv, tv in zip(xs, ts, strict=True)]
-        if len(near) >= 3:
-            noise = 1.4826 * _median([abs(logs[j] - logs[i]) for i, j in near]) / math.sqrt(2)
-        else:
-            noise = 1.4826 * _median([abs(v) for v in logs])
-    return CostFit(
+    i, j = _pairs(width)
+    paired = j[:, None] < n[None, :]  # by pair, as _differences lays them out
+    dx = _differences(xs)
+    apart = paired & (np.abs(dx) >= gap[None, :]) & (dx != 0)  # equal sizes: replicates
+    near = paired & ~apart
+    apart_n = np.count_nonzero(apart, axis=0)
+    near_n = n * (n - 1) // 2 - apart_n
+    with np.errstate(all="ignore"):
+        own = _pair_medians(_differences(ts) / dx, apart, apart_n)
+        residual = ts - own[:, None] * xs
+        middle = masked_medians(residual, valid, n)
+        scale = np.where(
+            n >= 4, _MAD * masked_medians(np.abs(residual - middle[:, None]), valid, n), -1.0
+        )
+        known = np.isfinite(prior_noise)
+        scale = np.where(known, np.maximum(scale, prior_noise * level0), scale)
+        blend = (apart_n > 0) & (own > 0) & (scale >= 0)
+        mean_x = (xs if full else np.where(valid, xs, 0.0)).sum(axis=1) / n
+        squares = (xs - mean_x[:, None]) ** 2
+        se2 = scale * scale / (squares if full else np.where(valid, squares, 0.0)).sum(axis=1)
+        gap2 = (own - prior) ** 2
+        shrunk = np.where(gap2 > 0, np.maximum(0.0, 1.0 - se2 / gap2), 0.0)
+        weight = np.where(blend, np.where(se2 == 0, 1.0, shrunk), 0.0)
+        slope = np.where(blend, weight * own + (1.0 - weight) * prior, prior)
+        moved = ts - slope[:, None] * (xs - anchor[:, None])
+        # (the anchor's own batch size always counts as near it, a gap of 0 included)
+        near_anchor = np.abs(xs - anchor[:, None])
+        local = valid & ((near_anchor < gap[:, None]) | (near_anchor == 0))
+        trusted = (weight >= 0.5) | prior_known
+        local_n = np.count_nonzero(local, axis=1)
+        use_local = (local_n >= 3) | ~trusted
+        level = masked_levels(
+            moved, np.where(use_local[:, None], local, valid), np.where(use_local, local_n, n)
+        )
+        level = np.where(level > 0, level, level0)
+        slope = np.minimum(np.maximum(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
+        intercept = np.maximum(level - slope * anchor, 0.0)
+        logs = np.log(ts / (slope[:, None] * xs + intercept[:, None]))
+        replicates = _MAD * _pair_medians(np.abs(_differences(logs)), near, near_n) / math.sqrt(2)
+        overall = np.full(rows, np.nan)  # needed only where too few pairs are near
+        few = np.flatnonzero((n >= 4) & (near_n < 3))
+        if few.size:
+            overall[few] = _MAD * masked_medians(np.abs(logs[few]), valid[few], n[few])
+    noise = np.where(n >= 4, np.where(near_n >= 3, replicates, overall), np.nan)
+    return CostFits(
         slope=slope,
         intercept=intercept,
         anchor=anchor,
         level=level,
         noise=noise,
         weight=weight,
-        spread=(min(xs), max(xs)),
-        knee=float(knee),
+        low=(xs if full else np.where(valid, xs, np.inf)).min(axis=1),
+        high=(xs if full else np.where(valid, xs, -np.inf)).max(axis=1),
+        knee=knee.astype(np.float64, copy=True),
     )
 
 
-TRIM = 0.2
-"""Share of the observations cut at each end by :func:`fit_robust_cost`'s level."""
+def fit_windows(
+    x: np.ndarray,
+    t: np.ndarray,
+    n: np.ndarray,
+    *,
+    knee: np.ndarray,
+    noise: np.ndarray,
+    prior_shape: np.ndarray,
+    prior_known: np.ndarray,
+    min_relative_spread: float,
+) -> CostFits:
+    """The knee (:func:`find_knees`, from ``knee`` and ``noise``) and then the robust fit
+    (:func:`fit_robust_costs`, ``noise`` its prior) of each row."""
+    knees = find_knees(x, t, n, knee=knee, noise=noise, min_relative_spread=min_relative_spread)
+    return fit_robust_costs(
+        x, t, n, prior_shape=prior_shape, prior_noise=noise, prior_known=prior_known,
+        min_relative_spread=min_relative_spread, knee=knees,
+    )  # fmt: skip
 
 
-def _median(values: list[float]) -> float:
-    v = sorted(values)
-    k = len(v) // 2
-    return v[k] if len(v) % 2 else 0.5 * (v[k - 1] + v[k])
+# ---------------------------------------------------------------- one window: one row
+def _window(x: ArrayLike, t: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One window as a table of one row ``(x, t, n)``; checks: equal non-empty 1-D
+    sequences of finite numbers, ``x`` positive."""
+    try:
+        xs = np.asarray(x, dtype=np.float64)
+        ts = np.asarray(t, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"x and t must be 1-D sequences of numbers ({err})") from None
+    if xs.ndim != 1 or xs.shape != ts.shape or xs.size == 0:
+        raise ValueError(
+            f"x and t must be equal non-empty 1-D sequences, got shapes {xs.shape} and {ts.shape}"
+        )
+    if not (np.isfinite(xs).all() and (xs > 0).all() and np.isfinite(ts).all()):
+        raise ValueError("x must be positive and t finite")
+    return xs[None, :], ts[None, :], np.array([xs.size])
 
 
-def robust_level(values: list[float]) -> float:
-    """Robust level of times: trimmed geometric mean (``TRIM`` cut at each end, in log; the
-    plain geometric mean of fewer than 5 positive values, the trimmed arithmetic mean if
-    any is not positive):
-    nearly as efficient as the mean under log-normal jitter, robust to a spike like the
-    median."""
-    v = sorted(values)
-    cut = int(TRIM * len(v))
-    kept = v[cut : len(v) - cut]
-    if kept[0] > 0:
-        return math.exp(math.fsum(map(math.log, kept)) / len(kept))
-    return math.fsum(kept) / len(kept)
+def _check_knee(knee: float) -> None:
+    if not math.isfinite(knee) or knee < 0:
+        raise ValueError(f"knee must be finite and >= 0, got {knee!r}")
 
 
-FLAT_SHARE = 0.1
-"""Largest elasticity ``d log t / d log x`` (the per-sample share of the time) at which
-:func:`find_knee` calls a curve flat: between two batch sizes where the time grows by
-less than a tenth of the batch size's relative growth, a smaller batch could save the
-silo at most a tenth of its time, and would add noise to the update for it."""
-
-SCATTER_REPORTS = 5
-"""Reports :func:`find_knee` pools (the run, the group tested and the next groups) for a
-scatter of its own: fewer scatter too little to tell a flat run from a noisy rise."""
-
-KNEE_SIGMAS = 2.0
-"""Standard errors by which the elasticity must clear :data:`FLAT_SHARE` for
-:func:`find_knee` to decide (flat or rising) rather than keep the knee it had."""
+def _unknown(value: float | None) -> np.ndarray:
+    return np.array([math.nan if value is None else float(value)])
 
 
-def _groups(
-    xs: list[float], ts: list[float], spread: float
-) -> list[tuple[float, float, list[float]]]:
-    """Observations grouped by batch size (a group spans less than ``spread``, relative, of
-    its smallest; equal sizes always share one): (smallest x, largest x, times), smallest
-    batch sizes first."""
-    groups: list[tuple[float, float, list[float]]] = []
-    for x, t in sorted(zip(xs, ts, strict=True)):
-        if groups and (x < groups[-1][0] * (1.0 + spread) or x == groups[-1][0]):
-            low, _, times = groups[-1]
-            groups[-1] = (low, x, [*times, t])
-        else:
-            groups.append((x, x, [t]))
-    return groups
+def robust_level(values: Sequence[float] | np.ndarray) -> float:
+    """:func:`masked_levels` of one set of times (NaN: none)."""
+    v = np.asarray(values, dtype=np.float64).reshape(1, -1)
+    return float(masked_levels(v, np.ones(v.shape, dtype=bool), np.array([v.shape[1]]))[0])
 
 
-def _within_noise(groups: list[tuple[float, float, list[float]]]) -> float | None:
-    """Robust log-sd of the times within the groups of at least 2; ``None``: no such
-    group."""
-    deviations: list[float] = []
-    for _, _, times in groups:
-        if len(times) >= 2:
-            centre = math.log(robust_level(times))
-            deviations.extend(abs(math.log(t) - centre) for t in times)
-    return 1.4826 * _median(deviations) if deviations else None
+def fit_robust_cost(
+    x: ArrayLike,
+    t: ArrayLike,
+    *,
+    prior_shape: float = 0.0,
+    prior_noise: float | None = None,
+    prior_known: bool = True,
+    min_relative_spread: float = 0.1,
+    knee: float = 0.0,
+) -> CostFit:
+    """:func:`fit_robust_costs` of one window, checked (``ValueError`` on a bad input).
+
+    Parameters
+    ----------
+    x, t : sequence of float
+        Observed batch sizes (positive) and times (positive), oldest first.
+    prior_shape, prior_noise, prior_known, min_relative_spread, knee
+        As :func:`fit_robust_costs` (``prior_noise`` ``None``: unknown).
+
+    Returns
+    -------
+    CostFit
+        The line, its anchor and level, the residual noise and the blend weight.
+    """
+    xs, ts, n = _window(x, t)
+    if (ts <= 0).any():
+        raise ValueError("t must be positive")
+    _check_knee(knee)
+    if not math.isfinite(prior_shape) or prior_shape < 0:
+        raise ValueError(f"prior_shape must be finite and >= 0, got {prior_shape!r}")
+    if prior_noise is not None and (not math.isfinite(prior_noise) or prior_noise < 0):
+        raise ValueError(f"prior_noise must be finite and >= 0 or None, got {prior_noise!r}")
+    fits = fit_robust_costs(
+        xs, ts, n, prior_shape=np.array([float(prior_shape)]), prior_noise=_unknown(prior_noise),
+        prior_known=np.array([prior_known]), min_relative_spread=min_relative_spread,
+        knee=np.array([float(knee)]),
+    )  # fmt: skip
+    return fits.at(0)
 
 
 def find_knee(
@@ -363,88 +705,26 @@ def find_knee(
     noise: float | None = None,
     min_relative_spread: float = 0.1,
 ) -> float:
-    """Batch size up to which a silo's time is flat, from a window of its reports.
-
-    The reports are grouped by batch size (within ``min_relative_spread``); from the
-    smallest group up, a group joins the flat run while the elasticity of the time from
-    the run's largest batch size to it, ``log(L_j / L_run) / log(x_j / x_top)`` (robust
-    levels L, the group's geometric-mean batch size x_j), is below :data:`FLAT_SHARE` by
-    :data:`KNEE_SIGMAS` standard errors (``noise * sqrt(1/n_run + 1/n_j)`` over the log
-    ratio). A run of at least two groups puts the knee at its largest batch size; a group
-    the time clearly rises to (the elasticity above :data:`FLAT_SHARE` by as much) bounds
-    the knee below it (a knee at or above it is dropped). Anything else leaves ``knee`` as
-    it was: a silo operating at one batch size says nothing about its knee, so the knee
-    found earlier is kept.
+    """:func:`find_knees` of one window, checked (``ValueError`` on a bad input).
 
     Parameters
     ----------
-    x : sequence of float
-        Observed batch sizes (positive).
-    t : sequence of float
-        Observed times (positive), one per batch size.
-    knee : float (default: 0.0)
-        The knee known so far (0: none).
-    noise : float | None (default: None)
-        Relative noise (log-sd) of one report; ``None``: unknown. The scatter of the run
-        and the group it is tested against (with the next groups, at least
-        ``SCATTER_REPORTS`` reports), replicates of one level if the curve is flat there,
-        is used where it is smaller; with neither, nothing is decided.
-    min_relative_spread : float (default: 0.1)
-        Batch sizes closer than this (relative) are one group.
+    x, t : sequence of float
+        Observed batch sizes and times (positive).
+    knee, noise, min_relative_spread
+        As :func:`find_knees` (``noise`` ``None``: unknown).
 
     Returns
     -------
     float
         The knee (0: no flat part known).
-
-    Raises
-    ------
-    ValueError
-        If the inputs are not positive and finite, or ``knee`` is negative.
     """
-    xs = [float(v) for v in x]
-    ts = [float(v) for v in t]
-    if len(xs) != len(ts) or not all(math.isfinite(v) and v > 0 for v in xs + ts):
+    xs, ts, n = _window(x, t)
+    if (ts <= 0).any():
         raise ValueError("x and t must be equal sequences of finite positive numbers")
-    if not math.isfinite(knee) or knee < 0:
-        raise ValueError(f"knee must be finite and >= 0, got {knee!r}")
-    groups = _groups(xs, ts, min_relative_spread)
-    if len(groups) < 2:
-        return knee
-    given = noise if noise is not None and math.isfinite(noise) else None
-    run_times = list(groups[0][2])
-    run_top, flat, ceiling = groups[0][1], 1, math.inf
-    for j, (low, high, times) in enumerate(groups[1:], start=1):
-        logx = [math.log(v) for v in xs if low <= v <= high]
-        # Flat up to the run's top: a group above it is compared with the run's level there.
-        span = math.fsum(logx) / len(logx) - math.log(run_top)
-        if span <= 0:
-            break
-        # Flat, the run and the group are replicates of one level: their scatter (with the
-        # next groups' while they hold fewer than SCATTER_REPORTS reports) is the noise,
-        # which a line's misfit elsewhere does not inflate and a rise does.
-        pooled = [*run_times, *times]
-        for _, _, more in groups[j + 1 :]:
-            if len(pooled) >= SCATTER_REPORTS:
-                break
-            pooled.extend(more)
-        enough = len(pooled) >= SCATTER_REPORTS
-        sigma = _within_noise([(low, high, pooled)]) if enough else None
-        if given is not None:
-            sigma = given if sigma is None else min(sigma, given)
-        if sigma is None:
-            break
-        # A time that falls as the batch grows is noise, not evidence of a flat curve.
-        elasticity = max(math.log(robust_level(times) / robust_level(run_times)) / span, 0.0)
-        error = KNEE_SIGMAS * sigma * math.sqrt(1 / len(run_times) + 1 / len(times)) / span
-        if elasticity + error < FLAT_SHARE:
-            run_times.extend(times)
-            run_top, flat = high, flat + 1
-            continue
-        if elasticity - error > FLAT_SHARE:
-            ceiling = low  # the time rises by this group: the knee is below it
-        break
-    if flat >= 2:
-        top = max(knee, run_top)
-        return top if top < ceiling else run_top
-    return knee if knee < ceiling else 0.0
+    _check_knee(knee)
+    found = find_knees(
+        xs, ts, n, knee=np.array([float(knee)]), noise=_unknown(noise),
+        min_relative_spread=min_relative_spread,
+    )  # fmt: skip
+    return float(found[0])

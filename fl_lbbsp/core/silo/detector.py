@@ -1,29 +1,52 @@
-"""The change detector and the history window over the silo table's columns.
+"""The one change detector: a run of deviations to the same side confirms a change of level.
 
-:func:`observe_run` is :meth:`~fl_lbbsp.core.silo.change.ChangeDetector.observe` (with its
-CUSUM test) for many silos at once, each silo's run a row of the
-:class:`~fl_lbbsp.core.silo.columns.SiloColumns`, against the level
-:func:`near_levels` finds; :func:`take_changes` restarts a silo's
-estimator and window from the reports that confirmed a change; :func:`push` appends one
-report to windows of fixed length.
+A silo's speed on a non-dedicated machine moves two ways: per-round jitter and spikes
+(a garbage collection, a burst of traffic), which a predictor must ignore, and lasting
+steps (a co-tenant arrives or leaves), which it must follow at once. The detector tells
+them apart from the deviations of the observations from the current level: a deviation
+beyond the single-observation limit is *held* (kept out of the estimate); ``confirm``
+held deviations in a row, to the same side, confirm a change, and a run longer than
+``confirm`` whose mean deviation (each clipped at the limit, so that one spike cannot
+carry it) exceeds the limit divided by the square root of its length confirms one too (a
+step hidden in the noise; a run no longer than ``confirm`` never takes this test). A
+deviation to the other side ends the run.
+
+Every silo's run is a row of :func:`new_runs`' arrays and :func:`observe_run` judges one
+deviation of many silos at once. Two users share it: the silo table
+(:class:`~fl_lbbsp.core.silo.model.SiloTable`, log deviations of a report's time from the
+silo's level near its batch size, the run as long as the history window) and the
+change-aware EMA (:class:`~fl_lbbsp.core.silo.estimators.ChangeAwareEMA`, relative
+deviations of a speed from its average, a run of ``confirm``: no CUSUM). :func:`push`
+appends one report to windows of fixed length; :func:`near_levels` is the level a report
+is judged against.
 
 Reference: Page, "Continuous inspection schemes", Biometrika 41 (1954) (CUSUM), applied
-to the per-worker speed prediction of LB-BSP (Chen et al., IEEE TCC 2021, Sec. 3.2).
+to the per-worker speed prediction of LB-BSP (Chen et al., "Accelerating Distributed
+Learning in Non-Dedicated Environments", IEEE TCC 2021, Sec. 3.2 and 3.5).
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import MutableMapping
 
 import numpy as np
 
-from .columns import SiloColumns
-from .costfit import robust_level
-from .costfit_batch import masked_levels
+from .costfit import masked_levels
 
-__all__ = ["near_levels", "observe_run", "push", "take_changes"]
+__all__ = ["RUN", "near_levels", "new_runs", "observe_run", "push"]
 
-_RUN = ("x", "t", "speed", "dev")
+RUN = ("x", "t", "speed", "dev")
+"""The float fields of a run's entries: batch size (0 where not known), time (0 where
+not known), speed, deviation (its sign the side); beside them ``held`` (beyond the
+single-observation limit) and each row's length ``n``."""
+
+
+def new_runs(rows: int, width: int) -> dict[str, np.ndarray]:
+    """Empty runs of ``rows`` silos, at most ``width`` entries each."""
+    runs: dict[str, np.ndarray] = {name: np.zeros((rows, width)) for name in RUN}
+    runs["held"] = np.zeros((rows, width), dtype=bool)
+    runs["n"] = np.zeros(rows, dtype=np.intp)
+    return runs
 
 
 def push(
@@ -44,91 +67,90 @@ def push(
 
 
 def observe_run(
-    f: SiloColumns,
+    run: MutableMapping[str, np.ndarray],
     rows: np.ndarray,
     entry: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     held: np.ndarray,
     *,
-    limit: np.ndarray,
+    limit: np.ndarray | float,
     floor: float,
     confirm: int,
-    exact: bool = False,
 ) -> np.ndarray:
-    """Add one deviation to the run of each of ``rows`` and say where it confirms a
-    change (the run then holds the reports that confirmed it); ``exact``: the CUSUM
-    sums with ``math.fsum``, as :class:`~fl_lbbsp.core.silo.change.ChangeDetector` does."""
-    width, run = f.width, f.run
-    count = f.run_n[rows]
+    """Add one entry ``(x, t, speed, deviation)`` to the run of each of ``rows`` (``held``:
+    beyond its ``limit``) and say where it confirms a change; the run then holds the
+    entries that confirmed it (the caller empties it, ``run["n"][rows] = 0``).
+
+    Parameters
+    ----------
+    run : mapping of str to ndarray
+        The runs (:func:`new_runs`), changed in place.
+    rows : ndarray
+        The rows observed (distinct).
+    entry : tuple of ndarray
+        Each row's new entry, by :data:`RUN`.
+    held : ndarray of bool
+        Whether each entry lies beyond the single-observation limit.
+    limit : ndarray or float
+        The single-observation limit (the CUSUM test clips deviations at it).
+    floor : float
+        Smallest mean deviation the CUSUM test counts as a change.
+    confirm : int
+        Held deviations in a row, to the same side, that confirm a change (>= 1).
+
+    Returns
+    -------
+    ndarray of bool
+        Where a change is confirmed.
+    """
+    width = run["x"].shape[1]
+    limit = np.broadcast_to(np.asarray(limit, dtype=np.float64), rows.shape)
+    count = run["n"][rows]
     deviation = entry[3]
     previous = run["dev"][rows, np.maximum(count - 1, 0)]
     count = np.where((count > 0) & ((previous > 0) != (deviation > 0)), 0, count)
     full = rows[count >= width]
     if full.size:
-        for name in _RUN:
+        for name in (*RUN, "held"):
             run[name][full, :-1] = run[name][full, 1:]
-        f.run_held[full, :-1] = f.run_held[full, 1:]
     at = np.minimum(count, width - 1)
-    for name, values in zip(_RUN, entry, strict=True):
+    for name, values in zip(RUN, entry, strict=True):
         run[name][rows, at] = values
-    f.run_held[rows, at] = held
+    run["held"][rows, at] = held
     count = np.minimum(count + 1, width)
     columns = np.arange(width)
     inside = columns < count[:, None]
-    last_normal = np.where(inside & ~f.run_held[rows], columns, -1).max(axis=1)
+    last_normal = np.where(inside & ~run["held"][rows], columns, -1).max(axis=1)
     trailing = count - 1 - last_normal
     confirmed: np.ndarray = trailing >= confirm
-    for k in np.flatnonzero(confirmed).tolist():  # keep only the held reports at the end
+    for k in np.flatnonzero(confirmed).tolist():  # keep only the held entries at the end
         i, drop = rows[k], int(count[k] - trailing[k])
         if drop:
-            for name in _RUN:
+            for name in (*RUN, "held"):
                 run[name][i, : trailing[k]] = run[name][i, drop : count[k]]
-            f.run_held[i, : trailing[k]] = f.run_held[i, drop : count[k]]
     count = np.where(confirmed, trailing, count)
     long = ~confirmed & (count > confirm)
     if long.any():
         clipped = np.clip(run["dev"][rows], -limit[:, None], limit[:, None])
         with np.errstate(all="ignore"):
-            if exact:
-                pairs = zip(clipped.tolist(), count.tolist(), strict=True)
-                sums = [math.fsum(row[:c]) for row, c in pairs]
-                mean = np.abs(np.array(sums)) / count
-            else:
-                mean = np.abs(np.where(inside, clipped, 0.0).sum(axis=1)) / count
+            mean = np.abs(np.where(inside, clipped, 0.0).sum(axis=1)) / count
             confirmed |= long & (mean > np.maximum(floor, limit / np.sqrt(count)))
-    f.run_n[rows] = count
+    run["n"][rows] = count
     return confirmed
 
 
-def take_changes(f: SiloColumns, rows: np.ndarray, max_boost: float) -> None:
-    """Restart the estimator and the window of each of ``rows`` from the reports that
-    confirmed its change, widen its change limit by the change's size, empty its run."""
-    run = f.run
-    for i in rows.tolist():
-        n = int(f.run_n[i])
-        speeds = run["speed"][i, :n]
-        one = np.array([i])
-        f.restart_estimators(one)
-        for speed in speeds.tolist():
-            f.update_estimators(one, np.array([speed]))
-        f.hist_x[i, :n], f.hist_t[i, :n] = run["x"][i, :n], run["t"][i, :n]
-        f.hist_n[i] = n
-        level_ratio = math.exp(abs(math.fsum(run["dev"][i, :n].tolist()) / n))
-        f["boost"][i] = min(level_ratio, max_boost)
-        f.run_n[i] = 0
-
-
 def near_levels(
-    f: SiloColumns, rows: np.ndarray, size: np.ndarray, *, spread: float, exact: bool = False
-) -> np.ndarray:
+    windows: tuple[np.ndarray, np.ndarray, np.ndarray], slope: np.ndarray, rows: np.ndarray,
+    size: np.ndarray, *, spread: float,
+) -> np.ndarray:  # fmt: skip
     """Each silo's time at batch size ``size`` from its reports within ``spread`` of it
-    (relative), moved along the fitted slope, at least 2 of them, so that an error of the
-    line's shape (a fixed cost not identified yet) does not count; NaN without a fit or
-    such reports. ``exact``: one silo at a time, with :func:`~.costfit.robust_level`."""
-    if exact:
-        return _near_levels_one_at_a_time(f, rows, size, spread)
-    slope, n = f["fit_slope"][rows], f.hist_n[rows]
+    (relative), moved along the fitted ``slope`` (of each of ``rows``), at least 2 of
+    them, so that an error of the line's shape (a fixed cost not identified yet) does not
+    count; NaN without a fit or such reports. ``windows``: the history windows ``(x, t,
+    n)``, batch sizes and times by row and their lengths."""
+    xs, ts, ns = windows
+    n = ns[rows]
     width = int(n.max())
-    x, t = f.hist_x[rows, :width], f.hist_t[rows, :width]
+    x, t = xs[rows, :width], ts[rows, :width]
     valid = np.arange(width) < n[:, None]
     near = valid & (np.abs(x - size[:, None]) < (spread * size)[:, None])
     count = np.count_nonzero(near, axis=1)
@@ -142,22 +164,4 @@ def near_levels(
         # moved along a steep slope, reports far below x can land at or under zero: no
         # level to judge a time by (the change detection and the common factor take logs)
         out = np.where(judged & np.isfinite(level) & (level > 0), level, np.nan)
-    return out
-
-
-def _near_levels_one_at_a_time(
-    f: SiloColumns, rows: np.ndarray, size: np.ndarray, spread: float
-) -> np.ndarray:
-    out = np.full(len(rows), np.nan)
-    for k, (i, x) in enumerate(zip(rows.tolist(), size.tolist(), strict=True)):
-        n, slope = int(f.hist_n[i]), float(f["fit_slope"][i])
-        if math.isnan(slope) or n < 2:
-            continue
-        reach = spread * x
-        history = zip(f.hist_x[i, :n].tolist(), f.hist_t[i, :n].tolist(), strict=True)
-        near = [bt + slope * (x - bx) for bx, bt in history if abs(bx - x) < reach]
-        if len(near) >= 2:
-            level = robust_level(near)
-            if math.isfinite(level) and level > 0:
-                out[k] = level
     return out

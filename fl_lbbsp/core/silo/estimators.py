@@ -1,37 +1,179 @@
-"""Speed estimators: predict a silo's sample-processing speed for the next round.
+"""Speed estimators: predict every silo's sample-processing speed for the next round.
 
-Every estimator follows :class:`SpeedEstimator`: ``update`` with the speed observed in a
-round (samples per second), ``predict`` the speed of the next one. The state of each is a
-small JSON-able dict so the balancer can checkpoint and resume.
+An estimator is an object from one registry (:data:`ESTIMATORS`): its settings are its
+fields (``EMA(alpha=0.2)``, ``Last()``, ``ChangeAwareEMA(threshold=0.2)``,
+``NARX(warmup=500)``), and the silos' state lives in columns it declares
+(:meth:`SpeedEstimator.fresh`: one row per silo), which it updates for many silos at once
+(:meth:`SpeedEstimator.update`) and predicts from (:meth:`SpeedEstimator.predict`). One
+silo is a table of one row (:class:`Predictor`). Adding an estimator is one class with
+``@register``. Strings with option dicts (the CLI's, a run config's) are parsed once, at
+that boundary, by :func:`parse_estimator`.
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated Environments",
 IEEE TCC 2021, Sec. 3.2.2 (last value, EMA, NARX in :mod:`.narx`) and Sec. 3.5 (EMA for
-cross-silo FL). :class:`ChangeAwareEMAEstimator` is ours: an EMA that restarts at a
-confirmed change of level.
+cross-silo FL). :class:`ChangeAwareEMA` is ours: an EMA that restarts at a change of
+level confirmed by the one change detector (:mod:`.detector`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, Unpack
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
-from .change import ChangeDetector, Deviation
-from .speed import EMAEstimator, LastValueEstimator, MachineUse, SpeedEstimator, check_speed
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .detector import new_runs, observe_run
 
 __all__ = [
+    "EMA",
     "ESTIMATORS",
-    "ChangeAwareEMAEstimator",
-    "EMAEstimator",
-    "LastValueEstimator",
+    "NARX",
+    "ChangeAwareEMA",
+    "Last",
     "MachineUse",
+    "Predictor",
     "SpeedEstimator",
     "estimator_from_state",
-    "make_estimator",
+    "parse_estimator",
+    "register",
+    "registered",
 ]
 
+State = MutableMapping[str, np.ndarray]
+"""An estimator's columns, by name: one row per silo."""
 
-class ChangeAwareEMAEstimator:
+Alpha = Field(default=0.2, gt=0, le=1, allow_inf_nan=False)
+"""An EMA's weight of the latest observation, in (0, 1]."""
+
+
+class MachineUse(NamedTuple):
+    """The machine's use during a round, per silo (percent; NaN: not measured)."""
+
+    cpu: np.ndarray
+    memory: np.ndarray
+
+
+class SpeedEstimator(BaseModel, ABC):
+    """An estimator of every silo's speed: its settings are the fields, its silos' state
+    the columns of :meth:`fresh`.
+
+    A subclass sets ``name`` (its key in :data:`ESTIMATORS`), and defines :meth:`update`;
+    the others have defaults for a state of one column ``value`` (the prediction, NaN
+    before any observation).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    name: ClassVar[str]
+    uses_machine: ClassVar[bool] = False
+    """Whether :meth:`update` reads the machine's use (else it is not gathered)."""
+
+    def fresh(self, rows: int) -> dict[str, np.ndarray]:
+        """The columns of ``rows`` silos never observed."""
+        return {"value": np.full(rows, np.nan)}
+
+    @abstractmethod
+    def update(
+        self, state: State, rows: np.ndarray, speeds: np.ndarray, use: MachineUse | None
+    ) -> None:
+        """Feed one speed (samples per second, positive) to each of ``rows`` (distinct),
+        and the machine's use during its round where :attr:`uses_machine`."""
+
+    def predict(self, state: State, rows: np.ndarray) -> np.ndarray:
+        """The predicted speeds of ``rows`` (NaN: no observation yet)."""
+        out: np.ndarray = state["value"][rows]
+        return out
+
+    def restart(self, state: State, rows: np.ndarray) -> None:
+        """Forget what ``rows`` observed."""
+        for name, values in self.fresh(len(rows)).items():
+            state[name][rows] = values
+
+    def silo_state(self, state: State, row: int) -> dict[str, Any]:
+        """Row ``row``'s state as JSON (with the settings), read back by :meth:`load`."""
+        value = float(state["value"][row])
+        return {"name": self.name, **self.model_dump(), "value": _none(value)}
+
+    def load(self, state: State, row: int, saved: Mapping[str, Any]) -> None:
+        """Put a :meth:`silo_state` into row ``row``."""
+        value = saved.get("value")
+        state["value"][row] = math.nan if value is None else _speed(value)
+
+    def warming_up(self, state: State, row: int) -> tuple[int, int] | None:
+        """``(observations, warm-up)`` of a silo still in a warm-up; ``None``: none."""
+        return None
+
+
+ESTIMATORS: dict[str, type[SpeedEstimator]] = {}
+"""Every estimator by name."""
+
+E = TypeVar("E", bound=type[SpeedEstimator])
+
+
+def register(cls: E) -> E:
+    """Add an estimator class to :data:`ESTIMATORS` under its ``name`` (a decorator)."""
+    ESTIMATORS[cls.name] = cls
+    return cls
+
+
+@contextmanager
+def registered(cls: type[SpeedEstimator]) -> Iterator[None]:
+    """:func:`register` ``cls`` for the duration of a ``with`` block."""
+    register(cls)
+    try:
+        yield
+    finally:
+        del ESTIMATORS[cls.name]
+
+
+@register
+class Last(SpeedEstimator):
+    """Memoryless predictor: the next speed is the last one observed.
+
+    Reference: Chen et al., IEEE TCC 2021, Sec. 3.2.2 and Table 3 ("memoryless").
+    """
+
+    name = "last"
+
+    def update(
+        self, state: State, rows: np.ndarray, speeds: np.ndarray, use: MachineUse | None
+    ) -> None:
+        """The last speed observed."""
+        state["value"][rows] = speeds
+
+
+@register
+class EMA(SpeedEstimator):
+    """Exponential moving average of the observed speed.
+
+    ``v_hat <- alpha * v + (1 - alpha) * v_hat``; the first observation initialises it.
+
+    Parameters
+    ----------
+    alpha : float (default: 0.2)
+        Weight of the latest observation, in (0, 1]. ``alpha=1`` is the last value.
+
+    Reference: Chen et al., IEEE TCC 2021, Sec. 3.5 and Table 3 (EMA, alpha = 0.2).
+    """
+
+    name = "ema"
+    alpha: float = Alpha
+
+    def update(
+        self, state: State, rows: np.ndarray, speeds: np.ndarray, use: MachineUse | None
+    ) -> None:
+        """Blend each speed into its silo's average."""
+        value, alpha = state["value"], self.alpha
+        old = value[rows]
+        value[rows] = np.where(np.isnan(old), speeds, alpha * speeds + (1.0 - alpha) * old)
+
+
+@register
+class ChangeAwareEMA(SpeedEstimator):
     """EMA that restarts at a confirmed change of level and ignores transient spikes.
 
     While observations stay within ``threshold`` (relative) of the average it is the
@@ -39,14 +181,14 @@ class ChangeAwareEMAEstimator:
     is left as it is; once ``confirm`` observations in a row lie beyond the threshold on
     the same side, the average restarts at their mean (a co-tenant arrived or left). A
     deviation that is not confirmed (a spike) never enters the average. ``confirm=1``
-    restarts at every large deviation. The test is the balancer's own change detector
-    (:class:`~fl_lbbsp.core.silo.change.ChangeDetector`) on relative deviations, without its
-    CUSUM test.
+    restarts at every large deviation. The test is the one change detector
+    (:func:`~fl_lbbsp.core.silo.detector.observe_run`) on relative deviations, with a run
+    of ``confirm`` (no CUSUM).
 
     It targets what EMA(0.2) is worst at on a non-dedicated machine: after a step change
     of speed an EMA needs about ``1 / alpha`` observations to catch up, a last-value
     predictor follows every spike; this one lags ``confirm`` observations behind a step
-    and ignores shorter bursts, at the cost of a few comparisons per update.
+    and ignores shorter bursts.
 
     Parameters
     ----------
@@ -58,10 +200,6 @@ class ChangeAwareEMAEstimator:
     confirm : int (default: 2)
         Observations in a row beyond the threshold, on the same side, that confirm a
         change.
-    value : float | None (default: None)
-        Current average, to resume from a checkpoint.
-    pending : sequence of float (default: ())
-        Deviating observations not confirmed yet, to resume from a checkpoint.
 
     Reference: change-point detection with a restart of the smoother, in the spirit of
     Page, "Continuous inspection schemes", Biometrika 41 (1954) (CUSUM), applied to the
@@ -70,124 +208,224 @@ class ChangeAwareEMAEstimator:
     """
 
     name = "change-ema"
+    alpha: float = Alpha
+    threshold: float = Field(default=0.2, gt=0, allow_inf_nan=False)
+    confirm: int = Field(default=2, ge=1)
 
-    def __init__(
-        self,
-        *,
-        alpha: float = 0.2,
-        threshold: float = 0.2,
-        confirm: int = 2,
-        value: float | None = None,
-        pending: Sequence[float] = (),
+    def fresh(self, rows: int) -> dict[str, np.ndarray]:
+        """The average and the run of held observations."""
+        return {"value": np.full(rows, np.nan), **new_runs(rows, self.confirm)}
+
+    def update(
+        self, state: State, rows: np.ndarray, speeds: np.ndarray, use: MachineUse | None
     ) -> None:
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0.0 < alpha <= 1.0:
-            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
-        if (
-            isinstance(threshold, bool)
-            or not isinstance(threshold, int | float)
-            or not math.isfinite(threshold)
-            or threshold <= 0
-        ):
-            raise ValueError(f"threshold must be a finite positive number, got {threshold!r}")
-        if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 1:
-            raise ValueError(f"confirm must be an integer >= 1, got {confirm!r}")
-        self.alpha = float(alpha)
-        self.threshold = float(threshold)
-        self.confirm = confirm
-        self._value = None if value is None else check_speed(value)
-        held = [check_speed(v) for v in pending]
-        if len(held) >= confirm:
-            raise ValueError(f"{len(held)} pending observations, confirm is {confirm}")
-        self._detector = ChangeDetector(confirm=confirm, window=confirm, cusum=False)
-        self._detector.run = [Deviation(0, 0.0, v, self._deviation(v), True) for v in held]
-
-    def _deviation(self, speed: float) -> float:
-        """Relative deviation of ``speed`` from the average (0 before any)."""
-        return 0.0 if self._value is None else (speed - self._value) / self._value
-
-    def update(self, speed: float, **use: Unpack[MachineUse]) -> None:
-        """Blend the speed into the average, hold it back as a possible change, or
-        restart the average at a confirmed change (CPU and memory are ignored)."""
-        value = check_speed(speed)
-        if self._value is None:
-            self._value = value
+        """Blend each speed into its average, hold it back as a possible change, or
+        restart the average at a confirmed change."""
+        value = state["value"]
+        old = value[rows]
+        first = np.isnan(old)
+        value[rows[first]] = speeds[first]
+        seen = ~first
+        r, v, old = rows[seen], speeds[seen], old[seen]
+        if not r.size:
             return
-        deviation = self._deviation(value)
-        entry = Deviation(0, 0.0, value, deviation, abs(deviation) > self.threshold)
-        verdict = self._detector.observe(entry, limit=self.threshold)
-        if verdict == "normal":
-            self._value = self.alpha * value + (1.0 - self.alpha) * self._value
-        elif verdict == "change":
-            confirmed = self._detector.take()
-            self._value = math.fsum(e.speed for e in confirmed) / len(confirmed)
+        deviation = (v - old) / old
+        held = np.abs(deviation) > self.threshold
+        zeros = np.zeros(r.size)
+        confirmed = observe_run(
+            state, r, (zeros, zeros, v, deviation), held, limit=self.threshold, floor=0.0,
+            confirm=self.confirm,
+        )  # fmt: skip
+        n = state["n"][r]
+        inside = np.arange(self.confirm) < n[:, None]
+        with np.errstate(all="ignore"):
+            mean = np.where(inside, state["speed"][r], 0.0).sum(axis=1) / n
+        blended = np.where(held, old, self.alpha * v + (1.0 - self.alpha) * old)
+        value[r] = np.where(confirmed, mean, blended)
+        state["n"][r[confirmed]] = 0
 
-    def predict(self) -> float | None:
-        """Return the average, ``None`` before any observation."""
-        return self._value
+    def silo_state(self, state: State, row: int) -> dict[str, Any]:
+        """The average and the held observations not confirmed yet (``pending``)."""
+        n = int(state["n"][row])
+        held = state["held"][row, :n].tolist()
+        trailing = next((k for k in range(n) if all(held[k:])), n)
+        pending = state["speed"][row, trailing:n].tolist()
+        return {**super().silo_state(state, row), "pending": pending}
 
-    def state(self) -> dict[str, Any]:
-        """Return the JSON-serialisable state."""
-        return {
-            "name": self.name,
-            "alpha": self.alpha,
-            "threshold": self.threshold,
-            "confirm": self.confirm,
-            "value": self._value,
-            "pending": [e.speed for e in self._detector.held()],
-        }
+    def load(self, state: State, row: int, saved: Mapping[str, Any]) -> None:
+        """The average and its pending observations (their deviations from it)."""
+        super().load(state, row, saved)
+        pending = [_speed(v) for v in saved.get("pending", ())]
+        if len(pending) >= self.confirm:
+            raise ValueError(f"{len(pending)} pending observations, confirm is {self.confirm}")
+        value = float(state["value"][row])
+        n = len(pending)
+        state["speed"][row, :n] = pending
+        state["dev"][row, :n] = [(v - value) / value for v in pending]
+        state["held"][row, :n] = True
+        state["n"][row] = n
 
 
-ESTIMATORS = ("ema", "last", "narx", "change-ema")
-
-
-def make_estimator(
-    name: str, *, alpha: float = 0.2, options: dict[str, Any] | None = None
-) -> SpeedEstimator:
-    """Build an estimator by name.
+@register
+class NARX(SpeedEstimator):
+    """The NARX predictor of each silo (:class:`~fl_lbbsp.core.silo.narx.NARXNetwork`),
+    the EMA (:class:`EMA`, ``alpha``) before its warm-up and wherever the network's
+    output is unusable.
 
     Parameters
     ----------
-    name : str
-        ``"ema"``, ``"last"``, ``"narx"`` or ``"change-ema"``.
     alpha : float (default: 0.2)
-        EMA weight of the latest observation (``"ema"``, ``"change-ema"``, and ``"narx"``
-        before warm-up).
-    options : dict | None (default: None)
-        Extra keyword arguments of the estimator (for ``"narx"``: ``warmup``, ``hidden``,
-        ...; see :class:`~fl_lbbsp.core.silo.narx.NARXEstimator`; for ``"change-ema"``:
-        ``threshold``, ``confirm``).
+        The fallback EMA's weight.
+    warmup, hidden, train_every, history, max_epochs, lr, tol, patience, background, seed
+        The network's settings (:class:`~fl_lbbsp.core.silo.narx.NARXNetwork`).
+
+    Reference: Chen et al., IEEE TCC 2021, Sec. 3.2.2 (Eq. 4, Fig. 3); Chen et al., SoCC
+    2020, Sec. 4.2 (online training after a warm-up, EMA before).
     """
-    extra = dict(options or {})
-    if name == "ema":
-        return EMAEstimator(alpha=alpha, **extra)
-    if name == "last":
-        return LastValueEstimator(**extra)
-    if name == "change-ema":
-        return ChangeAwareEMAEstimator(alpha=alpha, **extra)
-    if name == "narx":
-        from .narx import NARXEstimator
 
-        return NARXEstimator(alpha=alpha, **extra)
-    raise ValueError(f"unknown speed estimator {name!r}; expected one of {ESTIMATORS}")
+    name = "narx"
+    uses_machine = True
+    alpha: float = Alpha
+    warmup: int = Field(default=500, ge=3)
+    hidden: int = Field(default=2, ge=1)
+    train_every: int = Field(default=10, ge=1)
+    history: int = Field(default=1000, ge=3)
+    max_epochs: int = Field(default=300, ge=1)
+    lr: float = Field(default=0.01, gt=0, allow_inf_nan=False)
+    tol: float = Field(default=1e-4, gt=0, allow_inf_nan=False)
+    patience: int = Field(default=4, ge=1)
+    background: bool = True
+    seed: int = 0
+
+    def _network(self) -> Any:
+        from .narx import NARXNetwork
+
+        return NARXNetwork(**self.model_dump(exclude={"alpha"}))
+
+    def fresh(self, rows: int) -> dict[str, np.ndarray]:
+        """The EMA and one network per silo."""
+        networks = np.empty(rows, dtype=object)
+        for i in range(rows):
+            networks[i] = self._network()
+        return {"value": np.full(rows, np.nan), "network": networks}
+
+    def update(
+        self, state: State, rows: np.ndarray, speeds: np.ndarray, use: MachineUse | None
+    ) -> None:
+        """Feed the EMA, and each silo's network its speed and machine use."""
+        EMA(alpha=self.alpha).update(state, rows, speeds, use)
+        cpu = np.full(len(rows), np.nan) if use is None else use.cpu
+        memory = np.full(len(rows), np.nan) if use is None else use.memory
+        values = zip(rows.tolist(), speeds.tolist(), cpu.tolist(), memory.tolist(), strict=True)
+        for i, speed, c, m in values:
+            state["network"][i].update(speed, cpu=_none(c), memory=_none(m))
+
+    def predict(self, state: State, rows: np.ndarray) -> np.ndarray:
+        """Each network's prediction, the EMA where it has none or an unusable one."""
+        fallback = state["value"][rows]
+        networks = state["network"][rows].tolist()
+        return np.array([n.predict(f) for n, f in zip(networks, fallback.tolist(), strict=True)])
+
+    def silo_state(self, state: State, row: int) -> dict[str, Any]:
+        """The EMA and the network's series and weights."""
+        return {**super().silo_state(state, row), **state["network"][row].state()}
+
+    def load(self, state: State, row: int, saved: Mapping[str, Any]) -> None:
+        """The EMA and the network."""
+        super().load(state, row, saved)
+        state["network"][row] = self._network()
+        state["network"][row].load(saved)
+
+    def warming_up(self, state: State, row: int) -> tuple[int, int] | None:
+        """``(observations, warm-up)`` before the network's first training."""
+        seen = state["network"][row].observations
+        return (seen, self.warmup) if seen < self.warmup else None
 
 
-def estimator_from_state(state: dict[str, Any]) -> SpeedEstimator:
-    """Rebuild an estimator from :meth:`SpeedEstimator.state`."""
-    value = state.get("value")
-    if state["name"] == "ema":
-        return EMAEstimator(alpha=float(state["alpha"]), value=value)
-    if state["name"] == "last":
-        return LastValueEstimator(value=value)
-    if state["name"] == "change-ema":
-        return ChangeAwareEMAEstimator(
-            alpha=float(state["alpha"]),
-            threshold=float(state["threshold"]),
-            confirm=int(state["confirm"]),
-            value=value,
-            pending=[float(v) for v in state["pending"]],
-        )
-    if state["name"] == "narx":
-        from .narx import NARXEstimator
+def parse_estimator(
+    name: str, *, alpha: float = 0.2, options: Mapping[str, Any] | None = None
+) -> SpeedEstimator:
+    """The estimator ``name`` of :data:`ESTIMATORS` with ``options`` (and ``alpha``, where
+    it has one): the boundary where a CLI's or a run config's strings become an object.
 
-        return NARXEstimator.from_state(state)
-    raise ValueError(f"unknown speed estimator {state['name']!r} in saved state")
+    Raises
+    ------
+    ValueError
+        On an unknown name or a bad option (one line naming it).
+    """
+    cls = ESTIMATORS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown speed estimator {name!r}; expected one of {sorted(ESTIMATORS)}")
+    fields = dict(options or {})
+    if "alpha" in cls.model_fields:
+        fields.setdefault("alpha", alpha)
+    try:
+        return cls(**fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(
+            f"{name} estimator: {where}: {first['msg']} (got {first['input']!r})"
+        ) from None
+
+
+def estimator_from_state(saved: Mapping[str, Any]) -> SpeedEstimator:
+    """The estimator of a :meth:`SpeedEstimator.silo_state` (its settings)."""
+    cls = ESTIMATORS.get(str(saved.get("name")))
+    if cls is None:
+        raise ValueError(f"unknown speed estimator {saved.get('name')!r} in saved state")
+    return cls(**{k: saved[k] for k in cls.model_fields if k in saved})
+
+
+class Predictor:
+    """One silo's predictor: an estimator over a table of one row.
+
+    Parameters
+    ----------
+    estimator : SpeedEstimator
+        The estimator.
+    """
+
+    def __init__(self, estimator: SpeedEstimator) -> None:
+        self.estimator = estimator
+        self.columns = estimator.fresh(1)
+        self._row = np.zeros(1, dtype=np.intp)
+
+    def update(
+        self, speed: float, *, cpu_percent: float | None = None,
+        memory_percent: float | None = None,
+    ) -> None:  # fmt: skip
+        """Feed the speed of a round (samples per second, finite and positive) and the
+        machine's CPU and memory use during it (percent; ``None``: not measured)."""
+        use = MachineUse(_unknown(cpu_percent), _unknown(memory_percent))
+        self.estimator.update(self.columns, self._row, np.array([_speed(speed)]), use)
+
+    def predict(self) -> float | None:
+        """The predicted speed of the next round (``None``: no observation yet)."""
+        return _none(float(self.estimator.predict(self.columns, self._row)[0]))
+
+    def state(self) -> dict[str, Any]:
+        """The state as JSON (:meth:`SpeedEstimator.silo_state`)."""
+        return self.estimator.silo_state(self.columns, 0)
+
+    @classmethod
+    def from_state(cls, saved: Mapping[str, Any]) -> Predictor:
+        """Rebuild from :meth:`state`."""
+        predictor = cls(estimator_from_state(saved))
+        predictor.estimator.load(predictor.columns, 0, saved)
+        return predictor
+
+
+def _speed(speed: object) -> float:
+    value = float(speed) if isinstance(speed, int | float | np.number) else math.nan
+    if isinstance(speed, bool) or not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"speed must be a finite positive number, got {speed!r}")
+    return value
+
+
+def _none(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _unknown(value: float | None) -> np.ndarray:
+    return np.array([math.nan if value is None else float(value)])

@@ -2,14 +2,14 @@
 
 Every report of a silo (batch size x, seconds t) is judged against the silo's own earlier
 reports near x (:meth:`SiloTable.near_levels`) by the change detector (the run of
-deviations of :class:`~fl_lbbsp.core.silo.change.ChangeDetector`, here over columns): a normal
+deviations of :func:`~fl_lbbsp.core.silo.detector.observe_run`, over columns): a normal
 report feeds the speed estimator and the history window; a held one (a possible change)
 feeds nothing; a confirmed change restarts the estimator and the window from the reports
 that confirmed it (a co-tenant came or went), keeping the fit's shape and noise. After the
 reports the cost curves ``t = a * max(x, k) + b`` are refitted from the windows
-(:mod:`.costfit_batch`) and the silos' rows of the table (:data:`ROW`) refreshed, so that
+(:func:`~.costfit.fit_windows`) and the silos' rows of the table (:data:`ROW`) refreshed, so that
 the allocation only gathers rows (:mod:`.allocation`). A whole round is one pass of array
-operations over the silos' columns (:mod:`.silo_columns`); one silo's state comes out as
+operations over the silos' columns (:mod:`.columns`); one silo's state comes out as
 a record (:class:`~fl_lbbsp.core.silo.state.SiloModel`, the checkpoint form).
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
@@ -28,13 +28,12 @@ from typing import Any
 import numpy as np
 
 from ..balancer_settings import ModelSettings
-from ..slowdown import MIN_SILOS, median, shared_slowdown
+from ..slowdown import median, shared_slowdown
 from .columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
-from .costfit import fit_linear_cost
-from .costfit_batch import SCALAR_ROWS, fit_windows
-from .detector import near_levels, observe_run, push, take_changes
-from .report_columns import ReportColumns, report_columns
-from .reports import SiloReport
+from .costfit import fit_linear_cost, fit_windows
+from .detector import near_levels, observe_run, push
+from .estimators import EMA, MachineUse
+from .reports import ReportColumns, SiloReport, report_columns
 from .state import Observation, SiloModel
 
 __all__ = ["ROW", "Observation", "SiloModel", "SiloTable", "SiloView"]
@@ -80,9 +79,6 @@ class SiloTable:
         """Each silo's model by id, read from the columns (:class:`SiloView`)."""
         self.shapes_changed = False
         self.pooled_shape = 0.0
-        self.scalar_rows: int | None = None
-        """Up to how many silos a round's fits are made one at a time (``None``:
-        :data:`~fl_lbbsp.core.silo.costfit_batch.SCALAR_ROWS`)."""
 
     # ------------------------------------------------------------------ reports
     def take_round(self, reports: Mapping[str, SiloReport], *, shared: bool = False) -> float:
@@ -98,7 +94,7 @@ class SiloTable:
         *, shared: bool = False,
     ) -> float:  # fmt: skip
         """:meth:`take_round` of valid reports whose fields are already ``columns``
-        (:func:`~fl_lbbsp.core.silo.report_columns.report_columns`)."""
+        (:func:`~fl_lbbsp.core.silo.reports.report_columns`)."""
         if not silos:
             return 1.0
         rows = np.fromiter(map(self._index.get, silos, repeat(0)), np.intp, count=len(silos))
@@ -120,15 +116,11 @@ class SiloTable:
     def near_levels(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
         """Each silo's time at batch size ``size`` from its own earlier reports near it
         (:func:`~fl_lbbsp.core.silo.detector.near_levels`); NaN: none."""
+        f = self.columns
         return near_levels(
-            self.columns, rows, size, spread=self.settings.min_fit_spread,
-            exact=self._one_at_a_time(rows),
+            (f.hist_x, f.hist_t, f.hist_n), f["fit_slope"][rows], rows, size,
+            spread=self.settings.min_fit_spread,
         )  # fmt: skip
-
-    def _one_at_a_time(self, rows: np.ndarray) -> bool:
-        """Whether a round of ``rows`` is judged one silo at a time (a few silos: the
-        same floats as :mod:`.costfit` gives, and faster)."""
-        return len(rows) <= (SCALAR_ROWS if self.scalar_rows is None else self.scalar_rows)
 
     def _take(
         self, rows: np.ndarray, x: np.ndarray, t: np.ndarray, speed: np.ndarray,
@@ -140,21 +132,19 @@ class SiloTable:
         judged = ~np.isnan(level) if settings.change_sigmas is not None else np.zeros(
             len(rows), dtype=bool
         )  # fmt: skip
-        f.run_n[rows[~judged]] = 0
+        f.run["n"][rows[~judged]] = 0
         normal = ~judged
         change = np.zeros(len(rows), dtype=bool)
         if judged.any():
             j = np.flatnonzero(judged)
-            exact = self._one_at_a_time(rows)
-            ratio = t[j] / level[j]
-            deviation = np.array(list(map(math.log, ratio.tolist()))) if exact else np.log(ratio)
+            deviation = np.log(t[j] / level[j])
             noise = np.nan_to_num(f["noise"][rows[j]], nan=0.0)
             floor = math.log1p(settings.change_threshold)
             limit = np.maximum(floor, settings.change_sigmas * noise)
             held = np.abs(deviation) > limit
             confirmed = observe_run(
-                f, rows[j], (x[j], t[j], speed[j], deviation), held, limit=limit, floor=floor,
-                confirm=settings.change_confirm, exact=exact,
+                f.run, rows[j], (x[j], t[j], speed[j], deviation), held, limit=limit, floor=floor,
+                confirm=settings.change_confirm,
             )  # fmt: skip
             normal[j] = ~confirmed & ~held
             change[j] = confirmed
@@ -163,11 +153,31 @@ class SiloTable:
         f["boost"][rows] = np.where(f.restarted[rows], settings.max_boost, 1.0)
         f.restarted[rows] = False
         k = np.flatnonzero(normal)
-        chosen = None if f.columnar else [reports[i] for i in k.tolist()]
-        f.update_estimators(rows[k], speed[k], chosen)
+        use = None
+        if f.estimator.uses_machine:
+            chosen = [reports[i] for i in k.tolist()]
+            use = MachineUse(_floats(chosen, "cpu_percent"), _floats(chosen, "memory_percent"))
+        f.update_estimators(rows[k], speed[k], use)
         push(f.hist_x, f.hist_t, f.hist_n, rows[k], x[k], t[k])
         if change.any():
-            take_changes(f, rows[change], settings.max_boost)
+            self._take_changes(rows[change])
+
+    def _take_changes(self, rows: np.ndarray) -> None:
+        """Restart the estimator and the window of each of ``rows`` from the reports that
+        confirmed its change, widen its change limit by the change's size, empty its
+        run."""
+        f, run = self.columns, self.columns.run
+        for i in rows.tolist():
+            n = int(run["n"][i])
+            one = np.array([i])
+            f.restart_estimators(one)
+            for speed in run["speed"][i, :n].tolist():  # oldest first
+                f.update_estimators(one, np.array([speed]))
+            f.hist_x[i, :n], f.hist_t[i, :n] = run["x"][i, :n], run["t"][i, :n]
+            f.hist_n[i] = n
+            level_ratio = math.exp(abs(float(run["dev"][i, :n].sum()) / n))
+            f["boost"][i] = min(level_ratio, self.settings.max_boost)
+            run["n"][i] = 0
 
     def restart(self, silo_id: str) -> None:
         """Forget what a silo's reports taught its estimate and window, as after a
@@ -177,7 +187,7 @@ class SiloTable:
         if i is not None:
             f, rows = self.columns, np.array([i])
             f.restart_estimators(rows)
-            f.hist_n[i] = f.run_n[i] = 0
+            f.hist_n[i] = f.run["n"][i] = 0
             f["boost"][i] = 1.0
             f.restarted[i] = True
             self.refresh(rows)  # no history: no cost line
@@ -250,7 +260,7 @@ class SiloTable:
         fit = fit_windows(
             x, t, n, knee=f["knee"][rows], noise=noise,
             prior_shape=np.where(known, shape, self.pooled_shape), prior_known=known,
-            min_relative_spread=spread, scalar_rows=self.scalar_rows,
+            min_relative_spread=spread,
         )  # fmt: skip
         f["knee"][rows] = fit.knee
         for name, values in zip(FIT_FIELDS, fit, strict=True):
@@ -346,15 +356,9 @@ class SiloTable:
 
     def warming_up(self) -> dict[str, tuple[int, int]]:
         """Silos whose estimator is still in its warm-up: id -> (reports, warm-up)."""
-        out = {}
-        if not self.columns.columnar:
-            for silo, i in self._index.items():
-                estimator = self.columns.estimators[i]
-                warmup = getattr(estimator, "warmup", None)
-                seen = getattr(estimator, "observations", None)
-                if isinstance(warmup, int) and isinstance(seen, int) and seen < warmup:
-                    out[silo] = (seen, warmup)
-        return out
+        f = self.columns
+        warming = {silo: f.estimator.warming_up(f.est, i) for silo, i in self._index.items()}
+        return {silo: w for silo, w in warming.items() if w is not None}
 
     def mean_steps(self) -> float:
         """Mean local steps of the silos seen (1 if none)."""
@@ -367,13 +371,8 @@ def _round_slowdown(
     threshold: float,
 ) -> float:  # fmt: skip
     """:func:`~fl_lbbsp.core.slowdown.shared_slowdown` of a round ``(size, time, levels)``
-    of ``rows``; where enough silos have a level, its first branch over arrays (the same
-    divisions and logs)."""
+    of ``rows`` (their fitted lines standing in where a level is missing)."""
     size, time, levels = round_
-    near = ~np.isnan(levels)
-    if np.count_nonzero(near) >= MIN_SILOS:
-        deviations = list(map(math.log, (time[near] / levels[near]).tolist()))
-        return math.exp(median(deviations))
     lines = f["fit_slope"][rows] * size + f["fit_intercept"][rows]
     return shared_slowdown(time.tolist(), _nones(levels), _nones(lines), threshold=threshold)
 
@@ -387,9 +386,9 @@ def _take_fields(
     f["steps"][rows] = np.where(np.isnan(samples), 1.0, samples / size)
     cap = columns.max_batch_size
     f["cap"][rows] = np.where(np.isnan(cap), f["cap"][rows], cap)
-    new, old = columns.fixed_time, f["fixed"][rows]
-    blended = np.where(np.isnan(old), new, alpha * new + (1 - alpha) * old)
-    f["fixed"][rows] = np.where(np.isnan(new), old, blended)
+    new = columns.fixed_time
+    given = ~np.isnan(new)
+    EMA(alpha=alpha).update({"value": f["fixed"]}, rows[given], new[given], None)
     f.last[rows] = np.fromiter(reports, dtype=object, count=len(reports))
     f["last_size"][rows] = size
 
@@ -422,6 +421,12 @@ def _write_rows(
 def _field(last: object, name: str) -> Any:
     """A field of a last report (a :class:`SiloReport`, or its fields restored)."""
     return last.get(name) if isinstance(last, dict) else getattr(last, name, None)
+
+
+def _floats(reports: Sequence[SiloReport], name: str) -> np.ndarray:
+    """A field of each report as floats (NaN: not given)."""
+    values = (getattr(r, name) for r in reports)
+    return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
 
 
 def _nones(values: np.ndarray) -> list[float | None]:

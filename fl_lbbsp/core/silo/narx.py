@@ -20,15 +20,14 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Unpack
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .speed import EMAEstimator, MachineUse
-
-__all__ = ["NARXEstimator"]
+__all__ = ["NARXNetwork"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -45,14 +44,13 @@ def _executor() -> ThreadPoolExecutor:
         return _EXECUTOR
 
 
-class NARXEstimator:
-    """Per-worker NARX predictor of sample-processing speed.
+class NARXNetwork:
+    """One worker's NARX network of its sample-processing speed (the registry's
+    :class:`~fl_lbbsp.core.silo.estimators.NARX` keeps one per silo, and the EMA it falls
+    back on).
 
     Parameters
     ----------
-    alpha : float (default: 0.2)
-        Weight of the latest observation in the EMA used before warm-up (and as the
-        fallback whenever the network's output is unusable).
     warmup : int (default: 500)
         Observations before the network is first trained and used (the paper's 500
         iterations).
@@ -76,15 +74,15 @@ class NARXEstimator:
         (deterministic, for tests and benchmarks).
     seed : int (default: 0)
         Seed of the initial weights.
+
+    The settings are checked by :class:`~fl_lbbsp.core.silo.estimators.NARX`.
     """
 
-    name = "narx"
     inputs = 6
 
     def __init__(
         self,
         *,
-        alpha: float = 0.2,
         warmup: int = 500,
         hidden: int = 2,
         train_every: int = 10,
@@ -96,21 +94,6 @@ class NARXEstimator:
         background: bool = True,
         seed: int = 0,
     ) -> None:
-        for name, value, low in (
-            ("warmup", warmup, 3),
-            ("hidden", hidden, 1),
-            ("train_every", train_every, 1),
-            ("history", history, 3),
-            ("max_epochs", max_epochs, 1),
-            ("patience", patience, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        for name, number in (("lr", lr), ("tol", tol)):
-            if not math.isfinite(number) or number <= 0:
-                raise ValueError(f"{name} must be a finite positive number, got {number!r}")
-        self._ema = EMAEstimator(alpha=alpha)
-        self.alpha = float(alpha)
         self.warmup = warmup
         self.hidden = hidden
         self.train_every = train_every
@@ -131,14 +114,12 @@ class NARXEstimator:
         self.last_loss: float | None = None
 
     # ----------------------------------------------------------------- protocol
-    def update(self, speed: float, **use: Unpack[MachineUse]) -> None:
-        """Record a round's speed, CPU and memory use (percent; missing ones count as
-        the previous value, or 0), and retrain when due."""
-        self._ema.update(speed)
+    def update(self, speed: float, *, cpu: float | None, memory: float | None) -> None:
+        """Record a round's speed, CPU and memory use (percent; ``None`` counts as the
+        previous value, or 0), and retrain when due."""
         previous = self._series[-1] if self._series else (speed, 0.0, 0.0)
-        cpu_percent, memory_percent = use.get("cpu_percent"), use.get("memory_percent")
-        cpu = previous[1] if cpu_percent is None else float(cpu_percent)
-        memory = previous[2] if memory_percent is None else float(memory_percent)
+        cpu = previous[1] if cpu is None else float(cpu)
+        memory = previous[2] if memory is None else float(memory)
         with self._lock:
             self._series.append((float(speed), cpu, memory))
             self.observations += 1
@@ -153,13 +134,12 @@ class NARXEstimator:
             else:
                 self._train()
 
-    def predict(self) -> float | None:
-        """Network prediction once trained, else the EMA."""
-        fallback = self._ema.predict()
+    def predict(self, fallback: float) -> float:
+        """Network prediction once trained, else ``fallback`` (the EMA; NaN: none)."""
         with self._lock:
             weights, scale = self._weights, self._scale
             features = self._features_for_next()
-        if weights is None or features is None or fallback is None:
+        if weights is None or features is None or math.isnan(fallback):
             return fallback
         value = float(_forward(weights, features[None, :])[0]) * scale
         # A diverged or nonsensical network never replaces the EMA.
@@ -227,21 +207,6 @@ class NARXEstimator:
         self.wait()
         with self._lock:
             return {
-                "name": self.name,
-                "alpha": self.alpha,
-                "config": {
-                    "warmup": self.warmup,
-                    "hidden": self.hidden,
-                    "train_every": self.train_every,
-                    "history": self.history,
-                    "max_epochs": self.max_epochs,
-                    "lr": self.lr,
-                    "tol": self.tol,
-                    "patience": self.patience,
-                    "background": self.background,
-                    "seed": self.seed,
-                },
-                "value": self._ema.predict(),
                 "series": [list(row) for row in self._series],
                 "observations": self.observations,
                 "trained_at": self._trained_at,
@@ -251,21 +216,16 @@ class NARXEstimator:
                 else {k: v.tolist() for k, v in self._weights.items()},
             }
 
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> NARXEstimator:
-        """Rebuild from :meth:`state`."""
-        estimator = cls(alpha=float(state["alpha"]), **state["config"])
-        if state.get("value") is not None:
-            estimator._ema = EMAEstimator(alpha=estimator.alpha, value=float(state["value"]))
-        estimator._series.extend(tuple(float(v) for v in row) for row in state["series"])  # type: ignore[misc]
-        estimator.observations = int(state["observations"])
-        estimator._trained_at = int(state["trained_at"])
-        estimator._scale = float(state["scale"])
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state`."""
+        self._series.extend(tuple(float(v) for v in row) for row in state["series"])  # type: ignore[misc]
+        self.observations = int(state["observations"])
+        self._trained_at = int(state["trained_at"])
+        self._scale = float(state["scale"])
         if state.get("weights") is not None:
-            estimator._weights = {
+            self._weights = {
                 k: np.asarray(v, dtype=np.float64) for k, v in state["weights"].items()
             }
-        return estimator
 
 
 def _forward(weights: dict[str, FloatArray], x: FloatArray) -> FloatArray:

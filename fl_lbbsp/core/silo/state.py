@@ -1,11 +1,14 @@
-"""One silo's model as a record: the checkpoint form of a row of the silo table.
+"""One silo's model as a record: the state a row of the silo table saves and restores.
 
 The balancer keeps every silo's state in the columns of one table
 (:class:`~fl_lbbsp.core.silo.model.SiloTable`); a :class:`SiloModel` is one silo's
-state taken out of it (its estimator, history window, change detector's run, cost fit)
-as objects, to save (:meth:`SiloModel.state`, the balancer's checkpoint format) and to
-restore (:meth:`SiloModel.from_state`, put back with
-:meth:`~fl_lbbsp.core.silo.model.SiloTable.register`).
+state taken out of it (its estimator, history window, change detector's run, cost fit).
+It is at once what :meth:`~fl_lbbsp.core.balancer.BatchSizeBalancer.state_dict` holds for
+the silo (:meth:`SiloModel.state`) and the checkpoint's schema of it (a checkpoint's silo
+is validated by :meth:`SiloModel.model_validate`, with the bounds below), and it is put
+back into the table by :meth:`~fl_lbbsp.core.silo.model.SiloTable.register`. Adding a
+field is one edit here, and its column in :mod:`.columns`. Known fields are validated,
+unknown ones kept (later versions may add state).
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
 Environments", IEEE TCC 2021, Sec. 4 (the BatchSizeManager's per-worker state).
@@ -14,17 +17,47 @@ Environments", IEEE TCC 2021, Sec. 4 (the BatchSizeManager's per-worker state).
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
-from ..balancer_settings import ModelSettings
-from .change import ChangeDetector, Deviation
-from .costfit import CostFit
-from .estimators import SpeedEstimator, estimator_from_state
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["Observation", "SiloModel"]
+from .estimators import ESTIMATORS
+
+__all__ = [
+    "MAX_BATCH_SIZE",
+    "MAX_COUNT",
+    "MAX_ENTRIES",
+    "MAX_SECONDS",
+    "MAX_SPEED",
+    "Batch",
+    "Count",
+    "EstimatorState",
+    "FitState",
+    "LastReport",
+    "Observation",
+    "OpenRecord",
+    "Positive",
+    "Seconds",
+    "SiloModel",
+    "Speed",
+]
+
+MAX_BATCH_SIZE = 10_000_000
+"""Largest batch size a state may hold (a sanity bound, far above any real one)."""
+MAX_SPEED = 1e15
+"""Largest speed (samples per second) a state may hold; the smallest is its inverse."""
+MAX_COUNT = 10**9
+"""Largest count (reports, steps, versions) a state may hold."""
+MAX_ENTRIES = 100_000
+"""Longest list (history, pending reports, overheads) a state may hold."""
+MAX_SECONDS = 1e7
+"""Longest time (a round, an overhead: 115 days) a state may hold."""
+
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False, strict=True)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+Speed = Annotated[float, Field(ge=1 / MAX_SPEED, le=MAX_SPEED, allow_inf_nan=False, strict=True)]
+Batch = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE, strict=True)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
 
 
 class Observation(NamedTuple):
@@ -34,25 +67,76 @@ class Observation(NamedTuple):
     time: float
 
 
-@dataclass
-class SiloModel:
+class OpenRecord(BaseModel):
+    """Known fields validated, unknown ones kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class EstimatorState(OpenRecord):
+    """A silo's speed estimator
+    (:meth:`~fl_lbbsp.core.silo.estimators.SpeedEstimator.silo_state`): its name, the
+    current speed (samples per second) and, where the estimator has them, its smoothing
+    and held-back observations."""
+
+    name: str
+    value: Speed | None = None
+    alpha: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, strict=True)
+    pending: list[Speed] | None = Field(default=None, max_length=MAX_ENTRIES)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in ESTIMATORS:
+            raise ValueError(f"unknown speed estimator {value!r:.40}")
+        return value
+
+
+class LastReport(OpenRecord):
+    """The last report the balancer took from a silo (empty before its first)."""
+
+    batch_size: int = Field(default=0, ge=0, le=MAX_BATCH_SIZE, strict=True)
+    train_time: Seconds = 0.0
+    samples: float = Field(default=0.0, ge=0, allow_inf_nan=False, strict=True)
+
+
+class FitState(OpenRecord):
+    """A silo's cost curve ``t = slope * max(x, knee) + intercept`` (see
+    :class:`~fl_lbbsp.core.silo.costfit.CostFit`)."""
+
+    slope: Positive
+    intercept: Seconds
+    anchor: Positive
+    level: Positive
+    noise: Seconds | None = None
+    weight: float = Field(ge=0, le=1, allow_inf_nan=False, strict=True)
+    spread: tuple[Positive, Positive]
+    knee: Seconds = 0.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FitState:
+        low, high = self.spread
+        if low > high or high > MAX_BATCH_SIZE:
+            raise ValueError(f"spread {[low, high]} is not 0 < low <= high <= {MAX_BATCH_SIZE}")
+        return self
+
+
+class SiloModel(OpenRecord):
     """What the balancer knows of one silo.
 
     Parameters
     ----------
-    estimator : SpeedEstimator
-        Its speed predictor.
-    history : deque of Observation
-        The window of recent normal reports, for the cost fit.
-    detector : ChangeDetector
-        Its change detector (the run of reports deviating to the same side).
+    estimator : EstimatorState
+        Its speed estimator's state.
+    history : list of (int, float) (default: [])
+        The window of recent normal reports (batch size, seconds), for the cost fit.
     max_batch_size : int | None (default: None)
         Its reported memory cap.
     steps : float (default: 1.0)
         Local steps per round (samples / batch size) of its last report.
     fixed_time : float | None (default: None)
         Smoothed fixed per-round seconds (``he-time``).
-    last : dict (default: {})
+    last : LastReport | None (default: None)
         Its last report's fields.
     reports : int (default: 0)
         Reports taken.
@@ -61,104 +145,60 @@ class SiloModel:
         it; kept across a change (a co-tenant scales a and b alike).
     noise : float | None (default: None)
         Robust relative residual scale of its last fit with enough reports.
+    pending : list of list (default: [])
+        The change detector's run, each ``[batch size, time, speed, deviation, held]``
+        (an older entry without ``held``: held).
     boost : float (default: 1.0)
         Level ratio of a change confirmed by its last report (widens its change limit).
-    fit : CostFit | None (default: None)
+    fit : FitState | None (default: None)
         Its last robust fit.
     knee : float (default: 0.0)
         Batch size up to which its time is flat (0: none), kept across a change.
-    index : int (default: 0)
-        Its row in the :class:`SiloTable`.
     """
 
-    estimator: SpeedEstimator
-    history: deque[Observation]
-    detector: ChangeDetector
-    max_batch_size: int | None = None
-    steps: float = 1.0
-    fixed_time: float | None = None
-    last: dict[str, Any] = field(default_factory=dict)
-    reports: int = 0
-    shape: float | None = None
-    noise: float | None = None
-    boost: float = 1.0
-    fit: CostFit | None = None
-    knee: float = 0.0
-    index: int = 0
+    estimator: EstimatorState
+    history: list[tuple[Batch, Seconds]] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    max_batch_size: Batch | None = None
+    steps: float = Field(default=1.0, gt=0, le=MAX_BATCH_SIZE, allow_inf_nan=False, strict=True)
+    fixed_time: Seconds | None = None
+    last: LastReport | None = None
+    reports: Count = 0
+    shape: Seconds | None = None
+    noise: Seconds | None = None
+    pending: list[list[Any]] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    boost: Positive = 1.0
+    fit: FitState | None = None
+    knee: float = Field(default=0.0, ge=0, le=MAX_BATCH_SIZE, allow_inf_nan=False)
 
+    @field_validator("pending")
     @classmethod
-    def new(cls, settings: ModelSettings) -> SiloModel:
-        """A silo never seen before."""
-        return cls(
-            estimator=settings.new_estimator(),
-            history=deque(maxlen=settings.history),
-            detector=ChangeDetector(confirm=settings.change_confirm, window=settings.history),
-        )
+    def _pending(cls, value: list[list[Any]]) -> list[list[Any]]:
+        out = []
+        for i, entry in enumerate(value):
+            if len(entry) not in (4, 5):
+                raise ValueError(f"entry {i} has {len(entry)} values, expected 4 or 5")
+            batch, seconds, speed, deviation, *held = entry
+            if not (_integer(batch) and 1 <= batch <= MAX_BATCH_SIZE):
+                raise ValueError(
+                    f"entry {i}: batch size {batch!r:.40} out of [1, {MAX_BATCH_SIZE}]"
+                )
+            if not (_real(seconds) and 0 <= seconds <= MAX_SECONDS):
+                raise ValueError(f"entry {i}: time {seconds!r:.40} out of [0, {MAX_SECONDS:g}]")
+            if not (_real(speed) and 1 / MAX_SPEED <= speed <= MAX_SPEED):
+                raise ValueError(f"entry {i}: speed {speed!r:.40} out of range")
+            if not _real(deviation) or any(not isinstance(h, bool) for h in held):
+                raise ValueError(f"entry {i}: deviation or held-back flag of the wrong type")
+            out.append([batch, float(seconds), float(speed), float(deviation), *held, True][:5])
+        return out
 
     def state(self) -> dict[str, Any]:
-        """JSON-serialisable state (the balancer's checkpoint format)."""
-        return {
-            "estimator": self.estimator.state(),
-            "history": [list(pair) for pair in self.history],
-            "max_batch_size": self.max_batch_size,
-            "steps": self.steps,
-            "fixed_time": self.fixed_time,
-            "last": self.last,
-            "reports": self.reports,
-            "shape": self.shape,
-            "noise": self.noise,
-            "pending": [entry.to_list() for entry in self.detector.run],
-            "boost": self.boost,
-            "fit": None if self.fit is None else _fit_state(self.fit),
-            "knee": self.knee,
-        }
-
-    @classmethod
-    def from_state(cls, saved: Mapping[str, Any], settings: ModelSettings) -> SiloModel:
-        """Rebuild from :meth:`state`; fields missing from an older state take defaults."""
-        history = (Observation(int(x), float(t)) for x, t in saved["history"])
-        return cls(
-            estimator=estimator_from_state(saved["estimator"]),
-            history=deque(history, maxlen=settings.history),
-            detector=ChangeDetector(
-                confirm=settings.change_confirm,
-                window=settings.history,
-                run=[Deviation.from_list(p) for p in saved.get("pending", [])],
-            ),
-            max_batch_size=saved["max_batch_size"],
-            steps=float(saved["steps"]),
-            fixed_time=saved.get("fixed_time"),
-            last=dict(saved.get("last", {})),
-            reports=int(saved.get("reports", len(saved["history"]))),
-            shape=_optional_float(saved.get("shape")),
-            noise=_optional_float(saved.get("noise")),
-            boost=float(saved.get("boost", 1.0)),
-            fit=None if saved.get("fit") is None else _fit_from_state(saved["fit"]),
-            knee=float(saved.get("knee") or 0.0),
-        )
+        """The JSON form (what a checkpoint holds; the fields given, no defaults added)."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
-def _fit_state(fit: CostFit) -> dict[str, Any]:
-    """A cost fit as JSON (NaN noise as null)."""
-    state = asdict(fit)
-    state["noise"] = None if math.isnan(fit.noise) else fit.noise
-    state["spread"] = list(fit.spread)
-    return state
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _fit_from_state(state: Mapping[str, Any]) -> CostFit:
-    low, high = state["spread"]
-    return CostFit(
-        slope=float(state["slope"]),
-        intercept=float(state["intercept"]),
-        anchor=float(state["anchor"]),
-        level=float(state["level"]),
-        noise=math.nan if state.get("noise") is None else float(state["noise"]),
-        weight=float(state["weight"]),
-        spread=(float(low), float(high)),
-        knee=float(state.get("knee") or 0.0),
-    )
-
-
-def _optional_float(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
+def _real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
