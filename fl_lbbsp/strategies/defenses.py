@@ -7,7 +7,8 @@ updates are judged together (:mod:`fl_lbbsp.security.update_screen`):
 - an update far outside the round's others (distance to the global model sent, or a
   gradient's norm) is rejected, and its silo's streak of rejected updates counted;
 - an undeclared dataset size weighs at most ``max_weight_ratio`` times the median of the
-  other silos' and no more than all of them together;
+  federation's sizes (which fewer than half the silos cannot move) and no more than all
+  the others together;
 - the silos' ``model-refused`` notes (a silo that found the global model it was sent NaN
   or far from its last one trains from its last model instead) are read: the server logs
   an error, and when most of the round's silos refused, the round's result is the last
