@@ -521,6 +521,8 @@ class CenteredClip:
         self._scales: list[float] = []
         self.clipped = 0
         """Updates clipped in the last :meth:`result`'s final pass."""
+        self.clipped_total = 0
+        """Updates clipped in the final pass of every :meth:`result` so far."""
 
     def begin(self, reference: Sequence[npt.ArrayLike]) -> None:
         """Start a round from the global model ``reference`` (its values are read: every
@@ -588,6 +590,7 @@ class CenteredClip:
             raise ValueError("cannot aggregate zero updates")
         with np.errstate(over="ignore", invalid="ignore"):
             centre = self._centre()
+        self.clipped_total += self.clipped
         if not np.isfinite(centre).all():
             raise ValueError("the robust aggregate holds NaN or inf")
         out: Arrays = []

@@ -37,6 +37,7 @@ __all__ = [
     "error_summary",
     "few",
     "layout_of_npy",
+    "model_norm",
     "model_problem",
 ]
 
@@ -183,7 +184,11 @@ def check_finite(views: list[tuple[str, np.ndarray]]) -> None:
 
 
 def model_problem(
-    arrays: Sequence[np.ndarray], last: Sequence[np.ndarray] | None, *, max_ratio: float
+    arrays: Sequence[np.ndarray],
+    last: Sequence[np.ndarray] | None,
+    *,
+    max_ratio: float,
+    accepted: Sequence[float] = (),
 ) -> str | None:
     """Why a silo must refuse a global model (a decrypted aggregate), or ``None``.
 
@@ -195,7 +200,12 @@ def model_problem(
         The silo's last model (``None``: it has none yet, only finiteness is checked).
     max_ratio : float
         The model's L2 norm must lie within ``[last / max_ratio, last * max_ratio]`` of
-        the last model's (not checked when the last norm is 0).
+        the last model's (not checked when the last norm is 0), or within that range of
+        one of the ``accepted`` norms.
+    accepted : sequence of float (default: ())
+        The norms of the global models the silo accepted in its last rounds: a server
+        that rolls a diverged model back sends one of them again, far from the silo's
+        last model (trained from the diverged one), and the silo must take it.
 
     Returns
     -------
@@ -208,9 +218,15 @@ def model_problem(
     if last is None:
         return None
     norm, before = _norm(arrays), _norm(last)
-    if before > 0 and not before / max_ratio <= norm <= before * max_ratio:
+    near = [n for n in accepted if n > 0 and n / max_ratio <= norm <= n * max_ratio]
+    if before > 0 and not before / max_ratio <= norm <= before * max_ratio and not near:
         return f"its norm {norm:.4g} is not within {max_ratio:g}x of the last model's {before:.4g}"
     return None
+
+
+def model_norm(arrays: Sequence[np.ndarray]) -> float:
+    """The L2 norm of a model over all its arrays (float64)."""
+    return _norm(arrays)
 
 
 def _norm(arrays: Sequence[np.ndarray]) -> float:
