@@ -173,6 +173,7 @@ def run_cell(
     aggregation: str,
     seed: int,
     federation: dict[str, Any],
+    clip_factor: float | None = None,
 ) -> dict[str, Any]:
     """One federation; its accuracy per round, the rounds rolled back and rejections."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -195,6 +196,7 @@ def run_cell(
         strategy = LBBSPFedAvg(
             fraction_evaluate=0.0,
             robust_aggregation=aggregation,  # type: ignore[arg-type]
+            **({} if clip_factor is None else {"clip_factor": clip_factor}),
             **{
                 **config.strategy_settings(),
                 "local_steps": config.local_steps,
@@ -238,10 +240,10 @@ def run_cell(
 
 
 def jobs(smoke: bool) -> list[dict[str, Any]]:
-    """The runs in the order they matter (a time limit keeps a prefix): the honest runs,
-    the robust default against every attack (1 of 5, then 2 of 5, then 2 of 10), FedAvg's
-    mean against every attack (1 of 5), the honest runs' other seeds, the size-claim
-    liars."""
+    """The runs in the order they matter (a time limit keeps a prefix): the honest runs
+    of 5 silos; 1 hostile of 5 against the robust default and FedAvg's mean (iid,
+    labels:2); 2 of 5 against the default; the size-claim liars; dirichlet:0.3; the
+    honest runs' other seeds; 2 of 10; the rest."""
     if smoke:
         return [
             {"partition": "iid", "silos": 5, "hostile": h, "attack": a, "claim": False,
@@ -256,24 +258,32 @@ def jobs(smoke: bool) -> list[dict[str, Any]]:
                     "attack": attack, "claim": claim, "aggregation": agg,
                     "seed": seed})  # fmt: skip
 
-    for silos in (5, 10):
-        for partition in PARTITIONS:
-            for agg in AGGREGATIONS:
-                add(partition, silos, 0, "honest", False, agg)
-    for silos, hostile in ((5, 1), (5, 2), (10, 2)):
-        for partition in PARTITIONS:
+    for partition in PARTITIONS:
+        for agg in AGGREGATIONS:
+            add(partition, 5, 0, "honest", False, agg)
+    for partition in ("iid", "labels:2"):
+        for agg in ("centered-clip", "mean"):
             for attack in ATTACKS[1:]:
-                add(partition, silos, hostile, attack, False, "centered-clip")
+                add(partition, 5, 1, attack, False, agg)
     for partition in ("iid", "labels:2"):
         for attack in ATTACKS[1:]:
-            add(partition, 5, 1, attack, False, "mean")
+            add(partition, 5, 2, attack, False, "centered-clip")
+    for attack in ATTACKS[1:]:
+        add("iid", 5, 1, attack, True, "centered-clip")
+    for attack in ATTACKS[1:]:
+        add("dirichlet:0.3", 5, 1, attack, False, "centered-clip")
     for seed in range(1, SEEDS):
         for partition in ("labels:2", "dirichlet:0.3"):
             for agg in AGGREGATIONS:
                 add(partition, 5, 0, "honest", False, agg, seed)
-    for hostile in (1, 2):
+    for partition in PARTITIONS:
+        for agg in AGGREGATIONS:
+            add(partition, 10, 0, "honest", False, agg)
         for attack in ATTACKS[1:]:
-            add("iid", 5, hostile, attack, True, "centered-clip")
+            add(partition, 10, 2, attack, False, "centered-clip")
+    for attack in ATTACKS[1:]:
+        add("dirichlet:0.3", 5, 2, attack, False, "centered-clip")
+        add("iid", 5, 2, attack, True, "centered-clip")
     return out
 
 
@@ -382,6 +392,11 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
     }
 
 
+def _key(job: dict[str, Any]) -> str:
+    return json.dumps([job[k] for k in ("partition", "silos", "hostile", "attack", "claim",
+                                          "aggregation", "seed")])  # fmt: skip
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
@@ -390,7 +405,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the grid (as much as ``--minutes`` allows) and write the section's JSON."""
     cli = parser(__doc__.splitlines()[0])
     cli.add_argument("--minutes", type=float, default=19.0)
+    cli.add_argument(
+        "--cache", type=Path, default=None,
+        help="JSON lines of finished runs: reused, and each new run appended",
+    )  # fmt: skip
     args = cli.parse_args(argv)
+    cached: dict[str, dict[str, Any]] = {}
+    if args.cache is not None and args.cache.is_file():
+        for line in args.cache.read_text().splitlines():
+            row = json.loads(line)
+            cached[_key(row)] = row
     federation = {**FEDERATION, "rounds": 3} if args.smoke else FEDERATION
     deadline = time.monotonic() + 60.0 * args.minutes
     rows: list[dict[str, Any]] = []
@@ -398,13 +422,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     todo = jobs(args.smoke)
     with quiet_logs():
         for job in todo:
+            if _key(job) in cached:
+                rows.append(cached[_key(job)])
+                continue
             if time.monotonic() > deadline:
-                break
+                continue
             t0 = time.monotonic()
             result = run_cell(**job, federation=federation)
             rows.append({**job, **result, "seconds": round(time.monotonic() - t0, 1)})
-            brief = {k: v for k, v in rows[-1].items() if k != "accuracy"}
-            print(json.dumps(brief), file=sys.stderr, flush=True)
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            if args.cache is not None:
+                with args.cache.open("a") as cache:
+                    cache.write(json.dumps(rows[-1]) + "\n")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     data = section(rows, complete=len(rows) == len(todo), seconds=time.monotonic() - started,
                    load=load)  # fmt: skip

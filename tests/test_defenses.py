@@ -14,7 +14,7 @@ from flwr.clientapp import ClientApp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_lbbsp.contract import MODEL_REFUSED, RecordKeys
+from fl_lbbsp.contract import MODEL_REFUSED, TRAIN_LOSS, RecordKeys
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.security.update_screen import (
     UpdateScreen,
@@ -35,6 +35,7 @@ def _app(
     refuse: set[int] | None = None,
     refuse_from: int = 1,
     poison_from: int = 0,
+    losses: dict[int, float] | None = None,
 ) -> ClientApp:
     """Silo p moves every weight by ``step[p]`` (by 1e30 from round ``poison_from`` on
     for a silo whose step is ``inf``), claims ``sizes[p]`` examples (default 100), and
@@ -53,11 +54,13 @@ def _app(
         moved = ArrayRecord(
             {k: Array((a.numpy() + np.float32(move)).astype(np.float32)) for k, a in arrays.items()}
         )
-        metrics = {
+        metrics: dict[str, float | int] = {
             KEYS.num_examples: (sizes or {}).get(p, 100),
             KEYS.train_time: (p + 1) * 0.001 * b * TAU,
             KEYS.batch_size: b,
         }
+        if losses is not None:
+            metrics[TRAIN_LOSS] = losses.get(server_round, 1.0)
         silo = {KEYS.silo_id: str(p)}
         if refuse and p in refuse and server_round >= refuse_from:
             silo[MODEL_REFUSED] = "its norm is not within 100x of the last model's"
@@ -415,3 +418,62 @@ def test_integer_weights_are_the_capped_weights_as_integers() -> None:
     # Assert: the same weights, whole numbers (median 102, cap 204)
     assert integers == {"a": 100, "b": 101, "c": 103, "liar": 204}
     assert {s: w for s, (w, _) in floats.items()} == {s: float(w) for s, w in integers.items()}
+
+
+@pytest.mark.parametrize("flip", [1.0, 3.0, 8.0])
+def test_a_sign_flipping_silo_cannot_steer_the_default_aggregation(flip: float) -> None:
+    # Prepare: three honest silos move every weight by about +1 a round, silo 3 by
+    # -flip (within the update screen's 10x bound: it is not rejected)
+    app = _app({0: 1.0, 1: 1.1, 2: 0.9, 3: -flip})
+
+    # Execute: the default (centered-clip) and FedAvg's mean
+    _, robust = _run(app, rounds=3)
+    _, mean = _run(app, rounds=3, robust_aggregation="mean")
+
+    # Assert: the default moves by the honest silos' steps (about 3 in 3 rounds); the
+    # mean by (3 - flip) / 4 a round
+    assert robust.arrays["w"].numpy() == pytest.approx(np.full(4, 3.0), abs=0.35)
+    assert mean.arrays["w"].numpy() == pytest.approx(np.full(4, 3 * (3.0 - flip) / 4), abs=0.05)
+
+
+def test_a_diverged_model_is_rolled_back_and_reported(fl_log: pytest.LogCaptureFixture) -> None:
+    # Prepare: the silos report a train-loss of 2 in the first rounds and of 1e4 in
+    # round 3 (the model they were sent in round 3 exploded)
+    app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, losses={1: 2.0, 2: 1.5, 3: 1e4})
+
+    # Execute
+    strategy, result = _run(app, rounds=3)
+
+    # Assert: round 3's model is the one sent in round 2 (moved once: 1.0), an error
+    # names the divergence, and the rollback is counted
+    assert result.arrays["w"].numpy() == pytest.approx(np.full(4, 1.0))
+    errors = [r.getMessage() for r in fl_log.records if r.levelname == "ERROR"]
+    assert any("diverged" in e and "rolled back" in e for e in errors)
+    assert strategy.defenses.rollbacks == 1
+
+
+@pytest.mark.parametrize(
+    ("losses", "diverged"),
+    [
+        ([2.0, 2.1, 1.9], False),
+        ([30.0, 30.0, 1.0], True),
+        ([math.nan, math.nan, 1.0], True),
+        ([1e9, 1.0, 1.0], False),  # one silo's claim cannot trigger a rollback
+        (["x", None, True], False),  # no numeric loss: nothing judged
+    ],
+)
+def test_the_median_loss_decides_a_divergence(losses: list[Any], diverged: bool) -> None:
+    # Prepare: the first round's median loss is 2
+    from fl_lbbsp.strategies.defenses import Defenses
+
+    defenses = Defenses(
+        max_update_ratio=10.0, update_spread_sigmas=3.0, max_weight_ratio=2.0,
+        weigh_by_size=True, max_loss_ratio=10.0,
+    )  # fmt: skip
+    assert defenses.diverged([2.0, 2.0, 2.0]) is None
+
+    # Execute
+    why = defenses.diverged(losses)
+
+    # Assert
+    assert (why is not None) == diverged

@@ -26,6 +26,7 @@ from ..contract import SILO_APP_METRICS, RecordKeys
 
 __all__ = [
     "DEFAULT_EXTRA_METRIC_KEYS",
+    "MAX_CPU_PERCENT",
     "ArraySpec",
     "InvalidReplyError",
     "Layout",
@@ -40,6 +41,10 @@ __all__ = [
     "model_norm",
     "model_problem",
 ]
+
+MAX_CPU_PERCENT = 100.0 * 4096
+"""The largest ``cpu-percent`` accepted: psutil's percent of one core, on up to 4,096
+cores (the shipped silos send the machine's share, at most 100)."""
 
 DEFAULT_EXTRA_METRIC_KEYS: tuple[str, ...] = SILO_APP_METRICS
 """Metrics beyond the contract that the shipped silo and worker apps send."""
@@ -346,9 +351,11 @@ class ReplyValidator:
             _count(k.samples_processed, metrics[k.samples_processed], high=_EXACT_INT)
         if k.max_batch_size in metrics:
             _count(k.max_batch_size, metrics[k.max_batch_size], high=_EXACT_INT, low=0)
-        for key in (k.cpu_percent, k.memory_percent, k.he_time):
-            if key in metrics and float(metrics[key]) < 0:
-                raise InvalidReplyError(f"{key} must not be negative, got {metrics[key]!r}")
+        if k.he_time in metrics and float(metrics[k.he_time]) < 0:
+            raise InvalidReplyError(f"{k.he_time} must not be negative, got {metrics[k.he_time]!r}")
+        for key, high in ((k.cpu_percent, MAX_CPU_PERCENT), (k.memory_percent, 100.0)):
+            if key in metrics and not 0 <= float(metrics[key]) <= high:
+                raise InvalidReplyError(f"{key} must lie in [0, {high:g}], got {metrics[key]!r}")
 
     def check_evaluation(self, metrics: Mapping[str, Any]) -> None:
         """Check an evaluation reply's metrics: the weight is a count in range, every value

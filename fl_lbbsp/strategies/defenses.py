@@ -170,7 +170,7 @@ class Defenses:
             )
         return len(refused)
 
-    def diverged(self, state: RoundState, losses: Iterable[Any]) -> str | None:
+    def diverged(self, losses: Iterable[Any]) -> str | None:
         """Why the model the round's silos were sent diverged (``None``: it did not).
 
         ``losses`` are the round's replies' ``train-loss`` metrics (any reply, accepted or

@@ -157,7 +157,7 @@ class TrainRound:
         contents = [accepted[silo][1] for silo in accepted if silo in kept]
         arrays, skipped = self._result(state, len(contents), updates, scheme)
         refused = self.defenses.refusals(state, answered, self.keys)
-        diverged = self.defenses.diverged(state, losses)
+        diverged = self.defenses.diverged(losses)
         arrays = self.defenses.settle(
             state, arrays, refused=refused, replied=len(answered), diverged=diverged
         )
