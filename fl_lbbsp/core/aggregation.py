@@ -490,7 +490,7 @@ class CenteredClip:
 
     Parameters
     ----------
-    factor : float (default: 2.0)
+    factor : float (default: 1.0)
         The clipping radius in medians of the (noise-scaled) distances to the first
         centre; > 0.
     iterations : int (default: 3)
@@ -506,7 +506,7 @@ class CenteredClip:
     True
     """
 
-    def __init__(self, *, factor: float = 2.0, iterations: int = 3) -> None:
+    def __init__(self, *, factor: float = 1.0, iterations: int = 3) -> None:
         if not math.isfinite(factor) or factor <= 0:
             raise ValueError(f"factor must be finite and > 0, got {factor!r}")
         if iterations < 1:

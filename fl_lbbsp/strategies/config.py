@@ -86,7 +86,7 @@ class ServerConfig(BaseModel):
         the model, and with no update clipped it is FedAvg's mean); ``"mean"``: FedAvg's
         weighted mean alone. Encrypted updates cannot be read, so this applies to
         plaintext only.
-    clip_factor : float (default: 2.0)
+    clip_factor : float (default: 1.0)
         The clipping radius of ``"centered-clip"`` in medians of the updates' distances
         to the robust centre (each widened by ``sqrt(B_eq / B_i)`` for a silo sent less
         than the equal split); > 0.
@@ -118,7 +118,7 @@ class ServerConfig(BaseModel):
     update_spread_sigmas: float = Field(default=3.0, gt=0, allow_inf_nan=False)
     max_weight_ratio: float = Field(default=2.0, ge=1, allow_inf_nan=False)
     robust_aggregation: Literal["centered-clip", "mean"] = "centered-clip"
-    clip_factor: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+    clip_factor: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     max_loss_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     max_empty_rounds: int = Field(default=3, ge=1, strict=True)
 
