@@ -357,7 +357,8 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
         "setting": (
             f"{len(rows)} in-process federations ({'all' if complete else 'a prefix of'} the "
             f"grid, {seconds / 60:.1f} min, load {load}): LBBSPFedAvg with its defaults "
-            f"(max_weight_ratio 2) on the embedded digits, MLP, {FEDERATION['rounds']} rounds,"
+            f"(max_weight_ratio 2, centered-clip radius 1 median) on the embedded digits, MLP, "
+            f"{FEDERATION['rounds']} rounds,"
             f" tau {FEDERATION['local_steps']}, B_init {FEDERATION['batch_size']}, eta "
             f"{FEDERATION['lr']}; speeds 5:1 emulated by a cost model, the hostile silos the "
             f"slowest (smallest batches). Final accuracy: mean of the last {LAST} rounds. "
