@@ -356,7 +356,9 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
         "title": "Robustness: hostile registered silos against the robust aggregation",
         "setting": (
             f"{len(rows)} in-process federations ({'all' if complete else 'a prefix of'} the "
-            f"grid, {seconds / 60:.1f} min, load {load}): LBBSPFedAvg with its defaults "
+            f"grid; {sum(1 for r in rows if r.get('cached'))} of them reused from an earlier "
+            f"invocation's cache, the rest run in {seconds / 60:.1f} min, load {load}): "
+            "LBBSPFedAvg with its defaults "
             f"(max_weight_ratio 2, centered-clip radius 1 median) on the embedded digits, MLP, "
             f"{FEDERATION['rounds']} rounds,"
             f" tau {FEDERATION['local_steps']}, B_init {FEDERATION['batch_size']}, eta "
@@ -424,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with quiet_logs():
         for job in todo:
             if _key(job) in cached:
-                rows.append(cached[_key(job)])
+                rows.append({**cached[_key(job)], "cached": True})
                 continue
             if time.monotonic() > deadline:
                 continue
