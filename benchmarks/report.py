@@ -55,7 +55,7 @@ __all__ = [
 
 SECTION_ORDER = (
     "setup", "fl", "dynamics", "noise", "accuracy", "predictors", "cluster", "ddp", "overhead",
-    "he", "wallclock", "plugin",
+    "he", "wallclock", "plugin", "robustness",
 )  # fmt: skip
 GOAL_OPS = ("<=", "<", ">=", ">")
 REPORT_NAME = "REPORT.md"

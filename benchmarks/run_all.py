@@ -7,7 +7,8 @@ timings do not share a process with the others): ``bench_setup.py`` (``make demo
 ``budget``), ``accuracy_study.py`` (section ``accuracy-budget``), ``budget_tradeoff.py`` (section
 ``budget-tradeoff``, on the study's cached runs), ``bench_predictors.py``,
 ``bench_cluster.py``, ``bench_ddp.py``, ``bench_overhead.py``, ``bench_he.py``,
-``bench_wallclock.py``, ``bench_plugin.py``. A missing script is skipped with a message; a
+``bench_wallclock.py``, ``bench_plugin.py``, ``bench_robustness.py`` (section
+``robustness``). A missing script is skipped with a message; a
 failing one is reported and the others still run. A run of every section first removes
 every section file of the folder, so that ``REPORT.md`` holds that one run and nothing
 older. Finally ``report.py`` validates every section JSON in the folder and writes
@@ -50,6 +51,7 @@ SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "he": ("bench_he.py", ("he",)),
     "wallclock": ("bench_wallclock.py", ("wallclock",)),
     "plugin": ("bench_plugin.py", ("plugin",)),
+    "robustness": ("bench_robustness.py", ("robustness",)),
 }
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "WARM_WORKER",
     "ENCRYPTED_HEADER",
     "LAST_MODEL",
+    "ACCEPTED_NORMS",
     "MODEL_REFUSED",
     "HE_CHECK",
     "NAMED_SILO",
@@ -138,6 +139,9 @@ REFUSED_ROUND = "lbbsp-refused-round"
 refused the global model in; it answers check requests only in the round after."""
 LAST_MODEL = "lbbsp-last-model"
 """ArrayRecord of a silo's Context state: its model after its last round of training."""
+ACCEPTED_NORMS = "lbbsp-accepted-norms"
+"""ConfigRecord of a silo's Context state: ``norms``, the L2 norms of the last global
+models it accepted (a server's rollback sends one of them again)."""
 
 OUT_OF_MEMORY = "lbbsp: out of memory at batch size"
 """How a silo's error reply says its batch size did not fit its memory: this text and the

@@ -128,7 +128,9 @@ def test_variants_without_balancing_are_fedavg() -> None:
 
 # ------------------------------------------------------------------- partial aggregation
 def _partial_round(times, values, examples, tmp_path, **kwargs):  # type: ignore[no-untyped-def]
-    strategy = PartialAggregation(telemetry_path=tmp_path / "t.jsonl", **{**SETTINGS, **kwargs})
+    # FedAvg's mean: the tests compare the exact weighted mean of the replies kept
+    settings = {**SETTINGS, "robust_aggregation": "mean", **kwargs}
+    strategy = PartialAggregation(telemetry_path=tmp_path / "t.jsonl", **settings)
     configs = _configs(strategy)
     replies = [
         _reply(node, batch_size=30, steps=10, time=t, examples=n, value=v)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -144,3 +145,36 @@ def test_a_partial_benchmark_run_names_the_sections_it_kept(tmp_path: Path) -> N
 
     # Assert: the header of a partial run can say which sections it did not rerun
     assert names == ["accuracy-budget", "fl"]
+
+
+def _row(attack: str, agg: str, final: float | None, *, hostile: int = 1, seed: int = 0,
+         partition: str = "iid") -> dict[str, Any]:  # fmt: skip
+    return {"partition": partition, "silos": 5, "hostile": 0 if attack == "honest" else hostile,
+            "attack": attack, "claim": False, "aggregation": agg, "seed": seed,
+            "final": final, "rejected": 0, "rollbacks": 0, "clipped": 0}  # fmt: skip
+
+
+def test_the_robustness_section_compares_each_cell_with_its_honest_run() -> None:
+    # Prepare: honest runs at 0.90 (both aggregations), attacked runs at 0.89 and 0.50
+    # (clip) and a run that ended with no finite accuracy (mean)
+    import bench_robustness as br
+    from report import validate_section
+
+    rows = [
+        _row("honest", "centered-clip", 0.90), _row("honest", "mean", 0.90),
+        _row("signflip-8", "centered-clip", 0.89), _row("ipm", "centered-clip", 0.50),
+        _row("signflip-8", "mean", None),
+        _row("signflip-8", "centered-clip", 0.70, hostile=2),
+    ]  # fmt: skip
+
+    # Execute
+    data = br.section(rows, complete=True, seconds=60.0, load="1.0")
+
+    # Assert: a valid section; the worst drop per hostile share, the failed run counted
+    validate_section(data)
+    figures = {f["label"]: f["value"] for f in data["figures"]}
+    assert figures["largest drop under attack, 1/5 hostile, centered-clip"] == pytest.approx(40.0)
+    assert figures["largest drop under attack, 2/5 hostile, centered-clip"] == pytest.approx(20.0)
+    assert figures["largest drop under attack, 2/10 hostile, centered-clip"] is None
+    assert data["notes"][0].startswith("1 runs")
+    assert [r[6] for r in data["tables"][0]["rows"]] == ["-1.0", "-40.0", "-", "-20.0"]

@@ -14,9 +14,14 @@ from flwr.clientapp import ClientApp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_lbbsp.contract import MODEL_REFUSED, RecordKeys
+from fl_lbbsp.contract import MODEL_REFUSED, TRAIN_LOSS, RecordKeys
 from fl_lbbsp.runs.inprocess import InProcessGrid
-from fl_lbbsp.security.update_screen import UpdateScreen, cap_weights, update_distance
+from fl_lbbsp.security.update_screen import (
+    UpdateScreen,
+    cap_weights,
+    integer_weights,
+    update_distance,
+)
 from fl_lbbsp.strategies import LBBSPFedAvg
 
 KEYS = RecordKeys()
@@ -30,6 +35,7 @@ def _app(
     refuse: set[int] | None = None,
     refuse_from: int = 1,
     poison_from: int = 0,
+    losses: dict[int, float] | None = None,
 ) -> ClientApp:
     """Silo p moves every weight by ``step[p]`` (by 1e30 from round ``poison_from`` on
     for a silo whose step is ``inf``), claims ``sizes[p]`` examples (default 100), and
@@ -48,11 +54,13 @@ def _app(
         moved = ArrayRecord(
             {k: Array((a.numpy() + np.float32(move)).astype(np.float32)) for k, a in arrays.items()}
         )
-        metrics = {
+        metrics: dict[str, float | int] = {
             KEYS.num_examples: (sizes or {}).get(p, 100),
             KEYS.train_time: (p + 1) * 0.001 * b * TAU,
             KEYS.batch_size: b,
         }
+        if losses is not None:
+            metrics[TRAIN_LOSS] = losses.get(server_round, 1.0)
         silo = {KEYS.silo_id: str(p)}
         if refuse and p in refuse and server_round >= refuse_from:
             silo[MODEL_REFUSED] = "its norm is not within 100x of the last model's"
@@ -108,12 +116,12 @@ def test_an_undeclared_huge_dataset_claim_cannot_take_most_of_the_aggregate() ->
     # Prepare: silo 3 claims 9.9 million examples (under any absolute cap), the others 100
     app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 3.0}, sizes={3: 9_900_000})
 
-    # Execute
-    _, result = _run(app, rounds=1)
+    # Execute: FedAvg's mean (the weight cap alone; the robust default clips the update)
+    _, result = _run(app, rounds=1, robust_aggregation="mean")
 
-    # Assert: its weight is at most all the others' together (300 of 600): the mean
-    # moves by at most (3 * 1 + 1 * 3) / 6 = 2, not by about 3
-    assert result.arrays["w"].numpy() == pytest.approx(np.full(4, 2.0))
+    # Assert: its weight is at most max_weight_ratio (2) times the federation's median
+    # (100): the mean moves by (3 * 100 * 1 + 200 * 3) / 500 = 1.8, not by about 3
+    assert result.arrays["w"].numpy() == pytest.approx(np.full(4, 1.8))
 
 
 def test_a_declared_size_counts_whole() -> None:
@@ -277,8 +285,8 @@ def test_an_inflated_claim_weighs_no_more_in_the_noise_budget_than_in_the_aggreg
     # Execute
     weights = engine.budget_weights()
 
-    # Assert: the budget sees the capped weight (all the others together), not the claim
-    assert weights == {"0": 100.0, "1": 100.0, "2": 100.0, "3": 300.0}
+    # Assert: the budget sees the capped weight (2x the median), not the claim
+    assert weights == {"0": 100.0, "1": 100.0, "2": 100.0, "3": 200.0}
 
 
 def _cap_weights_by_definition(
@@ -286,13 +294,14 @@ def _cap_weights_by_definition(
 ) -> dict[str, tuple[float, bool]]:
     """The cap as its docstring defines it, one silo at a time (quadratic)."""
     federation = {**known, **claimed}
+    median = float(np.median(list(federation.values())))
     out = {}
     for silo, size in claimed.items():
         others = [n for s, n in federation.items() if s != silo]
         if silo in declared or not others:
             out[silo] = (size, False)
             continue
-        cap = min(ratio * float(np.median(others)), math.fsum(others))
+        cap = min(float(max(1, math.floor(ratio * median))), math.fsum(others))
         out[silo] = (cap, True) if size > cap else (size, False)
     return out
 
@@ -323,3 +332,148 @@ def test_capped_weights_equal_the_cap_by_definition(
     assert {s: why is not None for s, (_, why) in weights.items()} == {
         s: capped for s, (_, capped) in expected.items()
     }
+
+
+def _liars_share(honest: list[int], liars: list[float], ratio: float) -> float:
+    """The share of the aggregation weight the liars hold under :func:`cap_weights`."""
+    claimed = {f"h{k}": float(n) for k, n in enumerate(honest)}
+    claimed |= {f"liar{k}": n for k, n in enumerate(liars)}
+    weights = cap_weights(claimed, known=claimed, declared={}, max_weight_ratio=ratio)
+    total = math.fsum(w for w, _ in weights.values())
+    return math.fsum(w for s, (w, _) in weights.items() if s.startswith("liar")) / total
+
+
+@pytest.mark.parametrize(("n", "k"), [(5, 1), (5, 2), (10, 2)])
+@settings(max_examples=100, deadline=None)
+@given(
+    size=st.integers(1, 100_000),
+    claims=st.lists(st.integers(1, 10**9).map(float), min_size=2, max_size=2),
+    ratio=st.sampled_from([1.0, 2.0, 3.0, 10.0]),
+)
+def test_k_colluding_liars_hold_at_most_the_documented_share(
+    n: int, k: int, size: int, claims: list[float], ratio: float
+) -> None:
+    # Prepare: n - k honest silos of equal size, k liars claiming anything
+    liars = claims[:k]
+
+    # Execute
+    share = _liars_share([size] * (n - k), liars, ratio)
+
+    # Assert: at most k r / (k r + n - k) (cap_weights' bound), up to the floor's rounding
+    bound = k * ratio / (k * ratio + n - k)
+    assert share <= bound + 1e-12
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@settings(max_examples=100, deadline=None)
+@given(
+    honest=st.lists(st.integers(1, 100_000), min_size=3, max_size=4),
+    claims=st.lists(st.integers(1, 10**9).map(float), min_size=2, max_size=2),
+)
+def test_the_liars_bound_holds_for_unequal_honest_sizes(
+    k: int, honest: list[int], claims: list[float]
+) -> None:
+    # Prepare: 5 silos, k of them liars; the general bound's median M is at most the
+    # (floor(n / 2) + 1)-th smallest honest size
+    honest = honest[: 5 - k] + [honest[0]] * max(0, 5 - k - len(honest))
+    ratio = 2.0
+    ordered = sorted(honest)
+    m = ordered[5 // 2 + 1 - 1]
+
+    # Execute
+    share = _liars_share(honest, claims[:k], ratio)
+
+    # Assert: at most k r M / (k r M + H), H the honest silos' applied weight
+    applied = math.fsum(min(h, ratio * m) for h in honest)
+    assert share <= k * ratio * m / (k * ratio * m + applied) + 1e-12
+
+
+@pytest.mark.parametrize(
+    ("k", "old_share", "bound"), [(1, 0.50, 1 / 3), (2, 0.87, 4 / 7), (3, 1.0, 1.0)]
+)
+def test_the_claims_of_issue_39_no_longer_take_the_model(
+    k: int, old_share: float, bound: float
+) -> None:
+    # Prepare: 5 silos of 12,000 examples, k of them claiming 9.9e6 (issue 39 measured
+    # the liars' share at old_share with the cap of the other silos' median)
+    honest = [12_000] * (5 - k)
+
+    # Execute
+    share = _liars_share(honest, [9.9e6] * k, 2.0)
+
+    # Assert: within the bound for k < n / 2; a majority of liars is beyond any median
+    assert share <= bound + 1e-9
+    if k < 3:
+        assert share < old_share - 0.15
+
+
+def test_integer_weights_are_the_capped_weights_as_integers() -> None:
+    # Prepare: a liar whose cap is 2x a median of an even count (a half-integer median)
+    claimed = {"a": 100.0, "b": 101.0, "c": 103.0, "liar": 9.9e6}
+
+    # Execute
+    floats = cap_weights(claimed, known=claimed, declared={}, max_weight_ratio=2.0)
+    integers = integer_weights(claimed, known=claimed, declared={}, max_weight_ratio=2.0)
+
+    # Assert: the same weights, whole numbers (median 102, cap 204)
+    assert integers == {"a": 100, "b": 101, "c": 103, "liar": 204}
+    assert {s: w for s, (w, _) in floats.items()} == {s: float(w) for s, w in integers.items()}
+
+
+@pytest.mark.parametrize("flip", [1.0, 3.0, 8.0])
+def test_a_sign_flipping_silo_cannot_steer_the_default_aggregation(flip: float) -> None:
+    # Prepare: three honest silos move every weight by about +1 a round, silo 3 by
+    # -flip (within the update screen's 10x bound: it is not rejected)
+    app = _app({0: 1.0, 1: 1.1, 2: 0.9, 3: -flip})
+
+    # Execute: the default (centered-clip) and FedAvg's mean
+    _, robust = _run(app, rounds=3)
+    _, mean = _run(app, rounds=3, robust_aggregation="mean")
+
+    # Assert: the default moves by the honest silos' steps (about 3 in 3 rounds); the
+    # mean by (3 - flip) / 4 a round
+    assert robust.arrays["w"].numpy() == pytest.approx(np.full(4, 3.0), abs=0.35)
+    assert mean.arrays["w"].numpy() == pytest.approx(np.full(4, 3 * (3.0 - flip) / 4), abs=0.05)
+
+
+def test_a_diverged_model_is_rolled_back_and_reported(fl_log: pytest.LogCaptureFixture) -> None:
+    # Prepare: the silos report a train-loss of 2 in the first rounds and of 1e4 in
+    # round 3 (the model they were sent in round 3 exploded)
+    app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, losses={1: 2.0, 2: 1.5, 3: 1e4})
+
+    # Execute
+    strategy, result = _run(app, rounds=3)
+
+    # Assert: round 3's model is the one sent in round 2 (moved once: 1.0), an error
+    # names the divergence, and the rollback is counted
+    assert result.arrays["w"].numpy() == pytest.approx(np.full(4, 1.0))
+    errors = [r.getMessage() for r in fl_log.records if r.levelname == "ERROR"]
+    assert any("diverged" in e and "rolled back" in e for e in errors)
+    assert strategy.defenses.rollbacks == 1
+
+
+@pytest.mark.parametrize(
+    ("losses", "diverged"),
+    [
+        ([2.0, 2.1, 1.9], False),
+        ([30.0, 30.0, 1.0], True),
+        ([math.nan, math.nan, 1.0], True),
+        ([1e9, 1.0, 1.0], False),  # one silo's claim cannot trigger a rollback
+        (["x", None, True], False),  # no numeric loss: nothing judged
+    ],
+)
+def test_the_median_loss_decides_a_divergence(losses: list[Any], diverged: bool) -> None:
+    # Prepare: the first round's median loss is 2
+    from fl_lbbsp.strategies.defenses import Defenses
+
+    defenses = Defenses(
+        max_update_ratio=10.0, update_spread_sigmas=3.0, max_weight_ratio=2.0,
+        weigh_by_size=True, max_loss_ratio=10.0,
+    )  # fmt: skip
+    assert defenses.diverged([2.0, 2.0, 2.0]) is None
+
+    # Execute
+    why = defenses.diverged(losses)
+
+    # Assert
+    assert (why is not None) == diverged

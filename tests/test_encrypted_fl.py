@@ -79,7 +79,8 @@ def test_encrypted_three_round_run_ends_with_the_plaintext_model(
     # change them); dataset sizes differ per silo (Dirichlet), so the weights matter
     plain_setup = SiloSetup(num_silos=3, partition="dirichlet:0.5", evaluate_on="test")
     enc_setup = plain_setup.model_copy(update={"secret_context": str(key_files.secret)})
-    plain = LBBSPFedAvg(balance=False, **SETTINGS)
+    # FedAvg's mean: the server cannot clip ciphertexts, so the plaintext twin does not
+    plain = LBBSPFedAvg(balance=False, robust_aggregation="mean", **SETTINGS)
     encrypted = EncryptedLBBSPFedAvg(
         public_context=key_files.public, balance=False, telemetry_path=tmp_path / "t.jsonl",
         **SETTINGS,
@@ -194,7 +195,7 @@ def test_silos_are_sent_no_weight_total(key_files, tmp_path) -> None:  # type: i
     [
         ((100, 300, 350), (0.5, 2.0, 3.5), (100, 300, 350)),  # honest: as claimed
         ((100, 300, 50_000), (0.5, 2.0, 3.5), (100, 300, 400)),  # a grab: all the others
-        ((120, 90_000, 140, 100), (1.0, 3.0, 2.0, -1.0), (120, 360, 140, 100)),
+        ((120, 90_000, 140, 100), (1.0, 3.0, 2.0, -1.0), (120, 260, 140, 100)),
     ],
     ids=["honest", "grab", "grab-among-four"],
 )
@@ -206,7 +207,10 @@ def test_the_server_applies_the_capped_weights_to_the_ciphertexts_as_in_plaintex
     nodes = list(range(1, len(claims) + 1))
     silos = "abcd"[: len(claims)]
     encrypted = _strategy(key_files, tmp_path)
-    plain = LBBSPFedAvg(**{**SETTINGS, "min_train_nodes": len(claims)})
+    # FedAvg's mean in plaintext: the server cannot clip ciphertexts
+    plain = LBBSPFedAvg(
+        **{**SETTINGS, "min_train_nodes": len(claims), "robust_aggregation": "mean"}
+    )
     for strategy in (encrypted, plain):
         strategy.configure_train(1, _initial(), ConfigRecord(), FakeGrid(nodes))
 
@@ -238,7 +242,7 @@ def test_a_silo_claiming_50000_examples_weighs_no_more_than_the_cap(
     key_files, silo_keys, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
     # Prepare: 19 silos' models at 0 with 100 examples each, one at 1 claiming 50,000:
-    # the cap is 10 x the median of the others, 1000 (the others hold 1900)
+    # the cap is 2 x the federation's median, 200 (the others hold 1900)
     nodes = list(range(1, 21))
     strategy = _strategy(key_files, tmp_path, min_train_nodes=20, min_available_nodes=20)
     strategy.configure_train(1, _initial(), ConfigRecord(), FakeGrid(nodes))
@@ -248,10 +252,10 @@ def test_a_silo_claiming_50000_examples_weighs_no_more_than_the_cap(
     # Execute
     arrays, _ = strategy.aggregate_train(1, replies)
 
-    # Assert: its share is 1000 / (1900 + 1000), not 50000 / 51900
+    # Assert: its share is 200 / (1900 + 200), not 50000 / 51900
     assert arrays is not None
-    np.testing.assert_allclose(_decrypted(silo_keys, arrays), 1000 / 2900, atol=1e-6)
-    assert update_from_record(arrays).weight == 2900
+    np.testing.assert_allclose(_decrypted(silo_keys, arrays), 200 / 2100, atol=1e-6)
+    assert update_from_record(arrays).weight == 2100
 
 
 def test_he_time_is_reported_to_the_balancer_as_fixed_time(key_files, silo_keys, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -283,7 +283,8 @@ def test_client_app_that_raises_is_logged_and_left_out_of_sum_and_weights(tmp_pa
 def test_too_few_valid_replies_skip_the_round_and_keep_the_model(tmp_path, fl_log) -> None:  # type: ignore[no-untyped-def]
     # Prepare: all three silos are needed; c fails from round 2 on
     grid = _grid(changes={"c": {"fail-from-round": 2}})
-    strategy = _run_strategy(tmp_path, min_train_silos=3)
+    # (FedAvg's mean: the expected model is the exact weighted mean)
+    strategy = _run_strategy(tmp_path, min_train_silos=3, robust_aggregation="mean")
 
     # Execute
     models, result = _run(strategy, grid, rounds=3)
@@ -385,7 +386,7 @@ def test_second_reply_from_a_node_or_silo_in_one_round_is_rejected(
 def test_reply_to_another_rounds_message_is_rejected(tmp_path, fl_log) -> None:  # type: ignore[no-untyped-def]
     # Prepare: silo c's round-1 reply turns up again in round 2, before its real one
     grid = _grid()
-    strategy = _run_strategy(tmp_path, min_train_nodes=3)
+    strategy = _run_strategy(tmp_path, min_train_nodes=3, robust_aggregation="mean")
     old = list(grid.send_and_receive(strategy.configure_train(1, _record(), ConfigRecord(), grid)))
     strategy.aggregate_train(1, old)
     new = list(grid.send_and_receive(strategy.configure_train(2, _record(), ConfigRecord(), grid)))
@@ -587,7 +588,11 @@ def test_speed_lie_moves_the_batch_size_by_at_most_the_ratio_and_not_the_weight(
 ) -> None:  # type: ignore[no-untyped-def]
     # Prepare: three equally fast silos; from round 3 on silo a claims to be 100x faster
     strategy = _strategy(
-        tmp_path, allocator="proportional", estimator="last", max_change_ratio=ratio
+        tmp_path,
+        allocator="proportional",
+        estimator="last",
+        max_change_ratio=ratio,
+        robust_aggregation="mean",  # the exact weighted mean is what is compared
     )
     grid = FakeGrid(list(NODES))
     examples, values = (100, 300, 350), (1.0, 2.0, 4.0)

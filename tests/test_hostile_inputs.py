@@ -354,3 +354,32 @@ def test_keys_checkpoint_writes_a_private_key_once(
     assert code == 0 and (tmp_path / "k").stat().st_mode & 0o777 == 0o600
     assert len(first.strip()) == 64 and int(first, 16) >= 0
     assert "--force" in err and (tmp_path / "k").read_bytes() == first
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "accepted"),
+    [
+        ("cpu-percent", 1e300, False),
+        ("cpu-percent", -1.0, False),
+        ("cpu-percent", 350.0, True),  # a process on several cores
+        ("memory-percent", 1e300, False),
+        ("memory-percent", 100.5, False),
+        ("memory-percent", 42.0, True),
+        ("he-time", -1.0, False),
+    ],
+)
+def test_metric_ranges_are_checked_as_documented(key: str, value: float, accepted: bool) -> None:
+    # Prepare: a well-formed reply's metrics, one of them set to value
+    from fl_lbbsp.contract import RecordKeys
+    from fl_lbbsp.security.screening import InvalidReplyError, ReplyValidator
+
+    keys = RecordKeys()
+    validator = ReplyValidator(keys=keys, weight_key=keys.num_examples)
+    metrics = {keys.num_examples: 100, keys.train_time: 0.5, keys.batch_size: 16, key: value}
+
+    # Execute / Assert: docs/failures.md, "out of range ... rejected, naming key and value"
+    if accepted:
+        validator.check_metrics(metrics, sent_batch_size=16)
+    else:
+        with pytest.raises(InvalidReplyError, match=key):
+            validator.check_metrics(metrics, sent_batch_size=16)

@@ -115,7 +115,9 @@ def test_batch_sizes_follow_speed_and_keep_the_total(tmp_path) -> None:
 
 def test_aggregation_weight_does_not_depend_on_batch_size(tmp_path) -> None:
     # Prepare: silo a reports a 10x speed; equal dataset sizes; no noise budget
-    strategy = _strategy(tmp_path, allocator="proportional", noise_budget=None)
+    strategy = _strategy(
+        tmp_path, allocator="proportional", noise_budget=None, robust_aggregation="mean"
+    )
     configs = _after_first_round(strategy, (0.1, 1.0, 1.0))
     fast = configs[11]["batch-size"]
     second = _round(
@@ -135,8 +137,8 @@ def test_aggregation_weight_does_not_depend_on_batch_size(tmp_path) -> None:
 
 
 def test_aggregation_is_weighted_by_num_examples(tmp_path) -> None:
-    # Prepare
-    strategy = _strategy(tmp_path)
+    # Prepare: FedAvg's mean (centered-clip would clip the update of 4 around the median)
+    strategy = _strategy(tmp_path, robust_aggregation="mean")
     strategy.configure_train(1, _zeros(), ConfigRecord(), FakeGrid([11, 12, 13]))
     replies = _round((1.0, 1.0, 1.0), examples=(100, 300, 350), values=(1.0, 2.0, 4.0))
 

@@ -26,6 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from ..contract import (
+    ACCEPTED_NORMS,
     BUSY_TIME,
     EVAL_ACCURACY,
     EVAL_LOSS,
@@ -41,7 +42,7 @@ from ..datasets import ArrayDataset
 from ..instruction import RoundInstruction, silo_id_of
 from ..models import build_model
 from ..security.identity import key_file_name, load_signing_key, sign_reply, signed_arrays
-from ..security.screening import model_problem
+from ..security.screening import model_norm, model_problem
 from .emulation import CostModel, SlowdownSchedule, compute_slot, emulate_slowdown
 from .round import Emulation, run_round, slowdown_schedule
 from .silo_setup import SiloSetup, silo_data, test_data, test_shard
@@ -215,12 +216,18 @@ def _checked_model(
     """The global model, or the silo's last model (with the reason) when it refuses it."""
     last_record = context.state.array_records.get(LAST_MODEL)
     last = None if last_record is None else last_record.to_torch_state_dict()
+    history = context.state.config_records.get(ACCEPTED_NORMS)
+    norms = [] if history is None else [float(n) for n in history.get("norms", [])]  # type: ignore[union-attr]
+    arrays = [t.detach().cpu().numpy() for t in state.values()]
     reason = model_problem(
-        [t.detach().cpu().numpy() for t in state.values()],
+        arrays,
         None if last is None or max_ratio is None else [t.numpy() for t in last.values()],
         max_ratio=max_ratio or math.inf,
+        accepted=norms,
     )
-    if reason is None:
+    if reason is None:  # the last 8 accepted models' norms: a rollback sends one again
+        norms = [*norms, model_norm(arrays)][-8:]
+        context.state[ACCEPTED_NORMS] = ConfigRecord({"norms": norms})
         return state, None
     if last is None:
         raise ValueError(f"global model refused and no earlier model to keep: {reason}")

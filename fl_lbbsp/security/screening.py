@@ -26,6 +26,7 @@ from ..contract import SILO_APP_METRICS, RecordKeys
 
 __all__ = [
     "DEFAULT_EXTRA_METRIC_KEYS",
+    "MAX_CPU_PERCENT",
     "ArraySpec",
     "InvalidReplyError",
     "Layout",
@@ -37,8 +38,13 @@ __all__ = [
     "error_summary",
     "few",
     "layout_of_npy",
+    "model_norm",
     "model_problem",
 ]
+
+MAX_CPU_PERCENT = 100.0 * 4096
+"""The largest ``cpu-percent`` accepted: psutil's percent of one core, on up to 4,096
+cores (the shipped silos send the machine's share, at most 100)."""
 
 DEFAULT_EXTRA_METRIC_KEYS: tuple[str, ...] = SILO_APP_METRICS
 """Metrics beyond the contract that the shipped silo and worker apps send."""
@@ -183,7 +189,11 @@ def check_finite(views: list[tuple[str, np.ndarray]]) -> None:
 
 
 def model_problem(
-    arrays: Sequence[np.ndarray], last: Sequence[np.ndarray] | None, *, max_ratio: float
+    arrays: Sequence[np.ndarray],
+    last: Sequence[np.ndarray] | None,
+    *,
+    max_ratio: float,
+    accepted: Sequence[float] = (),
 ) -> str | None:
     """Why a silo must refuse a global model (a decrypted aggregate), or ``None``.
 
@@ -195,7 +205,12 @@ def model_problem(
         The silo's last model (``None``: it has none yet, only finiteness is checked).
     max_ratio : float
         The model's L2 norm must lie within ``[last / max_ratio, last * max_ratio]`` of
-        the last model's (not checked when the last norm is 0).
+        the last model's (not checked when the last norm is 0), or within that range of
+        one of the ``accepted`` norms.
+    accepted : sequence of float (default: ())
+        The norms of the global models the silo accepted in its last rounds: a server
+        that rolls a diverged model back sends one of them again, far from the silo's
+        last model (trained from the diverged one), and the silo must take it.
 
     Returns
     -------
@@ -208,9 +223,15 @@ def model_problem(
     if last is None:
         return None
     norm, before = _norm(arrays), _norm(last)
-    if before > 0 and not before / max_ratio <= norm <= before * max_ratio:
+    near = [n for n in accepted if n > 0 and n / max_ratio <= norm <= n * max_ratio]
+    if before > 0 and not before / max_ratio <= norm <= before * max_ratio and not near:
         return f"its norm {norm:.4g} is not within {max_ratio:g}x of the last model's {before:.4g}"
     return None
+
+
+def model_norm(arrays: Sequence[np.ndarray]) -> float:
+    """The L2 norm of a model over all its arrays (float64)."""
+    return _norm(arrays)
 
 
 def _norm(arrays: Sequence[np.ndarray]) -> float:
@@ -330,9 +351,11 @@ class ReplyValidator:
             _count(k.samples_processed, metrics[k.samples_processed], high=_EXACT_INT)
         if k.max_batch_size in metrics:
             _count(k.max_batch_size, metrics[k.max_batch_size], high=_EXACT_INT, low=0)
-        for key in (k.cpu_percent, k.memory_percent, k.he_time):
-            if key in metrics and float(metrics[key]) < 0:
-                raise InvalidReplyError(f"{key} must not be negative, got {metrics[key]!r}")
+        if k.he_time in metrics and float(metrics[k.he_time]) < 0:
+            raise InvalidReplyError(f"{k.he_time} must not be negative, got {metrics[k.he_time]!r}")
+        for key, high in ((k.cpu_percent, MAX_CPU_PERCENT), (k.memory_percent, 100.0)):
+            if key in metrics and not 0 <= float(metrics[key]) <= high:
+                raise InvalidReplyError(f"{key} must lie in [0, {high:g}], got {metrics[key]!r}")
 
     def check_evaluation(self, metrics: Mapping[str, Any]) -> None:
         """Check an evaluation reply's metrics: the weight is a count in range, every value

@@ -20,13 +20,14 @@ dataset size. Two bounds, both relative to what the rest of the federation shows
   study's federation, a slow silo at B = 3 of B_eq = 32 sent honest updates 10-27 times the
   median and was rejected in 15 of 50 rounds, its dataset losing its say in the model.
 - **Weight cap.** An undeclared dataset size weighs at most ``max_weight_ratio`` times the
-  median of the other silos' sizes, and never more than all the others together, so no
-  single silo holds most of the aggregate unless the silo registry declares its size.
+  median of the federation's sizes, and never more than all the others together: a
+  bound that fewer than half the silos, colluding, cannot move (:func:`cap_weights`
+  states what share of the weight ``k`` liars can hold). Only the silo registry's
+  declared sizes count whole.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,7 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["UpdateScreen", "cap_weights", "update_distance"]
+__all__ = ["UpdateScreen", "cap_weights", "integer_weights", "update_distance"]
 
 _MAD_TO_SD = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 
@@ -157,18 +158,6 @@ def _noise_scales(
     }
 
 
-def _median_without(ordered: list[float], index: int) -> float:
-    """``np.median`` of ``ordered`` (sorted) without its element at ``index``."""
-    m = len(ordered) - 1
-
-    def at(k: int) -> float:
-        return ordered[k] if k < index else ordered[k + 1]
-
-    if m % 2:
-        return at(m // 2)
-    return (at(m // 2 - 1) + at(m // 2)) / 2.0
-
-
 def cap_weights(
     claimed: Mapping[str, float],
     *,
@@ -176,7 +165,25 @@ def cap_weights(
     declared: Mapping[str, float],
     max_weight_ratio: float,
 ) -> dict[str, tuple[float, str | None]]:
-    """Each silo's aggregation weight, an undeclared size capped relative to the others.
+    """Each silo's aggregation weight, an undeclared size capped relative to the federation.
+
+    The cap is ``floor(max_weight_ratio * M)``, with ``M`` the median of every known
+    silo's size (the claiming silo's own included), and never more than all the other
+    silos together. A median is a statistic that ``k < n / 2`` liars cannot move outside
+    the honest sizes (Huber and Ronchetti, "Robust Statistics", 2009, Sec. 3.2: its
+    breakdown point is 1/2): liars claiming huge sizes only push ``M`` up to the
+    ``(floor(n / 2) + 1)``-th smallest honest size. Hence the bound (proved for
+    ``k = 1, 2`` of 5 in ``tests/test_defenses.py``): with ``r = max_weight_ratio``,
+    ``k < n / 2`` liars hold at most ``k r M / (k r M + H)`` of the weight (``H`` the
+    honest silos' weight), which for honest silos of equal size is
+    ``k r / (k r + n - k)``: with the default ``r = 2``, one liar of 5 holds at most
+    1/3 (its fair share 1/5), two of 5 at most 4/7, two of 10 at most 1/3. The cap of the
+    earlier versions (``r`` times the median of the *other* silos') let each liar count
+    the other liars' claims in its median: 2 liars of 5 claiming 9.9e6 held 87%.
+
+    The weights are whole numbers wherever the claims are (dataset sizes are), so that
+    the weight that is logged is the weight that is applied, in plaintext (a float) and
+    in CKKS mode (an integer multiplying a ciphertext, :func:`integer_weights`).
 
     Parameters
     ----------
@@ -186,9 +193,10 @@ def cap_weights(
         Every silo's pinned size so far (the round's included): the federation to compare
         with, even the silos not in this round.
     declared : Mapping[str, float]
-        Sizes the silo registry declares: never capped.
+        Sizes the silo registry declares: never capped (the way to count a large silo
+        whole), but part of the median.
     max_weight_ratio : float
-        At most this many times the median of the other silos' sizes.
+        ``r``: at most this many times the federation's median size.
 
     Returns
     -------
@@ -198,22 +206,38 @@ def cap_weights(
     federation = {**known, **claimed}
     ordered = sorted(float(n) for n in federation.values())
     total = sum((Fraction(n) for n in ordered), Fraction(0))  # exact, for fsum(others)
+    median = float(np.median(ordered)) if ordered else 0.0
+    ratio_cap = float(max(1, math.floor(max_weight_ratio * median)))
     out: dict[str, tuple[float, str | None]] = {}
     for silo, size in claimed.items():
         if silo in declared or len(ordered) < 2:
             out[silo] = (size, None)
             continue
-        # the others' median and sum without building them: O(n log n) for the round, as
-        # np.median(others) and math.fsum(others) (correctly rounded) give them
-        median = _median_without(ordered, bisect.bisect_left(ordered, float(size)))
-        cap = min(max_weight_ratio * median, float(total - Fraction(float(size))))
+        cap = min(ratio_cap, float(total - Fraction(float(size))))
         if size > cap:
             out[silo] = (
                 cap,
                 f"num-examples {size:g} weighs as {cap:g}: an undeclared size counts at most "
-                f"{max_weight_ratio:g}x the median of the other silos' and no more than all of "
-                "them together (declare it in the silo registry to count it whole)",
+                f"{max_weight_ratio:g}x the median of the federation's sizes ({median:g}) and "
+                "no more than all the other silos together (declare it in the silo registry "
+                "to count it whole)",
             )
         else:
             out[silo] = (size, None)
     return out
+
+
+def integer_weights(
+    claimed: Mapping[str, float],
+    *,
+    known: Mapping[str, float],
+    declared: Mapping[str, float],
+    max_weight_ratio: float,
+) -> dict[str, int]:
+    """:func:`cap_weights` as the integers a server multiplies ciphertexts by (CKKS mode:
+    silos encrypt unweighted updates, the server scales each by its silo's weight and
+    divides the decrypted sum by the weights' sum). Each weight is the capped weight
+    rounded to the nearest integer, at least 1 (whole already for whole claims, so the
+    same weight as in plaintext)."""
+    capped = cap_weights(claimed, known=known, declared=declared, max_weight_ratio=max_weight_ratio)
+    return {silo: max(1, round(weight)) for silo, (weight, _) in capped.items()}

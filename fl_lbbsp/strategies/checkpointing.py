@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Checkpointing", "EvaluateFn"]
 
+
 log = logging.getLogger("fl_lbbsp")
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]

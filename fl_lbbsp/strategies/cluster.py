@@ -70,6 +70,12 @@ class LBBSPCluster(LBBSPFedAvg):
     checkpoint_dir : str | Path | None (default: None)
         As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; the checkpoint also holds the
         SGD momentum buffers.
+    robust_aggregation : {"mean", "centered-clip"} (default: "mean")
+        ``"centered-clip"``: each gradient clipped around a robust centre before the
+        batch-size-weighted mean (:class:`~fl_lbbsp.core.aggregation.CenteredClip`,
+        ``clip_factor`` its radius). Off by default here: a parameter server's workers
+        are one operator's machines, and the weighted mean is exactly the gradient of the
+        union of their batches (Sec. 3.4), which clipping gives up.
 
     Raises
     ------
@@ -97,6 +103,7 @@ class LBBSPCluster(LBBSPFedAvg):
         max_reply_bytes: int | None = None,
         extra_metric_keys: Iterable[str] | None = None,
         checkpoint_dir: str | Path | None = None,
+        robust_aggregation: Literal["centered-clip", "mean"] = "mean",
         **balancing: Any,
     ) -> None:
         self.ps_config = ParameterServerConfig(momentum=momentum, aggregation=aggregation)
@@ -114,11 +121,15 @@ class LBBSPCluster(LBBSPFedAvg):
             max_reply_bytes=max_reply_bytes,
             extra_metric_keys=extra_metric_keys,
             checkpoint_dir=checkpoint_dir,
+            robust_aggregation=robust_aggregation,
             **balancing,
         )
         self.aggregation = self.ps_config.aggregation
         self.updates = GradientUpdate(
-            lr=self.config.lr, momentum=self.ps_config.momentum, aggregation=self.aggregation
+            lr=self.config.lr,
+            momentum=self.ps_config.momentum,
+            aggregation=self.aggregation,
+            robust=self.robust_aggregator(),
         )
 
     @property

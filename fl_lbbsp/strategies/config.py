@@ -73,9 +73,27 @@ class ServerConfig(BaseModel):
     update_spread_sigmas : float (default: 3.0)
         The bound widens to this many robust standard deviations of the log-distances
         when the federation's updates are naturally that spread; > 0.
-    max_weight_ratio : float (default: 10.0)
-        An undeclared dataset size weighs at most this many times the median of the other
-        silos' sizes, and never more than all of them together; >= 1.
+    max_weight_ratio : float (default: 2.0)
+        An undeclared dataset size weighs at most this many times the median of the
+        federation's sizes, and never more than all the other silos together; >= 1.
+        ``k < n / 2`` colluding liars then hold at most ``k r / (k r + n - k)`` of the
+        weight among honest silos of equal size
+        (:func:`~fl_lbbsp.security.update_screen.cap_weights`).
+    robust_aggregation : {"centered-clip", "mean"} (default: "centered-clip")
+        How plaintext updates are combined: ``"centered-clip"``, each update clipped
+        around a robust centre before the dataset-size-weighted mean
+        (:class:`~fl_lbbsp.core.aggregation.CenteredClip`: no minority of silos can steer
+        the model, and with no update clipped it is FedAvg's mean); ``"mean"``: FedAvg's
+        weighted mean alone. Encrypted updates cannot be read, so this applies to
+        plaintext only.
+    clip_factor : float (default: 1.0)
+        The clipping radius of ``"centered-clip"`` in medians of the updates' distances
+        to the robust centre (each widened by ``sqrt(B_eq / B_i)`` for a silo sent less
+        than the equal split); > 0.
+    max_loss_ratio : float (default: 10.0)
+        A round whose silos' median ``train-loss`` (of the model they were sent) is not
+        finite or over this many times the lowest median seen has diverged: the model is
+        rolled back to the last one that trained sanely, with an error logged; > 1.
     max_empty_rounds : int (default: 3)
         Consecutive rounds without any aggregated update after which ``start`` stops
         with :class:`~fl_lbbsp.strategies.NoUpdateError` (a first round without one
@@ -98,7 +116,10 @@ class ServerConfig(BaseModel):
     checkpoint_key: Path | None = None
     max_update_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     update_spread_sigmas: float = Field(default=3.0, gt=0, allow_inf_nan=False)
-    max_weight_ratio: float = Field(default=10.0, ge=1, allow_inf_nan=False)
+    max_weight_ratio: float = Field(default=2.0, ge=1, allow_inf_nan=False)
+    robust_aggregation: Literal["centered-clip", "mean"] = "centered-clip"
+    clip_factor: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    max_loss_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     max_empty_rounds: int = Field(default=3, ge=1, strict=True)
 
     @model_validator(mode="after")

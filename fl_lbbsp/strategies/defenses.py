@@ -7,7 +7,11 @@ updates are judged together (:mod:`fl_lbbsp.security.update_screen`):
 - an update far outside the round's others (distance to the global model sent, or a
   gradient's norm) is rejected, and its silo's streak of rejected updates counted;
 - an undeclared dataset size weighs at most ``max_weight_ratio`` times the median of the
-  other silos' and no more than all of them together;
+  federation's sizes (which fewer than half the silos cannot move) and no more than all
+  the others together;
+- a round whose silos' median ``train-loss`` (of the model they were sent) is not finite
+  or ``max_loss_ratio`` times the first round's has diverged: the model is rolled back to
+  the last one that trained sanely, with an error (never a NaN model, never silently);
 - the silos' ``model-refused`` notes (a silo that found the global model it was sent NaN
   or far from its last one trains from its last model instead) are read: the server logs
   an error, and when most of the round's silos refused, the round's result is the last
@@ -21,7 +25,9 @@ place, learns of every refused aggregate, and names and leaves out the silo that
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import math
+import statistics
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, Message
@@ -33,7 +39,7 @@ from ..security.update_screen import UpdateScreen, cap_weights
 from .updates import Updates
 from .validation import config_record
 
-__all__ = ["Defenses", "EncryptedJudge"]
+__all__ = ["Defenses", "EncryptedJudge", "noise_scales"]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -60,6 +66,9 @@ class Defenses:
     weigh_by_size : bool
         Whether the weights are dataset sizes (FL) rather than batch sizes (cluster mode,
         where the server decides the batch sizes and nothing is capped).
+    max_loss_ratio : float (default: 10.0)
+        A round's median ``train-loss`` over this many times the first round's (or not
+        finite) has diverged (:meth:`diverged`).
     """
 
     def __init__(
@@ -69,7 +78,13 @@ class Defenses:
         update_spread_sigmas: float,
         max_weight_ratio: float,
         weigh_by_size: bool,
+        max_loss_ratio: float = 10.0,
     ) -> None:
+        self.max_loss_ratio = max_loss_ratio
+        self.first_loss: float | None = None
+        """The first round's median ``train-loss`` (``None``: none seen yet)."""
+        self.rollbacks = 0
+        """Rounds rolled back because the model diverged."""
         self.screen = UpdateScreen(
             max_update_ratio=max_update_ratio, spread_sigmas=update_spread_sigmas
         )
@@ -155,11 +170,64 @@ class Defenses:
             )
         return len(refused)
 
+    def diverged(self, losses: Iterable[Any]) -> str | None:
+        """Why the model the round's silos were sent diverged (``None``: it did not).
+
+        ``losses`` are the round's replies' ``train-loss`` metrics (any reply, accepted or
+        not; a missing or non-numeric one is left out, a NaN counts as infinite): the
+        median of them, which a minority cannot move, is judged against the first round's
+        median (the loss of the model the run started from): non-finite, or more than
+        ``max_loss_ratio`` times it, the model exploded (an honest run's loss falls from
+        its first round's). Without any loss reported nothing is judged."""
+        values = [
+            math.inf if math.isnan(float(v)) else float(v)
+            for v in losses
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        ]
+        if not values:
+            return None
+        median = statistics.median(values)
+        if self.first_loss is None:
+            if math.isfinite(median):
+                self.first_loss = max(median, 1e-12)
+                return None
+            return f"the silos' median train-loss is {median:g}"
+        if not math.isfinite(median) or median > self.max_loss_ratio * self.first_loss:
+            return (
+                f"the silos' median train-loss is {median:.4g}, over {self.max_loss_ratio:g}x "
+                f"the first round's {self.first_loss:.4g}"
+            )
+        return None
+
     def settle(
-        self, state: RoundState, result: ArrayRecord | None, *, refused: int, replied: int
+        self,
+        state: RoundState,
+        result: ArrayRecord | None,
+        *,
+        refused: int,
+        replied: int,
+        diverged: str | None = None,
     ) -> ArrayRecord | None:
-        """The round's model: ``result``, or the last model most silos accepted when most
-        of this round's silos refused the one they were sent (logged)."""
+        """The round's model: ``result``; the last model most silos accepted when most of
+        this round's silos refused the one they were sent; the last one that trained sanely
+        when the model sent ``diverged`` (both logged as errors)."""
+        if diverged is not None:
+            self.rollbacks += 1
+            if self.last_accepted is not None:
+                log.error(
+                    "round %d: the model diverged (%s): rolled back to the last one that "
+                    "trained sanely (%d rollbacks so far); check the silos' updates",
+                    state.server_round,
+                    diverged,
+                    self.rollbacks,
+                )
+                return self.last_accepted
+            log.error(
+                "round %d: the model diverged (%s) and there is no earlier model to roll back to",
+                state.server_round,
+                diverged,
+            )
+            return result
         if replied and refused * 2 > replied:
             if self.encrypted is not None:
                 self.encrypted.refused(state, self.refused_by)
@@ -174,3 +242,15 @@ class Defenses:
         if replied and isinstance(state.model, ArrayRecord):
             self.last_accepted = state.model
         return result
+
+
+def noise_scales(state: RoundState) -> dict[str, float]:
+    """``sqrt(B_eq / B_i)`` for each silo the round sent less than the equal split
+    ``B_eq = X / n`` (the others 1): how much longer its honest update may be from
+    minibatch noise alone (:mod:`fl_lbbsp.security.update_screen`), the widening of its
+    radius in a robust aggregation (:class:`~fl_lbbsp.core.aggregation.CenteredClip`)."""
+    sent = {i.silo: i.batch_size for i in state.instructions.values()}
+    if not sent or not state.total > 0:
+        return {}
+    equal = state.total / len(sent)
+    return {silo: math.sqrt(equal / b) for silo, b in sent.items() if 0 < b < equal}

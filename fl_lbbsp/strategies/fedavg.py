@@ -31,6 +31,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 from pydantic import ValidationError
 
 from ..contract import RecordKeys
+from ..core.aggregation import CenteredClip
 from ..core.round.deadline import DeadlinePolicy
 from ..core.round.engine import RoundEngine
 from ..core.round.rewriters import FastestReplies, InstructionRewriter
@@ -193,8 +194,9 @@ class LBBSPFedAvg(EngineView, FedAvg):
             update_spread_sigmas=config.update_spread_sigmas,
             max_weight_ratio=config.max_weight_ratio,
             weigh_by_size=not parameter_server,
+            max_loss_ratio=config.max_loss_ratio,
         )
-        self.updates: Updates[Any] = updates or PlainMean()
+        self.updates: Updates[Any] = updates or PlainMean(robust=self.robust_aggregator())
         self.rounds = TrainRound(
             engine=self.engine,
             keys=self.keys,
@@ -229,6 +231,13 @@ class LBBSPFedAvg(EngineView, FedAvg):
         return cls(**settings_of_run_config(run_config, overrides, owner=cls.__name__))
 
     # ------------------------------------------------------------ what it says
+    def robust_aggregator(self) -> CenteredClip | None:
+        """The plaintext updates' robust aggregation the settings ask for (``None``:
+        FedAvg's mean, ``robust_aggregation="mean"``); a new one per call."""
+        if self.server_config.robust_aggregation == "mean":
+            return None
+        return CenteredClip(factor=self.server_config.clip_factor)
+
     @property
     def scheme(self) -> str:
         """``"lbbsp"`` (``"lbbsp-tau"``, ``"lbbsp-partial"``, ...) when balancing,

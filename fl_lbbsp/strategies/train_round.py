@@ -24,15 +24,15 @@ from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from ..contract import RecordKeys, read_float
+from ..contract import TRAIN_LOSS, RecordKeys, read_float
 from ..core.round.engine import RoundEngine
 from ..core.round.state import RoundState, Verdict
 from ..telemetry import TelemetryWriter
 from .deadline import DeadlineGrid
-from .defenses import Defenses
+from .defenses import Defenses, noise_scales
 from .outcomes import RoundOutcomes, log_decision
 from .rounds import log_round
-from .updates import Updates
+from .updates import NoiseScaled, Updates
 from .validation import config_record, log_rejected, log_skipped, reply_of
 
 __all__ = ["RoundResult", "TrainRound"]
@@ -134,9 +134,11 @@ class TrainRound:
         sent_ids = {msg.metadata.message_id for msg in state.sent} - {""}
         accepted: dict[str, tuple[Verdict[Any], RecordDict, float]] = {}
         answered: dict[str, Message] = {}
+        losses: list[Any] = []
         for msg in replies:
             late = None if grid is None else grid.seconds_late(msg)
             reply = reply_of(msg, keys=self.keys, sent_ids=sent_ids, seconds_late=late)
+            losses.append((reply.metrics or {}).get(TRAIN_LOSS))
             parse = partial(updates.parse, reply.payload, reply.metrics or {}, state)
             verdict = self.engine.screen(state, reply, parse)
             if not verdict.accepted:
@@ -155,7 +157,12 @@ class TrainRound:
         contents = [accepted[silo][1] for silo in accepted if silo in kept]
         arrays, skipped = self._result(state, len(contents), updates, scheme)
         refused = self.defenses.refusals(state, answered, self.keys)
-        arrays = self.defenses.settle(state, arrays, refused=refused, replied=len(answered))
+        diverged = self.defenses.diverged(losses)
+        arrays = self.defenses.settle(
+            state, arrays, refused=refused, replied=len(answered), diverged=diverged
+        )
+        if diverged is not None and arrays is not None:
+            skipped = None  # rolled back: the round's model is the last sane one
         extra = self.engine.close(
             state, replied=(m.metadata.src_node_id for m in replies), wall=wall
         )
@@ -187,12 +194,18 @@ class TrainRound:
         weights = self.defenses.weights(
             {s: accepted[s][2] for s in accepted if s in kept}, self.engine.claims
         )
+        scales = noise_scales(state)
         for silo, (weight, capped) in weights.items():
             if capped is not None:
                 state.reports[silo]["capped-weight"] = weight
                 if self.outcomes.first_time(silo, "capped weight"):
                     log.warning("round %d: silo %s: %s", state.server_round, silo, capped)
-            updates.add(accepted[silo][0].update, weight=weight)
+            if isinstance(updates, NoiseScaled):
+                updates.add_scaled(
+                    accepted[silo][0].update, weight=weight, scale=scales.get(silo, 1.0)
+                )
+            else:
+                updates.add(accepted[silo][0].update, weight=weight)
         return kept, dropped
 
     def _result(

@@ -11,19 +11,19 @@ screened: the arrays are zero-copy views of the received bytes, accumulated in p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from ..core.aggregation import GradientStep, WeightedMean
+from ..core.aggregation import CenteredClip, GradientStep, WeightedMean
 from ..core.optim import SGD
 from ..core.round.state import RoundState
 from ..security.screening import InvalidReplyError, Layout
 from ..security.update_screen import update_distance
 from .validation import check_array_record, layout_of
 
-__all__ = ["GradientUpdate", "PlainMean", "Updates"]
+__all__ = ["GradientUpdate", "NoiseScaled", "PlainMean", "Updates"]
 
 U = TypeVar("U")
 
@@ -67,11 +67,27 @@ class Updates(Protocol[U]):
         """Restore :meth:`state_dict`."""
 
 
-class PlainMean:
-    """FedAvg's mean of plaintext updates, weighted by dataset size, summed in place."""
+@runtime_checkable
+class NoiseScaled(Protocol):
+    """Updates whose aggregation allows a silo sent a small batch a longer update."""
 
-    def __init__(self) -> None:
-        self._mean = WeightedMean()
+    def add_scaled(self, update: Any, *, weight: float, scale: float) -> None:
+        """Accumulate one accepted update; ``scale``: ``sqrt(B_eq / B_i)`` (>= 1)."""
+
+
+class PlainMean:
+    """FedAvg's mean of plaintext updates, weighted by dataset size.
+
+    Parameters
+    ----------
+    robust : CenteredClip | None (default: None)
+        Combine the updates by weighted centred clipping (the strategies' default,
+        ``robust_aggregation``); ``None``: FedAvg's weighted mean, summed in place.
+    """
+
+    def __init__(self, *, robust: CenteredClip | None = None) -> None:
+        self._mean: WeightedMean | CenteredClip = WeightedMean() if robust is None else robust
+        self.robust = robust
         self._layout: Layout | None = None
         self._start: list[np.ndarray] | None = None
 
@@ -81,11 +97,16 @@ class PlainMean:
         self._layout = layout_of(arrays)
         self._start = None
         if self._layout is not None:
-            self._mean.begin([np.empty(s.shape, dtype=s.dtype) for s in self._layout])
             # in float64 once per round, not once per reply (update_distance's dtype)
             self._start = [
                 np.asarray(arrays[spec.name].numpy(), dtype=np.float64) for spec in self._layout
             ]
+            if self.robust is None:
+                self._mean.begin([np.empty(s.shape, dtype=s.dtype) for s in self._layout])
+            else:  # the clip measures every update from the model sent
+                self.robust.begin(
+                    [a.astype(s.dtype) for a, s in zip(self._start, self._layout, strict=True)]
+                )
 
     def config(self, state: RoundState) -> dict[str, float | int]:
         """Nothing beyond the instruction."""
@@ -104,8 +125,15 @@ class PlainMean:
         return check_array_record(record, self._layout)
 
     def add(self, update: list[np.ndarray], *, weight: float) -> None:
-        """Add ``weight * update`` to the running sum."""
+        """Add ``weight * update`` to the running sum (or keep it for the clip)."""
         self._mean.add(update, weight=weight)
+
+    def add_scaled(self, update: list[np.ndarray], *, weight: float, scale: float) -> None:
+        """:meth:`add`, the clip's radius widened by ``scale`` (``sqrt(B_eq / B_i)``)."""
+        if self.robust is None:
+            self._mean.add(update, weight=weight)
+        else:
+            self.robust.add(update, weight=weight, scale=scale)
 
     def distance(self, update: list[np.ndarray]) -> float | None:
         """The update's L2 distance to the global model sent."""
@@ -127,8 +155,10 @@ class PlainMean:
         )
 
     def settings(self) -> dict[str, Any]:
-        """None."""
-        return {}
+        """The robust aggregation, if any."""
+        if self.robust is None:
+            return {}
+        return {"robust": {"factor": self.robust.factor, "iterations": self.robust.iterations}}
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
         """None: the mean starts afresh every round."""
@@ -150,6 +180,8 @@ class GradientUpdate(PlainMean):
     aggregation : {"weighted", "naive"} (default: "weighted")
         ``"weighted"``: ``g = sum_i x_i g_i / X`` (Sec. 3.4). ``"naive"``: the plain mean
         of the workers' gradients (Eq. 6), for comparison.
+    robust : CenteredClip | None (default: None)
+        Clip each gradient around a robust centre before the weighted mean.
     """
 
     def __init__(
@@ -158,11 +190,13 @@ class GradientUpdate(PlainMean):
         lr: float,
         momentum: float = 0.0,
         aggregation: Literal["weighted", "naive"] = "weighted",
+        robust: CenteredClip | None = None,
     ) -> None:
         super().__init__()
+        self.robust = robust
         self.optimizer = SGD(lr=lr, momentum=momentum)
         self.aggregation = aggregation
-        self._step = GradientStep(optimizer=self.optimizer)
+        self._step = GradientStep(optimizer=self.optimizer, robust=robust)
 
     def begin(self, arrays: ArrayRecord, state: RoundState) -> None:
         """Start an iteration at the weights ``arrays``."""
@@ -173,6 +207,10 @@ class GradientUpdate(PlainMean):
     def add(self, update: list[np.ndarray], *, weight: float) -> None:
         """Add a gradient, weighted by its batch size (or 1 when naive)."""
         self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight)
+
+    def add_scaled(self, update: list[np.ndarray], *, weight: float, scale: float) -> None:
+        """:meth:`add`, the clip's radius widened by ``scale``."""
+        self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight, scale=scale)
 
     def distance(self, update: list[np.ndarray]) -> float | None:
         """The gradient's norm."""
@@ -193,7 +231,8 @@ class GradientUpdate(PlainMean):
             "parameter_server": {
                 "momentum": self.optimizer.momentum,
                 "aggregation": self.aggregation,
-            }
+            },
+            **super().settings(),
         }
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:

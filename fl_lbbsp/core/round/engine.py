@@ -197,7 +197,7 @@ class RoundEngine(RoundTiming, RoundReporting):
         self.node_of_silo: dict[str, Node] = {}
         self.stragglers = StragglerWatch(ratio=self.deadline.slow_ratio)
         self._unlearned_wall: float | None = None
-        self.max_weight_ratio = 10.0
+        self.max_weight_ratio = 2.0
         """The weight cap of an undeclared dataset size (the strategy's
         ``max_weight_ratio``), in the noise budget as in the aggregate."""
         self.provisional: set[str] = set()

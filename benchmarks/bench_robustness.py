@@ -1,0 +1,448 @@
+"""Section ``robustness``: hostile registered silos against the robust aggregation.
+
+``python benchmarks/bench_robustness.py``. Real federations in process: the LB-BSP
+strategy (:class:`~fl_lbbsp.strategies.LBBSPFedAvg`, the project's defaults but for the
+aggregation compared) and the bundled silo app on the embedded digits (a small MLP), the
+silos' speeds emulated by a cost model (5:1 for 5 silos, the slow ones last, so that
+the hostile silos are the ones the balancer sends the smallest batches: the longest
+honest updates, the widest bounds). Each hostile silo trains honestly, then replaces its
+update (and, for the size-claim liar, its ``num-examples``) before replying:
+
+* ``signflip-K``: ``-K d`` (``d`` its honest update), K = 1, 3, 8;
+* ``alie``: ``mu - z sigma`` coordinate-wise over the honest updates of the round ("a
+  little is enough", Baruch et al., NeurIPS 2019, ``z`` from their Eq. for n and f);
+* ``ipm``: ``-eps mu`` with eps = 2 (inner-product manipulation, Xie et al., UAI 2020);
+* ``scaled``: ``30 d`` (a boosted update, as in model replacement, Bagdasaryan et al.,
+  AISTATS 2020);
+* ``target``: a push of 8 |d| on the output layer's bias toward class 0 ("always 0");
+* ``alternating``: ``signflip-8`` in even rounds, honest in odd ones;
+* ``+claim``: any of them with a claim of 9.9e6 examples.
+
+The attackers are omniscient where the attack needs it (ALIE and IPM read the honest
+updates of the round: the silos run one after the other, the hostile ones last). Per
+cell: the final accuracy (mean of the last 3 rounds' test accuracy) against the honest
+run's with the same aggregation, and what the robust option costs the honest run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import parser, quiet_logs
+from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.clientapp import ClientApp
+from report import write_section
+
+from fl_lbbsp.clients.app import SiloApp
+from fl_lbbsp.contract import RecordKeys
+from fl_lbbsp.runs.engine import execute
+from fl_lbbsp.runs.fl import SimulationConfig, resolve
+from fl_lbbsp.strategies import LBBSPFedAvg
+
+SECTION = "robustness"
+ATTACKS = (
+    "honest", "signflip-1", "signflip-3", "signflip-8", "alie", "ipm", "scaled", "target",
+    "alternating",
+)  # fmt: skip
+AGGREGATIONS = ("mean", "centered-clip")
+CLAIM = 9_900_000
+"""The size-claim liar's ``num-examples``."""
+KEYS = RecordKeys()
+FEDERATION: dict[str, Any] = {
+    "rounds": 15, "local_steps": 10, "batch_size": 32, "lr": 0.1, "model": "mlp"
+}  # fmt: skip
+LAST = 3
+"""Rounds the final accuracy is averaged over."""
+
+
+def _speeds(silos: int) -> tuple[float, ...]:
+    """5:1 over the silos, fastest first (the hostile silos, the last ones, are slow)."""
+    return tuple(5.0 - 4.0 * k / max(silos - 1, 1) for k in range(silos))
+
+
+def alie_z(n: int, f: int) -> float:
+    """Baruch et al.'s ``z_max``: ``Phi^-1((n - s) / n)``, ``s = floor(n / 2 + 1) - f``."""
+    s = math.floor(n / 2 + 1) - f
+    return statistics.NormalDist().inv_cdf((n - s) / n)
+
+
+class Attackers:
+    """The bundled silo app, whose hostile partitions replace their update.
+
+    Parameters
+    ----------
+    app : SiloApp
+        The honest silo.
+    attack : str
+        One of :data:`ATTACKS`.
+    hostile : set of int
+        The hostile partition ids.
+    silos : int
+        Silos of the federation.
+    claim : int | None
+        The hostile silos' ``num-examples`` claim (``None``: their true size).
+    """
+
+    def __init__(
+        self, *, app: SiloApp, attack: str, hostile: set[int], silos: int, claim: int | None
+    ) -> None:
+        self.app, self.attack, self.hostile, self.claim = app, attack, hostile, claim
+        self.z = alie_z(silos, len(hostile))
+        self.honest: dict[int, list[np.ndarray]] = {}
+        """Round -> the honest silos' flattened updates so far."""
+
+    def train(self, msg: Message, context: Context) -> Message:
+        """Train honestly; a hostile silo then replaces its update."""
+        reply = self.app.train(msg, context)
+        if not reply.has_content():
+            return reply
+        p = int(context.node_config["partition-id"])  # type: ignore[arg-type]
+        rnd = int(msg.content.config_records["config"][KEYS.server_round])  # type: ignore[arg-type]
+        sent = msg.content.array_records["arrays"]
+        got = reply.content.array_records["arrays"]
+        names = list(sent.keys())
+        start = [np.asarray(sent[k].numpy(), dtype=np.float64) for k in names]
+        delta = np.concatenate(
+            [
+                (np.asarray(got[k].numpy(), dtype=np.float64) - s).ravel()
+                for k, s in zip(names, start, strict=True)
+            ]
+        )
+        if p not in self.hostile:
+            self.honest.setdefault(rnd, []).append(delta)
+            return reply
+        bad = self._poison(delta, rnd, start)
+        arrays, offset = {}, 0
+        for k, s in zip(names, start, strict=True):
+            part = bad[offset : offset + s.size].reshape(s.shape)
+            offset += s.size
+            arrays[k] = Array((s + part).astype(np.asarray(sent[k].numpy()).dtype))
+        reply.content["arrays"] = ArrayRecord(arrays)
+        if self.claim is not None:
+            for record in reply.content.metric_records.values():
+                if KEYS.num_examples in record:
+                    record[KEYS.num_examples] = self.claim
+        return reply
+
+    def _poison(self, d: np.ndarray, rnd: int, start: list[np.ndarray]) -> np.ndarray:
+        attack = self.attack
+        if attack == "alternating":
+            attack = "signflip-8" if rnd % 2 == 0 else "honest"
+        if attack == "honest":
+            return d
+        if attack.startswith("signflip-"):
+            return -float(attack.removeprefix("signflip-")) * d
+        if attack == "scaled":
+            return 30.0 * d
+        honest = self.honest.get(rnd) or [d]
+        mu = np.mean(honest, axis=0)
+        if attack == "alie":
+            sigma = np.std(honest, axis=0)
+            return mu - self.z * sigma
+        if attack == "ipm":
+            return -2.0 * mu
+        if attack == "target":  # the output bias: +c on class 0, -c/9 on the others
+            push = np.zeros_like(d)
+            offset = sum(s.size for s in start[:-1])
+            bias = start[-1]
+            if bias.ndim == 1 and bias.size > 1:
+                push[offset : offset + bias.size] = -1.0 / (bias.size - 1)
+                push[offset] = 1.0
+            return 8.0 * float(np.linalg.norm(d)) * push / max(float(np.linalg.norm(push)), 1e-12)
+        raise ValueError(f"unknown attack {attack!r}")
+
+
+def run_cell(
+    *,
+    partition: str,
+    silos: int,
+    hostile: int,
+    attack: str,
+    claim: bool,
+    aggregation: str,
+    seed: int,
+    federation: dict[str, Any],
+    clip_factor: float | None = None,
+) -> dict[str, Any]:
+    """One federation; its accuracy per round, the rounds rolled back and rejections."""
+    with tempfile.TemporaryDirectory() as scratch:
+        config = SimulationConfig(
+            seed=seed,
+            silos=silos,
+            speeds=_speeds(silos),
+            partition=partition,
+            rounds=federation["rounds"],
+            local_steps=federation["local_steps"],
+            batch_size=federation["batch_size"],
+            lr=federation["lr"],
+            dataset="embedded",
+            model=federation["model"],
+            runtime="inprocess",
+            emulate_wait=False,
+            cost_model="0.0001,0.001",
+            out=Path(scratch),
+        )
+        strategy = LBBSPFedAvg(
+            fraction_evaluate=0.0,
+            robust_aggregation=aggregation,  # type: ignore[arg-type]
+            **({} if clip_factor is None else {"clip_factor": clip_factor}),
+            **{
+                **config.strategy_settings(),
+                "local_steps": config.local_steps,
+                "balance": True,
+                "check_times": False,
+            },
+        )
+        resolved = resolve(config, strategy=strategy)
+        app = ClientApp()
+        attackers = Attackers(
+            app=SiloApp(config.silo_setup()),
+            attack=attack,
+            hostile=set(range(silos - hostile, silos)),
+            silos=silos,
+            claim=CLAIM if claim else None,
+        )
+        app.train()(attackers.train)
+        error = None
+        try:
+            events = execute(replace(resolved, client_app=app), runtime="inprocess")
+        except Exception as err:  # noqa: BLE001 - a run the attack stops is a result
+            error = f"{type(err).__name__}: {str(err)[:200]}"
+            events = []
+            path = Path(scratch) / "telemetry.jsonl"
+            for found in Path(scratch).rglob("*.jsonl"):
+                path = found
+            if path.is_file():
+                events = [json.loads(line) for line in path.read_text().splitlines() if line]
+    accuracy = [float(e["accuracy"]) for e in events if e.get("event") == "evaluate"]
+    rejected = sum(len(e.get("rejected") or []) for e in events if e.get("event") == "train")
+    tail = accuracy[-LAST:]
+    final = statistics.fmean(tail) if tail and all(map(math.isfinite, tail)) else None
+    return {
+        "accuracy": accuracy,
+        "final": final,
+        "rejected": rejected,
+        "rollbacks": strategy.defenses.rollbacks,
+        "clipped": getattr(getattr(strategy.updates, "robust", None), "clipped_total", 0),
+        "error": error,
+    }
+
+
+def jobs(smoke: bool) -> list[dict[str, Any]]:
+    """The runs in the order they matter (a time limit keeps a prefix): the honest runs
+    of 5 silos; 1 hostile of 5 against the robust default and FedAvg's mean (iid,
+    labels:2); 2 of 5 against the default; the size-claim liars; dirichlet:0.3; the
+    honest runs' other seeds; 2 of 10; the rest."""
+    if smoke:
+        return [
+            {"partition": "iid", "silos": 5, "hostile": h, "attack": a, "claim": False,
+             "aggregation": g, "seed": 0}
+            for h, a in ((0, "honest"), (1, "signflip-8")) for g in AGGREGATIONS
+        ]  # fmt: skip
+    out: list[dict[str, Any]] = []
+
+    def add(partition: str, silos: int, hostile: int, attack: str, claim: bool, agg: str,
+            seed: int = 0) -> None:  # fmt: skip
+        out.append({"partition": partition, "silos": silos, "hostile": hostile,
+                    "attack": attack, "claim": claim, "aggregation": agg,
+                    "seed": seed})  # fmt: skip
+
+    for partition in PARTITIONS:
+        for agg in AGGREGATIONS:
+            add(partition, 5, 0, "honest", False, agg)
+    for partition in ("iid", "labels:2"):
+        for agg in ("centered-clip", "mean"):
+            for attack in ATTACKS[1:]:
+                add(partition, 5, 1, attack, False, agg)
+    for partition in ("iid", "labels:2"):
+        for attack in ATTACKS[1:]:
+            add(partition, 5, 2, attack, False, "centered-clip")
+    for attack in ATTACKS[1:]:
+        add("iid", 5, 1, attack, True, "centered-clip")
+    for attack in ATTACKS[1:]:
+        add("dirichlet:0.3", 5, 1, attack, False, "centered-clip")
+    for seed in range(1, SEEDS):
+        for partition in ("labels:2", "dirichlet:0.3"):
+            for agg in AGGREGATIONS:
+                add(partition, 5, 0, "honest", False, agg, seed)
+    for partition in PARTITIONS:
+        for agg in AGGREGATIONS:
+            add(partition, 10, 0, "honest", False, agg)
+        for attack in ATTACKS[1:]:
+            add(partition, 10, 2, attack, False, "centered-clip")
+    for attack in ATTACKS[1:]:
+        add("dirichlet:0.3", 5, 2, attack, False, "centered-clip")
+        add("iid", 5, 2, attack, True, "centered-clip")
+    return out
+
+
+PARTITIONS = ("iid", "labels:2", "dirichlet:0.3")
+SEEDS = 8
+"""Seeds of the honest non-IID runs (the robust option's cost)."""
+
+
+def _t95(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and 95% half-width (Student's t) of ``values``."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan
+    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36}.get(len(values), 2.0)
+    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
+            load: str) -> dict[str, Any]:  # fmt: skip
+    """The section from the runs: a row per attack cell against its honest run."""
+    honest = {
+        (r["partition"], r["silos"], r["aggregation"], r["seed"]): r["final"]
+        for r in rows if r["attack"] == "honest"
+    }  # fmt: skip
+    table, drops = [], {"1/5": [], "2/5": [], "2/10": []}  # type: dict[str, list[float]]
+    nan_runs = 0
+    for r in rows:
+        if r["attack"] == "honest":
+            continue
+        base = honest.get((r["partition"], r["silos"], r["aggregation"], r["seed"]))
+        diff = None if r["final"] is None or base is None else 100 * (r["final"] - base)
+        if r["final"] is None:
+            nan_runs += 1
+        key = f"{r['hostile']}/{r['silos']}"
+        if r["aggregation"] == "centered-clip" and not r["claim"] and key in drops:
+            drops[key].append(math.inf if r["final"] is None or base is None else -(diff or 0.0))
+        table.append([
+            r["partition"], key, r["attack"] + (" +claim" if r["claim"] else ""),
+            r["aggregation"], _pct(r["final"]), _pct(base),
+            "-" if diff is None else f"{diff:+.1f}", str(r["rejected"]), str(r["rollbacks"]),
+            str(r["clipped"]),
+        ])  # fmt: skip
+    costs = []
+    for partition in ("labels:2", "dirichlet:0.3"):
+        pairs = [
+            100 * (honest[(partition, 5, "centered-clip", s)] - honest[(partition, 5, "mean", s)])
+            for s in range(SEEDS)
+            if honest.get((partition, 5, "centered-clip", s)) is not None
+            and honest.get((partition, 5, "mean", s)) is not None
+        ]
+        if pairs:
+            mean, half = _t95(pairs)
+            costs.append((partition, len(pairs), mean, half))
+    figures = [
+        {"label": f"largest drop under attack, {k} hostile, centered-clip", "unit": " points",
+         "value": max(v) if v and math.isfinite(max(v)) else None, "format": ".1f",
+         "goal": {"op": "<=", "target": 2.0 if k == "1/5" else 5.0},
+         "note": f"{len(v)} cells" + ("" if v else " (none run)")}
+        for k, v in drops.items()
+    ]  # fmt: skip
+    for partition, n, mean, half in costs:
+        figures.append({
+            "label": f"centered-clip minus mean, honest {partition}, 5 silos (lower 95% bound)",
+            "unit": " points", "value": mean - half if math.isfinite(half) else None,
+            "format": ".2f", "goal": {"op": ">=", "target": -0.5},
+            "note": f"mean {mean:+.2f}, 95% half-width {half:.2f}, {n} seeds",
+        })  # fmt: skip
+    return {
+        "section": SECTION,
+        "title": "Robustness: hostile registered silos against the robust aggregation",
+        "setting": (
+            f"{len(rows)} in-process federations ({'all' if complete else 'a prefix of'} the "
+            f"grid; {sum(1 for r in rows if r.get('cached'))} of them reused from an earlier "
+            f"invocation's cache, the rest run in {seconds / 60:.1f} min, load {load}): "
+            "LBBSPFedAvg with its defaults "
+            f"(max_weight_ratio 2, centered-clip radius 1 median) on the embedded digits, MLP, "
+            f"{FEDERATION['rounds']} rounds,"
+            f" tau {FEDERATION['local_steps']}, B_init {FEDERATION['batch_size']}, eta "
+            f"{FEDERATION['lr']}; speeds 5:1 emulated by a cost model, the hostile silos the "
+            f"slowest (smallest batches). Final accuracy: mean of the last {LAST} rounds. "
+            "Plaintext only: CKKS cells are not run here."
+        ),
+        "figures": figures,
+        "tables": [
+            {
+                "title": "Final accuracy per cell against the honest run of the same aggregation",
+                "columns": [
+                    "partition",
+                    "hostile",
+                    "attack",
+                    "aggregation",
+                    "final",
+                    "honest",
+                    "diff",
+                    "rejected",
+                    "rollbacks",
+                    "clipped",
+                ],
+                "rows": table,
+            }
+        ],  # fmt: skip
+        "plots": [],
+        "notes": [
+            f"{nan_runs} runs ended with no finite final accuracy.",
+            "`clipped`: updates clipped by centered-clip over the run (0 for mean). "
+            "`rejected`: replies the update screen or the reply checks left out.",
+        ],
+        "runs": [{k: v for k, v in r.items()} for r in rows],
+    }
+
+
+def _key(job: dict[str, Any]) -> str:
+    return json.dumps([job[k] for k in ("partition", "silos", "hostile", "attack", "claim",
+                                          "aggregation", "seed")])  # fmt: skip
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the grid (as much as ``--minutes`` allows) and write the section's JSON."""
+    cli = parser(__doc__.splitlines()[0])
+    cli.add_argument("--minutes", type=float, default=19.0)
+    cli.add_argument(
+        "--cache", type=Path, default=None,
+        help="JSON lines of finished runs: reused, and each new run appended",
+    )  # fmt: skip
+    args = cli.parse_args(argv)
+    cached: dict[str, dict[str, Any]] = {}
+    if args.cache is not None and args.cache.is_file():
+        for line in args.cache.read_text().splitlines():
+            row = json.loads(line)
+            cached[_key(row)] = row
+    federation = {**FEDERATION, "rounds": 3} if args.smoke else FEDERATION
+    deadline = time.monotonic() + 60.0 * args.minutes
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    todo = jobs(args.smoke)
+    with quiet_logs():
+        for job in todo:
+            if _key(job) in cached:
+                rows.append({**cached[_key(job)], "cached": True})
+                continue
+            if time.monotonic() > deadline:
+                continue
+            t0 = time.monotonic()
+            result = run_cell(**job, federation=federation)
+            rows.append({**job, **result, "seconds": round(time.monotonic() - t0, 1)})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            if args.cache is not None:
+                with args.cache.open("a") as cache:
+                    cache.write(json.dumps(rows[-1]) + "\n")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    data = section(rows, complete=len(rows) == len(todo), seconds=time.monotonic() - started,
+                   load=load)  # fmt: skip
+    write_section(data, Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
