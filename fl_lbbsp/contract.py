@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "BUSY_TIME",
+    "COMPUTE_END",
+    "COMPUTE_START",
     "COMPUTE_TIME",
     "EVAL_ACCURACY",
     "EVAL_LOSS",
@@ -93,6 +95,14 @@ def is_encrypted(record: Container[str]) -> bool:
 
 COMPUTE_TIME = "compute-time"
 """Metric of the shipped silo apps: the real, unemulated seconds of compute."""
+COMPUTE_START = "compute-start"
+"""Metric of every silo round: when its compute began, in seconds since the epoch on the
+silo's own clock (an emulated round: when the silo got its instruction)."""
+COMPUTE_END = "compute-end"
+"""Metric of every silo round: when its compute ended, on the silo's clock (an emulated
+round: after its emulated wait). ``compute-end - compute-start`` is the reply's own
+interval, which the server checks the claimed ``train-time`` against (queueing before
+the silo ran, in a pool of fewer actors than silos, is not in it)."""
 BUSY_TIME = "busy-time"
 """Metric of the shipped silo apps: real seconds in the ClientApp for the round."""
 STARTUP_TIME = "startup-time"
@@ -113,6 +123,8 @@ WARM_WORKER = "warm-worker"
 process did (:mod:`fl_lbbsp.clients.warm`)."""
 SILO_APP_METRICS: tuple[str, ...] = (
     COMPUTE_TIME,
+    COMPUTE_START,
+    COMPUTE_END,
     BUSY_TIME,
     STARTUP_TIME,
     SLOWDOWN,
