@@ -4,8 +4,10 @@
 <fl_lbbsp.strategies.LBBSPFedAvg.aggregate_train>` does with a round's replies: each one
 is read into a :class:`~fl_lbbsp.core.round.state.Reply` and screened by the engine
 (:meth:`~fl_lbbsp.core.round.engine.RoundEngine.screen`), an accepted one is reported
-(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.report`) with the wall time the deadline grid
-observed and what the silo says it did other than told; the accepted updates are then
+(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.report`) with the time it observed (the
+reply's own compute interval, within the wall time the deadline grid waited:
+:func:`~fl_lbbsp.strategies.intervals.observed_time`) and what the silo says it did other
+than told; the accepted updates are then
 judged together and weighed (:class:`~fl_lbbsp.strategies.defenses.Defenses`) and summed
 (:class:`~fl_lbbsp.strategies.updates.Updates`); the round closes in the engine and is
 logged (:func:`~fl_lbbsp.strategies.rounds.log_round`,
@@ -30,6 +32,7 @@ from ..core.round.state import RoundState, Verdict
 from ..telemetry import TelemetryWriter
 from .deadline import DeadlineGrid
 from .defenses import Defenses
+from .intervals import POOL_FIX, observed_time, queued, reply_interval
 from .outcomes import RoundOutcomes, log_decision
 from .rounds import log_round
 from .updates import Updates
@@ -134,6 +137,7 @@ class TrainRound:
         sent_ids = {msg.metadata.message_id for msg in state.sent} - {""}
         accepted: dict[str, tuple[Verdict[Any], RecordDict, float]] = {}
         answered: dict[str, Message] = {}
+        intervals: list[tuple[float, float]] = []
         for msg in replies:
             late = None if grid is None else grid.seconds_late(msg)
             reply = reply_of(msg, keys=self.keys, sent_ids=sent_ids, seconds_late=late)
@@ -144,13 +148,17 @@ class TrainRound:
                 continue
             answered[verdict.silo] = msg
             metrics = reply.metrics or {}
-            observed = grid.observed(msg) if grid is not None and observe else None
+            wall_time = grid.observed(msg) if grid is not None else None
+            observed = observed_time(metrics, wall_time) if observe else None
+            if (interval := reply_interval(metrics)) is not None:
+                intervals.append(interval)
             misuse = self.misuse(state, verdict.silo, msg)
             counts = self.engine.report(state, verdict, metrics, observed=observed, misuse=misuse)
             state.reports[verdict.silo]["replied-at"] = msg.metadata.created_at
             if counts:
                 weight = read_float(metrics, self.weight_key)
                 accepted[verdict.silo] = (verdict, msg.content, weight)
+        self._queued(state, intervals)
         kept, dropped = self._sum(state, accepted, updates, scheme)
         contents = [accepted[silo][1] for silo in accepted if silo in kept]
         arrays, skipped = self._result(state, len(contents), updates, scheme)
@@ -240,6 +248,22 @@ class TrainRound:
             keys=self.keys,
             rejected=state.rejected,
             missed=extra["missed"],
+        )
+
+    def _queued(self, state: RoundState, intervals: list[tuple[float, float]]) -> None:
+        """Warn, once a run, when the replies' intervals show the silos queued (a pool of
+        fewer actors than silos); DEBUG after."""
+        most = queued(intervals)
+        if most is None:
+            return
+        first = self.outcomes.first_time("", "silos queued")
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "round %d: at most %d of the %d silos computed at a time: %s",
+            state.server_round,
+            most,
+            len(intervals),
+            POOL_FIX,
         )
 
     def misuse(self, state: RoundState, silo: str, msg: Message) -> str | None:
