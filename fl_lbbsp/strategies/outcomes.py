@@ -164,12 +164,48 @@ def _seconds(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g} s"
 
 
+EPOCH_KEYS = ("local-epochs", "epochs")
+"""Train-config entries of Flower's app templates for the epochs a silo trains a round,
+which LB-BSP's tau replaces."""
+
+
 def warn_overridden_lr(
-    config: Mapping[str, Any], *, keys: RecordKeys, lr: float, owner: object
+    config: Mapping[str, Any],
+    *,
+    keys: RecordKeys,
+    lr: float,
+    owner: object,
+    local_steps: int | None = None,
 ) -> None:
     """Warn when the app's own train config (``start(train_config=...)``) sets the learning
     rate to another value than the strategy's: every silo trains with the strategy's ``lr``
-    (eta is the same for all in LB-BSP), so the app's would be overridden without a word."""
+    (eta is the same for all in LB-BSP), so the app's would be overridden without a word.
+    Likewise, in one warning, a ``batch-size`` (each silo is sent its own B_i) or a
+    ``local-steps`` other than the strategy's, and a ``local-epochs`` (or ``epochs``): tau
+    = ``local_steps`` steps replace them."""
+    overridden = []
+    for key in (keys.batch_size, keys.local_steps):
+        value = config.get(key)
+        if value is not None and not (key == keys.local_steps and value == local_steps):
+            what = (
+                "each silo is sent its own batch size"
+                if key == keys.batch_size
+                else (f"every silo runs the strategy's local-steps={local_steps}")
+            )
+            overridden.append(f"{key}={value} ({what})")
+    for key in EPOCH_KEYS:
+        if key in config:
+            overridden.append(
+                f"{key}={config[key]} (every silo runs local-steps={local_steps} steps "
+                "instead, drawn through plan.loader / plan.batch_sampler)"
+            )
+    if overridden:
+        FLOWER_LOGGER.warning(
+            "%s: the train config's %s %s overridden",
+            type(owner).__name__,
+            ", ".join(overridden),
+            "is" if len(overridden) == 1 else "are",
+        )
     theirs = config.get(keys.lr)
     if isinstance(theirs, int | float) and not isinstance(theirs, bool) and theirs != lr:
         FLOWER_LOGGER.warning(
