@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "BUSY_TIME",
+    "DECORATOR_USAGE",
+    "STALE_SUPERLINK",
     "COMPUTE_END",
     "COMPUTE_START",
     "COMPUTE_TIME",
@@ -92,6 +94,22 @@ def is_encrypted(record: Container[str]) -> bool:
     """Whether an ArrayRecord holds an encrypted update rather than plaintext arrays."""
     return ENCRYPTED_HEADER in record
 
+
+DECORATOR_USAGE = (
+    "decorate it as '@app.train()' then '@lbbsp_train()' on the next line, over "
+    "'def train(msg: Message, context: Context, plan: LocalTraining) -> Message'"
+)
+"""How the silo decorator :func:`~fl_lbbsp.clients.lbbsp_train` is used: named by every
+TypeError it raises, and by the server when a silo's train function was not decorated."""
+STALE_SUPERLINK = (
+    "no silo id, train-time, batch-size: train is not decorated with @lbbsp_train() "
+    "under @app.train(), or, if it is, a stale local SuperLink (the `flower-superlink "
+    "--simulation` an earlier `flwr run` left) runs an older app of that name: stop it "
+    "(`pgrep -af flower-superlink`, `kill <pid>`), run again"
+)
+"""Why a reply was rejected when no reply of its round carries the silo id and the
+decorator's metrics: the app is not decorated, or the decorated app is not the one that
+ran (fits the 300 characters a rejection keeps)."""
 
 COMPUTE_TIME = "compute-time"
 """Metric of the shipped silo apps: the real, unemulated seconds of compute."""

@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
 from pydantic import ValidationError
 
-from ..contract import RecordKeys
+from ..contract import DECORATOR_USAGE, RecordKeys
 from ..instruction import RoundInstruction, silo_id_of
 from .emulated import (
     SLOWDOWN_KEY,
@@ -80,10 +80,7 @@ SEED_KEY = "seed"
 TrainFunction = Callable[[Message, Context, LocalTraining], Message]
 """A Message-API train function that also takes the round's :class:`LocalTraining`."""
 
-USAGE = (
-    "decorate it as '@app.train()' then '@lbbsp_train()' on the next line, over "
-    "'def train(msg: Message, context: Context, plan: LocalTraining) -> Message'"
-)
+USAGE = DECORATOR_USAGE
 """How the decorator is used, named by every TypeError it raises."""
 _MARK = "__lbbsp_train__"
 

@@ -250,6 +250,7 @@ class LBBSPStrategy(EngineView, FedAvg):
             keys=self.keys,
             rejected=[entry for entry, _ in rejected],
             missed=extra["missed"],
+            silo_id=self.engine.silo_id,
         )
         if skipped is not None:
             self.outcomes.close(state, aggregated=False, skipped=skipped)

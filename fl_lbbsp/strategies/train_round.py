@@ -26,7 +26,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from ..contract import RecordKeys, read_float
+from ..contract import STALE_SUPERLINK, RecordKeys, read_float
 from ..core.round.engine import RoundEngine
 from ..core.round.state import RoundState, Verdict
 from ..telemetry import TelemetryWriter
@@ -138,13 +138,17 @@ class TrainRound:
         accepted: dict[str, tuple[Verdict[Any], RecordDict, float]] = {}
         answered: dict[str, Message] = {}
         intervals: list[tuple[float, float]] = []
+        stale = self._undecorated(replies)
         for msg in replies:
             late = None if grid is None else grid.seconds_late(msg)
             reply = reply_of(msg, keys=self.keys, sent_ids=sent_ids, seconds_late=late)
             parse = partial(updates.parse, reply.payload, reply.metrics or {}, state)
             verdict = self.engine.screen(state, reply, parse)
             if not verdict.accepted:
-                self.reject(state, scheme, verdict.silo, verdict.node, verdict.reason or "")
+                reason = verdict.reason or ""
+                if stale and "@lbbsp_train()" in reason:
+                    reason = STALE_SUPERLINK
+                self.reject(state, scheme, verdict.silo, verdict.node, reason)
                 continue
             answered[verdict.silo] = msg
             metrics = reply.metrics or {}
@@ -248,7 +252,25 @@ class TrainRound:
             keys=self.keys,
             rejected=state.rejected,
             missed=extra["missed"],
+            silo_id=self.engine.silo_id,
         )
+
+    def _undecorated(self, replies: list[Message]) -> bool:
+        """Whether every reply of the round lacks the silo id and the decorator's metrics
+        (``train-time``, ``batch-size``): the app that ran is not decorated, or it is not
+        the app the user decorated (a stale local SuperLink)."""
+        if not replies:
+            return False
+        for msg in replies:
+            if msg.has_error():
+                return False
+            record = config_record(msg.content, self.keys.silo_record)
+            if record is not None and self.keys.silo_id in record:
+                return False
+            for metrics in msg.content.metric_records.values():
+                if self.keys.train_time in metrics or self.keys.batch_size in metrics:
+                    return False
+        return True
 
     def _queued(self, state: RoundState, intervals: list[tuple[float, float]]) -> None:
         """Warn, once a run, when the replies' intervals show the silos queued (a pool of
