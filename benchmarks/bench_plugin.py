@@ -85,6 +85,9 @@ def judge(train: list[dict[str, Any]], output: str = "") -> dict[str, Any]:
     """Ordering from round 2, the median round time / oracle and / the equal split's
     from round 3, the claims replaced and whether the queue was named (in ``output``)."""
     ordered = True
+    missing = [e["round"] for e in train if len(e["silos"]) < len(SLOWDOWNS)]
+    if missing:  # a silo left out of a round (its reason in the run's output)
+        raise RuntimeError(f"silos missing in rounds {missing}:\n{output[-3000:]}")
     for event in train[1:]:
         silos = event["silos"]
         sizes = [silos[str(p)]["batch-size"] for p in range(len(SLOWDOWNS))]
@@ -115,9 +118,10 @@ def judge(train: list[dict[str, Any]], output: str = "") -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     flags = parser(__doc__.splitlines()[0])
     flags.add_argument("--runs", type=int, default=10, help="cold runs (default: 10)")
+    flags.add_argument("--rounds", type=int, default=8, help="rounds a run (default: 8)")
     args = flags.parse_args(argv)
     runs = 2 if args.smoke else args.runs
-    rounds = 4 if args.smoke else 8
+    rounds = 4 if args.smoke else args.rounds
     results = []
     started = time.perf_counter()
     load_before = os.getloadavg()

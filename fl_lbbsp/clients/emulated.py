@@ -13,8 +13,9 @@ the adapter when the run or node config asks for a slowdown or a cost model) wra
 - the round reports ``k * t`` (or a cost model's time) and waits, outside the slot, until
   that time has passed since the silo got its instruction
   (:func:`~fl_lbbsp.clients.emulation.emulated_time`);
-- its ``compute-start`` and ``compute-end`` span the emulated round, so that the server's
-  check of the claim against the reply's own interval sees the emulated time.
+- its ``compute-start`` and ``compute-end`` span the emulated round (at least the reported
+  time, ending after the wait), so that the server's check of the claim against the
+  reply's own interval sees the emulated time.
 
 Every figure that relies on it is labelled emulated.
 """
@@ -95,8 +96,7 @@ def run_emulated_round(
     started : float | None (default: None)
         ``clock()`` when the silo got its instruction: the emulated wait ends
         ``train-time`` after it, so queueing for the slot and loading count as part of
-        the emulated round, and ``compute-start`` is that moment; ``None``: the wait is
-        ``train-time`` minus the compute time.
+        the emulated round; ``None``: the wait is ``train-time`` minus the compute time.
     clock, sleep : Callable (default: time.perf_counter, time.sleep)
         The clock of ``started`` and how to wait.
     **options
@@ -117,7 +117,6 @@ def run_emulated_round(
         Whatever the plain round raises, before any emulated wait.
     """
     names: RecordKeys = options.get("keys") or RecordKeys()
-    began_at = None if started is None else time.time() - (clock() - started)
     with slot or contextlib.nullcontext():
         report = run_round(instruction, work, silo_id=silo_id, **options)
     reported = emulated_time(
@@ -134,7 +133,6 @@ def run_emulated_round(
     return report.emulated(
         reported,
         train_time_key=names.train_time,
-        started=began_at,
         ended=time.time(),
         extra={SLOWDOWN: emulation.factor},
     )

@@ -97,6 +97,7 @@ class LocalTraining:
     server_round: int
     seed: int
     _compute_time: float | None = field(default=None, repr=False)
+    _timed_from: float | None = field(default=None, repr=False)
     _samplers: list[ResizableBatchSampler] = field(default_factory=list, repr=False)
 
     @classmethod
@@ -188,10 +189,21 @@ class LocalTraining:
         the compute is timed from the batches drawn (:meth:`drawn_time`), or the
         whole work when nothing is drawn through the plan."""
         start = time.perf_counter()
+        if self._timed_from is None:
+            self._timed_from = start
         try:
             yield
         finally:
             self._compute_time = (self._compute_time or 0.0) + time.perf_counter() - start
+
+    def compute_began(self, default: float) -> float:
+        """``time.perf_counter()`` when the compute began: the first :meth:`timed` block,
+        else the first batch drawn, else ``default`` (the work's start). Loading the data
+        and building the model before it are not compute."""
+        if self._timed_from is not None:
+            return self._timed_from
+        draws = [t for sampler in self._samplers for t in sampler.drawn_at]
+        return min(draws, default=default)
 
     @property
     def compute_time(self) -> float | None:
@@ -295,18 +307,20 @@ class RoundReport(Generic[T]):
         reported: float,
         *,
         train_time_key: str,
-        started: float | None,
         ended: float,
         extra: dict[str, float],
     ) -> RoundReport[T]:
         """This report with ``reported`` as its ``train-time`` (named ``train_time_key``)
-        and its interval from ``started`` (``None``: the compute's start) to ``ended``
-        (both ``time.time()``), plus ``extra`` metrics (the emulation's)."""
+        and its interval ending at ``ended`` (``time.time()``, after the emulated wait),
+        beginning at the compute's start or earlier, so that it spans at least
+        ``reported``, plus ``extra`` metrics (the emulation's)."""
         metrics = dict(self.metrics)
         metrics[train_time_key] = reported
-        if started is not None:
-            metrics[COMPUTE_START] = min(started, metrics[COMPUTE_START])
-        metrics[COMPUTE_END] = max(ended, metrics[COMPUTE_END])
+        end = max(ended, metrics[COMPUTE_END])
+        # the emulated round spans at least its reported time: a wait cut short (the
+        # silo queued for its compute slot) began when the instruction came
+        metrics[COMPUTE_START] = min(metrics[COMPUTE_START], end - reported)
+        metrics[COMPUTE_END] = end
         metrics.update(extra)
         return RoundReport(
             output=self.output,
@@ -359,8 +373,9 @@ def run_round(
     -------
     RoundReport
         The work's output, the metrics and the notes of the reply: ``train-time`` is the
-        measured compute, ``compute-start`` and ``compute-end`` the work's interval on
-        this silo's clock (``time.time()``).
+        measured compute, ``compute-start`` and ``compute-end`` the compute's interval on
+        this silo's clock (``time.time()``): from the first ``plan.timed()`` block, else
+        the first batch drawn, else the work's start, to the work's end.
 
     Raises
     ------
@@ -415,7 +430,7 @@ def run_round(
             names.cpu_percent: cpu,
             names.memory_percent: memory,
             COMPUTE_TIME: measured,
-            COMPUTE_START: start_at,
+            COMPUTE_START: start_at + max(plan.compute_began(begun) - begun, 0.0),
             COMPUTE_END: max(end_at, start_at),
         }
     )
