@@ -86,8 +86,10 @@ def judge(train: list[dict[str, Any]], output: str = "") -> dict[str, Any]:
     from round 3, the claims replaced and whether the queue was named (in ``output``)."""
     ordered = True
     missing = [e["round"] for e in train if len(e["silos"]) < len(SLOWDOWNS)]
-    if missing:  # a silo left out of a round (its reason in the run's output)
-        raise RuntimeError(f"silos missing in rounds {missing}:\n{output[-3000:]}")
+    if missing:  # a silo left out of a round (a missed deadline: the run's output says)
+        print(f"silos missing in rounds {missing}:\n{output[-3000:]}", flush=True)
+        train = [e for e in train if e["round"] not in missing]
+        ordered = False
     for event in train[1:]:
         silos = event["silos"]
         sizes = [silos[str(p)]["batch-size"] for p in range(len(SLOWDOWNS))]
