@@ -15,6 +15,10 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "BUSY_TIME",
+    "DECORATOR_USAGE",
+    "STALE_SUPERLINK",
+    "COMPUTE_END",
+    "COMPUTE_START",
     "COMPUTE_TIME",
     "EVAL_ACCURACY",
     "EVAL_LOSS",
@@ -92,8 +96,32 @@ def is_encrypted(record: Container[str]) -> bool:
     return ENCRYPTED_HEADER in record
 
 
+DECORATOR_USAGE = (
+    "decorate it as '@app.train()' then '@lbbsp_train()' on the next line, over "
+    "'def train(msg: Message, context: Context, plan: LocalTraining) -> Message'"
+)
+"""How the silo decorator :func:`~fl_lbbsp.clients.lbbsp_train` is used: named by every
+TypeError it raises, and by the server when a silo's train function was not decorated."""
+STALE_SUPERLINK = (
+    "no silo id, train-time, batch-size: train is not decorated with @lbbsp_train() "
+    "under @app.train(), or, if it is, a stale local SuperLink (the `flower-superlink "
+    "--simulation` an earlier `flwr run` left) runs an older app of that name: stop it "
+    "(`pgrep -af flower-superlink`, `kill <pid>`), run again"
+)
+"""Why a reply was rejected when no reply of its round carries the silo id and the
+decorator's metrics: the app is not decorated, or the decorated app is not the one that
+ran (fits the 300 characters a rejection keeps)."""
+
 COMPUTE_TIME = "compute-time"
 """Metric of the shipped silo apps: the real, unemulated seconds of compute."""
+COMPUTE_START = "compute-start"
+"""Metric of every silo round: when its compute began, in seconds since the epoch on the
+silo's own clock (an emulated round: when the silo got its instruction)."""
+COMPUTE_END = "compute-end"
+"""Metric of every silo round: when its compute ended, on the silo's clock (an emulated
+round: after its emulated wait). ``compute-end - compute-start`` is the reply's own
+interval, which the server checks the claimed ``train-time`` against (queueing before
+the silo ran, in a pool of fewer actors than silos, is not in it)."""
 BUSY_TIME = "busy-time"
 """Metric of the shipped silo apps: real seconds in the ClientApp for the round."""
 STARTUP_TIME = "startup-time"
@@ -114,6 +142,8 @@ WARM_WORKER = "warm-worker"
 process did (:mod:`fl_lbbsp.clients.warm`)."""
 SILO_APP_METRICS: tuple[str, ...] = (
     COMPUTE_TIME,
+    COMPUTE_START,
+    COMPUTE_END,
     BUSY_TIME,
     STARTUP_TIME,
     SLOWDOWN,

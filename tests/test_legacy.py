@@ -377,3 +377,43 @@ def test_legacy_aggregate_does_not_depend_on_the_order_results_finished_in() -> 
 
     # Assert: bit for bit
     assert aggregates[0].tobytes() == aggregates[1].tobytes()
+
+
+class CrashingClient(NumPyClient):
+    """A client whose fit raises (a missing module, a bug in the app)."""
+
+    def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+        raise ModuleNotFoundError("No module named 'tenseal'")
+
+
+@pytest.mark.parametrize("crashing", [{"101", "102"}, {"101"}], ids=["all", "one"])
+def test_legacy_run_whose_clients_all_fail_stops_with_their_error(
+    crashing: set[str], fl_log: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: clients that raise in fit, next to an honest one or not
+    from fl_lbbsp.strategies.outcomes import NoUpdateError
+
+    strategy = LBBSPStrategy(
+        initial_batch_size=32,
+        local_steps=10,
+        lr=0.05,
+        fraction_evaluate=0.0,
+        min_fit_clients=2,
+        min_available_clients=2,
+        initial_parameters=ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]),
+    )
+    clients: dict[str, NumPyClient] = {
+        cid: CrashingClient() if cid in crashing else CostModelClient("b", 200.0, 300, 2.0)
+        for cid in ("101", "102")
+    }
+    server, _ = _server(strategy, clients)
+
+    # Execute / Assert: every client failing at once stops the run with their error, not
+    # an empty history blamed on timeouts; one failing client does not
+    if crashing == set(clients):
+        with pytest.raises(NoUpdateError, match=r"first round.*No module named 'tenseal'"):
+            server.fit(num_rounds=2, timeout=None)
+        assert not any("no usable reply" in r.getMessage() for r in fl_log.records)
+    else:
+        history, _ = server.fit(num_rounds=2, timeout=None)
+        assert history is not None

@@ -192,11 +192,12 @@ LIGHT = textwrap.dedent(
 
     import fl_lbbsp
     import fl_lbbsp.clients.adapter, fl_lbbsp.clients.emulation, fl_lbbsp.clients.round
+    import fl_lbbsp.clients.emulated
     import fl_lbbsp.clients.sampler, fl_lbbsp.clients.task
     from fl_lbbsp.clients import (
         CostModel, Emulation, LocalTraining, ResizableBatchSampler, SlowdownSchedule,
         check_batch_size, emulate_slowdown, emulated_time, lbbsp_train, machine_usage,
-        misuse_of, run_round,
+        misuse_of, run_emulated_round, run_round,
     )
 
     light = "torch" in sys.modules

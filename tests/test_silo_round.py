@@ -15,8 +15,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fl_lbbsp.clients import LocalTraining, lbbsp_train, misuse_of, run_round, train_local
+from fl_lbbsp.clients.emulated import Emulation, run_emulated_round, slowdown_schedule
 from fl_lbbsp.clients.emulation import CostModel
-from fl_lbbsp.clients.round import Emulation, WorkDone, slowdown_schedule
+from fl_lbbsp.clients.round import WorkDone
 from fl_lbbsp.contract import RecordKeys
 from fl_lbbsp.instruction import InstructionError, RoundInstruction, round_seed, silo_id_of
 
@@ -170,7 +171,7 @@ def test_a_round_that_draws_other_batches_says_so_and_reports_what_was_drawn(
     draw: Callable[[LocalTraining], None], drawn: int, note: str
 ) -> None:
     # Execute
-    report = run_round(
+    report = run_emulated_round(
         INSTRUCTION,
         lambda plan: WorkDone(output=draw(plan)),
         silo_id="s",
@@ -197,7 +198,7 @@ def test_an_honest_round_reports_the_contract_and_no_misuse() -> None:
         return WorkDone(output="done", num_examples=80, loss=0.5)
 
     # Execute
-    report = run_round(
+    report = run_emulated_round(
         INSTRUCTION,
         work,
         silo_id="s",
@@ -231,7 +232,7 @@ def test_a_round_waits_from_when_the_silo_got_its_instruction() -> None:
 
     # Execute
     begun = time.perf_counter()
-    report = run_round(
+    report = run_emulated_round(
         INSTRUCTION,
         lambda plan: WorkDone(output=None),
         silo_id="s",
@@ -243,6 +244,57 @@ def test_a_round_waits_from_when_the_silo_got_its_instruction() -> None:
     # Assert: 2.4 s reported, and no wait (it would be 2.4 s)
     assert report.reported_time == pytest.approx(TAU * 0.1 * B)
     assert time.perf_counter() - begun < report.reported_time
+
+
+def test_the_plain_round_reports_what_it_measured_and_its_interval() -> None:
+    # Prepare
+    before = time.time()
+
+    # Execute: the production round, no emulation
+    report = run_round(INSTRUCTION, lambda plan: WorkDone(output=None), silo_id="s")
+
+    # Assert: train-time is the compute, its interval lies in the call, no slowdown key
+    metrics = report.metrics
+    assert metrics[KEYS.train_time] == metrics["compute-time"] == report.reported_time
+    assert before <= metrics["compute-start"] <= metrics["compute-end"] <= time.time()
+    assert "slowdown" not in metrics
+
+
+@pytest.mark.parametrize(
+    ("factor", "cost", "waited_since", "expected", "slept"),
+    [
+        (3.0, CostModel(per_sample=0.1), 1.0, 3 * TAU * 0.1 * B, 3 * TAU * 0.1 * B - 1.0),
+        (1.0, CostModel(per_sample=0.1), 5.0, TAU * 0.1 * B, None),
+        (2.0, CostModel(per_sample=0.05, fixed=0.1), 0.0, 2 * TAU * (0.05 * B + 0.1), None),
+    ],
+    ids=["waits-the-rest", "nothing-left", "no-wait-asked"],
+)
+def test_the_emulation_wrapper_reports_the_emulated_time_and_waits_for_it(
+    factor: float, cost: CostModel, waited_since: float, expected: float, slept: float | None
+) -> None:
+    # Prepare: an injected clock, the instruction received waited_since seconds ago
+    sleeps: list[float] = []
+    wait = waited_since > 0
+
+    # Execute
+    report = run_emulated_round(
+        INSTRUCTION,
+        lambda plan: WorkDone(output=None),
+        silo_id="s",
+        emulation=Emulation(factor=factor, cost=cost, wait=wait),
+        started=100.0 - waited_since,
+        clock=lambda: 100.0,
+        sleep=sleeps.append,
+        check_draws=False,
+    )
+
+    # Assert: k times the cost model's time, the slowdown reported, the rest waited, and
+    # the interval spans at least the reported time
+    metrics = report.metrics
+    assert metrics[KEYS.train_time] == pytest.approx(expected) == report.reported_time
+    assert metrics["slowdown"] == factor
+    assert sleeps == ([] if slept is None else [pytest.approx(slept)])
+    assert metrics["compute-end"] - metrics["compute-start"] >= expected - 1e-9
 
 
 # ------------------------------------------------ the same silo, every entry point
@@ -476,3 +528,22 @@ def test_the_compute_is_timed_from_the_batches_drawn(
 
     # Assert
     assert measured == (None if expected is None else pytest.approx(expected))
+
+
+def test_the_interval_opens_at_the_compute_not_at_the_loading() -> None:
+    # Prepare: a work that loads (a cold dataset) before it draws its first batch
+    def work(plan: LocalTraining) -> WorkDone[None]:
+        time.sleep(0.2)  # loading, not compute
+        loading_done = time.time()
+        for _ in plan.batch_sampler(40):
+            pass
+        marks.append(loading_done)
+        return WorkDone(output=None)
+
+    marks: list[float] = []
+
+    # Execute
+    report = run_round(INSTRUCTION, work, silo_id="s")
+
+    # Assert: the interval begins after the loading (a lower bound: no wall-clock speed)
+    assert report.metrics["compute-start"] >= marks[0] - 1e-3

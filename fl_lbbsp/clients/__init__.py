@@ -1,6 +1,7 @@
 """The silo side: sampler, trainer, slowdown emulation, the Flower ClientApp, an adapter
 for existing train functions (:func:`lbbsp_train`), the warm silo worker
-(:mod:`fl_lbbsp.clients.warm`) and the one silo round they all run (:func:`run_round`).
+(:mod:`fl_lbbsp.clients.warm`) and the one silo round they all run (:func:`run_round`,
+plain; the simulation runners wrap it with :func:`run_emulated_round`).
 
 The names below are imported on first use (PEP 562), so that a light module of this
 package (:mod:`~fl_lbbsp.clients.warm`, which Flower's per-message ClientApp process
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .adapter import lbbsp_train
+    from .emulated import Emulation, run_emulated_round
     from .emulation import (
         CostModel,
         OutOfMemoryError,
@@ -27,7 +29,6 @@ if TYPE_CHECKING:
         emulated_time,
     )
     from .round import (
-        Emulation,
         LocalTraining,
         RoundReport,
         WorkDone,
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "lbbsp_train": ".adapter",
-    "Emulation": ".round",
+    "Emulation": ".emulated",
+    "run_emulated_round": ".emulated",
     "LocalTraining": ".round",
     "RoundReport": ".round",
     "WorkDone": ".round",
@@ -78,6 +80,7 @@ __all__ = [
     "lbbsp_train",
     "machine_usage",
     "misuse_of",
+    "run_emulated_round",
     "run_round",
     "train_local",
 ]

@@ -48,18 +48,17 @@ from collections.abc import Callable, Mapping
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
 from pydantic import ValidationError
 
-from ..contract import RecordKeys
+from ..contract import DECORATOR_USAGE, RecordKeys
 from ..instruction import RoundInstruction, silo_id_of
-from .emulation import CostModel
-from .round import (
+from .emulated import (
     SLOWDOWN_KEY,
     SLOWDOWNS_KEY,
     Emulation,
-    LocalTraining,
-    WorkDone,
-    run_round,
+    run_emulated_round,
     slowdown_schedule,
 )
+from .emulation import CostModel, SlowdownSchedule
+from .round import LocalTraining, WorkDone, run_round
 
 __all__ = [
     "COST_MODEL_KEY",
@@ -72,7 +71,8 @@ __all__ = [
 ]
 
 COST_MODEL_KEY = "cost-model"
-"""run_config entry: emulated step time ``"m,b"`` of the fastest silo (``""``: measured)."""
+"""node_config or run_config entry: emulated step time ``"m,b"`` of the fastest silo
+(``""``: measured)."""
 SEED_KEY = "seed"
 """run_config entry: the run's seed; with the silo id and the round it seeds the plan
 (``0`` when the run sets none)."""
@@ -80,10 +80,7 @@ SEED_KEY = "seed"
 TrainFunction = Callable[[Message, Context, LocalTraining], Message]
 """A Message-API train function that also takes the round's :class:`LocalTraining`."""
 
-USAGE = (
-    "decorate it as '@app.train()' then '@lbbsp_train()' on the next line, over "
-    "'def train(msg: Message, context: Context, plan: LocalTraining) -> Message'"
-)
+USAGE = DECORATOR_USAGE
 """How the decorator is used, named by every TypeError it raises."""
 _MARK = "__lbbsp_train__"
 
@@ -103,6 +100,7 @@ def lbbsp_train(
     keys: RecordKeys | Mapping[str, str] | None = None,
     configrecord_key: str = "config",
     cost_model: str | None = None,
+    slowdowns: str | None = None,
     emulate_wait: bool = True,
 ) -> Callable[[TrainFunction], Callable[[Message, Context], Message]]:
     """Decorate a Message-API train function so that it runs as an LB-BSP silo.
@@ -119,8 +117,13 @@ def lbbsp_train(
     cost_model : str | None (default: None)
         Emulated step time ``"m,b"`` of the fastest silo (see
         :class:`~fl_lbbsp.clients.emulation.CostModel`): the silo reports
-        ``tau * k * (m * B + b)`` instead of its measured time times k. ``None``: the run
-        config's ``cost-model`` if set, else measured times.
+        ``tau * k * (m * B + b)`` instead of its measured time times k. ``None``: the node
+        config's ``cost-model``, else the run config's, if set, else measured times.
+    slowdowns : str | None (default: None)
+        Emulated slowdowns per partition, ``"1;2;4"`` (the silo of ``partition-id`` p
+        takes entry p): the same as run_config ``slowdowns``, without declaring it in the
+        app's pyproject.toml (Flower refuses a ``--run-config`` key the app does not
+        declare). A node_config ``slowdown`` wins; ``None``: the run config's, if set.
     emulate_wait : bool (default: True)
         An emulated silo (node_config ``slowdown``, run_config ``slowdowns`` or a cost
         model) waits until its reported time has passed; ``False`` reports it at once.
@@ -142,6 +145,8 @@ def lbbsp_train(
         (in the silo, as an error reply) when the message's ``batch-size``,
         ``local-steps`` or ``lr`` is missing, not a number or not positive.
     ValueError
+        (when decorating) a ``slowdowns`` entry that does not parse.
+    ValueError
         (in the silo, as an error reply) when the function's reply has no single
         MetricRecord or that record has no ``num-examples``.
     TypeError
@@ -153,6 +158,9 @@ def lbbsp_train(
         )
     names = _record_keys(keys)
     fixed_cost = None if cost_model is None else CostModel.parse(cost_model)
+    listed = () if slowdowns is None else tuple(s for s in slowdowns.split(";") if s)
+    for entry in listed:
+        SlowdownSchedule.parse(entry)  # a bad entry fails here, not in every silo
 
     def decorate(function: TrainFunction) -> Callable[[Message, Context], Message]:
         _check_function(function)
@@ -162,13 +170,8 @@ def lbbsp_train(
             config = msg.content.config_records.get(configrecord_key, ConfigRecord())
             instruction = RoundInstruction.from_config(config, names)
             silo_id = silo_id_of(context.node_config, names, node_id=context.node_id)
-            text = str(context.run_config.get(COST_MODEL_KEY, "") or "")
-            emulation = Emulation(
-                factor=slowdown_schedule(context.node_config, run_config=context.run_config).factor(
-                    instruction.server_round
-                ),
-                cost=fixed_cost or (CostModel.parse(text) if text else None),
-                wait=emulate_wait,
+            emulation = _emulation(
+                context, instruction.server_round, listed, fixed_cost, wait=emulate_wait
             )
 
             def work(plan: LocalTraining) -> WorkDone[tuple[Message, str, MetricRecord]]:
@@ -183,16 +186,19 @@ def lbbsp_train(
                 return WorkDone(output=(reply, *_user_metrics(reply, names)))
 
             cap = context.node_config.get(names.max_batch_size)
+            seed = context.run_config.get(SEED_KEY, 0)
+            most = None if cap is None else int(cap)
             try:
-                report = run_round(
-                    instruction,
-                    work,
-                    silo_id=silo_id,
-                    run_seed=context.run_config.get(SEED_KEY, 0),
-                    keys=names,
-                    emulation=emulation,
-                    max_batch_size=None if cap is None else int(cap),
-                )
+                if emulation is None:
+                    report = run_round(
+                        instruction, work, silo_id=silo_id, run_seed=seed, keys=names,
+                        max_batch_size=most,
+                    )  # fmt: skip
+                else:
+                    report = run_emulated_round(
+                        instruction, work, emulation=emulation, silo_id=silo_id,
+                        run_seed=seed, keys=names, max_batch_size=most,
+                    )  # fmt: skip
             except _ErrorReplyError as err:
                 return err.reply
             reply, name, metrics = report.output
@@ -206,6 +212,32 @@ def lbbsp_train(
         return train
 
     return decorate
+
+
+def _emulation(
+    context: Context,
+    server_round: int,
+    listed: tuple[str, ...],
+    cost: CostModel | None,
+    *,
+    wait: bool,
+) -> Emulation | None:
+    """The round's emulation from the decorator's options, the node config and the run
+    config (in that order of precedence for the cost model; for the slowdown the node's
+    own ``slowdown``, then ``listed``, then run_config ``slowdowns``); ``None``: none
+    asked for (the plain round)."""
+    if cost is None:
+        text = str(
+            context.node_config.get(COST_MODEL_KEY)
+            or context.run_config.get(COST_MODEL_KEY, "")
+            or ""
+        )
+        cost = CostModel.parse(text) if text else None
+    schedule = slowdown_schedule(context.node_config, listed=listed, run_config=context.run_config)
+    factor = schedule.factor(server_round)
+    if cost is None and factor == 1.0 and list(schedule.steps.values()) == [1.0]:
+        return None
+    return Emulation(factor=factor, cost=cost, wait=wait)
 
 
 def _record_keys(keys: object) -> RecordKeys:

@@ -43,8 +43,8 @@ from ..instruction import RoundInstruction, silo_id_of
 from ..models import build_model
 from ..security.identity import key_file_name, load_signing_key, sign_reply, signed_arrays
 from ..security.screening import model_norm, model_problem
+from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel, SlowdownSchedule, compute_slot, emulate_slowdown
-from .round import Emulation, run_round, slowdown_schedule
 from .silo_setup import SiloSetup, silo_data, test_data, test_shard
 from .silo_setup import _split as _split  # shared with the workers' app (clients/cluster.py)
 from .silo_task import training_work
@@ -333,7 +333,7 @@ class SiloApp:
         model = self._model(state, data)
         factor = node.schedule.factor(instruction.server_round)
         # The emulated wait runs outside the slot, from the moment the silo queued for it.
-        report = run_round(
+        report = run_emulated_round(
             instruction,
             training_work(model, data),
             silo_id=node.silo_id,

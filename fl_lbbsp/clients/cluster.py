@@ -45,8 +45,9 @@ from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indice
 from ..instruction import RoundInstruction, round_seed, silo_id_of
 from ..models import ModelName, build_model
 from .app import _silo_keys, _split, secret_context_of, signing_key_of, train_reply
+from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel, CostModelText, SlowdownText, emulate_slowdown
-from .round import Emulation, LocalTraining, WorkDone, run_round, slowdown_schedule
+from .round import LocalTraining, WorkDone
 from .trainer import evaluate
 
 __all__ = ["WorkerSetup", "gradient", "make_worker_app", "sync_replica", "worker_data"]
@@ -343,7 +344,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
             return WorkDone(output=grads, num_examples=batch_size, loss=loss)
 
         # one gradient on a slice of the global batch, not tau steps: no draws to check
-        report = run_round(
+        report = run_emulated_round(
             instruction,
             work,
             silo_id=worker_id,

@@ -12,11 +12,15 @@ the rest the same way everywhere:
 - the :class:`LocalTraining` plan handed to the work, seeded by
   :func:`~fl_lbbsp.instruction.round_seed` (the same silo shuffles the same way in
   simulation and in deployment), whose batch sampler counts what is really drawn;
-- the compute slot, psutil's CPU window and the compute time (``plan.timed()`` blocks,
-  else the whole work);
-- the emulated slowdown and its wait (:func:`~fl_lbbsp.clients.emulation.emulated_time`);
+- psutil's CPU window, the compute time (``plan.timed()`` blocks, else the whole work)
+  and the compute interval on the silo's own clock (``compute-start``, ``compute-end``);
 - the contract's metrics, and a ``misuse`` note when the work drew other batches than it
   was told to (:func:`misuse_of`).
+
+The round is plain: instruction in, report out, the times it measured. Emulating a slower
+machine (a slowdown k, a cost model, a compute slot shared by the silos of one machine) is
+a wrapper the simulation runners add around it,
+:func:`~fl_lbbsp.clients.emulation.run_emulated_round`.
 
 None of it imports torch: a numpy silo iterates ``plan.batch_sampler(n)`` as lists of
 indices; only :meth:`LocalTraining.loader` (given a torch ``DataLoader``) uses torch.
@@ -27,49 +31,39 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psutil
 
 from ..contract import (
+    COMPUTE_END,
+    COMPUTE_START,
     COMPUTE_TIME,
-    SLOWDOWN,
     TRAIN_LOSS,
     BatchSizeOutOfMemoryError,
     RecordKeys,
     is_out_of_memory,
 )
-from ..instruction import PARTITION_ID, RoundInstruction, round_seed
-from .emulation import CostModel, SlowdownSchedule, emulated_time
+from ..instruction import RoundInstruction, round_seed
 from .sampler import ResizableBatchSampler
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
 __all__ = [
-    "SLOWDOWNS_KEY",
-    "SLOWDOWN_KEY",
-    "Emulation",
     "LocalTraining",
     "RoundReport",
     "WorkDone",
     "machine_usage",
     "misuse_of",
     "run_round",
-    "slowdown_schedule",
 ]
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-
-SLOWDOWN_KEY = "slowdown"
-"""node_config entry: this silo's emulated slowdown k (``"4"`` or ``"1:1,10:4"``)."""
-SLOWDOWNS_KEY = "slowdowns"
-"""run_config entry: emulated slowdowns per partition, ``"1;2;4"``."""
 
 FIX = (
     "train on plan.loader(trainloader), or on a DataLoader with "
@@ -103,6 +97,7 @@ class LocalTraining:
     server_round: int
     seed: int
     _compute_time: float | None = field(default=None, repr=False)
+    _timed_from: float | None = field(default=None, repr=False)
     _samplers: list[ResizableBatchSampler] = field(default_factory=list, repr=False)
 
     @classmethod
@@ -194,10 +189,21 @@ class LocalTraining:
         the compute is timed from the batches drawn (:meth:`drawn_time`), or the
         whole work when nothing is drawn through the plan."""
         start = time.perf_counter()
+        if self._timed_from is None:
+            self._timed_from = start
         try:
             yield
         finally:
             self._compute_time = (self._compute_time or 0.0) + time.perf_counter() - start
+
+    def compute_began(self, default: float) -> float:
+        """``time.perf_counter()`` when the compute began: the first :meth:`timed` block,
+        else the first batch drawn, else ``default`` (the work's start). Loading the data
+        and building the model before it are not compute."""
+        if self._timed_from is not None:
+            return self._timed_from
+        draws = [t for sampler in self._samplers for t in sampler.drawn_at]
+        return min(draws, default=default)
 
     @property
     def compute_time(self) -> float | None:
@@ -245,25 +251,6 @@ def misuse_of(plan: LocalTraining) -> str | None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Emulation:
-    """How a silo emulates a slower machine.
-
-    Parameters
-    ----------
-    factor : float (default: 1.0)
-        Slowdown k of the round (>= 1).
-    cost : CostModel | None (default: None)
-        Emulated step time of the fastest machine; ``None``: measured times.
-    wait : bool (default: True)
-        Wait until the reported time has passed.
-    """
-
-    factor: float = 1.0
-    cost: CostModel | None = None
-    wait: bool = True
-
-
-@dataclass(frozen=True, kw_only=True)
 class WorkDone(Generic[T]):
     """What a silo's work returns to :func:`run_round`.
 
@@ -294,8 +281,8 @@ class RoundReport(Generic[T]):
     metrics : dict of str to int | float
         The contract's metrics (``train-time``, ``batch-size``, ``samples-processed``,
         ``samples-drawn``, ``cpu-percent``, ``memory-percent``, and ``num-examples`` and
-        ``max-batch-size`` when known) and ``compute-time``, ``slowdown`` and
-        ``train-loss`` (when known).
+        ``max-batch-size`` when known) and ``compute-time``, ``compute-start``,
+        ``compute-end`` and ``train-loss`` (when known).
     notes : dict of str to str
         Entries of the reply's ``silo`` ConfigRecord: ``misuse`` when the work drew other
         batches than instructed.
@@ -304,7 +291,8 @@ class RoundReport(Generic[T]):
     compute_time : float
         Real, unemulated seconds of compute.
     reported_time : float
-        The (emulated) ``train-time``.
+        The ``train-time`` reported: ``compute_time`` in a plain round, the emulated
+        time in an emulated one.
     """
 
     output: T
@@ -314,6 +302,35 @@ class RoundReport(Generic[T]):
     compute_time: float
     reported_time: float
 
+    def emulated(
+        self,
+        reported: float,
+        *,
+        train_time_key: str,
+        ended: float,
+        extra: dict[str, float],
+    ) -> RoundReport[T]:
+        """This report with ``reported`` as its ``train-time`` (named ``train_time_key``)
+        and its interval ending at ``ended`` (``time.time()``, after the emulated wait),
+        beginning at the compute's start or earlier, so that it spans at least
+        ``reported``, plus ``extra`` metrics (the emulation's)."""
+        metrics = dict(self.metrics)
+        metrics[train_time_key] = reported
+        end = max(ended, metrics[COMPUTE_END])
+        # the emulated round spans at least its reported time: a wait cut short (the
+        # silo queued for its compute slot) began when the instruction came
+        metrics[COMPUTE_START] = min(metrics[COMPUTE_START], end - reported)
+        metrics[COMPUTE_END] = end
+        metrics.update(extra)
+        return RoundReport(
+            output=self.output,
+            metrics=metrics,
+            notes=self.notes,
+            plan=self.plan,
+            compute_time=self.compute_time,
+            reported_time=reported,
+        )
+
 
 def run_round(
     instruction: RoundInstruction,
@@ -322,13 +339,10 @@ def run_round(
     silo_id: str,
     run_seed: object = 0,
     keys: RecordKeys | None = None,
-    emulation: Emulation | None = None,
-    slot: AbstractContextManager[Any] | None = None,
-    started: float | None = None,
     max_batch_size: int | None = None,
     check_draws: bool = True,
 ) -> RoundReport[T]:
-    """Run one silo round: the work on the instruction's plan, timed and emulated.
+    """Run one silo round: the work on the instruction's plan, timed.
 
     Parameters
     ----------
@@ -344,15 +358,6 @@ def run_round(
         The run's seed; with ``silo_id`` and the round it seeds the plan.
     keys : RecordKeys | None (default: None)
         Record key names; ``None``: the defaults.
-    emulation : Emulation | None (default: None)
-        The emulated slowdown; ``None``: none.
-    slot : context manager | None (default: None)
-        Held while the work computes (a compute slot shared with the silos of this
-        machine); the emulated wait happens outside it.
-    started : float | None (default: None)
-        ``time.perf_counter()`` when the silo got its instruction: the emulated wait ends
-        ``train-time`` after it, so queueing for the slot and loading count as part of
-        the emulated round; ``None``: the wait is ``train-time`` minus the compute time.
     max_batch_size : int | None (default: None)
         The silo's memory cap to report; ``None``: not reported.
     check_draws : bool (default: True)
@@ -367,7 +372,10 @@ def run_round(
     Returns
     -------
     RoundReport
-        The work's output, the metrics and the notes of the reply.
+        The work's output, the metrics and the notes of the reply: ``train-time`` is the
+        measured compute, ``compute-start`` and ``compute-end`` the compute's interval on
+        this silo's clock (``time.time()``): from the first ``plan.timed()`` block, else
+        the first batch drawn, else the work's start, to the work's end.
 
     Raises
     ------
@@ -375,40 +383,29 @@ def run_round(
         When the work runs out of memory (``MemoryError``, torch's ``OutOfMemoryError``):
         the server reads the batch size from the error reply and caps the silo below it.
     Exception
-        Whatever else the work raises, before any emulated wait.
+        Whatever else the work raises.
     """
     names = keys or RecordKeys()
-    emulate = emulation or Emulation()
     plan = LocalTraining.of(
         instruction, seed=round_seed(run_seed, silo_id, instruction.server_round)
     )
-    with slot or contextlib.nullcontext():
-        machine_usage()  # start psutil's CPU window
-        begun = time.perf_counter()
-        try:
-            done = work(plan)
-        except Exception as err:
-            if is_out_of_memory(err) and not isinstance(err, BatchSizeOutOfMemoryError):
-                # a reply the server reads: it caps this silo instead of resending the size
-                raise BatchSizeOutOfMemoryError(
-                    batch_size=instruction.batch_size, cause=err
-                ) from err
-            raise
-        ended = time.perf_counter()
-        cpu, memory = machine_usage()
+    machine_usage()  # start psutil's CPU window
+    start_at = time.time()
+    begun = time.perf_counter()
+    try:
+        done = work(plan)
+    except Exception as err:
+        if is_out_of_memory(err) and not isinstance(err, BatchSizeOutOfMemoryError):
+            # a reply the server reads: it caps this silo instead of resending the size
+            raise BatchSizeOutOfMemoryError(batch_size=instruction.batch_size, cause=err) from err
+        raise
+    ended = time.perf_counter()
+    end_at = time.time()
+    cpu, memory = machine_usage()
     measured = plan.compute_time
     if measured is None:
         drawn = plan.drawn_time(ended)
         measured = ended - begun if drawn is None else min(drawn, ended - begun)
-    reported = emulated_time(
-        measured,
-        emulate.factor,
-        cost=emulate.cost,
-        batch_size=instruction.batch_size,
-        local_steps=instruction.local_steps,
-        wait=emulate.wait,
-        started=started,
-    )
     metrics: dict[str, int | float] = {}
     if done.num_examples is not None:
         metrics[names.num_examples] = done.num_examples
@@ -427,13 +424,14 @@ def run_round(
             notes[names.misuse] = misuse
     metrics.update(
         {
-            names.train_time: reported,
+            names.train_time: measured,
             names.batch_size: instruction.batch_size,
             names.samples_processed: samples,
             names.cpu_percent: cpu,
             names.memory_percent: memory,
             COMPUTE_TIME: measured,
-            SLOWDOWN: emulate.factor,
+            COMPUTE_START: start_at + max(plan.compute_began(begun) - begun, 0.0),
+            COMPUTE_END: max(end_at, start_at),
         }
     )
     if cap is not None:
@@ -446,30 +444,5 @@ def run_round(
         notes=notes,
         plan=plan,
         compute_time=measured,
-        reported_time=reported,
+        reported_time=measured,
     )
-
-
-def slowdown_schedule(
-    node_config: Mapping[str, Any],
-    *,
-    listed: Sequence[str] = (),
-    run_config: Mapping[str, Any] | None = None,
-) -> SlowdownSchedule:
-    """This silo's emulated slowdown: node_config ``slowdown``, else its partition's
-    entry of ``listed`` (a setup's), else of run_config ``slowdowns`` (``"1;2;4"``) when
-    ``listed`` is empty, else 1 (none).
-
-    Raises
-    ------
-    ValueError
-        A slowdown that does not parse (:meth:`SlowdownSchedule.parse`).
-    """
-    value = node_config.get(SLOWDOWN_KEY)
-    if value is None:
-        entries = list(listed)
-        if not entries and run_config is not None:
-            entries = [s for s in str(run_config.get(SLOWDOWNS_KEY, "") or "").split(";") if s]
-        partition = int(node_config.get(PARTITION_ID, 0))
-        value = entries[partition] if partition < len(entries) else 1.0
-    return SlowdownSchedule.parse(value)

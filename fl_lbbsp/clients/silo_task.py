@@ -28,8 +28,9 @@ from ..contract import STARTUP_TIME, RecordKeys
 from ..datasets import ArrayDataset
 from ..instruction import RoundInstruction, silo_id_of
 from ..models import ModelName, build_model
+from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel
-from .round import Emulation, LocalTraining, WorkDone, run_round, slowdown_schedule
+from .round import LocalTraining, WorkDone
 from .silo_setup import SiloSetup, silo_data, test_data
 from .task import TaskRequest, TaskResult
 from .trainer import evaluate, train_local
@@ -192,7 +193,8 @@ def train(request: TaskRequest) -> TaskResult:
     compute and waits until that time has passed since it got the task, its turn for the
     compute lock included (as on a machine of its own); with run-config ``cost-model``
     ``"m,b"`` it reports ``tau k (m B + b)`` whatever it measured. The round itself is
-    :func:`~fl_lbbsp.clients.round.run_round`'s, as in every silo entry point.
+    :func:`~fl_lbbsp.clients.round.run_round`'s, as in every silo entry point, wrapped by
+    the emulation (:func:`~fl_lbbsp.clients.emulated.run_emulated_round`).
     """
     started = time.perf_counter()
     config, run_config, node_config = request.config, request.run_config, request.node_config
@@ -211,7 +213,7 @@ def train(request: TaskRequest) -> TaskResult:
     work = training_work(model, data)
     cost = str(run_config.get("cost-model", "") or "")
     schedule = slowdown_schedule(node_config, run_config=run_config)
-    report = run_round(
+    report = run_emulated_round(
         instruction,
         work,
         silo_id=silo_id,

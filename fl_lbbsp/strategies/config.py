@@ -11,11 +11,14 @@ names the keyword and the value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import math
+import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from ..contract import RecordKeys
 from ..core.settings import BalancingConfig, ReplyLimits
@@ -32,10 +35,14 @@ __all__ = [
     "ServerConfig",
     "parameter_server_keywords",
     "record_keys",
+    "refuse_numeric_strings",
     "setting_error",
     "settings_of_run_config",
     "split_settings",
 ]
+
+
+log = logging.getLogger("fl_lbbsp")
 
 
 class ServerConfig(BaseModel):
@@ -276,9 +283,73 @@ RUN_CONFIG_KEYS: dict[str, str] = {
 """Run-config keys a strategy reads from a Flower app's run config -> the keyword each
 sets; the first three are required, ``telemetry-path`` ``""`` means none."""
 
+EPOCHS_KEY = "local-epochs"
+"""The run-config key of Flower's app templates for the epochs a silo trains a round; with
+no ``local-steps`` declared, :func:`settings_of_run_config` derives tau from it."""
+
 RUN_CONFIG_ALIASES: dict[str, str] = {"lr": "learning-rate"}
 """A key of :data:`RUN_CONFIG_KEYS` -> the name Flower's own app templates give it, read
 when the key itself is absent (``flwr new``'s PyTorch app declares ``learning-rate``)."""
+
+
+def refuse_numeric_strings(settings: Mapping[str, Any], *, owner: str) -> None:
+    """Refuse a number written as a string (``"2.0"``, ``"10"``) for any numeric setting,
+    the same way for every setting and every entry point (a constructor keyword, a run
+    config value), instead of coercing some fields and refusing others.
+
+    Raises
+    ------
+    InvalidSettingError
+        Naming each such setting, its value and how to write it.
+    """
+    models: tuple[type[BaseModel], ...] = (ServerConfig, ReplyLimits, BalancingConfig)
+    bad = []
+    for name, value in settings.items():
+        if not isinstance(value, str) or not _is_number(value):
+            continue
+        field = next((m.model_fields[name] for m in models if name in m.model_fields), None)
+        if field is None or field.annotation is None:
+            continue
+        try:
+            TypeAdapter(field.annotation).validate_python(value, strict=True)
+        except ValidationError:
+            bad.append(f"{name} must be a number, not the string {value!r}")
+    if bad:
+        raise InvalidSettingError(
+            f"{owner}: "
+            + "; ".join(bad)
+            + " (pass the number itself; in a Flower run config write it unquoted, "
+            "e.g. --run-config 'local-steps=10')"
+        )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def local_steps_of_epochs(epochs: float, batch_size: int, num_examples: int | Sequence[int]) -> int:
+    """tau for ``epochs`` epochs of the median silo at ``batch_size``:
+    ``max(1, round(epochs * ceil(n / batch_size)))`` with ``n`` the median of
+    ``num_examples`` (a silo's dataset size, or every silo's). LB-BSP keeps tau the same
+    for every silo (Chen et al., IEEE TCC 2021, Sec. 3.5), so a silo with more data than
+    the median trains under ``epochs`` epochs a round and one with less over.
+
+    Raises
+    ------
+    ValueError
+        ``epochs`` not positive and finite, or a size not positive.
+    """
+    sizes = [num_examples] if isinstance(num_examples, int) else list(num_examples)
+    if not sizes or any(isinstance(n, bool) or n <= 0 for n in sizes):
+        raise ValueError(f"num_examples must be positive sizes, got {num_examples!r}")
+    if not (epochs > 0 and math.isfinite(epochs)):
+        raise ValueError(f"local-epochs must be positive, got {epochs!r}")
+    median = statistics.median(sizes)
+    return max(1, round(epochs * math.ceil(median / batch_size)))
 
 
 def settings_of_run_config(
@@ -286,19 +357,64 @@ def settings_of_run_config(
 ) -> dict[str, Any]:
     """A strategy's keywords from a Flower app's run config, ``overrides`` winning.
 
+    tau (``local-steps``) replaces the app's own ``local-epochs``: when the run config
+    declares no ``local-steps`` but ``local-epochs`` and ``overrides`` give
+    ``num_examples`` (a silo's dataset size, or a list of every silo's), tau is the median
+    silo's steps for those epochs at ``batch-size`` (:func:`local_steps_of_epochs`), said
+    once at INFO; with both ``local-steps`` and ``local-epochs`` declared, one line says
+    which one the silos run.
+
     Raises
     ------
     InvalidSettingError
-        A required key is missing from both: the message says where to declare it.
+        A required key is missing from both: the message says where to declare it (and,
+        for ``local-steps`` next to a ``local-epochs``, how to derive it); a number
+        written as a string (:func:`refuse_numeric_strings`).
     """
     config = dict(run_config)
+    given = dict(overrides)
+    sizes = given.pop("num_examples", None)
     for key, alias in RUN_CONFIG_ALIASES.items():
         if key not in config and alias in config:
             config[key] = config[alias]
+    epochs = config.get(EPOCHS_KEY)
+    if "local-steps" not in config and "local_steps" not in given and epochs is not None:
+        batch = given.get("initial_batch_size", config.get("batch-size"))
+        if sizes is not None and isinstance(batch, int) and not isinstance(batch, bool):
+            try:
+                tau = local_steps_of_epochs(float(epochs), batch, sizes)
+            except (TypeError, ValueError) as err:
+                raise InvalidSettingError(f"{owner}.from_run_config: {err}") from None
+            log.info(
+                "local-steps = %d: %s local epoch(s) of the median silo at batch-size %d "
+                "(tau is the same for every silo; it replaces the app's local-epochs)",
+                tau, epochs, batch,
+            )  # fmt: skip
+            given["local_steps"] = tau
+        else:
+            raise InvalidSettingError(
+                f"{owner}.from_run_config: the run config has local-epochs = {epochs} but "
+                "no 'local-steps': LB-BSP trains every silo tau local steps, which replace "
+                "the app's epochs; declare local-steps = local-epochs x ceil(n / batch-size) "
+                "for the median silo's n samples (one epoch of 2,688 samples at batch-size "
+                "32 is local-steps = 84) under [tool.flwr.app.config], or pass "
+                "num_examples=n (or every silo's sizes) to from_run_config to derive it"
+            )
+    elif sizes is not None:
+        raise InvalidSettingError(
+            f"{owner}.from_run_config: num_examples derives local-steps from local-epochs; "
+            "the run config declares local-steps (or it was passed) or no local-epochs"
+        )
+    elif epochs is not None and "local-steps" in config:
+        log.info(
+            "local-steps = %s replaces the app's local-epochs = %s: every silo runs that "
+            "many steps a round (one epoch of n samples at batch-size B is ceil(n / B))",
+            config["local-steps"], epochs,
+        )  # fmt: skip
     required = ("batch-size", "local-steps", "lr")
-    missing = [k for k in required if k not in config and RUN_CONFIG_KEYS[k] not in overrides]
+    missing = [k for k in required if k not in config and RUN_CONFIG_KEYS[k] not in given]
     if missing:
-        given = f" (keywords given: {', '.join(sorted(overrides))})" if overrides else ""
+        named = f" (keywords given: {', '.join(sorted(given))})" if given else ""
         raise InvalidSettingError(
             f"{owner}.from_run_config: the run config has no "
             + ", ".join(repr(key) for key in missing)
@@ -307,9 +423,9 @@ def settings_of_run_config(
             "from_run_config(context.run_config, "
             + ", ".join(f"{RUN_CONFIG_KEYS[k]}=..." for k in missing)
             + ")"
-            + given
+            + named
         )
     settings = {name: config[key] for key, name in RUN_CONFIG_KEYS.items() if key in config}
     if settings.get("telemetry_path") == "":
         settings["telemetry_path"] = None
-    return {**settings, **overrides}
+    return {**settings, **given}

@@ -45,6 +45,7 @@ from .checkpointing import Checkpointing, EvaluateFn
 from .config import (
     ServerConfig,
     record_keys,
+    refuse_numeric_strings,
     setting_error,
     settings_of_run_config,
     split_settings,
@@ -148,6 +149,15 @@ class LBBSPFedAvg(EngineView, FedAvg):
         **settings: Any,
     ) -> None:
         self.keys = record_keys(keys)
+        refuse_numeric_strings(
+            {
+                **settings,
+                "initial_batch_size": initial_batch_size,
+                "local_steps": local_steps,
+                "lr": lr,
+            },
+            owner=type(self).__name__,
+        )
         server, limits, balancing = split_settings(settings)
         try:
             config = self.server_config = ServerConfig(**server)
@@ -250,15 +260,16 @@ class LBBSPFedAvg(EngineView, FedAvg):
         return "lbbsp" if rewriter is None else f"lbbsp-{rewriter.name}"
 
     def summary(self) -> None:
-        """Log the LB-BSP settings, then FedAvg's."""
+        """Log FedAvg's settings (Flower's tree), then the LB-BSP settings on their own
+        line, once a run (not in the middle of Flower's tree)."""
+        super().summary()
         c = self.config
         log.info(
-            "LB-BSP settings: scheme=%s B_init=%d tau=%d eta=%g estimator=%s(alpha=%g) "
-            "allocator=%s",
+            "LB-BSP (%s): batch size %d per silo in round 1, then by speed | %d local steps, "
+            "lr %g for every silo | speed estimate %s (alpha %g), allocator %s",
             self.scheme, c.initial_batch_size, c.local_steps, c.lr, c.estimator, c.alpha,
             c.allocator,
         )  # fmt: skip
-        super().summary()
 
     def record_evaluation(
         self, server_round: int, *, loss: float, accuracy: float, federated: bool
@@ -304,7 +315,13 @@ class LBBSPFedAvg(EngineView, FedAvg):
         state.model = arrays
         if not self._config_checked:
             self._config_checked = True
-            warn_overridden_lr(config, keys=self.keys, lr=self.engine.config.lr, owner=self)
+            warn_overridden_lr(
+                config,
+                keys=self.keys,
+                lr=self.engine.config.lr,
+                owner=self,
+                local_steps=self.engine.config.local_steps,
+            )
         self.updates.begin(arrays, state)
         state.expected_bytes = self.updates.expected_bytes(arrays)
         self.round = state

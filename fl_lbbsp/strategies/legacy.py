@@ -47,7 +47,7 @@ from ..security.screening import (
     layout_of_npy,
 )
 from ..telemetry import TelemetryWriter
-from .outcomes import batch_size_metrics, log_decision, route_to_flower
+from .outcomes import RoundOutcomes, batch_size_metrics, log_decision, route_to_flower
 from .rounds import EngineView, log_round
 from .validation import log_rejected, log_skipped
 
@@ -93,6 +93,12 @@ class LBBSPStrategy(EngineView, FedAvg):
         per silo) before it reaches the balancer or FedAvg's average; a rejected one is
         logged, written to the telemetry and handed to FedAvg as a failure (so
         ``accept_failures=False`` drops the round). ``silo-id`` is accepted in the metrics.
+    max_empty_rounds : int (default: 3)
+        Rounds in a row without an aggregated update (every client failed, timed out or
+        was rejected) after which the run stops with
+        :class:`~fl_lbbsp.strategies.outcomes.NoUpdateError` naming the clients' errors, as
+        :class:`~fl_lbbsp.strategies.LBBSPFedAvg` does; a first round without one stops it
+        at once.
     """
 
     def __init__(
@@ -107,8 +113,13 @@ class LBBSPStrategy(EngineView, FedAvg):
         max_num_examples: int | None = None,
         max_reply_bytes: int | None = None,
         extra_metric_keys: Iterable[str] | None = None,
+        max_empty_rounds: int = 3,
         **settings: Any,
     ) -> None:
+        if isinstance(max_empty_rounds, bool) or not isinstance(max_empty_rounds, int):
+            raise TypeError(f"max_empty_rounds must be an int, got {max_empty_rounds!r}")
+        if max_empty_rounds < 1:
+            raise ValueError(f"max_empty_rounds must be >= 1, got {max_empty_rounds}")
         balancing = {k: v for k, v in settings.items() if k in _BALANCING}
         super().__init__(**{k: v for k, v in settings.items() if k not in _BALANCING})
         self.keys = keys or RecordKeys()
@@ -128,6 +139,7 @@ class LBBSPStrategy(EngineView, FedAvg):
         self.telemetry = TelemetryWriter(telemetry_path)
         self.round: RoundState | None = None
         self._layout: Layout | None = None
+        self.outcomes = RoundOutcomes(max_empty_rounds=max_empty_rounds)
         route_to_flower()
 
     def __repr__(self) -> str:
@@ -202,7 +214,16 @@ class LBBSPStrategy(EngineView, FedAvg):
                 continue
             if self.engine.report(state, verdict, metrics):  # False: a claim rejected
                 valid.append((client, res))
-        extra = self.engine.close(state, replied=(c.cid for c, _ in results), wall=None)
+        failed = _failed(failures)
+        state.rejected.extend({"silo": silo, "reason": why} for silo, why in failed)
+        # a client that failed did reply (with its error): not a timeout; Flower does not
+        # say which client an exception was raised for, but when the exceptions account for
+        # every client without a result, none of them timed out
+        replied = [*(c.cid for c, _ in results), *(silo for silo, _ in failed)]
+        silent = [str(cid) for cid in state.instructions if str(cid) not in set(replied)]
+        if len(silent) == sum(1 for silo, _ in failed if silo == "?"):
+            replied += silent
+        extra = self.engine.close(state, replied=replied, wall=None)
         skipped = None
         if len(valid) < self.min_train_silos:
             skipped = f"{len(valid)} valid results, min_train_silos is {self.min_train_silos}"
@@ -229,11 +250,18 @@ class LBBSPStrategy(EngineView, FedAvg):
             keys=self.keys,
             rejected=[entry for entry, _ in rejected],
             missed=extra["missed"],
+            silo_id=self.engine.silo_id,
         )
         if skipped is not None:
+            self.outcomes.close(state, aggregated=False, skipped=skipped)
             return None, {}
         failures = [*failures, *(pair for _, pair in rejected)]
         parameters, metrics = super().aggregate_fit(server_round, valid, failures)
+        self.outcomes.close(
+            state,
+            aggregated=parameters is not None,
+            skipped=None if parameters is not None else "FedAvg aggregated nothing",
+        )
         metrics.update(batch_size_metrics(state, keys=self.keys, silo_id=self.engine.silo_id))
         return parameters, metrics
 
@@ -268,3 +296,20 @@ class LBBSPStrategy(EngineView, FedAvg):
         for _, res in results:
             res.parameters = cast
         return results
+
+
+def _failed(
+    failures: list[tuple[ClientProxy, FitRes] | BaseException],
+) -> list[tuple[str, str]]:
+    """(client, why) of each failure Flower handed over: an exception raised for a client
+    (its message; Flower does not say which client: ``"?"``) or a ``FitRes`` whose status
+    is not OK."""
+    failed = []
+    for failure in failures:
+        if isinstance(failure, BaseException):
+            text = str(failure).strip().splitlines()
+            failed.append(("?", f"failed: {type(failure).__name__}: {text[-1] if text else ''}"))
+        else:
+            client, res = failure
+            failed.append((client.cid, f"failed: {res.status.message}"))
+    return failed

@@ -124,22 +124,23 @@ def log_decision(
     keys: RecordKeys,
     rejected: Iterable[Mapping[str, Any]],
     missed: Iterable[str],
+    silo_id: Callable[[Node], str] | None = None,
 ) -> None:
-    """One line through Flower's logger for the round's decision and outcome: per-silo
-    batch sizes, predicted and ideal round time (compute), the idle fraction the
-    reports show, and the silos left out with why (``rejected``: the round's rejection
-    entries, ``missed``: silos with no reply in time; a silo whose report says it did not
-    train as instructed is named too)."""
+    """The round's one line through Flower's logger, its decision and outcome: per-silo
+    batch sizes (named by the stable ids the silos reported, ``silo_id``, from round 1
+    on), the round time the reports show, predicted and ideal round time (compute), the
+    idle fraction, and the silos left out with why (``rejected``: the round's rejection
+    entries, ``missed``: silos with no reply in time); a silo whose report says it did
+    not train as instructed is named as not balanced (its update is aggregated)."""
     left_out = {str(r["silo"]): f"rejected: {r['reason']}" for r in rejected}
     left_out.update({silo: "no reply in time" for silo in missed})
-    left_out.update(
-        {
-            s: "not balanced: did not train as instructed (see its warning)"
-            for s, r in state.reports.items()
-            if "misuse" in r
-        }
+    # aggregated, but its time is not a measure of its speed: not left out
+    unbalanced = sorted((s for s, r in state.reports.items() if "misuse" in r), key=natural_key)
+    shares = (
+        state.shares
+        if silo_id is None
+        else {silo_id(node): ins.share for node, ins in state.instructions.items()}
     )
-    shares = state.shares
     order = sorted(shares, key=natural_key)
     times = [
         float(r[keys.train_time])
@@ -147,16 +148,25 @@ def log_decision(
         if "invalid-report" not in r and isinstance(r.get(keys.train_time), int | float)
     ]
     idle = 1 - sum(times) / len(times) / max(times) if times and max(times) > 0 else None
+    took = _seconds(max(times)) if times else "n/a"
     out = "; ".join(f"{silo} ({why})" for silo, why in sorted(left_out.items())) or "none"
+    balanced = (
+        f" | not balanced: {' '.join(unbalanced)} (did not train as instructed, see its "
+        "warning; its update is aggregated)"
+        if unbalanced
+        else ""
+    )
     FLOWER_LOGGER.info(
-        "[%s] round %d: B %s | predicted %s, ideal %s | idle %s | left out: %s",
+        "[%s] round %d: B %s | round time %s, predicted %s, ideal %s | idle %s | left out: %s%s",
         scheme,
         state.server_round,
         format_silos({s: shares[s] for s in order}),
+        took,
         _seconds(state.predicted),
         _seconds(state.ideal),
         "n/a" if idle is None else f"{100 * idle:.1f}%",
         out,
+        balanced,
     )
 
 
@@ -164,12 +174,48 @@ def _seconds(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g} s"
 
 
+EPOCH_KEYS = ("local-epochs", "epochs")
+"""Train-config entries of Flower's app templates for the epochs a silo trains a round,
+which LB-BSP's tau replaces."""
+
+
 def warn_overridden_lr(
-    config: Mapping[str, Any], *, keys: RecordKeys, lr: float, owner: object
+    config: Mapping[str, Any],
+    *,
+    keys: RecordKeys,
+    lr: float,
+    owner: object,
+    local_steps: int | None = None,
 ) -> None:
     """Warn when the app's own train config (``start(train_config=...)``) sets the learning
     rate to another value than the strategy's: every silo trains with the strategy's ``lr``
-    (eta is the same for all in LB-BSP), so the app's would be overridden without a word."""
+    (eta is the same for all in LB-BSP), so the app's would be overridden without a word.
+    Likewise, in one warning, a ``batch-size`` (each silo is sent its own B_i) or a
+    ``local-steps`` other than the strategy's, and a ``local-epochs`` (or ``epochs``): tau
+    = ``local_steps`` steps replace them."""
+    overridden = []
+    for key in (keys.batch_size, keys.local_steps):
+        value = config.get(key)
+        if value is not None and not (key == keys.local_steps and value == local_steps):
+            what = (
+                "each silo is sent its own batch size"
+                if key == keys.batch_size
+                else (f"every silo runs the strategy's local-steps={local_steps}")
+            )
+            overridden.append(f"{key}={value} ({what})")
+    for key in EPOCH_KEYS:
+        if key in config:
+            overridden.append(
+                f"{key}={config[key]} (every silo runs local-steps={local_steps} steps "
+                "instead, drawn through plan.loader / plan.batch_sampler)"
+            )
+    if overridden:
+        FLOWER_LOGGER.warning(
+            "%s: the train config's %s %s overridden",
+            type(owner).__name__,
+            ", ".join(overridden),
+            "is" if len(overridden) == 1 else "are",
+        )
     theirs = config.get(keys.lr)
     if isinstance(theirs, int | float) and not isinstance(theirs, bool) and theirs != lr:
         FLOWER_LOGGER.warning(

@@ -1,8 +1,9 @@
 """The round's log line and telemetry event, the same for every strategy.
 
 The decisions are the round engine's (:mod:`fl_lbbsp.core.round.engine`); this module only
-shows them: one log line per round, readable for any number of silos, and one ``train``
-telemetry event.
+shows them: one telemetry ``train`` event per round and a DEBUG line of every silo's
+times (the round's one INFO line is :func:`~fl_lbbsp.strategies.outcomes.log_decision`'s,
+readable for any number of silos).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def log_round(
     telemetry: TelemetryWriter,
     extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """One log line and one telemetry ``train`` event for a finished round.
+    """One telemetry ``train`` event for a finished round, and a DEBUG line with every
+    silo's train-time and the wall time (the round's INFO line is
+    :func:`~fl_lbbsp.strategies.outcomes.log_decision`'s).
 
     Parameters
     ----------
@@ -94,7 +97,7 @@ def log_round(
     # Server wall time beyond the longest silo's own busy time: messaging, scheduling.
     overhead = None if wall is None or not busy else max(wall - max(busy), 0.0)
     order = sorted(silos, key=natural_key)
-    log.info(
+    log.debug(
         "[%s] round %d | B: %s | train-time (s): %s | round time %s s | idle %s | wall %s s",
         scheme,
         server_round,

@@ -4,8 +4,10 @@
 <fl_lbbsp.strategies.LBBSPFedAvg.aggregate_train>` does with a round's replies: each one
 is read into a :class:`~fl_lbbsp.core.round.state.Reply` and screened by the engine
 (:meth:`~fl_lbbsp.core.round.engine.RoundEngine.screen`), an accepted one is reported
-(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.report`) with the wall time the deadline grid
-observed and what the silo says it did other than told; the accepted updates are then
+(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.report`) with the time it observed (the
+reply's own compute interval, within the wall time the deadline grid waited:
+:func:`~fl_lbbsp.strategies.intervals.observed_time`) and what the silo says it did other
+than told; the accepted updates are then
 judged together and weighed (:class:`~fl_lbbsp.strategies.defenses.Defenses`) and summed
 (:class:`~fl_lbbsp.strategies.updates.Updates`); the round closes in the engine and is
 logged (:func:`~fl_lbbsp.strategies.rounds.log_round`,
@@ -24,12 +26,13 @@ from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from ..contract import TRAIN_LOSS, RecordKeys, read_float
+from ..contract import STALE_SUPERLINK, TRAIN_LOSS, RecordKeys, read_float
 from ..core.round.engine import RoundEngine
 from ..core.round.state import RoundState, Verdict
 from ..telemetry import TelemetryWriter
 from .deadline import DeadlineGrid
 from .defenses import Defenses, noise_scales
+from .intervals import POOL_FIX, observed_time, queued, reply_interval
 from .outcomes import RoundOutcomes, log_decision
 from .rounds import log_round
 from .updates import NoiseScaled, Updates
@@ -135,6 +138,8 @@ class TrainRound:
         accepted: dict[str, tuple[Verdict[Any], RecordDict, float]] = {}
         answered: dict[str, Message] = {}
         losses: list[Any] = []
+        intervals: list[tuple[float, float]] = []
+        stale = self._undecorated(replies)
         for msg in replies:
             late = None if grid is None else grid.seconds_late(msg)
             reply = reply_of(msg, keys=self.keys, sent_ids=sent_ids, seconds_late=late)
@@ -142,17 +147,24 @@ class TrainRound:
             parse = partial(updates.parse, reply.payload, reply.metrics or {}, state)
             verdict = self.engine.screen(state, reply, parse)
             if not verdict.accepted:
-                self.reject(state, scheme, verdict.silo, verdict.node, verdict.reason or "")
+                reason = verdict.reason or ""
+                if stale and "@lbbsp_train()" in reason:
+                    reason = STALE_SUPERLINK
+                self.reject(state, scheme, verdict.silo, verdict.node, reason)
                 continue
             answered[verdict.silo] = msg
             metrics = reply.metrics or {}
-            observed = grid.observed(msg) if grid is not None and observe else None
+            wall_time = grid.observed(msg) if grid is not None else None
+            observed = observed_time(metrics, wall_time) if observe else None
+            if (interval := reply_interval(metrics)) is not None:
+                intervals.append(interval)
             misuse = self.misuse(state, verdict.silo, msg)
             counts = self.engine.report(state, verdict, metrics, observed=observed, misuse=misuse)
             state.reports[verdict.silo]["replied-at"] = msg.metadata.created_at
             if counts:
                 weight = read_float(metrics, self.weight_key)
                 accepted[verdict.silo] = (verdict, msg.content, weight)
+        self._queued(state, intervals)
         kept, dropped = self._sum(state, accepted, updates, scheme)
         contents = [accepted[silo][1] for silo in accepted if silo in kept]
         arrays, skipped = self._result(state, len(contents), updates, scheme)
@@ -253,6 +265,40 @@ class TrainRound:
             keys=self.keys,
             rejected=state.rejected,
             missed=extra["missed"],
+            silo_id=self.engine.silo_id,
+        )
+
+    def _undecorated(self, replies: list[Message]) -> bool:
+        """Whether every reply of the round lacks the silo id and the decorator's metrics
+        (``train-time``, ``batch-size``): the app that ran is not decorated, or it is not
+        the app the user decorated (a stale local SuperLink)."""
+        if not replies:
+            return False
+        for msg in replies:
+            if msg.has_error():
+                return False
+            record = config_record(msg.content, self.keys.silo_record)
+            if record is not None and self.keys.silo_id in record:
+                return False
+            for metrics in msg.content.metric_records.values():
+                if self.keys.train_time in metrics or self.keys.batch_size in metrics:
+                    return False
+        return True
+
+    def _queued(self, state: RoundState, intervals: list[tuple[float, float]]) -> None:
+        """Warn, once a run, when the replies' intervals show the silos queued (a pool of
+        fewer actors than silos); DEBUG after."""
+        most = queued(intervals)
+        if most is None:
+            return
+        first = self.outcomes.first_time("", "silos queued")
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "round %d: at most %d of the %d silos computed at a time: %s",
+            state.server_round,
+            most,
+            len(intervals),
+            POOL_FIX,
         )
 
     def misuse(self, state: RoundState, silo: str, msg: Message) -> str | None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from ..contract import RecordKeys
+from ..contract import DECORATOR_USAGE, RecordKeys
 from ..core.round.state import Reply
 from ..security.identity import IdentityError, check_silo_id, signed_arrays
 from ..security.screening import (
@@ -220,6 +220,21 @@ def log_skipped(telemetry: TelemetryWriter, *, scheme: str, server_round: int, r
     telemetry.write({"event": "skipped", "scheme": scheme, "round": server_round, "reason": reason})
 
 
+_NO_PLAN = "missing 1 required positional argument: 'plan'"
+
+
+def undecorated(reason: str | None) -> str | None:
+    """An error reply's ``reason``, or, when the silo's train function takes ``plan`` but
+    was not decorated (Flower called it without one), the decorator's own TypeError in one
+    line (the traceback of Flower's call says nothing of the decorator)."""
+    if reason is None or _NO_PLAN not in reason:
+        return reason
+    return (
+        "TypeError: the train function takes 'plan' but is not decorated with "
+        f"@lbbsp_train() (from fl_lbbsp.clients): {DECORATOR_USAGE}"
+    )
+
+
 def reply_of(
     msg: Message, *, keys: RecordKeys, sent_ids: set[str], seconds_late: float | None
 ) -> Reply:
@@ -240,7 +255,7 @@ def reply_of(
     node = meta.src_node_id
     stale = bool(sent_ids) and meta.reply_to_message_id not in sent_ids
     if msg.has_error():
-        reason = msg.error.reason or f"error code {msg.error.code}"
+        reason = undecorated(msg.error.reason) or f"error code {msg.error.code}"
         return Reply(node=node, stale=stale, seconds_late=seconds_late, error=reason)
     arrays, metrics, configs = split_records(msg.content)
     record = configs.get(keys.silo_record)

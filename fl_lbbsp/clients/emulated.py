@@ -1,0 +1,163 @@
+"""The emulation wrapper the simulation runners add around the plain silo round.
+
+The production round (:func:`~fl_lbbsp.clients.round.run_round`) takes an instruction,
+runs the silo's work and reports what it measured. To show LB-BSP on one machine, the
+simulation runners (the bundled ClientApp, the quickstart task, the cluster worker, and
+the adapter when the run or node config asks for a slowdown or a cost model) wrap it with
+:func:`run_emulated_round`, which makes the silo behave like a machine ``k`` times slower
+(shared/DESIGN.md, "Emulated heterogeneity"):
+
+- the work computes inside a compute slot shared by the silos of this machine
+  (:func:`~fl_lbbsp.clients.emulation.compute_slot`), so that they do not slow each other
+  down;
+- the round reports ``k * t`` (or a cost model's time) and waits, outside the slot, until
+  that time has passed since the silo got its instruction
+  (:func:`~fl_lbbsp.clients.emulation.emulated_time`);
+- its ``compute-start`` and ``compute-end`` span the emulated round (at least the reported
+  time, ending after the wait), so that the server's check of the claim against the
+  reply's own interval sees the emulated time.
+
+Every figure that relies on it is labelled emulated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..contract import SLOWDOWN, RecordKeys
+from ..instruction import PARTITION_ID, RoundInstruction
+from .emulation import CostModel, SlowdownSchedule, emulated_time
+from .round import LocalTraining, RoundReport, WorkDone, run_round
+
+__all__ = [
+    "SLOWDOWNS_KEY",
+    "SLOWDOWN_KEY",
+    "Emulation",
+    "run_emulated_round",
+    "slowdown_schedule",
+]
+
+T = TypeVar("T")
+
+SLOWDOWN_KEY = "slowdown"
+"""node_config entry: this silo's emulated slowdown k (``"4"`` or ``"1:1,10:4"``)."""
+SLOWDOWNS_KEY = "slowdowns"
+"""run_config entry: emulated slowdowns per partition, ``"1;2;4"``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Emulation:
+    """How a silo emulates a slower machine.
+
+    Parameters
+    ----------
+    factor : float (default: 1.0)
+        Slowdown k of the round (>= 1).
+    cost : CostModel | None (default: None)
+        Emulated step time of the fastest machine; ``None``: measured times.
+    wait : bool (default: True)
+        Wait until the reported time has passed.
+    """
+
+    factor: float = 1.0
+    cost: CostModel | None = None
+    wait: bool = True
+
+
+def run_emulated_round(
+    instruction: RoundInstruction,
+    work: Callable[[LocalTraining], WorkDone[T]],
+    *,
+    emulation: Emulation,
+    silo_id: str,
+    slot: AbstractContextManager[Any] | None = None,
+    started: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+    **options: Any,
+) -> RoundReport[T]:
+    """The plain round (:func:`~fl_lbbsp.clients.round.run_round`) of a silo emulating a
+    slower machine.
+
+    Parameters
+    ----------
+    instruction, work, silo_id
+        As in :func:`~fl_lbbsp.clients.round.run_round`.
+    emulation : Emulation
+        The slowdown, cost model and whether to wait.
+    slot : context manager | None (default: None)
+        Held while the round computes (a compute slot shared with the silos of this
+        machine); the emulated wait happens outside it.
+    started : float | None (default: None)
+        ``clock()`` when the silo got its instruction: the emulated wait ends
+        ``train-time`` after it, so queueing for the slot and loading count as part of
+        the emulated round; ``None``: the wait is ``train-time`` minus the compute time.
+    clock, sleep : Callable (default: time.perf_counter, time.sleep)
+        The clock of ``started`` and how to wait.
+    **options
+        ``run_seed``, ``keys``, ``max_batch_size``, ``check_draws`` of
+        :func:`~fl_lbbsp.clients.round.run_round`.
+
+    Returns
+    -------
+    RoundReport
+        The plain round's report, its ``train-time`` the emulated one, ``slowdown`` the
+        factor k, and its interval spanning the emulated round.
+
+    Raises
+    ------
+    fl_lbbsp.clients.emulation.OutOfMemoryError
+        A cost model's memory cap is below the batch size.
+    Exception
+        Whatever the plain round raises, before any emulated wait.
+    """
+    names: RecordKeys = options.get("keys") or RecordKeys()
+    with slot or contextlib.nullcontext():
+        report = run_round(instruction, work, silo_id=silo_id, **options)
+    reported = emulated_time(
+        report.compute_time,
+        emulation.factor,
+        cost=emulation.cost,
+        batch_size=instruction.batch_size,
+        local_steps=instruction.local_steps,
+        wait=emulation.wait,
+        started=started,
+        clock=clock,
+        sleep=sleep,
+    )
+    return report.emulated(
+        reported,
+        train_time_key=names.train_time,
+        ended=time.time(),
+        extra={SLOWDOWN: emulation.factor},
+    )
+
+
+def slowdown_schedule(
+    node_config: Mapping[str, Any],
+    *,
+    listed: Sequence[str] = (),
+    run_config: Mapping[str, Any] | None = None,
+) -> SlowdownSchedule:
+    """This silo's emulated slowdown: node_config ``slowdown``, else its partition's
+    entry of ``listed`` (a setup's), else of run_config ``slowdowns`` (``"1;2;4"``) when
+    ``listed`` is empty, else 1 (none).
+
+    Raises
+    ------
+    ValueError
+        A slowdown that does not parse (:meth:`SlowdownSchedule.parse`).
+    """
+    value = node_config.get(SLOWDOWN_KEY)
+    if value is None:
+        entries = list(listed)
+        if not entries and run_config is not None:
+            entries = [s for s in str(run_config.get(SLOWDOWNS_KEY, "") or "").split(";") if s]
+        partition = int(node_config.get(PARTITION_ID, 0))
+        value = entries[partition] if partition < len(entries) else 1.0
+    return SlowdownSchedule.parse(value)

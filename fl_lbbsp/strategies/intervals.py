@@ -1,0 +1,87 @@
+"""The replies' own compute intervals: what the claim check observes, and a pool too small.
+
+Every silo round reports when its compute started and ended on the silo's own clock
+(``compute-start``, ``compute-end``, :mod:`fl_lbbsp.clients.round`). The server checks a
+claimed ``train-time`` against that interval (:func:`observed_time`), not against the wall
+time since it sent the round: on Flower's Simulation Engine a pool of fewer Ray actors than
+sampled silos runs the silos one after the other, so the wall time of the last silo holds
+the others' times too (an honest 3 s claim would be "far below" a 17 s observation). The
+wall time still bounds the interval: a silo cannot have computed longer than the server
+waited for it.
+
+The same intervals tell when the silos did not run side by side (:func:`queued`): at most
+``k`` of ``n`` overlapped while the round lasted well beyond the longest of them. That is
+worth one warning (the round times add up and LB-BSP's gain shrinks to what a sum of
+balanced times allows), with the fix: size the pool.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..contract import COMPUTE_END, COMPUTE_START
+
+__all__ = ["POOL_FIX", "max_overlap", "observed_time", "queued", "reply_interval"]
+
+POOL_FIX = (
+    "Flower's Simulation Engine runs one ClientApp per Ray actor and its pool holds fewer "
+    "actors than sampled silos, so the silos queue and round times add up; size the pool "
+    "in the federation's config (pyproject.toml [tool.flwr.federations.<name>]): "
+    "options.num-supernodes = <silos> and "
+    "options.backend.client-resources.num-cpus = <cores / silos> (fractions allowed)"
+)
+"""How to give every sampled silo an actor, named by the warning :func:`queued` feeds."""
+
+SPAN_FACTOR = 1.5
+"""The round's span must exceed the longest interval by this factor to count as queued
+(a silo starting late by a little is messaging, not a queue)."""
+
+
+def reply_interval(metrics: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The reply's ``(compute-start, compute-end)``, or ``None`` when it reports none or
+    an interval that is not finite or ends before it starts."""
+    start, end = metrics.get(COMPUTE_START), metrics.get(COMPUTE_END)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (start, end)):
+        return None
+    begin, finish = float(start), float(end)  # type: ignore[arg-type]
+    if not (math.isfinite(begin) and math.isfinite(finish)) or finish < begin:
+        return None
+    return begin, finish
+
+
+def observed_time(metrics: Mapping[str, Any], wall: float | None) -> float | None:
+    """What the claim check observes for a reply: the length of its own interval, at most
+    the ``wall`` time the server waited for it; ``wall`` itself when the reply reports no
+    interval (a silo of another implementation). ``None``: neither."""
+    interval = reply_interval(metrics)
+    if interval is None:
+        return wall
+    length = interval[1] - interval[0]
+    return length if wall is None else min(length, wall)
+
+
+def max_overlap(intervals: Sequence[tuple[float, float]]) -> int:
+    """The most intervals open at one moment (an end and a start at the same instant do not
+    overlap); at least 1 for any interval, an empty one included."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    open_now = most = 0
+    for _, step in events:
+        open_now += step
+        most = max(most, open_now)
+    return max(most, 1) if intervals else 0
+
+
+def queued(intervals: Sequence[tuple[float, float]]) -> int | None:
+    """The most silos that ran at a time when the round's silos queued: fewer of them
+    overlapped than there are, and the round spanned over :data:`SPAN_FACTOR` times its
+    longest interval. ``None``: they ran side by side (or fewer than two intervals)."""
+    if len(intervals) < 2:
+        return None
+    longest = max(e - s for s, e in intervals)
+    span = max(e for _, e in intervals) - min(s for s, _ in intervals)
+    most = max_overlap(intervals)
+    if most < len(intervals) and span > SPAN_FACTOR * longest:
+        return most
+    return None
