@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, dataset, ideal_time, machine, oracle_split, parser  # noqa: E402
+from common import MNIST, RESULTS, dataset, ideal_time, machine, oracle_split, parser  # noqa: E402
 from report import write_section  # noqa: E402
 
 from fl_lbbsp.core.silo.costfit import fit_linear_cost  # noqa: E402
@@ -303,7 +303,7 @@ def section(results: dict[str, Any], args: Any, data: str, loads: list[float]) -
         notes.append(f"{what}: measured cost lines per round {curve}; oracle split {split}.")
     setting = (
         f"Wall clock on a real local deployment (`deploy-local`: TLS, SuperNode authentication, "
-        f"signed replies, warm workers), 3 silos, LeNet-5 on {data} partitioned `labels:2`, "
+        f"signed replies, warm workers), 3 silos, LeNet-5 on {data}, partitioned `labels:2`, "
         f"{args.rounds} rounds, tau {args.local_steps}, B_init {args.batch_size} "
         f"(X = {3 * args.batch_size}), {args.pairs} alternated LB-BSP/FedAvg pairs per setting. "
         "Capacities are real: each silo's SuperNode, ClientApps and warm worker run in a "
@@ -371,6 +371,11 @@ def main() -> int:
     )  # fmt: skip
     cli.add_argument("--target", type=float, default=0.95, help="x FedAvg's final accuracy")
     cli.add_argument("--work", type=Path, default=Path("runs/bench-real"))
+    cli.add_argument(
+        "--mnist", type=Path, default=MNIST,
+        help="folder of the MNIST IDX files (default: shared/data/mnist beside the checkout; "
+        "without them the embedded digits)",
+    )  # fmt: skip
     args = cli.parse_args()
     if args.smoke:
         args.pairs, args.rounds, args.local_steps, args.settings = 1, 4, 60, "quota"
@@ -379,7 +384,7 @@ def main() -> int:
     if problem is not None:
         print(f"real-capacity: skipped, CPU groups cannot be made here: {problem}")
         return 0
-    data, _ = dataset()
+    data, described = dataset(args.mnist)
     wanted = [s for s in args.settings.split(",") if s]
     loads = [_load()]
     raw, results = {}, {}
@@ -387,6 +392,7 @@ def main() -> int:
         raw[name] = run_setting(name, settings(args)[name], args, data)
         loads += [x for run in raw[name]["runs"] for x in run["load"]]
         results[name] = summarise(name, raw[name], args)
+    data = described
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "real-capacity-raw.json").write_text(json.dumps({"raw": raw, "summary": results}))
     out = args.out if not args.smoke or args.out != RESULTS else args.work
