@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 OUT ?= runs/demo
 
-.PHONY: venv install install-dev install-bench demo demo-live test test-portable test-under-load check bench lint typecheck \
-	check-flwr-141 clean
+.PHONY: venv install install-dev install-bench demo demo-live demo-real test test-portable \
+	test-real test-under-load check bench lint typecheck check-flwr-141 clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,17 @@ demo: install
 # slowdown so that the wall clock follows the emulated time: several minutes.
 demo-live: install
 	$(VENV)/bin/fl-lbbsp compare $(DEMO_FLAGS) --out $(OUT)-live --json $(OUT)-live/report.json
+
+# LB-BSP against FedAvg on a local deployment whose silos are really slower (CPU groups with
+# quotas 1/0.5/0.25 of a core): one pair, 4 short rounds, LeNet-5. Needs root and cgroups
+# (it says why and writes nothing otherwise); a few minutes.
+demo-real: install
+	$(VENV)/bin/python benchmarks/bench_real_capacity.py --smoke --out $(OUT)-real --work $(OUT)-real
+
+# The tests that make real CPU groups and start a federation in them (root only; `make test`
+# skips them).
+test-real: install-dev
+	FL_LBBSP_REAL_GROUPS=1 $(VENV)/bin/python -m pytest -q tests/test_deploy_real.py
 
 lint: install-dev
 	$(VENV)/bin/ruff check fl_lbbsp tests examples benchmarks

@@ -100,6 +100,9 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
         raise ValueError(
             f"--speeds lists {len(args.speeds)} values but there are {args.silos} silos"
         )
+    for flag, values in (("--cpu-quota", args.cpu_quota), ("--link-mbps", args.link_mbps)):
+        if values is not None and len(values) != args.silos:
+            raise ValueError(f"{flag} lists {len(values)} values but there are {args.silos} silos")
     problem = writable_dir_problem(args.workdir)
     if problem is not None:
         raise ValueError(f"--workdir: {problem}")
@@ -109,9 +112,11 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
         slowdowns=None if args.speeds is None else slowdowns_from_speeds(args.speeds),
         insecure=args.insecure,
         node_auth=not (args.insecure or args.no_node_auth),
-        serialize_compute=not args.parallel_compute,
+        serialize_compute=False if args.parallel_compute else None,
         silo_registry=_silo_registry(args),
         warm_workers=not args.no_warm_worker,
+        cpu_quotas=args.cpu_quota,
+        link_mbps=args.link_mbps,
     )
 
 

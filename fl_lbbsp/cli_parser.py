@@ -36,6 +36,38 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"fl-lbbsp: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
+def _fractions(text: str) -> list[float]:
+    """``--cpu-quota``: comma-separated finite positive numbers."""
+    try:
+        values = [float(s) for s in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(not (0 < v < float("inf")) for v in values):
+        raise argparse.ArgumentTypeError(
+            f"invalid --cpu-quota {text!r:.60}: expected comma-separated finite positive "
+            "fractions of a core, e.g. 1,0.5,0.25"
+        )
+    return values
+
+
+def _link_rates(text: str) -> list[float | None]:
+    """``--link-mbps``: comma-separated finite positive rates, ``-`` / ``none`` for none."""
+    rates: list[float | None] = []
+    for part in text.split(","):
+        word = part.strip().lower()
+        try:
+            rate = None if word in {"-", "none"} else float(word)
+        except ValueError:
+            rate = -1.0
+        if rate is not None and not (0 < rate < float("inf")):
+            raise argparse.ArgumentTypeError(
+                f"invalid --link-mbps {text!r:.60}: expected comma-separated finite positive "
+                "Mbit/s or `none`, e.g. none,none,5"
+            )
+        rates.append(rate)
+    return rates
+
+
 def _speeds(text: str) -> list[float]:
     from .runs.config import check_speed_ratio
 
@@ -378,6 +410,24 @@ def _add_deploy_local(sub: Any) -> None:
         type=_speeds,
         default=None,
         help="emulated relative capacity per silo, e.g. 4,2,1 (default: all equal)",
+    )
+    deploy.add_argument(
+        "--cpu-quota",
+        type=_fractions,
+        default=None,
+        metavar="Q,Q,...",
+        help="real capacity: each silo's SuperNode, its ClientApp processes and its warm "
+        "worker run in a CPU group with this quota, a fraction of one core, e.g. "
+        "1,0.5,0.25 (needs root and the cgroup cpu controller; silos then compute in "
+        "parallel; --speeds still emulates on top)",
+    )
+    deploy.add_argument(
+        "--link-mbps",
+        type=_link_rates,
+        default=None,
+        metavar="R,R,...",
+        help="each silo's link to the SuperLink in Mbit/s through a rate-limited proxy on "
+        "127.0.0.1, e.g. 100,100,5 or none,none,5 (`none`: not limited)",
     )
     deploy.add_argument(
         "--workdir",

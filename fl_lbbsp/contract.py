@@ -347,6 +347,22 @@ PREDICTED_SPEED = "predicted-speed"
 the round's telemetry record and, per silo, of the round's metrics in Flower's Result."""
 
 
+TRANSFER_TIME = "transfer-time"
+"""A silo's learned per-round transfer time beyond the round's smallest (seconds; observed
+minus claimed time, robustly: :class:`fl_lbbsp.core.silo.transfer.TransferTimes`), the fixed
+cost the allocation adds to its cost line: a field of the round's telemetry record."""
+
+
+WALL_CLOCK_TIME = "wall-clock-time"
+"""Seconds of round wall time a run's train rounds took: a field of the last round's train
+metrics in Flower's Result."""
+
+EQUAL_SPLIT_TIME = "equal-split-time"
+"""Seconds the equal split (FedAvg) would have needed for the same rounds, predicted from the
+silos' cost curves (:func:`fl_lbbsp.core.round.equal_split.equal_split_time`): a field of the last
+round's train metrics in Flower's Result."""
+
+
 def silo_metric(key: str, silo: str) -> str:
     """The name of one silo's entry in a round's MetricRecord: ``"batch-size/hospital-a"``."""
     return f"{key}/{silo}"

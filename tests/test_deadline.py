@@ -18,6 +18,7 @@ from flwr.app import (
 )
 from flwr.serverapp import Grid
 
+from fl_lbbsp.contract import EQUAL_SPLIT_TIME, WALL_CLOCK_TIME
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
 from fl_lbbsp.core.round.deadline import DeadlinePolicy, predicted_compute_time
 from fl_lbbsp.strategies import LBBSPFedAvg
@@ -310,3 +311,20 @@ def test_start_without_deadlines_passes_the_timeout_through(tmp_path) -> None:
 
     # Assert: Flower's own loop, with start()'s timeout, for train and evaluate
     assert grid.own_loop_timeouts == [12.5, 12.5, 12.5, 12.5]
+
+
+def test_the_run_reports_what_the_equal_split_would_have_needed(tmp_path) -> None:
+    # Prepare: node 1 three times as fast as node 2, both answering at once
+    grid = ScriptedGrid({1: 3000.0, 2: 1000.0}, {1: 0.0, 2: 0.0})
+    strategy = _strategy(tmp_path)
+    arrays = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
+
+    # Execute
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)
+
+    # Assert: the last round's train metrics hold the rounds' wall time and the equal
+    # split's predicted time, which is longer (the balanced split's compute is shorter)
+    last = result.train_metrics_clientapp[max(result.train_metrics_clientapp)]
+    walls = [e["wall_time"] for e in _train_events(tmp_path)]
+    assert last[WALL_CLOCK_TIME] == pytest.approx(sum(walls))
+    assert last[EQUAL_SPLIT_TIME] > last[WALL_CLOCK_TIME]

@@ -30,10 +30,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from pydantic import ValidationError
 
-from ..contract import RecordKeys
+from ..contract import EQUAL_SPLIT_TIME, WALL_CLOCK_TIME, RecordKeys
 from ..core.aggregation import CenteredClip
 from ..core.round.deadline import DeadlinePolicy
 from ..core.round.engine import RoundEngine
+from ..core.round.equal_split import equal_split_time
 from ..core.round.rewriters import FastestReplies, InstructionRewriter
 from ..core.round.state import Node, RoundState
 from ..core.settings import CLAIM_SETTINGS
@@ -455,7 +456,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
         """
         store = store_of(self) if resume is None else resume.store
         run = super().start if store is None else Checkpointing(self, store=store).start
-        return run(
+        result = run(
             grid=self.deadline_grid(grid, timeout=timeout),
             initial_arrays=initial_arrays,
             num_rounds=num_rounds,
@@ -465,6 +466,41 @@ class LBBSPFedAvg(EngineView, FedAvg):
             evaluate_fn=evaluate_fn,
             **({} if store is None else {"resume": resume}),
         )
+        self.report_gain(result)
+        return result
+
+    def report_gain(self, result: Result) -> tuple[float, float | None] | None:
+        """Log the train rounds' wall time beside what the equal split (FedAvg) would have
+        needed for the same rounds, predicted from the silos' cost curves
+        (:func:`~fl_lbbsp.core.round.equal_split.equal_split_time`), and put both in the
+        last round's train metrics of ``result`` (``wall-clock-time``,
+        ``equal-split-time``).
+
+        Returns
+        -------
+        tuple of (float, float | None) | None
+            Seconds taken and predicted for the equal split (``None``: no line to predict
+            from); ``None`` when no round ran.
+        """
+        taken = self.rounds.taken
+        if not taken:
+            return None
+        spent = sum(wall for wall, _ in taken)
+        equal = equal_split_time(taken, self.engine.balancer.cost_line)
+        log.info(
+            "%d rounds took %.1f s of round wall time; the equal split (FedAvg) would have "
+            "needed about %s s for the same rounds (predicted from the silos' cost curves)",
+            len(taken),
+            spent,
+            "n/a" if equal is None else f"{equal:.1f}",
+        )
+        metrics = result.train_metrics_clientapp
+        if metrics:
+            last = metrics[max(metrics)]
+            last[WALL_CLOCK_TIME] = spent
+            if equal is not None:
+                last[EQUAL_SPLIT_TIME] = equal
+        return spent, equal
 
     def deadline_grid(self, grid: Grid, *, timeout: float) -> DeadlineGrid:
         """``grid`` behind this strategy's round deadlines and reply polling, as

@@ -102,6 +102,8 @@ class TrainRound:
         self.outcomes = outcomes
         self.telemetry = telemetry
         self.poll_interval = poll_interval
+        self.taken: list[tuple[float, dict[str, int]]] = []
+        """Each closed round's wall time and the batch size sent to each silo."""
 
     def aggregate(
         self,
@@ -179,6 +181,7 @@ class TrainRound:
             state, replied=(m.metadata.src_node_id for m in replies), wall=wall
         )
         extra["poll_interval"] = self.poll_interval
+        self.taken.append((wall, dict(state.shares)))
         # last reply created (its silo's clock) -> here: reply transfer and polling
         created = [r["replied-at"] for r in [*state.reports.values(), *dropped.values()]]
         extra["reply_delay"] = received_at - max(created) if created else None

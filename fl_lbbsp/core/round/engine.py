@@ -54,6 +54,7 @@ from ..settings import (
     ReplyLimits,
     balancing_config,
 )
+from ..silo.transfer import TransferTimes
 from .deadline import (
     DeadlinePolicy,
     OverheadTracker,
@@ -205,6 +206,8 @@ class RoundEngine(RoundTiming, RoundReporting):
         :attr:`RoundState.cold`): their next warm report replaces it."""
         self.federation_size = 0
         self.overhead = OverheadTracker(self.deadline.overhead_rounds)
+        self.transfer = TransferTimes()
+        """Each silo's learned transfer time (a fixed per-round cost of its cost line)."""
         self.memory = MemoryCaps()
         """Caps learned from silos that ran out of memory at the size they were sent."""
         self.claims = ClaimChecker(

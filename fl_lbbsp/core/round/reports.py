@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from ...contract import PREDICTED_SPEED, RecordKeys
+from ...contract import PREDICTED_SPEED, TRANSFER_TIME, RecordKeys
 from ...security.claims import ClaimChecker, honest_gap
 from ..balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from ..settings import BalancingConfig
+from ..silo.transfer import TransferTimes
 from .deadline import OverheadTracker
 from .memory_caps import MemoryCaps
 from .rewriters import FastestReplies, InstructionRewriter
@@ -44,6 +46,7 @@ class RoundReporting:
     claims: ClaimChecker
     memory: MemoryCaps
     overhead: OverheadTracker
+    transfer: TransferTimes
     silo_of_node: dict[Node, str]
     node_of_silo: dict[str, Node]
     provisional: set[str]
@@ -102,6 +105,7 @@ class RoundReporting:
         keys, silo = self.keys, verdict.silo
         if self.node_of_silo.get(silo) != verdict.node:
             state.cold.add(silo)  # first report, or the silo came back on another node
+            self.transfer.forget(silo)  # on another node, perhaps behind another link
         self.node_of_silo[silo] = verdict.node
         self.silo_of_node[verdict.node] = silo
         if self.rewriter is not None:
@@ -308,6 +312,7 @@ class RoundReporting:
         TCC 2021, Sec. 3.3: the speed to predict is the silo's steady capacity, not its
         start-up)."""
         threshold = math.log1p(self.balancer.change_threshold)
+        self._add_transfer(state)
         for silo, (report, _) in state.feed.items():
             if silo in state.cold:
                 self.provisional.add(silo)
@@ -320,6 +325,30 @@ class RoundReporting:
         for silo, (_, record) in state.feed.items():
             record[PREDICTED_SPEED] = self.balancer.predicted_speed(silo)
         state.feed.clear()
+
+    def _add_transfer(self, state: RoundState) -> None:
+        """Learn each fed silo's transfer time from its observed minus its bounded claimed
+        time (a claim the observation contradicted was replaced by it, so a time lie
+        teaches no transfer; a cold report teaches none either), and add its learned
+        transfer time beyond the round's smallest
+        (:meth:`~fl_lbbsp.core.silo.transfer.TransferTimes.excess`) to its report's fixed
+        per-round time, which its silo model smooths and its cost line carries as
+        ``he-time`` (a silo behind a slow link gets a smaller batch, to finish with the
+        others); noted as ``transfer-time`` in its record."""
+        self.transfer.observe(
+            {
+                silo: record["observed-time"] - report.train_time - (report.fixed_time or 0.0)
+                for silo, (report, record) in state.feed.items()
+                if "observed-time" in record and silo not in state.cold
+            }
+        )
+        extra = self.transfer.excess(state.feed)
+        for silo, seconds in extra.items():
+            report, record = state.feed[silo]
+            record[TRANSFER_TIME] = seconds
+            if seconds > 0:
+                fixed = (report.fixed_time or 0.0) + seconds
+                state.feed[silo] = (replace(report, fixed_time=fixed), record)
 
 
 def _real(value: object) -> float | None:

@@ -52,13 +52,19 @@ def describe(federation: LocalFederation) -> str:
     pid = f"  pid {fed.superlink.pid}" if fed.superlink else ""
     lines = [f"SuperLink  {fed.address}  {tls}, {auth}{pid}"]
     for silo, proc in zip(fed.silos, fed.supernodes, strict=False):
+        real = "" if silo.cpu_quota is None else f" cpu-quota={silo.cpu_quota:g} core"
+        real += "" if silo.link_mbps is None else f" link={silo.link_mbps:g} Mbit/s"
         lines.append(
             f"SuperNode  silo-id={silo.silo_id} partition-id={silo.partition_id}/"
-            f"{fed.num_silos} slowdown={silo.slowdown:g} (emulated)  pid {proc.pid}"
+            f"{fed.num_silos} slowdown={silo.slowdown:g} (emulated){real}  pid {proc.pid}"
         )
     for silo, proc in zip(fed.silos, fed.workers, strict=False):
         folder = fed.warm_folder(silo.silo_id)
         lines.append(f"warm worker  silo-id={silo.silo_id}  {folder}  pid {proc.pid}")
+    if fed.cpu_groups is not None:
+        lines.append(f"CPU groups: {fed.cpu_groups.parent} (removed at exit)")
+    for silo_id, proc in fed.links.items():
+        lines.append(f"link proxy  silo-id={silo_id}  {fed.superlink_for(silo_id)}  pid {proc.pid}")
     if fed.silo_keys is not None:
         lines.append(
             f"signed replies: each SuperNode's signing-key in {fed.silo_keys}, "

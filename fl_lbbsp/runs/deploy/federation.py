@@ -43,6 +43,13 @@ no torch and hands the training to the worker. ``task_poll_interval`` sets how o
 SuperNode's SuperExec asks for a ClientApp to launch (Flower's
 ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s by default; 0.2 s here).
 
+With ``cpu_quotas`` (``fl-lbbsp deploy-local --cpu-quota 1,0.5,0.25``) every silo runs in
+a CPU group of its own with that quota (:mod:`.cpu_groups`): its SuperNode, every process
+the SuperNode starts, and its warm worker; the groups are made before any process starts
+and removed, by their paths, when the federation stops. With ``link_mbps``
+(``--link-mbps 100,100,5``) a silo's SuperNode reaches the SuperLink through a
+rate-limited TCP proxy on 127.0.0.1 (:mod:`.link`), a process of the federation.
+
 Nothing here imports Flower: the pieces are Flower's own command-line programs.
 """
 
@@ -54,7 +61,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import IO
@@ -62,6 +69,7 @@ from typing import IO
 from ...clients.warm import SOCKET_FILE
 from ...security.identity import REGISTRY_FILE
 from ...security.silo_keys import check_silo_keys, write_silo_keys
+from .cpu_groups import CpuGroups, cpu_groups_problem, detect_hierarchy
 from .flower_cli import (
     flower_config,
     register_node_key,
@@ -69,6 +77,7 @@ from .flower_cli import (
     superlink_args,
     supernode_args,
 )
+from .link import link_args
 from .processes import (
     ManagedProcess,
     ProcessGroup,
@@ -118,10 +127,12 @@ class LocalFederation:
     node_auth : bool | None (default: None)
         SuperNode authentication, keys in ``<workdir>/node-keys``. ``None``: on with TLS,
         off with ``insecure`` (Flower requires TLS for it).
-    serialize_compute : bool (default: True)
+    serialize_compute : bool | None (default: None)
         Node config ``compute-lock=<workdir>/compute.lock``: the quickstart's silos take
         turns computing (like the simulation's ``--parallel 1``), so that silos sharing
         this machine do not slow each other down, noise their slowdowns would multiply.
+        ``None``: on, unless ``cpu_quotas`` are given (a quota is the silo's capacity;
+        silos computing in turns would add up their times).
     node_config : Mapping[str, str | int | float] | None (default: None)
         Extra ``--node-config`` entries of every SuperNode.
     silo_registry : str | Path | None (default: None)
@@ -140,6 +151,24 @@ class LocalFederation:
     task_poll_interval : float | None (default: 0.2)
         Seconds between a SuperExec's requests for work (0.01-60); an ``env`` entry wins.
         ``None``: Flower's default (1 s).
+    cpu_quotas : sequence of float | None (default: None)
+        Each silo's CPU quota, a fraction of one core (1: a core, 0.25: a quarter): its
+        SuperNode, the processes it starts and its warm worker run in a CPU group with
+        that quota (:class:`~.cpu_groups.CpuGroups`). ``None``: no groups.
+    link_mbps : sequence of float | None | None (default: None)
+        Each silo's link rate to the SuperLink in Mbit/s (``None`` in the list: not
+        limited): its SuperNode connects through a rate-limited proxy (:mod:`.link`).
+    cpu_weight : float (default: 1.0)
+        With ``cpu_quotas``: each silo's CPU weight against the machine's other work, in
+        ordinary processes (:class:`~.cpu_groups.CpuGroups`' ``weight``).
+    cgroup_root : str | Path (default: "/sys/fs/cgroup")
+        Where the cgroup file systems are mounted.
+
+    Raises
+    ------
+    ValueError
+        Settings that cannot be used; with ``cpu_quotas``, where CPU groups cannot be
+        made here (:func:`~.cpu_groups.cpu_groups_problem`: the message says why).
     """
 
     def __init__(
@@ -151,7 +180,7 @@ class LocalFederation:
         silo_ids: Sequence[str] | None = None,
         insecure: bool = False,
         node_auth: bool | None = None,
-        serialize_compute: bool = True,
+        serialize_compute: bool | None = None,
         node_config: Mapping[str, str | int | float] | None = None,
         silo_registry: str | Path | None = None,
         connection: str = CONNECTION,
@@ -159,8 +188,14 @@ class LocalFederation:
         startup_timeout: float = 90.0,
         warm_workers: bool = True,
         task_poll_interval: float | None = 0.2,
+        cpu_quotas: Sequence[float] | None = None,
+        link_mbps: Sequence[float | None] | None = None,
+        cpu_weight: float = 1.0,
+        cgroup_root: str | Path = "/sys/fs/cgroup",
     ) -> None:
-        self.silos = silo_nodes(num_silos, slowdowns, silo_ids)
+        self.silos = silo_nodes(
+            num_silos, slowdowns, silo_ids, cpu_quotas=cpu_quotas, link_mbps=link_mbps
+        )
         self.num_silos = num_silos
         self.workdir = Path(workdir).resolve()
         ids = [s.silo_id for s in self.silos]
@@ -180,6 +215,21 @@ class LocalFederation:
         self.node_keys: dict[str, NodeKeys] = {}
         self.connection = connection
         self.startup_timeout = startup_timeout
+        self.cpu_groups: CpuGroups | None = None
+        """The silos' CPU groups (``None``: no quotas)."""
+        if cpu_quotas is not None:
+            problem = cpu_groups_problem(Path(cgroup_root))
+            if problem is not None:
+                raise ValueError(f"CPU quotas need CPU groups: {problem}")
+            hierarchy = detect_hierarchy(Path(cgroup_root))
+            assert not isinstance(hierarchy, str)  # no problem: there is one
+            self.cpu_groups = CpuGroups(
+                [(s.silo_id, s.cpu_quota or 0.0) for s in self.silos],
+                hierarchy=hierarchy,
+                weight=cpu_weight,
+            )
+        if serialize_compute is None:
+            serialize_compute = cpu_quotas is None
         lock = {"compute-lock": str(self.workdir / "compute.lock")} if serialize_compute else {}
         self._extra_node_config = {**lock, **(node_config or {})}
         self._extra_env = {**_task_poll_env(task_poll_interval), **(env or {})}
@@ -193,6 +243,9 @@ class LocalFederation:
         self.supernodes: list[ManagedProcess] = []
         self.workers: list[ManagedProcess] = []
         """The silos' warm workers (empty without ``warm_workers``), in silo order."""
+        self.links: dict[str, ManagedProcess] = {}
+        """The link proxy of each silo with a limited link, by silo id."""
+        self._link_ports: dict[str, int] = {}
         self.node_ids: dict[str, int] = {}
         self._restart_at: dict[int, float] = {}  # silo index -> when to start it again
         self._worker_restart_at: dict[int, float] = {}
@@ -241,6 +294,8 @@ class LocalFederation:
         config = flower_config(self.connection, self.address, self.tls)
         (self.flwr_home / "config.toml").write_text(config, encoding="utf-8")
         try:
+            if self.cpu_groups is not None:
+                self.cpu_groups.create()
             self.superlink = self.processes.spawn("superlink", self._superlink_args(), "superlink")
             self._wait_for_superlink()
             for silo_id, keys in self.node_keys.items():
@@ -256,12 +311,19 @@ class LocalFederation:
                 for i, silo_id in enumerate(ids):
                     args = self._worker_args(silo_id)
                     self.workers.append(
-                        self.processes.spawn(f"{silo_id}-worker", args, f"worker-{i}")
+                        self.processes.spawn(
+                            f"{silo_id}-worker", args, f"worker-{i}", enter=self._enter(silo_id)
+                        )
                     )
+            self._start_links()
             for i, silo in enumerate(self.silos):
                 self.silos[i] = silo = replace(silo, port=free_port(self.host))
                 args = self._supernode_args(silo)
-                self.supernodes.append(self.processes.spawn(silo.silo_id, args, f"node-{i}"))
+                self.supernodes.append(
+                    self.processes.spawn(
+                        silo.silo_id, args, f"node-{i}", enter=self._enter(silo.silo_id)
+                    )
+                )
             self._wait_for_supernodes()
             self._wait_for_workers()
         except BaseException:
@@ -328,8 +390,15 @@ class LocalFederation:
     def stop(self, *, grace: float = 5.0) -> None:
         """Stop every process started, SuperNodes first, then any process of the
         federation left behind (:meth:`leftovers`), and close the log files."""
-        self.processes.stop(grace=grace)
-        self._warm.remove()
+        try:
+            self.processes.stop(grace=grace)
+        finally:
+            self._warm.remove()
+            if self.cpu_groups is not None:
+                left = self.cpu_groups.remove(timeout=grace)
+                if left:
+                    names = ", ".join(map(str, left))
+                    print(f"fl-lbbsp: CPU groups left behind: {names}", file=sys.stderr)
 
     def __enter__(self) -> LocalFederation:
         return self.start()
@@ -353,6 +422,36 @@ class LocalFederation:
             self.bin_dir, host=self.host, port=self.port, tls=self.tls, node_auth=self.node_auth
         )
 
+    def _enter(self, silo_id: str) -> Callable[[], None] | None:
+        """What a process of silo ``silo_id`` runs before ``exec``: entering its CPU group
+        (``None``: no groups)."""
+        return None if self.cpu_groups is None else self.cpu_groups.join(silo_id)
+
+    def _start_links(self) -> None:
+        """Start a link proxy for every silo with a limited link; wait until each listens."""
+        for silo in self.silos:
+            if silo.link_mbps is None:
+                continue
+            port = self._link_ports[silo.silo_id] = free_port(self.host)
+            args = link_args((self.host, port), (self.host, self.port), mbps=silo.link_mbps)
+            self.links[silo.silo_id] = self.processes.spawn(
+                f"{silo.silo_id}-link", args, f"link-{silo.silo_id}"
+            )
+        pending = {silo: proc for silo, proc in self.links.items()}
+        late = wait_until_ready(
+            pending,
+            lambda silo, _: port_open(self.host, self._link_ports[silo]),
+            timeout=self.startup_timeout,
+        )
+        if late:
+            raise TimeoutError(f"link proxies of {late} not listening after startup timeout")
+
+    def superlink_for(self, silo_id: str) -> str:
+        """``host:port`` silo ``silo_id``'s SuperNode connects to: its link proxy's, or
+        the SuperLink's."""
+        port = self._link_ports.get(silo_id)
+        return self.address if port is None else f"{self.host}:{port}"
+
     def _supernode_args(self, silo: SiloNode) -> list[str]:
         warm = self.warm_folder(silo.silo_id) if self.warm_workers else None
         config = node_config(silo, num_silos=self.num_silos, extra=self._extra_node_config,
@@ -360,7 +459,7 @@ class LocalFederation:
         with_key = self.node_auth and self.tls is not None
         return supernode_args(
             self.bin_dir,
-            superlink=self.address,
+            superlink=self.superlink_for(silo.silo_id),
             node_config=config,
             host=self.host,
             port=silo.port,

@@ -56,6 +56,9 @@ class ManagedProcess:
     """Name of its FLWR_HOME under ``<workdir>/homes``."""
     started_at: float = field(default_factory=time.monotonic)
     """``time.monotonic()`` when it was started."""
+    enter: Callable[[], None] | None = field(default=None, repr=False)
+    """Run in the child before ``exec`` (e.g. entering its CPU group); a restart runs it
+    again."""
 
     @property
     def pid(self) -> int:
@@ -204,10 +207,18 @@ class ProcessGroup:
         self._seen: dict[int, float] = {}  # pid -> create time of every process seen
 
     def spawn(
-        self, name: str, args: Sequence[str], home: str, *, append: bool = False
+        self,
+        name: str,
+        args: Sequence[str],
+        home: str,
+        *,
+        append: bool = False,
+        enter: Callable[[], None] | None = None,
     ) -> ManagedProcess:
         """Start ``args`` as ``name`` with Flower home ``home``; with ``append`` its log
-        continues the file of an earlier start."""
+        continues the file of an earlier start; ``enter`` runs in the child before
+        ``exec`` (:meth:`CpuGroups.join <fl_lbbsp.runs.deploy.cpu_groups.CpuGroups.join>`:
+        the process and everything it starts then run in a CPU group)."""
         env = self._environment()
         env["FLWR_HOME"] = str(self.workdir / "homes" / home)
         log_path = self.workdir / "logs" / f"{name}.log"
@@ -223,11 +234,10 @@ class ProcessGroup:
             env=env,
             cwd=self.workdir,
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=_child_setup(enter),
         )
-        proc = ManagedProcess(
-            name=name, popen=popen, log_path=log_path, _log=log, args=tuple(args), home=home
-        )
+        proc = ManagedProcess(name=name, popen=popen, log_path=log_path, _log=log,
+                              args=tuple(args), home=home, enter=enter)  # fmt: skip
         self.started.append(proc)
         return proc
 
@@ -243,7 +253,7 @@ class ProcessGroup:
         if old.alive():
             raise RuntimeError(f"{old.name} (pid {old.pid}) is still running")
         old.close_log()
-        return self.spawn(old.name, old.args, old.home, append=True)
+        return self.spawn(old.name, old.args, old.home, append=True, enter=old.enter)
 
     def pids(self) -> list[int]:
         """Pids of the processes started directly."""
@@ -303,6 +313,21 @@ class ProcessGroup:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.popen.wait()
             proc.close_log()
+
+
+def _child_setup(enter: Callable[[], None] | None) -> Callable[[], None] | None:
+    """What a child runs before ``exec``: :func:`_die_with_parent` on Linux, then
+    ``enter``."""
+    steps = [_die_with_parent] if sys.platform == "linux" else []
+    steps += [enter] if enter is not None else []
+    if len(steps) <= 1:
+        return steps[0] if steps else None
+
+    def setup() -> None:
+        for step in steps:
+            step()
+
+    return setup
 
 
 def _die_with_parent() -> None:

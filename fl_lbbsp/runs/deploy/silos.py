@@ -29,20 +29,33 @@ class SiloNode:
     slowdown: float
     port: int
     """Port of the SuperNode's own Runtime API (its ClientApps connect to it)."""
+    cpu_quota: float | None = None
+    """Fraction of one core its CPU group may use (``None``: no group)."""
+    link_mbps: float | None = None
+    """Rate of its link to the SuperLink in Mbit/s (``None``: not limited)."""
 
 
 def silo_nodes(
-    num_silos: int, slowdowns: Sequence[float] | None, silo_ids: Sequence[str] | None
+    num_silos: int,
+    slowdowns: Sequence[float] | None,
+    silo_ids: Sequence[str] | None,
+    *,
+    cpu_quotas: Sequence[float] | None = None,
+    link_mbps: Sequence[float | None] | None = None,
 ) -> list[SiloNode]:
     """The federation's silos, ports not chosen yet: silo i is ``silo_ids[i]`` (default
-    ``silo-i``), partition i, ``slowdowns[i]`` times slower (default 1).
+    ``silo-i``), partition i, ``slowdowns[i]`` times slower (default 1), with CPU quota
+    ``cpu_quotas[i]`` and link rate ``link_mbps[i]`` (default: none).
 
     Raises
     ------
     ValueError
         Not one finite slowdown >= 1 and one distinct valid silo id
-        (:func:`~fl_lbbsp.security.identity.check_silo_id`) per silo.
+        (:func:`~fl_lbbsp.security.identity.check_silo_id`) per silo; a quota or rate list
+        of another length, or a value not finite and positive.
     """
+    quotas = _per_silo("CPU quotas", cpu_quotas, num_silos)
+    links = _per_silo("link rates", link_mbps, num_silos)
     if num_silos <= 0:
         raise ValueError(f"num_silos must be positive, got {num_silos!r}")
     slowdowns = tuple(slowdowns) if slowdowns is not None else (1.0,) * num_silos
@@ -56,9 +69,30 @@ def silo_nodes(
     if len(ids) != num_silos or len(set(ids)) != num_silos:
         raise ValueError(f"need {num_silos} distinct silo ids, got {ids}")
     return [
-        SiloNode(silo_id=s, partition_id=i, slowdown=float(k), port=0)
+        SiloNode(
+            silo_id=s,
+            partition_id=i,
+            slowdown=float(k),
+            port=0,
+            cpu_quota=quotas[i],
+            link_mbps=links[i],
+        )
         for i, (s, k) in enumerate(zip(ids, slowdowns, strict=True))
     ]
+
+
+def _per_silo(
+    what: str, values: Sequence[float | None] | None, num_silos: int
+) -> list[float | None]:
+    """One optional finite positive value per silo (``None`` for all if not given)."""
+    if values is None:
+        return [None] * num_silos
+    if len(values) != num_silos:
+        raise ValueError(f"{len(values)} {what} given for {num_silos} silos")
+    for v in values:
+        if v is not None and not (0 < v < float("inf")):
+            raise ValueError(f"{what} must be finite and positive, got {list(values)}")
+    return [None if v is None else float(v) for v in values]
 
 
 def node_config(

@@ -1,0 +1,68 @@
+"""Pure parts of the ``real-capacity`` section (benchmarks/bench_real_capacity.py) on
+synthetic telemetry: no federation, no CPU group."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import bench_real_capacity as bench  # noqa: E402
+
+
+def _events(walls: list[float], accuracies: list[float], sizes: dict[str, int]) -> list[Any]:
+    """Train and evaluate events as the quickstart writes them: silo a computes 0.1 s per
+    sample, b 0.2 s per sample, every reply 1 s after its compute (b: 3 s)."""
+    events: list[dict[str, Any]] = []
+    sent = 1000.0
+    for r, (wall, acc) in enumerate(zip(walls, accuracies, strict=True), start=1):
+        silos = {}
+        for silo, size in sizes.items():
+            train = (0.1 if silo == "a" else 0.2) * size
+            gap = 1.0 if silo == "a" else 3.0
+            silos[silo] = {"batch-size": size, "train-time": train, "num-examples": 100,
+                           "claimed-time": train, "observed-time": train + gap}  # fmt: skip
+        events.append({"event": "train", "round": r, "sent_at": sent, "wall_time": wall,
+                       "silos": silos})  # fmt: skip
+        events.append({"event": "evaluate", "round": r, "accuracy": acc})
+        sent += wall + 1.0  # one second of evaluation between rounds
+    return events
+
+
+def test_time_to_target_counts_from_round_2_and_includes_the_pauses() -> None:
+    # Prepare
+    run = bench.run_rows(_events([5.0, 4.0, 4.0, 4.0], [0.1, 0.3, 0.5, 0.6], {"a": 10}))
+
+    # Execute
+    reached = bench.time_to(run["rounds"], 0.5)
+
+    # Assert: rounds 2 and 3 (4 s each) and the 1 s between them
+    assert reached == pytest.approx(9.0)
+    assert bench.time_to(run["rounds"], 0.9) is None
+    assert bench.final_accuracy(run["rounds"]) == pytest.approx(0.55)
+
+
+def test_the_oracle_uses_the_measured_lines_and_gaps() -> None:
+    # Prepare: two runs at different splits, so that each silo's line can be fitted
+    runs = [
+        bench.run_rows(_events([9.0] * 3, [0.1] * 3, {"a": 20, "b": 20})),
+        bench.run_rows(_events([9.0] * 3, [0.1] * 3, {"a": 30, "b": 10})),
+    ]
+
+    # Execute
+    curves = bench.cost_curves(runs)
+    best = bench.oracle(curves, 40)
+
+    # Assert: the lines t = 0.1 x and 0.2 x, gaps 1 and 3 s; the oracle's round
+    # 0.1 x + 1 = 0.2 (40 - x) + 3 at x = 33.3: about 4.33 s, the equal split's 7 s
+    assert curves["a"]["a"] == pytest.approx(0.1)
+    assert curves["b"]["a"] == pytest.approx(0.2)
+    assert curves["a"]["b"] == pytest.approx(0.0, abs=1e-9)
+    assert (curves["a"]["gap"], curves["b"]["gap"]) == (1.0, 3.0)
+    assert best["equal_round"] == pytest.approx(7.0)
+    assert best["round"] < best["equal_round"]
+    assert sum(best["split"].values()) == 40
