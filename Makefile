@@ -64,12 +64,14 @@ test: install-dev
 test-under-load: install-dev
 	.ci/with-cpu-burners 2 $(MAKE) --no-print-directory check
 
-# The same suite with numpy's SIMD dispatch held down to its baseline (the AVX2 and AVX-512
-# paths of numpy 2.x switched off; a feature the CPU lacks is ignored), so that it runs as on
-# a CPU of another kind: no test may hang on the last bit of a float sum.
+# The suite with numpy's SIMD dispatch held down to its baseline (the AVX2 and AVX-512 paths
+# of numpy 2.x switched off; a feature the CPU lacks is ignored), so that it runs as on a CPU
+# of another kind: no test may hang on the last bit of a float sum. The end-to-end runs
+# (`slow`: flwr run, deploy-local, the benchmarks' smoke runs) are left out: they assert what
+# a run does, not figures, and `make test` runs them.
 NPY_HELD_DOWN := X86_V3 X86_V4 AVX512_SKX AVX512_ICL AVX512_SPR AVX2 FMA3 AVX512F
 test-portable: install-dev
-	NPY_DISABLE_CPU_FEATURES="$(NPY_HELD_DOWN)" $(VENV)/bin/python -m pytest -q
+	NPY_DISABLE_CPU_FEATURES="$(NPY_HELD_DOWN)" $(VENV)/bin/python -m pytest -q -m "not slow"
 
 # ruff, mypy and pytest on what is installed (`make test` installs first).
 check:

@@ -321,6 +321,7 @@ def timed_round(
             initial_batch_size=32, local_steps=10, lr=0.05, min_train_nodes=nodes,
             min_available_nodes=nodes,
             telemetry_path=telemetry if name == "lbbsp-telemetry" else None,
+            robust_aggregation="mean",  # FedAvg's mean, checked against Flower's below
         )  # fmt: skip
     record = ArrayRecord({n: Array(value) for n, value in reference.items()})
     start = time.perf_counter()

@@ -149,6 +149,7 @@ def test_summarise_gives_intervals_and_counts() -> None:
     assert out["weighted_noise_ratio"] == 1.3
 
 
+@pytest.mark.slow
 def test_study_smoke_run_writes_a_finite_section(tmp_path: Path) -> None:
     # Execute: two seeds, one mix and partition, tiny rounds, embedded digits; the seeds
     # in two worker processes, then again in this process from no cache

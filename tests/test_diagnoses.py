@@ -26,6 +26,8 @@ def flwr_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixt
     """Capture Flower's logger (it does not propagate)."""
     logger = logging.getLogger("flwr")
     logger.addHandler(caplog.handler)
+    # an earlier test (a quiet CLI run) may have raised Flower's logger's own level
+    caplog.set_level(logging.INFO, logger="flwr")
     caplog.set_level(logging.INFO)
     yield caplog
     logger.removeHandler(caplog.handler)

@@ -54,6 +54,7 @@ def run_without_tenseal(argv: list[str], cwd: Path) -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.slow
 def test_a_plaintext_run_never_needs_tenseal(tmp_path: Path) -> None:
     # Execute: a whole comparison with `import tenseal` failing
     done = run_without_tenseal(["compare", *SHORT, "--out", str(tmp_path)], tmp_path)

@@ -24,7 +24,8 @@ def flwr_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixt
     loggers = [logging.getLogger("flwr"), logging.getLogger("fl_lbbsp")]
     for logger in loggers:
         logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO)
+        # an earlier test (a quiet CLI run) may have raised these loggers' own levels
+        caplog.set_level(logging.INFO, logger=logger.name)
     yield caplog
     for logger in loggers:
         logger.removeHandler(caplog.handler)
