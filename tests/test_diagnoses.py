@@ -23,14 +23,20 @@ B_INIT, TAU = 16, 5
 
 @pytest.fixture
 def flwr_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """Capture Flower's logger (it does not propagate)."""
-    logger = logging.getLogger("flwr")
-    logger.addHandler(caplog.handler)
-    # an earlier test (a quiet CLI run) may have raised Flower's logger's own level
-    caplog.set_level(logging.INFO, logger="flwr")
-    caplog.set_level(logging.INFO)
+    """Capture Flower's logger (it does not propagate) and fl_lbbsp's (a quiet CLI run
+    earlier in the suite may have stopped it from propagating and raised its level)."""
+    loggers = [logging.getLogger("flwr"), logging.getLogger("fl_lbbsp")]
+    filters = {logger.name: list(logger.filters) for logger in loggers}
+    for logger in loggers:
+        logger.addHandler(caplog.handler)
+        caplog.set_level(logging.INFO, logger=logger.name)
+        for kept in filters[logger.name]:  # a CLI run's filters (below WARNING) stay on
+            logger.removeFilter(kept)
     yield caplog
-    logger.removeHandler(caplog.handler)
+    for logger in loggers:
+        logger.removeHandler(caplog.handler)
+        for kept in filters[logger.name]:
+            logger.addFilter(kept)
 
 
 def _moved(msg: Message) -> ArrayRecord:

@@ -22,13 +22,19 @@ QUICKSTART = {"batch-size": 32, "lr": 0.05, "local-epochs": 1, "fraction-train":
 def flwr_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
     """Capture Flower's logger (it does not propagate) and fl_lbbsp's."""
     loggers = [logging.getLogger("flwr"), logging.getLogger("fl_lbbsp")]
+    filters = {logger.name: list(logger.filters) for logger in loggers}
     for logger in loggers:
         logger.addHandler(caplog.handler)
-        # an earlier test (a quiet CLI run) may have raised these loggers' own levels
+        # an earlier test (a quiet CLI run) may have raised these loggers' own levels and
+        # left its filters on them
         caplog.set_level(logging.INFO, logger=logger.name)
+        for kept in filters[logger.name]:
+            logger.removeFilter(kept)
     yield caplog
     for logger in loggers:
         logger.removeHandler(caplog.handler)
+        for kept in filters[logger.name]:
+            logger.addFilter(kept)
 
 
 def _messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
