@@ -9,7 +9,8 @@ import argparse
 import logging
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import ValidationError
@@ -171,6 +172,25 @@ def _setup_logging(quiet: bool, verbose: bool) -> None:
         )
 
 
+@contextmanager
+def _logging_restored() -> Iterator[None]:
+    """Put fl_lbbsp's and Flower's loggers (handlers, level, propagation, filters) and
+    Python's warning filters back as they were once a command returns, so that a command
+    run in-process (a notebook, a test) leaves no quiet filter and no handler on a closed
+    stream behind."""
+    loggers = [logging.getLogger("fl_lbbsp"), logging.getLogger("flwr")]
+    saved = [(list(lg.handlers), lg.level, lg.propagate, list(lg.filters)) for lg in loggers]
+    with warnings.catch_warnings():
+        try:
+            yield
+        finally:
+            for logger, (handlers, level, propagate, filters) in zip(loggers, saved, strict=True):
+                logger.handlers[:] = handlers
+                logger.setLevel(level)
+                logger.propagate = propagate
+                logger.filters[:] = filters
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fl-lbbsp`` console script.
 
@@ -179,7 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     produced no model with exit code 1; never with a Python traceback.
     """
     try:
-        return _main(argv)
+        with _logging_restored():
+            return _main(argv)
     except OSError as err:  # a file or folder the system refused, wherever it surfaced
         fail(_os_message(err))
 

@@ -26,6 +26,24 @@ def pytest_report_header() -> str:
     return f"numpy {np.__version__}, SIMD dispatch: {' '.join(active) or 'baseline only'}{held}"
 
 
+@pytest.fixture(autouse=True)
+def _loggers_restored() -> Iterator[None]:
+    """Put fl_lbbsp's and Flower's loggers back as each test found them: a benchmark's
+    smoke run raises their levels, a ServerApp routes ours to Flower's console, and a
+    test's log assertions must not depend on which tests ran before it."""
+    loggers = [logging.getLogger(name) for name in ("fl_lbbsp", "flwr")]
+    saved = [
+        (list(lg.handlers), lg.level, lg.propagate, list(lg.filters), lg.disabled) for lg in loggers
+    ]
+    yield
+    for logger, (handlers, level, propagate, filters, disabled) in zip(loggers, saved, strict=True):
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+        logger.filters[:] = filters
+        logger.disabled = disabled
+
+
 @pytest.fixture
 def flower_task() -> Iterator[None]:
     """Set Flower's TaskIdentity (needed to construct Messages) and restore it after."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 
 from fl_lbbsp.cli import main
@@ -130,3 +133,21 @@ def test_a_knob_out_of_its_bounds_exits_2_naming_its_flag(
     # Assert
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.strip().count("\n") == 0, err
+
+
+def test_a_command_run_in_process_leaves_the_loggers_as_it_found_them(tmp_path: Path) -> None:
+    # Prepare: what a notebook's loggers look like before a command
+    loggers = [logging.getLogger(name) for name in ("fl_lbbsp", "flwr")]
+
+    def snapshot() -> list[tuple[object, ...]]:
+        return [(list(lg.handlers), lg.level, lg.propagate, list(lg.filters)) for lg in loggers]
+
+    before = snapshot()
+
+    # Execute: a command that sets up its quiet console logging
+    code = main(["keys", "checkpoint", "--out", str(tmp_path / "k")])
+
+    # Assert: no quiet filter left on Flower's logger, no handler bound to the command's
+    # stderr left on ours
+    assert code == 0
+    assert snapshot() == before

@@ -66,6 +66,23 @@ def test_the_detector_keeps_only_the_confirming_observations() -> None:
     assert run["dev"][0, : run["n"][0]].tolist() == [0.6, 0.6]
 
 
+@pytest.mark.parametrize("zero", [0.0, 2.2e-16, -2.2e-16, 1e-12])
+def test_a_deviation_at_rounding_of_zero_lies_on_the_level_whichever_its_sign(
+    zero: float,
+) -> None:
+    # Prepare: a step hidden in the noise to one side, broken by the round's median silo
+    # (whose deviation is zero in exact arithmetic, its computed sign the CPU's last bit)
+    deviations = [-0.18, -0.18, zero, -0.18, -0.18]
+
+    # Execute
+    verdicts, run = _detect(deviations, width=20, floor=0.1)
+
+    # Assert: the zero ends the run on either side, so the verdicts and the run left
+    # behind do not depend on its sign
+    assert verdicts == ["normal", "normal", "normal", "normal", "normal"]
+    assert run["dev"][0, : run["n"][0]].tolist() == [-0.18, -0.18]
+
+
 @pytest.mark.parametrize(("width", "last"), [(20, "change"), (2, "normal")])
 def test_the_cusum_test_confirms_a_step_hidden_in_the_noise(width: int, last: str) -> None:
     # Execute: deviations below the single-report limit, all to one side; a run no

@@ -9,7 +9,11 @@ held deviations in a row, to the same side, confirm a change, and a run longer t
 ``confirm`` whose mean deviation (each clipped at the limit, so that one spike cannot
 carry it) exceeds the limit divided by the square root of its length confirms one too (a
 step hidden in the noise; a run no longer than ``confirm`` never takes this test). A
-deviation to the other side ends the run.
+deviation to the other side ends the run. A deviation within :data:`ON_LEVEL` of zero lies
+on the level, to neither side: it ends the run, and the next one starts after it. (The
+median silo of a round from which the shared slowdown was taken out deviates by exactly
+zero in exact arithmetic; its computed sign is the last bit of a float sum, which differs
+between CPUs, and must not decide whether a run goes on.)
 
 Every silo's run is a row of :func:`new_runs`' arrays and :func:`observe_run` judges one
 deviation of many silos at once. Two users share it: the silo table
@@ -33,7 +37,11 @@ import numpy as np
 
 from .costfit import masked_levels
 
-__all__ = ["RUN", "near_levels", "new_runs", "observe_run", "push"]
+__all__ = ["ON_LEVEL", "RUN", "near_levels", "new_runs", "observe_run", "push"]
+
+ON_LEVEL = 1e-9
+"""Deviations (log or relative) within this of zero are on the level: no side. Rounding
+leaves about 1e-15; the smallest change the detector confirms is about 0.1."""
 
 RUN = ("x", "t", "speed", "dev")
 """The float fields of a run's entries: batch size (0 where not known), time (0 where
@@ -105,9 +113,10 @@ def observe_run(
     width = run["x"].shape[1]
     limit = np.broadcast_to(np.asarray(limit, dtype=np.float64), rows.shape)
     count = run["n"][rows]
-    deviation = entry[3]
+    deviation = np.where(np.abs(entry[3]) <= ON_LEVEL, 0.0, entry[3])
+    entry = (*entry[:3], deviation)
     previous = run["dev"][rows, np.maximum(count - 1, 0)]
-    count = np.where((count > 0) & ((previous > 0) != (deviation > 0)), 0, count)
+    count = np.where((count > 0) & (np.sign(previous) != np.sign(deviation)), 0, count)
     full = rows[count >= width]
     if full.size:
         for name in (*RUN, "held"):
