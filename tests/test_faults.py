@@ -660,6 +660,37 @@ def test_reply_over_the_byte_cap_is_rejected_without_a_copy(
     assert peak < 4 << 20
 
 
+@pytest.mark.parametrize("cap", [None, 2 << 20], ids=["from-the-model-sent", "max_reply_bytes"])
+def test_the_in_process_grid_refuses_an_oversized_reply_before_serialising_it(
+    cap: int | None,
+) -> None:
+    # Prepare: a silo app that answers a 4 KiB model with 64 MiB (a SuperLink would refuse
+    # it on the wire; serialising it in-process costs seconds and several copies)
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        size = 64 << 20 if context.node_config["partition-id"] == 1 else 4096
+        record = ArrayRecord({"w": Array(np.zeros(size // 4, dtype=np.float32))})
+        return Message(RecordDict({"arrays": record}), reply_to=msg)
+
+    grid = InProcessGrid(app, num_nodes=2, max_reply_bytes=cap)
+    model = RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(1024, dtype=np.float32))})})
+    messages = [grid.create_message(model, "train", node, "1") for node in (100, 101)]
+
+    # Execute
+    replies = {r.metadata.src_node_id: r for r in grid.send_and_receive(messages)}
+
+    # Assert: the small reply passes; the large one is an error reply naming the limit,
+    # never serialised (no bytes went over the grid's wire)
+    assert replies[100].has_content()
+    assert replies[101].has_error()
+    assert "-byte limit of the grid" in replies[101].error.reason
+    small, large = grid.transfers
+    assert small.reply_bytes > 4096 and large.reply_bytes == 0
+    assert large.error is not None and "limit of the grid" in large.error
+
+
 # ------------------------------------------- 9. random garbage (hypothesis)
 FLOATS = st.floats(allow_nan=True, allow_infinity=True)
 METRIC_VALUES = st.one_of(

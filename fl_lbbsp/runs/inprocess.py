@@ -13,13 +13,17 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common import GRPC_MAX_MESSAGE_LENGTH
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+
+from ..security.reply_screen import default_reply_cap
+from ..strategies.validation import reply_nbytes
 
 __all__ = ["InProcessGrid", "Transfer", "run_in_process"]
 
@@ -58,6 +62,11 @@ class InProcessGrid(Grid):
         The run config every node sees.
     first_node_id : int (default: 100)
         Node ids are ``first_node_id + i``.
+    max_reply_bytes : int | None (default: None)
+        Largest reply passed on; a larger one becomes an error reply before it is
+        serialised, as a SuperLink refuses it on the wire. ``None``: the strategies'
+        default cap (four times the arrays the message carried plus 1 MiB), or gRPC's
+        message limit for a message without arrays.
 
     Faults: :meth:`crash` makes a node die in the middle of its next message (no reply,
     then offline), :meth:`disconnect` takes it offline at once, :meth:`reconnect` brings it
@@ -77,12 +86,16 @@ class InProcessGrid(Grid):
         node_configs: Sequence[Mapping[str, bool | float | int | str]] | None = None,
         run_config: Mapping[str, bool | float | int | str] | None = None,
         first_node_id: int = 100,
+        max_reply_bytes: int | None = None,
     ) -> None:
         if num_nodes <= 0:
             raise ValueError(f"num_nodes must be positive, got {num_nodes!r}")
         if node_configs is not None and len(node_configs) != num_nodes:
             raise ValueError(f"{len(node_configs)} node_configs for {num_nodes} nodes")
+        if max_reply_bytes is not None and max_reply_bytes <= 0:
+            raise ValueError(f"max_reply_bytes must be positive, got {max_reply_bytes!r}")
         self.client_app = client_app
+        self.max_reply_bytes = max_reply_bytes
         self._run = Run.create_empty(run_id=1)
         self._contexts = {
             first_node_id + i: Context(
@@ -207,7 +220,11 @@ class InProcessGrid(Grid):
             )
             return None
         received = 0
-        if reply.has_content():
+        cap = self._reply_cap(msg.content)
+        if reply.has_content() and (size := reply_nbytes(reply.content)) > cap:
+            error = f"reply of about {size} bytes is over the {cap}-byte limit of the grid"
+            reply = Message(Error(code=0, reason=error), reply_to=inbound)
+        elif reply.has_content():
             reply.content, received = _over_the_wire(reply.content)
         elif reply.has_error():
             error = reply.error.reason
@@ -216,6 +233,13 @@ class InProcessGrid(Grid):
             Transfer(node_id, msg.metadata.message_type, sent, received, seconds, error)
         )
         return reply
+
+    def _reply_cap(self, content: RecordDict) -> int:
+        if self.max_reply_bytes is not None:
+            return self.max_reply_bytes
+        if any(isinstance(record, ArrayRecord) for record in content.values()):
+            return default_reply_cap(reply_nbytes(content))
+        return GRPC_MAX_MESSAGE_LENGTH
 
 
 def _over_the_wire(content: RecordDict) -> tuple[RecordDict, int]:

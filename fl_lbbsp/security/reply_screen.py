@@ -20,7 +20,14 @@ from ..core.settings import ReplyLimits
 from .identity import SiloRegistry, instruction_of
 from .screening import InvalidReplyError, ReplyValidator, error_summary
 
-__all__ = ["ReplyScreen"]
+__all__ = ["ReplyScreen", "default_reply_cap"]
+
+
+def default_reply_cap(expected_bytes: int) -> int:
+    """Largest reply accepted by default: four times the update expected (or the model
+    sent) plus 1 MiB for metrics and framing."""
+    return 4 * expected_bytes + (1 << 20)
+
 
 U = TypeVar("U")
 
@@ -63,7 +70,7 @@ class ReplyScreen:
         the update expected plus 1 MiB)."""
         if self.limits.max_reply_bytes is not None:
             return self.limits.max_reply_bytes
-        return 4 * state.expected_bytes + (1 << 20)
+        return default_reply_cap(state.expected_bytes)
 
     def claimed_silo(self, reply: Reply) -> str:
         """The silo id a reply claims (its node's known id if it claims none).
