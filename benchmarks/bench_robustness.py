@@ -16,7 +16,10 @@ update (and, for the size-claim liar, its ``num-examples``) before replying:
   AISTATS 2020);
 * ``target``: a push of 8 |d| on the output layer's bias toward class 0 ("always 0");
 * ``alternating``: ``signflip-8`` in even rounds, honest in odd ones;
-* ``+claim``: any of them with a claim of 9.9e6 examples.
+* ``+claim``: any of them with a claim of 9.9e6 examples;
+* ``excluded``: no attack, the hostile silos' replies refused every round (an error
+  reply): the best any defence could do, since none can recover what their data would
+  have added. Each cell is also read against it.
 
 The attackers are omniscient where the attack needs it (ALIE and IPM read the honest
 updates of the round: the silos run one after the other, the hostile ones last). Per
@@ -40,7 +43,7 @@ from typing import Any
 
 import numpy as np
 from common import parser, quiet_logs
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Array, ArrayRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from report import write_section
 
@@ -55,6 +58,8 @@ ATTACKS = (
     "honest", "signflip-1", "signflip-3", "signflip-8", "alie", "ipm", "scaled", "target",
     "alternating",
 )  # fmt: skip
+EXCLUDED = "excluded"
+"""The defence oracle's cell: the hostile silos' replies refused every round."""
 AGGREGATIONS = ("mean", "centered-clip")
 CLAIM = 9_900_000
 """The size-claim liar's ``num-examples``."""
@@ -122,6 +127,8 @@ class Attackers:
         if p not in self.hostile:
             self.honest.setdefault(rnd, []).append(delta)
             return reply
+        if self.attack == EXCLUDED:
+            return Message(Error(code=0, reason="excluded (the defence oracle)"), reply_to=msg)
         bad = self._poison(delta, rnd, start)
         arrays, offset = {}, 0
         for k, s in zip(names, start, strict=True):
@@ -261,6 +268,8 @@ def jobs(smoke: bool) -> list[dict[str, Any]]:
     for partition in PARTITIONS:
         for agg in AGGREGATIONS:
             add(partition, 5, 0, "honest", False, agg)
+    for partition, silos, hostile in EXCLUDED_CELLS:
+        add(partition, silos, hostile, EXCLUDED, False, "centered-clip")
     for partition in ("iid", "labels:2"):
         for agg in ("centered-clip", "mean"):
             for attack in ATTACKS[1:]:
@@ -288,6 +297,11 @@ def jobs(smoke: bool) -> list[dict[str, Any]]:
 
 
 PARTITIONS = ("iid", "labels:2", "dirichlet:0.3")
+EXCLUDED_CELLS = [
+    (partition, silos, hostile)
+    for partition in PARTITIONS for silos, hostile in ((5, 1), (5, 2), (10, 2))
+]  # fmt: skip
+"""The (partition, silos, hostile) groups whose defence oracle is run."""
 SEEDS = 8
 """Seeds of the honest non-IID runs (the robust option's cost)."""
 
@@ -308,22 +322,32 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
         (r["partition"], r["silos"], r["aggregation"], r["seed"]): r["final"]
         for r in rows if r["attack"] == "honest"
     }  # fmt: skip
+    oracle = {
+        (r["partition"], r["silos"], r["hostile"]): r["final"]
+        for r in rows if r["attack"] == EXCLUDED
+    }  # fmt: skip
     table, drops = [], {"1/5": [], "2/5": [], "2/10": []}  # type: dict[str, list[float]]
+    below = {k: [] for k in drops}  # type: dict[str, list[float]]
     nan_runs = 0
     for r in rows:
-        if r["attack"] == "honest":
+        if r["attack"] in ("honest", EXCLUDED):
             continue
         base = honest.get((r["partition"], r["silos"], r["aggregation"], r["seed"]))
         diff = None if r["final"] is None or base is None else 100 * (r["final"] - base)
+        best = oracle.get((r["partition"], r["silos"], r["hostile"]))
+        gap = None if r["final"] is None or best is None else 100 * (r["final"] - best)
         if r["final"] is None:
             nan_runs += 1
         key = f"{r['hostile']}/{r['silos']}"
         if r["aggregation"] == "centered-clip" and not r["claim"] and key in drops:
             drops[key].append(math.inf if r["final"] is None or base is None else -(diff or 0.0))
+            if best is not None:
+                below[key].append(math.inf if gap is None else -gap)
         table.append([
             r["partition"], key, r["attack"] + (" +claim" if r["claim"] else ""),
             r["aggregation"], _pct(r["final"]), _pct(base),
-            "-" if diff is None else f"{diff:+.1f}", str(r["rejected"]), str(r["rollbacks"]),
+            "-" if diff is None else f"{diff:+.1f}", _pct(best),
+            "-" if gap is None else f"{gap:+.1f}", str(r["rejected"]), str(r["rollbacks"]),
             str(r["clipped"]),
         ])  # fmt: skip
     costs = []
@@ -344,6 +368,14 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
          "note": f"{len(v)} cells" + ("" if v else " (none run)")}
         for k, v in drops.items()
     ]  # fmt: skip
+    for k, v in below.items():
+        if v:
+            figures.append({
+                "label": f"largest drop below the hostile silos excluded, {k}, centered-clip",
+                "unit": " points", "value": max(v) if math.isfinite(max(v)) else None,
+                "format": ".1f", "goal": None,
+                "note": f"{len(v)} cells; the best any defence could do (their data lost)",
+            })  # fmt: skip
     for partition, n, mean, half in costs:
         figures.append({
             "label": f"centered-clip minus mean, honest {partition}, 5 silos (lower 95% bound)",
@@ -378,6 +410,8 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
                     "final",
                     "honest",
                     "diff",
+                    "excluded",
+                    "vs excluded",
                     "rejected",
                     "rollbacks",
                     "clipped",
@@ -388,6 +422,9 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
         "plots": [],
         "notes": [
             f"{nan_runs} runs ended with no finite final accuracy.",
+            "`excluded`: the same federation with the hostile silos' replies refused every "
+            "round (centered-clip), the best any defence could do: the honest run's gap to it "
+            "is their data's contribution, which no defence recovers.",
             "`clipped`: updates clipped by centered-clip over the run (0 for mean). "
             "`rejected`: replies the update screen or the reply checks left out.",
         ],

@@ -165,6 +165,7 @@ def test_the_robustness_section_compares_each_cell_with_its_honest_run() -> None
         _row("signflip-8", "centered-clip", 0.89), _row("ipm", "centered-clip", 0.50),
         _row("signflip-8", "mean", None),
         _row("signflip-8", "centered-clip", 0.70, hostile=2),
+        _row(br.EXCLUDED, "centered-clip", 0.85),
     ]  # fmt: skip
 
     # Execute
@@ -178,3 +179,8 @@ def test_the_robustness_section_compares_each_cell_with_its_honest_run() -> None
     assert figures["largest drop under attack, 2/10 hostile, centered-clip"] is None
     assert data["notes"][0].startswith("1 runs")
     assert [r[6] for r in data["tables"][0]["rows"]] == ["-1.0", "-40.0", "-", "-20.0"]
+    # ... and each 1/5 cell against the hostile silo excluded (0.85): the best any defence
+    # could do, the attacked run above it by 4 points or below it by 35
+    assert [r[8] for r in data["tables"][0]["rows"]] == ["+4.0", "-35.0", "-", "-"]
+    below = "largest drop below the hostile silos excluded, 1/5, centered-clip"
+    assert figures[below] == pytest.approx(35.0)

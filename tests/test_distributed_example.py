@@ -41,14 +41,15 @@ def test_elastic_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
             process.wait(10)
             pytest.fail("torchrun did not finish within 180 s")
 
-    # Assert: the death is reported by the surviving rank, the first restart resumes at 5
+    # Assert: the death is reported, the first restart resumes at 5
     # and ends (no attempt spent on the stale addresses of the dead one)
     output = (tmp_path / "out.txt").read_text()
     assert returncode == 0, output[-3000:]
     assert output.count("failed (exitcode") == 1, output[-3000:]
     assert "Connection refused" not in output, output[-3000:]
     assert "rank 1: dying at iteration 7" in output
-    assert "error: rank 0: training failed" in output
+    # (whether rank 0 sees the broken collective and says so before torchrun's agent stops
+    # it is a race: on a busy machine the agent wins; either way the attempt is restarted)
     assert "resumed from" in output and "at iteration 5" in output
     log = json.loads((tmp_path / "log.json").read_text())
     assert [it["iteration"] for it in log["iterations"]] == list(range(6, 11))
