@@ -2,9 +2,12 @@
 
 The silo table (:class:`~fl_lbbsp.core.silo.model.SiloTable`) works on these columns for a
 whole round at once. Row 0 is the row of a silo that never reported. A missing value is
-NaN (a float field) or ``None`` (an object field). The history window and the change
-detector's run are ``(rows, W)`` arrays, their entries in the first ``n`` columns, oldest
-first. The speed estimator keeps its own columns (:meth:`~.estimators.SpeedEstimator.fresh`).
+NaN (a float field) or ``None`` (an object field). Each scalar field of the record marked
+:class:`~.state.Column` is a column of its name; the record's nested parts keep their own
+columns: the last report (``last``, ``last_size``), the cost fit (``fit_<name>``), the
+history window and the change detector's run (``(rows, W)`` arrays, their entries in the
+first ``n`` columns, oldest first), the speed estimator's
+(:meth:`~.estimators.SpeedEstimator.fresh`).
 
 Reference: the BatchSizeManager's per-worker state, Chen et al., "Accelerating Distributed
 Learning in Non-Dedicated Environments", IEEE TCC 2021, Sec. 4.
@@ -19,22 +22,16 @@ from typing import Any, overload
 import numpy as np
 
 from ..balancer_settings import ModelSettings
+from .costfit import CostFits
 from .detector import RUN, new_runs
 from .estimators import MachineUse
 from .reports import SiloReport
-from .state import Observation, SiloModel
+from .state import Column, Observation, SiloModel
 
 __all__ = ["FIT_FIELDS", "History", "SiloColumns", "SiloModels", "SiloView"]
 
-FIT_FIELDS = ("slope", "intercept", "anchor", "level", "noise", "weight", "low", "high", "knee")
+FIT_FIELDS = CostFits._fields
 """The cost fit's fields, each a column ``fit_<name>`` (``fit_slope`` NaN: no fit)."""
-
-_FLOATS = {
-    "cap": math.nan, "steps": 1.0, "fixed": math.nan, "boost": 1.0, "shape": math.nan,
-    "noise": math.nan, "knee": 0.0, "last_size": math.nan,
-    **{f"fit_{name}": math.nan for name in FIT_FIELDS},
-}  # fmt: skip
-"""Each float column and its value in a new row."""
 
 
 class SiloColumns:
@@ -44,15 +41,28 @@ class SiloColumns:
     ----------
     settings : ModelSettings
         The silos' settings (the window's length, the estimator).
+    model : type of SiloModel (default: SiloModel)
+        The record, whose fields marked :class:`~.state.Column` are columns.
     """
 
-    def __init__(self, settings: ModelSettings) -> None:
-        self.settings = settings
+    def __init__(self, settings: ModelSettings, *, model: type[SiloModel] = SiloModel) -> None:
+        self.settings, self.model = settings, model
         self.width = settings.history
         self.estimator = settings.estimator
         self.size = 0
-        self.floats = {name: np.full(8, value) for name, value in _FLOATS.items()}
-        self.reports = np.zeros(8, dtype=np.int64)
+        self.kinds = {
+            name: mark.kind
+            for name, field in model.model_fields.items()
+            for mark in field.metadata
+            if isinstance(mark, Column)
+        }
+        """Each scalar column of the record and its field's type."""
+        self.new: dict[str, Any] = {
+            **{name: _nan(model.model_fields[name].default) for name in self.kinds},
+            "last_size": math.nan, **{f"fit_{name}": math.nan for name in FIT_FIELDS},
+        }  # fmt: skip
+        """Each scalar column and its value in a new row."""
+        self.scalars = {name: np.full(8, value) for name, value in self.new.items()}
         self.restarted = np.zeros(8, dtype=bool)
         self.hist_x, self.hist_t = np.zeros((8, self.width)), np.zeros((8, self.width))
         self.hist_n = np.zeros(8, dtype=np.intp)
@@ -64,25 +74,25 @@ class SiloColumns:
         """The speed estimator's columns."""
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self.floats[name]
+        return self.scalars[name]
 
     def add(self) -> int:
         """A new row (its index), grown as needed."""
         self.size += 1
-        if self.size >= len(self.reports):
-            self._grow(2 * len(self.reports))
+        if self.size >= len(self.restarted):
+            self._grow(2 * len(self.restarted))
         return self.size
 
     def _grow(self, rows: int) -> None:
-        old = len(self.reports)
+        old = len(self.restarted)
 
         def grown(array: np.ndarray, fill: Any) -> np.ndarray:
             out = np.full((rows, *array.shape[1:]), fill, dtype=array.dtype)
             out[:old] = array
             return out
 
-        self.floats = {name: grown(a, _FLOATS[name]) for name, a in self.floats.items()}
-        self.reports, self.restarted = grown(self.reports, 0), grown(self.restarted, False)
+        self.scalars = {name: grown(a, self.new[name]) for name, a in self.scalars.items()}
+        self.restarted = grown(self.restarted, False)
         self.hist_x, self.hist_t = grown(self.hist_x, 0.0), grown(self.hist_t, 0.0)
         self.hist_n = grown(self.hist_n, 0)
         self.run = {name: grown(a, a.dtype.type(0)) for name, a in self.run.items()}
@@ -113,7 +123,7 @@ class SiloColumns:
     # ------------------------------------------------------------ record form
     def load(self, index: int, model: SiloModel) -> None:
         """Put a silo's record into row ``index``."""
-        f = self.floats
+        f = self.scalars
         self.estimator.restart(self.est, np.array([index]))
         self.estimator.load(self.est, index, model.estimator.model_dump())
         history = list(model.history)[-self.width :]
@@ -125,32 +135,19 @@ class SiloColumns:
         for c, entry in enumerate(run):
             for name, v in zip((*RUN, "held"), entry, strict=True):
                 self.run[name][index, c] = v
-        cap = model.max_batch_size
-        f["cap"][index] = math.nan if cap is None else float(cap)
-        f["steps"][index] = model.steps
-        f["fixed"][index] = math.nan if model.fixed_time is None else model.fixed_time
-        f["boost"][index] = model.boost
-        f["shape"][index] = math.nan if model.shape is None else model.shape
-        f["noise"][index] = math.nan if model.noise is None else model.noise
-        f["knee"][index] = model.knee
-        self.reports[index] = model.reports
+        for name in self.kinds:
+            f[name][index] = _nan(getattr(model, name))
         last = {} if model.last is None else model.last.model_dump(exclude_unset=True)
         self.last[index] = last
         f["last_size"][index] = float(last.get("batch_size", math.nan))
-        fit = model.fit
-        values = (
-            (math.nan,) * len(FIT_FIELDS)
-            if fit is None
-            else (fit.slope, fit.intercept, fit.anchor, fit.level,
-                  math.nan if fit.noise is None else fit.noise, fit.weight, *fit.spread,
-                  fit.knee)
-        )  # fmt: skip
-        for name, v in zip(FIT_FIELDS, values, strict=True):
-            f[f"fit_{name}"][index] = v
+        fit = {} if model.fit is None else model.fit.model_dump()
+        fit["low"], fit["high"] = fit.pop("spread", (None, None))
+        for name in FIT_FIELDS:
+            f[f"fit_{name}"][index] = _nan(fit.get(name))
 
     def record(self, index: int) -> SiloModel:
         """Row ``index`` as a silo's record (validated as a checkpoint's silo is)."""
-        f = self.floats
+        f = self.scalars
         n, run = int(self.hist_n[index]), int(self.run["n"][index])
         history = [
             [int(x), t]
@@ -164,25 +161,15 @@ class SiloColumns:
                 *(self.run[name][index, :run].tolist() for name in (*RUN, "held")), strict=True
             )
         ]
-        fit = [float(f[f"fit_{name}"][index]) for name in FIT_FIELDS]
-        return SiloModel.model_validate({
+        fit = {name: _optional(f[f"fit_{name}"][index], float) for name in FIT_FIELDS}
+        fit["spread"] = (fit.pop("low"), fit.pop("high"))
+        return self.model.model_validate({
             "estimator": self.estimator.silo_state(self.est, index),
             "history": history,
-            "max_batch_size": _optional(f["cap"][index], int),
-            "steps": float(f["steps"][index]),
-            "fixed_time": _optional(f["fixed"][index], float),
             "last": self.last_fields(index),
-            "reports": int(self.reports[index]),
-            "shape": _optional(f["shape"][index], float),
-            "noise": _optional(f["noise"][index], float),
             "pending": pending,
-            "boost": float(f["boost"][index]),
-            "fit": None if math.isnan(fit[0]) else {
-                "slope": fit[0], "intercept": fit[1], "anchor": fit[2], "level": fit[3],
-                "noise": _optional(fit[4], float), "weight": fit[5], "spread": fit[6:8],
-                "knee": fit[8],
-            },
-            "knee": float(f["knee"][index]),
+            "fit": None if fit["slope"] is None else fit,
+            **{name: _optional(f[name][index], kind) for name, kind in self.kinds.items()},
         })  # fmt: skip
 
     def last_fields(self, index: int) -> dict[str, Any]:
@@ -227,7 +214,7 @@ class SiloView:
     @property
     def reports(self) -> int:
         """Reports taken."""
-        return int(self._columns.reports[self.index])
+        return int(self._columns["reports"][self.index])
 
     @property
     def history(self) -> History:
@@ -247,7 +234,7 @@ class SiloView:
     @property
     def fixed_time(self) -> float | None:
         """Smoothed fixed per-round seconds (``he-time``)."""
-        value = float(self._columns["fixed"][self.index])
+        value = float(self._columns["fixed_time"][self.index])
         return None if math.isnan(value) else value
 
     def record(self) -> SiloModel:
@@ -277,3 +264,7 @@ class SiloModels(Mapping[str, SiloView]):
 
 def _optional(value: float, kind: type[int] | type[float]) -> Any:
     return None if math.isnan(value) else kind(value)
+
+
+def _nan(value: Any) -> Any:
+    return math.nan if value is None else value

@@ -148,7 +148,7 @@ class SiloTable:
             )  # fmt: skip
             normal[j] = ~confirmed & ~held
             change[j] = confirmed
-        f.reports[rows] += 1
+        f["reports"][rows] += 1
         # after a restart, the size its cold report led to was start-up, not capacity
         f["boost"][rows] = np.where(f.restarted[rows], settings.max_boost, 1.0)
         f.restarted[rows] = False
@@ -328,14 +328,14 @@ class SiloTable:
     def fixed_time(self, silo_id: str) -> float | None:
         """The silo's smoothed fixed time (``None``: never reported)."""
         i = self._index.get(silo_id)
-        value = math.nan if i is None else float(self.columns["fixed"][i])
+        value = math.nan if i is None else float(self.columns["fixed_time"][i])
         return None if math.isnan(value) else value
 
     def report_counts(self, ids: Sequence[str]) -> dict[str, int]:
         """Reports taken by each silo of ``ids`` seen so far (in the order of ``ids``)."""
         seen = [i for i in ids if i in self._index]
         rows = np.fromiter(map(self._index.__getitem__, seen), np.intp, count=len(seen))
-        return dict(zip(seen, self.columns.reports[rows].tolist(), strict=True))
+        return dict(zip(seen, self.columns["reports"][rows].tolist(), strict=True))
 
     def window_sizes(self, ids: Sequence[str]) -> dict[str, int]:
         """Reports in each silo's history window (0 after a restart, until it reports)."""
@@ -385,10 +385,10 @@ def _take_fields(
     size, samples = columns.batch_size, columns.samples
     f["steps"][rows] = np.where(np.isnan(samples), 1.0, samples / size)
     cap = columns.max_batch_size
-    f["cap"][rows] = np.where(np.isnan(cap), f["cap"][rows], cap)
+    f["max_batch_size"][rows] = np.where(np.isnan(cap), f["max_batch_size"][rows], cap)
     new = columns.fixed_time
     given = ~np.isnan(new)
-    EMA(alpha=alpha).update({"value": f["fixed"]}, rows[given], new[given], None)
+    EMA(alpha=alpha).update({"value": f["fixed_time"]}, rows[given], new[given], None)
     f.last[rows] = np.fromiter(reports, dtype=object, count=len(reports))
     f["last_size"][rows] = size
 
@@ -409,11 +409,11 @@ def _write_rows(
 ) -> None:  # fmt: skip
     """Refresh ``rows`` of the table (:data:`ROW`) from the columns, with the cost curve
     ``(a, b, knee)``."""
-    cap = f["cap"][rows]
+    cap = f["max_batch_size"][rows]
     out["cap"][rows] = np.where(np.isnan(cap), np.inf, cap)
     out["last"][rows] = f["last_size"][rows]
     out["slope"][rows], out["intercept"][rows], out["knee"][rows] = curve
-    out["fixed"][rows] = np.nan_to_num(f["fixed"][rows], nan=0.0)
+    out["fixed"][rows] = np.nan_to_num(f["fixed_time"][rows], nan=0.0)
     out["steps"][rows], out["boost"][rows] = f["steps"][rows], f["boost"][rows]
     out["error"][rows] = f["noise"][rows] / np.sqrt(np.maximum(1, f.hist_n[rows]))
 

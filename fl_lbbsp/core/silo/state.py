@@ -7,8 +7,9 @@ It is at once what :meth:`~fl_lbbsp.core.balancer.BatchSizeBalancer.state_dict` 
 the silo (:meth:`SiloModel.state`) and the checkpoint's schema of it (a checkpoint's silo
 is validated by :meth:`SiloModel.model_validate`, with the bounds below), and it is put
 back into the table by :meth:`~fl_lbbsp.core.silo.model.SiloTable.register`. Adding a
-field is one edit here, and its column in :mod:`.columns`. Known fields are validated,
-unknown ones kept (later versions may add state).
+scalar field is one edit here: a field marked :class:`Column` is a column of the table of
+its own name (:mod:`.columns` reads the marks). Known fields are validated, unknown ones
+kept (later versions may add state).
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
 Environments", IEEE TCC 2021, Sec. 4 (the BatchSizeManager's per-worker state).
@@ -17,6 +18,7 @@ Environments", IEEE TCC 2021, Sec. 4 (the BatchSizeManager's per-worker state).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Annotated, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -30,6 +32,7 @@ __all__ = [
     "MAX_SECONDS",
     "MAX_SPEED",
     "Batch",
+    "Column",
     "Count",
     "EstimatorState",
     "FitState",
@@ -58,6 +61,21 @@ Positive = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 Speed = Annotated[float, Field(ge=1 / MAX_SPEED, le=MAX_SPEED, allow_inf_nan=False, strict=True)]
 Batch = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE, strict=True)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
+
+
+@dataclass(frozen=True)
+class Column:
+    """Marks a scalar field of :class:`SiloModel` as a column of the silo table, of the
+    field's name, its value in a new row the field's default (``None``: NaN).
+
+    Parameters
+    ----------
+    kind : type
+        The field's type, ``int`` or ``float``: an ``int`` field with a default is an
+        integer column, any other a float one.
+    """
+
+    kind: type[int] | type[float]
 
 
 class Observation(NamedTuple):
@@ -158,17 +176,21 @@ class SiloModel(OpenRecord):
 
     estimator: EstimatorState
     history: list[tuple[Batch, Seconds]] = Field(default_factory=list, max_length=MAX_ENTRIES)
-    max_batch_size: Batch | None = None
-    steps: float = Field(default=1.0, gt=0, le=MAX_BATCH_SIZE, allow_inf_nan=False, strict=True)
-    fixed_time: Seconds | None = None
+    max_batch_size: Annotated[Batch | None, Column(int)] = None
+    steps: Annotated[float, Column(float)] = Field(
+        default=1.0, gt=0, le=MAX_BATCH_SIZE, allow_inf_nan=False, strict=True
+    )
+    fixed_time: Annotated[Seconds | None, Column(float)] = None
     last: LastReport | None = None
-    reports: Count = 0
-    shape: Seconds | None = None
-    noise: Seconds | None = None
+    reports: Annotated[Count, Column(int)] = 0
+    shape: Annotated[Seconds | None, Column(float)] = None
+    noise: Annotated[Seconds | None, Column(float)] = None
     pending: list[list[Any]] = Field(default_factory=list, max_length=MAX_ENTRIES)
-    boost: Positive = 1.0
+    boost: Annotated[Positive, Column(float)] = 1.0
     fit: FitState | None = None
-    knee: float = Field(default=0.0, ge=0, le=MAX_BATCH_SIZE, allow_inf_nan=False)
+    knee: Annotated[float, Column(float)] = Field(
+        default=0.0, ge=0, le=MAX_BATCH_SIZE, allow_inf_nan=False
+    )
 
     @field_validator("pending")
     @classmethod
