@@ -149,18 +149,10 @@ class SiloColumns:
         """Row ``index`` as a silo's record (validated as a checkpoint's silo is)."""
         f = self.scalars
         n, run = int(self.hist_n[index]), int(self.run["n"][index])
-        history = [
-            [int(x), t]
-            for x, t in zip(
-                self.hist_x[index, :n].tolist(), self.hist_t[index, :n].tolist(), strict=True
-            )
-        ]
-        pending = [
-            [int(x), t, s, d, h]
-            for x, t, s, d, h in zip(
-                *(self.run[name][index, :run].tolist() for name in (*RUN, "held")), strict=True
-            )
-        ]
+        window = (self.hist_x[index, :n].tolist(), self.hist_t[index, :n].tolist())
+        entries = (self.run[name][index, :run].tolist() for name in (*RUN, "held"))
+        history = [[int(x), t] for x, t in zip(*window, strict=True)]
+        pending = [[int(x), *rest] for x, *rest in zip(*entries, strict=True)]
         fit = {name: _optional(f[f"fit_{name}"][index], float) for name in FIT_FIELDS}
         fit["spread"] = (fit.pop("low"), fit.pop("high"))
         return self.model.model_validate({

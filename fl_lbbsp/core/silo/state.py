@@ -65,15 +65,8 @@ Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
 
 @dataclass(frozen=True)
 class Column:
-    """Marks a scalar field of :class:`SiloModel` as a column of the silo table, of the
-    field's name, its value in a new row the field's default (``None``: NaN).
-
-    Parameters
-    ----------
-    kind : type
-        The field's type, ``int`` or ``float``: an ``int`` field with a default is an
-        integer column, any other a float one.
-    """
+    """Marks a scalar field of :class:`SiloModel` as a silo-table column of its name, of
+    ``kind`` (``int``, ``float``); a new row holds the field's default (``None``: NaN)."""
 
     kind: type[int] | type[float]
 
