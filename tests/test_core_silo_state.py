@@ -108,8 +108,8 @@ def test_every_field_of_the_record_is_a_column_or_a_nested_part() -> None:
 class Tenanted(SiloModel):
     """A record with two fields more (test only)."""
 
-    co_tenants: Annotated[Count | None, Column(int)] = None
-    pressure: Annotated[float, Column(float)] = Field(default=0.5, ge=0, le=1)
+    co_tenants: Annotated[Count | None, Column(kind=int)] = None
+    pressure: Annotated[float, Column(kind=float)] = Field(default=0.5, ge=0, le=1)
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,7 @@ Batch = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE, strict=True)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Column:
     """Marks a scalar field of :class:`SiloModel` as a silo-table column of its name, of
     ``kind`` (``int``, ``float``); a new row holds the field's default (``None``: NaN)."""
@@ -169,19 +169,19 @@ class SiloModel(OpenRecord):
 
     estimator: EstimatorState
     history: list[tuple[Batch, Seconds]] = Field(default_factory=list, max_length=MAX_ENTRIES)
-    max_batch_size: Annotated[Batch | None, Column(int)] = None
-    steps: Annotated[float, Column(float)] = Field(
+    max_batch_size: Annotated[Batch | None, Column(kind=int)] = None
+    steps: Annotated[float, Column(kind=float)] = Field(
         default=1.0, gt=0, le=MAX_BATCH_SIZE, allow_inf_nan=False, strict=True
     )
-    fixed_time: Annotated[Seconds | None, Column(float)] = None
+    fixed_time: Annotated[Seconds | None, Column(kind=float)] = None
     last: LastReport | None = None
-    reports: Annotated[Count, Column(int)] = 0
-    shape: Annotated[Seconds | None, Column(float)] = None
-    noise: Annotated[Seconds | None, Column(float)] = None
+    reports: Annotated[Count, Column(kind=int)] = 0
+    shape: Annotated[Seconds | None, Column(kind=float)] = None
+    noise: Annotated[Seconds | None, Column(kind=float)] = None
     pending: list[list[Any]] = Field(default_factory=list, max_length=MAX_ENTRIES)
-    boost: Annotated[Positive, Column(float)] = 1.0
+    boost: Annotated[Positive, Column(kind=float)] = 1.0
     fit: FitState | None = None
-    knee: Annotated[float, Column(float)] = Field(
+    knee: Annotated[float, Column(kind=float)] = Field(
         default=0.0, ge=0, le=MAX_BATCH_SIZE, allow_inf_nan=False
     )
 
