@@ -28,8 +28,13 @@ __all__ = ["build_parser", "main"]
 
 
 def _checkpoint_key(args: argparse.Namespace) -> int:
-    from .strategies.checkpoint import write_checkpoint_key
+    from .strategies.checkpoint import CheckpointStore, load_checkpoint_key, write_checkpoint_key
 
+    if args.sign is not None:  # re-sign trusted checkpoints under the key already there
+        store = CheckpointStore(args.sign, key=load_checkpoint_key(args.out))
+        for server_round in store.rounds():
+            print(f"signed under {args.out}: {store.sign(store.path(server_round))}")
+        return 0
     path = write_checkpoint_key(args.out, overwrite=args.force)
     print(f"checkpoint key (give to the server only, --checkpoint-key): {path}")
     return 0
@@ -266,7 +271,7 @@ def _main(argv: Sequence[str] | None) -> int:
             parser.error(f"unknown {flag} {scheme!r}: expected one of {', '.join(SCHEMES)}")
     from .datasets import DataSourceError
     from .security.identity import IdentityError
-    from .strategies.checkpoint import CheckpointError
+    from .strategies.checkpoint import CheckpointError, CheckpointWriteError
 
     key_errors: tuple[type[Exception], ...] = ()
     if getattr(args, "encrypt", None) is not None:
@@ -281,6 +286,8 @@ def _main(argv: Sequence[str] | None) -> int:
         fail(validation_message(err))
     except DataSourceError as err:
         fail(str(err))
+    except CheckpointWriteError as err:  # a run that could not checkpoint: it failed
+        fail(f"--checkpoint-dir: {err}", code=1)
     except CheckpointError as err:
         fail(f"--checkpoint-dir: {err}")
     except IdentityError as err:

@@ -336,6 +336,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     checkpoint.add_argument("--out", type=Path, required=True, help="the key file")
     checkpoint.add_argument("--force", action="store_true", help="replace an existing key")
+    checkpoint.add_argument(
+        "--sign",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="re-sign the unkeyed checkpoints in DIR under the key already in --out (only "
+        "checkpoints you trust: an edit made before is obeyed)",
+    )
     return parser
 
 

@@ -94,7 +94,8 @@ def write_checkpoint(folder: Path, rounds: int, **settings: Any) -> Path:
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
     from fl_lbbsp.strategies import LBBSPCluster
-    from fl_lbbsp.strategies.checkpoint import CheckpointStore, save_checkpoint
+    from fl_lbbsp.strategies.checkpoint import CheckpointStore
+    from fl_lbbsp.strategies.checkpointing import save_checkpoint
 
     class Grid:
         def get_node_ids(self) -> list[int]:

@@ -27,11 +27,8 @@ from fl_lbbsp.models import build_model
 from fl_lbbsp.runs.fl import SimulationConfig, make_strategy
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg
-from fl_lbbsp.strategies.checkpoint import (
-    CheckpointError,
-    CheckpointStore,
-    save_checkpoint,
-)
+from fl_lbbsp.strategies.checkpoint import CheckpointError, CheckpointStore
+from fl_lbbsp.strategies.checkpointing import save_checkpoint
 from fl_lbbsp.telemetry import start_telemetry
 
 pytestmark = pytest.mark.usefixtures("flower_task")
@@ -410,7 +407,8 @@ def test_a_checkpoint_of_an_older_format_is_refused_with_one_line(tmp_path: Path
     # (format 1: Flower's protobuf of a RecordDict; tests/checkpoint_fixture.py)
     from checkpoint_fixture import SETTINGS
 
-    from fl_lbbsp.strategies.checkpoint import CheckpointInvalidError, resume_point
+    from fl_lbbsp.strategies.checkpoint import CheckpointInvalidError
+    from fl_lbbsp.strategies.checkpointing import resume_from
 
     fixture = Path(__file__).parent / "data" / "checkpoint-before-engine"
     folder = tmp_path / "ckpt"
@@ -420,7 +418,7 @@ def test_a_checkpoint_of_an_older_format_is_refused_with_one_line(tmp_path: Path
 
     # Execute / Assert: refused, never skipped, in one line that says what to do
     with pytest.raises(CheckpointInvalidError, match="older fl_lbbsp .format 1.") as info:
-        resume_point(strategy)
+        resume_from(strategy)
     assert "\n" not in str(info.value) and "another checkpoint dir" in str(info.value)
 
 

@@ -178,7 +178,7 @@ def test_the_unkeyed_checkpoints_refusal_advises_a_safe_resume(tmp_path: Path) -
     # Assert: start afresh under the key, or re-sign what you trust; never drop the key
     message = str(info.value)
     assert "without --checkpoint-key" not in message and "resume without" not in message
-    assert "start afresh" in message and "keys checkpoint --sign" in message
+    assert "start afresh" in message and "keys checkpoint --out KEY --sign" in message
 
 
 def test_cli_re_signs_trusted_checkpoints_under_the_key(

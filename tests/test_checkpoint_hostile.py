@@ -25,10 +25,9 @@ from fl_lbbsp.strategies.checkpoint import (
     CheckpointKeyError,
     CheckpointStore,
     load_checkpoint_key,
-    resume_point,
-    save_checkpoint,
     write_checkpoint_key,
 )
+from fl_lbbsp.strategies.checkpointing import resume_from, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("flower_task")
 
@@ -156,7 +155,7 @@ def test_an_edited_checkpoint_is_refused_before_round_1(
 
     # Execute
     with pytest.raises(CheckpointInvalidError) as info:
-        resume_point(strategy, max_silos=3, initial_arrays=_initial())
+        resume_from(strategy, max_silos=3, initial_arrays=_initial())
 
     # Assert: one line naming the file and the field
     assert info.value.field.startswith(field), info.value.field
@@ -171,9 +170,9 @@ def test_the_untouched_checkpoint_resumes_and_the_next_round_runs(
     strategy = LBBSPCluster(**SETTINGS, checkpoint_dir=tmp_path)
 
     # Execute
-    checkpoint = resume_point(strategy, max_silos=3, initial_arrays=_initial())
-    assert checkpoint is not None
-    strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
+    resumed = resume_from(strategy, max_silos=3, initial_arrays=_initial())
+    assert resumed is not None
+    checkpoint = resumed.checkpoint
     strategy.deadline_grid(FakeGrid(list(NODES)), timeout=60)  # type: ignore[arg-type]
     grid = FakeGrid(list(NODES))
     sent = sent_sizes(list(strategy.configure_train(7, checkpoint.arrays, ConfigRecord(), grid)))  # type: ignore[arg-type]
@@ -247,28 +246,29 @@ def test_the_strategys_checkpoint_key_is_used_to_resume(rich: Checkpoint, tmp_pa
     strategy = LBBSPCluster(**SETTINGS, checkpoint_dir=folder)
     strategy.server_config = strategy.server_config.model_copy(update={"checkpoint_key": key_file})
     _resaved(rich, folder, lambda m, s, a: None, key=load_checkpoint_key(key_file))
-    good = resume_point(strategy, max_silos=3, initial_arrays=_initial())
+    good = resume_from(strategy, max_silos=3, initial_arrays=_initial())
     _resaved(rich, folder, lambda m, s, a: None, key=OTHER)
 
     # Execute / Assert
-    assert good is not None and good.server_round == 6
+    assert good is not None and good.checkpoint.server_round == 6
     with pytest.raises(CheckpointKeyError):
-        resume_point(strategy, max_silos=3, initial_arrays=_initial())
+        resume_from(strategy, max_silos=3, initial_arrays=_initial())
 
 
-def test_a_strategy_that_cannot_restore_a_state_refuses_it(tmp_path: Path) -> None:
-    # Prepare: a state the schema keeps (an unknown field) that the strategy chokes on
-    from fl_lbbsp.strategies.checkpoint import restore
-
-    class Choking:
+def test_a_strategy_that_cannot_restore_a_state_refuses_it(
+    rich: Checkpoint, tmp_path: Path
+) -> None:
+    # Prepare: a state the schema keeps that the strategy chokes on
+    class Choking(LBBSPCluster):
         def load_checkpoint_state(self, state: Any, records: Any) -> None:
             raise KeyError("version")
 
-    checkpoint = Checkpoint(1, _initial(), {}, {}, {}, tmp_path / "round-000001.ckpt")
+    _resaved(rich, tmp_path, _set("manifest.strategy", "Choking"))
+    strategy = Choking(**SETTINGS, checkpoint_dir=tmp_path)
 
     # Execute / Assert
     with pytest.raises(CheckpointInvalidError, match="cannot restore it .KeyError") as info:
-        restore(Choking(), checkpoint)  # type: ignore[arg-type]
+        resume_from(strategy, max_silos=3, initial_arrays=_initial())
     assert info.value.field == "state"
 
 

@@ -21,9 +21,9 @@ from fl_lbbsp.strategies.checkpoint import (
     CheckpointLimits,
     CheckpointStore,
     check_arrays,
-    resume_point,
     validate_checkpoint,
 )
+from fl_lbbsp.strategies.checkpointing import resume_from
 
 E = "state.engine"
 """Where the engine's state is in a checkpoint's fields."""
@@ -187,7 +187,7 @@ def test_a_federation_larger_than_configured_is_refused(original: Checkpoint) ->
     assert info.value.field == f"{E}.federation_size"
 
 
-def test_resume_point_bounds_the_federation_with_the_configured_size(original, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_resume_from_bounds_the_federation_with_the_configured_size(original, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Prepare
     from checkpoint_fixture import SETTINGS
 
@@ -198,9 +198,9 @@ def test_resume_point_bounds_the_federation_with_the_configured_size(original, t
     strategy = LBBSPCluster(**SETTINGS, checkpoint_dir=tmp_path)
 
     # Execute / Assert
-    assert resume_point(strategy, max_silos=3) is not None
+    assert resume_from(strategy, max_silos=3) is not None
     with pytest.raises(CheckpointInvalidError, match="over this strategy's 2"):
-        resume_point(strategy, max_silos=2)
+        resume_from(strategy, max_silos=2)
 
 
 def _model(**arrays: np.ndarray) -> ArrayRecord:

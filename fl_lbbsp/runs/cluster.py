@@ -17,11 +17,11 @@ from pydantic import Field, model_validator
 from ..clients.cluster import WorkerSetup, make_worker_app
 from ..clients.silo_setup import SiloSetup, initial_model
 from ..strategies import EngineStrategy
-from ..strategies.checkpoint import resume_from
 from ..strategies.cluster import LBBSPCluster
 from ..telemetry import start_telemetry
 from .config import RunSettings
 from .engine import ResolvedRun, check_key_files, execute, plan_run
+from .resume import resume_run
 
 __all__ = [
     "ClusterConfig",
@@ -155,7 +155,7 @@ def resolve_cluster(config: ClusterConfig) -> ResolvedRun[EngineStrategy]:
     down as :func:`~fl_lbbsp.runs.fl.resolve`: the plan and the checkpoint folder
     (:func:`~fl_lbbsp.runs.engine.plan_run`); the
     parameter-server strategy, the initial model and where the run resumes
-    (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`); the workers' ClientApp; the
+    (:func:`~fl_lbbsp.runs.resume.resume_run`); the workers' ClientApp; the
     telemetry.
 
     Raises
@@ -175,7 +175,7 @@ def resolve_cluster(config: ClusterConfig) -> ResolvedRun[EngineStrategy]:
     strategy = make_cluster_strategy(config)
     initial = initial_model(SiloSetup(dataset=config.dataset, seed=config.seed, model=config.model))
     arrays = ArrayRecord(initial.model.state_dict())
-    resume = resume_from(strategy, run=plan.record, max_silos=plan.nodes, initial_arrays=arrays)
+    resume = resume_run(strategy, plan.record, max_silos=plan.nodes, initial_arrays=arrays)
     client_app = make_worker_app(setup)
     start_telemetry(plan.telemetry, config, resume=resume is not None)
     return ResolvedRun(

@@ -24,7 +24,7 @@ from ..clients.silo_setup import InitialModel
 from ..clients.trainer import evaluate
 from ..datasets import ArrayDataset
 from ..strategies import EngineStrategy
-from ..strategies.checkpoint import ResumePoint
+from ..strategies.checkpointing import ResumePoint
 from ..telemetry import read_telemetry
 from .config import RunSettings
 from .inprocess import run_in_process
@@ -130,7 +130,7 @@ class ResolvedRun(Generic[S]):
         What every silo or worker runs.
     resume : ResumePoint | None (default: None)
         The checkpoint the run resumes from, validated and restored into ``strategy``
-        (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`); ``None``: a fresh start.
+        (:func:`~fl_lbbsp.runs.resume.resume_run`); ``None``: a fresh start.
     """
 
     plan: RunPlan

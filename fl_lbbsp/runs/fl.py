@@ -16,10 +16,10 @@ from ..clients.silo_setup import SiloSetup, initial_model, silo_data
 from ..datasets import DataSourceError, PartitionText
 from ..security.silo_keys import check_silo_keys
 from ..strategies import LBBSPEta, LBBSPFedAvg, LBBSPTau, PartialAggregation
-from ..strategies.checkpoint import resume_from
 from ..telemetry import start_telemetry
 from .config import RunSettings, check_schedule_order
 from .engine import ResolvedRun, Runtime, check_key_files, execute, plan_run
+from .resume import resume_run
 
 __all__ = [
     "SCHEMES",
@@ -271,7 +271,7 @@ def resolve(
     :func:`make_strategy`), the initial model
     (:func:`~fl_lbbsp.clients.silo_setup.initial_model`) and where the run resumes,
     validated and restored into the strategy once
-    (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`); the silos' side: every
+    (:func:`~fl_lbbsp.runs.resume.resume_run`); the silos' side: every
     partition (a split the data cannot give is reported here), their ClientApp and, with
     a silo registry, their signing keys; last the telemetry, started with the config
     (continued on a resume).
@@ -296,7 +296,7 @@ def resolve(
     strategy = strategy or make_strategy(config)
     initial = initial_model(setup)
     arrays = ArrayRecord(initial.model.state_dict())
-    resume = resume_from(strategy, run=plan.record, max_silos=plan.nodes, initial_arrays=arrays)
+    resume = resume_run(strategy, plan.record, max_silos=plan.nodes, initial_arrays=arrays)
     try:  # partitions every silo's data (cached), refusing a split the data cannot give
         silo_data(setup, 0)
     except DataSourceError:

@@ -2,9 +2,7 @@
 folder, and the run described as the folder records it (:class:`RunRecord`, the file
 :data:`RUN_FILE`: the settings that decide its rounds and where its telemetry goes), so
 that a rerun resumes only as the run that wrote the checkpoints, with the telemetry of its
-earlier rounds. :func:`~fl_lbbsp.strategies.checkpoint.resume_from` holds the record
-against the one on disk when the folder has checkpoints, keeps the telemetry of a resumed
-run, and writes the record of a run that starts afresh."""
+earlier rounds (:func:`resume_run`)."""
 
 from __future__ import annotations
 
@@ -15,10 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flwr.app import ArrayRecord
+
 from ..strategies.checkpoint import CheckpointError
+from ..strategies.checkpointing import Checkpointable, ResumePoint, resume_from, store_of
 from .config import RunSettings
 
-__all__ = ["RUN_FILE", "RunRecord", "check_checkpoint_dir", "run_record"]
+__all__ = ["RUN_FILE", "RunRecord", "check_checkpoint_dir", "resume_run", "run_record"]
 
 RUN_FILE = "run.json"
 """File beside a run's checkpoints recording the settings that decide the run."""
@@ -137,8 +138,8 @@ def run_record(config: RunSettings) -> RunRecord | None:
     The record (:data:`RUN_FILE`) holds the settings
     that decide the run (model, data, silos, partition, seed, tau, eta, B_init, balancer,
     ...; not where output goes, how long the run is or how its silos are scheduled) and
-    its telemetry file: :func:`~fl_lbbsp.strategies.checkpoint.resume_from` resumes a
-    checkpoint only for the run recorded beside it, with the telemetry of its earlier
+    its telemetry file: :func:`resume_run` resumes a checkpoint only for the run recorded
+    beside it, with the telemetry of its earlier
     rounds (copied from the first run's output folder when ``out`` changed).
 
     Raises
@@ -182,3 +183,32 @@ def check_checkpoint_dir(given: Path, directory: Path) -> None:
         probe.unlink()
     except OSError as err:
         raise CheckpointError(f"{directory} is not a writable directory ({err.strerror})") from None
+
+
+def resume_run(
+    strategy: Checkpointable,
+    record: RunRecord | None,
+    *,
+    max_silos: int,
+    initial_arrays: ArrayRecord,
+) -> ResumePoint | None:
+    """Where a runner's run resumes (:func:`~fl_lbbsp.strategies.checkpointing.resume_from`
+    with the federation's size and the initial model), held against its ``record``: a
+    folder with checkpoints must record the same run (checked first), a resumed run keeps
+    the telemetry of its earlier rounds, and a run that starts afresh is recorded.
+
+    Raises
+    ------
+    CheckpointError, CheckpointInvalidError
+        As :func:`~fl_lbbsp.strategies.checkpointing.resume_from` and
+        :meth:`RunRecord.check_same`.
+    """
+    store = store_of(strategy)
+    fresh = store is None or not store.rounds()
+    earlier = None if record is None or fresh else record.check_same()
+    resume = resume_from(strategy, store=store, max_silos=max_silos, initial_arrays=initial_arrays)
+    if record is not None and resume is None:
+        record.write()
+    elif record is not None and resume is not None:
+        record.keep(earlier, after_round=resume.checkpoint.server_round)
+    return resume

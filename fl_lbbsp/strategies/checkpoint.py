@@ -1,15 +1,13 @@
-"""Checkpoints of the Message-API LB-BSP strategies, and resuming from them.
+"""The checkpoint file: what one round's checkpoint holds, how it is sealed, and what
+is checked before any of it is obeyed. It knows no strategy (the strategy's side is
+:mod:`fl_lbbsp.strategies.checkpointing`).
 
-With ``checkpoint_dir`` set, :meth:`LBBSPFedAvg.start <fl_lbbsp.strategies.LBBSPFedAvg.start>`
-writes one file per round once its training is aggregated: a :class:`Manifest` (format,
-round, strategy class, scheme, the settings that decide batch sizes and updates) and each
-part's state as its own model dumps it (:class:`StrategyState`: the round engine's
-:class:`~fl_lbbsp.core.round.engine.EngineState`, which holds the balancer's, the claims'
-and the memory caps'; the updates'), with the global model and the parts' array records,
-as a JSON header and the arrays' bytes behind a SHA-256 digest or, with a checkpoint key
-(``fl-lbbsp keys checkpoint``), an HMAC-SHA256 that detects an edit, not only damage.
-Nothing in it is obeyed before the parts' models validate it (``model_validate``), with
-the strategy's bounds, a trial of the balancer and :func:`check_arrays`.
+One file per round, ``round-NNNNNN.ckpt`` (format 2): a :class:`Manifest` and each part's
+state as its own model dumps it (:class:`StrategyState`), the global model and the parts'
+array records, as a JSON header and the arrays' bytes, behind a SHA-256 digest or, with a
+checkpoint key (``fl-lbbsp keys checkpoint``), an HMAC-SHA256 that detects an edit, not
+only damage. Nothing is obeyed before the parts' models validate it (``model_validate``),
+with the strategy's bounds, a trial of the balancer and :func:`check_arrays`.
 """
 
 from __future__ import annotations
@@ -23,14 +21,14 @@ import math
 import os
 import re
 import secrets
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+from flwr.serverapp.strategy import Result
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..contract import is_encrypted
@@ -40,15 +38,11 @@ from ..core.round.engine import EngineState
 from ..core.settings import BalancingConfig
 from ..security.identity import IdentityError, check_private_file, write_file
 
-if TYPE_CHECKING:
-    from .fedavg import LBBSPFedAvg
-
-__all__ = [  # noqa: RUF022 - by kind: errors, the file, the strategy's side
-    "CheckpointError", "CheckpointInvalidError", "CheckpointKeyError",
-    "Checkpoint", "CheckpointLimits", "CheckpointStore", "Manifest", "StrategyState",
-    "ResumePoint", "RunLog", "check_arrays", "check_compatible", "limits_of",
-    "load_checkpoint_key", "restore", "resume_from", "resume_point", "save_checkpoint",
-    "store_of", "validate_checkpoint", "write_checkpoint_key",
+__all__ = [  # noqa: RUF022 - by kind: errors, keys, the file's models, the store, checks
+    "CheckpointError", "CheckpointInvalidError", "CheckpointKeyError", "CheckpointWriteError",
+    "load_checkpoint_key", "write_checkpoint_key",
+    "Checkpoint", "CheckpointLimits", "Manifest", "StrategyState", "CheckpointStore",
+    "check_arrays", "validate_checkpoint",
 ]  # fmt: skip
 
 log = logging.getLogger("fl_lbbsp")
@@ -65,36 +59,59 @@ _MAGIC_KEYED = b"FL-LBBSP-CHECKPOINT-2-HMAC-SHA256\n"
 _OLD_MAGIC = b"FL-LBBSP-CHECKPOINT"
 _DIGEST = hashlib.sha256().digest_size
 _FILE = re.compile(r"^round-(\d+)\.ckpt$")
+_TEMP = re.compile(r"^\.round-\d+\.ckpt\.\d+\.tmp$")
 _MODEL = "arrays"
+_FORMAT_1 = (
+    "a checkpoint of an older fl_lbbsp (format 1), which this version cannot resume: use "
+    "another checkpoint dir, or remove it to start afresh"
+)
+_KEY_ADVICE = {
+    True: "was written with a checkpoint key: give the same key (--checkpoint-key) to resume it",
+    False: "was written without a checkpoint key, so an edit to it cannot be detected: start "
+    "afresh under the key (another checkpoint dir, or remove these checkpoints), or re-sign "
+    "only checkpoints you trust with `fl-lbbsp keys checkpoint --out KEY --sign DIR`",
+}
 
 
 class CheckpointError(ValueError):
-    """A checkpoint (or its run's record) that this strategy cannot read or resume."""
+    """A checkpoint (or its run's record) that cannot be read, resumed or written."""
 
 
 class CheckpointInvalidError(CheckpointError):
-    """A readable checkpoint refused: one line naming the field (``field``, dotted), e.g.
+    """A readable checkpoint refused, in one line naming the field (``field``, dotted):
     ``<path>: invalid field state.engine.balancer.silos.w1.estimator.value: ...``."""
 
     def __init__(self, message: str, *, field: str) -> None:
-        super().__init__(message)
+        super().__init__(" ".join(message.split()))
         self.field = field
 
     @classmethod
     def caught(cls, err: Exception, *, where: str, field: str, what: str) -> CheckpointInvalidError:
-        """The refusal of ``field`` for the exception ``err`` its use raised, on one line
-        of at most 300 characters of the exception."""
-        message = " ".join(f"{type(err).__name__}: {err}".split())[:300]
-        return cls(f"{where}: invalid field {field}: {what} ({message})", field=field)
+        """The refusal of ``field`` for the exception ``err`` its use raised (at most 300
+        characters of it)."""
+        return _invalid(where, field, f"{what} ({f'{type(err).__name__}: {err}'[:300]})")
 
 
 class CheckpointKeyError(CheckpointInvalidError):
-    """A file refused for its key: an HMAC that does not match the checkpoint key, a
-    keyed file read without the key, or a file without one read with a key. Never
-    skipped for an older checkpoint."""
+    """A file refused for its key (field ``hmac``): an HMAC that does not match the
+    checkpoint key, a keyed file read without the key, or an unkeyed file read with one.
+    Never skipped for an older checkpoint."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, field="hmac")
+
+
+class CheckpointWriteError(CheckpointError):
+    """A run asked to checkpoint that wrote no checkpoint (every write failed: a full
+    disk, say); ``result`` is the run's :class:`~flwr.serverapp.strategy.Result`."""
+
+    def __init__(self, message: str, *, result: Result | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def _invalid(where: str, name: str, reason: str) -> CheckpointInvalidError:
+    return CheckpointInvalidError(f"{where}: invalid field {name}: {reason}", field=name)
 
 
 def load_checkpoint_key(path: str | Path) -> bytes:
@@ -137,9 +154,9 @@ def write_checkpoint_key(path: str | Path, *, overwrite: bool = False) -> Path:
 
 
 class Manifest(BaseModel):
-    """What a checkpoint is of: its format, last finished round, the strategy class and
-    scheme that wrote it, and the settings groups that decide its rounds (``balancing``
-    is validated as a :class:`~fl_lbbsp.core.settings.BalancingConfig`)."""
+    """What a checkpoint is of: format, last finished round, the strategy class and scheme
+    that wrote it, and the settings that decide its rounds (``balancing`` validated as a
+    :class:`~fl_lbbsp.core.settings.BalancingConfig`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -159,8 +176,8 @@ class Manifest(BaseModel):
 
 
 class StrategyState(BaseModel):
-    """A strategy's state: each part's, as its state model dumps it (the updates'
-    JSON state is checked by their own ``load_state_dict``)."""
+    """A strategy's state: each part's, as its state model dumps it (the updates' state
+    is checked by their own ``load_state_dict``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -170,29 +187,23 @@ class StrategyState(BaseModel):
 
 @dataclass(frozen=True)
 class CheckpointLimits:
-    """The resuming strategy's bounds on a checkpoint (``None``: not bounded): the
-    configured federation size, and its largest pinned dataset size."""
+    """The resuming strategy's bounds (``None``: not bounded): the federation's size and
+    the largest pinned dataset size."""
 
     max_silos: int | None = None
     max_dataset_size: int | None = None
 
 
-def _invalid(where: str, field: str, reason: str) -> CheckpointInvalidError:
-    return CheckpointInvalidError(f"{where}: invalid field {field}: {reason}", field=field)
-
-
 def _refuse(where: str, err: ValidationError, prefix: str) -> CheckpointInvalidError:
+    """One line for pydantic's first error, named by its dotted location."""
     first = err.errors()[0]
     loc = [str(part)[:40] for part in first.get("loc", ())]
     msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")[:300]
     named = re.match(r"([a-z]+_[a-z_]+|[a-z_]+\.[\w.-]+)(?=[= ])", msg)
     if named:  # a model-level check names its field first in the message
         loc.append(named.group(1))
-    name = ".".join([prefix, *loc])
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return CheckpointInvalidError(
-        " ".join(f"{where}: invalid field {name}: {msg}{more}".split()), field=name
-    )
+    return _invalid(where, ".".join([prefix, *loc]), msg + more)
 
 
 def validate_checkpoint(
@@ -219,20 +230,16 @@ def validate_checkpoint(
     except ValidationError as err:
         raise _refuse(where, err, "state") from None
     engine, limits = parsed.engine, limits or CheckpointLimits()
-    over: list[tuple[str, float, float]] = []
-    if limits.max_silos is not None:
-        over += [("federation_size", engine.federation_size, limits.max_silos)]
-        over += [("silos", len(engine.silos), limits.max_silos)]
-    if limits.max_dataset_size is not None:
-        pinned = engine.claims.sizes.items()
-        over += [(f"claims.sizes.{s}", n, limits.max_dataset_size) for s, n in pinned]
+    pinned = engine.claims.sizes.items()
+    over: list[tuple[str, float, int | None]] = [
+        ("federation_size", engine.federation_size, limits.max_silos),
+        ("silos", len(engine.silos), limits.max_silos),
+        *((f"claims.sizes.{s}", n, limits.max_dataset_size) for s, n in pinned),
+    ]
     for name, value, limit in over:
-        if value > limit:
-            raise CheckpointInvalidError(
-                f"{where}: invalid field state.engine.{name}: {value:g} is over this "
-                f"strategy's {limit:g}",
-                field=f"state.engine.{name}",
-            )
+        if limit is not None and value > limit:
+            reason = f"{value:g} is over this strategy's {limit:g}"
+            raise _invalid(where, f"state.engine.{name}", reason)
     try:  # a state the types admit that the balancer cannot use
         trial = BatchSizeBalancer.from_state_dict(
             engine.balancer.model_dump(mode="json", exclude_unset=True)
@@ -261,8 +268,8 @@ class Checkpoint:
 
 
 def _encode(header: dict[str, Any], records: Mapping[str, ArrayRecord]) -> bytes:
-    """A JSON header (with every array's dtype, shape, stype and size) and the arrays'
-    bytes, in order: the arrays travel as Flower's public ``Array`` fields hold them."""
+    """A JSON header (every array's dtype, shape, stype and size) and the arrays' bytes,
+    as Flower's public ``Array`` fields hold them."""
     blobs, index = [], {}
     for name, record in records.items():
         index[name] = [[k, a.dtype, list(a.shape), a.stype, len(a.data)] for k, a in record.items()]
@@ -311,40 +318,6 @@ class CheckpointStore:
             raise ValueError("an empty checkpoint key")
         self.directory, self.keep, self.key = Path(directory), keep, key
 
-    def _open(self, path: Path, data: bytes) -> bytes:
-        """The payload of a checkpoint file, its digest or HMAC checked."""
-        keyed = data.startswith(_MAGIC_KEYED)
-        magic = _MAGIC_KEYED if keyed else _MAGIC
-        tag, payload = data[len(magic) : len(magic) + _DIGEST], data[len(magic) + _DIGEST :]
-        if keyed and self.key is None:
-            raise CheckpointKeyError(
-                f"{path} was written with a checkpoint key: give the same key "
-                "(--checkpoint-key) to resume it"
-            )
-        if keyed and self.key is not None:
-            if not hmac.compare_digest(tag, hmac.new(self.key, payload, "sha256").digest()):
-                raise CheckpointKeyError(
-                    f"{path}: its HMAC does not match the checkpoint key: the file was "
-                    "edited, damaged or written under another key; refused (remove it to "
-                    "resume from an older checkpoint)"
-                )
-            return payload
-        if not data.startswith(_MAGIC) and data.startswith(_OLD_MAGIC):
-            raise CheckpointInvalidError(
-                f"{path} is a checkpoint of an older fl_lbbsp (format 1), which this version "
-                "cannot resume: use another checkpoint dir, or remove it to start afresh",
-                field="manifest.format",
-            )
-        if not data.startswith(_MAGIC) or hashlib.sha256(payload).digest() != tag:
-            raise CheckpointError(f"{path} is damaged or not a checkpoint (digest mismatch)")
-        if self.key is not None:
-            raise CheckpointKeyError(
-                f"{path} was written without a checkpoint key, so an edit to it cannot be "
-                "detected: resume without --checkpoint-key, or remove the checkpoints to "
-                "start afresh"
-            )
-        return payload
-
     def path(self, server_round: int) -> Path:
         """File of the checkpoint of ``server_round``."""
         return self.directory / f"round-{server_round:06d}.ckpt"
@@ -356,25 +329,43 @@ class CheckpointStore:
         found = (_FILE.match(p.name) for p in self.directory.iterdir())
         return sorted(int(m.group(1)) for m in found if m)
 
-    def save(
-        self,
-        server_round: int,
-        *,
-        arrays: ArrayRecord,
-        manifest: dict[str, Any],
-        state: dict[str, Any],
-        records: dict[str, ArrayRecord] | None = None,
-    ) -> Path:
-        """Write the checkpoint of ``server_round`` atomically; return its path."""
-        header = {"manifest": manifest, "state": state, "model": _MODEL}
-        parts = {f"state.{name}": record for name, record in (records or {}).items()}
-        payload = _encode(header, {_MODEL: arrays, **parts})
+    def _open(self, path: Path) -> bytes:
+        """The payload of a checkpoint file, its digest or HMAC checked."""
+        data = path.read_bytes()
+        keyed = data.startswith(_MAGIC_KEYED)
+        magic = _MAGIC_KEYED if keyed else _MAGIC
+        tag, payload = data[len(magic) : len(magic) + _DIGEST], data[len(magic) + _DIGEST :]
+        if not keyed and not data.startswith(_MAGIC):
+            if data.startswith(_OLD_MAGIC):
+                raise _invalid(str(path), "manifest.format", _FORMAT_1)
+            raise CheckpointError(f"{path} is damaged or not a checkpoint (no header)")
+        if keyed != (self.key is not None):
+            raise CheckpointKeyError(f"{path} {_KEY_ADVICE[keyed]}")
+        if self.key is None:
+            if hashlib.sha256(payload).digest() != tag:
+                raise CheckpointError(f"{path} is damaged (digest mismatch)")
+        elif not hmac.compare_digest(tag, hmac.new(self.key, payload, "sha256").digest()):
+            raise CheckpointKeyError(
+                f"{path}: its HMAC does not match the checkpoint key: the file was edited, "
+                "damaged or written under another key; refused (remove it to resume from "
+                "an older checkpoint)"
+            )
+        return payload
+
+    def _clean(self) -> None:
+        """Remove the temporary files of writers killed mid-write."""
+        if self.directory.is_dir():
+            for stale in (p for p in self.directory.iterdir() if _TEMP.match(p.name)):
+                log.warning("removing %s, left by a checkpoint write that was cut short", stale)
+                stale.unlink(missing_ok=True)
+
+    def _write(self, final: Path, payload: bytes) -> None:
+        """``payload`` sealed into ``final`` atomically: a temporary file, synced and
+        renamed into place (a crash leaves the old file or the new, never half of one)."""
         if self.key is None:
             sealed = _MAGIC + hashlib.sha256(payload).digest() + payload
         else:
             sealed = _MAGIC_KEYED + hmac.new(self.key, payload, "sha256").digest() + payload
-        self.directory.mkdir(parents=True, exist_ok=True)
-        final = self.path(server_round)
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
             with tmp.open("wb") as f:
@@ -390,9 +381,40 @@ class CheckpointStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def save(
+        self,
+        server_round: int,
+        *,
+        arrays: ArrayRecord,
+        manifest: dict[str, Any],
+        state: dict[str, Any],
+        records: dict[str, ArrayRecord] | None = None,
+    ) -> Path:
+        """Write the checkpoint of ``server_round`` atomically; return its path."""
+        header = {"manifest": manifest, "state": state, "model": _MODEL}
+        parts = {f"state.{name}": record for name, record in (records or {}).items()}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._clean()
+        self._write(self.path(server_round), _encode(header, {_MODEL: arrays, **parts}))
         for old in self.rounds()[: -self.keep]:
             self.path(old).unlink(missing_ok=True)
-        return final
+        return self.path(server_round)
+
+    def sign(self, path: str | Path) -> Path:
+        """Rewrite the unkeyed checkpoint ``path`` under this store's key (only a file
+        you trust: an edit made before is then obeyed).
+
+        Raises
+        ------
+        CheckpointError
+            The file is damaged, keyed already, or this store has no key.
+        """
+        if self.key is None:
+            raise CheckpointError("signing a checkpoint needs a checkpoint key")
+        payload = CheckpointStore(self.directory)._open(Path(path))
+        self._write(Path(path), payload)
+        return Path(path)
 
     def load(self, path: str | Path, *, limits: CheckpointLimits | None = None) -> Checkpoint:
         """Read one checkpoint file, validated (:func:`validate_checkpoint` with ``limits``).
@@ -405,7 +427,7 @@ class CheckpointStore:
             older format.
         """
         path = Path(path)
-        payload = self._open(path, path.read_bytes())
+        payload = self._open(path)
         try:
             header, records = _decode(payload)
             manifest, state, arrays = header["manifest"], header["state"], records.pop(_MODEL)
@@ -414,16 +436,15 @@ class CheckpointStore:
             raise CheckpointError(f"{path} is not a readable checkpoint: {message}") from None
         for name, value in (("manifest", manifest), ("state", state)):
             if not isinstance(value, dict):
-                raise CheckpointInvalidError(
-                    f"{path}: invalid field {name}: not a JSON object", field=name
-                )
+                raise _invalid(str(path), name, "not a JSON object")
         validate_checkpoint(manifest, state, where=str(path), limits=limits)
         parts = {name.removeprefix("state."): r for name, r in records.items()}
         return Checkpoint(int(manifest["round"]), arrays, manifest, state, parts, path)
 
     def latest(self, *, limits: CheckpointLimits | None = None) -> Checkpoint | None:
-        """The newest readable checkpoint, validated with ``limits`` (a damaged newer
-        file is skipped with a warning), or ``None`` when the folder holds none.
+        """The newest readable checkpoint, validated with ``limits`` (a damaged newer file
+        is skipped with a warning), or ``None`` when the folder holds none; the temporary
+        files of a killed writer are removed first.
 
         Raises
         ------
@@ -432,6 +453,7 @@ class CheckpointStore:
         CheckpointInvalidError
             The newest readable one is refused (never skipped for an older one).
         """
+        self._clean()
         rounds = self.rounds()
         for server_round in reversed(rounds):
             path = self.path(server_round)
@@ -447,185 +469,6 @@ class CheckpointStore:
                 "remove them to start afresh"
             )
         return None
-
-
-# ------------------------------------------------------------------ strategy side
-def _manifest(strategy: LBBSPFedAvg) -> dict[str, Any]:
-    return {
-        "format": FORMAT_VERSION,
-        "strategy": type(strategy).__name__,
-        "scheme": strategy.scheme,
-        "settings": strategy.checkpoint_settings(),
-    }
-
-
-def save_checkpoint(
-    store: CheckpointStore, strategy: LBBSPFedAvg, server_round: int, arrays: ArrayRecord
-) -> Path:
-    """Write ``strategy``'s checkpoint of ``server_round`` with global model ``arrays``."""
-    state, records = strategy.checkpoint_state()
-    manifest = {**_manifest(strategy), "round": server_round, "saved_at": time.time()}
-    return store.save(server_round, arrays=arrays, manifest=manifest, state=state, records=records)
-
-
-def _flat(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """Strategy, scheme and every setting as one flat mapping (JSON values)."""
-    flat = {k: manifest.get(k) for k in ("format", "strategy", "scheme")}
-    for group, value in dict(manifest.get("settings") or {}).items():
-        flat.update(value if isinstance(value, dict) else {group: value})
-    return json.loads(json.dumps(flat))  # type: ignore[no-any-return]
-
-
-def check_compatible(checkpoint: Checkpoint, strategy: LBBSPFedAvg) -> None:
-    """Raise :class:`CheckpointError` unless ``strategy`` can resume ``checkpoint``: the
-    same strategy class, scheme and settings (a setting newer than the checkpoint, absent
-    from its manifest, is not compared: the run resumes with the strategy's value)."""
-    found, expected = _flat(checkpoint.manifest), _flat(_manifest(strategy))
-    newer = [name for name in expected if name not in found]
-    if newer:
-        log.info(
-            "checkpoint %s predates the settings %s: resumed with this strategy's values",
-            checkpoint.path,
-            ", ".join(newer),
-        )
-    differences = [
-        f"{name}={found[name]!r} (this strategy: {expected[name]!r})"
-        for name in expected
-        if name in found and found[name] != expected[name]
-    ]
-    if differences:
-        raise CheckpointError(
-            f"checkpoint {checkpoint.path} was written with {'; '.join(differences)}: resume "
-            "with the same strategy and settings, or use another checkpoint_dir"
-        )
-
-
-def limits_of(strategy: LBBSPFedAvg, *, max_silos: int | None = None) -> CheckpointLimits:
-    """The bounds ``strategy`` puts on a checkpoint it resumes: ``max_silos`` and its
-    ``max_dataset_size`` (where it has one)."""
-    size = getattr(getattr(strategy, "config", None), "max_dataset_size", None)
-    return CheckpointLimits(max_silos, size if isinstance(size, int) else None)
-
-
-def store_of(strategy: LBBSPFedAvg) -> CheckpointStore | None:
-    """The strategy's checkpoint folder (``server_config.checkpoint_dir``) with its
-    checkpoint key, if any; ``None``: the strategy has no checkpoint folder.
-
-    Raises
-    ------
-    CheckpointError
-        The checkpoint key file cannot be used.
-    """
-    server = strategy.server_config
-    if server.checkpoint_dir is None:
-        return None
-    key_file = getattr(server, "checkpoint_key", None)
-    key = None if key_file is None else load_checkpoint_key(key_file)
-    return CheckpointStore(server.checkpoint_dir, key=key)
-
-
-def resume_point(
-    strategy: LBBSPFedAvg,
-    *,
-    store: CheckpointStore | None = None,
-    max_silos: int | None = None,
-    initial_arrays: ArrayRecord | None = None,
-) -> Checkpoint | None:
-    """The checkpoint ``strategy.start`` would resume from (``None``: a fresh start), with
-    the strategy's bounds (:func:`limits_of`; ``max_silos``: the federation size), its
-    settings (:func:`check_compatible`) and model (``initial_arrays``, :func:`check_arrays`)
-    checked; ``store=None``: the strategy's own (:func:`store_of`).
-
-    Raises
-    ------
-    CheckpointError, CheckpointInvalidError
-        As :func:`check_compatible`, :meth:`CheckpointStore.latest` and
-        :func:`check_arrays`.
-    """
-    store = store if store is not None else store_of(strategy)
-    limits = limits_of(strategy, max_silos=max_silos)
-    checkpoint = None if store is None else store.latest(limits=limits)
-    if checkpoint is not None:
-        check_compatible(checkpoint, strategy)
-        if initial_arrays is not None:
-            encrypted = "fingerprint" in _flat(_manifest(strategy))
-            check_arrays(checkpoint, initial_arrays, encrypted=encrypted)
-    return checkpoint
-
-
-def restore(strategy: LBBSPFedAvg, checkpoint: Checkpoint) -> None:
-    """Restore ``checkpoint``'s state into ``strategy``.
-
-    Raises
-    ------
-    CheckpointInvalidError
-        Naming the exception the strategy raised (field ``state``).
-    """
-    try:
-        strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
-    except Exception as err:  # noqa: BLE001 - whatever the strategy cannot restore is refused
-        raise CheckpointInvalidError.caught(
-            err, where=str(checkpoint.path), field="state", what="the strategy cannot restore it"
-        ) from None
-
-
-class RunLog(Protocol):
-    """A runner's record of its run beside the checkpoints
-    (:class:`~fl_lbbsp.runs.resume.RunRecord`)."""
-
-    def check_same(self) -> Path | None:
-        """Refuse another run's folder; the recorded run's telemetry file."""
-
-    def keep(self, earlier: Path | None, *, after_round: int) -> None:
-        """Keep the telemetry of the rounds before ``after_round``."""
-
-    def write(self) -> None:
-        """Record the run."""
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """A checkpoint validated for a strategy and restored into it (:func:`resume_from`),
-    with the store it was read from and the next ones are written to."""
-
-    checkpoint: Checkpoint
-    store: CheckpointStore
-
-
-def resume_from(
-    strategy: LBBSPFedAvg,
-    *,
-    store: CheckpointStore | None = None,
-    run: RunLog | None = None,
-    max_silos: int | None = None,
-    initial_arrays: ArrayRecord | None = None,
-) -> ResumePoint | None:
-    """The newest checkpoint in ``store`` (``None``: the strategy's own), validated
-    (:func:`resume_point`) and restored into ``strategy`` (:func:`restore`); ``None``: a
-    fresh start. With ``run`` (:class:`~fl_lbbsp.runs.resume.RunRecord`) the folder must
-    record the same run (checked first), a resumed run keeps the telemetry of its
-    earlier rounds, and the record is written when the folder had none.
-
-    Raises
-    ------
-    CheckpointError, CheckpointInvalidError
-        As :func:`resume_point`, :func:`restore` and the run record's checks.
-    """
-    store = store if store is not None else store_of(strategy)
-    if store is None or not store.rounds():
-        if run is not None:
-            run.write()
-        return None
-    earlier = None if run is None else run.check_same()
-    checkpoint = resume_point(
-        strategy, store=store, max_silos=max_silos, initial_arrays=initial_arrays
-    )
-    if checkpoint is None:
-        return None
-    restore(strategy, checkpoint)
-    if run is not None:
-        run.keep(earlier, after_round=checkpoint.server_round)
-    return ResumePoint(checkpoint, store)
 
 
 # ------------------------------------------------------------------------ the model
@@ -661,11 +504,11 @@ def check_arrays(
     """Refuse a checkpoint whose model (or array state) the strategy cannot take.
 
     Every plaintext record must hold finite values. The model, the momentum buffers
-    (``optimizer``) and any record named like the model (a kept initial model) must
-    have the model's names in order and shapes (the model its dtypes too) and an L2 norm
-    at most ``max_growth`` times the initial model's (or 1). An encrypted record (only
-    for an ``encrypted`` strategy; checked last, it is decoded) must be a readable
-    encrypted record of the model's layout.
+    (``optimizer``) and any record named like the model (a kept initial model) must have
+    the model's names in order and shapes (the model its dtypes too) and an L2 norm at
+    most ``max_growth`` times the initial model's (or 1). An encrypted record (only for an
+    ``encrypted`` strategy; checked last, it is decoded) must be a readable encrypted
+    record of the model's layout.
 
     Raises
     ------

@@ -1,40 +1,191 @@
-"""Checkpointing as a strategy wrapper: it owns the round offset of a resumed run.
-
-:class:`Checkpointing` wraps a strategy as Flower's differential-privacy wrappers do
-(``DifferentialPrivacyServerSideFixedClipping(strategy, ...)``): Flower's round loop
-(:meth:`flwr.serverapp.strategy.Strategy.start`) drives the wrapper, which passes every
-call to the wrapped strategy and writes a checkpoint after each training round
-(:func:`~fl_lbbsp.strategies.checkpoint.save_checkpoint`). Started on a folder that holds
-a checkpoint of round k, it restores the wrapped strategy from it and runs rounds
-k+1 .. ``num_rounds``: Flower's loop counts from 1, and the wrapper alone adds k to every
-round number the wrapped strategy, ``evaluate_fn`` and the returned ``Result`` see (its
-own "[ROUND i/n]" log lines still count from 1). :meth:`LBBSPFedAvg.start
-<fl_lbbsp.strategies.LBBSPFedAvg.start>` wraps itself in one when it has a
-``checkpoint_dir``.
+"""A strategy's checkpoints: :class:`Checkpointing`, a wrapper (as Flower's DP wrappers
+wrap a strategy) that writes one after every training round and alone shifts the round
+numbers of a resumed run, and :func:`resume_from`, which restores a strategy from its
+folder. :meth:`LBBSPFedAvg.start <fl_lbbsp.strategies.LBBSPFedAvg.start>` wraps itself in
+one when it has a ``checkpoint_dir``; the file is :mod:`fl_lbbsp.strategies.checkpoint`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from .checkpoint import CheckpointStore, ResumePoint, resume_from, save_checkpoint
+from ..core.settings import BalancingConfig
+from ..telemetry import TelemetryWriter
+from .checkpoint import (
+    FORMAT_VERSION,
+    Checkpoint,
+    CheckpointError,
+    CheckpointInvalidError,
+    CheckpointLimits,
+    CheckpointStore,
+    CheckpointWriteError,
+    check_arrays,
+    load_checkpoint_key,
+)
+from .config import ServerConfig
 
-if TYPE_CHECKING:
-    from .fedavg import LBBSPFedAvg
-
-__all__ = ["Checkpointing", "EvaluateFn"]
-
+__all__ = [
+    "Checkpointable",
+    "Checkpointing",
+    "EvaluateFn",
+    "ResumePoint",
+    "resume_from",
+    "save_checkpoint",
+    "store_of",
+]
 
 log = logging.getLogger("fl_lbbsp")
 
+_METRICS = ("train_metrics_clientapp", "evaluate_metrics_clientapp", "evaluate_metrics_serverapp")
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 """Flower's ``evaluate_fn``: the global model's metrics of a round (``None``: none)."""
+
+
+class Checkpointable(Protocol):
+    """What a checkpointed strategy offers (every
+    :class:`~fl_lbbsp.strategies.EngineStrategy` does): Flower's round methods, the
+    settings a checkpoint must match, its state and restore, the folder and key
+    (``server_config``), the dataset-size bound (``config``), the telemetry."""
+
+    server_config: ServerConfig
+    telemetry: TelemetryWriter
+
+    @property
+    def config(self) -> BalancingConfig: ...
+    @property
+    def scheme(self) -> str: ...
+    def summary(self) -> None: ...
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]: ...
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]: ...
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None: ...
+    def checkpoint_settings(self) -> dict[str, Any]: ...
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]: ...
+    def load_checkpoint_state(
+        self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]
+    ) -> None: ...
+
+
+def store_of(strategy: Checkpointable) -> CheckpointStore | None:
+    """The strategy's ``checkpoint_dir`` under its ``checkpoint_key`` (``None``: no
+    folder); a key file that cannot be used is a ``CheckpointError``."""
+    server = strategy.server_config
+    if server.checkpoint_dir is None:
+        return None
+    key = None if server.checkpoint_key is None else load_checkpoint_key(server.checkpoint_key)
+    return CheckpointStore(server.checkpoint_dir, key=key)
+
+
+def _manifest(strategy: Checkpointable) -> dict[str, Any]:
+    return {
+        "format": FORMAT_VERSION,
+        "strategy": type(strategy).__name__,
+        "scheme": strategy.scheme,
+        "settings": strategy.checkpoint_settings(),
+    }
+
+
+def save_checkpoint(
+    store: CheckpointStore, strategy: Checkpointable, server_round: int, arrays: ArrayRecord
+) -> Path:
+    """Write ``strategy``'s checkpoint of ``server_round`` with global model ``arrays``."""
+    state, records = strategy.checkpoint_state()
+    manifest = {**_manifest(strategy), "round": server_round, "saved_at": time.time()}
+    return store.save(server_round, arrays=arrays, manifest=manifest, state=state, records=records)
+
+
+def _flat(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Strategy, scheme and every setting as one flat mapping (JSON values)."""
+    flat = {k: manifest.get(k) for k in ("format", "strategy", "scheme")}
+    for group, value in dict(manifest.get("settings") or {}).items():
+        flat.update(value if isinstance(value, dict) else {group: value})
+    return json.loads(json.dumps(flat))  # type: ignore[no-any-return]
+
+
+def _check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
+    """Refuse a checkpoint of another strategy class, scheme or settings (one newer than
+    the checkpoint is not compared)."""
+    found, expected = _flat(checkpoint.manifest), _flat(_manifest(strategy))
+    if newer := [name for name in expected if name not in found]:
+        log.info(
+            "checkpoint %s predates the settings %s: resumed with this strategy's values",
+            checkpoint.path,
+            ", ".join(newer),
+        )
+    differences = [
+        f"{name}={found[name]!r} (this strategy: {expected[name]!r})"
+        for name in expected
+        if name in found and found[name] != expected[name]
+    ]
+    if differences:
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path} was written with {'; '.join(differences)}: resume "
+            "with the same strategy and settings, or use another checkpoint_dir"
+        )
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A checkpoint validated for a strategy and restored into it (:func:`resume_from`),
+    with the store it was read from and the next ones are written to."""
+
+    checkpoint: Checkpoint
+    store: CheckpointStore
+
+
+def resume_from(
+    strategy: Checkpointable,
+    *,
+    store: CheckpointStore | None = None,
+    max_silos: int | None = None,
+    initial_arrays: ArrayRecord | None = None,
+) -> ResumePoint | None:
+    """The newest checkpoint in ``store`` (``None``: the strategy's own, :func:`store_of`)
+    checked against the strategy's bounds (``max_silos``, its ``max_dataset_size``),
+    class, scheme, settings and ``initial_arrays``
+    (:func:`~fl_lbbsp.strategies.checkpoint.check_arrays`), and restored into it;
+    ``None``: a fresh start.
+
+    Raises
+    ------
+    CheckpointError
+        Another strategy, scheme or settings (each difference named), or no readable file.
+    CheckpointInvalidError
+        A checkpoint that fails validation or that the strategy cannot restore.
+    """
+    store = store if store is not None else store_of(strategy)
+    limits = CheckpointLimits(max_silos, strategy.config.max_dataset_size)
+    if store is None or (checkpoint := store.latest(limits=limits)) is None:
+        return None
+    _check_compatible(checkpoint, strategy)
+    if initial_arrays is not None:
+        encrypted = "fingerprint" in strategy.checkpoint_settings()
+        check_arrays(checkpoint, initial_arrays, encrypted=encrypted)
+    try:
+        strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
+    except Exception as err:  # noqa: BLE001 - whatever the strategy cannot restore is refused
+        raise CheckpointInvalidError.caught(
+            err, where=str(checkpoint.path), field="state", what="the strategy cannot restore it"
+        ) from None
+    return ResumePoint(checkpoint, store)
 
 
 class Checkpointing(Strategy):
@@ -42,25 +193,28 @@ class Checkpointing(Strategy):
 
     Parameters
     ----------
-    strategy : LBBSPFedAvg
-        The wrapped strategy: its ``checkpoint_settings``, ``checkpoint_state`` and
-        ``load_checkpoint_state`` are what a checkpoint holds and restores.
+    strategy : Checkpointable
+        The wrapped strategy (every :class:`~fl_lbbsp.strategies.EngineStrategy`).
     store : CheckpointStore
         Where the checkpoints are written and the newest is resumed from.
 
     Notes
     -----
-    A checkpoint of round k holds the round's new global model (the model sent, when the
-    round aggregated nothing) and the wrapped strategy's state once the round is
-    aggregated; a round that stops the run (:class:`~fl_lbbsp.strategies.NoUpdateError`)
-    writes none, so a rerun repeats it.
+    Round k's checkpoint holds its new global model (the model sent, when it aggregated
+    nothing) and the strategy's state; a round that stops the run (``NoUpdateError``)
+    writes none. A failed write (a full disk) is logged and the run goes on; at its end a
+    run that wrote none raises
+    :class:`~fl_lbbsp.strategies.checkpoint.CheckpointWriteError`, one whose last writes
+    failed logs an error naming the checkpoint a rerun resumes from.
     """
 
-    def __init__(self, strategy: LBBSPFedAvg, *, store: CheckpointStore) -> None:
+    def __init__(self, strategy: Checkpointable, *, store: CheckpointStore) -> None:
         self.strategy = strategy
         self.store = store
         self.round_offset = 0
         """Rounds done before this run started (the resumed checkpoint's round)."""
+        self.written: Path | None = None  # the newest checkpoint this run wrote
+        self._unsaved: list[tuple[int, OSError]] = []  # the writes failed since
         self._sent: ArrayRecord | None = None
 
     def __repr__(self) -> str:
@@ -88,8 +242,10 @@ class Checkpointing(Strategy):
         model = arrays if arrays is not None else self._sent
         if model is not None:
             try:
-                save_checkpoint(self.store, self.strategy, server_round, model)
+                self.written = save_checkpoint(self.store, self.strategy, server_round, model)
+                self._unsaved.clear()
             except OSError as err:
+                self._unsaved.append((server_round, err))
                 log.error("round %d: checkpoint not written: %s", server_round, err)
         return arrays, metrics
 
@@ -118,20 +274,18 @@ class Checkpointing(Strategy):
         *,
         resume: ResumePoint | None = None,
     ) -> Result:
-        """Flower's round loop, resumed after the newest valid checkpoint.
-
-        As :meth:`flwr.serverapp.strategy.Strategy.start`. The run resumes from
-        ``resume`` (a checkpoint of this store already validated and restored into the
-        strategy, as a runner resolves it before round 1), else from the newest
-        checkpoint in the store, validated and restored here. On a resume from round k
-        the checkpoint's model replaces ``initial_arrays``, ``evaluate_fn`` first
-        evaluates it as round k, and rounds k+1 .. ``num_rounds`` run; nothing runs when
-        k is already ``num_rounds``.
+        """Flower's round loop (:meth:`flwr.serverapp.strategy.Strategy.start`), resumed
+        from ``resume`` (restored already, as a runner resolves it) or else the store's
+        newest checkpoint (:func:`resume_from`): from round k, its model replaces
+        ``initial_arrays``, ``evaluate_fn`` first evaluates it as round k, and rounds
+        k+1 .. ``num_rounds`` run.
 
         Raises
         ------
         CheckpointError, CheckpointInvalidError
-            As :func:`~fl_lbbsp.strategies.checkpoint.resume_from`.
+            As :func:`resume_from`.
+        CheckpointWriteError
+            At the end of a run that wrote no checkpoint.
         """
         if resume is None:
             resume = resume_from(self.strategy, store=self.store, initial_arrays=initial_arrays)
@@ -156,7 +310,7 @@ class Checkpointing(Strategy):
             assert evaluate_fn is not None
             return evaluate_fn(server_round + shift, arrays)
 
-        result = super().start(
+        run = super().start(
             grid=grid,
             initial_arrays=initial_arrays,
             num_rounds=num_rounds - shift,
@@ -165,14 +319,23 @@ class Checkpointing(Strategy):
             evaluate_config=evaluate_config,
             evaluate_fn=None if evaluate_fn is None else shifted,
         )
-        return Result(
-            arrays=result.arrays,
-            **{
-                name: {r + shift: m for r, m in getattr(result, name).items()}
-                for name in (
-                    "train_metrics_clientapp",
-                    "evaluate_metrics_clientapp",
-                    "evaluate_metrics_serverapp",
-                )
-            },
+        result = Result(
+            arrays=run.arrays,
+            **{name: {r + shift: m for r, m in getattr(run, name).items()} for name in _METRICS},
         )
+        self._check_written(result)
+        return result
+
+    def _check_written(self, result: Result) -> None:
+        """Raise if the run wrote no checkpoint; log an error if its last writes failed."""
+        if not self._unsaved:
+            return
+        (first, _), (last, err) = self._unsaved[0], self._unsaved[-1]
+        rounds = f"round {first}" if first == last else f"rounds {first}-{last}"
+        if self.written is None:
+            raise CheckpointWriteError(
+                f"no checkpoint written in {self.store.directory}: the writes of "
+                f"{len(self._unsaved)} rounds failed, the last with: {err}",
+                result=result,
+            )
+        log.error("%s not checkpointed (%s): a rerun resumes from %s", rounds, err, self.written)

@@ -41,8 +41,7 @@ from ..core.settings import CLAIM_SETTINGS
 from ..instruction import RoundInstruction
 from ..security.identity import SiloRegistry, load_registry
 from ..telemetry import TelemetryWriter
-from .checkpoint import ResumePoint, store_of
-from .checkpointing import Checkpointing, EvaluateFn
+from .checkpointing import Checkpointing, EvaluateFn, ResumePoint, store_of
 from .config import (
     ServerConfig,
     record_keys,
@@ -452,7 +451,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
         checkpointed, and a checkpoint of round k found there resumes the run with round
         k+1 (its model replaces ``initial_arrays``). ``resume``: that checkpoint, already
         validated and restored into this strategy by the caller
-        (:func:`~fl_lbbsp.strategies.checkpoint.resume_from`), is not read again.
+        (:func:`~fl_lbbsp.strategies.checkpointing.resume_from`), is not read again.
         """
         store = store_of(self) if resume is None else resume.store
         run = super().start if store is None else Checkpointing(self, store=store).start
