@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,6 @@ import torch.distributed as dist
 from ..core.balancer import BatchSizeBalancer
 from ..core.silo.reports import check_positive_int
 from .cadence import Cadence
-from .checkpoint import Checkpointed
 from .clock import ComputeClock
 from .decision import Decision
 from .exchange import Exchange, Gathering, Overhead, RankFailureError, RankReport, Row, fingerprint
@@ -39,8 +38,11 @@ __all__ = ["LBBSPCoordinator", "Overhead", "RankFailureError", "RankReport"]
 
 log = logging.getLogger("fl_lbbsp")
 
+STATE_VERSION = 1
+"""The version of :meth:`LBBSPCoordinator.state_dict`'s layout."""
 
-class LBBSPCoordinator(Checkpointed, RankPlan):
+
+class LBBSPCoordinator(RankPlan):
     """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer.
 
     Every k iterations the ranks all_gather their windows (compute times, samples, their
@@ -218,6 +220,53 @@ class LBBSPCoordinator(Checkpointed, RankPlan):
     def every(self) -> int | Literal["auto"]:
         """The base k (``every`` as given)."""
         return self.cadence.every
+
+    # ------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: the balancer's, the sizes and the iteration."""
+        return {
+            "version": STATE_VERSION,
+            "balancer": self.decision.balancer.state_dict(),
+            "iteration": self.iteration,
+            "sizes": list(self._sizes),
+            "rank_ids": list(self.rank_ids),
+            "every": self.cadence.base,  # k before the backoff, which a resume starts anew
+            "total": self.decision.total,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (after an elastic restart, say).
+
+        With the same ranks the sizes continue where they were; with another world
+        (torchrun restarted fewer or more ranks) the balancer splits the same global
+        batch X over the ranks of the new world, those it knows at their predicted speeds.
+
+        Raises
+        ------
+        ValueError
+            On a state of another version, or sizes that cannot feed the ranks.
+        """
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported coordinator state version {state.get('version')!r}")
+        self.decision.balancer = BatchSizeBalancer.from_state_dict(state["balancer"])
+        self.iteration = int(state["iteration"])
+        self.decision.total = int(state["total"])
+        if self.decision.total < self._world:
+            raise ValueError(
+                f"a global batch of {self.decision.total} cannot feed {self._world} ranks"
+            )
+        self._window = WindowTally()
+        self._warm_up = self.warm_up
+        self.gate.reset()
+        self._gathering = None
+        self.cadence.restart(int(state.get("every", 1)))
+        saved = tuple(int(x) for x in state["sizes"])
+        if tuple(state["rank_ids"]) == self.rank_ids and sum(saved) == self.decision.total:
+            self._sizes = saved
+        else:
+            self._sizes = self.decision.allocate()
+        if any(not math.isfinite(x) or x <= 0 for x in self._sizes):
+            raise ValueError(f"invalid batch sizes in the state: {self._sizes}")
 
     # ---------------------------------------------------------------- the loop
     def step(self, compute_time: float | None = None, *, samples: int | None = None) -> bool:
