@@ -17,7 +17,6 @@ import hashlib
 import hmac
 import json
 import logging
-import math
 import os
 import re
 import secrets
@@ -37,6 +36,7 @@ from ..core.balancer_state import MAX_BATCH_SIZE
 from ..core.round.engine import EngineState
 from ..core.settings import BalancingConfig
 from ..security.identity import IdentityError, check_private_file, write_file
+from ..security.screening import model_norm
 
 __all__ = [  # noqa: RUF022 - by kind: errors, keys, the file's models, the store, checks
     "CheckpointError", "CheckpointInvalidError", "CheckpointKeyError", "CheckpointWriteError",
@@ -490,10 +490,6 @@ def _values(record: ArrayRecord, where: str, name: str) -> list[np.ndarray]:
     return out
 
 
-def _norm(values: list[np.ndarray]) -> float:
-    return math.sqrt(math.fsum(float(np.sum(np.square(v, dtype=np.float64))) for v in values))
-
-
 def check_arrays(
     checkpoint: Checkpoint,
     initial_arrays: ArrayRecord,
@@ -517,7 +513,7 @@ def check_arrays(
         float32, the model's are [3, 4] and float32``.
     """
     where, model = str(checkpoint.path), _layout(initial_arrays)
-    bound = max_growth * max(1.0, _norm(_values(initial_arrays, where, "initial")))
+    bound = max_growth * max(1.0, model_norm(_values(initial_arrays, where, "initial")))
     records = {_MODEL: checkpoint.arrays}
     records |= {f"records.{k[:40]}": r for k, r in checkpoint.records.items()}
     for name, record in sorted(records.items(), key=lambda item: is_encrypted(item[1])):
@@ -537,7 +533,7 @@ def check_arrays(
             if shape != shape_ or (name == _MODEL and dtype != dtype_):
                 reason = f"shape {list(shape)} and dtype {dtype}, the model's are {list(shape_)} and {dtype_}"  # noqa: E501
                 raise _invalid(where, f"{name}.{key}", reason)
-        if not (norm := _norm(values)) <= bound:
+        if not (norm := model_norm(values)) <= bound:
             reason = f"L2 norm {norm:.4g} is over {bound:.4g} ({max_growth:g} times the initial model's, or 1)"  # noqa: E501
             raise _invalid(where, name, reason)
 
