@@ -403,18 +403,20 @@ class CheckpointStore:
 
     def sign(self, path: str | Path) -> Path:
         """Rewrite the unkeyed checkpoint ``path`` under this store's key (only a file
-        you trust: an edit made before is then obeyed).
+        you trust: an edit made before is then obeyed); one signed under it is left.
 
         Raises
         ------
         CheckpointError
-            The file is damaged, keyed already, or this store has no key.
+            The file is damaged, keyed under another key, or this store has no key.
         """
+        path = Path(path)
         if self.key is None:
             raise CheckpointError("signing a checkpoint needs a checkpoint key")
-        payload = CheckpointStore(self.directory)._open(Path(path))
-        self._write(Path(path), payload)
-        return Path(path)
+        if not path.read_bytes().startswith(_MAGIC_KEYED):
+            self._write(path, CheckpointStore(self.directory)._open(path))
+        self._open(path)
+        return path
 
     def load(self, path: str | Path, *, limits: CheckpointLimits | None = None) -> Checkpoint:
         """Read one checkpoint file, validated (:func:`validate_checkpoint` with ``limits``).
