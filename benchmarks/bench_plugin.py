@@ -20,17 +20,26 @@ starts cold: a fresh SuperLink, Ray and ClientApp processes. Per run:
 - how many claimed times the server replaced (an honest silo's, since every silo is), and
   whether the strategy named the queue (a pool of fewer actors than silos) once.
 
-Run: ``python benchmarks/bench_plugin.py [--smoke] [--out DIR] [--runs N]``.
+The goal's protocol (issue 38): 10 cold runs with the machine under 2 CPU burners, started
+by the section itself (``--burners``; none in smoke mode) and stopped by pid when it ends.
+FedAvg's rounds are its equal split under each round's measured noise (the same runs).
+
+Run: ``python benchmarks/bench_plugin.py [--smoke] [--out DIR] [--runs N] [--rounds R]
+[--burners N]``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,21 +126,40 @@ def judge(train: list[dict[str, Any]], output: str = "") -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def burners(count: int) -> Iterator[None]:
+    """``count`` processes that each burn a CPU core while the block runs, stopped by pid
+    after it (as ``.ci/with-cpu-burners``)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     flags = parser(__doc__.splitlines()[0])
     flags.add_argument("--runs", type=int, default=10, help="cold runs (default: 10)")
     flags.add_argument("--rounds", type=int, default=8, help="rounds a run (default: 8)")
+    flags.add_argument("--burners", type=int, default=2, help="CPU burners (default: 2)")
     args = flags.parse_args(argv)
     runs = 2 if args.smoke else args.runs
     rounds = 4 if args.smoke else args.rounds
+    burning = 0 if args.smoke else args.burners
     results = []
     started = time.perf_counter()
     load_before = os.getloadavg()
-    for k in range(runs):
-        with tempfile.TemporaryDirectory() as tmp:
-            result = judge(*run_app(rounds, Path(tmp)))
-        print(f"run {k + 1}/{runs}: {result}", flush=True)
-        results.append(result)
+    loads = []
+    with burners(burning):
+        for k in range(runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                result = judge(*run_app(rounds, Path(tmp)))
+            loads.append(os.getloadavg()[0])
+            print(f"run {k + 1}/{runs}: {result}", flush=True)
+            results.append(result)
     load_after = os.getloadavg()
     ordered = sum(r["ordered_from_round_2"] for r in results)
     medians = [r["median_round_time_over_oracle"] for r in results]
@@ -146,11 +174,16 @@ def main(argv: list[str] | None = None) -> int:
             f"Ray actor on this machine: the silos run one after the other), 3 SuperNodes, "
             f"emulated slowdowns 1;2;4 on measured times (each silo waits out (k-1) times its "
             f"measured compute; no cost model), B_init={B_INIT}, "
-            f"tau={TAU}, {rounds} rounds, {runs} cold runs (a fresh SuperLink each). Oracle: "
+            f"tau={TAU}, {rounds} rounds, {runs} cold runs (a fresh SuperLink each), "
+            f"{burning} CPU burners running beside them (the section's own). Emulated "
+            "silos compute on one intra-op thread of torch (the emulation's, every silo, "
+            "k = 1 included). FedAvg: the equal split under each round's measured noise. "
+            "Oracle: "
             "the split knowing each silo's true line k_i (a B + b), a and b fitted on the run's "
             "unemulated compute times, under each silo's measured noise of the round. "
             f"Machine: {machine()}, load average {load_before[0]:.1f} before and "
-            f"{load_after[0]:.1f} after; {time.perf_counter() - started:.0f} s."
+            f"{load_after[0]:.1f} after (after each run: "
+            f"{', '.join(f'{v:.1f}' for v in loads)}); {time.perf_counter() - started:.0f} s."
         ),
         "figures": [
             {

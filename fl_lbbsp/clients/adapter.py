@@ -235,7 +235,14 @@ def _emulation(
         cost = CostModel.parse(text) if text else None
     schedule = slowdown_schedule(context.node_config, listed=listed, run_config=context.run_config)
     factor = schedule.factor(server_round)
-    if cost is None and factor == 1.0 and list(schedule.steps.values()) == [1.0]:
+    # a silo of k = 1 in a run that emulates slowdowns is emulated too (k = 1: no wait),
+    # so that it measures its compute as the others do (one intra-op thread)
+    asked = bool(
+        listed
+        or context.node_config.get(SLOWDOWN_KEY) is not None
+        or str(context.run_config.get(SLOWDOWNS_KEY, "") or "").strip()
+    )
+    if cost is None and not asked and list(schedule.steps.values()) == [1.0]:
         return None
     return Emulation(factor=factor, cost=cost, wait=wait)
 

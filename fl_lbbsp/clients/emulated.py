@@ -9,7 +9,12 @@ the adapter when the run or node config asks for a slowdown or a cost model) wra
 
 - the work computes inside a compute slot shared by the silos of this machine
   (:func:`~fl_lbbsp.clients.emulation.compute_slot`), so that they do not slow each other
-  down;
+  down, and on one intra-op thread of torch (:func:`single_threaded`): the emulation
+  multiplies whatever the compute measured by k, and a thread pool as wide as the machine
+  stalls at every operation whose threads a co-tenant descheduled (an actor of Flower's
+  Simulation Engine gets ``OMP_NUM_THREADS`` = its ``num_cpus``, the whole of a 2-core
+  machine, so that two busy processes beside it made the same 30 steps take 0.06 s or
+  4.6 s), while one thread is slowed by at most its share of a core;
 - the round reports ``k * t`` (or a cost model's time) and waits, outside the slot, until
   that time has passed since the silo got its instruction
   (:func:`~fl_lbbsp.clients.emulation.emulated_time`);
@@ -23,8 +28,9 @@ Every figure that relies on it is labelled emulated.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -39,6 +45,7 @@ __all__ = [
     "SLOWDOWN_KEY",
     "Emulation",
     "run_emulated_round",
+    "single_threaded",
     "slowdown_schedule",
 ]
 
@@ -62,11 +69,16 @@ class Emulation:
         Emulated step time of the fastest machine; ``None``: measured times.
     wait : bool (default: True)
         Wait until the reported time has passed.
+    threads : int | None (default: 1)
+        Intra-op threads of torch (if the silo's process has imported it) while the
+        work computes, restored after (:func:`single_threaded`); ``None``: as the process
+        set them.
     """
 
     factor: float = 1.0
     cost: CostModel | None = None
     wait: bool = True
+    threads: int | None = 1
 
 
 def run_emulated_round(
@@ -117,7 +129,7 @@ def run_emulated_round(
         Whatever the plain round raises, before any emulated wait.
     """
     names: RecordKeys = options.get("keys") or RecordKeys()
-    with slot or contextlib.nullcontext():
+    with slot or contextlib.nullcontext(), single_threaded(emulation.threads):
         report = run_round(instruction, work, silo_id=silo_id, **options)
     reported = emulated_time(
         report.compute_time,
@@ -136,6 +148,38 @@ def run_emulated_round(
         ended=time.time(),
         extra={SLOWDOWN: emulation.factor},
     )
+
+
+@contextlib.contextmanager
+def single_threaded(threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` intra-op threads of torch, restored after; nothing
+    when ``threads`` is ``None`` or the process has not imported torch (a numpy silo
+    does not load it).
+
+    An emulated silo stands for a machine of its own, and its measured compute is
+    multiplied by its slowdown k: it must measure the work, not the host's co-tenants. A
+    thread pool spanning every core waits at each operation for its slowest thread, so a
+    co-tenant that deschedules one thread stalls them all (steps of 2 ms took 10 to 450 ms
+    on a 2-core machine under load with 2 threads, 1.3 to 20 ms with one); one thread is
+    slowed by at most the co-tenants' share of its core (Chen et al., IEEE TCC 2021, Sec.
+    3.2: the speed to predict is the worker's capacity; the emulation follows shared/
+    DESIGN.md, "Emulated heterogeneity").
+
+    Parameters
+    ----------
+    threads : int | None
+        Threads for the block (>= 1); ``None``: leave them.
+    """
+    torch = sys.modules.get("torch")
+    if threads is None or torch is None:
+        yield
+        return
+    before = int(torch.get_num_threads())
+    torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def slowdown_schedule(

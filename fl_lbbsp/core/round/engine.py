@@ -47,7 +47,7 @@ from ...security.identity import SiloRegistry
 from ...security.reply_screen import ReplyScreen
 from ...security.screening import ReplyValidator
 from ...security.update_screen import cap_weights
-from ..balancer import BatchSizeBalancer
+from ..balancer import BatchSizeBalancer, SiloReport
 from ..balancer_state import MAX_ENTRIES, MAX_SILOS, BalancerState, NodeId, Seconds, SiloId
 from ..settings import (
     BalancingConfig,
@@ -201,7 +201,7 @@ class RoundEngine(RoundTiming, RoundReporting):
         self.max_weight_ratio = 2.0
         """The weight cap of an undeclared dataset size (the strategy's
         ``max_weight_ratio``), in the noise budget as in the aggregate."""
-        self.provisional: set[str] = set()
+        self.provisional: dict[str, SiloReport] = {}
         """Silos whose speed estimate rests only on a cold report (see
         :attr:`RoundState.cold`): their next warm report replaces it."""
         self.federation_size = 0

@@ -26,7 +26,7 @@ from .memory_caps import MemoryCaps
 from .rewriters import FastestReplies, InstructionRewriter
 from .state import Node, RoundState, Verdict, silo_round_time
 
-__all__ = ["RoundReporting"]
+__all__ = ["RoundReporting", "held_start_up"]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -49,7 +49,7 @@ class RoundReporting:
     transfer: TransferTimes
     silo_of_node: dict[Node, str]
     node_of_silo: dict[str, Node]
-    provisional: set[str]
+    provisional: dict[str, SiloReport]
     _unlearned_wall: float | None
 
     def silo_id(self, node: Node) -> str:
@@ -306,20 +306,18 @@ class RoundReporting:
         out the slowdown they share) and note each silo's new predicted speed.
 
         A cold report (:attr:`RoundState.cold`) is fed, since it is all that is known of
-        the silo, but only until the silo's first warm report: where that one's speed
-        differs from it by more than ``change_threshold`` (start-up, not capacity), it
-        restarts the silo's estimate instead of being averaged with it (Chen et al.,
-        TCC 2021, Sec. 3.3: the speed to predict is the silo's steady capacity, not its
-        start-up)."""
-        threshold = math.log1p(self.balancer.change_threshold)
+        the silo, but only until the silo's first warm report: where no cost line of the
+        silo explains both (:func:`held_start_up`: start-up, not capacity), it restarts
+        the silo's estimate instead of being averaged with it (Chen et al., TCC 2021, Sec.
+        3.3: the speed to predict is the silo's steady capacity, not its start-up)."""
+        threshold = self.balancer.change_threshold
         self._add_transfer(state)
         for silo, (report, _) in state.feed.items():
             if silo in state.cold:
-                self.provisional.add(silo)
+                self.provisional[silo] = report
             elif silo in self.provisional:
-                self.provisional.discard(silo)
-                cold = self.balancer.predicted_speed(silo)
-                if cold and abs(math.log(report.speed / cold)) > threshold:
+                cold = self.provisional.pop(silo)
+                if held_start_up(cold, report, threshold=threshold):
                     self.balancer.restart(silo)  # the cold report was start-up, not speed
         self.balancer.report_round({silo: report for silo, (report, _) in state.feed.items()})
         for silo, (_, record) in state.feed.items():
@@ -349,6 +347,40 @@ class RoundReporting:
             if seconds > 0:
                 fixed = (report.fixed_time or 0.0) + seconds
                 state.feed[silo] = (replace(report, fixed_time=fixed), record)
+
+
+def held_start_up(cold: SiloReport, warm: SiloReport, *, threshold: float) -> bool:
+    """Whether a silo's first (cold) report held start-up, judged by its first warm one.
+
+    Both are one silo's capacity when one cost line ``t = tau (a x + b)`` with ``a, b >= 0``
+    explains them: its step time at the warm batch size is then between the cold one's
+    and the cold one's scaled by the batch sizes' ratio ``r = x_warm / x_cold`` (``a = 0``
+    and ``b = 0`` are the two ends). The cold report held start-up (or the silo changed)
+    when the warm step time lies outside ``[min(1, r), max(1, r)]`` times the cold one by
+    more than the factor ``1 + threshold``. A speed (samples per second) cannot be
+    compared across batch sizes: with a fixed cost per step a silo given a smaller batch
+    processes fewer samples per second at the same capacity, and a cold report would be
+    judged start-up for that alone.
+
+    Parameters
+    ----------
+    cold, warm : SiloReport
+        The silo's first report and its first warm one (valid).
+    threshold : float
+        The smallest relative deviation that counts (``change_threshold``), > 0.
+
+    References
+    ----------
+    Chen et al., "Accelerating Distributed Learning in Non-Dedicated Environments", IEEE
+    TCC 2021, Sec. 3.3 (the steady capacity to predict); the cost line is Chen et al.,
+    SoCC 2020, Sec. 3.3.
+    """
+    step_cold = float(cold.train_time) / cold.steps
+    step_warm = float(warm.train_time) / warm.steps
+    ratio = float(warm.batch_size) / float(cold.batch_size)
+    low, high = min(1.0, ratio) * step_cold, max(1.0, ratio) * step_cold
+    outside = max(math.log(low / step_warm), math.log(step_warm / high), 0.0)
+    return outside > math.log1p(threshold)
 
 
 def _real(value: object) -> float | None:
