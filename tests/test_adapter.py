@@ -324,3 +324,47 @@ def test_adapter_reports_the_local_data_as_a_cap_on_the_batch_size(
     assert reply.content["metrics0"][KEYS.max_batch_size] == reported
     warned = [r.getMessage() for r in caplog.records if "repeats samples" in r.getMessage()]
     assert len(warned) == (1 if batch_size > 50 else 0)
+
+
+@pytest.mark.parametrize(
+    ("node_config", "run_config", "decorator", "threads_inside", "slowdown"),
+    [
+        ({}, {"slowdowns": "1;2;4"}, {}, 1, 1.0),  # partition 0 of an emulating run: k = 1
+        ({"slowdown": 1.0}, {}, {}, 1, 1.0),
+        ({}, {}, {"slowdowns": "1;3"}, 1, 1.0),
+        ({"partition-id": 1}, {"slowdowns": "1;2;4"}, {}, 1, 2.0),
+        ({}, {}, {}, 2, None),  # no emulation asked: the user's threads, the plain round
+    ],
+    ids=["k1-run-config", "k1-node-config", "k1-decorator", "k2", "not-emulated"],
+)
+def test_an_emulating_run_computes_every_silo_on_one_torch_thread(
+    node_config: dict[str, Any],
+    run_config: dict[str, Any],
+    decorator: dict[str, Any],
+    threads_inside: int,
+    slowdown: float | None,
+    flower_task: None,
+) -> None:
+    # Prepare: the process runs torch on 2 threads (as a Ray actor of num_cpus 2 does)
+    seen: list[int] = []
+    function, _ = _user_train()
+
+    def train_fn(msg: Message, context: Context, plan: LocalTraining) -> Message:
+        seen.append(torch.get_num_threads())
+        return function(msg, context, plan)
+
+    train = lbbsp_train(emulate_wait=False, **decorator)(train_fn)
+    config = {KEYS.batch_size: 4, KEYS.local_steps: 2, KEYS.lr: 0.1, KEYS.server_round: 1}
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        # Execute
+        reply = train(_train_message(config), _context(node_config, run_config))
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+    # Assert: one thread while computing (k = 1 silos of an emulating run too), the
+    # process's threads given back, the slowdown reported by every emulated silo
+    assert seen == [threads_inside] and after == 2
+    assert reply.content["metrics0"].get("slowdown") == slowdown

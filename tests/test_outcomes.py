@@ -334,3 +334,29 @@ def test_the_fastest_silo_misread_by_its_cold_start_is_restored_in_one_round() -
 
     assert sizes(2)[0] < sizes(2)[1]  # the cold start misled round 2
     assert sizes(3)[0] > sizes(3)[1] > sizes(3)[2]
+
+
+def test_an_honest_first_report_of_a_fixed_cost_silo_stays_in_its_estimate() -> None:
+    # Prepare: silo k is k+1 times slower, its step mostly a fixed cost (2 ms, 0.1 ms a
+    # sample): given another batch size in round 2 its speed changes at one capacity
+    def fixed_cost(partition: int, server_round: int, config: dict[str, Any]) -> dict[str, Any]:
+        metrics = _honest(partition, server_round, config)
+        b = metrics[KEYS.batch_size]
+        metrics[KEYS.train_time] = (partition + 1) * TAU * (0.0001 * b + 0.002)
+        return metrics
+
+    # Execute
+    result = _run(_strategy(), _app(fixed_cost), rounds=3)
+
+    # Assert: after round 2 each silo's predicted speed is the EMA of its two reports
+    # (alpha 0.2), not its round-2 report alone (a restart taking round 1 for start-up)
+    moved = 0
+    for s in "012":
+        partition = int(s)
+        sizes = [result.train_metrics_clientapp[r][silo_metric(KEYS.batch_size, s)] for r in (1, 2)]
+        speeds = [b * TAU / fixed_cost(partition, 0, {KEYS.batch_size: b})[KEYS.train_time]
+                  for b in sizes]  # fmt: skip
+        predicted = result.train_metrics_clientapp[2][silo_metric(PREDICTED_SPEED, s)]
+        assert predicted == pytest.approx(0.8 * speeds[0] + 0.2 * speeds[1], rel=1e-6)
+        moved += abs(speeds[1] / speeds[0] - 1) > 0.2
+    assert moved >= 1  # a silo whose speed moved beyond change_threshold with its size

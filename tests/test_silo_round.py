@@ -547,3 +547,30 @@ def test_the_interval_opens_at_the_compute_not_at_the_loading() -> None:
 
     # Assert: the interval begins after the loading (a lower bound: no wall-clock speed)
     assert report.metrics["compute-start"] >= marks[0] - 1e-3
+
+
+@pytest.mark.parametrize(("threads", "inside"), [(1, 1), (None, 3)], ids=["one", "as-set"])
+def test_the_emulated_compute_runs_on_the_emulations_threads_and_restores_them(
+    threads: int | None, inside: int
+) -> None:
+    # Prepare: the process set 3 threads
+    import torch
+
+    seen: list[int] = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        # Execute
+        run_emulated_round(
+            INSTRUCTION,
+            lambda plan: WorkDone(output=seen.append(torch.get_num_threads())),
+            silo_id="s",
+            emulation=Emulation(factor=2.0, wait=False, threads=threads),
+            check_draws=False,
+        )
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+    # Assert
+    assert seen == [inside] and after == 3
