@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
+from fl_lbbsp.core.settings import BalancingKnobs
 
 PINNED = Path(__file__).parent / "data" / "balancer_pinned.json"
 SCENARIOS = 300
@@ -64,7 +65,8 @@ def scenario(
     ``silos``: that many silos instead of 1 to 6."""
     rng = np.random.default_rng(seed)
     settings = _settings(rng)
-    balancer = BatchSizeBalancer(**settings)
+    b_init = settings.pop("initial_batch_size")
+    balancer = BatchSizeBalancer(initial_batch_size=b_init, knobs=BalancingKnobs(**settings))
     balancer._table.scalar_rows = scalar_rows
     n = int(rng.integers(1, 7)) if silos is None else silos
     ids = [f"s{i}" for i in range(n)]

@@ -14,6 +14,7 @@ from fl_lbbsp.core import (
     SiloReport,
     estimator_from_state,
 )
+from fl_lbbsp.core.settings import BalancingKnobs
 from fl_lbbsp.core.silo.narx import NARXEstimator
 
 pytest.importorskip("torch")
@@ -122,8 +123,9 @@ def test_balancer_passes_cpu_and_memory_to_narx() -> None:
     # Prepare
     balancer = BatchSizeBalancer(
         initial_batch_size=32,
-        estimator="narx",
-        estimator_options={"warmup": 20, "background": False},
+        knobs=BalancingKnobs(
+            estimator="narx", estimator_options={"warmup": 20, "background": False}
+        ),
     )
     speed, cpu, memory = _contention_trace(30, seed=4)
 

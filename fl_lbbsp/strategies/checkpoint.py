@@ -503,7 +503,9 @@ def check_compatible(checkpoint: Checkpoint, strategy: LBBSPFedAvg) -> None:
 def limits_of(strategy: LBBSPFedAvg, *, max_silos: int | None = None) -> CheckpointLimits:
     """The bounds ``strategy`` puts on a checkpoint it resumes: ``max_silos`` and its
     ``max_dataset_size`` (where it has one)."""
-    size = getattr(getattr(strategy, "config", None), "max_dataset_size", None)
+    size = getattr(
+        getattr(getattr(strategy, "config", None), "tuning", None), "max_dataset_size", None
+    )
     return CheckpointLimits(max_silos, size if isinstance(size, int) else None)
 
 

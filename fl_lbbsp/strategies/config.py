@@ -18,10 +18,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..contract import RecordKeys
-from ..core.settings import BalancingConfig, ReplyLimits
+from ..core.settings import BalancingConfig, BalancingKnobs, ReplyLimits, Tuning
 
 __all__ = [
     "BalancingConfig",
+    "BalancingKnobs",
     "EncryptedClusterConfig",
     "EncryptionConfig",
     "InvalidSettingError",
@@ -30,6 +31,7 @@ __all__ = [
     "ParameterServerConfig",
     "ReplyLimits",
     "ServerConfig",
+    "Tuning",
     "parameter_server_keywords",
     "record_keys",
     "setting_error",
@@ -205,7 +207,7 @@ def setting_error(err: ValidationError, *, owner: str) -> InvalidSettingError:
         if item["type"] == "extra_forbidden":
             message = f"is not a setting of {owner}"
         if item["loc"]:
-            name = str(item["loc"][0])
+            name = ".".join(str(p) for p in item["loc"] if p != "tuning")  # the knob's name
             parts.append(f"{name} {message} (got {item.get('input')!r:.80})")
         else:
             parts.append(message)
