@@ -34,6 +34,7 @@ from report import write_section
 
 from fl_lbbsp.core import BatchSizeBalancer, ideal_round_time
 from fl_lbbsp.core.allocation.budget import noise_ratio
+from fl_lbbsp.core.settings import BalancingKnobs
 
 SECTION = "budget"
 MIXES: dict[str, tuple[float, ...]] = {
@@ -77,8 +78,7 @@ def floor_balancer(settings: Settings) -> BatchSizeBalancer:
     """The balancer of earlier versions: the blanket floor, no noise budget."""
     return BatchSizeBalancer(
         initial_batch_size=settings.initial_batch_size,
-        min_batch_fraction=FLOOR,
-        noise_budget=None,
+        knobs=BalancingKnobs(min_batch_fraction=FLOOR, noise_budget=None),
     )
 
 

@@ -88,12 +88,11 @@ BALANCER_SHARE_GOAL = 0.05
 def balancer_times(allocator: str, silos: int, rounds: int, seed: int) -> dict[str, float]:
     """Median seconds of ``allocate`` and of one round of reports, after two rounds."""
     from fl_lbbsp.core import BatchSizeBalancer, SiloReport
+    from fl_lbbsp.core.settings import BalancingKnobs
 
     rng = np.random.default_rng(seed)
     balancer = BatchSizeBalancer(
-        initial_batch_size=32,
-        allocator=allocator,
-        max_change_ratio=2.0,  # type: ignore[arg-type]
+        initial_batch_size=32, knobs=BalancingKnobs(allocator=allocator, max_change_ratio=2.0)
     )
     ids = [f"silo-{i}" for i in range(silos)]
     per_sample = 1.0 / rng.uniform(50.0, 400.0, silos)

@@ -21,7 +21,8 @@ everything else translates.
     gradient). The encrypted sum and the encrypted replica log are in
     ``strategies/encrypted.py`` and ``strategies/encrypted_cluster.py``.
 ``core/settings.py``
-    ``BalancingConfig``: the one settings type of the balancer, with one set of defaults.
+    ``BalancingKnobs`` (what users set), ``Tuning`` (the rest), ``BalancingConfig`` (with the
+    round): the balancer's settings, each declared once.
 ``strategies/``
     Thin Flower adapters: ``LBBSPFedAvg`` (Message API) turns the engine's instructions
     into messages and replies into the engine's ``Reply``; ``LBBSPStrategy`` does the same

@@ -1,32 +1,40 @@
 """The argument parser of ``fl-lbbsp`` and the checks of single flag values (one line,
 exit code 2, for a value out of range).
 
-The balancing flags are made from the fields of
-:class:`~fl_lbbsp.core.settings.BalancingKnobs` (:func:`add_balancing_flags`): each
-knob's name, help (its description), default and type come from its declaration, so a
-new knob needs no edit here; its bounds are checked when the run's settings are built."""
+The balancing flags are made from the settings models (:func:`add_balancing_flags`): the
+fields of :class:`~fl_lbbsp.core.settings.BalancingKnobs` (what users set) in the
+``balancing`` group of ``--help``, those of :class:`~fl_lbbsp.core.settings.Tuning` in the
+``tuning`` group, listed by ``--help-all``; each knob's name, help (its description),
+default and type come from its declaration, so a new knob needs no edit here; its bounds
+are checked when the run's settings are built."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn, Union, get_args, get_origin
 
-from .core.settings import BalancingKnobs
+from pydantic.fields import FieldInfo
 
-__all__ = ["BALANCING_FLAGS", "add_balancing_flags", "balancing_of", "build_parser"]
+from .core.settings import BalancingKnobs, Tuning
+
+__all__ = ["BALANCING_FLAGS", "TUNING_FLAGS", "add_balancing_flags", "balancing_of", "build_parser"]
 
 BALANCING_FLAGS: tuple[str, ...] = tuple(
-    name
-    for name in BalancingKnobs.model_fields
-    if name not in {"balance", "check_times", "estimator_options", "allocator_options"}
+    name for name in BalancingKnobs.model_fields if name not in {"balance", "tuning"}
 )
-"""The knobs that are flags (``--noise-budget`` for ``noise_budget``): every field of
-:class:`~fl_lbbsp.core.settings.BalancingKnobs` but those the scheme or the runner sets
-(``balance``, ``check_times``) and the option dicts (``--narx-warmup``, ...)."""
+"""The user-level knobs that are flags (``--noise-budget`` for ``noise_budget``): every
+field of :class:`~fl_lbbsp.core.settings.BalancingKnobs` but ``balance`` (the scheme's)."""
+TUNING_FLAGS: tuple[str, ...] = tuple(
+    name
+    for name in Tuning.model_fields
+    if name not in {"check_times", "estimator_options", "allocator_options"}
+)
+"""The :class:`~fl_lbbsp.core.settings.Tuning` knobs that are flags: all but the runner's
+``check_times`` and the option dicts (``--narx-warmup``, ...)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -498,35 +506,68 @@ def _add_deploy_local(sub: Any) -> None:
 
 
 def add_balancing_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per knob of :data:`BALANCING_FLAGS`, in a group of their own: its help is
-    the knob's description with its default, its value parsed to the knob's type (a
-    choice among a ``Literal``'s values, ``none`` for an optional knob, ``--no-NAME`` for
-    a switch)."""
+    """One flag per knob of :data:`BALANCING_FLAGS` (group ``balancing``) and of
+    :data:`TUNING_FLAGS` (group ``tuning``, shown by ``--help-all``): its help is the
+    knob's description with its default, its value parsed to the knob's type (a choice
+    among a ``Literal``'s values, ``none`` for an optional knob, ``--no-NAME`` for a
+    switch)."""
     group = parser.add_argument_group(
-        "balancing", "the balancer's knobs (fl_lbbsp.core.settings.BalancingKnobs)"
+        "balancing", "what the balancer is allowed to do (fl_lbbsp.core.settings.BalancingKnobs)"
     )
     for name in BALANCING_FLAGS:
-        field = BalancingKnobs.model_fields[name]
-        flag, default = "--" + name.replace("_", "-"), field.default
-        shown = (
-            "none" if default is None else f"{default:.3g}" if type(default) is float else default
-        )
-        help = " ".join(str(field.description).replace("``", "").split()).replace("%", "%%")
-        options: dict[str, Any] = {"default": default, "help": f"{help} (default: {shown})"}
-        kind, optional = _kind(field.annotation)
-        if kind is bool:
-            options["action"] = argparse.BooleanOptionalAction
-        elif get_origin(kind) is Literal:
-            options["choices"] = get_args(kind)
-        else:
-            options["type"] = _parse(flag, kind, optional=optional)
-            options["metavar"] = name.split("_")[-1].upper()
-        group.add_argument(flag, **options)
+        _add_knob(group, name, BalancingKnobs.model_fields[name])
+    tuning = parser.add_argument_group(
+        "tuning",
+        f"{len(TUNING_FLAGS)} more flags: estimator, allocator, fits, change detection, guards "
+        "and claim bounds (fl_lbbsp.core.settings.Tuning); --help-all lists them",
+    )
+    hidden = [
+        _add_knob(tuning, name, Tuning.model_fields[name], hide=True) for name in TUNING_FLAGS
+    ]
+    parser.add_argument(
+        "--help-all", action=_HelpAll, hidden=hidden, help="show every flag, the tuning ones too"
+    )
+
+
+def _add_knob(
+    group: argparse._ArgumentGroup, name: str, field: FieldInfo, *, hide: bool = False
+) -> tuple[argparse.Action, str]:
+    """The flag of one knob (its help suppressed when ``hide``), and its help."""
+    flag, default = "--" + name.replace("_", "-"), field.default
+    shown = "none" if default is None else f"{default:.3g}" if type(default) is float else default
+    text = " ".join(str(field.description).replace("``", "").split()).replace("%", "%%")
+    text = f"{text} (default: {shown})"
+    options: dict[str, Any] = {"default": default, "help": argparse.SUPPRESS if hide else text}
+    kind, optional = _kind(field.annotation)
+    if kind is bool:
+        options["action"] = argparse.BooleanOptionalAction
+    elif get_origin(kind) is Literal:
+        options["choices"] = get_args(kind)
+    else:
+        options["type"] = _parse(flag, kind, optional=optional)
+        options["metavar"] = name.split("_")[-1].upper()
+    return group.add_argument(flag, **options), text
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: the help with the hidden flags shown, then exit."""
+
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, *, hidden: list[Any], help: str
+    ) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+        self.hidden = hidden
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        for action, text in self.hidden:
+            action.help = text
+        parser.print_help()
+        parser.exit()
 
 
 def balancing_of(args: argparse.Namespace) -> dict[str, Any]:
     """The knobs given by :func:`add_balancing_flags`' flags, by name."""
-    return {name: getattr(args, name) for name in BALANCING_FLAGS}
+    return {name: getattr(args, name) for name in (*BALANCING_FLAGS, *TUNING_FLAGS)}
 
 
 def _kind(annotation: Any) -> tuple[Any, bool]:

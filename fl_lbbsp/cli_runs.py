@@ -290,11 +290,13 @@ def validation_message(err: ValidationError) -> str:
         if not item["loc"]:  # a check across fields: its message names them
             parts.append(str(item["msg"]).removeprefix("Value error, "))
             continue
-        field = (
-            item["loc"][1] if item["loc"][0] == "balancing" and item["loc"][1:] else item["loc"][0]
-        )
+        groups = ("balancing", "tuning")  # the knob, not the model that nests it
+        field = next((p for p in item["loc"] if p not in groups), item["loc"][0])
         flag = "--" + str(field).replace("_", "-")
-        parts.append(f"{flag}: {item['msg']} (got {item.get('input')!r})")
+        if field == "estimator_options":  # given by the --narx-* flags
+            flag = "--narx-warmup / --narx-train-every"
+        message = str(item["msg"]).removeprefix("Value error, ")
+        parts.append(f"{flag}: {message} (got {item.get('input')!r})")
     return "; ".join(parts)
 
 

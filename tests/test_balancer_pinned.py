@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
+from fl_lbbsp.core.settings import BalancingKnobs
 
 PINNED = Path(__file__).parent / "data" / "balancer_pinned.json"
 SCENARIOS = 300
@@ -74,7 +75,8 @@ def scenario(seed: int, forced: list[list[int]] | None = None) -> list[Round]:
     an exact tie does not change what the later rounds see."""
     rng = np.random.default_rng(seed)
     settings = _settings(rng)
-    balancer = BatchSizeBalancer(**settings)
+    b_init = settings.pop("initial_batch_size")
+    balancer = BatchSizeBalancer(initial_batch_size=b_init, knobs=BalancingKnobs(**settings))
     n = int(rng.integers(1, 7))
     ids = [f"s{i}" for i in range(n)]
     a = 1.0 / rng.uniform(50.0, 400.0, n)

@@ -11,6 +11,7 @@ import pytest
 
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport, ideal_round_time
 from fl_lbbsp.core.allocation.budget import budgeted_ideal_time, noise_ratio
+from fl_lbbsp.core.settings import BalancingKnobs
 
 CAPACITIES = np.array([16.0, 8.0, 8.0, 4.0, 4.0])
 SLOWDOWN = CAPACITIES.max() / CAPACITIES
@@ -27,9 +28,7 @@ def _run(
     budget: float | None = None,
 ):
     balancer = BatchSizeBalancer(
-        initial_batch_size=b_init,
-        allocator=allocator,  # type: ignore[arg-type]
-        noise_budget=budget,
+        initial_batch_size=b_init, knobs=BalancingKnobs(allocator=allocator, noise_budget=budget)
     )
     history = []
     for _ in range(rounds):

@@ -436,12 +436,12 @@ def test_bad_claim_settings_are_refused(bad: dict[str, Any]) -> None:
         balancing_config(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1, **bad)
 
 
-def test_claim_settings_are_fields_of_the_balancing_config() -> None:
+def test_claim_settings_are_tuning_fields_of_the_balancing_config() -> None:
     # Assert: documented defaults
-    config = BalancingConfig(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1)
-    assert CLAIM_SETTINGS.issubset(BalancingConfig.model_fields)
-    assert config.max_dataset_size == 10_000_000 and config.check_times is None
-    assert config.time_tolerance == 2.0
+    tuning = BalancingConfig(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1).tuning
+    assert CLAIM_SETTINGS.issubset(type(tuning).model_fields)
+    assert tuning.max_dataset_size == 10_000_000 and tuning.check_times is None
+    assert tuning.time_tolerance == 2.0
 
 
 # ---------------------------------------------------------------------- property

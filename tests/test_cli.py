@@ -70,26 +70,58 @@ def test_the_noise_budget_flag_reaches_the_simulation(text: str, value: float | 
     assert args.noise_budget == value
 
 
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        main(argv)
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare", "cluster"])
 def test_every_balancing_knob_is_a_flag_with_its_description_and_default(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare
+    from fl_lbbsp.cli_parser import BALANCING_FLAGS, TUNING_FLAGS
+    from fl_lbbsp.core.settings import BalancingKnobs, Tuning
+
+    # Execute
+    shown = _help([command, "--help-all"], capsys)
+
+    # Assert: every knob but those the run sets, its help its description
+    assert set(BalancingKnobs.model_fields) - set(BALANCING_FLAGS) == {"balance", "tuning"}
+    assert set(Tuning.model_fields) - set(TUNING_FLAGS) == {
+        "check_times", "estimator_options", "allocator_options"
+    }  # fmt: skip
+    knobs = [(n, BalancingKnobs.model_fields[n]) for n in BALANCING_FLAGS]
+    for name, field in knobs + [(n, Tuning.model_fields[n]) for n in TUNING_FLAGS]:
+        first = " ".join(str(field.description).replace("``", "").split()[:4])
+        assert f"--{name.replace('_', '-')}" in shown and first in shown, name
+
+
+def test_the_short_help_shows_the_user_knobs_and_hides_the_tuning(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Prepare
-    from fl_lbbsp.cli_parser import BALANCING_FLAGS
-    from fl_lbbsp.core.settings import BalancingKnobs
+    from fl_lbbsp.cli_parser import BALANCING_FLAGS, TUNING_FLAGS
 
     # Execute
-    with pytest.raises(SystemExit):
-        main(["simulate", "--help"])
-    shown = " ".join(capsys.readouterr().out.split())
+    shown = _help(["simulate", "--help"], capsys)
 
-    # Assert: every knob but those the run sets, its help its description
-    assert set(BalancingKnobs.model_fields) - set(BALANCING_FLAGS) == {
-        "balance", "check_times", "estimator_options", "allocator_options"
-    }  # fmt: skip
-    for name in BALANCING_FLAGS:
-        field = BalancingKnobs.model_fields[name]
-        first = " ".join(str(field.description).replace("``", "").split()[:4])
-        assert f"--{name.replace('_', '-')}" in shown and first in shown, name
+    # Assert: the user's knobs, the tuning group named, none of its flags
+    assert all(f"--{name.replace('_', '-')} " in shown for name in BALANCING_FLAGS)
+    assert "--help-all" in shown and f"{len(TUNING_FLAGS)} more flags" in shown
+    assert not [n for n in TUNING_FLAGS if f"--{n.replace('_', '-')} " in shown]
+
+
+def test_a_hidden_tuning_flag_still_parses() -> None:
+    # Prepare
+    from fl_lbbsp.cli_parser import build_parser
+
+    # Execute
+    args = build_parser().parse_args(["simulate", "--estimator", "last", "--no-common-noise"])
+
+    # Assert
+    assert args.estimator == "last" and args.common_noise is False
 
 
 @pytest.mark.parametrize("command", ["simulate", "cluster"])
@@ -107,9 +139,10 @@ def test_balancing_flags_reach_the_runs_knobs(command: str) -> None:
     config = (SimulationConfig if command == "simulate" else ClusterConfig)(balancing=knobs)
 
     # Assert: given ones as given, the rest at their defaults
-    assert config.balancing.history == 7 and config.balancing.common_noise is False
-    assert config.balancing.max_change_ratio is None and config.balancing.fit == "wls"
-    assert config.balancing.min_claimed_time == 0.001
+    tuning = config.balancing.tuning
+    assert tuning.history == 7 and tuning.common_noise is False
+    assert tuning.max_change_ratio is None and tuning.fit == "wls"
+    assert tuning.min_claimed_time == 0.001
     assert config.balancing.noise_budget == pytest.approx(2**0.5)
 
 

@@ -21,7 +21,7 @@ from fl_lbbsp.clients.cluster import WorkerSetup
 from fl_lbbsp.clients.emulation import CostModel, SlowdownSchedule
 from fl_lbbsp.clients.trainer import TrainerConfig
 from fl_lbbsp.contract import RecordKeys
-from fl_lbbsp.core.settings import BalancingKnobs
+from fl_lbbsp.core.settings import BalancingKnobs, IterativeSettings, Tuning
 from fl_lbbsp.datasets import PartitionSpec
 from fl_lbbsp.runs.cluster import ClusterConfig
 from fl_lbbsp.runs.fl import SimulationConfig
@@ -101,6 +101,10 @@ CASES: list[Any] = [
     (fedavg, "min_fit_spread", -0.1, None),
     (BalancingKnobs, "noise_budget", 0.5, None),
     (BalancingKnobs, "change_confirm", 0, None),
+    (Tuning, "alpha", 0.0, None),
+    (IterativeSettings, "fine_window", 0, None),
+    (partial(fedavg, allocator="iterative"), "allocator_options", {"stride": 2}, "stride"),
+    (partial(Tuning, min_claimed_time=5.0), "max_claimed_time", 5.0, "max_claimed_time"),
     (partial(fedavg, balancing=BalancingKnobs()), "alpha", 0.0, None),
     (cluster, "momentum", 1.0, None),
     (cluster, "momentum", NAN, None),
@@ -220,7 +224,9 @@ def _defined_models() -> set[str]:
 def test_every_config_class_is_covered() -> None:
     # Prepare: the classes the cases construct (strategies build theirs from keywords)
     covered = {
-        "BalancingConfig", "BalancingKnobs", "ServerConfig", "ReplyLimits", "ParameterServerConfig",
+        "BalancingConfig", "BalancingKnobs", "Tuning", "IterativeSettings", "ServerConfig",
+        "ReplyLimits",
+        "ParameterServerConfig",
         "EncryptionConfig",
         "EncryptedClusterConfig",
         "RoundInstruction", "SiloSetup", "WorkerSetup", "CostModel", "SlowdownSchedule",
@@ -245,7 +251,7 @@ def test_every_config_class_is_covered() -> None:
 def test_the_balancer_takes_every_knob_of_its_config() -> None:
     # Prepare: every balancer setting away from its default
     from fl_lbbsp.core.balancer import BatchSizeBalancer
-    from fl_lbbsp.core.settings import BALANCER_SETTINGS, BalancingConfig
+    from fl_lbbsp.core.settings import BalancingConfig, Tuning
 
     config = BalancingConfig(
         initial_batch_size=16, local_steps=2, lr=0.1, estimator="last", alpha=0.5,
@@ -254,16 +260,42 @@ def test_the_balancer_takes_every_knob_of_its_config() -> None:
         max_change_ratio=3.0, fit="wls", change_sigmas=4.0, change_threshold=0.3,
         change_confirm=3, common_noise=False, order_tolerance=None, equal_split_guard=False,
         equal_split_margin=0.1, estimator_options={}, allocator_options={"step": 2},
+        max_dataset_size=5, check_times=True, time_tolerance=3.0, min_claimed_time=0.1,
+        max_claimed_time=10.0, balance=False,
     )  # fmt: skip
-    defaults = BalancingConfig(initial_batch_size=1, local_steps=1, lr=1.0)
-    changed = {k for k in BALANCER_SETTINGS if getattr(config, k) != getattr(defaults, k)}
+    changed = {
+        k
+        for k, v in config.tuning
+        if v != Tuning.model_fields[k].get_default(call_default_factory=True)
+    }
 
     # Execute
-    saved = BatchSizeBalancer(**config.balancer_keywords()).state_dict()["config"]
+    balancer = BatchSizeBalancer(initial_batch_size=16, knobs=config)
+    saved = balancer.state_dict()["config"]
+    again = BatchSizeBalancer.from_state_dict(balancer.state_dict())
 
     # Assert: the balancer holds each value as given (the options aside, all moved)
-    assert changed >= BALANCER_SETTINGS - {"estimator_options"}
-    assert saved == config.model_dump(include=set(BALANCER_SETTINGS))
+    assert changed == set(Tuning.model_fields) - {"estimator_options"}
+    assert saved == {
+        "initial_batch_size": 16,
+        **config.model_dump(mode="json", include=set(BalancingKnobs.model_fields)),
+    }
+    knobs = config.model_dump(include=set(BalancingKnobs.model_fields))
+    assert again.knobs == BalancingKnobs.model_validate(knobs)
+
+
+def test_an_older_flat_balancer_config_is_read_into_its_tuning() -> None:
+    # Prepare: a state_dict config as earlier versions wrote it, every knob by name
+    from fl_lbbsp.core.balancer import BatchSizeBalancer
+
+    state = BatchSizeBalancer(initial_batch_size=8).state_dict()
+    state["config"] = {"initial_batch_size": 8, "allocator": "proportional", "history": 7}
+
+    # Execute
+    balancer = BatchSizeBalancer.from_state_dict(state)
+
+    # Assert
+    assert balancer.tuning.allocator == "proportional" and balancer.tuning.history == 7
 
 
 def test_a_strategy_takes_its_knobs_as_one_value_a_keyword_winning() -> None:
@@ -272,16 +304,34 @@ def test_a_strategy_takes_its_knobs_as_one_value_a_keyword_winning() -> None:
 
     # Assert
     assert strategy.config.noise_budget is None
-    assert strategy.config.alpha == 0.3
+    assert strategy.config.tuning.alpha == 0.3
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"tuning": Tuning(allocator="proportional", history=7)},
+        {"tuning": {"allocator": "proportional", "history": 7}},
+        {"allocator": "proportional", "history": 7},
+        {"balancing": BalancingKnobs(tuning=Tuning(history=3)), "allocator": "proportional",
+         "history": 7},
+    ],
+    ids=["model", "mapping", "by-name", "by-name-winning"],
+)  # fmt: skip
+def test_a_strategy_takes_its_tuning_as_a_model_or_by_name(given: dict[str, Any]) -> None:
+    # Execute
+    tuning = fedavg(**given).config.tuning
+
+    # Assert
+    assert tuning == Tuning(allocator="proportional", history=7)
 
 
 def test_a_balancer_built_without_settings_has_the_knobs_defaults() -> None:
     # Prepare
     from fl_lbbsp.core.balancer import BatchSizeBalancer
-    from fl_lbbsp.core.settings import BALANCER_DEFAULTS
 
     # Execute
     saved = BatchSizeBalancer(initial_batch_size=8).state_dict()["config"]
 
-    # Assert: every default as BalancingKnobs declares it
-    assert saved == {"initial_batch_size": 8, **BALANCER_DEFAULTS}
+    # Assert: every default as BalancingKnobs and Tuning declare it
+    assert saved == {"initial_batch_size": 8, **BalancingKnobs().model_dump(mode="json")}

@@ -682,3 +682,14 @@ def test_a_total_every_silo_meets_at_its_lower_bound_is_solved(
 
     # Assert
     assert shares.tolist() == pytest.approx([lower])
+
+
+def test_proportional_splits_the_rest_by_speed_when_a_lower_bound_holds_a_silo() -> None:
+    # Prepare: silo 1 is held at its floor 12, above its share: the other 18 go 4:1
+    speeds, lower = [4.0, 1.0, 1.0], [0.0, 12.0, 0.0]
+
+    # Execute
+    sizes = proportional(speeds, 30, lower=lower)
+
+    # Assert: 14.4 and 3.6 by largest remainder (not the least-noise split of the rest)
+    assert sizes.tolist() == [14, 12, 4]

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_lbbsp.core import BatchSizeBalancer, InvalidReportError, SiloReport, ideal_round_time
+from fl_lbbsp.core.settings import BalancingKnobs
 
 PAPER_SPEEDS = [16.0, 8.0, 8.0, 4.0, 4.0]
 IDS = [f"silo-{i}" for i in range(5)]
@@ -99,7 +100,7 @@ def test_total_is_kept_every_round(
 ) -> None:
     # Prepare
     balancer = BatchSizeBalancer(
-        initial_batch_size=initial, allocator=allocator, estimator=estimator
+        initial_batch_size=initial, knobs=BalancingKnobs(allocator=allocator, estimator=estimator)
     )
 
     for silos in rounds:
@@ -144,9 +145,17 @@ def test_linear_allocator_reaches_ideal_round_time_with_fixed_cost() -> None:
 
     # Execute
     linear = _run_rounds(
-        BatchSizeBalancer(initial_batch_size=32, allocator="linear"), per_sample, fixed, 10
+        BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(allocator="linear")),
+        per_sample,
+        fixed,
+        10,
     )
-    prop = _run_rounds(BatchSizeBalancer(initial_batch_size=32, **PAPER), per_sample, fixed, 10)
+    prop = _run_rounds(
+        BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(**PAPER)),
+        per_sample,
+        fixed,
+        10,
+    )
 
     # Assert: from round 5 on, the robust linear fit (it trusts a silo's own slope once
     # 4 reports give a residual scale, here exact) solves the min-max exactly, up to
@@ -164,10 +173,10 @@ def test_linear_allocator_reaches_ideal_round_time_with_fixed_cost() -> None:
 @pytest.mark.parametrize("allocator", ["proportional", "linear"])
 def test_new_silo_starts_at_mean_speed(allocator: str) -> None:
     # Prepare: two known silos at speeds 10 and 30; a third at speed 20 (the mean)
-    balancer = BatchSizeBalancer(initial_batch_size=30, allocator=allocator)
+    balancer = BatchSizeBalancer(initial_batch_size=30, knobs=BalancingKnobs(allocator=allocator))
     balancer.report("slow", SiloReport(batch_size=30, train_time=3.0))
     balancer.report("fast", SiloReport(batch_size=30, train_time=1.0))
-    reference = BatchSizeBalancer(initial_batch_size=30, allocator=allocator)
+    reference = BatchSizeBalancer(initial_batch_size=30, knobs=BalancingKnobs(allocator=allocator))
     reference.report("slow", SiloReport(batch_size=30, train_time=3.0))
     reference.report("fast", SiloReport(batch_size=30, train_time=1.0))
     reference.report("mean", SiloReport(batch_size=30, train_time=1.5))
@@ -184,7 +193,7 @@ def test_new_silo_starts_at_mean_speed(allocator: str) -> None:
 
 def test_absent_silo_keeps_its_estimate() -> None:
     # Prepare
-    balancer = BatchSizeBalancer(initial_batch_size=20, **PAPER)
+    balancer = BatchSizeBalancer(initial_batch_size=20, knobs=BalancingKnobs(**PAPER))
     balancer.report("a", SiloReport(batch_size=20, train_time=1.0))
     balancer.report("b", SiloReport(batch_size=20, train_time=2.0))
     speed_before = balancer.predicted_speed("b")
@@ -205,7 +214,9 @@ def test_absent_silo_keeps_its_estimate() -> None:
 
 def test_a_given_total_is_split_over_the_silos_present() -> None:
     # Prepare: a 3:1 speed ratio; the federation's X is 3 * 20 but only a and b are here
-    balancer = BatchSizeBalancer(initial_batch_size=20, estimator="last", **PAPER)
+    balancer = BatchSizeBalancer(
+        initial_batch_size=20, knobs=BalancingKnobs(estimator="last", **PAPER)
+    )
     balancer.report("a", SiloReport(batch_size=20, train_time=1.0))
     balancer.report("b", SiloReport(batch_size=20, train_time=3.0))
 
@@ -244,7 +255,8 @@ def test_change_limit_bounds_a_silo_claiming_a_hundred_times_its_speed(
 ) -> None:
     # Prepare: two equal silos, two honest rounds each
     balancer = BatchSizeBalancer(
-        initial_batch_size=32, max_change_ratio=ratio, min_batch_fraction=0.25, noise_budget=None
+        initial_batch_size=32,
+        knobs=BalancingKnobs(max_change_ratio=ratio, min_batch_fraction=0.25, noise_budget=None),
     )
     for _ in range(2):
         for silo in ("a", "b"):
@@ -272,7 +284,8 @@ def test_first_report_is_bounded_by_the_change_limit_around_b_init(
 ) -> None:
     # Prepare: a floor of B_init / 4
     balancer = BatchSizeBalancer(
-        initial_batch_size=32, max_change_ratio=ratio, min_batch_fraction=0.25, noise_budget=None
+        initial_batch_size=32,
+        knobs=BalancingKnobs(max_change_ratio=ratio, min_batch_fraction=0.25, noise_budget=None),
     )
 
     # Execute: one report each, a is 7x as fast
@@ -287,7 +300,7 @@ def test_first_report_is_bounded_by_the_change_limit_around_b_init(
 
 def test_a_silo_that_never_reported_is_bounded_around_b_init() -> None:
     # Prepare: a and b reported, c joins late
-    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=2.0)
+    balancer = BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(max_change_ratio=2.0))
     balancer.report("a", SiloReport(batch_size=32, train_time=0.1))
     balancer.report("b", SiloReport(batch_size=32, train_time=10.0))
 
@@ -301,7 +314,7 @@ def test_a_silo_that_never_reported_is_bounded_around_b_init() -> None:
 
 def test_change_limit_is_dropped_when_it_makes_the_total_unreachable() -> None:
     # Prepare: both silos reported running only 10 samples per step, twice
-    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=2.0)
+    balancer = BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(max_change_ratio=2.0))
     for _ in range(2):
         for silo in ("a", "b"):
             balancer.report(silo, SiloReport(batch_size=10, train_time=1.0))
@@ -315,7 +328,7 @@ def test_change_limit_is_dropped_when_it_makes_the_total_unreachable() -> None:
 
 def test_memory_cap_wins_over_the_change_limit() -> None:
     # Prepare: a ran 40 per step, then reports a memory cap of 12
-    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=2.0)
+    balancer = BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(max_change_ratio=2.0))
     balancer.report("a", SiloReport(batch_size=40, train_time=1.0))
     balancer.report("b", SiloReport(batch_size=24, train_time=1.0))
     balancer.report("a", SiloReport(batch_size=40, train_time=1.0, max_batch_size=12))
@@ -331,7 +344,7 @@ def test_memory_cap_wins_over_the_change_limit() -> None:
 
 def test_samples_processed_define_speed() -> None:
     # Prepare: same batch size and time, but a ran twice the local steps
-    balancer = BatchSizeBalancer(initial_batch_size=30, **PAPER)
+    balancer = BatchSizeBalancer(initial_batch_size=30, knobs=BalancingKnobs(**PAPER))
 
     # Execute
     balancer.report("a", SiloReport(batch_size=30, train_time=1.0, samples=600))
@@ -427,7 +440,7 @@ def test_report_with_non_finite_speed_is_invalid_and_harmless(report: SiloReport
 # ----------------------------------------------------------------------------- memory caps
 def test_cap_below_min_batch_size_does_not_break_allocation() -> None:
     # Prepare
-    balancer = BatchSizeBalancer(initial_batch_size=8, min_batch_size=4)
+    balancer = BatchSizeBalancer(initial_batch_size=8, knobs=BalancingKnobs(min_batch_size=4))
     try:
         balancer.report("a", SiloReport(batch_size=8, train_time=1.0, max_batch_size=2))
     except InvalidReportError:
@@ -457,7 +470,7 @@ def test_reported_memory_cap_bounds_that_silo() -> None:
 
 def test_balancer_max_batch_size_and_caps_combine() -> None:
     # Prepare
-    balancer = BatchSizeBalancer(initial_batch_size=32, max_batch_size=50)
+    balancer = BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(max_batch_size=50))
     for silo, v in zip(IDS, PAPER_SPEEDS, strict=True):
         cap = 24 if silo == IDS[4] else None
         balancer.report(silo, SiloReport(batch_size=32, train_time=32 / v, max_batch_size=cap))
@@ -473,7 +486,7 @@ def test_balancer_max_batch_size_and_caps_combine() -> None:
 
 def test_caps_below_total_give_every_capped_silo_its_cap() -> None:
     # Prepare: caps below the floor (B_init / 3, i.e. 3): the memory caps win
-    balancer = BatchSizeBalancer(initial_batch_size=8, allocator="linear")
+    balancer = BatchSizeBalancer(initial_batch_size=8, knobs=BalancingKnobs(allocator="linear"))
     balancer.report("a", SiloReport(batch_size=8, train_time=1.0, max_batch_size=2))
     balancer.report("b", SiloReport(batch_size=8, train_time=1.0, max_batch_size=3))
 
@@ -520,8 +533,12 @@ def test_caps_below_total_give_every_capped_silo_its_cap() -> None:
 )
 def test_constructor_rejects_bad_arguments(kwargs: dict[str, object], named: str) -> None:
     # Prepare / Execute / Assert
+    knobs = {k: v for k, v in kwargs.items() if k != "initial_batch_size"}
     with pytest.raises(ValueError) as info:
-        BatchSizeBalancer(**kwargs)  # type: ignore[arg-type]
+        BatchSizeBalancer(
+            initial_batch_size=kwargs["initial_batch_size"],  # type: ignore[arg-type]
+            knobs=BalancingKnobs(**knobs),  # type: ignore[arg-type]
+        )
     assert named in str(info.value)
 
 
@@ -539,7 +556,8 @@ def test_constructor_accepts_numpy_integer() -> None:
 def test_json_round_trip_keeps_decisions(allocator: str, estimator: str) -> None:
     # Prepare: several rounds with a fixed cost, a memory cap and an absent silo
     balancer = BatchSizeBalancer(
-        initial_batch_size=32, allocator=allocator, estimator=estimator, alpha=0.3, history=5
+        initial_batch_size=32,
+        knobs=BalancingKnobs(allocator=allocator, estimator=estimator, alpha=0.3, history=5),
     )
     _run_rounds(balancer, [1.0 / v for v in PAPER_SPEEDS], fixed=2.0, rounds=7)
     balancer.report("capped", SiloReport(batch_size=32, train_time=0.5, max_batch_size=20))
@@ -570,7 +588,7 @@ def test_sizes_do_not_depend_on_the_order_silos_are_listed(
 ) -> None:  # type: ignore[no-untyped-def]
     # Prepare: every silo reported once, some at equal speeds (ties in the rounding)
     ids = [f"s{i}" for i in range(len(times))]
-    balancer = BatchSizeBalancer(initial_batch_size=16, allocator=allocator)
+    balancer = BatchSizeBalancer(initial_batch_size=16, knobs=BalancingKnobs(allocator=allocator))
     for silo, t in zip(ids, times, strict=True):
         balancer.report(silo, SiloReport(batch_size=16, train_time=round(t, 1)))
     shuffled = list(ids)
@@ -590,8 +608,9 @@ def test_balancer_says_which_silos_narx_still_predicts_by_its_ema_warm_up() -> N
     # Prepare: NARX with a warm-up of 4 reports (trained inline, deterministic)
     balancer = BatchSizeBalancer(
         initial_batch_size=16,
-        estimator="narx",
-        estimator_options={"warmup": 4, "background": False},
+        knobs=BalancingKnobs(
+            estimator="narx", estimator_options={"warmup": 4, "background": False}
+        ),
     )
     report = SiloReport(batch_size=16, train_time=0.5)
 
@@ -640,7 +659,7 @@ def test_any_positive_reports_are_taken_and_keep_every_prediction_finite(
 
 def test_iterative_allocator_holds_the_sizes_of_a_restarted_silo_until_it_reports() -> None:
     # Prepare: two silos, the second 3x slower, three rounds of the iterative allocator
-    balancer = BatchSizeBalancer(initial_batch_size=30, allocator="iterative")
+    balancer = BatchSizeBalancer(initial_batch_size=30, knobs=BalancingKnobs(allocator="iterative"))
     sizes = balancer.allocate(["fast", "slow"])
     for _ in range(3):
         for silo, per_sample in (("fast", 0.01), ("slow", 0.03)):

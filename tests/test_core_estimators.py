@@ -24,6 +24,7 @@ from fl_lbbsp.core import (
     SpeedEstimator,
     parse_estimator,
 )
+from fl_lbbsp.core.settings import BalancingKnobs
 from fl_lbbsp.core.silo.estimators import MachineUse, State, estimator_from_state, registered
 
 speeds = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False, allow_infinity=False)
@@ -390,17 +391,19 @@ def test_a_toy_estimator_added_to_the_registry_drives_a_balancer_end_to_end() ->
     ids = ["a", "b", "c"]
     times = {"a": 0.08, "b": 0.16, "c": 0.32}
     with registered(Halved):
-        balancer = BatchSizeBalancer(
-            initial_batch_size=32, estimator=Halved(), allocator="proportional",
-            max_change_ratio=None, noise_budget=None,
-        )  # fmt: skip
+        knobs = BalancingKnobs(
+            estimator=Halved(), allocator="proportional", max_change_ratio=None, noise_budget=None
+        )
+        balancer = BatchSizeBalancer(initial_batch_size=32, knobs=knobs)
 
         # Execute: two rounds, a checkpoint round trip, and its name at the boundary
         for _ in range(2):
             balancer.report_round({s: SiloReport(batch_size=32, train_time=times[s]) for s in ids})
         sizes = balancer.allocate(ids)
         restored = BatchSizeBalancer.from_json(balancer.to_json())
-        named = BatchSizeBalancer(initial_batch_size=32, estimator="toy-halved")
+        named = BatchSizeBalancer(
+            initial_batch_size=32, knobs=BalancingKnobs(estimator="toy-halved")
+        )
         assert "toy-halved" in ESTIMATORS
 
     # Assert: its predictions, the split they give, kept across the round trip; the
@@ -412,9 +415,34 @@ def test_a_toy_estimator_added_to_the_registry_drives_a_balancer_end_to_end() ->
     assert "toy-halved" not in ESTIMATORS
     with pytest.raises(ValueError, match="toy-halved"):
         parse_estimator("toy-halved")
+    with pytest.raises(ValueError, match="toy-halved"):
+        BalancingKnobs(estimator="toy-halved")
 
 
 def test_estimator_options_go_with_a_name_only() -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match="estimator_options"):
-        BatchSizeBalancer(initial_batch_size=32, estimator=EMA(), estimator_options={"x": 1})
+        BalancingKnobs(estimator=EMA(), estimator_options={"x": 1})
+
+
+@pytest.mark.parametrize(
+    ("estimator", "alpha", "options"),
+    [
+        (EMA(alpha=0.3), 0.2, {"alpha": 0.3}),
+        (EMA(), 0.5, {"alpha": 0.2}),
+        (EMA(alpha=0.5), 0.5, {}),
+        (ChangeAwareEMA(confirm=3), 0.2, {"threshold": 0.2, "confirm": 3}),
+        (Last(), 0.2, {}),
+    ],
+)
+def test_an_estimator_object_is_held_as_its_name_and_settings(
+    estimator: SpeedEstimator, alpha: float, options: dict[str, object]
+) -> None:
+    # Execute: the knobs of an estimator object, through a JSON round trip
+    knobs = BalancingKnobs(estimator=estimator, alpha=alpha)
+    restored = BalancingKnobs.model_validate_json(knobs.model_dump_json())
+
+    # Assert: its name and settings (alpha left out where it is the knob's), and the
+    # very estimator again, also after the round trip
+    assert (knobs.tuning.estimator, knobs.tuning.estimator_options) == (estimator.name, options)
+    assert knobs.tuning.speed_estimator() == estimator == restored.tuning.speed_estimator()

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from fl_lbbsp.core import BatchSizeBalancer, InvalidReportError, SiloReport, weighted_sum
+from fl_lbbsp.core.settings import BalancingKnobs
 
 IDS = ["a", "b"]
 
 
 def _balancer(allocator: str = "linear") -> BatchSizeBalancer:
-    return BatchSizeBalancer(initial_batch_size=50, allocator=allocator)  # type: ignore[arg-type]
+    return BatchSizeBalancer(initial_batch_size=50, knobs=BalancingKnobs(allocator=allocator))  # type: ignore[arg-type]
 
 
 def test_linear_allocator_counts_reported_fixed_time_as_intercept() -> None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport, fit_robust_cost
 from fl_lbbsp.core.allocation.budget import budgeted_minmax
 from fl_lbbsp.core.balancer import BALANCER_DEFAULTS, order_guard
+from fl_lbbsp.core.settings import BalancingKnobs
 
 TAU = 10
 
@@ -52,26 +53,12 @@ def test_the_defaults_are_the_robust_guarded_balancer() -> None:
     balancer = BatchSizeBalancer(initial_batch_size=48)
 
     # Assert: one set of defaults, read from the constructor
-    assert BALANCER_DEFAULTS["allocator"] == balancer.allocator == "linear"
-    assert BALANCER_DEFAULTS["max_change_ratio"] == balancer.max_change_ratio == 2.0
-    assert balancer.fit == "robust" and balancer.equal_split_guard
+    tuning = balancer.tuning
+    assert BALANCER_DEFAULTS["allocator"] == tuning.allocator == "linear"
+    assert BALANCER_DEFAULTS["max_change_ratio"] == tuning.max_change_ratio == 2.0
+    assert tuning.fit == "robust" and tuning.equal_split_guard
     assert balancer.floor == 1  # no blanket floor: the noise budget instead
     assert BALANCER_DEFAULTS["noise_budget"] == balancer.noise_budget == pytest.approx(2**0.5)
-
-
-def test_strategy_config_defaults_are_the_balancer_defaults() -> None:
-    # Prepare
-    from fl_lbbsp.core.settings import BalancingConfig
-
-    # Execute
-    config = BalancingConfig(initial_batch_size=48, local_steps=10, lr=0.1)
-
-    # Assert
-    for name, value in BALANCER_DEFAULTS.items():
-        if name.endswith("_options"):
-            assert getattr(config, name) == {}
-        elif name not in ("history", "min_fit_spread"):
-            assert getattr(config, name) == value, name
 
 
 @pytest.mark.parametrize(
@@ -92,7 +79,7 @@ def test_strategy_config_defaults_are_the_balancer_defaults() -> None:
 def test_constructor_rejects_bad_guard_settings(kwargs: dict[str, Any], named: str) -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match=named):
-        BatchSizeBalancer(initial_batch_size=32, **kwargs)
+        BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(**kwargs))
 
 
 def test_old_checkpoint_without_the_new_settings_loads_with_the_defaults() -> None:
@@ -113,9 +100,9 @@ def test_old_checkpoint_without_the_new_settings_loads_with_the_defaults() -> No
     balancer = BatchSizeBalancer.from_state_dict(old)
 
     # Assert
-    assert balancer.min_batch_fraction == BALANCER_DEFAULTS["min_batch_fraction"]
-    assert balancer.change_sigmas == BALANCER_DEFAULTS["change_sigmas"]
-    assert balancer.common_noise == BALANCER_DEFAULTS["common_noise"]
+    assert balancer.tuning.min_batch_fraction == BALANCER_DEFAULTS["min_batch_fraction"]
+    assert balancer.tuning.change_sigmas == BALANCER_DEFAULTS["change_sigmas"]
+    assert balancer.tuning.common_noise == BALANCER_DEFAULTS["common_noise"]
     assert balancer.cost_line("a") is not None
     assert sum(balancer.allocate(["a", "b"]).values()) == 64
 
@@ -132,7 +119,8 @@ def test_no_batch_size_falls_below_the_floor(
 ) -> None:
     # Prepare: silos up to 10,000x apart in speed
     balancer = BatchSizeBalancer(
-        initial_batch_size=b_init, min_batch_fraction=fraction, max_change_ratio=None
+        initial_batch_size=b_init,
+        knobs=BalancingKnobs(min_batch_fraction=fraction, max_change_ratio=None),
     )
     ids = [f"s{i}" for i in range(len(times))]
     for silo, t in zip(ids, times, strict=True):
@@ -157,7 +145,9 @@ def test_first_reports_move_no_batch_size_past_the_ratio_from_b_init(
     times: list[float], ratio: float
 ) -> None:
     # Prepare: one report each, at B_init
-    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=ratio)
+    balancer = BatchSizeBalancer(
+        initial_batch_size=32, knobs=BalancingKnobs(max_change_ratio=ratio)
+    )
     ids = [f"s{i}" for i in range(len(times))]
     for silo, t in zip(ids, times, strict=True):
         _report(balancer, silo, 32, t)
@@ -173,7 +163,9 @@ def test_first_reports_move_no_batch_size_past_the_ratio_from_b_init(
 def test_an_allocation_not_faster_than_the_equal_split_is_not_shipped() -> None:
     # Prepare: a last ran 60 and b 4 (B_init 32); now a turns out 100x slower than b, so
     # the change limit (2x) keeps a at >= 30 and b at <= 8: predicted worse than 32/32
-    balancer = BatchSizeBalancer(initial_batch_size=32, min_batch_fraction=0.0)
+    balancer = BatchSizeBalancer(
+        initial_batch_size=32, knobs=BalancingKnobs(min_batch_fraction=0.0)
+    )
     _report(balancer, "a", 60, 60.0)
     _report(balancer, "b", 4, 0.04)
 
@@ -183,7 +175,7 @@ def test_an_allocation_not_faster_than_the_equal_split_is_not_shipped() -> None:
     # Assert: the equal split, whose predicted round time is lower
     assert sizes == {"a": 32, "b": 32}
     unguarded = BatchSizeBalancer(
-        initial_batch_size=32, min_batch_fraction=0.0, equal_split_guard=False
+        initial_batch_size=32, knobs=BalancingKnobs(min_batch_fraction=0.0, equal_split_guard=False)
     )
     _report(unguarded, "a", 60, 60.0)
     _report(unguarded, "b", 4, 0.04)
@@ -370,7 +362,7 @@ def test_a_one_round_spike_changes_nothing(spike: float) -> None:
 def test_change_detection_off_lets_a_spike_through_the_estimate() -> None:
     # Prepare
     a = 0.01 / np.array([4.0, 1.0])
-    balancer = BatchSizeBalancer(initial_batch_size=32, change_sigmas=None)
+    balancer = BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(change_sigmas=None))
     ids = ["s0", "s1"]
     for _ in range(6):
         _round(balancer, ids, a, np.zeros(2), np.ones(2))
@@ -487,8 +479,8 @@ def test_a_shared_slowdown_right_after_the_batch_sizes_moved_is_taken_out(
     ids = [f"s{i}" for i in range(4)]
     # No noise budget: it holds these batch sizes still, and they must move here.
     plain, shared = (
-        BatchSizeBalancer(initial_batch_size=32, noise_budget=None),
-        BatchSizeBalancer(initial_batch_size=32, noise_budget=None),
+        BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(noise_budget=None)),
+        BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(noise_budget=None)),
     )
 
     # Execute
@@ -513,7 +505,9 @@ def test_a_two_round_slowdown_of_every_silo_is_not_a_change_of_each(
     # Prepare: steady state, then every silo 1.6x slower for 2 rounds
     a = 0.01 / np.array([4.0, 2.0, 1.0, 1.0])
     b = 0.05 * a * 32
-    balancer = BatchSizeBalancer(initial_batch_size=32, common_noise=common_noise)
+    balancer = BatchSizeBalancer(
+        initial_batch_size=32, knobs=BalancingKnobs(common_noise=common_noise)
+    )
     ids = [f"s{i}" for i in range(4)]
     for _ in range(10):
         _shared_round(balancer, ids, a, b, np.ones(4))

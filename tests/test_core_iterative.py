@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from fl_lbbsp.clients.emulation import CostModel, OutOfMemoryError
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
 from fl_lbbsp.core.allocation.iterative import IterativeAllocator
+from fl_lbbsp.core.settings import BalancingKnobs
 
 BASE = CostModel(per_sample=0.002, fixed=0.02, floor=0.05, max_batch_size=400)
 CAPACITIES = {"w0": 1.0, "w1": 2.0, "w2": 4.0, "w3": 4.0}  # slowdown factors: 4:2:1:1
@@ -197,7 +198,8 @@ def test_balancer_runs_alg2_once_per_round_of_fresh_reports() -> None:
     # Prepare
     models = {w: BASE.scaled(k) for w, k in CAPACITIES.items()}
     balancer = BatchSizeBalancer(
-        initial_batch_size=64, allocator="iterative", allocator_options={"window": 1}
+        initial_batch_size=64,
+        knobs=BalancingKnobs(allocator="iterative", allocator_options={"window": 1}),
     )
     ids = list(models)
     first = balancer.allocate(ids)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fl_lbbsp.core import EMA, NARX, BatchSizeBalancer, Last, Predictor, SiloReport
+from fl_lbbsp.core.settings import BalancingKnobs
 
 pytest.importorskip("torch")
 
@@ -123,8 +124,9 @@ def test_balancer_passes_cpu_and_memory_to_narx() -> None:
     # Prepare
     balancer = BatchSizeBalancer(
         initial_batch_size=32,
-        estimator="narx",
-        estimator_options={"warmup": 20, "background": False},
+        knobs=BalancingKnobs(
+            estimator="narx", estimator_options={"warmup": 20, "background": False}
+        ),
     )
     speed, cpu, memory = _contention_trace(30, seed=4)
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from fl_lbbsp.core import BatchSizeBalancer, ChangeAwareEMA, Predictor, SiloReport
 from fl_lbbsp.core.allocation.pipeline import ALLOCATION_REASONS, hold
+from fl_lbbsp.core.settings import BalancingKnobs
 from fl_lbbsp.core.silo.detector import new_runs, observe_run
 from fl_lbbsp.core.silo.model import ROW, SiloModel
 from fl_lbbsp.core.slowdown import shared_slowdown
@@ -181,7 +182,7 @@ def _fed(balancer: BatchSizeBalancer, a: list[float], rounds: int = 4) -> dict[s
 
 def test_held_sizes_are_kept_and_nothing_else_runs() -> None:
     # Prepare: an iterative balancer (whose step is stateful) after a few rounds
-    balancer = BatchSizeBalancer(initial_batch_size=32, allocator="iterative")
+    balancer = BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(allocator="iterative"))
     sizes = _fed(balancer, [0.01, 0.02, 0.04])
     before = balancer.to_json()
     held = {silo: size + 1 for silo, size in sizes.items()}
@@ -213,7 +214,9 @@ def test_each_silo_carries_the_bound_that_bound_it(
     options: dict[str, object], cap: int | None, reason: str
 ) -> None:
     # Prepare: silo s0 is 8 times faster than the others
-    balancer = BatchSizeBalancer(initial_batch_size=32, noise_budget=None, **options)  # type: ignore[arg-type]
+    balancer = BatchSizeBalancer(
+        initial_batch_size=32, knobs=BalancingKnobs(noise_budget=None, **options)
+    )
     ids = ["s0", "s1", "s2"]
     for silo, a in zip(ids, [0.001, 0.008, 0.008], strict=True):
         balancer.report(silo, SiloReport(batch_size=32, train_time=a * 32, max_batch_size=cap

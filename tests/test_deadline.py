@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from fl_lbbsp.contract import EQUAL_SPLIT_TIME, WALL_CLOCK_TIME
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
 from fl_lbbsp.core.round.deadline import DeadlinePolicy, predicted_compute_time
+from fl_lbbsp.core.settings import BalancingKnobs
 from fl_lbbsp.strategies import LBBSPFedAvg
 from fl_lbbsp.strategies.deadline import DeadlineGrid
 
@@ -43,7 +44,7 @@ def test_deadline_is_margin_times_prediction_clipped_to_floor_and_ceiling() -> N
 
 def test_predicted_compute_time_is_the_slowest_silo() -> None:
     # Prepare: a processes 100 samples/s, b 50 samples/s, c never reported
-    balancer = BatchSizeBalancer(initial_batch_size=10, estimator="last")
+    balancer = BatchSizeBalancer(initial_batch_size=10, knobs=BalancingKnobs(estimator="last"))
     balancer.report("a", SiloReport(batch_size=10, train_time=1.0, samples=100))
     balancer.report("b", SiloReport(batch_size=10, train_time=2.0, samples=100))
 
@@ -59,7 +60,7 @@ def test_predicted_compute_time_is_the_slowest_silo() -> None:
 
 def test_predicted_compute_time_adds_the_fixed_per_round_time() -> None:
     # Prepare: 100 samples/s plus 0.5 s of encryption per round (he-time)
-    balancer = BatchSizeBalancer(initial_batch_size=10, estimator="last")
+    balancer = BatchSizeBalancer(initial_batch_size=10, knobs=BalancingKnobs(estimator="last"))
     balancer.report("a", SiloReport(batch_size=10, train_time=1.0, samples=100, fixed_time=0.5))
 
     # Execute / Assert: 20 * 10 samples at 100/s, plus 0.5 s

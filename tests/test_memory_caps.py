@@ -25,6 +25,7 @@ from fl_lbbsp.contract import (
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
 from fl_lbbsp.core.round.engine import EngineState
 from fl_lbbsp.core.round.memory_caps import MemoryCaps
+from fl_lbbsp.core.settings import BalancingKnobs
 from fl_lbbsp.instruction import RoundInstruction
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg
@@ -136,7 +137,7 @@ def test_a_checkpoint_with_bad_caps_is_refused(state: dict[str, Any]) -> None:
 
 def test_the_balancer_keeps_a_learned_cap_and_gives_the_rest_to_the_others() -> None:
     # Prepare: silo "a" is the fastest by far
-    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=None)
+    balancer = BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(max_change_ratio=None))
     speeds = {"a": 8.0, "b": 1.0, "c": 1.0}
     for _ in range(3):
         balancer.report_round(

@@ -23,7 +23,7 @@ from fl_lbbsp.core.allocation.budget import (
     noise_ratio,
 )
 from fl_lbbsp.core.balancer import ALLOCATION_REASONS, NOISE_BUDGET
-from fl_lbbsp.core.settings import BalancingConfig
+from fl_lbbsp.core.settings import BalancingConfig, BalancingKnobs
 from fl_lbbsp.core.silo.costfit import find_knee, fit_robust_cost
 
 
@@ -351,7 +351,7 @@ def test_the_balancer_keeps_the_budget_with_the_servers_weights() -> None:
 
 def test_the_balancer_without_budget_for_gradients_weighted_by_batch_size() -> None:
     # Prepare: two silos 8:1 (noise-free)
-    balancer = BatchSizeBalancer(initial_batch_size=32, max_change_ratio=None)
+    balancer = BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(max_change_ratio=None))
     for _ in range(4):
         sizes = balancer.allocate(["a", "b"], budget=False)
         _feed(balancer, {"a": 0.01 * sizes["a"] / 8, "b": 0.01 * sizes["b"]}, sizes)
@@ -367,7 +367,7 @@ def test_a_flat_silo_is_moved_back_to_its_knee_and_kept_there() -> None:
     # Prepare: g is a GPU flat up to 64 (CostModel knee=64), at B_init twice as slow as
     # the CPU c (proportional): the balancer first shrinks g, for no time
     gpu = CostModel.parse("0.01,0.0,knee=64")
-    balancer = BatchSizeBalancer(initial_batch_size=32, noise_budget=None)
+    balancer = BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(noise_budget=None))
     sizes = balancer.allocate(["c", "g"])
 
     # Execute
@@ -387,7 +387,7 @@ def test_a_flat_silo_is_moved_back_to_its_knee_and_kept_there() -> None:
 
 def test_the_noise_budget_and_knee_survive_a_checkpoint() -> None:
     # Prepare
-    balancer = BatchSizeBalancer(initial_batch_size=32, noise_budget=1.5)
+    balancer = BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(noise_budget=1.5))
     for x, t in ((32, 0.64), (20, 0.64), (40, 0.64), (24, 0.64), (36, 0.64)):
         _feed(balancer, {"g": t, "c": 0.02 * 32}, {"g": x, "c": 32})
 
@@ -406,7 +406,7 @@ def test_settings_refuse_a_budget_below_fedavgs_noise(value: float) -> None:
     with pytest.raises(ValueError, match="noise_budget"):
         BalancingConfig(initial_batch_size=32, local_steps=1, lr=0.1, noise_budget=value)
     with pytest.raises(ValueError, match="noise_budget"):
-        BatchSizeBalancer(initial_batch_size=32, noise_budget=value)
+        BatchSizeBalancer(initial_batch_size=32, knobs=BalancingKnobs(noise_budget=value))
 
 
 def test_settings_accept_no_budget_and_default_to_sqrt_two() -> None:

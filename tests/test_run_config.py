@@ -120,7 +120,7 @@ def test_text_settings_stay_text() -> None:
     )
 
     # Assert
-    assert strategy.config.estimator == "ema"
+    assert strategy.config.tuning.estimator == "ema"
 
 
 # ------------------------------------------------- the app's train config

@@ -1,91 +1,116 @@
-"""The noise budget's bisection on Python floats against the same bisection over arrays."""
+"""The water-filling and the bisection of the round time over it: their invariants, for
+one silo as for many (one implementation)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fl_lbbsp.core.allocation import waterfill
-from fl_lbbsp.core.allocation.budget import BudgetProblem, budgeted_minmax_continuous
-from fl_lbbsp.core.allocation.waterfill import SCALAR_SILOS, least_round_time
+from fl_lbbsp.core.allocation.waterfill import TOLERANCE, least_round_time, waterfill
 
 
-def _problem(seed: int) -> dict[str, np.ndarray | float]:
-    """A bisection's inputs: a few silos, hinge costs spread wide, bounds (some caps
-    infinite, some lower bounds 0), a budget between the least noise and the equal
-    split's."""
+def _problem(seed: int, n: int) -> dict[str, np.ndarray | float]:
+    """Rates, bounds (some caps infinite, some lower bounds 0) and a total within them."""
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, SCALAR_SILOS + 1))
-    a = rng.uniform(0.001, 0.1, n) * rng.uniform(1, 16, n)
-    b = rng.uniform(0, 0.5, n) * (rng.random() < 0.6)
-    c = rng.uniform(0.1, 4.0, n) ** 2
+    q = rng.uniform(0.1, 4.0, n)
     total = float(rng.integers(n, 64 * n + 1))
     lo = np.floor(rng.uniform(0, 1, n) * total / n / 2) * (rng.random(n) < 0.7)
     hi = np.ceil(np.maximum(rng.uniform(1, 4, n) * total / n, lo + 1))
     hi[rng.random(n) < 0.3] = np.inf
     hi[0] = max(hi[0], total)  # the total within the bounds
-    budget = float(np.sum(c) * n / total * rng.uniform(0.6, 2.0))
-    low = float(np.max(a * lo + b))
-    return {"a": a, "b": b, "c": c, "total": total, "lo": lo, "hi": hi, "budget": budget,
-            "low": low, "high": low + float(rng.uniform(0.01, 10.0))}  # fmt: skip
+    offset = rng.uniform(0, 2.0, n) * (rng.random() < 0.5)
+    return {"q": q, "lo": lo, "hi": hi, "total": total, "offset": offset}
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_the_bisection_on_floats_finds_the_round_time_the_arrays_find(
-    seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 40))
+def test_waterfill_meets_the_total_within_the_bounds_at_one_level(seed: int, n: int) -> None:
     # Prepare
-    p = _problem(seed)
-    inputs = {
-        "q": np.sqrt(p["c"]), "lo": p["lo"], "hi": p["hi"], "a": p["a"], "b": p["b"],
-        "c": p["c"], "total": p["total"], "budget": p["budget"],
-    }  # fmt: skip
-    interval = (float(p["low"]), float(p["high"]))
+    p = _problem(seed, n)
+    q, lo, hi, offset = p["q"], p["lo"], p["hi"], p["offset"]
+    assert isinstance(q, np.ndarray) and isinstance(lo, np.ndarray)
+    assert isinstance(hi, np.ndarray) and isinstance(offset, np.ndarray)
 
     # Execute
-    on_floats = least_round_time(interval, **inputs)  # type: ignore[arg-type]
-    monkeypatch.setattr(waterfill, "SCALAR_SILOS", 0)
-    on_arrays = least_round_time(interval, **inputs)  # type: ignore[arg-type]
+    x, s = waterfill(q, lo, hi, float(p["total"]), offset=offset)
 
-    # Assert
-    assert on_floats == on_arrays
+    # Assert: the total, the bounds, and every silo inside its bounds at the level s
+    assert math.isclose(float(x.sum()), float(p["total"]), rel_tol=1e-9)
+    assert np.all(x >= lo - 1e-9) and np.all(x <= hi + 1e-9)
+    free = (x > lo + 1e-6) & (x < hi - 1e-6)
+    np.testing.assert_allclose(x[free], s * q[free] - offset[free], rtol=1e-7, atol=1e-7)
+    level = s * q - offset
+    assert np.all(level[x <= lo + 1e-6] <= lo[x <= lo + 1e-6] + 1e-6)  # held up by lo
+    assert np.all(level[x >= hi - 1e-6] >= hi[x >= hi - 1e-6] - 1e-6)  # held down by hi
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_a_binding_budget_gives_the_same_shares_either_way(
-    seed: int, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("q", "lo", "hi", "total", "expected"),
+    [
+        ([2.0], [0.0], [np.inf], 7.0, [7.0]),  # one silo: the whole total
+        ([1.0, 3.0], [0.0, 0.0], [np.inf, np.inf], 8.0, [2.0, 6.0]),  # proportional to q
+        ([1.0, 3.0], [0.0, 0.0], [np.inf, 4.0], 8.0, [4.0, 4.0]),  # a cap holds silo 1
+        ([1.0, 3.0], [5.0, 0.0], [np.inf, np.inf], 8.0, [5.0, 3.0]),  # a floor holds silo 0
+        ([1.0, 1.0], [2.0, 2.0], [2.0, 2.0], 4.0, [2.0, 2.0]),  # every silo fixed
+    ],
+)
+def test_waterfill_splits_known_cases(
+    q: list[float], lo: list[float], hi: list[float], total: float, expected: list[float]
 ) -> None:
-    # Prepare: speeds spread 16x, no lower bound: the budget binds
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(2, SCALAR_SILOS + 1))
-    problem = BudgetProblem(
-        a=0.01 * rng.permutation(16.0 ** np.linspace(0, 1, n)), b=rng.uniform(0, 0.2, n),
-        total=32.0 * n, weights=rng.uniform(1, 2, n), rho=float(rng.uniform(1.0, 1.2)),
-    )  # fmt: skip
-
     # Execute
-    on_floats = budgeted_minmax_continuous(problem)
-    monkeypatch.setattr(waterfill, "SCALAR_SILOS", 0)
-    on_arrays = budgeted_minmax_continuous(problem)
+    x, _ = waterfill(np.array(q), np.array(lo), np.array(hi), total)
 
     # Assert
-    assert on_floats[3]  # the budget binds: the bisection ran
-    assert np.array_equal(on_floats[0], on_arrays[0])
-    assert on_floats[1:] == on_arrays[1:]
+    np.testing.assert_allclose(x, expected, rtol=1e-12)
 
 
-@pytest.mark.parametrize("count", range(1, SCALAR_SILOS + 1))
-def test_numpy_adds_as_few_numbers_as_the_float_path_does_left_to_right(count: int) -> None:
-    # Prepare: a large value first and ones after it, whose sum depends on the order of
-    # the additions (each 1 alone is lost against 1e16, 2 are not)
-    values = np.array([1e16] + [1.0] * (count - 1))
-    shares = np.tile(values, (3, 1))
+def test_waterfill_with_offsets_is_the_min_max_split_of_lines() -> None:
+    # Prepare: t_i = a_i x_i + b_i, no bounds: every silo finishes at T*
+    a, b, total = np.array([0.01, 0.02, 0.04]), np.array([0.5, 0.1, 0.0]), 300.0
+    t_star = (total + np.sum(b / a)) / np.sum(1 / a)
 
     # Execute
-    left_to_right = float(values[0])
-    for v in values[1:].tolist():
-        left_to_right += v
+    x, t = waterfill(1 / a, np.zeros(3), np.full(3, np.inf), total, offset=b / a)
 
-    # Assert: numpy's sum of a vector, and of each row of a table, is that one
-    assert float(values.sum()) == left_to_right == waterfill._sum(values.tolist())
-    assert shares.sum(axis=1).tolist() == [left_to_right] * 3
+    # Assert
+    assert math.isclose(t, t_star, rel_tol=1e-12)
+    np.testing.assert_allclose(a * x + b, t_star, rtol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 12))
+def test_least_round_time_is_the_smallest_time_that_meets_the_budget(seed: int, n: int) -> None:
+    # Prepare: hinge costs spread wide, a budget between the least noise and more
+    rng = np.random.default_rng(seed)
+    p = _problem(seed, n)
+    lo, hi, total = p["lo"], p["hi"], float(p["total"])
+    assert isinstance(lo, np.ndarray) and isinstance(hi, np.ndarray)
+    a = rng.uniform(0.001, 0.1, n) * rng.uniform(1, 16, n)
+    b = rng.uniform(0, 0.5, n) * (rng.random() < 0.6)
+    c = rng.uniform(0.1, 4.0, n) ** 2
+    q = np.sqrt(c)
+    least = waterfill(q, lo, hi, total)[0]
+    if (least <= 0).any():
+        return  # no budget can be met: nothing to bisect
+    budget = float((c / least).sum()) * float(rng.uniform(1.0, 1.5))
+
+    def variance(t: float) -> float:
+        caps = np.maximum(np.minimum(hi, (t - b) / a), lo)
+        x = waterfill(q, lo, caps, total)[0]
+        return math.inf if (x <= 0).any() else float((c / x).sum())
+
+    low = float(np.max(a * lo + b))
+    high = float(np.max(a * np.where(np.isinf(hi), total, hi) + b)) + 1.0
+    if variance(low) <= budget:
+        return  # met at once: nothing to bisect
+
+    # Execute
+    t = least_round_time((low, high), q=q, lo=lo, hi=hi, a=a, b=b, c=c, total=total, budget=budget)
+
+    # Assert: met at t, missed a little below it
+    assert variance(t) <= budget
+    assert variance(t - 4 * TOLERANCE * t) > budget

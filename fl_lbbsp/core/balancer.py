@@ -23,17 +23,14 @@ from .allocation import pipeline as allocation
 from .allocation.budget import Allocation
 from .allocation.iterative import IterativeAllocator, IterativeStep
 from .allocation.pipeline import ALLOCATION_REASONS, Decision, order_guard, per_silo
-from .balancer_settings import ALLOCATORS, FITS, AllocationSettings, Allocator, Fit, ModelSettings
-from .settings import BALANCER_DEFAULTS, MAX_NOISE_BUDGET, NOISE_BUDGET
-from .silo.estimators import SpeedEstimator, parse_estimator
+from .balancer_settings import ModelSettings
+from .settings import BALANCER_DEFAULTS, MAX_NOISE_BUDGET, NOISE_BUDGET, BalancingKnobs
 from .silo.model import SiloModel, SiloTable
-from .silo.reports import InvalidReportError, SiloReport, report_columns
+from .silo.reports import InvalidReportError, SiloReport, check_positive_int, report_columns
 
 __all__ = [
     "ALLOCATION_REASONS",
-    "ALLOCATORS",
     "BALANCER_DEFAULTS",
-    "FITS",
     "MAX_NOISE_BUDGET",
     "NOISE_BUDGET",
     "Allocation",
@@ -43,140 +40,47 @@ __all__ = [
     "order_guard",
 ]
 
-_KNOBS = BALANCER_DEFAULTS  # every default declared once (BalancingKnobs)
-
 
 class BatchSizeBalancer:
     """Per-silo speed prediction and batch-size allocation (the BatchSizeManager).
-
-    Every default is the knob's in :class:`~fl_lbbsp.core.settings.BalancingKnobs`
-    (:data:`BALANCER_DEFAULTS`), which documents each at length, as does
-    docs/balancing.md; each part's module says how it acts.
 
     Parameters
     ----------
     initial_batch_size : int
         B_init: every silo's batch size before any report; ``X = n * B_init``.
-    estimator : SpeedEstimator | str
-        Speed predictor, an object of the registry
-        (:data:`~fl_lbbsp.core.silo.estimators.ESTIMATORS`: ``EMA(alpha=0.2)``,
-        ``Last()``, ``ChangeAwareEMA(...)``, ``NARX(...)``, torch trains it), or its name,
-        parsed with ``alpha`` and ``estimator_options``
-        (:func:`~fl_lbbsp.core.silo.estimators.parse_estimator`).
-    alpha : float
-        EMA weight of the latest observation, in (0, 1] (of the estimator named by a
-        string, and of each silo's fixed time).
-    allocator : {"proportional", "linear", "iterative"}
-        Alg. 1 (proportional to speed); the exact min-max over fitted cost lines
-        ``t = a * max(x, k) + b`` (fixed costs such as encryption in b); Alg. 2
-        (:class:`~fl_lbbsp.core.allocation.iterative.IterativeAllocator`).
-    min_batch_size : int
-        Smallest batch size handed out.
-    min_batch_fraction : float
-        A hard floor ``ceil(min_batch_fraction * B_init)``, in [0, 1] (a memory cap
-        wins); the noise budget protects accuracy, this is for a floor of your own.
-    noise_budget : float | None
-        rho: the update's variance ``sum_i w_i^2 sigma_i^2 / B_i`` at most rho times the
-        equal split's (:func:`~fl_lbbsp.core.allocation.budget.budgeted_minmax`); ``None``: none.
-    max_batch_size : int | None
-        Largest batch size handed out; a silo's reported memory cap lowers it.
-    history : int
-        Reports kept per silo for the cost fit and the change detection.
-    min_fit_spread : float
-        Batch sizes closer than this fraction count as the same for the fits.
-    max_change_ratio : float | None
-        A silo's next batch size stays within ``[B / r, B * r]`` of the one it last
-        reported (B_init before), widened after a confirmed change
-        (:func:`~fl_lbbsp.core.allocation.pipeline.change_limits`); ``None``: no limit.
-    fit : {"robust", "wls"}
-        Cost fit: :func:`~fl_lbbsp.core.silo.costfit.fit_robust_cost` or weighted least squares.
-    change_sigmas : float | None
-        Change detection (:func:`~fl_lbbsp.core.silo.detector.observe_run`): a report beyond
-        ``max(log(1 + change_threshold), change_sigmas * noise)`` of the silo's level is
-        held; ``None``: no detection.
-    change_threshold : float
-        Smallest relative deviation that counts as a possible change, > 0.
-    change_confirm : int
-        Held reports in a row, to the same side, that confirm a change, >= 1.
-    common_noise : bool
-        :meth:`report_round` takes the slowdown all its silos share out of the reports
-        (:func:`~fl_lbbsp.core.slowdown.shared_slowdown`).
-    order_tolerance : float | None
-        The order guard (:func:`~fl_lbbsp.core.allocation.pipeline.order_guard`); ``None``: off.
-    equal_split_guard : bool
-        Ship the equal split instead of an allocation not predicted faster than it.
-    equal_split_margin : float
-        The largest gain the equal-split guard asks for, in [0, 1).
-    estimator_options : dict | None
-        Settings of the estimator named by a string (``warmup``, ``threshold``, ...).
-    allocator_options : dict | None
-        Extra arguments of the ``"iterative"`` allocator.
+    knobs : BalancingKnobs | None (default: None)
+        The noise budget, the batch-size bounds and the :class:`~fl_lbbsp.core.settings.Tuning`
+        (estimator, allocator, fits, change detection, guards), each documented where
+        :class:`~fl_lbbsp.core.settings.BalancingKnobs` declares it and in
+        docs/balancing.md; a strategy's :class:`~fl_lbbsp.core.settings.BalancingConfig` is
+        one. The speed estimator is an object of the registry
+        (:data:`~fl_lbbsp.core.silo.estimators.ESTIMATORS`: ``EMA(alpha=0.2)``, ``Last()``,
+        ``ChangeAwareEMA(...)``, ``NARX(...)``, torch trains it) or its name
+        (``BalancingKnobs(estimator=EMA(alpha=0.3))``, ``BalancingKnobs(estimator="last")``).
+        ``None``: the defaults.
 
     Raises
     ------
     ValueError
-        On a setting out of its range (the message names it).
+        If ``initial_batch_size`` is not a positive integer.
     """
 
-    def __init__(
-        self,
-        *,
-        initial_batch_size: int,
-        estimator: SpeedEstimator | str = _KNOBS["estimator"],
-        alpha: float = _KNOBS["alpha"],
-        allocator: Allocator = _KNOBS["allocator"],
-        min_batch_size: int = _KNOBS["min_batch_size"],
-        min_batch_fraction: float = _KNOBS["min_batch_fraction"],
-        noise_budget: float | None = _KNOBS["noise_budget"],
-        max_batch_size: int | None = _KNOBS["max_batch_size"],
-        history: int = _KNOBS["history"],
-        min_fit_spread: float = _KNOBS["min_fit_spread"],
-        max_change_ratio: float | None = _KNOBS["max_change_ratio"],
-        fit: Fit = _KNOBS["fit"],
-        change_sigmas: float | None = _KNOBS["change_sigmas"],
-        change_threshold: float = _KNOBS["change_threshold"],
-        change_confirm: int = _KNOBS["change_confirm"],
-        common_noise: bool = _KNOBS["common_noise"],
-        order_tolerance: float | None = _KNOBS["order_tolerance"],
-        equal_split_guard: bool = _KNOBS["equal_split_guard"],
-        equal_split_margin: float = _KNOBS["equal_split_margin"],
-        estimator_options: dict[str, Any] | None = None,
-        allocator_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.allocation_settings = AllocationSettings(
-            initial_batch_size, allocator, min_batch_size, min_batch_fraction, max_batch_size,
-            noise_budget, max_change_ratio, order_tolerance, equal_split_guard,
-            equal_split_margin,
-        )  # fmt: skip
-        if isinstance(estimator, str):
-            estimator = parse_estimator(estimator, alpha=alpha, options=estimator_options)
-        elif estimator_options:
-            raise ValueError("estimator_options are for an estimator named by a string")
-        self.speed_estimator = estimator
-        # the estimator by name and settings (what a checkpoint's config holds)
-        options = estimator.model_dump(exclude_defaults=True)
-        if options.get("alpha") == alpha:
-            del options["alpha"]
-        self.estimator_options = options
+    def __init__(self, *, initial_batch_size: int, knobs: BalancingKnobs | None = None) -> None:
+        check_positive_int("initial_batch_size", initial_batch_size)
+        self.initial_batch_size = int(initial_batch_size)
+        self.knobs = knobs or BalancingKnobs()
+        self.tuning = t = self.knobs.tuning
+        self.floor = self.knobs.floor(self.initial_batch_size)
+        """The hard floor of every batch size (:meth:`BalancingKnobs.floor`)."""
+        self.noise_budget = self.knobs.noise_budget
+        self.speed_estimator = t.speed_estimator()
+        """The speed estimator (:meth:`~fl_lbbsp.core.settings.Tuning.speed_estimator`)."""
         self.model_settings = ModelSettings(
-            estimator, float(alpha), history, float(min_fit_spread),
-            fit, allocator == "linear" and fit == "wls", change_sigmas, change_threshold,
-            change_confirm, max_change_ratio,
+            self.speed_estimator, t.alpha, t.history, t.min_fit_spread, t.fit,
+            t.allocator == "linear" and t.fit == "wls", t.change_sigmas, t.change_threshold,
+            t.change_confirm, t.max_change_ratio,
         )  # fmt: skip
-        self.allocator_options = dict(allocator_options or {})
-        self._iterative = IterativeStep(IterativeAllocator(**self.allocator_options))
-        self.initial_batch_size, self.estimator = int(initial_batch_size), estimator.name
-        self.alpha, self.allocator, self.fit = float(alpha), allocator, fit
-        self.min_batch_size, self.history = int(min_batch_size), int(history)
-        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
-        self.min_fit_spread = float(min_fit_spread)
-        self.min_batch_fraction = float(min_batch_fraction)
-        self.max_change_ratio, self.noise_budget = _floats(max_change_ratio, noise_budget)
-        self.floor = self.allocation_settings.floor
-        self.change_sigmas, self.order_tolerance = _floats(change_sigmas, order_tolerance)
-        self.change_threshold, self.change_confirm = float(change_threshold), int(change_confirm)
-        self.common_noise, self.equal_split_guard = bool(common_noise), bool(equal_split_guard)
-        self.equal_split_margin = float(equal_split_margin)
+        self._iterative = IterativeStep(IterativeAllocator(**t.allocator_options.model_dump()))
         self.common_factor = 1.0
         """The common factor taken out of the last round's reports (1: none)."""
         self.last_allocation: dict[str, tuple[int, str]] = {}
@@ -209,7 +113,8 @@ class BatchSizeBalancer:
             silos = [silos[k] for k in columns.position.tolist()]
             given = [given[k] for k in columns.position.tolist()]
         table = self._table
-        self.common_factor = table.take_columns(silos, given, columns, shared=self.common_noise)
+        shared = self.tuning.common_noise
+        self.common_factor = table.take_columns(silos, given, columns, shared=shared)
         return errors
 
     def restart(self, silo_id: str) -> None:
@@ -307,7 +212,8 @@ class BatchSizeBalancer:
         order = list(dict.fromkeys(silo_ids))
         ids = sorted(order)
         decision: Decision = allocation.allocate(
-            ids, self._table, self.allocation_settings, iterative=self._iterative,
+            ids, self._table, self.knobs, initial_batch_size=self.initial_batch_size,
+            iterative=self._iterative,
             total=total, weights=per_silo(ids, weights, "weights"),
             noise=per_silo(ids, noise, "noise"), rho=self.noise_budget if budget else None,
             held=held,
@@ -323,10 +229,9 @@ class BatchSizeBalancer:
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state (configuration and every silo's model)."""
         table = self._table
+        knobs = self.knobs.model_dump(mode="json", include=set(BalancingKnobs.model_fields))
         return {
-            "config": {
-                name: getattr(self, name) for name in ("initial_batch_size", *BALANCER_DEFAULTS)
-            },
+            "config": {"initial_batch_size": self.initial_batch_size, **knobs},
             "iterative": self._iterative.state(),
             "pooled_shape": {"value": table.pooled_shape, "stale": table.shapes_changed},
             "silos": {silo: model.state() for silo, model in self._silos.items()},
@@ -339,8 +244,10 @@ class BatchSizeBalancer:
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> BatchSizeBalancer:
         """Rebuild a balancer from :meth:`state_dict`; settings missing from an older
-        state take their defaults."""
-        balancer = cls(**state["config"])
+        state take their defaults (an older state's flat tuning knobs join ``tuning``)."""
+        config = dict(state["config"])
+        b_init = config.pop("initial_batch_size")
+        balancer = cls(initial_batch_size=b_init, knobs=BalancingKnobs.model_validate(config))
         table = balancer._table
         for silo, saved in state["silos"].items():
             table.register(str(silo), SiloModel.model_validate(saved))
@@ -355,7 +262,3 @@ class BatchSizeBalancer:
     def from_json(cls, text: str) -> BatchSizeBalancer:
         """Rebuild a balancer from :meth:`to_json`."""
         return cls.from_state_dict(json.loads(text))
-
-
-def _floats(*values: float | None) -> tuple[float | None, ...]:
-    return tuple(None if v is None else float(v) for v in values)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from ..security.identity import SILO_ID_PATTERN
-from .settings import BALANCER_SETTINGS, BalancingConfig
+from .settings import BalancingConfig
 from .silo.state import (
     MAX_BATCH_SIZE,
     MAX_COUNT,
@@ -103,19 +103,16 @@ class BalancerState(OpenRecord):
     @field_validator("config")
     @classmethod
     def _config(cls, value: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(value) - BALANCER_SETTINGS)
-        if unknown:
-            raise ValueError(f"unknown balancer settings {unknown}"[:200])
-        # The settings the strategies validate their keywords with, and a history the
-        # checkpoint can hold.
-        BalancingConfig.model_validate({"local_steps": 1, "lr": 1.0, **value})
-        if value.get("history", 1) > MAX_ENTRIES:
-            raise ValueError(f"history {value['history']!r:.40} is over {MAX_ENTRIES}")
+        # The settings the strategies validate their keywords with (an unknown one is
+        # refused), and a history the checkpoint can hold.
+        history = _settings(value).tuning.history
+        if history > MAX_ENTRIES:
+            raise ValueError(f"history {history!r:.40} is over {MAX_ENTRIES}")
         return value
 
     @model_validator(mode="after")
     def _boosts(self) -> BalancerState:
-        ratio = self.config.get("max_change_ratio", 2.0)
+        ratio = _settings(self.config).tuning.max_change_ratio
         top = max(1.0, float(ratio) ** 2) if ratio is not None else 1.0
         for silo, state in self.silos.items():
             if not 1.0 <= state.boost <= top * (1 + 1e-9):
@@ -124,3 +121,8 @@ class BalancerState(OpenRecord):
                     "(max_change_ratio ** 2)"
                 )
         return self
+
+
+def _settings(config: dict[str, Any]) -> BalancingConfig:
+    """A checkpointed balancer's settings (its ``config``), validated."""
+    return BalancingConfig.model_validate({"local_steps": 1, "lr": 1.0, **config})

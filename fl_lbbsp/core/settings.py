@@ -1,15 +1,19 @@
-"""Validated settings of the round engine: the one declaration of every balancing knob.
+"""Validated settings of the balancer: the one declaration of every balancing knob.
 
-:class:`BalancingKnobs` declares each knob of the balancer and of the claim bounds once,
+A user sets a few (:class:`BalancingKnobs`: whether to balance, the noise budget, the
+batch-size bounds; :class:`BalancingConfig` adds the round, B_init, tau and eta); every
+other knob is :class:`Tuning`'s, nested in them as ``tuning``. Each field is declared once,
 with its meaning (the docstring under it), its default and its bounds; everything else
-takes them from there: :class:`BalancingConfig` adds the round (B_init, tau, eta) and is
-what every strategy validates its keywords with, the simulation and cluster runs nest the
-knobs (:class:`~fl_lbbsp.runs.config.RunSettings`), the CLI makes one flag of each
-(:mod:`fl_lbbsp.cli_parser`), and the balancer and the claim checker are built from
-:meth:`BalancingConfig.balancer_keywords` and :meth:`BalancingConfig.claim_bounds`. Pure
-pydantic, importing nothing of the core: the balancer may import this module, never the
-other way round. A bad value raises :class:`pydantic.ValidationError` (a ``ValueError``)
-naming the knob and the value.
+takes them from there: every strategy validates its keywords with
+:class:`BalancingConfig`, the simulation and cluster runs nest the knobs
+(:class:`~fl_lbbsp.runs.config.RunSettings`), the CLI makes one flag of each
+(:mod:`fl_lbbsp.cli_parser`), the balancer takes the model itself
+(:class:`~fl_lbbsp.core.balancer.BatchSizeBalancer`) and the claim checker
+:meth:`BalancingConfig.claim_bounds`. A tuning knob may also be given by its name where
+the user-level ones are (``BalancingKnobs(allocator="proportional")``): it joins
+``tuning``. Pure pydantic, importing of the core only the estimator registry
+(:mod:`.silo.estimators`). A bad value raises
+:class:`pydantic.ValidationError` (a ``ValueError``) naming the knob and the value.
 """
 
 from __future__ import annotations
@@ -19,18 +23,27 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from .silo.estimators import ESTIMATORS, SpeedEstimator, parse_estimator
 
 __all__ = [
     "BALANCER_DEFAULTS",
-    "BALANCER_SETTINGS",
     "CLAIM_SETTINGS",
     "MAX_NOISE_BUDGET",
     "NOISE_BUDGET",
-    "ROUND_SETTINGS",
     "BalancingConfig",
     "BalancingKnobs",
+    "IterativeSettings",
     "ReplyLimits",
+    "Tuning",
     "balancing_config",
 ]
 
@@ -46,41 +59,49 @@ best; rho = sqrt(2) keeps the update's temperature within that resolution of the
 so it changes nothing the user's own tuning could have told apart."""
 
 
-class BalancingKnobs(BaseModel):
-    """Every knob of the balancer and of the bounds on the silos' claims: the one place
-    that declares each, with its meaning (the docstring under each field, also its
-    ``description`` and its ``fl-lbbsp`` flag's help), its default and its bounds.
-
-    :class:`BalancingConfig` adds the round (B_init, tau, eta); a simulated run nests
-    these (:attr:`fl_lbbsp.runs.config.RunSettings.balancing`).
-    """
+class IterativeSettings(BaseModel):
+    """Alg. 2's settings, the ``iterative`` allocator's ``allocator_options``
+    (:class:`~fl_lbbsp.core.allocation.iterative.IterativeAllocator`; Chen et al., IEEE
+    TCC 2021, Alg. 2)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    balance: bool = True
-    """``False`` keeps B_init for every silo (plain FedAvg), with the same telemetry."""
-    estimator: Literal["ema", "last", "narx", "change-ema"] = "ema"
-    """Speed predictor (``change-ema``: EMA restarting at a confirmed change of level)."""
+    step: int = Field(default=5, ge=1, strict=True)
+    """Samples moved per iteration in the fast-approach phase (Delta)."""
+    window: int = Field(default=5, ge=1, strict=True)
+    """Observation window D of the fast-approach phase."""
+    fine_step: int = Field(default=1, ge=1, strict=True)
+    """Step of the fine-tune phase."""
+    fine_window: int = Field(default=20, ge=1, strict=True)
+    """Observation window of the fine-tune phase."""
+    memory_limit: float = Field(default=95.0, gt=0, le=100)
+    """A worker using more memory than this (percent) is never the leader."""
+    refast_ratio: float | None = Field(default=1.5, gt=1, allow_inf_nan=False)
+    """Back to the fast phase when the straggler/leader time ratio stayed at or above this
+    over a whole fine window; ``None`` keeps the fine phase for good (the paper's Alg. 2
+    exactly)."""
+
+
+class Tuning(BaseModel):
+    """Every knob a user rarely sets: the estimator, the allocator, the cost fits, the
+    change detection, the guards and the bounds on the silos' claims (docs/balancing.md
+    explains each part)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    estimator: str = "ema"
+    """Speed predictor, by its name in the estimator registry: ema, last, narx or
+    change-ema (an EMA restarting at a confirmed change of level), or one registered with
+    fl_lbbsp.core.silo.estimators.register; an estimator object (``EMA(alpha=0.3)``) is
+    taken too, held as its name and its settings (``estimator_options``)."""
     alpha: float = Field(default=0.2, gt=0, le=1)
     """EMA weight of the latest observation, in (0, 1]."""
     allocator: Literal["linear", "proportional", "iterative"] = "linear"
     """``proportional`` is Alg. 1; ``linear`` also fits each silo's fixed cost; ``iterative``
     is Alg. 2 (cluster mode)."""
-    min_batch_size: int = Field(default=1, gt=0, strict=True)
-    """Smallest batch size handed out."""
     min_batch_fraction: float = Field(default=0.0, ge=0, le=1)
     """A hard floor of every batch size as a fraction of B_init, in [0, 1] (a memory or
     batch-normalisation floor of your own); the noise budget is the usual bound."""
-    noise_budget: float | None = Field(
-        default=NOISE_BUDGET, ge=1, le=MAX_NOISE_BUDGET, allow_inf_nan=False
-    )
-    """rho: the aggregated update may be at most rho times as noisy as FedAvg's
-    (sum_i w_i^2 / B_i with the aggregation weights w_i, against the equal split's); the
-    allocation is the shortest round within it. 1: FedAvg's noise; larger trades noise for
-    time; none: no budget. In [1, 1e6]; the default sqrt(2) is explained in
-    docs/balancing.md."""
-    max_batch_size: int | None = Field(default=None, gt=0)
-    """Largest batch size handed out (silos may report lower memory caps); none: no cap."""
     history: int = Field(default=20, ge=1, strict=True)
     """Reports per silo the cost fits look back on."""
     min_fit_spread: float = Field(default=0.1, ge=0, allow_inf_nan=False)
@@ -108,9 +129,10 @@ class BalancingKnobs(BaseModel):
     equal_split_margin: float = Field(default=0.05, ge=0, lt=1, allow_inf_nan=False)
     """Predicted gain over the equal split an allocation must show to be shipped."""
     estimator_options: dict[str, Any] = Field(default_factory=dict)
-    """Extra arguments of the estimator (NARX ``warmup``, ``train_every``, ...)."""
-    allocator_options: dict[str, Any] = Field(default_factory=dict)
-    """Extra arguments of the iterative allocator."""
+    """Settings of the estimator named by ``estimator`` (NARX ``warmup``, ``train_every``,
+    ...), ``alpha`` where it has one and they do not set it."""
+    allocator_options: IterativeSettings = Field(default_factory=IterativeSettings)
+    """The iterative allocator's settings (a mapping of its fields is accepted)."""
     max_dataset_size: int | None = Field(default=10_000_000, gt=0, strict=True)
     """Bounded claims (fl_lbbsp.security.claims): the largest num-examples (the
     aggregation weight in FL) a silo may claim; a silo's size is pinned at its first
@@ -138,13 +160,98 @@ class BalancingKnobs(BaseModel):
     """Largest claimed time in seconds (train-time; he-time up to it): a claim above it is
     clipped to it, with a warning."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _estimator_by_name(cls, data: Any) -> Any:
+        """An estimator object becomes its name and its settings (those of ``alpha``
+        left out where they are the knob's)."""
+        if not isinstance(data, dict) or not isinstance(data.get("estimator"), SpeedEstimator):
+            return data
+        if data.get("estimator_options"):
+            raise ValueError("estimator_options are for an estimator named by a string")
+        estimator: SpeedEstimator = data["estimator"]
+        options = estimator.model_dump()
+        if options.get("alpha") == data.get("alpha", cls.model_fields["alpha"].default):
+            del options["alpha"]
+        return {**data, "estimator": estimator.name, "estimator_options": options}
+
+    @field_validator("estimator")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        if name not in ESTIMATORS:
+            raise ValueError(
+                f"unknown speed estimator {name!r}; expected one of {sorted(ESTIMATORS)}"
+            )
+        return name
+
+    @field_validator("estimator_options", "allocator_options", mode="before")
+    @classmethod
+    def _no_options(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @field_validator("estimator_options")
+    @classmethod
+    def _options_taken(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Refuse an option the estimator does not take, or a bad one."""
+        if "estimator" in info.data and "alpha" in info.data:  # (else those are refused)
+            parse_estimator(info.data["estimator"], alpha=info.data["alpha"], options=options)
+        return options
+
+    def speed_estimator(self) -> SpeedEstimator:
+        """The estimator these settings name: ``estimator`` with ``estimator_options`` and
+        ``alpha`` (:func:`~fl_lbbsp.core.silo.estimators.parse_estimator`)."""
+        return parse_estimator(self.estimator, alpha=self.alpha, options=self.estimator_options)
+
     @model_validator(mode="after")
-    def _bounds(self) -> BalancingKnobs:
+    def _claimed_times(self) -> Tuning:
         if self.max_claimed_time <= self.min_claimed_time:
             raise ValueError(
                 f"max_claimed_time ({self.max_claimed_time}) is not above min_claimed_time "
                 f"({self.min_claimed_time})"
             )
+        return self
+
+
+class BalancingKnobs(BaseModel):
+    """The knobs a user sets: whether to balance, the noise budget and the batch-size
+    bounds; every other is :attr:`tuning`'s. A simulated run nests these
+    (:attr:`fl_lbbsp.runs.config.RunSettings.balancing`); :class:`BalancingConfig` adds the
+    round (B_init, tau, eta)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    balance: bool = True
+    """``False`` keeps B_init for every silo (plain FedAvg), with the same telemetry."""
+    noise_budget: float | None = Field(
+        default=NOISE_BUDGET, ge=1, le=MAX_NOISE_BUDGET, allow_inf_nan=False
+    )
+    """rho: the aggregated update may be at most rho times as noisy as FedAvg's
+    (sum_i w_i^2 / B_i with the aggregation weights w_i, against the equal split's); the
+    allocation is the shortest round within it. 1: FedAvg's noise; larger trades noise for
+    time; none: no budget. In [1, 1e6]; the default sqrt(2) is explained in
+    docs/balancing.md."""
+    min_batch_size: int = Field(default=1, gt=0, strict=True)
+    """Smallest batch size handed out."""
+    max_batch_size: int | None = Field(default=None, gt=0)
+    """Largest batch size handed out (silos may report lower memory caps); none: no cap."""
+    tuning: Tuning = Field(default_factory=Tuning)
+    """Every other knob (:class:`Tuning`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tuning_by_name(cls, data: Any) -> Any:
+        """Tuning knobs given by name (``allocator="iterative"``) join ``tuning``, winning
+        over it."""
+        if not isinstance(data, dict) or not set(data) & set(Tuning.model_fields):
+            return data
+        given = data.get("tuning")
+        tuning = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
+        named = {k: data[k] for k in data if k in Tuning.model_fields}
+        rest = {k: v for k, v in data.items() if k not in Tuning.model_fields}
+        return {**rest, "tuning": {**tuning, **named}}
+
+    @model_validator(mode="after")
+    def _bounds(self) -> BalancingKnobs:
         if self.max_batch_size is not None and self.max_batch_size < self.min_batch_size:
             raise ValueError(
                 f"max_batch_size ({self.max_batch_size}) is below min_batch_size "
@@ -152,11 +259,17 @@ class BalancingKnobs(BaseModel):
             )
         return self
 
+    def floor(self, initial_batch_size: int) -> int:
+        """The hard floor of every batch size: ``max(min_batch_size, ceil(
+        min_batch_fraction * B_init))``, at most ``max_batch_size``."""
+        fraction = math.ceil(self.tuning.min_batch_fraction * initial_batch_size)
+        floor = max(self.min_batch_size, fraction)
+        return floor if self.max_batch_size is None else min(floor, self.max_batch_size)
+
 
 class BalancingConfig(BalancingKnobs):
     """Round configuration and balancer settings of an LB-BSP strategy: the round
-    (B_init, tau, eta) and every knob of :class:`BalancingKnobs` (see each field there
-    for its meaning, default and bounds).
+    (B_init, tau, eta) and the knobs of :class:`BalancingKnobs` (see each field there).
 
     Parameters
     ----------
@@ -167,7 +280,7 @@ class BalancingConfig(BalancingKnobs):
     lr : float
         Learning rate eta, the same for all silos.
     **knobs
-        The fields of :class:`BalancingKnobs`.
+        The fields of :class:`BalancingKnobs` (a :class:`Tuning` field by its name too).
     """
 
     initial_batch_size: int = Field(gt=0, strict=True)
@@ -190,46 +303,31 @@ class BalancingConfig(BalancingKnobs):
         """The keywords of :class:`~fl_lbbsp.security.claims.ClaimChecker` these settings give:
         its bounds on the silos' claims (``max_dataset_size``, ``tolerance``, ``min_time``,
         ``max_time``)."""
+        t = self.tuning
         return {
-            "max_dataset_size": self.max_dataset_size,
-            "tolerance": self.time_tolerance,
-            "min_time": self.min_claimed_time,
-            "max_time": self.max_claimed_time,
+            "max_dataset_size": t.max_dataset_size,
+            "tolerance": t.time_tolerance,
+            "min_time": t.min_claimed_time,
+            "max_time": t.max_claimed_time,
         }
 
-    def balancer_keywords(self) -> dict[str, Any]:
-        """The keywords of :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer` of a strategy
-        with these settings (one place for every strategy): every field of
-        :data:`BALANCER_SETTINGS`, as the config holds it."""
-        return self.model_dump(include=set(BALANCER_SETTINGS))
-
-
-ROUND_SETTINGS = frozenset({"initial_batch_size", "local_steps", "lr"})
-"""The :class:`BalancingConfig` fields of the round itself, not knobs."""
 
 CLAIM_SETTINGS = frozenset(
     {"max_dataset_size", "check_times", "time_tolerance", "min_claimed_time", "max_claimed_time"}
 )
-"""The :class:`BalancingKnobs` fields that bound the silos' claims: they change nothing
-for an honest silo, so a checkpoint written under other bounds may be resumed."""
-
-BALANCER_SETTINGS = frozenset(
-    {"initial_batch_size", *BalancingKnobs.model_fields} - CLAIM_SETTINGS - {"balance"}
-)
-"""The :class:`BalancingConfig` fields the balancer takes
-(:meth:`~BalancingConfig.balancer_keywords`): every knob but the claim bounds and
-``balance``, and B_init; also the keys of its checkpointed settings."""
-
+"""The :class:`Tuning` fields that bound the silos' claims: they change nothing for an
+honest silo, so a checkpoint written under other bounds may be resumed."""
 
 BALANCER_DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {
         name: field.get_default(call_default_factory=True)
-        for name, field in BalancingKnobs.model_fields.items()
-        if name in BALANCER_SETTINGS
+        for model in (BalancingKnobs, Tuning)
+        for name, field in model.model_fields.items()
+        if name not in {"balance", "tuning", *CLAIM_SETTINGS}
     }
 )
-"""Every balancer knob's default (B_init aside), read from :class:`BalancingKnobs`: for
-code that builds a balancer or reports its settings without a config."""
+"""Every balancer knob's default by name (B_init aside), read from the models: for code
+that reports the balancer's settings."""
 
 
 class ReplyLimits(BaseModel):
@@ -265,12 +363,13 @@ class ReplyLimits(BaseModel):
 def balancing_config(
     *, initial_batch_size: int, local_steps: int, lr: float, **options: Any
 ) -> BalancingConfig:
-    """Validate a strategy's balancing keywords (the fields of :class:`BalancingKnobs`).
+    """Validate a strategy's balancing keywords (the fields of :class:`BalancingKnobs`,
+    a :class:`Tuning` field by its name too).
 
     ``balancing`` (a :class:`BalancingKnobs`, or a mapping of its fields) gives knobs as
-    one value, a keyword winning over it; ``None`` for ``estimator_options`` /
-    ``allocator_options`` means none; ``balancer_options`` (a dict of further settings, as
-    earlier versions took) is merged in, a keyword given both ways being an error.
+    one value, a keyword winning over it; ``balancer_options`` (a dict of further
+    settings, as earlier versions took) is merged in, a keyword given both ways being an
+    error.
     """
     given = options.pop("balancing", None)
     base = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
@@ -278,10 +377,7 @@ def balancing_config(
     both = sorted(set(extra) & set(options))
     if both:
         raise ValueError(f"{', '.join(both)} given both as a keyword and in balancer_options")
-    settings = {**base, **options, **extra}
-    for key in ("estimator_options", "allocator_options"):
-        if settings.get(key, 0) is None:
-            settings[key] = {}
-    return BalancingConfig(
-        initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **settings
+    return BalancingConfig.model_validate(
+        {**base, **options, **extra, "initial_batch_size": initial_batch_size}
+        | {"local_steps": local_steps, "lr": lr}
     )

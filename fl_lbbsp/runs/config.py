@@ -13,8 +13,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
-from ..core.settings import BalancingKnobs
-from ..core.silo.estimators import parse_estimator
+from ..core.settings import BalancingKnobs, Tuning
 from ..datasets import SourceSpec
 from ..models import ModelName
 
@@ -23,7 +22,6 @@ __all__ = [
     "RunSettings",
     "activation_bytes",
     "batch_size_problem",
-    "check_estimator_options",
     "check_schedule_order",
     "check_speed_ratio",
     "memory_available",
@@ -164,14 +162,6 @@ def writable_dir_problem(path: Path) -> str | None:
     return None
 
 
-def check_estimator_options(name: str, alpha: float, options: dict[str, Any]) -> None:
-    """Refuse, before any round, estimator options the estimator would refuse."""
-    try:
-        parse_estimator(name, alpha=alpha, options=options)
-    except ValueError as err:
-        raise ValueError(f"estimator_options {options}: {err}") from None
-
-
 class RunSettings(BaseModel):
     """What every simulated run is set by: its machines, data, model, training and
     balancer settings, and where its output goes. A run's config subclasses it and adds
@@ -243,18 +233,17 @@ class RunSettings(BaseModel):
     @classmethod
     def _knobs_as_keywords(cls, data: Any) -> Any:
         """Knobs given one by one (``alpha=0.5``) join ``balancing``, winning over it."""
-        if not isinstance(data, dict) or not set(data) & set(BalancingKnobs.model_fields):
+        names = {*BalancingKnobs.model_fields, *Tuning.model_fields} - {"tuning"}
+        if not isinstance(data, dict) or not set(data) & names:
             return data
         given = data.get("balancing")
         knobs = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
-        rest = {k: v for k, v in data.items() if k not in BalancingKnobs.model_fields}
-        flat = {k: v for k, v in data.items() if k in BalancingKnobs.model_fields}
+        rest = {k: v for k, v in data.items() if k not in names}
+        flat = {k: v for k, v in data.items() if k in names}
         return {**rest, "balancing": {**knobs, **flat}}
 
     @model_validator(mode="after")
     def _shared_checks(self) -> RunSettings:
-        knobs = self.balancing
-        check_estimator_options(knobs.estimator, knobs.alpha, knobs.estimator_options)
         check_speeds(self.speeds, self.size, self.unit)
         check_speed_ratio(self.speeds)
         return self

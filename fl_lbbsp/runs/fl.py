@@ -119,7 +119,7 @@ class SimulationConfig(RunSettings):
 
     @model_validator(mode="after")
     def _fl_checks(self) -> SimulationConfig:
-        if self.balancing.allocator == "iterative":
+        if self.balancing.tuning.allocator == "iterative":
             raise ValueError(
                 "allocator 'iterative' (Alg. 2) steps one iteration at a time: cluster runs "
                 "only; FL runs take 'linear' or 'proportional'"

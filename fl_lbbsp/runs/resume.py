@@ -111,12 +111,13 @@ class RunRecord:
 
 
 def _flat(settings: dict[str, Any]) -> dict[str, Any]:
-    """The settings with a group of them (``balancing``) spread into its own names, so
-    that a difference names the setting, not the group."""
+    """The settings with a group of them (``balancing``, its ``tuning``) spread into its
+    own names, so that a difference names the setting, not the group."""
     flat: dict[str, Any] = {}
     for name, value in settings.items():
-        if name == "balancing" and isinstance(value, dict):
-            flat.update({inner: value[inner] for inner in value if inner not in settings})
+        if name in ("balancing", "tuning") and isinstance(value, dict):
+            inner = _flat(value)
+            flat.update({k: v for k, v in inner.items() if k not in settings})
         else:
             flat[name] = value
     return flat

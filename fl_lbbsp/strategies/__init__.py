@@ -13,12 +13,13 @@ from typing import Any
 
 from .baselines import LBBSPEta, LBBSPTau, PartialAggregation
 from .cluster import LBBSPCluster
-from .config import BalancingConfig
+from .config import BalancingConfig, BalancingKnobs, Tuning
 from .fedavg import EngineStrategy, LBBSPFedAvg
 from .legacy import LBBSPStrategy
 
 __all__ = [
     "BalancingConfig",
+    "BalancingKnobs",
     "EncryptedLBBSPCluster",
     "EncryptedLBBSPFedAvg",
     "EngineStrategy",
@@ -28,6 +29,7 @@ __all__ = [
     "LBBSPStrategy",
     "LBBSPTau",
     "PartialAggregation",
+    "Tuning",
 ]
 
 

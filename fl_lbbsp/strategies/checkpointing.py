@@ -172,7 +172,7 @@ def resume_from(
         A checkpoint that fails validation or that the strategy cannot restore.
     """
     store = store if store is not None else store_of(strategy)
-    limits = CheckpointLimits(max_silos, strategy.config.max_dataset_size)
+    limits = CheckpointLimits(max_silos, strategy.config.tuning.max_dataset_size)
     if store is None or (checkpoint := store.latest(limits=limits)) is None:
         return None
     _check_compatible(checkpoint, strategy)

@@ -21,10 +21,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from ..contract import RecordKeys
-from ..core.settings import BalancingConfig, ReplyLimits
+from ..core.settings import BalancingConfig, BalancingKnobs, ReplyLimits, Tuning
 
 __all__ = [
     "BalancingConfig",
+    "BalancingKnobs",
     "EncryptedClusterConfig",
     "EncryptionConfig",
     "InvalidSettingError",
@@ -33,6 +34,7 @@ __all__ = [
     "ParameterServerConfig",
     "ReplyLimits",
     "ServerConfig",
+    "Tuning",
     "parameter_server_keywords",
     "record_keys",
     "refuse_numeric_strings",
@@ -226,7 +228,7 @@ def setting_error(err: ValidationError, *, owner: str) -> InvalidSettingError:
         if item["type"] == "extra_forbidden":
             message = f"is not a setting of {owner}"
         if item["loc"]:
-            name = str(item["loc"][0])
+            name = ".".join(str(p) for p in item["loc"] if p != "tuning")  # the knob's name
             parts.append(f"{name} {message} (got {item.get('input')!r:.80})")
         else:
             parts.append(message)
@@ -302,7 +304,7 @@ def refuse_numeric_strings(settings: Mapping[str, Any], *, owner: str) -> None:
     InvalidSettingError
         Naming each such setting, its value and how to write it.
     """
-    models: tuple[type[BaseModel], ...] = (ServerConfig, ReplyLimits, BalancingConfig)
+    models: tuple[type[BaseModel], ...] = (ServerConfig, ReplyLimits, BalancingConfig, Tuning)
     bad = []
     for name, value in settings.items():
         if not isinstance(value, str) or not _is_number(value):

@@ -93,8 +93,9 @@ class LBBSPFedAvg(EngineView, FedAvg):
         eta, sent to every silo.
     **settings :
         Every other setting is declared once, with its doc, default and bounds, in a
-        settings model: balancing (``balance``, ``estimator``, ``allocator``,
-        ``noise_budget``, ...): :class:`~fl_lbbsp.core.settings.BalancingConfig`; the
+        settings model: balancing (``balance``, ``noise_budget``, ``min_batch_size``,
+        ``max_batch_size``; ``tuning=Tuning(...)`` or a tuning knob by its name,
+        ``allocator``, ``estimator``, ...): :class:`~fl_lbbsp.core.settings.BalancingConfig`; the
         server (deadlines, polling, node sampling, telemetry, ``checkpoint_dir``, the
         defences): :class:`~fl_lbbsp.strategies.config.ServerConfig`; reply limits
         (``min_train_silos``, ``extra_metric_keys``, ...):
@@ -267,8 +268,8 @@ class LBBSPFedAvg(EngineView, FedAvg):
         log.info(
             "LB-BSP (%s): batch size %d per silo in round 1, then by speed | %d local steps, "
             "lr %g for every silo | speed estimate %s (alpha %g), allocator %s",
-            self.scheme, c.initial_batch_size, c.local_steps, c.lr, c.estimator, c.alpha,
-            c.allocator,
+            self.scheme, c.initial_batch_size, c.local_steps, c.lr, c.tuning.estimator,
+            c.tuning.alpha, c.tuning.allocator,
         )  # fmt: skip
 
     def record_evaluation(
@@ -514,7 +515,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
             The longest any round may wait (``start``'s ``timeout``).
         """
         self._timeout_cap = timeout
-        check = self.config.check_times
+        check = self.config.tuning.check_times
         # Silos really wait behind Flower's own grids (deployment, Simulation Engine).
         self._observe = type(grid).__module__.startswith("flwr.") if check is None else check
         self._grid = DeadlineGrid(
@@ -530,8 +531,14 @@ class LBBSPFedAvg(EngineView, FedAvg):
     def checkpoint_settings(self) -> dict[str, Any]:
         """The settings a checkpoint must have been written with for this strategy to
         resume it (JSON values): those that decide batch sizes and updates."""
-        balancing = self.config.model_dump(mode="json", exclude=set(CLAIM_SETTINGS))
-        return {"balancing": balancing, **self.updates.settings()}
+        balancing = self.config.model_dump(mode="json", exclude={"tuning": set(CLAIM_SETTINGS)})
+        # One flat group, as checkpoints have always held it (a tuning knob by its name;
+        # Alg. 2's options as given, its defaults left out, as they always were).
+        options = self.config.tuning.allocator_options.model_dump(
+            mode="json", exclude_defaults=True
+        )
+        tuning = {**balancing.pop("tuning"), "allocator_options": options}
+        return {"balancing": {**balancing, **tuning}, **self.updates.settings()}
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
         """The state between two rounds (a

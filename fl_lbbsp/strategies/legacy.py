@@ -39,7 +39,7 @@ from flwr.server.strategy import FedAvg
 from ..contract import RecordKeys
 from ..core.round.engine import RoundEngine
 from ..core.round.state import Reply, RoundState
-from ..core.settings import BalancingKnobs
+from ..core.settings import BalancingKnobs, Tuning
 from ..security.screening import (
     InvalidReplyError,
     Layout,
@@ -55,7 +55,9 @@ __all__ = ["LBBSPStrategy"]
 
 log = logging.getLogger("fl_lbbsp")
 
-_BALANCING = frozenset({*BalancingKnobs.model_fields, "balancing", "balancer_options"})
+_BALANCING = frozenset(
+    {*BalancingKnobs.model_fields, *Tuning.model_fields, "balancing", "balancer_options"}
+)
 
 
 class LBBSPStrategy(EngineView, FedAvg):

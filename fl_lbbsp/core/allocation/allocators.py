@@ -19,7 +19,8 @@ import numpy as np
 
 # The cost fits moved to :mod:`.costfit`; importable from here as before.
 from ..silo.costfit import CostFit, fit_linear_cost, fit_robust_cost, robust_level
-from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_total
+from .rounding import ArrayLike, IntArray, integer_bounds, round_to_total
+from .waterfill import linear_minmax_continuous, positive_finite
 
 Rounding = Literal["time", "remainder"]
 
@@ -34,106 +35,6 @@ __all__ = [
     "proportional",
     "robust_level",
 ]
-
-
-def _positive_finite(name: str, values: ArrayLike) -> FloatArray:
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"{name} must be finite and positive, got {arr.tolist()}")
-    return arr
-
-
-def linear_minmax_continuous(
-    a: ArrayLike,
-    b: ArrayLike,
-    total: float,
-    *,
-    lower: ArrayLike | None = None,
-    upper: ArrayLike | None = None,
-) -> tuple[FloatArray, float]:
-    """Exact real-valued min-max allocation for linear costs within bounds.
-
-    Each silo's share at a common finish time ``T`` is
-    ``x_i(T) = clip((T - b_i) / a_i, lower_i, upper_i)``, non-decreasing and piecewise
-    linear in ``T``. The function finds the segment between breakpoints where
-    ``sum_i x_i(T) = X`` by binary search (O(n log n)) and solves it in closed form: no
-    tolerance.
-
-    Parameters
-    ----------
-    a : sequence of float
-        Per-sample cost of each silo (seconds per unit of batch size), positive.
-    b : sequence of float
-        Fixed cost of each silo (seconds), finite.
-    total : float
-        The total X to split.
-    lower : sequence of float | None (default: None)
-        Per-silo minimum share; ``None`` means 0.
-    upper : sequence of float | None (default: None)
-        Per-silo maximum share (``inf`` allowed); ``None`` means unbounded.
-
-    Returns
-    -------
-    tuple of (numpy.ndarray, float)
-        The shares and the common finish time ``T`` of the silos not held at a bound.
-    """
-    slope = _positive_finite("a", a)
-    n = slope.shape[0]
-    offset = np.asarray(b, dtype=np.float64)
-    if offset.shape != (n,) or not np.all(np.isfinite(offset)):
-        raise ValueError(f"b must be {n} finite numbers, got {np.asarray(b).tolist()}")
-    lo = np.zeros(n) if lower is None else np.asarray(lower, dtype=np.float64)
-    hi = np.full(n, np.inf) if upper is None else np.asarray(upper, dtype=np.float64)
-    if lo.shape != (n,) or hi.shape != (n,) or np.any(lo > hi):
-        raise ValueError("bounds must have one entry per silo with lower <= upper")
-    if not lo.sum() <= total <= hi.sum():
-        raise ValueError(f"total {total} is outside the feasible range [{lo.sum()}, {hi.sum()}]")
-
-    def shares(t: float) -> FloatArray:
-        out: FloatArray = np.minimum(np.maximum((t - offset) / slope, lo), hi)  # np.clip's
-        return out
-
-    def total_at(k: int) -> float:
-        return float(shares(float(points[k])).sum())
-
-    points = np.concatenate([slope * lo + offset, (slope * hi + offset)[np.isfinite(hi)]])
-    points = np.sort(points)
-    points = points[np.concatenate([[True], points[1:] != points[:-1]])]  # np.unique's
-    # First breakpoint whose sum reaches the total (the sums never decrease, so a binary
-    # search over O(log n) of them finds it); T lies on the segment just before it. The
-    # search starts at the breakpoint of T without bounds, usually the one it ends at.
-    k, end = 0, len(points)
-    guess = int(np.searchsorted(points, (total + np.sum(offset / slope)) / np.sum(1 / slope)))
-    if guess < end:
-        if total_at(guess) >= total:
-            end = guess
-            if guess == 0 or total_at(guess - 1) < total:
-                k = guess
-        else:
-            k = guess + 1
-    while k < end:
-        middle = (k + end) // 2
-        if total_at(middle) >= total:
-            end = middle
-        else:
-            k = middle + 1
-    if k < len(points) and (k == 0 or total_at(k) == total):
-        # (k == 0: every silo at its lower bound, the sum above the total by float error)
-        t_star = float(points[k])
-    elif k == len(points) and not np.any(np.isinf(hi)):
-        # Every silo at its cap: the total is the sum of the caps (up to float error).
-        return hi.copy(), float(np.max(slope * hi + offset))
-    elif k == len(points):
-        # Past the last breakpoint only the silos without an upper bound still grow.
-        rate = float(np.sum(1.0 / slope[np.isinf(hi)]))
-        t_star = float(points[-1] + (total - total_at(k - 1)) / rate)
-    else:
-        t0, s0, t1, s1 = float(points[k - 1]), total_at(k - 1), float(points[k]), total_at(k)
-        t_star = t0 + (total - s0) * (t1 - t0) / (s1 - s0)
-    x = shares(t_star)
-    return x, t_star
 
 
 def linear_minmax(
@@ -171,16 +72,14 @@ def linear_minmax(
 
     Reference: Chen et al., SoCC 2020, Sec. 3.3; Yang et al., BOA.
     """
-    n = len(np.asarray(a))
-    lo, hi = integer_bounds(n, lower=lower, upper=upper)
+    lo, hi = integer_bounds(len(np.asarray(a)), lower=lower, upper=upper)
     x, _ = linear_minmax_continuous(a, b, float(total), lower=lo, upper=hi.astype(np.float64))
+    if rounding not in ("time", "remainder"):
+        raise ValueError(f"unknown rounding {rounding!r}; expected 'time' or 'remainder'")
     if rounding == "remainder":
         return round_to_total(x, total, lower=lo, upper=hi)
-    if rounding != "time":
-        raise ValueError(f"unknown rounding {rounding!r}; expected 'time' or 'remainder'")
-    return round_to_total(
-        x, total, lower=lo, upper=hi, slope=a, intercept=np.asarray(b, dtype=np.float64)
-    )
+    offset = np.asarray(b, dtype=np.float64)
+    return round_to_total(x, total, lower=lo, upper=hi, slope=a, intercept=offset)
 
 
 def proportional(
@@ -209,7 +108,7 @@ def proportional(
 
     Reference: Chen et al., IEEE TCC 2021, Alg. 1.
     """
-    v = _positive_finite("speeds", speeds)
+    v = positive_finite("speeds", speeds)
     return linear_minmax(
         1.0 / v, np.zeros_like(v), total, lower=lower, upper=upper, rounding="remainder"
     )
@@ -221,12 +120,12 @@ def ideal_round_time(a: ArrayLike, b: ArrayLike, total: float) -> float:
     The best achievable round time for linear costs ``t_i = a_i * x_i + b_i`` with the
     total X fixed (shared/DESIGN.md); with ``b_i = 0`` it is ``X / sum_i v_i``.
     """
-    slope = _positive_finite("a", a)
+    slope = positive_finite("a", a)
     offset = np.asarray(b, dtype=np.float64)
     return float((total + np.sum(offset / slope)) / np.sum(1.0 / slope))
 
 
 def idle_fraction(times: ArrayLike) -> float:
     """Barrier waste ``1 - mean_i(t_i) / max_i(t_i)``: 0 when all silos finish together."""
-    t = _positive_finite("times", times)
+    t = positive_finite("times", times)
     return float(1.0 - t.mean() / t.max())

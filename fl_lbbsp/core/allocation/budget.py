@@ -34,10 +34,9 @@ from typing import Literal
 
 import numpy as np
 
-from .allocators import linear_minmax_continuous
 from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_total
 from .waterfill import TOLERANCE as _TOL
-from .waterfill import least_round_time
+from .waterfill import least_round_time, linear_minmax_continuous
 from .waterfill import waterfill as _waterfill
 
 __all__ = [
@@ -50,6 +49,7 @@ __all__ = [
     "budgeted_minmax_continuous",
     "enforce_budget",
     "hinge_times",
+    "noise_budget",
     "noise_costs",
     "noise_ratio",
 ]
@@ -268,15 +268,26 @@ def _inputs(
     return slope, offset, k, lo, hi
 
 
-def _noise_budget(problem: BudgetProblem, n: int) -> tuple[FloatArray, float]:
+def noise_budget(
+    n: int,
+    total: float,
+    *,
+    weights: ArrayLike | None = None,
+    noise: ArrayLike | None = None,
+    rho: float | None = None,
+) -> tuple[FloatArray, float]:
     """Each silo's noise cost c_i (:func:`noise_costs`) and the budget on
-    ``sum_i c_i / B_i`` (infinite without rho), checked."""
-    rho = problem.rho
+    ``sum_i c_i / B_i``: rho times the equal split's of ``total`` (infinite without rho).
+
+    Raises
+    ------
+    ValueError
+        On a rho that is not finite and positive, or bad weights or noise.
+    """
     if rho is not None and not (math.isfinite(rho) and rho > 0):
         raise ValueError(f"rho must be finite and positive or None, got {rho!r}")
-    c = noise_costs(n, problem.weights, problem.noise)
-    budget = math.inf if rho is None else rho * float(np.sum(c)) * n / problem.total
-    return c, budget
+    c = noise_costs(n, weights, noise)
+    return c, math.inf if rho is None else rho * float(np.sum(c)) * n / total
 
 
 def budgeted_minmax_continuous(
@@ -308,10 +319,11 @@ def _continuous(
     problem: BudgetProblem,
 ) -> tuple[FloatArray, float, tuple[str, ...], bool, bool, tuple[FloatArray, float]]:
     """:func:`budgeted_minmax_continuous`, and the silos' noise costs c_i with the budget
-    on ``sum_i c_i / B_i`` (:func:`_noise_budget`)."""
+    on ``sum_i c_i / B_i`` (:func:`noise_budget`)."""
     slope, offset, k, lo, hi = _inputs(problem)
     n = slope.shape[0]
-    c, budget = _noise_budget(problem, n)
+    p = problem
+    c, budget = noise_budget(n, p.total, weights=p.weights, noise=p.noise, rho=p.rho)
     total = problem.total
     floors = np.maximum(lo, np.minimum(k, hi))
     if np.any(floors > lo) and floors.sum() <= total:

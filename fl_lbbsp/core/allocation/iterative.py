@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..settings import IterativeSettings
 from .allocators import proportional
 
 if TYPE_CHECKING:
     from ..silo.model import SiloTable
 
-__all__ = ["IterativeAllocator", "IterativeStep"]
+__all__ = ["IterativeAllocator", "IterativeSettings", "IterativeStep"]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -45,62 +46,34 @@ class IterativeAllocator:
 
     Parameters
     ----------
-    step : int (default: 5)
-        Samples moved per iteration in the fast-approach phase (Delta).
-    window : int (default: 5)
-        Observation window D of the fast-approach phase.
-    fine_step : int (default: 1)
-        Step of the fine-tune phase.
-    fine_window : int (default: 20)
-        Observation window of the fine-tune phase.
-    memory_limit : float (default: 95.0)
-        A worker using more memory than this (percent) is never the leader.
-    refast_ratio : float | None (default: 1.5)
-        Back to the fast phase when the straggler/leader time ratio stayed at or above
-        this over a whole fine window; ``None`` keeps the fine phase for good (the
-        paper's Alg. 2 exactly).
+    **options
+        The fields of :class:`IterativeSettings` (``step``, ``window``, ``fine_step``,
+        ``fine_window``, ``memory_limit``, ``refast_ratio``), each at its default unless
+        given.
+
+    Raises
+    ------
+    ValueError
+        On an option out of its range or unknown (the message names it).
     """
 
-    def __init__(
-        self,
-        *,
-        step: int = 5,
-        window: int = 5,
-        fine_step: int = 1,
-        fine_window: int = 20,
-        memory_limit: float = 95.0,
-        refast_ratio: float | None = 1.5,
-    ) -> None:
-        for name, value in (
-            ("step", step),
-            ("window", window),
-            ("fine_step", fine_step),
-            ("fine_window", fine_window),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not 0 < memory_limit <= 100:
-            raise ValueError(f"memory_limit must be in (0, 100], got {memory_limit!r}")
-        self.step_fast, self.window_fast = step, window
-        self.step_fine, self.window_fine = fine_step, fine_window
-        self.memory_limit = float(memory_limit)
-        if refast_ratio is not None and not (math.isfinite(refast_ratio) and refast_ratio > 1):
-            raise ValueError(f"refast_ratio must be > 1 or None, got {refast_ratio!r}")
-        self.refast_ratio = None if refast_ratio is None else float(refast_ratio)
+    def __init__(self, **options: Any) -> None:
+        self.settings = IterativeSettings(**options)
         self.phase = "fast"
         self.sizes: dict[str, int] = {}
-        self._times: deque[dict[str, float]] = deque(maxlen=max(window, fine_window))
+        window = max(self.settings.window, self.settings.fine_window)
+        self._times: deque[dict[str, float]] = deque(maxlen=window)
         self.removable: str | None = None
 
     @property
     def step(self) -> int:
         """Current step size Delta."""
-        return self.step_fast if self.phase == "fast" else self.step_fine
+        return self.settings.step if self.phase == "fast" else self.settings.fine_step
 
     @property
     def window(self) -> int:
         """Current observation window D."""
-        return self.window_fast if self.phase == "fast" else self.window_fine
+        return self.settings.window if self.phase == "fast" else self.settings.fine_window
 
     def reset(self, sizes: Mapping[str, int]) -> None:
         """Start from ``sizes`` (workers joined or left): forget the times, keep the phase."""
@@ -145,7 +118,7 @@ class IterativeAllocator:
         eligible = [
             w
             for w in self.sizes
-            if (memory.get(w) is None or float(memory[w]) <= self.memory_limit)  # type: ignore[arg-type]
+            if (memory.get(w) is None or float(memory[w]) <= self.settings.memory_limit)  # type: ignore[arg-type]
             and self.sizes[w] + step <= upper.get(w, math.inf)
         ]
         straggler = max(self.sizes, key=lambda w: (times[w], w))
@@ -170,10 +143,11 @@ class IterativeAllocator:
         if len(recent) >= self.window and all(
             t[leader] < t[straggler] for t in recent if leader in t and straggler in t
         ):
+            ratio = self.settings.refast_ratio
             if (
                 self.phase == "fine"
-                and self.refast_ratio is not None
-                and all(t[straggler] >= self.refast_ratio * t[leader] for t in recent)
+                and ratio is not None
+                and all(t[straggler] >= ratio * t[leader] for t in recent)
             ):
                 self.phase = "fast"
                 step = self.step
@@ -189,14 +163,7 @@ class IterativeAllocator:
     def state(self) -> dict[str, Any]:
         """JSON-serialisable state."""
         return {
-            "config": {
-                "step": self.step_fast,
-                "window": self.window_fast,
-                "fine_step": self.step_fine,
-                "fine_window": self.window_fine,
-                "memory_limit": self.memory_limit,
-                "refast_ratio": self.refast_ratio,
-            },
+            "config": self.settings.model_dump(),
             "phase": self.phase,
             "sizes": dict(self.sizes),
             "times": [dict(t) for t in self._times],

@@ -37,12 +37,12 @@ from typing import Literal
 
 import numpy as np
 
-from ..balancer_settings import AllocationSettings
+from ..settings import BalancingKnobs
 from ..silo.model import SiloTable
 from ..silo.reports import check_positive_int
 from ..slowdown import median
 from .allocators import proportional
-from .budget import REASONS, Allocation, budgeted_minmax, enforce_budget, hinge_times, noise_costs
+from .budget import REASONS, Allocation, budgeted_minmax, enforce_budget, hinge_times, noise_budget
 from .iterative import IterativeStep
 from .rounding import round_to_total
 
@@ -115,8 +115,9 @@ class Decision:
 def allocate(
     ids: list[str],
     table: SiloTable,
-    settings: AllocationSettings,
+    knobs: BalancingKnobs,
     *,
+    initial_batch_size: int,
     iterative: IterativeStep,
     total: int | None = None,
     weights: np.ndarray | None = None,
@@ -134,8 +135,10 @@ def allocate(
         The silos of the round, sorted.
     table : SiloTable
         The silos' models and rows.
-    settings : AllocationSettings
-        The bounds and guards.
+    knobs : BalancingKnobs
+        The bounds, the allocator and the guards.
+    initial_batch_size : int
+        B_init.
     iterative : IterativeStep
         Alg. 2's state (allocator ``iterative``).
     total : int | None (default: None)
@@ -163,19 +166,21 @@ def allocate(
     rows = table.gather(ids)  # a copy: the caps learned by the server join the reported
     if caps is not None:
         rows["cap"] = np.minimum(rows["cap"], np.asarray(caps, dtype=np.float64))
-    bounds = change_limits(rows, hard_bounds(rows, len(ids), total, settings), settings)
-    if settings.allocator == "iterative":
+    tuning, b_init = knobs.tuning, initial_batch_size
+    bounds = hard_bounds(rows, len(ids), total, knobs, initial_batch_size=b_init)
+    bounds = change_limits(rows, bounds, tuning.max_change_ratio, initial_batch_size=b_init)
+    if tuning.allocator == "iterative":
         speeds = table.speeds(ids)
         if speeds is None:
             return Decision.of(ids, _equal(bounds), "no-report")
         given = iterative.sizes(ids, bounds.total, bounds.lower, bounds.upper, speeds, table)
         return Decision.of(ids, np.array([given[i] for i in ids], dtype=np.int64), "iterative")
-    curves = cost_curves(ids, rows, table, linear=settings.allocator == "linear")
+    curves = cost_curves(ids, rows, table, linear=tuning.allocator == "linear")
     if curves is None:
         return Decision.of(ids, _equal(bounds), "no-report")
     a, b, knee = curves
     rounding: Literal["time", "remainder"] = (
-        "remainder" if settings.allocator == "proportional" else "time"
+        "remainder" if tuning.allocator == "proportional" else "time"
     )
     result = budgeted_minmax(
         a, b, bounds.total, knee=knee, lower=bounds.lower, upper=bounds.upper, weights=weights,
@@ -186,13 +191,13 @@ def allocate(
     # order of speeds is then not the order to keep.
     weighted = result.binds and weights is not None and bool(np.ptp(weights) > 0)
     sizes = result.sizes.astype(np.int64)
-    if not weighted and settings.order_tolerance is not None and len(sizes) > 1:
+    if not weighted and tuning.order_tolerance is not None and len(sizes) > 1:
         sizes = order_guard(
-            sizes, a, b, settings.order_tolerance, lower=bounds.lower, upper=bounds.upper,
+            sizes, a, b, tuning.order_tolerance, lower=bounds.lower, upper=bounds.upper,
             round_time=result.round_time,
         )  # fmt: skip
-    if settings.equal_split_guard:
-        margin = guard_margin(rows["error"], settings.equal_split_margin)
+    if tuning.equal_split_guard:
+        margin = guard_margin(rows["error"], tuning.equal_split_margin)
         sizes = equal_split_guard(sizes, a, b, knee, bounds, margin)
         if np.array_equal(sizes, _equal(bounds)) and not np.array_equal(sizes, result.sizes):
             return Decision.of(ids, sizes, "equal-split")
@@ -219,7 +224,7 @@ def hold(ids: Sequence[str], held: Mapping[str, int]) -> Decision:
 
 
 def hard_bounds(
-    rows: np.ndarray, n: int, total: int | None, settings: AllocationSettings
+    rows: np.ndarray, n: int, total: int | None, knobs: BalancingKnobs, *, initial_batch_size: int
 ) -> Bounds:
     """Each silo's hard bounds: the floor (yielding to its memory cap) and the smaller of
     ``max_batch_size`` and its memory cap (a cap below ``min_batch_size`` cannot be
@@ -231,19 +236,21 @@ def hard_bounds(
         If ``total`` is not a positive integer.
     """
     caps = rows["cap"]
-    if settings.max_batch_size is not None:
-        caps = np.minimum(caps, settings.max_batch_size)
-    upper = np.where(np.isinf(caps), caps, np.maximum(caps, settings.min_batch_size))
-    lower = np.minimum(float(settings.floor), upper)
+    if knobs.max_batch_size is not None:
+        caps = np.minimum(caps, knobs.max_batch_size)
+    upper = np.where(np.isinf(caps), caps, np.maximum(caps, knobs.min_batch_size))
+    lower = np.minimum(float(knobs.floor(initial_batch_size)), upper)
     if total is not None:
         check_positive_int("total", total)
-    wanted = n * settings.initial_batch_size if total is None else total
+    wanted = n * initial_batch_size if total is None else total
     clipped = int(np.clip(wanted, lower.sum(), upper.sum()))
     return Bounds(lower, upper, lower, upper, clipped)
 
 
-def change_limits(rows: np.ndarray, bounds: Bounds, settings: AllocationSettings) -> Bounds:
-    """Narrow the bounds to ``max_change_ratio`` (times ``boost``, the level ratio of a
+def change_limits(
+    rows: np.ndarray, bounds: Bounds, ratio: float | None, *, initial_batch_size: int
+) -> Bounds:
+    """Narrow the bounds to ``ratio`` (``max_change_ratio``, times ``boost``, the level ratio of a
     change confirmed by the last report) around each silo's last reported batch size
     (B_init for a silo that never reported); dropped for a round whose total they make
     unreachable.
@@ -254,10 +261,9 @@ def change_limits(rows: np.ndarray, bounds: Bounds, settings: AllocationSettings
     silo reporting a thousandth of its time gets ``2 * B_init`` in round 2, not most of
     X). What a silo claims is bounded by the round engine's claim checks
     (:mod:`fl_lbbsp.security.claims`)."""
-    ratio = settings.max_change_ratio
     if ratio is None:
         return bounds
-    last = np.where(np.isnan(rows["last"]), float(settings.initial_batch_size), rows["last"])
+    last = np.where(np.isnan(rows["last"]), float(initial_batch_size), rows["last"])
     ratios = ratio * rows["boost"]
     # A memory cap still wins over the change limit.
     lo = np.minimum(np.maximum(bounds.hard_lower, np.ceil(last / ratios)), bounds.hard_upper)
@@ -351,9 +357,7 @@ def restore_budget(
 ) -> None:
     """Move samples (in place) until the noise budget ``rho`` holds again after the order
     guard moved some (:func:`~fl_lbbsp.core.allocation.budget.enforce_budget`)."""
-    n = len(sizes)
-    c = noise_costs(n, weights, noise)
-    budget = rho * float(np.sum(c)) * n / bounds.total
+    c, budget = noise_budget(len(sizes), bounds.total, weights=weights, noise=noise, rho=rho)
     enforce_budget(sizes, c, budget, lower=np.maximum(np.ceil(bounds.lower), 1), upper=bounds.upper)
 
 

@@ -131,10 +131,6 @@ def round_to_total(
     if a.shape != (n,) or b.shape != (n,) or not np.all(np.isfinite(a) & np.isfinite(b)):
         raise ValueError(f"slope and intercept must be {n} finite values")
     if missing > 0:
-        taken = _cheapest_units(result, missing, a, b, hi)
-        if taken is not None:
-            result += taken
-            return result
         # Cheapest next unit first: the heap holds each silo's time after one more unit.
         heap = [(a[i] * (result[i] + 1) + b[i], i) for i in range(n) if result[i] < hi[i]]
         heapq.heapify(heap)
@@ -152,53 +148,6 @@ def round_to_total(
             if result[i] > lo[i]:
                 heapq.heappush(heap, (-(a[i] * result[i] + b[i]), i))
     return result
-
-
-def _cheapest_units(
-    result: IntArray, missing: int, a: FloatArray, b: FloatArray, hi: IntArray
-) -> IntArray | None:
-    """How many of the ``missing`` cheapest next units each silo gets, vectorised;
-    ``None`` where the caller's one-unit-at-a-time loop must decide.
-
-    Unit j of silo i (its batch growing to ``result_i + j``) costs
-    ``a_i * (result_i + j) + b_i``, non-decreasing in j. Taking units one at a time,
-    cheapest first, ties to the lower index, takes the ``missing`` smallest
-    (time, silo, j) of all units. Each silo's first ``ceil(missing / n)`` units hold at
-    least ``missing`` units, so the ``missing``-th smallest of them, tau, bounds the last
-    unit taken: only the units costing at most tau are candidates, and they are sorted
-    at once.
-    """
-    n = result.shape[0]
-    room = hi - result
-    per = -(-missing // n)
-    j = np.arange(1, per + 1)
-    first = a[:, None] * (result[:, None] + j[None, :]) + b[:, None]
-    first[j[None, :] > room[:, None]] = np.inf
-    flat = first.ravel()
-    tau = float(np.partition(flat, missing - 1)[missing - 1])
-    if not np.isfinite(tau):
-        return None
-    # Units costing at most tau (one more, against rounding in the division) ...
-    count = np.clip(np.floor((tau - b) / a) - result + 1, 0, room).astype(np.int64)
-    if count.sum() > 4 * (missing + n):
-        return None
-    # ... and the unit after them must cost more, or the silo has no room left.
-    following = a * (result + count + 1) + b
-    if np.any((count < room) & (following <= tau)):
-        return None
-    silo = np.repeat(np.arange(n), count)
-    unit = np.arange(silo.size) - np.repeat(np.cumsum(count) - count, count) + 1
-    times = a[silo] * (result[silo] + unit) + b[silo]
-    # The candidates are in (silo, unit) order: a stable sort by time, ties so broken,
-    # takes every unit cheaper than the missing-th cheapest and the first of those tied
-    # with it (the same units, without the sort).
-    if times.size <= missing:
-        return np.bincount(silo, minlength=n).astype(np.int64)
-    last = float(np.partition(times, missing - 1)[missing - 1])
-    taken = times < last
-    tied = np.flatnonzero(times == last)[: missing - int(np.count_nonzero(taken))]
-    taken[tied] = True
-    return np.bincount(silo[taken], minlength=n).astype(np.int64)
 
 
 def _move_units(

@@ -193,7 +193,9 @@ class RoundEngine(RoundTiming, RoundReporting):
             silo_id=self.silo_id,
             registry=registry,
         )
-        self.balancer = BatchSizeBalancer(**config.balancer_keywords())
+        self.balancer = BatchSizeBalancer(
+            initial_batch_size=config.initial_batch_size, knobs=config
+        )
         self.silo_of_node: dict[Node, str] = {}
         self.node_of_silo: dict[str, Node] = {}
         self.stragglers = StragglerWatch(ratio=self.deadline.slow_ratio)
@@ -272,13 +274,13 @@ class RoundEngine(RoundTiming, RoundReporting):
         if not self.config.balance:
             return {node: self.config.initial_batch_size for node in silos}
         # Only an estimator with a warm-up (NARX) has anything to say; no scan otherwise.
-        warming = self.balancer.warming_up() if self.config.estimator == "narx" else {}
+        warming = self.balancer.warming_up() if self.config.tuning.estimator == "narx" else {}
         if warming:
             seen, warmup = min(warming.values())
             log.info(
                 "%s: %d silo(s) still predicted by the EMA warm-up (%d of %d reports; "
                 "set the estimator's warmup to train sooner)",
-                self.config.estimator,
+                self.config.tuning.estimator,
                 len(warming),
                 seen,
                 warmup,

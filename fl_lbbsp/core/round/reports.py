@@ -133,7 +133,7 @@ class RoundReporting:
             return not self.require_valid_report
         if sent is not None:  # trained as instructed: that size fits its memory
             self.memory.ran(silo, sent.batch_size)
-        if self.config.check_times is False:
+        if self.config.tuning.check_times is False:
             observed = None
         train = _real(metrics.get(keys.train_time))
         if train is not None and observed is not None:
@@ -310,7 +310,7 @@ class RoundReporting:
         silo explains both (:func:`held_start_up`: start-up, not capacity), it restarts
         the silo's estimate instead of being averaged with it (Chen et al., TCC 2021, Sec.
         3.3: the speed to predict is the silo's steady capacity, not its start-up)."""
-        threshold = self.balancer.change_threshold
+        threshold = self.balancer.tuning.change_threshold
         self._add_transfer(state)
         for silo, (report, _) in state.feed.items():
             if silo in state.cold:
