@@ -111,6 +111,13 @@ def _rename(arrays: dict[str, np.ndarray]) -> None:
 
 
 W11 = f"{E}.balancer.silos.w11"
+# Alg. 2's state (a linear allocator's checkpoint holds none) in an unknown phase
+ITERATIVE_WARP = {
+    "allocator": {"config": {"step": 5, "window": 5, "fine_step": 1, "fine_window": 20,
+                             "memory_limit": 95.0, "refast_ratio": 1.5},
+                  "phase": "warp", "sizes": {}, "times": []},
+    "stepped": {},
+}  # fmt: skip
 # The issue's edits (those obeyed on eb5bb71, and those that crashed with a traceback)
 EDITS = [
     pytest.param(_model(_fill("w", np.nan)), "arrays.w", id="nan-model"),
@@ -130,7 +137,7 @@ EDITS = [
     pytest.param(_set(f"{W11}.pending", [["a", 1]]), f"{W11}.pending", id="pending-entries"),
     pytest.param(_set(f"{E}.balancer.iterative", "garbage"), f"{E}.balancer.iterative",
                  id="iterative-garbage"),
-    pytest.param(_set(f"{E}.balancer.iterative.allocator.phase", "warp"),
+    pytest.param(_set(f"{E}.balancer.iterative", ITERATIVE_WARP),
                  f"{E}.balancer.iterative.allocator.phase", id="iterative-phase"),
     pytest.param(_set(f"{W11}.boost", 1e300), f"{E}.balancer", id="boost-1e300"),
     pytest.param(_set(f"{W11}.estimator.value", 1e300), f"{W11}.estimator.value",

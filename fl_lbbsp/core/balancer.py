@@ -21,7 +21,6 @@ from typing import Any
 
 from .allocation import pipeline as allocation
 from .allocation.budget import Allocation
-from .allocation.iterative import IterativeAllocator, IterativeStep
 from .allocation.pipeline import ALLOCATION_REASONS, Decision, order_guard, per_silo
 from .balancer_settings import ModelSettings
 from .settings import BALANCER_DEFAULTS, MAX_NOISE_BUDGET, NOISE_BUDGET, BalancingKnobs
@@ -75,12 +74,14 @@ class BatchSizeBalancer:
         self.noise_budget = self.knobs.noise_budget
         self.speed_estimator = t.speed_estimator()
         """The speed estimator (:meth:`~fl_lbbsp.core.settings.Tuning.speed_estimator`)."""
+        self.allocator = t.batch_allocator()
+        """The allocator (:meth:`~fl_lbbsp.core.settings.Tuning.batch_allocator`)."""
         self.model_settings = ModelSettings(
             self.speed_estimator, t.alpha, t.history, t.min_fit_spread, t.fit,
-            t.allocator == "linear" and t.fit == "wls", t.change_sigmas, t.change_threshold,
+            self.allocator.fits_lines and t.fit == "wls", t.change_sigmas, t.change_threshold,
             t.change_confirm, t.max_change_ratio,
         )  # fmt: skip
-        self._iterative = IterativeStep(IterativeAllocator(**t.allocator_options.model_dump()))
+        self._allocation = self.allocator.start()
         self.common_factor = 1.0
         """The common factor taken out of the last round's reports (1: none)."""
         self.last_allocation: dict[str, tuple[int, str]] = {}
@@ -212,8 +213,8 @@ class BatchSizeBalancer:
         order = list(dict.fromkeys(silo_ids))
         ids = sorted(order)
         decision: Decision = allocation.allocate(
-            ids, self._table, self.knobs, initial_batch_size=self.initial_batch_size,
-            iterative=self._iterative,
+            ids, self._table, self.knobs, self.allocator,
+            initial_batch_size=self.initial_batch_size, state=self._allocation,
             total=total, weights=per_silo(ids, weights, "weights"),
             noise=per_silo(ids, noise, "noise"), rho=self.noise_budget if budget else None,
             held=held,
@@ -230,9 +231,10 @@ class BatchSizeBalancer:
         """JSON-serialisable state (configuration and every silo's model)."""
         table = self._table
         knobs = self.knobs.model_dump(mode="json", include=set(BalancingKnobs.model_fields))
+        saved = self.allocator.save(self._allocation)
         return {
             "config": {"initial_batch_size": self.initial_batch_size, **knobs},
-            "iterative": self._iterative.state(),
+            **({} if saved is None else {"iterative": saved}),
             "pooled_shape": {"value": table.pooled_shape, "stale": table.shapes_changed},
             "silos": {silo: model.state() for silo, model in self._silos.items()},
         }
@@ -254,8 +256,8 @@ class BatchSizeBalancer:
         if "pooled_shape" in state:
             table.pooled_shape = float(state["pooled_shape"]["value"])
             table.shapes_changed = bool(state["pooled_shape"]["stale"])
-        if "iterative" in state:
-            balancer._iterative = IterativeStep.from_state(state["iterative"])
+        if state.get("iterative") is not None:  # the allocator's (Alg. 2's, by its old key)
+            balancer._allocation = balancer.allocator.load(state["iterative"])
         return balancer
 
     @classmethod

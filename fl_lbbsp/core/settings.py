@@ -32,6 +32,8 @@ from pydantic import (
     model_validator,
 )
 
+from .allocation.pipeline import ALLOCATORS, Allocator, Iterative
+from .registry import Registry
 from .silo.estimators import ESTIMATORS, SpeedEstimator, parse_estimator
 
 __all__ = [
@@ -47,6 +49,9 @@ __all__ = [
     "balancing_config",
 ]
 
+IterativeSettings = Iterative
+"""Alg. 2's settings: the fields of the ``iterative`` allocator."""
+
 MAX_NOISE_BUDGET = 1e6
 """Largest noise budget accepted (a finite stand-in for no budget: ``None``)."""
 NOISE_BUDGET = math.sqrt(2.0)
@@ -57,29 +62,6 @@ rho acts on it as a learning rate rho times larger at FedAvg's batch. A learning
 for FedAvg on the customary powers-of-two grid is known only within a factor sqrt(2) of its
 best; rho = sqrt(2) keeps the update's temperature within that resolution of the tuning,
 so it changes nothing the user's own tuning could have told apart."""
-
-
-class IterativeSettings(BaseModel):
-    """Alg. 2's settings, the ``iterative`` allocator's ``allocator_options``
-    (:class:`~fl_lbbsp.core.allocation.iterative.IterativeAllocator`; Chen et al., IEEE
-    TCC 2021, Alg. 2)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-    step: int = Field(default=5, ge=1, strict=True)
-    """Samples moved per iteration in the fast-approach phase (Delta)."""
-    window: int = Field(default=5, ge=1, strict=True)
-    """Observation window D of the fast-approach phase."""
-    fine_step: int = Field(default=1, ge=1, strict=True)
-    """Step of the fine-tune phase."""
-    fine_window: int = Field(default=20, ge=1, strict=True)
-    """Observation window of the fine-tune phase."""
-    memory_limit: float = Field(default=95.0, gt=0, le=100)
-    """A worker using more memory than this (percent) is never the leader."""
-    refast_ratio: float | None = Field(default=1.5, gt=1, allow_inf_nan=False)
-    """Back to the fast phase when the straggler/leader time ratio stayed at or above this
-    over a whole fine window; ``None`` keeps the fine phase for good (the paper's Alg. 2
-    exactly)."""
 
 
 class Tuning(BaseModel):
@@ -96,9 +78,12 @@ class Tuning(BaseModel):
     taken too, held as its name and its settings (``estimator_options``)."""
     alpha: float = Field(default=0.2, gt=0, le=1)
     """EMA weight of the latest observation, in (0, 1]."""
-    allocator: Literal["linear", "proportional", "iterative"] = "linear"
-    """``proportional`` is Alg. 1; ``linear`` also fits each silo's fixed cost; ``iterative``
-    is Alg. 2 (cluster mode)."""
+    allocator: str = "linear"
+    """Allocator, by its name in the allocator registry: proportional (Alg. 1), linear
+    (also fits each silo's fixed cost) or iterative (Alg. 2, cluster mode), or one
+    registered with fl_lbbsp.core.allocation.allocators.register; an allocator object
+    (``Iterative(window=1)``) is taken too, held as its name and its settings
+    (``allocator_options``)."""
     min_batch_fraction: float = Field(default=0.0, ge=0, le=1)
     """A hard floor of every batch size as a fraction of B_init, in [0, 1] (a memory or
     batch-normalisation floor of your own); the noise budget is the usual bound."""
@@ -131,8 +116,9 @@ class Tuning(BaseModel):
     estimator_options: dict[str, Any] = Field(default_factory=dict)
     """Settings of the estimator named by ``estimator`` (NARX ``warmup``, ``train_every``,
     ...), ``alpha`` where it has one and they do not set it."""
-    allocator_options: IterativeSettings = Field(default_factory=IterativeSettings)
-    """The iterative allocator's settings (a mapping of its fields is accepted)."""
+    allocator_options: dict[str, Any] = Field(default_factory=dict)
+    """Settings of the allocator named by ``allocator`` (Alg. 2's ``step``, ``window``,
+    ...)."""
     max_dataset_size: int | None = Field(default=10_000_000, gt=0, strict=True)
     """Bounded claims (fl_lbbsp.security.claims): the largest num-examples (the
     aggregation weight in FL) a silo may claim; a silo's size is pinned at its first
@@ -162,32 +148,42 @@ class Tuning(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _estimator_by_name(cls, data: Any) -> Any:
-        """An estimator object becomes its name and its settings (those of ``alpha``
-        left out where they are the knob's)."""
-        if not isinstance(data, dict) or not isinstance(data.get("estimator"), SpeedEstimator):
+    def _parts_by_name(cls, data: Any) -> Any:
+        """An estimator or allocator object becomes its name and its settings (an
+        estimator's ``alpha`` left out where it is the knob's); Alg. 2's default settings
+        beside another allocator, which every state held before the registry, are
+        dropped."""
+        if not isinstance(data, dict):
             return data
-        if data.get("estimator_options"):
-            raise ValueError("estimator_options are for an estimator named by a string")
-        estimator: SpeedEstimator = data["estimator"]
-        options = estimator.model_dump()
-        if options.get("alpha") == data.get("alpha", cls.model_fields["alpha"].default):
-            del options["alpha"]
-        return {**data, "estimator": estimator.name, "estimator_options": options}
+        data = dict(data)
+        for part, kind in (("estimator", SpeedEstimator), ("allocator", Allocator)):
+            given = data.get(part)
+            if not isinstance(given, kind):
+                continue
+            if data.get(f"{part}_options"):
+                raise ValueError(f"{part}_options are for an {part} named by a string")
+            options = given.model_dump()
+            if part == "estimator" and options.get("alpha") == data.get(
+                "alpha", cls.model_fields["alpha"].default
+            ):
+                del options["alpha"]
+            data |= {part: given.name, f"{part}_options": options}
+        named = data.get("allocator", "linear")
+        if named != Iterative.name and data.get("allocator_options") == Iterative().model_dump():
+            data["allocator_options"] = {}  # (a state written before the registry)
+        return data
 
-    @field_validator("estimator")
+    @field_validator("estimator", "allocator")
     @classmethod
-    def _registered(cls, name: str) -> str:
-        if name not in ESTIMATORS:
-            raise ValueError(
-                f"unknown speed estimator {name!r}; expected one of {sorted(ESTIMATORS)}"
-            )
+    def _registered(cls, name: str, info: ValidationInfo) -> str:
+        registry: Registry[Any] = ESTIMATORS if info.field_name == "estimator" else ALLOCATORS
+        registry.lookup(name)
         return name
 
     @field_validator("estimator_options", "allocator_options", mode="before")
     @classmethod
     def _no_options(cls, value: Any) -> Any:
-        return {} if value is None else value
+        return {} if value is None else dict(value) if isinstance(value, Mapping) else value
 
     @field_validator("estimator_options")
     @classmethod
@@ -196,6 +192,18 @@ class Tuning(BaseModel):
         if "estimator" in info.data and "alpha" in info.data:  # (else those are refused)
             parse_estimator(info.data["estimator"], alpha=info.data["alpha"], options=options)
         return options
+
+    @field_validator("allocator_options")
+    @classmethod
+    def _settings_taken(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Refuse a setting the allocator does not take, or a bad one."""
+        if "allocator" in info.data:  # (else its name is refused)
+            ALLOCATORS.build(info.data["allocator"], options)
+        return options
+
+    def batch_allocator(self) -> Allocator:
+        """The allocator these settings name: ``allocator`` with ``allocator_options``."""
+        return ALLOCATORS.build(self.allocator, self.allocator_options)
 
     def speed_estimator(self) -> SpeedEstimator:
         """The estimator these settings name: ``estimator`` with ``estimator_options`` and

@@ -533,10 +533,9 @@ class LBBSPFedAvg(EngineView, FedAvg):
         resume it (JSON values): those that decide batch sizes and updates."""
         balancing = self.config.model_dump(mode="json", exclude={"tuning": set(CLAIM_SETTINGS)})
         # One flat group, as checkpoints have always held it (a tuning knob by its name;
-        # Alg. 2's options as given, its defaults left out, as they always were).
-        options = self.config.tuning.allocator_options.model_dump(
-            mode="json", exclude_defaults=True
-        )
+        # the allocator's settings, its defaults left out, as they always were).
+        allocator = self.config.tuning.batch_allocator()
+        options = allocator.model_dump(mode="json", exclude_defaults=True)
         tuning = {**balancing.pop("tuning"), "allocator_options": options}
         return {"balancing": {**balancing, **tuning}, **self.updates.settings()}
 

@@ -9,23 +9,44 @@ The problem (Chen et al., IEEE TCC 2021, Eq. 3): minimise ``max_i t_i(x_i)`` sub
 
 Proportional allocation is the linear case with ``a_i = 1 / v_i`` and ``b_i = 0``, so
 both go through the same solver and the same rounding.
+
+The balancer's allocators are objects from one registry, :data:`ALLOCATORS`
+(:class:`Allocator`: its settings are its fields): ``linear`` and ``proportional``
+(:mod:`.pipeline`), ``iterative`` (Alg. 2, :mod:`.iterative`). Adding one is one class
+with ``@register``; a name given as a string (a CLI flag, a run config, a checkpoint) is
+looked up once, at that boundary (:class:`~fl_lbbsp.core.settings.Tuning`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 # The cost fits moved to :mod:`.costfit`; importable from here as before.
+from ..registry import Registry
 from ..silo.costfit import CostFit, fit_linear_cost, fit_robust_cost, robust_level
 from .rounding import ArrayLike, IntArray, integer_bounds, round_to_total
 from .waterfill import linear_minmax_continuous, positive_finite
 
+if TYPE_CHECKING:
+    from ..settings import Tuning
+    from ..silo.model import SiloTable
+
 Rounding = Literal["time", "remainder"]
 
 __all__ = [
+    "ALLOCATORS",
+    "Allocator",
+    "Bounds",
     "CostFit",
+    "Decision",
+    "Problem",
+    "equal_split",
     "fit_linear_cost",
     "fit_robust_cost",
     "ideal_round_time",
@@ -33,8 +54,102 @@ __all__ = [
     "linear_minmax",
     "linear_minmax_continuous",
     "proportional",
+    "register",
+    "registered",
     "robust_level",
+    "split_equally",
 ]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Each silo's bounds: ``lower``/``upper`` with the change limits, ``hard_lower``/
+    ``hard_upper`` without; ``total`` the total within the hard bounds."""
+
+    lower: np.ndarray
+    upper: np.ndarray
+    hard_lower: np.ndarray
+    hard_upper: np.ndarray
+    total: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Each silo's batch size and the reason it got it
+    (:data:`~fl_lbbsp.core.allocation.pipeline.ALLOCATION_REASONS`)."""
+
+    sizes: dict[str, int]
+    reasons: dict[str, str]
+
+    @classmethod
+    def of(cls, ids: Sequence[str], sizes: np.ndarray, why: Sequence[str] | str) -> Decision:
+        """A decision for ``ids`` from an array of sizes and one reason or one each."""
+        reasons = [why] * len(ids) if isinstance(why, str) else list(why)
+        return cls(
+            dict(zip(ids, sizes.tolist(), strict=True)), dict(zip(ids, reasons, strict=True))
+        )
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One round's allocation as the pipeline's first steps leave it to the allocator
+    (:func:`~fl_lbbsp.core.allocation.pipeline.allocate`): the silos ``ids`` (sorted),
+    their models (``table``) and gathered columns (``rows``: ``cap``, ``last``,
+    ``slope``, ...), their ``bounds`` and total, the guards' settings (``tuning``), the
+    aggregation ``weights`` and gradient ``noise`` (``None``: equal), the noise budget
+    ``rho`` (``None``: none) and the allocator's own ``state``
+    (:meth:`Allocator.start`)."""
+
+    ids: list[str]
+    table: SiloTable
+    rows: np.ndarray
+    bounds: Bounds
+    tuning: Tuning
+    weights: np.ndarray | None
+    noise: np.ndarray | None
+    rho: float | None
+    state: Any
+
+
+class Allocator(BaseModel, ABC):
+    """A batch-size allocator: its settings are the fields.
+
+    A subclass sets ``name`` (its key in :data:`ALLOCATORS`) and defines
+    :meth:`allocate`; one that keeps state between rounds (Alg. 2) also :meth:`start`,
+    :meth:`save` and :meth:`load`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    name: ClassVar[str]
+    fits_lines: ClassVar[bool] = False
+    """Whether it allocates by the silos' fitted cost lines (then the ``wls`` fit is
+    made where ``fit`` asks for it)."""
+
+    @abstractmethod
+    def allocate(self, problem: Problem) -> Decision:
+        """Every silo's batch size within ``problem.bounds``, summing to its total, and
+        the reason for it."""
+
+    def start(self) -> Any:
+        """The state it keeps between rounds (``None``: none)."""
+        return None
+
+    def save(self, state: Any) -> dict[str, Any] | None:
+        """``state`` as JSON, read back by :meth:`load` (``None``: nothing to keep)."""
+        return None
+
+    def load(self, saved: dict[str, Any]) -> Any:
+        """The state of a :meth:`save`."""
+        return self.start()
+
+
+ALLOCATORS: Registry[Allocator] = Registry("allocator")
+"""Every allocator by name."""
+register = ALLOCATORS.register
+"""Add an allocator class to :data:`ALLOCATORS` under its ``name`` (a decorator)."""
+registered = ALLOCATORS.registered
+""":func:`register` a class for the duration of a ``with`` block."""
 
 
 def linear_minmax(
@@ -112,6 +227,22 @@ def proportional(
     return linear_minmax(
         1.0 / v, np.zeros_like(v), total, lower=lower, upper=upper, rounding="remainder"
     )
+
+
+def equal_split(total: int, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """FedAvg's equal split of ``total`` within the bounds (silos in the order given)."""
+    n = len(lower)
+    share, extra = divmod(total, n)
+    sizes = np.full(n, share, dtype=np.int64)
+    sizes[:extra] += 1
+    if np.all(sizes >= lower) and np.all(sizes <= upper):
+        return sizes
+    return proportional(np.ones(n), total, lower=lower, upper=upper)
+
+
+def split_equally(bounds: Bounds) -> np.ndarray:
+    """:func:`equal_split` of ``bounds.total`` within the hard bounds."""
+    return equal_split(bounds.total, bounds.hard_lower, bounds.hard_upper)
 
 
 def ideal_round_time(a: ArrayLike, b: ArrayLike, total: float) -> float:

@@ -29,16 +29,66 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 
-from ..settings import IterativeSettings
-from .allocators import proportional
+from .allocators import Allocator, Decision, Problem, proportional, register, split_equally
 
 if TYPE_CHECKING:
     from ..silo.model import SiloTable
 
-__all__ = ["IterativeAllocator", "IterativeSettings", "IterativeStep"]
+__all__ = ["Iterative", "IterativeAllocator", "IterativeStep"]
 
 log = logging.getLogger("fl_lbbsp")
+
+
+@register
+class Iterative(Allocator):
+    """Alg. 2, the iterative leader/straggler tuning (:class:`IterativeAllocator`; cluster
+    mode): one step per round of fresh reports from every silo (:class:`IterativeStep`),
+    from a split proportional to the predicted speeds.
+
+    Reference: Chen et al., IEEE TCC 2021, Sec. 3.3.2, Alg. 2.
+    """
+
+    name = "iterative"
+    step: int = Field(default=5, ge=1, strict=True)
+    """Samples moved per iteration in the fast-approach phase (Delta)."""
+    window: int = Field(default=5, ge=1, strict=True)
+    """Observation window D of the fast-approach phase."""
+    fine_step: int = Field(default=1, ge=1, strict=True)
+    """Step of the fine-tune phase."""
+    fine_window: int = Field(default=20, ge=1, strict=True)
+    """Observation window of the fine-tune phase."""
+    memory_limit: float = Field(default=95.0, gt=0, le=100)
+    """A worker using more memory than this (percent) is never the leader."""
+    refast_ratio: float | None = Field(default=1.5, gt=1, allow_inf_nan=False)
+    """Back to the fast phase when the straggler/leader time ratio stayed at or above this
+    over a whole fine window; ``None`` keeps the fine phase for good (the paper's Alg. 2
+    exactly)."""
+
+    def allocate(self, problem: Problem) -> Decision:
+        """One step of Alg. 2 (reason ``iterative``); the equal split before any report
+        (``no-report``)."""
+        ids, bounds, table = problem.ids, problem.bounds, problem.table
+        speeds = table.speeds(ids)
+        if speeds is None:
+            return Decision.of(ids, split_equally(bounds), "no-report")
+        step: IterativeStep = problem.state
+        given = step.sizes(ids, bounds.total, bounds.lower, bounds.upper, speeds, table)
+        return Decision.of(ids, np.array([given[i] for i in ids], dtype=np.int64), "iterative")
+
+    def start(self) -> IterativeStep:
+        """A state machine at the start."""
+        return IterativeStep(IterativeAllocator(**self.model_dump()))
+
+    def save(self, state: Any) -> dict[str, Any]:
+        """The state machine and the silos it stepped (:meth:`IterativeStep.state`)."""
+        saved: dict[str, Any] = state.state()
+        return saved
+
+    def load(self, saved: dict[str, Any]) -> IterativeStep:
+        """:meth:`IterativeStep.from_state`."""
+        return IterativeStep.from_state(saved)
 
 
 class IterativeAllocator:
@@ -47,7 +97,7 @@ class IterativeAllocator:
     Parameters
     ----------
     **options
-        The fields of :class:`IterativeSettings` (``step``, ``window``, ``fine_step``,
+        The fields of :class:`Iterative` (``step``, ``window``, ``fine_step``,
         ``fine_window``, ``memory_limit``, ``refast_ratio``), each at its default unless
         given.
 
@@ -58,7 +108,7 @@ class IterativeAllocator:
     """
 
     def __init__(self, **options: Any) -> None:
-        self.settings = IterativeSettings(**options)
+        self.settings = Iterative(**options)
         self.phase = "fast"
         self.sizes: dict[str, int] = {}
         window = max(self.settings.window, self.settings.fine_window)

@@ -32,24 +32,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 
-from ..settings import BalancingKnobs
-from ..silo.model import SiloTable
 from ..silo.reports import check_positive_int
 from ..slowdown import median
-from .allocators import proportional
+from .allocators import (
+    ALLOCATORS,
+    Allocator,
+    Bounds,
+    Decision,
+    Problem,
+    equal_split,
+    register,
+    split_equally,
+)
 from .budget import REASONS, Allocation, budgeted_minmax, enforce_budget, hinge_times, noise_budget
-from .iterative import IterativeStep
+from .iterative import Iterative
 from .rounding import round_to_total
+
+if TYPE_CHECKING:
+    from ..settings import BalancingKnobs
+    from ..silo.model import SiloTable
 
 __all__ = [
     "ALLOCATION_REASONS",
+    "ALLOCATORS",
+    "Allocator",
     "Bounds",
     "Decision",
+    "Iterative",
+    "Linear",
+    "Problem",
+    "Proportional",
     "allocate",
     "change_limits",
     "cost_curves",
@@ -84,41 +100,14 @@ ALLOCATION_REASONS: tuple[str, ...] = (
 reported yet), ``iterative`` (Alg. 2) and ``held`` (a gate kept the sizes in force)."""
 
 
-@dataclass(frozen=True)
-class Bounds:
-    """Each silo's bounds: ``lower``/``upper`` with the change limits, ``hard_lower``/
-    ``hard_upper`` without; ``total`` the total within the hard bounds."""
-
-    lower: np.ndarray
-    upper: np.ndarray
-    hard_lower: np.ndarray
-    hard_upper: np.ndarray
-    total: int
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Each silo's batch size and the reason it got it (:data:`ALLOCATION_REASONS`)."""
-
-    sizes: dict[str, int]
-    reasons: dict[str, str]
-
-    @classmethod
-    def of(cls, ids: Sequence[str], sizes: np.ndarray, why: Sequence[str] | str) -> Decision:
-        """A decision for ``ids`` from an array of sizes and one reason or one each."""
-        reasons = [why] * len(ids) if isinstance(why, str) else list(why)
-        return cls(
-            dict(zip(ids, sizes.tolist(), strict=True)), dict(zip(ids, reasons, strict=True))
-        )
-
-
 def allocate(
     ids: list[str],
     table: SiloTable,
     knobs: BalancingKnobs,
+    allocator: Allocator,
     *,
     initial_batch_size: int,
-    iterative: IterativeStep,
+    state: object = None,
     total: int | None = None,
     weights: np.ndarray | None = None,
     noise: np.ndarray | None = None,
@@ -136,11 +125,13 @@ def allocate(
     table : SiloTable
         The silos' models and rows.
     knobs : BalancingKnobs
-        The bounds, the allocator and the guards.
+        The bounds and the guards.
+    allocator : Allocator
+        The allocator (:data:`~fl_lbbsp.core.allocation.allocators.ALLOCATORS`).
     initial_batch_size : int
         B_init.
-    iterative : IterativeStep
-        Alg. 2's state (allocator ``iterative``).
+    state : object (default: None)
+        The allocator's state (:meth:`Allocator.start`; Alg. 2's).
     total : int | None (default: None)
         The total X; ``None``: ``n * B_init``.
     weights, noise : numpy.ndarray | None (default: None)
@@ -169,44 +160,72 @@ def allocate(
     tuning, b_init = knobs.tuning, initial_batch_size
     bounds = hard_bounds(rows, len(ids), total, knobs, initial_batch_size=b_init)
     bounds = change_limits(rows, bounds, tuning.max_change_ratio, initial_batch_size=b_init)
-    if tuning.allocator == "iterative":
-        speeds = table.speeds(ids)
-        if speeds is None:
-            return Decision.of(ids, _equal(bounds), "no-report")
-        given = iterative.sizes(ids, bounds.total, bounds.lower, bounds.upper, speeds, table)
-        return Decision.of(ids, np.array([given[i] for i in ids], dtype=np.int64), "iterative")
-    curves = cost_curves(ids, rows, table, linear=tuning.allocator == "linear")
-    if curves is None:
-        return Decision.of(ids, _equal(bounds), "no-report")
-    a, b, knee = curves
-    rounding: Literal["time", "remainder"] = (
-        "remainder" if tuning.allocator == "proportional" else "time"
-    )
-    result = budgeted_minmax(
-        a, b, bounds.total, knee=knee, lower=bounds.lower, upper=bounds.upper, weights=weights,
-        noise=noise, rho=rho, rounding=rounding,
-    )  # fmt: skip
-    reasons = name_bounds(result, bounds, rows["cap"])
-    # Under a binding budget, unequal weights order the batch sizes by weight too: the
-    # order of speeds is then not the order to keep.
-    weighted = result.binds and weights is not None and bool(np.ptp(weights) > 0)
-    sizes = result.sizes.astype(np.int64)
-    if not weighted and tuning.order_tolerance is not None and len(sizes) > 1:
-        sizes = order_guard(
-            sizes, a, b, tuning.order_tolerance, lower=bounds.lower, upper=bounds.upper,
-            round_time=result.round_time,
+    return allocator.allocate(Problem(ids, table, rows, bounds, tuning, weights, noise, rho, state))
+
+
+@register
+class Linear(Allocator):
+    """LB-BSP's min-max: the shortest predicted round within the bounds and the noise
+    budget (:func:`~fl_lbbsp.core.allocation.budget.budgeted_minmax`) over each silo's
+    fitted cost curve ``t = a * max(x, k) + b`` (:func:`cost_curves`), rounded by time;
+    then the order guard, the equal-split guard and the budget restored.
+
+    Reference: Chen et al., SoCC 2020, Sec. 3.3 (linear costs); Chen et al., IEEE TCC
+    2021, Eq. 3 (the min-max).
+    """
+
+    name = "linear"
+    fits_lines = True
+    rounding: ClassVar[Literal["time", "remainder"]] = "time"
+
+    def allocate(self, problem: Problem) -> Decision:
+        """Steps 4-9 of the pipeline (see the module)."""
+        ids, rows, bounds, tuning = problem.ids, problem.rows, problem.bounds, problem.tuning
+        weights, noise, rho = problem.weights, problem.noise, problem.rho
+        curves = cost_curves(ids, rows, problem.table, linear=self.fits_lines)
+        if curves is None:
+            return Decision.of(ids, split_equally(bounds), "no-report")
+        a, b, knee = curves
+        result = budgeted_minmax(
+            a, b, bounds.total, knee=knee, lower=bounds.lower, upper=bounds.upper,
+            weights=weights, noise=noise, rho=rho, rounding=self.rounding,
         )  # fmt: skip
-    if tuning.equal_split_guard:
-        margin = guard_margin(rows["error"], tuning.equal_split_margin)
-        sizes = equal_split_guard(sizes, a, b, knee, bounds, margin)
-        if np.array_equal(sizes, _equal(bounds)) and not np.array_equal(sizes, result.sizes):
-            return Decision.of(ids, sizes, "equal-split")
-    moved = sizes != result.sizes
-    if moved.any():
-        reasons = ["order" if m else r for m, r in zip(moved.tolist(), reasons, strict=True)]
-    if rho is not None and not np.array_equal(sizes, result.sizes):
-        restore_budget(sizes, bounds, weights, noise, rho)
-    return Decision.of(ids, sizes, reasons)
+        reasons = name_bounds(result, bounds, rows["cap"])
+        # Under a binding budget, unequal weights order the batch sizes by weight too: the
+        # order of speeds is then not the order to keep.
+        weighted = result.binds and weights is not None and bool(np.ptp(weights) > 0)
+        sizes = result.sizes.astype(np.int64)
+        if not weighted and tuning.order_tolerance is not None and len(sizes) > 1:
+            sizes = order_guard(
+                sizes, a, b, tuning.order_tolerance, lower=bounds.lower, upper=bounds.upper,
+                round_time=result.round_time,
+            )  # fmt: skip
+        if tuning.equal_split_guard:
+            margin = guard_margin(rows["error"], tuning.equal_split_margin)
+            sizes = equal_split_guard(sizes, a, b, knee, bounds, margin)
+            equal = split_equally(bounds)
+            if np.array_equal(sizes, equal) and not np.array_equal(sizes, result.sizes):
+                return Decision.of(ids, sizes, "equal-split")
+        moved = sizes != result.sizes
+        if moved.any():
+            reasons = ["order" if m else r for m, r in zip(moved.tolist(), reasons, strict=True)]
+        if rho is not None and not np.array_equal(sizes, result.sizes):
+            restore_budget(sizes, bounds, weights, noise, rho)
+        return Decision.of(ids, sizes, reasons)
+
+
+@register
+class Proportional(Linear):
+    """Alg. 1: batch sizes proportional to the predicted speeds (costs ``x / v``, no
+    fixed cost), rounded by largest remainder, with the same budget and guards as
+    :class:`Linear`.
+
+    Reference: Chen et al., IEEE TCC 2021, Alg. 1.
+    """
+
+    name = "proportional"
+    fits_lines = False
+    rounding = "remainder"
 
 
 def hold(ids: Sequence[str], held: Mapping[str, int]) -> Decision:
@@ -341,7 +360,7 @@ def equal_split_guard(
 ) -> np.ndarray:
     """The equal split (:func:`equal_split` within the hard bounds) unless ``sizes`` is
     predicted faster than it by more than ``margin`` of its round time."""
-    equal = _equal(bounds)
+    equal = split_equally(bounds)
     slowest = np.max(hinge_times(a, b, knee, sizes))
     if slowest >= (1.0 - margin) * np.max(hinge_times(a, b, knee, equal)):
         return equal
@@ -381,21 +400,6 @@ def per_silo(
         raise ValueError(f"{name} must be finite and positive, got {given}")
     fill = median(list(given.values()))
     return np.array([given.get(i, fill) for i in ids], dtype=np.float64)
-
-
-def _equal(bounds: Bounds) -> np.ndarray:
-    return equal_split(bounds.total, bounds.hard_lower, bounds.hard_upper)
-
-
-def equal_split(total: int, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """FedAvg's equal split of ``total`` within the bounds (silos in the order given)."""
-    n = len(lower)
-    share, extra = divmod(total, n)
-    sizes = np.full(n, share, dtype=np.int64)
-    sizes[:extra] += 1
-    if np.all(sizes >= lower) and np.all(sizes <= upper):
-        return sizes
-    return proportional(np.ones(n), total, lower=lower, upper=upper)
 
 
 def order_guard(

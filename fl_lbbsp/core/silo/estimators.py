@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from collections.abc import Mapping, MutableMapping
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from ..registry import Registry
 from .detector import new_runs, observe_run
 
 __all__ = [
@@ -108,26 +108,12 @@ class SpeedEstimator(BaseModel, ABC):
         return None
 
 
-ESTIMATORS: dict[str, type[SpeedEstimator]] = {}
+ESTIMATORS: Registry[SpeedEstimator] = Registry("speed estimator")
 """Every estimator by name."""
-
-E = TypeVar("E", bound=type[SpeedEstimator])
-
-
-def register(cls: E) -> E:
-    """Add an estimator class to :data:`ESTIMATORS` under its ``name`` (a decorator)."""
-    ESTIMATORS[cls.name] = cls
-    return cls
-
-
-@contextmanager
-def registered(cls: type[SpeedEstimator]) -> Iterator[None]:
-    """:func:`register` ``cls`` for the duration of a ``with`` block."""
-    register(cls)
-    try:
-        yield
-    finally:
-        del ESTIMATORS[cls.name]
+register = ESTIMATORS.register
+"""Add an estimator class to :data:`ESTIMATORS` under its ``name`` (a decorator)."""
+registered = ESTIMATORS.registered
+""":func:`register` a class for the duration of a ``with`` block."""
 
 
 @register
@@ -353,27 +339,15 @@ def parse_estimator(
     ValueError
         On an unknown name or a bad option (one line naming it).
     """
-    cls = ESTIMATORS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown speed estimator {name!r}; expected one of {sorted(ESTIMATORS)}")
     fields = dict(options or {})
-    if "alpha" in cls.model_fields:
+    if "alpha" in ESTIMATORS.lookup(name).model_fields:
         fields.setdefault("alpha", alpha)
-    try:
-        return cls(**fields)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(
-            f"{name} estimator: {where}: {first['msg']} (got {first['input']!r})"
-        ) from None
+    return ESTIMATORS.build(name, fields)
 
 
 def estimator_from_state(saved: Mapping[str, Any]) -> SpeedEstimator:
     """The estimator of a :meth:`SpeedEstimator.silo_state` (its settings)."""
-    cls = ESTIMATORS.get(str(saved.get("name")))
-    if cls is None:
-        raise ValueError(f"unknown speed estimator {saved.get('name')!r} in saved state")
+    cls = ESTIMATORS.lookup(saved.get("name"))
     return cls(**{k: saved[k] for k in cls.model_fields if k in saved})
 
 

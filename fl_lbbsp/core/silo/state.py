@@ -98,8 +98,7 @@ class EstimatorState(OpenRecord):
     @field_validator("name")
     @classmethod
     def _known(cls, value: str) -> str:
-        if value not in ESTIMATORS:
-            raise ValueError(f"unknown speed estimator {value!r:.40}")
+        ESTIMATORS.lookup(value)
         return value
 
 
