@@ -19,6 +19,7 @@ from .allocation.allocators import (
     linear_minmax_continuous,
     proportional,
 )
+from .allocation.pipeline import ALLOCATORS, Allocator, Iterative, Linear, Proportional
 from .allocation.rounding import integer_bounds, round_to_total
 from .balancer import BALANCER_DEFAULTS, BatchSizeBalancer, InvalidReportError, SiloReport
 from .silo.estimators import (
@@ -34,7 +35,9 @@ from .silo.estimators import (
 )
 
 __all__ = [
+    "ALLOCATORS",
     "Aggregator",
+    "Allocator",
     "BALANCER_DEFAULTS",
     "BatchSizeBalancer",
     "ChangeAwareEMA",
@@ -43,9 +46,12 @@ __all__ = [
     "ESTIMATORS",
     "GradientStep",
     "InvalidReportError",
+    "Iterative",
     "Last",
+    "Linear",
     "NARX",
     "Predictor",
+    "Proportional",
     "SiloReport",
     "SpeedEstimator",
     "WeightedMean",

@@ -12,9 +12,11 @@
    last reported (wider after a confirmed change);
 4. :func:`cost_curves`: each silo's predicted curve ``t = a * max(x, k) + b`` from its
    model (:mod:`.silo_model`), or ``a = steps / v`` from its predicted speed;
-5. the allocator: the shortest round within the bounds and the noise budget
-   (:func:`~fl_lbbsp.core.allocation.budget.budgeted_minmax`, LB-BSP's min-max: Alg. 1 for
-   proportional costs), or Alg. 2's leader/straggler step (:mod:`.iterative`);
+5. the allocator (:class:`~.allocators.Allocator`, from one registry), which takes the
+   bounds: :class:`Linear` and :class:`Proportional`, the shortest round within them and
+   the noise budget (:func:`~fl_lbbsp.core.allocation.budget.budgeted_minmax`, LB-BSP's
+   min-max: Alg. 1 for proportional costs), then steps 6-9; or Alg. 2's
+   leader/straggler step (:class:`~.iterative.Iterative`);
 6. :func:`name_bounds`: the solver's ``lower``/``upper`` named (floor, memory cap, ...);
 7. :func:`order_guard`: a silo predicted faster gets no smaller batch (beyond a
    tolerance), reason ``order``;
