@@ -66,4 +66,3 @@ class ModelSettings:
     def max_boost(self) -> float:
         """The most a confirmed change (or a restart) widens the change limit by."""
         return (self.max_change_ratio or 1.0) ** 2
-
