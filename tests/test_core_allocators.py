@@ -129,7 +129,7 @@ def test_alg2_settings_survive_the_name_and_a_dump(
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"allocator": "greedy"}, "unknown allocator 'greedy'; expected one of"),
+        ({"allocator": "greedy"}, "unknown allocator 'greedy': must be one of"),
         ({"allocator": "linear", "allocator_options": {"step": 2}}, "linear allocator: step"),
         ({"allocator": "iterative", "allocator_options": {"window": 0}}, "window"),
         ({"allocator": Iterative(), "allocator_options": {"step": 2}}, "named by a string"),
@@ -162,7 +162,7 @@ def test_an_unknown_estimator_gets_the_same_message_everywhere() -> None:
         messages.append(str(caught.value))
 
     # Assert: one wording, written in one place
-    wanted = "unknown speed estimator 'kalman'; expected one of ['change-ema', 'ema'"
+    wanted = "unknown speed estimator 'kalman': must be one of ['change-ema', 'ema'"
     assert all(wanted in m for m in messages), messages
 
 

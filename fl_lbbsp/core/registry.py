@@ -59,7 +59,7 @@ class Registry(dict[str, type[M]], Generic[M]):
         """
         cls = self.get(name) if isinstance(name, str) else None
         if cls is None:
-            raise ValueError(f"unknown {self.kind} {name!r:.40}; expected one of {sorted(self)}")
+            raise ValueError(f"unknown {self.kind} {name!r:.40}: must be one of {sorted(self)}")
         return cls
 
     def build(self, name: object, options: Mapping[str, Any] | None = None) -> M:
