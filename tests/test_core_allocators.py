@@ -187,3 +187,14 @@ def test_a_state_from_before_the_registry_still_loads() -> None:
     # Assert
     assert restored.allocator == Linear() and restored.tuning.allocator_options == {}
     assert restored.allocate(IDS) == sizes
+
+
+def test_alg2_settings_given_as_before_are_taken() -> None:
+    # Prepare: Alg. 2's settings as a model, as allocator_options took them before
+    from fl_lbbsp.core.settings import IterativeSettings
+
+    # Execute
+    tuning = Tuning(allocator="iterative", allocator_options=IterativeSettings(window=1))
+
+    # Assert
+    assert tuning.batch_allocator() == Iterative(window=1)

@@ -183,6 +183,9 @@ class Tuning(BaseModel):
     @field_validator("estimator_options", "allocator_options", mode="before")
     @classmethod
     def _no_options(cls, value: Any) -> Any:
+        """``None``: none; a model (``IterativeSettings(window=1)``): its fields."""
+        if isinstance(value, BaseModel):
+            return value.model_dump()
         return {} if value is None else dict(value) if isinstance(value, Mapping) else value
 
     @field_validator("estimator_options")
