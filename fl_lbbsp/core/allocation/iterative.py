@@ -25,18 +25,15 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from pydantic import Field
 
 from .allocators import Allocator, Decision, Problem, proportional, register, split_equally
 
-if TYPE_CHECKING:
-    from ..silo.model import SiloTable
-
-__all__ = ["Iterative", "IterativeAllocator", "IterativeStep"]
+__all__ = ["Iterative", "IterativeAllocator"]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -44,8 +41,8 @@ log = logging.getLogger("fl_lbbsp")
 @register
 class Iterative(Allocator):
     """Alg. 2, the iterative leader/straggler tuning (:class:`IterativeAllocator`; cluster
-    mode): one step per round of fresh reports from every silo (:class:`IterativeStep`),
-    from a split proportional to the predicted speeds.
+    mode): one step per round of fresh reports from every silo, from a split
+    proportional to the predicted speeds.
 
     Reference: Chen et al., IEEE TCC 2021, Sec. 3.3.2, Alg. 2.
     """
@@ -67,28 +64,46 @@ class Iterative(Allocator):
     exactly)."""
 
     def allocate(self, problem: Problem) -> Decision:
-        """One step of Alg. 2 (reason ``iterative``); the equal split before any report
-        (``no-report``)."""
+        """One step of Alg. 2 per round of fresh reports from every silo (reason
+        ``iterative``), restarting from a split proportional to the predicted speeds when
+        silos join or leave; the equal split before any report (``no-report``)."""
         ids, bounds, table = problem.ids, problem.bounds, problem.table
         speeds = table.speeds(ids)
         if speeds is None:
             return Decision.of(ids, split_equally(bounds), "no-report")
-        step: IterativeStep = problem.state
-        given = step.sizes(ids, bounds.total, bounds.lower, bounds.upper, speeds, table)
-        return Decision.of(ids, np.array([given[i] for i in ids], dtype=np.int64), "iterative")
+        alg: IterativeAllocator = problem.state
+        counts = table.report_counts(ids)
+        if set(ids) != set(alg.sizes) or not all(counts.get(i, 0) > 0 for i in ids):
+            # First round, or silos joined or left: restart from a proportional split.
+            start = proportional(speeds, bounds.total, lower=bounds.lower, upper=bounds.upper)
+            alg.reset(dict(zip(ids, (int(x) for x in start), strict=True)))
+            alg.stepped = counts
+        # A silo restarted since its last report has no time to step on: hold the sizes.
+        elif all(counts[i] > alg.stepped.get(i, 0) for i in ids) and all(
+            n > 0 for n in table.window_sizes(ids).values()
+        ):
+            alg.update(
+                table.newest(ids, "time"),
+                memory=table.newest(ids, "memory_percent"),
+                upper=dict(zip(ids, bounds.upper.tolist(), strict=True)),
+                lower=dict(zip(ids, bounds.lower.tolist(), strict=True)),
+            )
+            alg.stepped = counts
+        return Decision.of(ids, np.array([alg.sizes[i] for i in ids], dtype=np.int64), "iterative")
 
-    def start(self) -> IterativeStep:
-        """A state machine at the start."""
-        return IterativeStep(IterativeAllocator(**self.model_dump()))
+    def start(self) -> IterativeAllocator:
+        """The state machine at the start."""
+        return IterativeAllocator(**self.model_dump())
 
     def save(self, state: Any) -> dict[str, Any]:
-        """The state machine and the silos it stepped (:meth:`IterativeStep.state`)."""
-        saved: dict[str, Any] = state.state()
-        return saved
+        """The state machine and each silo's report count at its last step."""
+        return {"allocator": state.state(), "stepped": dict(state.stepped)}
 
-    def load(self, saved: dict[str, Any]) -> IterativeStep:
-        """:meth:`IterativeStep.from_state`."""
-        return IterativeStep.from_state(saved)
+    def load(self, saved: dict[str, Any]) -> IterativeAllocator:
+        """The state of a :meth:`save`."""
+        alg = IterativeAllocator.from_state(saved["allocator"])
+        alg.stepped = {str(k): int(v) for k, v in saved["stepped"].items()}
+        return alg
 
 
 class IterativeAllocator:
@@ -114,6 +129,8 @@ class IterativeAllocator:
         window = max(self.settings.window, self.settings.fine_window)
         self._times: deque[dict[str, float]] = deque(maxlen=window)
         self.removable: str | None = None
+        self.stepped: dict[str, int] = {}
+        """Each worker's report count at the last step (kept by :class:`Iterative`)."""
 
     @property
     def step(self) -> int:
@@ -230,65 +247,3 @@ class IterativeAllocator:
         removable = state.get("removable")
         allocator.removable = None if removable is None else str(removable)
         return allocator
-
-
-class IterativeStep:
-    """Alg. 2 as a step of the balancer's allocation: one leader/straggler step per round
-    of fresh reports from every silo, restarting from a proportional split when silos
-    join or leave.
-
-    Parameters
-    ----------
-    allocator : IterativeAllocator
-        The state machine.
-    stepped : mapping of str to int (default: None)
-        Each silo's report count at the last step (to resume from a checkpoint).
-    """
-
-    def __init__(
-        self, allocator: IterativeAllocator, stepped: Mapping[str, int] | None = None
-    ) -> None:
-        self.allocator = allocator
-        self.stepped: dict[str, int] = dict(stepped or {})
-
-    def sizes(
-        self,
-        ids: Sequence[str],
-        total: int,
-        lower: np.ndarray,
-        upper: np.ndarray,
-        speeds: np.ndarray | None,
-        table: SiloTable,
-    ) -> dict[str, int]:
-        """The silos' sizes: after a step if every silo reported since the last one."""
-        allocator, counts = self.allocator, table.report_counts(ids)
-        reported = len(counts) == len(ids) and all(c > 0 for c in counts.values())
-        if set(ids) != set(allocator.sizes) or speeds is None or not reported:
-            # First round, or silos joined or left: restart from a proportional split.
-            start = proportional(
-                np.ones(len(ids)) if speeds is None else speeds, total, lower=lower, upper=upper
-            )
-            allocator.reset(dict(zip(ids, (int(x) for x in start), strict=True)))
-            self.stepped = counts
-            return {i: allocator.sizes[i] for i in ids}
-        # A silo restarted since its last report has no time to step on: hold the sizes.
-        fresh = all(counts[i] > self.stepped.get(i, 0) for i in ids)
-        if fresh and all(n > 0 for n in table.window_sizes(ids).values()):
-            allocator.update(
-                table.newest(ids, "time"),
-                memory=table.newest(ids, "memory_percent"),
-                upper=dict(zip(ids, upper.tolist(), strict=True)),
-                lower=dict(zip(ids, lower.tolist(), strict=True)),
-            )
-            self.stepped = counts
-        return {i: allocator.sizes[i] for i in ids}
-
-    def state(self) -> dict[str, Any]:
-        """JSON-serialisable state (the balancer's ``iterative`` entry)."""
-        return {"allocator": self.allocator.state(), "stepped": self.stepped}
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> IterativeStep:
-        """Rebuild from :meth:`state`."""
-        stepped = {str(k): int(v) for k, v in state["stepped"].items()}
-        return cls(IterativeAllocator.from_state(state["allocator"]), stepped)
