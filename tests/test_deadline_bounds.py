@@ -10,6 +10,7 @@ from fl_lbbsp.contract import RecordKeys
 from fl_lbbsp.core.round.deadline import DeadlinePolicy
 from fl_lbbsp.core.round.engine import RoundEngine
 from fl_lbbsp.core.round.state import Verdict
+from fl_lbbsp.security.guard import guard
 
 KEYS = RecordKeys()
 TAU, B_INIT = 10, 16
@@ -18,7 +19,7 @@ MESSAGING = 0.05  # seconds every honest reply spends beyond its compute
 
 
 def _engine(**balancing: object) -> RoundEngine:
-    return RoundEngine.from_keywords(
+    engine = RoundEngine.from_keywords(
         initial_batch_size=B_INIT,
         local_steps=TAU,
         lr=0.1,
@@ -31,6 +32,8 @@ def _engine(**balancing: object) -> RoundEngine:
         balancing={"check_times": True, **balancing},
         deadline=DeadlinePolicy(margin=3.0, floor=0.01, ceiling=3600.0),
     )
+    guard(engine)
+    return engine
 
 
 def _round(engine: RoundEngine, server_round: int, *, late: int | None) -> float | None:

@@ -39,76 +39,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from ..core.balancer_state import MAX_ENTRIES, MAX_SILOS, Count, Seconds, SiloId
-from ..core.round.deadline import OverheadTracker
+from ..core.round.deadline import OverheadTracker, honest_gap
+from ..core.round.trust import CheckedTimes, ClaimsState
+from .update_screen import cap_weights
 
 __all__ = ["CheckedTimes", "ClaimChecker", "ClaimsState", "honest_gap"]
 
 
-class ClaimsState(BaseModel):
-    """The claim checker's state (:meth:`ClaimChecker.state_dict`, a checkpoint's).
-
-    Parameters
-    ----------
-    sizes : dict of str to int (default: {})
-        Silo id -> its pinned dataset size (a positive integer).
-    distrusted : list of str (default: [])
-        Silos timed by the server since they were caught lying.
-    contradicted : dict of str to int (default: {})
-        Silo -> consecutive rounds its claimed time was contradicted (not yet distrusted).
-    overhead : list of float (default: [])
-        The learned messaging overhead of recent rounds, seconds (finite, >= 0).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    sizes: dict[SiloId, Annotated[int, Field(gt=0, le=2**53, strict=True)]] = Field(
-        default_factory=dict, max_length=MAX_SILOS
-    )
-    distrusted: list[SiloId] = Field(default_factory=list, max_length=MAX_SILOS)
-    contradicted: dict[SiloId, Count] = Field(default_factory=dict, max_length=MAX_SILOS)
-    overhead: list[Seconds] = Field(default_factory=list, max_length=MAX_ENTRIES)
-
-
-def honest_gap(gaps: Iterable[float]) -> float | None:
-    """The largest gap between observed and claimed time that an honest silo of the
-    round showed, as far as ``f`` liars cannot raise it: the ``(f + 1)``-th largest of
-    ``gaps`` (negative ones as 0), with ``f = max(1, (n - 1) // 3)`` of ``n`` silos (fewer
-    than a third lying, one at least; a silo that under-reports widens its own gap). With
-    two silos it is the smaller gap; with one, its own. ``None``: no gap."""
-    ordered = sorted((max(0.0, g) for g in gaps), reverse=True)
-    if not ordered:
-        return None
-    liars = max(1, (len(ordered) - 1) // 3)
-    return ordered[min(liars, len(ordered) - 1)]
-
-
-@dataclass(frozen=True)
-class CheckedTimes:
-    """A reply's times after the checks.
-
-    Parameters
-    ----------
-    train_time : float
-        The compute time to believe.
-    he_time : float | None
-        The encryption time to believe (``None``: none claimed).
-    note : str | None (default: None)
-        Why the claim was changed (``None``: believed as claimed).
-    """
-
-    train_time: float
-    he_time: float | None
-    note: str | None = None
-
-
 class ClaimChecker:
-    """Pins dataset sizes and bounds claimed times (see the module's notes).
+    """Pins dataset sizes, bounds claimed times, caps the weights of undeclared sizes (see
+    the module's notes): the :class:`~fl_lbbsp.core.round.trust.ClaimPolicy` of the
+    defence layer.
 
     Parameters
     ----------
@@ -130,6 +73,9 @@ class ClaimChecker:
     strikes : int (default: 2)
         Consecutive rounds whose claim an observation contradicts as far too small before
         a silo is timed by the server for good; >= 1.
+    max_weight_ratio : float (default: 2.0)
+        An undeclared size weighs at most this many times the federation's median size
+        (:func:`~fl_lbbsp.security.update_screen.cap_weights`).
     """
 
     def __init__(
@@ -142,6 +88,7 @@ class ClaimChecker:
         overhead_rounds: int = 3,
         declared_sizes: Mapping[str, int] | None = None,
         strikes: int = 2,
+        max_weight_ratio: float = 2.0,
     ) -> None:
         if strikes < 1:
             raise ValueError(f"strikes must be >= 1, got {strikes!r}")
@@ -167,6 +114,7 @@ class ClaimChecker:
         self.overhead_rounds = overhead_rounds
         self.overhead = OverheadTracker(overhead_rounds)
         """Messaging overhead between a silo's compute and the server's observation."""
+        self.max_weight_ratio = max_weight_ratio
         self.declare(declared_sizes or {})
 
     def declare(self, sizes: Mapping[str, int]) -> None:
@@ -307,6 +255,16 @@ class ClaimChecker:
         gap = honest_gap(gaps)
         if gap is not None:
             self.overhead.observe(gap, 0.0)
+
+    def weights(self, claimed: Mapping[str, float]) -> dict[str, tuple[float, str | None]]:
+        """Each silo's aggregation weight, an undeclared size capped relative to the
+        pinned and declared ones (:func:`~fl_lbbsp.security.update_screen.cap_weights`)."""
+        return cap_weights(
+            claimed,
+            known={s: float(n) for s, n in self.sizes.items()},
+            declared={s: float(n) for s, n in self.declared.items()},
+            max_weight_ratio=self.max_weight_ratio,
+        )
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> ClaimsState:

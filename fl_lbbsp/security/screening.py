@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import io
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy
 
-from ..contract import SILO_APP_METRICS, RecordKeys
+from ..contract import SILO_APP_METRICS, InvalidReplyError, RecordKeys, error_summary
 
 __all__ = [
     "DEFAULT_EXTRA_METRIC_KEYS",
@@ -53,10 +52,6 @@ DEFAULT_EXTRA_METRIC_KEYS: tuple[str, ...] = SILO_APP_METRICS
 _EXACT_INT = 2**53
 _NPY_HEADER_MAX = 10_000  # numpy's own default limit on an npy header
 _FINITE_CHUNK = 1 << 20  # values per isfinite() pass: bounds the temporary bool array
-
-
-class InvalidReplyError(ValueError):
-    """A train reply that must be left out of the round; the message is the reason."""
 
 
 @dataclass(frozen=True)
@@ -416,46 +411,3 @@ def few(names: list[str]) -> str:
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-# An exception line of a traceback: "ImportError: message" or "pkg.mod.SomeError: message".
-_EXCEPTION_LINE = re.compile(
-    r"^\s*((?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)))"
-    r"(?:: (.*))?$"
-)
-# Exceptions that runtimes wrap a ClientApp's own exception in: never the cause.
-_WRAPPERS = frozenset({"ClientAppException", "RayTaskError", "RayActorError"})
-_FLOWER_REASON = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
-MAX_SUMMARY = 300
-
-
-def error_summary(reason: str) -> str:
-    """One line for an error a silo sent back: ``"ExceptionType: message"``.
-
-    Runtimes wrap a ClientApp's exception in their own and in whole tracebacks (Ray's
-    ``ClientAppException`` carries the actor's traceback, Flower's simulation prints it as
-    ``<class '...'>:<'...'>``). The summary is the last exception line of the text that is
-    not such a wrapper, i.e. the exception the silo's code raised; failing that, the
-    wrapper's message, else the first non-empty line; at most 300 characters.
-
-    Parameters
-    ----------
-    reason : str
-        The error reply's reason, or any exception text.
-    """
-    text = reason.strip()
-    wrapped = _FLOWER_REASON.match(text)
-    if wrapped is not None:
-        name, text = wrapped.group(1), wrapped.group(2).strip()
-        if name not in _WRAPPERS and "\n" not in text:
-            return f"{name}: {text}"[:MAX_SUMMARY]
-    found = None
-    for line in text.splitlines():
-        match = _EXCEPTION_LINE.match(line)
-        if match is not None and match.group(2) not in _WRAPPERS and match.group(3):
-            found = f"{match.group(2)}: {match.group(3).strip()}"
-    if found is None:
-        marker = re.search(r"occurred\. Message: (.+)", text)  # Flower's ClientAppException
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        found = marker.group(1).strip() if marker else (lines[0] if lines else "no reason given")
-    return found[:MAX_SUMMARY]

@@ -40,6 +40,7 @@ from ..contract import RecordKeys
 from ..core.round.engine import RoundEngine
 from ..core.round.state import Reply, RoundState
 from ..core.settings import BalancingKnobs, Tuning
+from ..security.guard import guard
 from ..security.screening import (
     InvalidReplyError,
     Layout,
@@ -136,8 +137,8 @@ class LBBSPStrategy(EngineView, FedAvg):
             max_reply_bytes=max_reply_bytes,
             extra_metric_keys=extra_metric_keys,
             balancing=balancing,
-            also_known=(self.keys.silo_id,),
         )
+        guard(self.engine, also_known=(self.keys.silo_id,))
         self.telemetry = TelemetryWriter(telemetry_path)
         self.round: RoundState | None = None
         self._layout: Layout | None = None

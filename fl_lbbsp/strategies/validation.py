@@ -16,19 +16,22 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from ..contract import DECORATOR_USAGE, RecordKeys
+from ..contract import (
+    DECORATOR_USAGE,
+    MAX_SUMMARY,
+    InvalidReplyError,
+    RecordKeys,
+    error_summary,
+)
 from ..core.round.state import Reply
 from ..security.identity import IdentityError, check_silo_id, signed_arrays
 from ..security.screening import (
     DEFAULT_EXTRA_METRIC_KEYS,
-    MAX_SUMMARY,
     ArraySpec,
-    InvalidReplyError,
     Layout,
     ReplyValidator,
     check_finite,
     check_npy,
-    error_summary,
     few,
 )
 from ..telemetry import TelemetryWriter

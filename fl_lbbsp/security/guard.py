@@ -1,0 +1,69 @@
+"""The defence layer composed onto a round engine.
+
+A :class:`~fl_lbbsp.core.round.engine.RoundEngine` believes every reply until it is given
+a gate and a claim policy (:mod:`fl_lbbsp.core.round.trust`); :func:`guard` gives it this
+package's, built from the engine's own settings: the :class:`.reply_screen.ReplyScreen`
+(signatures with a silo registry, the size cap, the contract's metrics) and the
+:class:`.claims.ClaimChecker` (dataset sizes pinned or declared, times bounded by what the
+server observed, undeclared sizes' weights capped). The strategies guard their engine by
+default, as Flower's DP wrappers wrap a strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..core.round.engine import RoundEngine
+from .claims import ClaimChecker
+from .identity import SiloRegistry
+from .reply_screen import ReplyScreen
+from .screening import ReplyValidator
+
+__all__ = ["guard"]
+
+
+def guard(
+    engine: RoundEngine,
+    *,
+    registry: SiloRegistry | None = None,
+    max_weight_ratio: float = 2.0,
+    also_known: Iterable[str] = (),
+) -> ReplyScreen:
+    """Put the defences between ``engine`` and the replies it reads.
+
+    Parameters
+    ----------
+    engine : RoundEngine
+        The engine, before its first round (its gate and claim policy are replaced).
+    registry : SiloRegistry | None (default: None)
+        The federation's silos, their public keys and declared dataset sizes
+        (:mod:`fl_lbbsp.security.identity`): every reply must be signed by the key of the
+        silo it claims, for this run and round. ``None``: silo ids are believed (one
+        warning at the first reply).
+    max_weight_ratio : float (default: 2.0)
+        An undeclared dataset size weighs at most this many times the federation's median.
+    also_known : iterable of str (default: ())
+        Metric keys a reply may hold beyond the contract's (the legacy API's ``silo-id``).
+
+    Returns
+    -------
+    ReplyScreen
+        The gate installed; its validator also screens evaluation replies.
+    """
+    limits = engine.limits
+    validator = ReplyValidator(
+        keys=engine.keys,
+        weight_key=engine.weight_key,
+        extra_metric_keys=limits.extra_metric_keys,
+        max_num_examples=limits.max_num_examples,
+        also_known=also_known,
+    )
+    screen = ReplyScreen(keys=engine.keys, limits=limits, validator=validator, registry=registry)
+    engine.gate = screen
+    engine.claims = ClaimChecker(
+        **engine.config.claim_bounds(),
+        overhead_rounds=engine.deadline.overhead_rounds,
+        declared_sizes=None if registry is None else registry.dataset_sizes,
+        max_weight_ratio=max_weight_ratio,
+    )
+    return screen
