@@ -42,13 +42,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..core.round.deadline import OverheadTracker, honest_gap
-from ..core.round.trust import CheckedTimes, ClaimsState
+from ..core.round.trust import CheckedTimes, ClaimPolicy, ClaimsState
 from .update_screen import cap_weights
 
 __all__ = ["CheckedTimes", "ClaimChecker", "ClaimsState", "honest_gap"]
 
 
-class ClaimChecker:
+class ClaimChecker(ClaimPolicy):
     """Pins dataset sizes, bounds claimed times, caps the weights of undeclared sizes (see
     the module's notes): the :class:`~fl_lbbsp.core.round.trust.ClaimPolicy` of the
     defence layer.
@@ -99,11 +99,8 @@ class ClaimChecker:
         self.max_dataset_size = max_dataset_size
         self.tolerance = float(tolerance)
         self.min_time = float(min_time)
+        super().__init__()
         self.max_time = float(max_time)
-        self.sizes: dict[str, int] = {}
-        """Silo -> its pinned dataset size."""
-        self.declared: dict[str, int] = {}
-        """Silo -> its declared dataset size."""
         self.strikes = strikes
         self.contradicted: dict[str, int] = {}
         """Silo -> consecutive rounds its claimed time was contradicted as far too small."""

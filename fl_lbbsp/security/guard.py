@@ -1,12 +1,8 @@
-"""The defence layer composed onto a round engine.
+"""The defence layer composed onto a round engine, as Flower's DP wrappers wrap a strategy.
 
 A :class:`~fl_lbbsp.core.round.engine.RoundEngine` believes every reply until it is given
 a gate and a claim policy (:mod:`fl_lbbsp.core.round.trust`); :func:`guard` gives it this
-package's, built from the engine's own settings: the :class:`.reply_screen.ReplyScreen`
-(signatures with a silo registry, the size cap, the contract's metrics) and the
-:class:`.claims.ClaimChecker` (dataset sizes pinned or declared, times bounded by what the
-server observed, undeclared sizes' weights capped). The strategies guard their engine by
-default, as Flower's DP wrappers wrap a strategy.
+package's, from the engine's own settings. The strategies guard their engine by default.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ from ..core.round.engine import RoundEngine
 from .claims import ClaimChecker
 from .identity import SiloRegistry
 from .reply_screen import ReplyScreen
-from .screening import ReplyValidator
 
 __all__ = ["guard"]
 
@@ -29,14 +24,18 @@ def guard(
     max_weight_ratio: float = 2.0,
     also_known: Iterable[str] = (),
 ) -> ReplyScreen:
-    """Put the defences between ``engine`` and the replies it reads.
+    """Put the defences between ``engine`` (before its first round) and its replies: the
+    :class:`~.reply_screen.ReplyScreen` as its gate (signatures, size cap, the contract's
+    metrics), the :class:`~.claims.ClaimChecker` as its claim policy (dataset sizes pinned
+    or declared, times bounded by what the server observed, undeclared sizes' weights
+    capped).
 
     Parameters
     ----------
     engine : RoundEngine
-        The engine, before its first round (its gate and claim policy are replaced).
+        The engine; its ``gate`` and ``claims`` are replaced.
     registry : SiloRegistry | None (default: None)
-        The federation's silos, their public keys and declared dataset sizes
+        The federation's silos, public keys and declared dataset sizes
         (:mod:`fl_lbbsp.security.identity`): every reply must be signed by the key of the
         silo it claims, for this run and round. ``None``: silo ids are believed (one
         warning at the first reply).
@@ -48,18 +47,15 @@ def guard(
     Returns
     -------
     ReplyScreen
-        The gate installed; its validator also screens evaluation replies.
+        The gate installed (its validator also screens evaluation replies).
     """
-    limits = engine.limits
-    validator = ReplyValidator(
+    engine.gate = screen = ReplyScreen(
         keys=engine.keys,
         weight_key=engine.weight_key,
-        extra_metric_keys=limits.extra_metric_keys,
-        max_num_examples=limits.max_num_examples,
+        limits=engine.limits,
+        registry=registry,
         also_known=also_known,
     )
-    screen = ReplyScreen(keys=engine.keys, limits=limits, validator=validator, registry=registry)
-    engine.gate = screen
     engine.claims = ClaimChecker(
         **engine.config.claim_bounds(),
         overhead_rounds=engine.deadline.overhead_rounds,

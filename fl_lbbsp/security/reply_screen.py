@@ -11,9 +11,11 @@ itself checks that the reply answers this round's instruction to its node, in ti
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from ..contract import InvalidReplyError, RecordKeys
 from ..core.round.state import Reply, RoundState
+from ..core.round.trust import ReplyGate
 from ..core.settings import ReplyLimits
 from .identity import SiloRegistry, instruction_of
 from .screening import ReplyValidator
@@ -29,34 +31,41 @@ def default_reply_cap(expected_bytes: int) -> int:
     return 4 * expected_bytes + (1 << 20)
 
 
-class ReplyScreen:
+class ReplyScreen(ReplyGate):
     """Checks one reply at a time; no Flower, no torch.
 
     Parameters
     ----------
-    keys : RecordKeys
-        Names of the contract's entries.
+    keys, weight_key : RecordKeys, str
+        Names of the contract's entries, and the aggregation weight's.
     limits : ReplyLimits
-        What a reply may be (``max_reply_bytes``, ...).
-    validator : ReplyValidator
-        The contract's metric checks.
+        What a reply may be (``max_reply_bytes``, ``extra_metric_keys``, ...).
     registry : SiloRegistry | None (default: None)
         The federation's silos and their public keys: every reply must be signed by the
         key of the silo it claims. ``None``: silo ids are believed (one warning, at the
         first reply).
+    also_known : iterable of str (default: ())
+        Metric keys a reply may hold beyond the contract's (the legacy API's ``silo-id``).
     """
 
     def __init__(
         self,
         *,
         keys: RecordKeys,
+        weight_key: str,
         limits: ReplyLimits,
-        validator: ReplyValidator,
         registry: SiloRegistry | None = None,
+        also_known: Iterable[str] = (),
     ) -> None:
-        self.keys = keys
         self.limits = limits
-        self.validator = validator
+        self.validator = ReplyValidator(
+            keys=keys,
+            weight_key=weight_key,
+            extra_metric_keys=limits.extra_metric_keys,
+            max_num_examples=limits.max_num_examples,
+            also_known=also_known,
+        )
+        """The contract's metric checks (of evaluation replies too)."""
         self.registry = registry
         self._unverified_warned = False
 

@@ -61,7 +61,7 @@ from .reports import RoundReporting
 from .rewriters import FastestReplies, InstructionRewriter
 from .state import Instruction, Node, Reply, RoundState, Verdict
 from .timing import RoundTiming
-from .trust import BelievedClaims, ClaimPolicy, ClaimsState, OpenGate, ReplyGate
+from .trust import ClaimPolicy, ClaimsState, ReplyGate
 
 __all__ = ["RoundEngine"]
 
@@ -143,11 +143,11 @@ class RoundEngine(RoundTiming, RoundReporting):
     selector : FastestReplies | None (default: None)
         Backup workers: only the fastest accepted replies enter the aggregate.
     gate : ReplyGate | None (default: None)
-        Admits each reply (:class:`~fl_lbbsp.core.round.trust.ReplyGate`); ``None``:
-        :class:`~fl_lbbsp.core.round.trust.OpenGate`, every reply believed.
+        Admits each reply (:class:`~fl_lbbsp.core.round.trust.ReplyGate`); ``None``: every
+        reply is admitted.
     claims : ClaimPolicy | None (default: None)
         Judges each reply's claims (:class:`~fl_lbbsp.core.round.trust.ClaimPolicy`);
-        ``None``: :class:`~fl_lbbsp.core.round.trust.BelievedClaims`.
+        ``None``: every claim is believed.
     """
 
     def __init__(
@@ -166,8 +166,8 @@ class RoundEngine(RoundTiming, RoundReporting):
         claims: ClaimPolicy | None = None,
     ) -> None:
         self.config = config
-        self.gate: ReplyGate = gate or OpenGate()
-        self.claims: ClaimPolicy = claims or BelievedClaims()
+        self.gate = gate or ReplyGate()
+        self.claims = claims or ClaimPolicy()
         self.selector = selector
         self.keys = keys
         self.limits = limits
