@@ -34,20 +34,16 @@ def guard(
     ----------
     engine : RoundEngine
         The engine; its ``gate`` and ``claims`` are replaced.
-    registry : SiloRegistry | None (default: None)
-        The federation's silos, public keys and declared dataset sizes
-        (:mod:`fl_lbbsp.security.identity`): every reply must be signed by the key of the
-        silo it claims, for this run and round. ``None``: silo ids are believed (one
-        warning at the first reply).
+    registry, also_known :
+        As in :class:`~.reply_screen.ReplyScreen`; the registry's declared dataset sizes
+        are the claim checker's too.
     max_weight_ratio : float (default: 2.0)
         An undeclared dataset size weighs at most this many times the federation's median.
-    also_known : iterable of str (default: ())
-        Metric keys a reply may hold beyond the contract's (the legacy API's ``silo-id``).
 
     Returns
     -------
     ReplyScreen
-        The gate installed (its validator also screens evaluation replies).
+        The gate installed (it screens evaluation replies too).
     """
     engine.gate = screen = ReplyScreen(
         keys=engine.keys,

@@ -414,7 +414,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
         Flower's aggregation fail: not one MetricRecord, a weight that is not a positive
         count, a value that is not a finite number, or keys other than the first valid
         reply's. Each is logged and written to the telemetry as ``rejected``."""
-        usable, rejected = screen_evaluations(replies, self.reply_screen.validator)
+        usable, rejected = screen_evaluations(replies, self.reply_screen)
         for msg, reason in rejected:
             node = msg.metadata.src_node_id
             log_rejected(

@@ -69,16 +69,13 @@ class RoundReporting:
     ) -> bool:
         """Bound an accepted reply's claims, feed its timing to the balancer; record it.
 
-        The claims are judged first (by the claim policy; with the defence layer,
-        :mod:`fl_lbbsp.security.claims`): in FL a dataset size
-        other than the silo's pinned (or declared) one, or over ``max_dataset_size``, is
-        rejected with one warning (the update is left out, the balancer not fed); claimed
-        times are clipped to ``[min_claimed_time, max_claimed_time]`` and, with
-        ``check_times`` and ``observed``, a claim the observation contradicts is replaced
-        by it, with one warning (the record keeps the claim as ``claimed-train-time`` /
-        ``claimed-he-time``). An unusable report (non-finite time, zero batch size, ...)
-        is left out of balancing with a warning and ``invalid-report`` in the record; the
-        silo keeps its estimate.
+        The claim policy judges the claims first (the defence layer's rules:
+        :mod:`fl_lbbsp.security.claims`): in FL a dataset size it rejects leaves the update
+        out, with one warning, the balancer not fed; times it replaces (with
+        ``check_times`` and ``observed``) are warned of, the record keeping the claim as
+        ``claimed-train-time`` / ``claimed-he-time``. An unusable report (non-finite
+        time, zero batch size, ...) is left out of balancing with a warning and
+        ``invalid-report`` in the record; the silo keeps its estimate.
 
         Parameters
         ----------
