@@ -17,8 +17,9 @@ Both, as defined here, believe every reply: for runs whose silos are honest by
 construction and for tests of the engine alone. The defence layer (:mod:`fl_lbbsp.security`:
 signatures, bounded claims, capped weights, the reply screen) overrides them and is
 composed onto the engine by :func:`fl_lbbsp.security.guard.guard`, which the strategies
-apply by default, as Flower's DP wrappers wrap a strategy. A cap on an undeclared dataset size is such a defence:
-LB-BSP weighs a silo by the size it has; capping is distrust of the size it claims.
+apply by default, as Flower's DP wrappers wrap a strategy. A cap on an undeclared dataset
+size is such a defence: LB-BSP weighs a silo by the size it has; capping is distrust of
+the size it claims.
 """
 
 from __future__ import annotations
