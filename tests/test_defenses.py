@@ -270,12 +270,12 @@ def test_update_distance_is_the_l2_distance_and_inf_when_it_overflows() -> None:
 def test_an_inflated_claim_weighs_no_more_in_the_noise_budget_than_in_the_aggregate() -> None:
     # Prepare: an engine that pinned four silos' claims, one of them 9.9 million
     from fl_lbbsp.core.round.engine import RoundEngine
+    from fl_lbbsp.core.settings import ReplyLimits, balancing_config
     from fl_lbbsp.security.guard import guard
 
-    engine = RoundEngine.from_keywords(
-        initial_batch_size=B_INIT, local_steps=TAU, lr=0.1, keys=KEYS,
-        weight_key=KEYS.num_examples, min_train_silos=1, max_num_examples=None,
-        max_reply_bytes=None, extra_metric_keys=None, balancing={},
+    engine = RoundEngine(
+        config=balancing_config(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1),
+        keys=KEYS, limits=ReplyLimits(), weight_key=KEYS.num_examples,
     )  # fmt: skip
     guard(engine)
     for silo, size in {"0": 100, "1": 100, "2": 100, "3": 9_900_000}.items():

@@ -51,7 +51,8 @@ __all__ = ["CheckedTimes", "ClaimChecker", "ClaimsState", "honest_gap"]
 class ClaimChecker(ClaimPolicy):
     """Pins dataset sizes, bounds claimed times, caps the weights of undeclared sizes (see
     the module's notes): the :class:`~fl_lbbsp.core.round.trust.ClaimPolicy` of the
-    defence layer.
+    defence layer. Its bounds are the settings' (:class:`~fl_lbbsp.core.settings.Tuning`
+    validates them, :meth:`~fl_lbbsp.core.settings.BalancingConfig.claim_bounds`).
 
     Parameters
     ----------
@@ -90,17 +91,10 @@ class ClaimChecker(ClaimPolicy):
         strikes: int = 2,
         max_weight_ratio: float = 2.0,
     ) -> None:
-        if strikes < 1:
-            raise ValueError(f"strikes must be >= 1, got {strikes!r}")
-        if not tolerance > 1 or not math.isfinite(tolerance):
-            raise ValueError(f"tolerance must be finite and > 1, got {tolerance!r}")
-        if not 0 < min_time < max_time or not math.isfinite(max_time):
-            raise ValueError(f"time bounds must be 0 < min < max < inf, got {min_time}, {max_time}")
+        super().__init__()
         self.max_dataset_size = max_dataset_size
         self.tolerance = float(tolerance)
-        self.min_time = float(min_time)
-        super().__init__()
-        self.max_time = float(max_time)
+        self.min_time, self.max_time = float(min_time), float(max_time)
         self.strikes = strikes
         self.contradicted: dict[str, int] = {}
         """Silo -> consecutive rounds its claimed time was contradicted as far too small."""

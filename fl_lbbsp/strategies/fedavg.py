@@ -37,7 +37,7 @@ from ..core.round.engine import RoundEngine
 from ..core.round.equal_split import equal_split_time
 from ..core.round.rewriters import FastestReplies, InstructionRewriter
 from ..core.round.state import Node, RoundState
-from ..core.settings import CLAIM_SETTINGS
+from ..core.settings import CLAIM_SETTINGS, ReplyLimits, balancing_config
 from ..instruction import RoundInstruction
 from ..security.guard import guard
 from ..security.identity import SiloRegistry, load_registry
@@ -164,13 +164,16 @@ class LBBSPFedAvg(EngineView, FedAvg):
         server, limits, balancing = split_settings(settings)
         try:
             config = self.server_config = ServerConfig(**server)
-            self.engine = RoundEngine.from_keywords(
-                initial_batch_size=initial_batch_size,
-                local_steps=local_steps,
-                lr=lr,
+            self.engine = RoundEngine(
+                config=balancing_config(
+                    initial_batch_size=initial_batch_size,
+                    local_steps=local_steps,
+                    lr=lr,
+                    **balancing,
+                ),
                 keys=self.keys,
+                limits=ReplyLimits(**limits),
                 weight_key=self.keys.batch_size if parameter_server else self.keys.num_examples,
-                balancing=balancing,
                 deadline=DeadlinePolicy(
                     margin=config.deadline_margin,
                     floor=config.deadline_floor,
@@ -180,7 +183,6 @@ class LBBSPFedAvg(EngineView, FedAvg):
                 selector=selector,
                 offsets=parameter_server,
                 require_valid_report=parameter_server,
-                **limits,
             )
             self.reply_screen = guard(
                 self.engine,

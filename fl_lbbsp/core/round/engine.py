@@ -45,11 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ...contract import InvalidReplyError, RecordKeys, error_summary, out_of_memory_batch_size
 from ..balancer import BatchSizeBalancer, SiloReport
 from ..balancer_state import MAX_ENTRIES, MAX_SILOS, BalancerState, NodeId, Seconds, SiloId
-from ..settings import (
-    BalancingConfig,
-    ReplyLimits,
-    balancing_config,
-)
+from ..settings import BalancingConfig, ReplyLimits
 from ..silo.transfer import TransferTimes
 from .deadline import (
     DeadlinePolicy,
@@ -192,52 +188,6 @@ class RoundEngine(RoundTiming, RoundReporting):
         """Each silo's learned transfer time (a fixed per-round cost of its cost line)."""
         self.memory = MemoryCaps()
         """Caps learned from silos that ran out of memory at the size they were sent."""
-
-    @classmethod
-    def from_keywords(
-        cls,
-        *,
-        initial_batch_size: int,
-        local_steps: int,
-        lr: float,
-        keys: RecordKeys,
-        weight_key: str,
-        min_train_silos: int,
-        max_num_examples: int | None,
-        max_reply_bytes: int | None,
-        extra_metric_keys: Iterable[str] | None,
-        balancing: Mapping[str, Any],
-        **options: Any,
-    ) -> RoundEngine:
-        """The engine of a strategy's keywords, validated (one place for every adapter).
-
-        Parameters
-        ----------
-        initial_batch_size, local_steps, lr : int, int, float
-            B_init, tau and eta.
-        keys, weight_key :
-            As in the constructor.
-        min_train_silos, max_num_examples, max_reply_bytes, extra_metric_keys :
-            The reply limits (:class:`~fl_lbbsp.core.settings.ReplyLimits`).
-        balancing : Mapping[str, Any]
-            The balancing keywords (:class:`~fl_lbbsp.core.settings.BalancingOptions`).
-        **options :
-            The constructor's other keywords (``deadline``, ``rewriter``, ...).
-        """
-        return cls(
-            config=balancing_config(
-                initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **balancing
-            ),
-            keys=keys,
-            limits=ReplyLimits(
-                min_train_silos=min_train_silos,
-                max_num_examples=max_num_examples,
-                max_reply_bytes=max_reply_bytes,
-                extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
-            ),
-            weight_key=weight_key,
-            **options,
-        )
 
     # ------------------------------------------------------------------ planning
     def total(self, sampled: int) -> int:
