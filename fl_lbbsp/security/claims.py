@@ -11,18 +11,15 @@ which its speed and next batch size follow) and, in encrypted mode, its encrypti
   rejected. Rejection, not re-weighting with the pinned value, keeps the aggregate honest
   in both paths (in encrypted mode too the server applies the weight: it multiplies each
   unweighted ciphertext by the silo's capped size).
-- The claimed times are clipped to finite positive bounds, and, where the server observed
-  the wall time from sending a silo its instruction to receiving its reply, checked
-  against it: the compute happened inside that wall time, so a claim above it (times
-  ``tolerance``) is impossible, and one far below it, once the messaging overhead is
-  taken off, is contradicted; either is replaced by the observation. The overhead ``h``
-  is the largest gap between observed and claimed time an honest silo showed in recent
-  rounds (:func:`honest_gap`): messaging and its jitter (the Flower SuperNode polls for
-  work every 3 s and pushes every 0.5 s), which no claim can be judged within. Without a
-  learned or given overhead no claim is judged too small; the round engine therefore
-  judges the first observed round's claims when that round closes, against its own
-  :func:`honest_gap` (a first round's wall times hold cold starts, Ray actors and
-  ClientApp processes starting, that every silo shares and that dwarf any compute).
+- The claimed times are clipped to finite positive bounds and checked against the wall
+  time the server observed from sending a silo its instruction to receiving its reply
+  (:meth:`ClaimChecker.check_times`): the compute happened inside it, less the messaging
+  overhead ``h``, the largest gap an honest silo showed in recent rounds
+  (:func:`honest_gap`: messaging and its jitter, the Flower SuperNode polling every 3 s
+  and pushing every 0.5 s). Without a learned or given overhead no claim is judged too
+  small; the round engine therefore judges the first observed round's claims when that
+  round closes, against its own :func:`honest_gap` (a first round's wall times hold cold
+  starts that every silo shares and that dwarf any compute).
 
 The observation bounds the speed a silo can claim: LB-BSP hands out batch sizes in
 proportion to predicted speed (Chen et al., "Accelerating Distributed Learning in

@@ -78,7 +78,7 @@ class ReplyScreen(ReplyGate):
         self.known = self.contract | frozenset(also_known)
         extra = limits.extra_metric_keys
         self.extra = None if extra is None else frozenset(extra)
-        self.max_num_examples = limits.max_num_examples
+        self.max_num_examples = limits.max_num_examples or _EXACT_INT
         self.registry = registry
         self._unverified_warned = False
 
@@ -122,13 +122,7 @@ class ReplyScreen(ReplyGate):
 
     def check(self, state: RoundState, reply: Reply) -> None:
         """Under the size cap, well formed, the contract's metrics (with the batch size
-        sent).
-
-        Raises
-        ------
-        InvalidReplyError
-            Naming the first check that failed.
-        """
+        sent); the first check that fails raises :class:`InvalidReplyError`."""
         cap = self.reply_cap(state)
         if reply.nbytes > cap:
             raise InvalidReplyError(f"reply of {reply.nbytes} bytes is over the {cap}-byte cap")
@@ -188,8 +182,7 @@ class ReplyScreen(ReplyGate):
             raise InvalidReplyError(
                 f"{k.batch_size} {batch} differs from the {sent_batch_size} sent to this silo"
             )
-        limit = _EXACT_INT if self.max_num_examples is None else self.max_num_examples
-        _count(k.num_examples, metrics[k.num_examples], high=limit)
+        _count(k.num_examples, metrics[k.num_examples], high=self.max_num_examples)
         if k.samples_processed in metrics:
             _count(k.samples_processed, metrics[k.samples_processed], high=_EXACT_INT)
         if k.max_batch_size in metrics:
@@ -211,8 +204,7 @@ class ReplyScreen(ReplyGate):
         """
         if self.weight_key not in metrics:
             raise InvalidReplyError(f"missing metrics {self.weight_key!r}")
-        limit = _EXACT_INT if self.max_num_examples is None else self.max_num_examples
-        _count(self.weight_key, metrics[self.weight_key], high=limit)
+        _count(self.weight_key, metrics[self.weight_key], high=self.max_num_examples)
         for key, value in metrics.items():
             if not _finite_metric(value):
                 raise InvalidReplyError(f"metric {key!r} is not a finite number: {_short(value)}")

@@ -307,14 +307,12 @@ class RoundEngine(RoundTiming, RoundReporting):
         """Check one reply; ``parse`` reads and checks its update, last.
 
         In order: it answers this round, was sent to this node and came in time; the gate
-        admits it (:meth:`ReplyGate.admit`: with the defence layer, the signature of the
-        silo it claims; nothing else in it is trusted before); it is the first from its
-        node and for its silo; it is not an error; the gate passes its content
-        (:meth:`ReplyGate.check`: size, records, the contract's metrics); its update
-        parses (``parse`` raises :class:`~fl_lbbsp.contract.InvalidReplyError` with the
-        reason). An error reply saying the silo ran out of memory at the size it was sent
-        caps that silo from the next round
-        (:class:`~fl_lbbsp.core.round.memory_caps.MemoryCaps`).
+        admits it (:meth:`ReplyGate.admit`, before anything in it is trusted); it is the
+        first from its node and for its silo; it is not an error; the gate passes its
+        content (:meth:`ReplyGate.check`); its update parses (``parse`` raises
+        :class:`~fl_lbbsp.contract.InvalidReplyError` with the reason). An error reply
+        saying the silo ran out of memory at the size it was sent caps that silo from the
+        next round (:class:`~fl_lbbsp.core.round.memory_caps.MemoryCaps`).
         """
         node = reply.node
         try:
