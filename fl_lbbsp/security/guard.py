@@ -1,9 +1,7 @@
-"""The defence layer composed onto a round engine, as Flower's DP wrappers wrap a strategy.
-
-A :class:`~fl_lbbsp.core.round.engine.RoundEngine` believes every reply until it is given
-a gate and a claim policy (:mod:`fl_lbbsp.core.round.trust`); :func:`guard` gives it this
-package's, from the engine's own settings. The strategies guard their engine by default.
-"""
+"""The defence layer composed onto a round engine, as Flower's DP wrappers wrap a strategy:
+a :class:`~fl_lbbsp.core.round.engine.RoundEngine` believes every reply until :func:`guard`
+gives it this package's gate and claim policy (:mod:`fl_lbbsp.core.round.trust`); the
+strategies guard their engine by default."""
 
 from __future__ import annotations
 
