@@ -217,8 +217,8 @@ def out_of_memory_batch_size(reason: str) -> int | None:
 
 
 SILO_ID_PATTERN = r"[A-Za-z0-9_.-]{1,128}"
-"""What a silo id (``silo-id``) may be: 1 to 128 letters, digits, ``_``, ``.`` and ``-``,
-safe in a file name, a log line and a telemetry record."""
+"""What a silo id (``silo-id``) may be: 1 to 128 of ``A-Z a-z 0-9 _ . -`` (safe in a file
+name, a log line and a telemetry record)."""
 
 
 class InvalidReplyError(ValueError):

@@ -1,6 +1,5 @@
 """What the server does not trust: the defence layer above the core, composed onto the
-round engine by :func:`.guard.guard` (the strategies do by default; the core imports none
-of it, :mod:`fl_lbbsp.core.round.trust`).
+round engine by :mod:`.guard` (by default in the strategies).
 
 - :mod:`.identity` and :mod:`.silo_keys`: Ed25519 signing keys, the registry of silos, the
   signature each reply carries (signatures prove origin, not validity);

@@ -82,23 +82,12 @@ class ReplyScreen(ReplyGate):
         self.registry = registry
         self._unverified_warned = False
 
-    def reply_cap(self, state: RoundState) -> int:
-        """Largest reply in bytes accepted this round (``max_reply_bytes`` or four times
-        the update expected plus 1 MiB)."""
-        if self.limits.max_reply_bytes is not None:
-            return self.limits.max_reply_bytes
-        return default_reply_cap(state.expected_bytes)
-
     def admit(self, state: RoundState, reply: Reply, silo: str) -> None:
         """Check a reply's signature against the silo registry (before the duplicate
-        checks, so that an impostor replying first cannot shut the honest silo out).
-
-        Raises
-        ------
-        InvalidReplyError
-            A malformed reply, a silo not in the registry, a missing signature, or one
-            that is not the claimed silo's over this run, round, metrics and arrays.
-        """
+        checks, so that an impostor replying first cannot shut the honest silo out):
+        :class:`InvalidReplyError` for a malformed reply, a silo not in the registry, a
+        missing signature, or one not the claimed silo's over this run, round, metrics and
+        arrays."""
         if self.registry is None:
             if not self._unverified_warned:  # once, when the federation first replies
                 self._unverified_warned = True
@@ -121,9 +110,10 @@ class ReplyScreen(ReplyGate):
         )
 
     def check(self, state: RoundState, reply: Reply) -> None:
-        """Under the size cap, well formed, the contract's metrics (with the batch size
-        sent); the first check that fails raises :class:`InvalidReplyError`."""
-        cap = self.reply_cap(state)
+        """Under the size cap (``max_reply_bytes``, or four times the update expected plus
+        1 MiB), well formed, the contract's metrics (with the batch size sent); the first
+        check that fails raises :class:`InvalidReplyError`."""
+        cap = self.limits.max_reply_bytes or default_reply_cap(state.expected_bytes)
         if reply.nbytes > cap:
             raise InvalidReplyError(f"reply of {reply.nbytes} bytes is over the {cap}-byte cap")
         if reply.problem is not None:

@@ -17,9 +17,8 @@ One round is ``plan`` -> ``screen`` and ``report`` for each reply -> ``close``:
 Planning and the round's bookkeeping live here; reporting and closing are
 :class:`~fl_lbbsp.core.round.reports.RoundReporting`, the plan's timing and deadline
 :class:`~fl_lbbsp.core.round.timing.RoundTiming`. What a reply is trusted to say is asked
-of a :class:`~fl_lbbsp.core.round.trust.ReplyGate` and a
-:class:`~fl_lbbsp.core.round.trust.ClaimPolicy`, believing by default; the defence layer
-(:func:`fl_lbbsp.security.guard.guard`) gives the strategies' engines its own.
+of its gate and claim policy (:mod:`fl_lbbsp.core.round.trust`, believing by default; the
+strategies' are the defence layer's, :func:`fl_lbbsp.security.guard.guard`).
 
 The baselines are not subclasses: :class:`TauRewriter` and :class:`EtaRewriter` rewrite
 the instructions (local steps tau_i or learning rate eta_i from the balanced share), and
@@ -290,13 +289,8 @@ class RoundEngine(RoundTiming, RoundReporting):
 
     # ----------------------------------------------------------------- screening
     def claimed_silo(self, reply: Reply) -> str:
-        """The silo id a reply claims (its node's known id if it claims none).
-
-        Raises
-        ------
-        InvalidReplyError
-            If the claim is not a string (or an integer).
-        """
+        """The silo id a reply claims (its node's known id if it claims none); one that is
+        not a string (or an integer) raises :class:`~fl_lbbsp.contract.InvalidReplyError`."""
         if reply.silo is None:
             return self.silo_id(reply.node)
         if isinstance(reply.silo, bool) or not isinstance(reply.silo, str | int):
@@ -334,7 +328,13 @@ class RoundEngine(RoundTiming, RoundReporting):
             if reply.error is not None:
                 raise InvalidReplyError(f"error reply: {error_summary(reply.error)}")
             self.gate.check(state, reply)
-            verdict: Verdict[U] = Verdict(node=node, silo=silo, update=_parsed(parse))
+            try:
+                update = parse()
+            except InvalidReplyError:
+                raise
+            except Exception as err:  # noqa: BLE001 - hostile bytes may break any parser
+                raise InvalidReplyError(f"unreadable arrays ({type(err).__name__}: {err})") from err
+            verdict: Verdict[U] = Verdict(node=node, silo=silo, update=update)
         except InvalidReplyError as err:
             verdict = Verdict(node=node, silo=silo, reason=str(err))
         failed = None if reply.error is None else out_of_memory_batch_size(reply.error)
@@ -388,13 +388,3 @@ class RoundEngine(RoundTiming, RoundReporting):
         self.federation_size = state.federation_size
         self.claims.load_state_dict(state.claims)
         self.memory.load_state_dict(state.memory)
-
-
-def _parsed(parse: Callable[[], U]) -> U:
-    """``parse()``; any failure of it an :class:`~fl_lbbsp.contract.InvalidReplyError`."""
-    try:
-        return parse()
-    except InvalidReplyError:
-        raise
-    except Exception as err:  # noqa: BLE001 - hostile bytes may break any parser
-        raise InvalidReplyError(f"unreadable arrays ({type(err).__name__}: {err})") from err

@@ -34,8 +34,6 @@ from .state import Reply, RoundState
 
 __all__ = ["CheckedTimes", "ClaimPolicy", "ClaimsState", "ReplyGate"]
 
-_EXACT_INT = 2**53  # largest integer a float64 holds exactly
-
 
 class ClaimsState(BaseModel):
     """A claim policy's state (:meth:`ClaimPolicy.state_dict`, a checkpoint's).
@@ -54,7 +52,7 @@ class ClaimsState(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sizes: dict[SiloId, Annotated[int, Field(gt=0, le=_EXACT_INT, strict=True)]] = Field(
+    sizes: dict[SiloId, Annotated[int, Field(gt=0, le=2**53, strict=True)]] = Field(
         default_factory=dict, max_length=MAX_SILOS
     )
     distrusted: list[SiloId] = Field(default_factory=list, max_length=MAX_SILOS)
@@ -104,7 +102,7 @@ class ClaimPolicy:
 
     def check_size(self, silo: str, claimed: Any) -> str | None:
         """Why ``silo``'s claimed dataset size is rejected; ``None``: believed."""
-        if isinstance(claimed, int | float) and 0 < claimed <= _EXACT_INT:
+        if isinstance(claimed, int | float) and 0 < claimed <= 2**53:  # a whole float64
             self.sizes[silo] = int(claimed)
         return None
 
