@@ -102,7 +102,7 @@ class ClaimPolicy:
 
     def check_size(self, silo: str, claimed: Any) -> str | None:
         """Why ``silo``'s claimed dataset size is rejected; ``None``: believed."""
-        if isinstance(claimed, int | float) and 0 < claimed <= 2**53:  # a whole float64
+        if isinstance(claimed, int | float) and 0 < claimed <= 2**53:  # exact in a float64
             self.sizes[silo] = int(claimed)
         return None
 
