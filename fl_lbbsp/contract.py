@@ -40,7 +40,10 @@ __all__ = [
     "UPDATE_PREFIX",
     "STEP_BATCH_SIZE",
     "OUT_OF_MEMORY",
+    "SILO_ID_PATTERN",
     "BatchSizeOutOfMemoryError",
+    "InvalidReplyError",
+    "error_summary",
     "RecordKeys",
     "is_out_of_memory",
     "out_of_memory_batch_size",
@@ -211,6 +214,58 @@ def out_of_memory_batch_size(reason: str) -> int | None:
     (:class:`BatchSizeOutOfMemoryError`); ``None``: the reply says no such thing."""
     found = _OUT_OF_MEMORY.search(reason)
     return int(found.group(1)) if found else None
+
+
+SILO_ID_PATTERN = r"[A-Za-z0-9_.-]{1,128}"
+"""What a silo id (``silo-id``) may be: 1 to 128 of ``A-Z a-z 0-9 _ . -`` (safe in a file
+name, a log line and a telemetry record)."""
+
+
+class InvalidReplyError(ValueError):
+    """A train reply that must be left out of the round; the message is the reason."""
+
+
+# An exception line of a traceback: "ImportError: message" or "pkg.mod.SomeError: message".
+_EXCEPTION_LINE = re.compile(
+    r"^\s*((?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)))"
+    r"(?:: (.*))?$"
+)
+# Exceptions that runtimes wrap a ClientApp's own exception in: never the cause.
+_WRAPPERS = frozenset({"ClientAppException", "RayTaskError", "RayActorError"})
+_FLOWER_REASON = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
+MAX_SUMMARY = 300
+
+
+def error_summary(reason: str) -> str:
+    """One line for an error a silo sent back: ``"ExceptionType: message"``.
+
+    Runtimes wrap a ClientApp's exception in their own and in whole tracebacks (Ray's
+    ``ClientAppException`` carries the actor's traceback, Flower's simulation prints it as
+    ``<class '...'>:<'...'>``). The summary is the last exception line of the text that is
+    not such a wrapper, i.e. the exception the silo's code raised; failing that, the
+    wrapper's message, else the first non-empty line; at most 300 characters.
+
+    Parameters
+    ----------
+    reason : str
+        The error reply's reason, or any exception text.
+    """
+    text = reason.strip()
+    wrapped = _FLOWER_REASON.match(text)
+    if wrapped is not None:
+        name, text = wrapped.group(1), wrapped.group(2).strip()
+        if name not in _WRAPPERS and "\n" not in text:
+            return f"{name}: {text}"[:MAX_SUMMARY]
+    found = None
+    for line in text.splitlines():
+        match = _EXCEPTION_LINE.match(line)
+        if match is not None and match.group(2) not in _WRAPPERS and match.group(3):
+            found = f"{match.group(2)}: {match.group(3).strip()}"
+    if found is None:
+        marker = re.search(r"occurred\. Message: (.+)", text)  # Flower's ClientAppException
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        found = marker.group(1).strip() if marker else (lines[0] if lines else "no reason given")
+    return found[:MAX_SUMMARY]
 
 
 def is_out_of_memory(error: BaseException) -> bool:

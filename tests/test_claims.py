@@ -23,6 +23,7 @@ from fl_lbbsp.core.round.rewriters import FastestReplies
 from fl_lbbsp.core.round.state import RoundState, Verdict
 from fl_lbbsp.core.settings import CLAIM_SETTINGS, BalancingConfig, ReplyLimits, balancing_config
 from fl_lbbsp.security.claims import ClaimChecker
+from fl_lbbsp.security.guard import guard
 
 KEYS = RecordKeys()
 B_INIT, TAU = 32, 5
@@ -34,12 +35,14 @@ CAPACITIES = (1.0, 1.0, 2.0, 3.0, 5.0)  # k_i: silo i is k_i times slower than t
 
 # ------------------------------------------------------------------------ helpers
 def _engine(**balancing: Any) -> RoundEngine:
-    return RoundEngine(
+    engine = RoundEngine(
         config=balancing_config(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1, **balancing),
         keys=KEYS,
         limits=ReplyLimits(),
         weight_key=KEYS.num_examples,
     )
+    guard(engine)
+    return engine
 
 
 def _metrics(size: int, seconds: float, *, num_examples: Any = 100, **extra: Any) -> dict[str, Any]:
@@ -410,6 +413,7 @@ def test_cluster_mode_does_not_pin_num_examples() -> None:
         weight_key=KEYS.batch_size,
         require_valid_report=True,
     )
+    guard(engine)
     state = engine.plan(1, [0])
 
     # Execute
@@ -681,6 +685,7 @@ def test_a_first_round_reply_the_selector_drops_is_still_timed() -> None:
         weight_key=KEYS.num_examples,
         selector=FastestReplies(replies=2),
     )
+    guard(engine)
     state = engine.plan(1, range(3))
     claims = (0.1, 0.2, 0.4)
 

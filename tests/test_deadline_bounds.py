@@ -10,6 +10,8 @@ from fl_lbbsp.contract import RecordKeys
 from fl_lbbsp.core.round.deadline import DeadlinePolicy
 from fl_lbbsp.core.round.engine import RoundEngine
 from fl_lbbsp.core.round.state import Verdict
+from fl_lbbsp.core.settings import ReplyLimits, balancing_config
+from fl_lbbsp.security.guard import guard
 
 KEYS = RecordKeys()
 TAU, B_INIT = 10, 16
@@ -18,19 +20,17 @@ MESSAGING = 0.05  # seconds every honest reply spends beyond its compute
 
 
 def _engine(**balancing: object) -> RoundEngine:
-    return RoundEngine.from_keywords(
-        initial_batch_size=B_INIT,
-        local_steps=TAU,
-        lr=0.1,
+    engine = RoundEngine(
+        config=balancing_config(
+            initial_batch_size=B_INIT, local_steps=TAU, lr=0.1, **{"check_times": True, **balancing}
+        ),
         keys=KEYS,
+        limits=ReplyLimits(),
         weight_key=KEYS.num_examples,
-        min_train_silos=1,
-        max_num_examples=None,
-        max_reply_bytes=None,
-        extra_metric_keys=None,
-        balancing={"check_times": True, **balancing},
         deadline=DeadlinePolicy(margin=3.0, floor=0.01, ceiling=3600.0),
     )
+    guard(engine)
+    return engine
 
 
 def _round(engine: RoundEngine, server_round: int, *, late: int | None) -> float | None:

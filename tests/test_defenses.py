@@ -244,10 +244,7 @@ def test_the_round_judge_compares_each_update_at_the_batch_size_it_was_sent() ->
         total=96,
         deadline=None,
     )
-    defenses = Defenses(
-        max_update_ratio=10.0, update_spread_sigmas=3.0, max_weight_ratio=10.0,
-        weigh_by_size=True,
-    )  # fmt: skip
+    defenses = Defenses(max_update_ratio=10.0, update_spread_sigmas=3.0)
 
     class Distances:  # each parsed update is its distance
         def distance(self, update: float) -> float:
@@ -273,12 +270,14 @@ def test_update_distance_is_the_l2_distance_and_inf_when_it_overflows() -> None:
 def test_an_inflated_claim_weighs_no_more_in_the_noise_budget_than_in_the_aggregate() -> None:
     # Prepare: an engine that pinned four silos' claims, one of them 9.9 million
     from fl_lbbsp.core.round.engine import RoundEngine
+    from fl_lbbsp.core.settings import ReplyLimits, balancing_config
+    from fl_lbbsp.security.guard import guard
 
-    engine = RoundEngine.from_keywords(
-        initial_batch_size=B_INIT, local_steps=TAU, lr=0.1, keys=KEYS,
-        weight_key=KEYS.num_examples, min_train_silos=1, max_num_examples=None,
-        max_reply_bytes=None, extra_metric_keys=None, balancing={},
+    engine = RoundEngine(
+        config=balancing_config(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1),
+        keys=KEYS, limits=ReplyLimits(), weight_key=KEYS.num_examples,
     )  # fmt: skip
+    guard(engine)
     for silo, size in {"0": 100, "1": 100, "2": 100, "3": 9_900_000}.items():
         assert engine.claims.check_size(silo, size) is None
 
@@ -466,10 +465,7 @@ def test_the_median_loss_decides_a_divergence(losses: list[Any], diverged: bool)
     # Prepare: the first round's median loss is 2
     from fl_lbbsp.strategies.defenses import Defenses
 
-    defenses = Defenses(
-        max_update_ratio=10.0, update_spread_sigmas=3.0, max_weight_ratio=2.0,
-        weigh_by_size=True, max_loss_ratio=10.0,
-    )  # fmt: skip
+    defenses = Defenses(max_update_ratio=10.0, update_spread_sigmas=3.0, max_loss_ratio=10.0)
     assert defenses.diverged([2.0, 2.0, 2.0]) is None
 
     # Execute

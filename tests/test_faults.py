@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from numpy.lib import format as npy
 
 from fl_lbbsp.runs.inprocess import InProcessGrid
+from fl_lbbsp.security.reply_screen import default_reply_cap
 from fl_lbbsp.strategies import LBBSPCluster, LBBSPFedAvg
 
 pytestmark = pytest.mark.usefixtures("flower_task")
@@ -654,7 +655,7 @@ def test_reply_over_the_byte_cap_is_rejected_without_a_copy(
     _assert_average(arrays, [1.0, 3.0], [100, 100])
     [event] = _events(tmp_path, "rejected")
     assert strategy.round is not None
-    limit = cap if cap is not None else strategy.engine.reply_cap(strategy.round)
+    limit = cap if cap is not None else default_reply_cap(strategy.round.expected_bytes)
     assert f"bytes is over the {limit}-byte cap" in event["reason"]
     assert limit < len(blob)
     assert peak < 4 << 20

@@ -370,11 +370,11 @@ def test_keys_checkpoint_writes_a_private_key_once(
 )
 def test_metric_ranges_are_checked_as_documented(key: str, value: float, accepted: bool) -> None:
     # Prepare: a well-formed reply's metrics, one of them set to value
-    from fl_lbbsp.contract import RecordKeys
-    from fl_lbbsp.security.screening import InvalidReplyError, ReplyValidator
+    from fl_lbbsp.contract import InvalidReplyError, RecordKeys
+    from fl_lbbsp.security.reply_screen import ReplyScreen
 
     keys = RecordKeys()
-    validator = ReplyValidator(keys=keys, weight_key=keys.num_examples)
+    validator = ReplyScreen(keys=keys, weight_key=keys.num_examples)
     metrics = {keys.num_examples: 100, keys.train_time: 0.5, keys.batch_size: 16, key: value}
 
     # Execute / Assert: docs/failures.md, "out of range ... rejected, naming key and value"

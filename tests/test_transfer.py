@@ -18,6 +18,7 @@ from fl_lbbsp.core.round.equal_split import equal_split_time
 from fl_lbbsp.core.round.state import Verdict
 from fl_lbbsp.core.settings import ReplyLimits, balancing_config
 from fl_lbbsp.core.silo.transfer import TransferTimes
+from fl_lbbsp.security.guard import guard
 
 KEYS = RecordKeys()
 B_INIT, TAU = 32, 5
@@ -29,12 +30,14 @@ ROUNDS = 10
 
 
 def _engine() -> RoundEngine:
-    return RoundEngine(
+    engine = RoundEngine(
         config=balancing_config(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1),
         keys=KEYS,
         limits=ReplyLimits(),
         weight_key=KEYS.num_examples,
     )
+    guard(engine)
+    return engine
 
 
 def _metrics(size: int, seconds: float) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from ..security.identity import SILO_ID_PATTERN
+from ..contract import SILO_ID_PATTERN
 from .settings import BalancingConfig
 from .silo.state import (
     MAX_BATCH_SIZE,

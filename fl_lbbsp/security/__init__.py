@@ -1,4 +1,5 @@
-"""What the server does not trust: the checks on every silo's reply.
+"""What the server does not trust: the defence layer above the core, composed onto the
+round engine by :mod:`.guard` (by default in the strategies).
 
 - :mod:`.identity` and :mod:`.silo_keys`: Ed25519 signing keys, the registry of silos, the
   signature each reply carries (signatures prove origin, not validity);

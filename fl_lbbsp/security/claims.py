@@ -11,18 +11,15 @@ which its speed and next batch size follow) and, in encrypted mode, its encrypti
   rejected. Rejection, not re-weighting with the pinned value, keeps the aggregate honest
   in both paths (in encrypted mode too the server applies the weight: it multiplies each
   unweighted ciphertext by the silo's capped size).
-- The claimed times are clipped to finite positive bounds, and, where the server observed
-  the wall time from sending a silo its instruction to receiving its reply, checked
-  against it: the compute happened inside that wall time, so a claim above it (times
-  ``tolerance``) is impossible, and one far below it, once the messaging overhead is
-  taken off, is contradicted; either is replaced by the observation. The overhead ``h``
-  is the largest gap between observed and claimed time an honest silo showed in recent
-  rounds (:func:`honest_gap`): messaging and its jitter (the Flower SuperNode polls for
-  work every 3 s and pushes every 0.5 s), which no claim can be judged within. Without a
-  learned or given overhead no claim is judged too small; the round engine therefore
-  judges the first observed round's claims when that round closes, against its own
-  :func:`honest_gap` (a first round's wall times hold cold starts, Ray actors and
-  ClientApp processes starting, that every silo shares and that dwarf any compute).
+- The claimed times are clipped to finite positive bounds and checked against the wall
+  time the server observed from sending a silo its instruction to receiving its reply
+  (:meth:`ClaimChecker.check_times`): the compute happened inside it, less the messaging
+  overhead ``h``, the largest gap an honest silo showed in recent rounds
+  (:func:`honest_gap`: messaging and its jitter, the Flower SuperNode polling every 3 s
+  and pushing every 0.5 s). Without a learned or given overhead no claim is judged too
+  small; the round engine therefore judges the first observed round's claims when that
+  round closes, against its own :func:`honest_gap` (a first round's wall times hold cold
+  starts that every silo shares and that dwarf any compute).
 
 The observation bounds the speed a silo can claim: LB-BSP hands out batch sizes in
 proportion to predicted speed (Chen et al., "Accelerating Distributed Learning in
@@ -39,76 +36,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from ..core.balancer_state import MAX_ENTRIES, MAX_SILOS, Count, Seconds, SiloId
-from ..core.round.deadline import OverheadTracker
+from ..core.round.deadline import OverheadTracker, honest_gap
+from ..core.round.trust import CheckedTimes, ClaimPolicy, ClaimsState
+from .update_screen import cap_weights
 
 __all__ = ["CheckedTimes", "ClaimChecker", "ClaimsState", "honest_gap"]
 
 
-class ClaimsState(BaseModel):
-    """The claim checker's state (:meth:`ClaimChecker.state_dict`, a checkpoint's).
-
-    Parameters
-    ----------
-    sizes : dict of str to int (default: {})
-        Silo id -> its pinned dataset size (a positive integer).
-    distrusted : list of str (default: [])
-        Silos timed by the server since they were caught lying.
-    contradicted : dict of str to int (default: {})
-        Silo -> consecutive rounds its claimed time was contradicted (not yet distrusted).
-    overhead : list of float (default: [])
-        The learned messaging overhead of recent rounds, seconds (finite, >= 0).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    sizes: dict[SiloId, Annotated[int, Field(gt=0, le=2**53, strict=True)]] = Field(
-        default_factory=dict, max_length=MAX_SILOS
-    )
-    distrusted: list[SiloId] = Field(default_factory=list, max_length=MAX_SILOS)
-    contradicted: dict[SiloId, Count] = Field(default_factory=dict, max_length=MAX_SILOS)
-    overhead: list[Seconds] = Field(default_factory=list, max_length=MAX_ENTRIES)
-
-
-def honest_gap(gaps: Iterable[float]) -> float | None:
-    """The largest gap between observed and claimed time that an honest silo of the
-    round showed, as far as ``f`` liars cannot raise it: the ``(f + 1)``-th largest of
-    ``gaps`` (negative ones as 0), with ``f = max(1, (n - 1) // 3)`` of ``n`` silos (fewer
-    than a third lying, one at least; a silo that under-reports widens its own gap). With
-    two silos it is the smaller gap; with one, its own. ``None``: no gap."""
-    ordered = sorted((max(0.0, g) for g in gaps), reverse=True)
-    if not ordered:
-        return None
-    liars = max(1, (len(ordered) - 1) // 3)
-    return ordered[min(liars, len(ordered) - 1)]
-
-
-@dataclass(frozen=True)
-class CheckedTimes:
-    """A reply's times after the checks.
-
-    Parameters
-    ----------
-    train_time : float
-        The compute time to believe.
-    he_time : float | None
-        The encryption time to believe (``None``: none claimed).
-    note : str | None (default: None)
-        Why the claim was changed (``None``: believed as claimed).
-    """
-
-    train_time: float
-    he_time: float | None
-    note: str | None = None
-
-
-class ClaimChecker:
-    """Pins dataset sizes and bounds claimed times (see the module's notes).
+class ClaimChecker(ClaimPolicy):
+    """Pins dataset sizes, bounds claimed times, caps the weights of undeclared sizes (see
+    the module's notes): the :class:`~fl_lbbsp.core.round.trust.ClaimPolicy` of the
+    defence layer. Its bounds are the settings' (:class:`~fl_lbbsp.core.settings.Tuning`
+    validates them, :meth:`~fl_lbbsp.core.settings.BalancingConfig.claim_bounds`).
 
     Parameters
     ----------
@@ -130,6 +71,9 @@ class ClaimChecker:
     strikes : int (default: 2)
         Consecutive rounds whose claim an observation contradicts as far too small before
         a silo is timed by the server for good; >= 1.
+    max_weight_ratio : float (default: 2.0)
+        An undeclared size weighs at most this many times the federation's median size
+        (:func:`~fl_lbbsp.security.update_screen.cap_weights`).
     """
 
     def __init__(
@@ -142,21 +86,12 @@ class ClaimChecker:
         overhead_rounds: int = 3,
         declared_sizes: Mapping[str, int] | None = None,
         strikes: int = 2,
+        max_weight_ratio: float = 2.0,
     ) -> None:
-        if strikes < 1:
-            raise ValueError(f"strikes must be >= 1, got {strikes!r}")
-        if not tolerance > 1 or not math.isfinite(tolerance):
-            raise ValueError(f"tolerance must be finite and > 1, got {tolerance!r}")
-        if not 0 < min_time < max_time or not math.isfinite(max_time):
-            raise ValueError(f"time bounds must be 0 < min < max < inf, got {min_time}, {max_time}")
+        super().__init__()
         self.max_dataset_size = max_dataset_size
         self.tolerance = float(tolerance)
-        self.min_time = float(min_time)
-        self.max_time = float(max_time)
-        self.sizes: dict[str, int] = {}
-        """Silo -> its pinned dataset size."""
-        self.declared: dict[str, int] = {}
-        """Silo -> its declared dataset size."""
+        self.min_time, self.max_time = float(min_time), float(max_time)
         self.strikes = strikes
         self.contradicted: dict[str, int] = {}
         """Silo -> consecutive rounds its claimed time was contradicted as far too small."""
@@ -167,6 +102,7 @@ class ClaimChecker:
         self.overhead_rounds = overhead_rounds
         self.overhead = OverheadTracker(overhead_rounds)
         """Messaging overhead between a silo's compute and the server's observation."""
+        self.max_weight_ratio = max_weight_ratio
         self.declare(declared_sizes or {})
 
     def declare(self, sizes: Mapping[str, int]) -> None:
@@ -307,6 +243,16 @@ class ClaimChecker:
         gap = honest_gap(gaps)
         if gap is not None:
             self.overhead.observe(gap, 0.0)
+
+    def weights(self, claimed: Mapping[str, float]) -> dict[str, tuple[float, str | None]]:
+        """Each silo's aggregation weight, an undeclared size capped relative to the
+        pinned and declared ones (:func:`~fl_lbbsp.security.update_screen.cap_weights`)."""
+        return cap_weights(
+            claimed,
+            known={s: float(n) for s, n in self.sizes.items()},
+            declared={s: float(n) for s, n in self.declared.items()},
+            max_weight_ratio=self.max_weight_ratio,
+        )
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> ClaimsState:

@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from .screening import InvalidReplyError
+from ..contract import SILO_ID_PATTERN, InvalidReplyError
 
 __all__ = [
     "REGISTRY_FILE",
@@ -69,9 +69,6 @@ REGISTRY_FILE = "registry.json"
 """Name of the registry ``fl-lbbsp keys silos`` writes beside the silos' key files."""
 
 _TAG = b"fl-lbbsp reply signature v2\n"  # domain separation: these bytes sign nothing else
-
-SILO_ID_PATTERN = r"[A-Za-z0-9_.-]{1,128}"
-"""What a silo id may be: 1 to 128 letters, digits, ``_``, ``.`` and ``-``."""
 
 _SILO_ID = re.compile(SILO_ID_PATTERN)
 

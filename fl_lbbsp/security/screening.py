@@ -1,8 +1,8 @@
-"""Reply screening in pure numpy: the checks on a silo's train reply that need no Flower.
-
-Every check raises :class:`InvalidReplyError` with a reason a person can act on. The round
-engine (:mod:`fl_lbbsp.core.round.engine`) applies them in order to each reply; the Flower
-adapters (:mod:`fl_lbbsp.strategies.validation`) add the checks on Flower's record types.
+"""Array screening in pure numpy: a reply's update (and a global model a silo receives)
+checked without Flower. Every check raises :class:`~fl_lbbsp.contract.InvalidReplyError`
+with a reason a person can act on; the reply screen (:mod:`.reply_screen`) checks a reply's
+records and metrics, the Flower adapters (:mod:`fl_lbbsp.strategies.validation`) its arrays
+against the global model's layout with these.
 
 Arrays are checked before any value is touched: an npy header (shape, dtype, data length)
 is read and compared with the global model's layout, then the values are checked for NaN
@@ -14,23 +14,20 @@ from __future__ import annotations
 import functools
 import io
 import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.lib import format as npy
 
-from ..contract import SILO_APP_METRICS, RecordKeys
+from ..contract import SILO_APP_METRICS, InvalidReplyError, RecordKeys, error_summary
 
 __all__ = [
     "DEFAULT_EXTRA_METRIC_KEYS",
-    "MAX_CPU_PERCENT",
     "ArraySpec",
     "InvalidReplyError",
     "Layout",
-    "ReplyValidator",
     "check_finite",
     "check_npy",
     "check_npy_list",
@@ -42,21 +39,11 @@ __all__ = [
     "model_problem",
 ]
 
-MAX_CPU_PERCENT = 100.0 * 4096
-"""The largest ``cpu-percent`` accepted: psutil's percent of one core, on up to 4,096
-cores (the shipped silos send the machine's share, at most 100)."""
-
 DEFAULT_EXTRA_METRIC_KEYS: tuple[str, ...] = SILO_APP_METRICS
 """Metrics beyond the contract that the shipped silo and worker apps send."""
 
-# Largest integer a float64 holds exactly: the bound on num-examples when none is set.
-_EXACT_INT = 2**53
 _NPY_HEADER_MAX = 10_000  # numpy's own default limit on an npy header
 _FINITE_CHUNK = 1 << 20  # values per isfinite() pass: bounds the temporary bool array
-
-
-class InvalidReplyError(ValueError):
-    """A train reply that must be left out of the round; the message is the reason."""
 
 
 @dataclass(frozen=True)
@@ -257,205 +244,6 @@ def contract_metric_keys(keys: RecordKeys) -> frozenset[str]:
     )
 
 
-class ReplyValidator:
-    """The settings a reply's metrics and size are checked against.
-
-    Parameters
-    ----------
-    keys : RecordKeys
-        Names of the contract's entries.
-    weight_key : str
-        The aggregation weight (``num-examples`` in FL, ``batch-size`` in cluster mode).
-    extra_metric_keys : iterable of str | None (default: None)
-        Strict mode: the only metrics accepted beyond the contract's (a reply with any
-        other is rejected, and those listed must be finite numbers). ``None``: every
-        other metric passes through unchecked, as Flower's FedAvg takes it.
-    max_num_examples : int | None (default: None)
-        Largest ``num-examples`` accepted; ``None``: 2**53 (the largest integer a float
-        holds exactly).
-    also_known : iterable of str (default: ())
-        More keys the caller's metrics legitimately hold, of any type (the legacy API's
-        ``silo-id``).
-    """
-
-    def __init__(
-        self,
-        *,
-        keys: RecordKeys,
-        weight_key: str,
-        extra_metric_keys: Iterable[str] | None = None,
-        max_num_examples: int | None = None,
-        also_known: Iterable[str] = (),
-    ) -> None:
-        if isinstance(extra_metric_keys, str):
-            raise TypeError("extra_metric_keys must be an iterable of key names, not a string")
-        self.keys = keys
-        self.weight_key = weight_key
-        self.contract = contract_metric_keys(keys)
-        self.known = self.contract | frozenset(also_known)
-        self.extra = None if extra_metric_keys is None else frozenset(extra_metric_keys)
-        self.max_num_examples = max_num_examples
-
-    def check_metrics(self, metrics: Mapping[str, Any], *, sent_batch_size: int | None) -> None:
-        """Check a reply's metrics against the contract.
-
-        Parameters
-        ----------
-        metrics : Mapping[str, Any]
-            The reply's MetricRecord (or legacy FitRes metrics with ``num-examples``).
-        sent_batch_size : int | None
-            The batch size the server sent this silo; ``None`` skips that comparison.
-
-        Raises
-        ------
-        InvalidReplyError
-            On a missing required key (``num-examples``, ``train-time``, ``batch-size``),
-            in strict mode a key that is neither in the contract nor allowed, a value that
-            is not a finite number, a train time that is not positive, a batch size other
-            than the one sent, ``num-examples`` <= 0 or above the bound, and contract
-            counts or times out of range.
-        """
-        k = self.keys
-        required = (k.num_examples, k.train_time, k.batch_size, self.weight_key)
-        missing = [key for key in dict.fromkeys(required) if key not in metrics]
-        if missing:
-            hint = ""
-            if k.train_time in missing and k.batch_size in missing:
-                hint = (
-                    " (the silo's train function must be decorated with @lbbsp_train() from "
-                    "fl_lbbsp.clients, under @app.train(), or send them itself)"
-                )
-            raise InvalidReplyError(f"missing metrics {few(missing)}{hint}")
-        if self.extra is not None:
-            unknown = sorted(set(metrics) - self.known - self.extra)
-            if unknown:
-                raise InvalidReplyError(
-                    f"unexpected metrics {few(unknown)} (allow them with extra_metric_keys)"
-                )
-        for key, value in metrics.items():
-            if key in self.contract:
-                _number(key, value)
-            elif self.extra is not None and key not in self.known and not _finite_metric(value):
-                raise InvalidReplyError(f"metric {key!r} is not a finite number: {_short(value)}")
-        time = float(metrics[k.train_time])
-        if time <= 0:
-            raise InvalidReplyError(f"{k.train_time} must be positive, got {time!r}")
-        batch = _count(k.batch_size, metrics[k.batch_size], high=_EXACT_INT)
-        if sent_batch_size is not None and batch != sent_batch_size:
-            raise InvalidReplyError(
-                f"{k.batch_size} {batch} differs from the {sent_batch_size} sent to this silo"
-            )
-        limit = _EXACT_INT if self.max_num_examples is None else self.max_num_examples
-        _count(k.num_examples, metrics[k.num_examples], high=limit)
-        if k.samples_processed in metrics:
-            _count(k.samples_processed, metrics[k.samples_processed], high=_EXACT_INT)
-        if k.max_batch_size in metrics:
-            _count(k.max_batch_size, metrics[k.max_batch_size], high=_EXACT_INT, low=0)
-        if k.he_time in metrics and float(metrics[k.he_time]) < 0:
-            raise InvalidReplyError(f"{k.he_time} must not be negative, got {metrics[k.he_time]!r}")
-        for key, high in ((k.cpu_percent, MAX_CPU_PERCENT), (k.memory_percent, 100.0)):
-            if key in metrics and not 0 <= float(metrics[key]) <= high:
-                raise InvalidReplyError(f"{key} must lie in [0, {high:g}], got {metrics[key]!r}")
-
-    def check_evaluation(self, metrics: Mapping[str, Any]) -> None:
-        """Check an evaluation reply's metrics: the weight is a count in range, every value
-        a finite number (or list of them).
-
-        Raises
-        ------
-        InvalidReplyError
-            On a missing or out-of-range weight or a value that is not a finite number.
-        """
-        if self.weight_key not in metrics:
-            raise InvalidReplyError(f"missing metrics {self.weight_key!r}")
-        limit = _EXACT_INT if self.max_num_examples is None else self.max_num_examples
-        _count(self.weight_key, metrics[self.weight_key], high=limit)
-        for key, value in metrics.items():
-            if not _finite_metric(value):
-                raise InvalidReplyError(f"metric {key!r} is not a finite number: {_short(value)}")
-
-
-def _number(key: str, value: object) -> float:
-    if not _is_number(value):
-        raise InvalidReplyError(f"metric {key!r} must be a number, got {_short(value)}")
-    number = _as_float(value)
-    if not math.isfinite(number):
-        raise InvalidReplyError(f"metric {key!r} must be finite, got {_short(value)}")
-    return number
-
-
-def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float | np.integer | np.floating)
-
-
-def _as_float(value: Any) -> float:
-    try:
-        return float(value)
-    except OverflowError:  # an integer beyond the float range
-        return math.inf
-
-
-def _finite_metric(value: object) -> bool:
-    values = value if isinstance(value, list) else [value]
-    return all(_is_number(v) and math.isfinite(_as_float(v)) for v in values)
-
-
-def _count(key: str, value: object, *, high: int, low: int = 1) -> int:
-    number = _number(key, value)
-    if not number.is_integer() or not low <= number <= high:
-        bound = f"an integer in [{low}, {high}]"
-        raise InvalidReplyError(f"{key} must be {bound}, got {value!r}")
-    return int(number)
-
-
 def few(names: list[str]) -> str:
     shown = ", ".join(repr(n) for n in names[:5])
     return shown if len(names) <= 5 else f"{shown} and {len(names) - 5} more"
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-# An exception line of a traceback: "ImportError: message" or "pkg.mod.SomeError: message".
-_EXCEPTION_LINE = re.compile(
-    r"^\s*((?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)))"
-    r"(?:: (.*))?$"
-)
-# Exceptions that runtimes wrap a ClientApp's own exception in: never the cause.
-_WRAPPERS = frozenset({"ClientAppException", "RayTaskError", "RayActorError"})
-_FLOWER_REASON = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
-MAX_SUMMARY = 300
-
-
-def error_summary(reason: str) -> str:
-    """One line for an error a silo sent back: ``"ExceptionType: message"``.
-
-    Runtimes wrap a ClientApp's exception in their own and in whole tracebacks (Ray's
-    ``ClientAppException`` carries the actor's traceback, Flower's simulation prints it as
-    ``<class '...'>:<'...'>``). The summary is the last exception line of the text that is
-    not such a wrapper, i.e. the exception the silo's code raised; failing that, the
-    wrapper's message, else the first non-empty line; at most 300 characters.
-
-    Parameters
-    ----------
-    reason : str
-        The error reply's reason, or any exception text.
-    """
-    text = reason.strip()
-    wrapped = _FLOWER_REASON.match(text)
-    if wrapped is not None:
-        name, text = wrapped.group(1), wrapped.group(2).strip()
-        if name not in _WRAPPERS and "\n" not in text:
-            return f"{name}: {text}"[:MAX_SUMMARY]
-    found = None
-    for line in text.splitlines():
-        match = _EXCEPTION_LINE.match(line)
-        if match is not None and match.group(2) not in _WRAPPERS and match.group(3):
-            found = f"{match.group(2)}: {match.group(3).strip()}"
-    if found is None:
-        marker = re.search(r"occurred\. Message: (.+)", text)  # Flower's ClientAppException
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        found = marker.group(1).strip() if marker else (lines[0] if lines else "no reason given")
-    return found[:MAX_SUMMARY]

@@ -6,9 +6,6 @@ updates are judged together (:mod:`fl_lbbsp.security.update_screen`):
 
 - an update far outside the round's others (distance to the global model sent, or a
   gradient's norm) is rejected, and its silo's streak of rejected updates counted;
-- an undeclared dataset size weighs at most ``max_weight_ratio`` times the median of the
-  federation's sizes (which fewer than half the silos cannot move) and no more than all
-  the others together;
 - a round whose silos' median ``train-loss`` (of the model they were sent) is not finite
   or ``max_loss_ratio`` times the first round's has diverged: the model is rolled back to
   the last one that trained sanely, with an error (never a NaN model, never silently);
@@ -34,8 +31,7 @@ from flwr.app import ArrayRecord, Message
 
 from ..contract import MODEL_REFUSED, RecordKeys
 from ..core.round.state import RoundState
-from ..security.claims import ClaimChecker
-from ..security.update_screen import UpdateScreen, cap_weights
+from ..security.update_screen import UpdateScreen
 from .updates import Updates
 from .validation import config_record
 
@@ -61,11 +57,6 @@ class Defenses:
     ----------
     max_update_ratio, update_spread_sigmas : float
         The update screen's bound (:class:`~fl_lbbsp.security.update_screen.UpdateScreen`).
-    max_weight_ratio : float
-        The weight cap of an undeclared dataset size.
-    weigh_by_size : bool
-        Whether the weights are dataset sizes (FL) rather than batch sizes (cluster mode,
-        where the server decides the batch sizes and nothing is capped).
     max_loss_ratio : float (default: 10.0)
         A round's median ``train-loss`` over this many times the first round's (or not
         finite) has diverged (:meth:`diverged`).
@@ -76,8 +67,6 @@ class Defenses:
         *,
         max_update_ratio: float,
         update_spread_sigmas: float,
-        max_weight_ratio: float,
-        weigh_by_size: bool,
         max_loss_ratio: float = 10.0,
     ) -> None:
         self.max_loss_ratio = max_loss_ratio
@@ -88,8 +77,6 @@ class Defenses:
         self.screen = UpdateScreen(
             max_update_ratio=max_update_ratio, spread_sigmas=update_spread_sigmas
         )
-        self.max_weight_ratio = max_weight_ratio
-        self.weigh_by_size = weigh_by_size
         self.streaks: dict[str, int] = {}
         """Silo -> rounds in a row its update was rejected by the screen."""
         self.last_accepted: ArrayRecord | None = None
@@ -135,19 +122,6 @@ class Defenses:
                     silo,
                 )
         return rejected
-
-    def weights(
-        self, claimed: Mapping[str, float], claims: ClaimChecker
-    ) -> dict[str, tuple[float, str | None]]:
-        """Each silo's aggregation weight, an undeclared size capped (FL only)."""
-        if not self.weigh_by_size:
-            return {silo: (weight, None) for silo, weight in claimed.items()}
-        return cap_weights(
-            claimed,
-            known={s: float(n) for s, n in claims.sizes.items()},
-            declared={s: float(n) for s, n in claims.declared.items()},
-            max_weight_ratio=self.max_weight_ratio,
-        )
 
     def refusals(self, state: RoundState, replies: Mapping[str, Message], keys: RecordKeys) -> int:
         """Read the silos' ``model-refused`` notes; log an error if any. Returns how many

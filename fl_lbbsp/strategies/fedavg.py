@@ -37,8 +37,9 @@ from ..core.round.engine import RoundEngine
 from ..core.round.equal_split import equal_split_time
 from ..core.round.rewriters import FastestReplies, InstructionRewriter
 from ..core.round.state import Node, RoundState
-from ..core.settings import CLAIM_SETTINGS
+from ..core.settings import CLAIM_SETTINGS, ReplyLimits, balancing_config
 from ..instruction import RoundInstruction
+from ..security.guard import guard
 from ..security.identity import SiloRegistry, load_registry
 from ..telemetry import TelemetryWriter
 from .checkpointing import Checkpointing, EvaluateFn, ResumePoint, store_of
@@ -82,8 +83,9 @@ class LBBSPFedAvg(EngineView, FedAvg):
     ``local-steps``, ``lr`` and ``server-round`` (the caller's record is copied, never
     modified). One log line per round gives each silo's batch size and train time, the
     round time and the idle fraction; the same figures go to ``telemetry_path`` as JSON
-    lines. Every reply is screened before any of it is used
-    (:mod:`fl_lbbsp.security.reply_screen`): a rejected one gets one warning naming round,
+    lines. Every reply is screened before any of it is used (the engine's bookkeeping and
+    the defence layer it is guarded with, :func:`fl_lbbsp.security.guard.guard`): a
+    rejected one gets one warning naming round,
     silo, node and reason, and a ``rejected`` telemetry event.
 
     Parameters
@@ -162,13 +164,16 @@ class LBBSPFedAvg(EngineView, FedAvg):
         server, limits, balancing = split_settings(settings)
         try:
             config = self.server_config = ServerConfig(**server)
-            self.engine = RoundEngine.from_keywords(
-                initial_batch_size=initial_batch_size,
-                local_steps=local_steps,
-                lr=lr,
+            self.engine = RoundEngine(
+                config=balancing_config(
+                    initial_batch_size=initial_batch_size,
+                    local_steps=local_steps,
+                    lr=lr,
+                    **balancing,
+                ),
                 keys=self.keys,
+                limits=ReplyLimits(**limits),
                 weight_key=self.keys.batch_size if parameter_server else self.keys.num_examples,
-                balancing=balancing,
                 deadline=DeadlinePolicy(
                     margin=config.deadline_margin,
                     floor=config.deadline_floor,
@@ -176,10 +181,13 @@ class LBBSPFedAvg(EngineView, FedAvg):
                 ),
                 rewriter=rewriter,
                 selector=selector,
-                registry=None if silo_registry is None else load_registry(silo_registry),
                 offsets=parameter_server,
                 require_valid_report=parameter_server,
-                **limits,
+            )
+            self.reply_screen = guard(
+                self.engine,
+                registry=None if silo_registry is None else load_registry(silo_registry),
+                max_weight_ratio=config.max_weight_ratio,
             )
         except ValidationError as err:
             raise setting_error(err, owner=type(self).__name__) from None
@@ -195,7 +203,6 @@ class LBBSPFedAvg(EngineView, FedAvg):
             train_metrics_aggr_fn=train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
-        self.engine.max_weight_ratio = config.max_weight_ratio
         self.telemetry = TelemetryWriter(config.telemetry_path)
         self.poll_interval = config.poll_interval
         self.outcomes = RoundOutcomes(max_empty_rounds=config.max_empty_rounds)
@@ -203,8 +210,6 @@ class LBBSPFedAvg(EngineView, FedAvg):
         self.defenses = Defenses(
             max_update_ratio=config.max_update_ratio,
             update_spread_sigmas=config.update_spread_sigmas,
-            max_weight_ratio=config.max_weight_ratio,
-            weigh_by_size=not parameter_server,
             max_loss_ratio=config.max_loss_ratio,
         )
         self.updates: Updates[Any] = updates or PlainMean(robust=self.robust_aggregator())
@@ -411,7 +416,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
         Flower's aggregation fail: not one MetricRecord, a weight that is not a positive
         count, a value that is not a finite number, or keys other than the first valid
         reply's. Each is logged and written to the telemetry as ``rejected``."""
-        usable, rejected = screen_evaluations(replies, self.engine.validator)
+        usable, rejected = screen_evaluations(replies, self.reply_screen)
         for msg, reason in rejected:
             node = msg.metadata.src_node_id
             log_rejected(

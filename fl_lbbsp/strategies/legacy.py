@@ -39,7 +39,8 @@ from flwr.server.strategy import FedAvg
 from ..contract import RecordKeys
 from ..core.round.engine import RoundEngine
 from ..core.round.state import Reply, RoundState
-from ..core.settings import BalancingKnobs, Tuning
+from ..core.settings import BalancingKnobs, ReplyLimits, Tuning, balancing_config
+from ..security.guard import guard
 from ..security.screening import (
     InvalidReplyError,
     Layout,
@@ -125,19 +126,20 @@ class LBBSPStrategy(EngineView, FedAvg):
         balancing = {k: v for k, v in settings.items() if k in _BALANCING}
         super().__init__(**{k: v for k, v in settings.items() if k not in _BALANCING})
         self.keys = keys or RecordKeys()
-        self.engine = RoundEngine.from_keywords(
-            initial_batch_size=initial_batch_size,
-            local_steps=local_steps,
-            lr=lr,
+        self.engine = RoundEngine(
+            config=balancing_config(
+                initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **balancing
+            ),
             keys=self.keys,
+            limits=ReplyLimits(
+                min_train_silos=min_train_silos,
+                max_num_examples=max_num_examples,
+                max_reply_bytes=max_reply_bytes,
+                extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
+            ),
             weight_key=self.keys.num_examples,
-            min_train_silos=min_train_silos,
-            max_num_examples=max_num_examples,
-            max_reply_bytes=max_reply_bytes,
-            extra_metric_keys=extra_metric_keys,
-            balancing=balancing,
-            also_known=(self.keys.silo_id,),
         )
+        guard(self.engine, also_known=(self.keys.silo_id,))
         self.telemetry = TelemetryWriter(telemetry_path)
         self.round: RoundState | None = None
         self._layout: Layout | None = None

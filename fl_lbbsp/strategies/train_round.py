@@ -206,9 +206,7 @@ class TrainRound:
         for silo, why in far.items():
             self.reject(state, scheme, silo, accepted[silo][0].node, why)
         kept -= set(far)
-        weights = self.defenses.weights(
-            {s: accepted[s][2] for s in accepted if s in kept}, self.engine.claims
-        )
+        weights = self.engine.weights({s: accepted[s][2] for s in accepted if s in kept})
         scales = noise_scales(state)
         for silo, (weight, capped) in weights.items():
             if capped is not None:

@@ -16,19 +16,22 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from ..contract import DECORATOR_USAGE, RecordKeys
+from ..contract import (
+    DECORATOR_USAGE,
+    MAX_SUMMARY,
+    InvalidReplyError,
+    RecordKeys,
+    error_summary,
+)
 from ..core.round.state import Reply
 from ..security.identity import IdentityError, check_silo_id, signed_arrays
+from ..security.reply_screen import ReplyScreen
 from ..security.screening import (
     DEFAULT_EXTRA_METRIC_KEYS,
-    MAX_SUMMARY,
     ArraySpec,
-    InvalidReplyError,
     Layout,
-    ReplyValidator,
     check_finite,
     check_npy,
-    error_summary,
     few,
 )
 from ..telemetry import TelemetryWriter
@@ -285,7 +288,7 @@ def reply_of(
 
 
 def screen_evaluations(
-    replies: Iterable[Message], validator: ReplyValidator
+    replies: Iterable[Message], screen: ReplyScreen
 ) -> tuple[list[Message], list[tuple[Message, str]]]:
     """The evaluation replies Flower's aggregation can take, and the others with the
     reason: not one MetricRecord, a weight that is not a positive count, a value that is
@@ -300,7 +303,7 @@ def screen_evaluations(
                 if len(records) != 1:
                     raise InvalidReplyError(f"{len(records)} MetricRecords, expected 1")
                 metrics = next(iter(records.values()))
-                validator.check_evaluation(metrics)
+                screen.check_evaluation(metrics)
                 keys = set(metrics) if keys is None else keys
                 if set(metrics) != keys:
                     raise InvalidReplyError(

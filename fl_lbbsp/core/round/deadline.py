@@ -24,6 +24,7 @@ __all__ = [
     "DeadlinePolicy",
     "OverheadTracker",
     "StragglerWatch",
+    "honest_gap",
     "predicted_compute_time",
     "predicted_times",
 ]
@@ -124,6 +125,19 @@ class OverheadTracker:
     def predict(self) -> float:
         """Overhead to add to the predicted compute time (0 before any observation)."""
         return max(self._seen, default=0.0)
+
+
+def honest_gap(gaps: Iterable[float]) -> float | None:
+    """The largest gap between observed and claimed time that an honest silo of the
+    round showed, as far as ``f`` liars cannot raise it: the ``(f + 1)``-th largest of
+    ``gaps`` (negative ones as 0), with ``f = max(1, (n - 1) // 3)`` of ``n`` silos (fewer
+    than a third lying, one at least; a silo that under-reports widens its own gap). With
+    two silos it is the smaller gap; with one, its own. ``None``: no gap."""
+    ordered = sorted((max(0.0, g) for g in gaps), reverse=True)
+    if not ordered:
+        return None
+    liars = max(1, (len(ordered) - 1) // 3)
+    return ordered[min(liars, len(ordered) - 1)]
 
 
 def predicted_times(

@@ -7,18 +7,18 @@ One round is ``plan`` -> ``screen`` and ``report`` for each reply -> ``close``:
   local steps, learning rate, where its samples start in cluster mode) and the round's
   deadline; the total ``X = n * B_init`` stays that of the largest federation seen, so
   the silos still there take the share of those gone.
-- :meth:`RoundEngine.screen` checks one reply (origin, the silo's signature when there is
-  a silo registry, duplicates, the claimed silo, size, the contract's metrics, then the
-  update through the adapter's parser) and gives
-  a :class:`Verdict`: accepted with its parsed update, or the reason it is not.
-- :meth:`RoundEngine.report` bounds an accepted reply's claims (dataset size pinned and
-  capped, times checked against the wall time observed, :mod:`fl_lbbsp.security.claims`),
+- :meth:`RoundEngine.screen` checks one reply (origin, what its gate admits, duplicates,
+  not an error, what its gate checks, then the update through the adapter's parser) and
+  gives a :class:`Verdict`: accepted with its parsed update, or the reason it is not.
+- :meth:`RoundEngine.report` has an accepted reply's claims judged by its claim policy,
   feeds its timing to the balancer and returns the round's telemetry record of that silo.
 - :meth:`RoundEngine.close` notes who missed the round and learns the messaging overhead.
 
-Planning lives here; screening is a :class:`~fl_lbbsp.security.reply_screen.ReplyScreen`
-reporting and closing are :class:`~fl_lbbsp.core.round.reports.RoundReporting`, the plan's
-timing and deadline :class:`~fl_lbbsp.core.round.timing.RoundTiming`.
+Planning and the round's bookkeeping live here; reporting and closing are
+:class:`~fl_lbbsp.core.round.reports.RoundReporting`, the plan's timing and deadline
+:class:`~fl_lbbsp.core.round.timing.RoundTiming`. What a reply is trusted to say is asked
+of its gate and claim policy (:mod:`fl_lbbsp.core.round.trust`, believing by default; the
+strategies' are the defence layer's, :func:`fl_lbbsp.security.guard.guard`).
 
 The baselines are not subclasses: :class:`TauRewriter` and :class:`EtaRewriter` rewrite
 the instructions (local steps tau_i or learning rate eta_i from the balanced share), and
@@ -41,19 +41,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ...contract import RecordKeys, out_of_memory_batch_size
-from ...security.claims import ClaimChecker, ClaimsState
-from ...security.identity import SiloRegistry
-from ...security.reply_screen import ReplyScreen
-from ...security.screening import ReplyValidator
-from ...security.update_screen import cap_weights
+from ...contract import InvalidReplyError, RecordKeys, error_summary, out_of_memory_batch_size
 from ..balancer import BatchSizeBalancer, SiloReport
 from ..balancer_state import MAX_ENTRIES, MAX_SILOS, BalancerState, NodeId, Seconds, SiloId
-from ..settings import (
-    BalancingConfig,
-    ReplyLimits,
-    balancing_config,
-)
+from ..settings import BalancingConfig, ReplyLimits
 from ..silo.transfer import TransferTimes
 from .deadline import (
     DeadlinePolicy,
@@ -65,6 +56,7 @@ from .reports import RoundReporting
 from .rewriters import FastestReplies, InstructionRewriter
 from .state import Instruction, Node, Reply, RoundState, Verdict
 from .timing import RoundTiming
+from .trust import ClaimPolicy, ClaimsState, ReplyGate
 
 __all__ = ["RoundEngine"]
 
@@ -88,7 +80,7 @@ class EngineState(BaseModel):
     federation_size : int (default: 0)
         The most silos seen in a round; at most the silos the state knows.
     claims : ClaimsState (default: empty)
-        The claim checker's (:class:`~fl_lbbsp.security.claims.ClaimsState`).
+        The claim policy's (:class:`~fl_lbbsp.core.round.trust.ClaimsState`).
     memory : MemoryState (default: empty)
         The caps learned from silos that ran out of memory
         (:class:`~fl_lbbsp.core.round.memory_caps.MemoryState`).
@@ -119,7 +111,8 @@ class EngineState(BaseModel):
 
 
 class RoundEngine(RoundTiming, RoundReporting):
-    """Plans every round, screens every reply, feeds the balancer; no Flower, no torch.
+    """Plans every round, screens every reply, feeds the balancer; no Flower, no torch, no
+    defences of its own (its ``gate`` and ``claims``).
 
     Parameters
     ----------
@@ -142,15 +135,14 @@ class RoundEngine(RoundTiming, RoundReporting):
         Leave a reply out of the aggregate when its timing report is unusable (cluster
         mode: its gradient weight is its reported batch size); in FL every accepted reply
         counts, weighted by its dataset size.
-    also_known : iterable of str (default: ())
-        Metric keys a reply may hold beyond the contract's (the legacy API's ``silo-id``).
     selector : FastestReplies | None (default: None)
         Backup workers: only the fastest accepted replies enter the aggregate.
-    registry : SiloRegistry | None (default: None)
-        The federation's silos and their public keys
-        (:mod:`fl_lbbsp.security.identity`): every reply must be signed by the key of the
-        silo it claims, for this run and round. ``None``: silo ids are believed (one
-        warning when the first round is planned).
+    gate : ReplyGate | None (default: None)
+        Admits each reply (:class:`~fl_lbbsp.core.round.trust.ReplyGate`); ``None``: every
+        reply is admitted.
+    claims : ClaimPolicy | None (default: None)
+        Judges each reply's claims (:class:`~fl_lbbsp.core.round.trust.ClaimPolicy`);
+        ``None``: every claim is believed.
     """
 
     def __init__(
@@ -164,13 +156,13 @@ class RoundEngine(RoundTiming, RoundReporting):
         rewriter: InstructionRewriter | None = None,
         offsets: bool = False,
         require_valid_report: bool = False,
-        also_known: Iterable[str] = (),
         selector: FastestReplies | None = None,
-        registry: SiloRegistry | None = None,
+        gate: ReplyGate | None = None,
+        claims: ClaimPolicy | None = None,
     ) -> None:
         self.config = config
-        self.registry = registry
-        self._unverified_warned = registry is not None
+        self.gate = gate or ReplyGate()
+        self.claims = claims or ClaimPolicy()
         self.selector = selector
         self.keys = keys
         self.limits = limits
@@ -179,20 +171,6 @@ class RoundEngine(RoundTiming, RoundReporting):
         self.rewriter = rewriter
         self.offsets = offsets
         self.require_valid_report = require_valid_report
-        self.validator = ReplyValidator(
-            keys=keys,
-            weight_key=weight_key,
-            extra_metric_keys=limits.extra_metric_keys,
-            max_num_examples=limits.max_num_examples,
-            also_known=also_known,
-        )
-        self.screening = ReplyScreen(
-            keys=keys,
-            limits=limits,
-            validator=self.validator,
-            silo_id=self.silo_id,
-            registry=registry,
-        )
         self.balancer = BatchSizeBalancer(
             initial_batch_size=config.initial_batch_size, knobs=config
         )
@@ -200,9 +178,6 @@ class RoundEngine(RoundTiming, RoundReporting):
         self.node_of_silo: dict[str, Node] = {}
         self.stragglers = StragglerWatch(ratio=self.deadline.slow_ratio)
         self._unlearned_wall: float | None = None
-        self.max_weight_ratio = 2.0
-        """The weight cap of an undeclared dataset size (the strategy's
-        ``max_weight_ratio``), in the noise budget as in the aggregate."""
         self.provisional: dict[str, SiloReport] = {}
         """Silos whose speed estimate rests only on a cold report (see
         :attr:`RoundState.cold`): their next warm report replaces it."""
@@ -212,57 +187,6 @@ class RoundEngine(RoundTiming, RoundReporting):
         """Each silo's learned transfer time (a fixed per-round cost of its cost line)."""
         self.memory = MemoryCaps()
         """Caps learned from silos that ran out of memory at the size they were sent."""
-        self.claims = ClaimChecker(
-            **config.claim_bounds(),
-            overhead_rounds=self.deadline.overhead_rounds,
-            declared_sizes=None if registry is None else registry.dataset_sizes,
-        )
-
-    @classmethod
-    def from_keywords(
-        cls,
-        *,
-        initial_batch_size: int,
-        local_steps: int,
-        lr: float,
-        keys: RecordKeys,
-        weight_key: str,
-        min_train_silos: int,
-        max_num_examples: int | None,
-        max_reply_bytes: int | None,
-        extra_metric_keys: Iterable[str] | None,
-        balancing: Mapping[str, Any],
-        **options: Any,
-    ) -> RoundEngine:
-        """The engine of a strategy's keywords, validated (one place for every adapter).
-
-        Parameters
-        ----------
-        initial_batch_size, local_steps, lr : int, int, float
-            B_init, tau and eta.
-        keys, weight_key :
-            As in the constructor.
-        min_train_silos, max_num_examples, max_reply_bytes, extra_metric_keys :
-            The reply limits (:class:`~fl_lbbsp.core.settings.ReplyLimits`).
-        balancing : Mapping[str, Any]
-            The balancing keywords (:class:`~fl_lbbsp.core.settings.BalancingOptions`).
-        **options :
-            The constructor's other keywords (``deadline``, ``rewriter``, ...).
-        """
-        return cls(
-            config=balancing_config(
-                initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **balancing
-            ),
-            keys=keys,
-            limits=ReplyLimits(
-                min_train_silos=min_train_silos,
-                max_num_examples=max_num_examples,
-                max_reply_bytes=max_reply_bytes,
-                extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
-            ),
-            weight_key=weight_key,
-            **options,
-        )
 
     # ------------------------------------------------------------------ planning
     def total(self, sampled: int) -> int:
@@ -299,19 +223,20 @@ class RoundEngine(RoundTiming, RoundReporting):
         )
         return {node: sizes[silo] for node, silo in silos.items()}
 
+    def weights(self, claimed: Mapping[str, float]) -> dict[str, tuple[float, str | None]]:
+        """Silo -> (its aggregation weight, why it differs from ``claimed`` or ``None``): in
+        FL its dataset size as the claim policy weighs it (:meth:`ClaimPolicy.weights`;
+        the defence layer caps an undeclared size), else the batch size the server sent."""
+        if self.weight_key != self.keys.num_examples:
+            return {silo: (weight, None) for silo, weight in claimed.items()}
+        return self.claims.weights(claimed)
+
     def budget_weights(self) -> dict[str, float]:
         """The silos' weights in the noise budget: their dataset sizes as the aggregate
-        weighs them (declared sizes whole, others capped at ``max_weight_ratio`` times the
-        others' median and all the others together, :func:`cap_weights`), so that an
-        inflated claim can no more steer the schedule than the model."""
+        weighs them (:meth:`weights`), so that an inflated claim can no more steer the
+        schedule than the model."""
         sizes = {**self.claims.sizes, **self.claims.declared}
-        capped = cap_weights(
-            sizes,
-            known=sizes,
-            declared=self.claims.declared,
-            max_weight_ratio=self.max_weight_ratio,
-        )
-        return {silo: weight for silo, (weight, _) in capped.items()}
+        return {silo: weight for silo, (weight, _) in self.weights(sizes).items()}
 
     def plan(
         self,
@@ -334,12 +259,6 @@ class RoundEngine(RoundTiming, RoundReporting):
         expected_bytes : int (default: 0)
             The size of the update a reply should carry (the model sent).
         """
-        if not self._unverified_warned:  # once, when the federation first meets its silos
-            self._unverified_warned = True
-            log.warning(
-                "silo identities are unverified: any node may reply as any silo (give the "
-                "strategy a silo_registry from `fl-lbbsp keys silos` to check signatures)"
-            )
         silos = {node: self.silo_id(node) for node in nodes}
         self.federation_size = max(self.federation_size, len(silos))
         total = self.total(len(silos))
@@ -369,30 +288,73 @@ class RoundEngine(RoundTiming, RoundReporting):
         return state
 
     # ----------------------------------------------------------------- screening
-    def reply_cap(self, state: RoundState) -> int:
-        """Largest reply in bytes accepted this round (:meth:`ReplyScreen.reply_cap`)."""
-        return self.screening.reply_cap(state)
-
     def claimed_silo(self, reply: Reply) -> str:
-        """The silo id a reply claims (:meth:`ReplyScreen.claimed_silo`)."""
-        return self.screening.claimed_silo(reply)
+        """The silo id a reply claims (its node's known id if it claims none); one that is
+        not a string (or an integer) raises :class:`~fl_lbbsp.contract.InvalidReplyError`."""
+        if reply.silo is None:
+            return self.silo_id(reply.node)
+        if isinstance(reply.silo, bool) or not isinstance(reply.silo, str | int):
+            raise InvalidReplyError(f"{self.keys.silo_id} must be a string, got {reply.silo!r:.60}")
+        return str(reply.silo)
 
     def screen(self, state: RoundState, reply: Reply, parse: Callable[[], U]) -> Verdict[U]:
-        """Check one reply; ``parse`` reads and checks its update, last
-        (:meth:`ReplyScreen.screen`: origin, signature, duplicates, size, contract). An
-        error reply saying the silo ran out of memory at the size it was sent caps that
-        silo from the next round (:class:`~fl_lbbsp.core.round.memory_caps.MemoryCaps`)."""
-        verdict = self.screening.screen(state, reply, parse)
+        """Check one reply; ``parse`` reads and checks its update, last.
+
+        In order: it answers this round, was sent to this node and came in time; the gate
+        admits it (:meth:`ReplyGate.admit`, before anything in it is trusted); it is the
+        first from its node and for its silo; it is not an error; the gate passes its
+        content (:meth:`ReplyGate.check`); its update parses (``parse`` raises
+        :class:`~fl_lbbsp.contract.InvalidReplyError` with the reason). An error reply
+        saying the silo ran out of memory at the size it was sent caps that silo from the
+        next round (:class:`~fl_lbbsp.core.round.memory_caps.MemoryCaps`).
+        """
+        node = reply.node
+        try:
+            silo = self.claimed_silo(reply)  # to name the silo in a rejection
+        except InvalidReplyError:
+            silo = self.silo_id(node)
+        try:
+            self._check_origin(state, reply)
+            if reply.error is None:
+                self.gate.admit(state, reply, self.claimed_silo(reply))
+            # The first reply of this round from a node, or for a silo, is the one.
+            if node in state.nodes:
+                raise InvalidReplyError(f"a second reply from node {node} in this round")
+            state.nodes.add(node)
+            silo = self.claimed_silo(reply)
+            if silo in state.silos:
+                raise InvalidReplyError(f"a second reply for silo {silo} in this round")
+            state.silos.add(silo)
+            if reply.error is not None:
+                raise InvalidReplyError(f"error reply: {error_summary(reply.error)}")
+            self.gate.check(state, reply)
+            try:
+                update = parse()
+            except InvalidReplyError:
+                raise
+            except Exception as err:  # noqa: BLE001 - hostile bytes may break any parser
+                raise InvalidReplyError(f"unreadable arrays ({type(err).__name__}: {err})") from err
+            verdict: Verdict[U] = Verdict(node=node, silo=silo, update=update)
+        except InvalidReplyError as err:
+            verdict = Verdict(node=node, silo=silo, reason=str(err))
         failed = None if reply.error is None else out_of_memory_batch_size(reply.error)
-        sent = state.instructions.get(reply.node)
+        sent = state.instructions.get(node)
         if failed is not None and sent is not None and self.rewriter is None:
             # the size the server sent, whatever the text says (it only says that it failed)
             self.memory.failed(verdict.silo, sent.batch_size)
         return verdict
 
-    def verify(self, state: RoundState, reply: Reply) -> None:
-        """Check a reply's signature against the silo registry (:meth:`ReplyScreen.verify`)."""
-        self.screening.verify(state, reply)
+    def _check_origin(self, state: RoundState, reply: Reply) -> None:
+        if reply.stale:
+            raise InvalidReplyError("not a reply to a train message of this round (stale)")
+        if state.instructions and reply.node not in state.instructions:
+            raise InvalidReplyError(f"node {reply.node} was not sent a train message this round")
+        if reply.seconds_late is not None:
+            waited = state.waited if state.waited is not None else state.deadline
+            raise InvalidReplyError(
+                f"arrived {reply.seconds_late:.2f} s after the round deadline of "
+                f"{waited or 0:.1f} s"
+            )
 
     # ----------------------------------------------------------------- checkpoints
     def state_dict(self) -> EngineState:

@@ -1,8 +1,9 @@
 """Reporting a round's accepted replies to the balancer, and closing the round.
 
 The part of the round engine (:class:`~fl_lbbsp.core.round.engine.RoundEngine`) that comes
-after a reply is screened: :meth:`RoundReporting.report` bounds what an accepted reply
-claims (:mod:`fl_lbbsp.security.claims`) and queues its timing; :meth:`RoundReporting.close`
+after a reply is screened: :meth:`RoundReporting.report` has what an accepted reply claims
+judged by the engine's claim policy (:class:`~fl_lbbsp.core.round.trust.ClaimPolicy`) and
+queues its timing; :meth:`RoundReporting.close`
 notes who missed the round, learns the messaging overhead, judges the first observed
 round's held claims against its honest gap, and feeds the round's reports to the balancer
 together; :meth:`RoundReporting.select` keeps a backup-worker round's fastest replies.
@@ -17,14 +18,14 @@ from dataclasses import replace
 from typing import Any
 
 from ...contract import PREDICTED_SPEED, TRANSFER_TIME, RecordKeys
-from ...security.claims import ClaimChecker, honest_gap
 from ..balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from ..settings import BalancingConfig
 from ..silo.transfer import TransferTimes
-from .deadline import OverheadTracker
+from .deadline import OverheadTracker, honest_gap
 from .memory_caps import MemoryCaps
 from .rewriters import FastestReplies, InstructionRewriter
 from .state import Node, RoundState, Verdict, silo_round_time
+from .trust import ClaimPolicy
 
 __all__ = ["RoundReporting", "held_start_up"]
 
@@ -43,7 +44,7 @@ class RoundReporting:
     selector: FastestReplies | None
     require_valid_report: bool
     balancer: BatchSizeBalancer
-    claims: ClaimChecker
+    claims: ClaimPolicy
     memory: MemoryCaps
     overhead: OverheadTracker
     transfer: TransferTimes
@@ -68,15 +69,13 @@ class RoundReporting:
     ) -> bool:
         """Bound an accepted reply's claims, feed its timing to the balancer; record it.
 
-        The claims are bounded first (:mod:`fl_lbbsp.security.claims`): in FL a dataset size
-        other than the silo's pinned (or declared) one, or over ``max_dataset_size``, is
-        rejected with one warning (the update is left out, the balancer not fed); claimed
-        times are clipped to ``[min_claimed_time, max_claimed_time]`` and, with
-        ``check_times`` and ``observed``, a claim the observation contradicts is replaced
-        by it, with one warning (the record keeps the claim as ``claimed-train-time`` /
-        ``claimed-he-time``). An unusable report (non-finite time, zero batch size, ...)
-        is left out of balancing with a warning and ``invalid-report`` in the record; the
-        silo keeps its estimate.
+        The claim policy judges the claims first (the defence layer's rules:
+        :mod:`fl_lbbsp.security.claims`): in FL a dataset size it rejects leaves the update
+        out, with one warning, the balancer not fed; times it replaces (with
+        ``check_times`` and ``observed``) are warned of, the record keeping the claim as
+        ``claimed-train-time`` / ``claimed-he-time``. An unusable report (non-finite
+        time, zero batch size, ...) is left out of balancing with a warning and
+        ``invalid-report`` in the record; the silo keeps its estimate.
 
         Parameters
         ----------
@@ -200,7 +199,7 @@ class RoundReporting:
     ) -> Mapping[str, Any]:
         """The metrics with their claimed times bounded and cross-checked against
         ``observed`` net of ``overhead`` (``None``: the learned one)
-        (:meth:`~fl_lbbsp.security.claims.ClaimChecker.check_times`); ``record`` notes what
+        (:meth:`~fl_lbbsp.core.round.trust.ClaimPolicy.check_times`); ``record`` notes what
         changed."""
         keys = self.keys
         train, he = _real(metrics.get(keys.train_time)), _real(metrics.get(keys.he_time))
