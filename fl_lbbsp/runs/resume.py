@@ -15,8 +15,8 @@ from typing import Any
 
 from flwr.app import ArrayRecord
 
-from ..strategies.checkpoint import CheckpointError
-from ..strategies.checkpointing import Checkpointable, ResumePoint, resume_from, store_of
+from ..strategies.checkpoint import Checkpoint, CheckpointError
+from ..strategies.checkpointing import Checkpointable, resume_from, store_of
 from .config import RunSettings
 
 __all__ = ["RUN_FILE", "RunRecord", "check_checkpoint_dir", "resume_run", "run_record"]
@@ -192,7 +192,7 @@ def resume_run(
     *,
     max_silos: int,
     initial_arrays: ArrayRecord,
-) -> ResumePoint | None:
+) -> Checkpoint | None:
     """Where a runner's run resumes (:func:`~fl_lbbsp.strategies.checkpointing.resume_from`
     with the federation's size and the initial model), held against its ``record``: a
     folder with checkpoints must record the same run (checked first), a resumed run keeps
@@ -211,5 +211,5 @@ def resume_run(
     if record is not None and resume is None:
         record.write()
     elif record is not None and resume is not None:
-        record.keep(earlier, after_round=resume.checkpoint.server_round)
+        record.keep(earlier, after_round=resume.server_round)
     return resume
