@@ -133,15 +133,10 @@ the silos are scheduled, none of which changes a round's result."""
 
 
 def run_record(config: RunSettings) -> RunRecord | None:
-    """The run as its checkpoint folder records it, after the folder is checked
-    (:func:`check_checkpoint_dir`); ``None``: the run has no checkpoint folder.
-
-    The record (:data:`RUN_FILE`) holds the settings
-    that decide the run (model, data, silos, partition, seed, tau, eta, B_init, balancer,
-    ...; not where output goes, how long the run is or how its silos are scheduled) and
-    its telemetry file: :func:`resume_run` resumes a checkpoint only for the run recorded
-    beside it, with the telemetry of its earlier
-    rounds (copied from the first run's output folder when ``out`` changed).
+    """The run as its checkpoint folder records it (:data:`RUN_FILE`: the settings that
+    decide the run, not where output goes, how long it is or how its silos are scheduled,
+    and its telemetry file), after the folder is checked (:func:`check_checkpoint_dir`);
+    ``None``: the run has no checkpoint folder.
 
     Raises
     ------
@@ -159,16 +154,9 @@ def run_record(config: RunSettings) -> RunRecord | None:
 
 
 def check_checkpoint_dir(given: Path, directory: Path) -> None:
-    """Refuse, before any round, a checkpoint folder that cannot be written.
-
-    Parameters
-    ----------
-    given : Path
-        The folder the user named (``--checkpoint-dir``); it must be a directory or not
-        exist yet.
-    directory : Path
-        The run's own folder under it, created here, where one file is written and
-        removed as a probe.
+    """Refuse, before any round, a checkpoint folder that cannot be written: ``given``
+    (``--checkpoint-dir``) must be a directory or not exist yet; ``directory``, the run's
+    folder under it, is created here and one file written and removed in it.
 
     Raises
     ------
@@ -200,7 +188,7 @@ def resume_run(
 
     Raises
     ------
-    CheckpointError, CheckpointInvalidError
+    CheckpointError
         As :func:`~fl_lbbsp.strategies.checkpointing.resume_from` and
         :meth:`RunRecord.check_same`.
     """

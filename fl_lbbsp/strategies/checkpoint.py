@@ -1,14 +1,11 @@
-"""The checkpoint file: what one round's checkpoint holds, how it is sealed, and what is
-checked before any of it is obeyed. It knows no strategy (the strategy's side is
-:mod:`fl_lbbsp.strategies.checkpointing`).
+"""The checkpoint file, which knows no strategy (its side: :mod:`.checkpointing`).
 
-One file per round, ``round-NNNNNN.ckpt`` (format 2): a JSON header with the
-:class:`Manifest`, each part's state as its model dumps it (:class:`StrategyState`) and
-every array's layout, then the bytes of the global model and of the parts' array records,
-behind a SHA-256 digest or, with a checkpoint key (``fl-lbbsp keys checkpoint``), an
-HMAC-SHA256 that detects an edit, not only damage. Nothing is obeyed before the same
-models validate it (``model_validate``), with the strategy's bounds and a trial of the
-balancer (:func:`validate_checkpoint`), and its arrays pass :func:`check_arrays`.
+One file per round, ``round-NNNNNN.ckpt`` (format 2): a JSON header (the :class:`Manifest`,
+each part's state as its model dumps it, :class:`StrategyState`, and every array's layout)
+and the arrays' bytes, behind a SHA-256 digest or, with a checkpoint key (``fl-lbbsp keys
+checkpoint``), an HMAC-SHA256 that detects an edit, not only damage. Nothing is obeyed
+before the same models validate it (:func:`validate_checkpoint`) and :func:`check_arrays`
+passes its arrays.
 """
 
 from __future__ import annotations
@@ -88,9 +85,8 @@ class CheckpointInvalidError(CheckpointError):
 
 
 class CheckpointKeyError(CheckpointInvalidError):
-    """A file refused for its key (field ``hmac``): an HMAC that does not match the key, a
-    keyed file read without the key, or an unkeyed one read with it. Never skipped for an
-    older checkpoint."""
+    """A file refused for its key (field ``hmac``): an HMAC that does not match it, a keyed
+    file read without it, or an unkeyed one read with it; never skipped for an older one."""
 
     def __init__(self, message: str) -> None:
         CheckpointError.__init__(self, message)
@@ -281,10 +277,8 @@ class CheckpointStore:
     """
 
     def __init__(self, directory: str | Path, *, keep: int = 2, key: bytes | None = None) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be a positive integer, got {keep!r}")
-        if key is not None and not key:
-            raise ValueError("an empty checkpoint key")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1 or key == b"":
+            raise ValueError(f"keep must be a positive integer and a key not empty: {keep!r}")
         self.directory, self.keep, self.key = Path(directory), keep, key
 
     def path(self, server_round: int) -> Path:
@@ -328,8 +322,8 @@ class CheckpointStore:
                 stale.unlink(missing_ok=True)
 
     def _write(self, final: Path, payload: bytes) -> None:
-        """``payload`` sealed into ``final`` atomically: a temporary file, synced and
-        renamed into place (a crash leaves the old file or the new, never half of one)."""
+        """``payload`` sealed into ``final`` through a temporary file, synced and renamed
+        (a crash leaves the old file or the new, never half of one)."""
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
             with tmp.open("wb") as f:
@@ -357,12 +351,8 @@ class CheckpointStore:
         state: dict[str, Any],
         records: dict[str, ArrayRecord] | None = None,
     ) -> Path:
-        """Write the checkpoint of ``server_round`` atomically; return its path.
-
-        The payload: an 8-byte length, the JSON header (manifest, state and every array's
-        key, dtype, shape, stype and size, as Flower's public ``Array`` fields hold them),
-        then the arrays' bytes.
-        """
+        """Write the checkpoint of ``server_round`` atomically; return its path. (The
+        header's length, 8 bytes; the header, with each array's public ``Array`` fields.)"""
         parts = {_MODEL: arrays, **{f"state.{k}": r for k, r in (records or {}).items()}}
         index = {
             name: [[k, a.dtype, list(a.shape), a.stype, len(a.data)] for k, a in record.items()]
@@ -400,9 +390,8 @@ class CheckpointStore:
         Raises
         ------
         CheckpointError
-            A damaged, truncated or foreign file; (``CheckpointKeyError``) a key
-            mismatch; (``CheckpointInvalidError``) contents that fail validation, or an
-            older format.
+            A damaged, truncated or foreign file; its subclasses for a key mismatch or
+            contents that fail validation (an older format too).
         """
         path = Path(path)
         payload = self._open(path)
@@ -430,15 +419,13 @@ class CheckpointStore:
 
     def latest(self, *, limits: CheckpointLimits | None = None) -> Checkpoint | None:
         """The newest readable checkpoint, validated with ``limits`` (a damaged newer file
-        is skipped with a warning), or ``None`` when the folder holds none; the temporary
-        files of a killed writer are removed first.
+        is skipped with a warning; a refused one is raised), or ``None``: none. The
+        temporary files of a killed writer are removed first.
 
         Raises
         ------
         CheckpointError
-            If the folder holds checkpoint files but none is readable.
-        CheckpointInvalidError
-            The newest readable one is refused (never skipped for an older one).
+            The folder holds checkpoint files but none is readable, or one is refused.
         """
         self._clean()
         rounds = self.rounds()
@@ -458,28 +445,23 @@ class CheckpointStore:
 
 
 def check_arrays(
-    checkpoint: Checkpoint,
-    initial_arrays: ArrayRecord,
-    *,
-    encrypted: bool = False,
-    max_growth: float = MAX_MODEL_GROWTH,
+    checkpoint: Checkpoint, initial_arrays: ArrayRecord, *, encrypted: bool = False
 ) -> None:
     """Refuse a checkpoint whose model (or array state) the strategy cannot take.
 
-    Every plaintext record must hold finite values. The model, the momentum buffers
-    (``optimizer``) and any record named like the model (a kept initial model) must have
-    the model's names in order and shapes (the model its dtypes too) and an L2 norm at
-    most ``max_growth`` times the initial model's (or 1). An encrypted record (only for an
-    ``encrypted`` strategy) must be a readable encrypted record of the model's layout.
+    Every plaintext record must be finite. The model, the momentum buffers (``optimizer``)
+    and any record named like the model must have its names in order and shapes (the model
+    its dtypes too) and an L2 norm at most :data:`MAX_MODEL_GROWTH` times the initial
+    model's (or 1); an encrypted record (only if ``encrypted``), a readable one of the
+    model's layout.
 
     Raises
     ------
     CheckpointInvalidError
-        Naming the first array that fails, e.g. ``arrays.w: shape [30, 4] and dtype
-        float32, the model's are [3, 4] and float32``.
+        Naming the first array that fails, e.g. ``arrays.w: shape [30, 4] and dtype ...``.
     """
     where, model = checkpoint.path, _layout(initial_arrays)
-    bound = max_growth * max(1.0, model_norm(_values(initial_arrays, where, "initial")))
+    bound = MAX_MODEL_GROWTH * max(1.0, model_norm(_values(initial_arrays, where, "initial")))
     records = {_MODEL: checkpoint.arrays}
     records |= {f"records.{k[:40]}": r for k, r in checkpoint.records.items()}
     for name, record in sorted(records.items(), key=lambda item: is_encrypted(item[1])):
@@ -501,7 +483,7 @@ def check_arrays(
                 reason = f"shape {list(shape)} and dtype {dtype}, the model's are {list(shape_)} and {dtype_}"  # noqa: E501
                 raise CheckpointInvalidError(where, f"{name}.{key}", reason)
         if not (norm := model_norm(values)) <= bound:
-            reason = f"L2 norm {norm:.4g} is over {bound:.4g} ({max_growth:g} times the initial model's, or 1)"  # noqa: E501
+            reason = f"L2 norm {norm:.4g} is over {bound:.4g} ({MAX_MODEL_GROWTH:g} times the initial model's, or 1)"  # noqa: E501
             raise CheckpointInvalidError(where, name, reason)
 
 

@@ -107,18 +107,16 @@ def resume_from(
     max_silos: int | None = None,
     initial_arrays: ArrayRecord | None = None,
 ) -> Checkpoint | None:
-    """The newest checkpoint in ``store`` (``None``: the strategy's own, :func:`store_of`),
-    checked against the strategy's bounds (``max_silos``, its ``max_dataset_size``),
-    class, scheme and settings (a setting newer than the checkpoint is not compared) and
-    ``initial_arrays`` (:func:`~fl_lbbsp.strategies.checkpoint.check_arrays`), and
-    restored into it; ``None``: a fresh start.
+    """The newest checkpoint in ``store`` (``None``: :func:`store_of` the strategy), held
+    against the strategy's bounds (``max_silos``, its ``max_dataset_size``), class, scheme
+    and settings (one newer than the checkpoint is not compared) and ``initial_arrays``
+    (:func:`~.checkpoint.check_arrays`), and restored into it; ``None``: a fresh start.
 
     Raises
     ------
     CheckpointError
-        Another strategy, scheme or settings (each difference named), or no readable file.
-    CheckpointInvalidError
-        A checkpoint that fails validation or that the strategy cannot restore.
+        Another strategy, scheme or settings (each difference named), or no readable file;
+        (``CheckpointInvalidError``) one that fails validation or cannot be restored.
     """
     store = store if store is not None else store_of(strategy)
     limits = CheckpointLimits(max_silos, strategy.config.tuning.max_dataset_size)
@@ -141,8 +139,7 @@ def resume_from(
             "with the same strategy and settings, or use another checkpoint_dir"
         )
     if initial_arrays is not None:
-        encrypted = "fingerprint" in strategy.checkpoint_settings()
-        check_arrays(checkpoint, initial_arrays, encrypted=encrypted)
+        check_arrays(checkpoint, initial_arrays, encrypted="fingerprint" in expected)
     try:
         strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
     except Exception as err:  # noqa: BLE001 - whatever the strategy cannot restore is refused
@@ -246,24 +243,19 @@ class Checkpointing(Strategy):
 
         Raises
         ------
-        CheckpointError, CheckpointInvalidError
-            As :func:`resume_from`.
-        CheckpointWriteError
-            At the end of a run that wrote no checkpoint.
+        CheckpointError
+            As :func:`resume_from`; (``CheckpointWriteError``) a run that wrote no checkpoint.
         """
         if resume is None:
             resume = resume_from(self.strategy, store=self.store, initial_arrays=initial_arrays)
         if resume is not None:
             self.round_offset, initial_arrays = resume.server_round, resume.arrays
             dropped = self.strategy.telemetry.drop_rounds_after(self.round_offset)
+            removed = f"; {dropped} telemetry events of later rounds removed" if dropped else ""
             log.info(
-                "[%s] resuming from %s: round %d of %d done; the initial arrays passed to "
-                "start are ignored%s",
-                self.strategy.scheme,
-                resume.path,
-                self.round_offset,
-                num_rounds,
-                f"; {dropped} telemetry events of later rounds removed" if dropped else "",
+                f"[{self.strategy.scheme}] resuming from {resume.path}: round "
+                f"{self.round_offset} of {num_rounds} done; the initial arrays passed to start "
+                f"are ignored{removed}"
             )
             if self.round_offset >= num_rounds:
                 return Result(arrays=resume.arrays)
