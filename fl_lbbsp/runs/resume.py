@@ -154,9 +154,16 @@ def run_record(config: RunSettings) -> RunRecord | None:
 
 
 def check_checkpoint_dir(given: Path, directory: Path) -> None:
-    """Refuse, before any round, a checkpoint folder that cannot be written: ``given``
-    (``--checkpoint-dir``) must be a directory or not exist yet; ``directory``, the run's
-    folder under it, is created here and one file written and removed in it.
+    """Refuse, before any round, a checkpoint folder that cannot be written.
+
+    Parameters
+    ----------
+    given : Path
+        The folder the user named (``--checkpoint-dir``); it must be a directory or not
+        exist yet.
+    directory : Path
+        The run's own folder under it, created here, where one file is written and
+        removed as a probe.
 
     Raises
     ------

@@ -64,10 +64,10 @@ _FORMAT_1 = (
     "another checkpoint dir, or remove it to start afresh"
 )
 _KEY_ADVICE = {
-    True: "was written with a checkpoint key: give the same key (--checkpoint-key) to resume it",
-    False: "was written without a checkpoint key, so an edit to it cannot be detected: start "
-    "afresh under the key (another checkpoint dir, or remove these checkpoints), or re-sign "
-    "only checkpoints you trust with `fl-lbbsp keys checkpoint --out KEY --sign DIR`",
+    True: "it was written with a checkpoint key: give the same key (--checkpoint-key)",
+    False: "it was written without a checkpoint key, so an edit to it cannot be detected: "
+    "start afresh under the key (another checkpoint dir, or remove these checkpoints), or "
+    "re-sign only checkpoints you trust with `fl-lbbsp keys checkpoint --out KEY --sign DIR`",
 }
 
 
@@ -87,10 +87,6 @@ class CheckpointInvalidError(CheckpointError):
 class CheckpointKeyError(CheckpointInvalidError):
     """A file refused for its key (field ``hmac``): an HMAC that does not match it, a keyed
     file read without it, or an unkeyed one read with it; never skipped for an older one."""
-
-    def __init__(self, message: str) -> None:
-        CheckpointError.__init__(self, message)
-        self.field = "hmac"
 
 
 class CheckpointWriteError(CheckpointError):
@@ -301,16 +297,17 @@ class CheckpointStore:
                 raise CheckpointInvalidError(path, "manifest.format", _FORMAT_1)
             raise CheckpointError(f"{path} is damaged or not a checkpoint (no header)")
         if keyed != (self.key is not None):
-            raise CheckpointKeyError(f"{path} {_KEY_ADVICE[keyed]}")
+            raise CheckpointKeyError(path, "hmac", _KEY_ADVICE[keyed])
         start = len(_MAGIC_KEYED if keyed else _MAGIC)
         payload = data[start + _DIGEST :]
         if hmac.compare_digest(data[start : start + _DIGEST], _tag(payload, self.key)):
             return payload
         if keyed:
             raise CheckpointKeyError(
-                f"{path}: its HMAC does not match the checkpoint key: the file was edited, "
-                "damaged or written under another key; refused (remove it to resume from "
-                "an older checkpoint)"
+                path,
+                "hmac",
+                "it does not match the checkpoint key: the file was edited, "
+                "damaged or written under another key (remove it to resume from an older one)",
             )
         raise CheckpointError(f"{path} is damaged (digest mismatch)")
 
