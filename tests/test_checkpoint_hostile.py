@@ -177,9 +177,8 @@ def test_the_untouched_checkpoint_resumes_and_the_next_round_runs(
     strategy = LBBSPCluster(**SETTINGS, checkpoint_dir=tmp_path)
 
     # Execute
-    resumed = resume_from(strategy, max_silos=3, initial_arrays=_initial())
-    assert resumed is not None
-    checkpoint = resumed.checkpoint
+    checkpoint = resume_from(strategy, max_silos=3, initial_arrays=_initial())
+    assert checkpoint is not None
     strategy.deadline_grid(FakeGrid(list(NODES)), timeout=60)  # type: ignore[arg-type]
     grid = FakeGrid(list(NODES))
     sent = sent_sizes(list(strategy.configure_train(7, checkpoint.arrays, ConfigRecord(), grid)))  # type: ignore[arg-type]
@@ -257,7 +256,7 @@ def test_the_strategys_checkpoint_key_is_used_to_resume(rich: Checkpoint, tmp_pa
     _resaved(rich, folder, lambda m, s, a: None, key=OTHER)
 
     # Execute / Assert
-    assert good is not None and good.checkpoint.server_round == 6
+    assert good is not None and good.server_round == 6
     with pytest.raises(CheckpointKeyError):
         resume_from(strategy, max_silos=3, initial_arrays=_initial())
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord
 from flwr.clientapp import ClientApp
-from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy import FedAvg, Result
 
 from fl_lbbsp.clients.app import SiloSetup, make_client_app
 from fl_lbbsp.models import build_model
@@ -122,3 +122,10 @@ def test_a_round_that_stops_the_run_writes_no_checkpoint(tmp_path: Path) -> None
 
     # Assert
     assert CheckpointStore(folder).rounds() == []
+
+
+@pytest.mark.parametrize("strategy", [FedAvg(), object()], ids=["flower-fedavg", "not-a-strategy"])
+def test_a_strategy_without_checkpoint_state_is_refused(strategy: Any, tmp_path: Path) -> None:
+    # Execute / Assert: refused when wrapped, before any round
+    with pytest.raises(TypeError, match="offers no checkpoint state"):
+        Checkpointing(strategy, store=CheckpointStore(tmp_path))

@@ -52,7 +52,7 @@ def test_a_resumed_run_reads_its_checkpoint_once_before_round_1(tmp_path: Path) 
     events = execute(resolved, runtime="inprocess")
 
     # Assert: the run resumed from the point resolved (round 3 alone ran), not afresh
-    assert resolved.resume is not None and resolved.resume.checkpoint.server_round == 2
+    assert resolved.resume is not None and resolved.resume.server_round == 2
     assert _train_rounds(events) == [1, 2, 3]
     assert store.rounds() == [3]
 

@@ -24,7 +24,7 @@ from ..clients.silo_setup import InitialModel
 from ..clients.trainer import evaluate
 from ..datasets import ArrayDataset
 from ..strategies import EngineStrategy
-from ..strategies.checkpointing import ResumePoint
+from ..strategies.checkpoint import Checkpoint
 from ..telemetry import read_telemetry
 from .config import RunSettings
 from .inprocess import run_in_process
@@ -128,7 +128,7 @@ class ResolvedRun(Generic[S]):
         The initial global model (torch seeded with the run's seed) and the test split.
     client_app : ClientApp
         What every silo or worker runs.
-    resume : ResumePoint | None (default: None)
+    resume : Checkpoint | None (default: None)
         The checkpoint the run resumes from, validated and restored into ``strategy``
         (:func:`~fl_lbbsp.runs.resume.resume_run`); ``None``: a fresh start.
     """
@@ -137,7 +137,7 @@ class ResolvedRun(Generic[S]):
     strategy: S
     initial: InitialModel
     client_app: ClientApp
-    resume: ResumePoint | None = None
+    resume: Checkpoint | None = None
 
 
 def execute(run: ResolvedRun[S], *, runtime: Runtime = "ray") -> list[dict[str, Any]]:

@@ -15,8 +15,8 @@ from typing import Any
 
 from flwr.app import ArrayRecord
 
-from ..strategies.checkpoint import CheckpointError
-from ..strategies.checkpointing import Checkpointable, ResumePoint, resume_from, store_of
+from ..strategies.checkpoint import Checkpoint, CheckpointError
+from ..strategies.checkpointing import Checkpointable, resume_from, store_of
 from .config import RunSettings
 
 __all__ = ["RUN_FILE", "RunRecord", "check_checkpoint_dir", "resume_run", "run_record"]
@@ -133,15 +133,10 @@ the silos are scheduled, none of which changes a round's result."""
 
 
 def run_record(config: RunSettings) -> RunRecord | None:
-    """The run as its checkpoint folder records it, after the folder is checked
-    (:func:`check_checkpoint_dir`); ``None``: the run has no checkpoint folder.
-
-    The record (:data:`RUN_FILE`) holds the settings
-    that decide the run (model, data, silos, partition, seed, tau, eta, B_init, balancer,
-    ...; not where output goes, how long the run is or how its silos are scheduled) and
-    its telemetry file: :func:`resume_run` resumes a checkpoint only for the run recorded
-    beside it, with the telemetry of its earlier
-    rounds (copied from the first run's output folder when ``out`` changed).
+    """The run as its checkpoint folder records it (:data:`RUN_FILE`: the settings that
+    decide the run, not where output goes, how long it is or how its silos are scheduled,
+    and its telemetry file), after the folder is checked (:func:`check_checkpoint_dir`);
+    ``None``: the run has no checkpoint folder.
 
     Raises
     ------
@@ -192,7 +187,7 @@ def resume_run(
     *,
     max_silos: int,
     initial_arrays: ArrayRecord,
-) -> ResumePoint | None:
+) -> Checkpoint | None:
     """Where a runner's run resumes (:func:`~fl_lbbsp.strategies.checkpointing.resume_from`
     with the federation's size and the initial model), held against its ``record``: a
     folder with checkpoints must record the same run (checked first), a resumed run keeps
@@ -200,7 +195,7 @@ def resume_run(
 
     Raises
     ------
-    CheckpointError, CheckpointInvalidError
+    CheckpointError
         As :func:`~fl_lbbsp.strategies.checkpointing.resume_from` and
         :meth:`RunRecord.check_same`.
     """
@@ -211,5 +206,5 @@ def resume_run(
     if record is not None and resume is None:
         record.write()
     elif record is not None and resume is not None:
-        record.keep(earlier, after_round=resume.checkpoint.server_round)
+        record.keep(earlier, after_round=resume.server_round)
     return resume

@@ -1,13 +1,11 @@
-"""The checkpoint file: what one round's checkpoint holds, how it is sealed, and what
-is checked before any of it is obeyed. It knows no strategy (the strategy's side is
-:mod:`fl_lbbsp.strategies.checkpointing`).
+"""The checkpoint file, which knows no strategy (its side: :mod:`.checkpointing`).
 
-One file per round, ``round-NNNNNN.ckpt`` (format 2): a :class:`Manifest` and each part's
-state as its own model dumps it (:class:`StrategyState`), the global model and the parts'
-array records, as a JSON header and the arrays' bytes, behind a SHA-256 digest or, with a
-checkpoint key (``fl-lbbsp keys checkpoint``), an HMAC-SHA256 that detects an edit, not
-only damage. Nothing is obeyed before the parts' models validate it (``model_validate``),
-with the strategy's bounds, a trial of the balancer and :func:`check_arrays`.
+One file per round, ``round-NNNNNN.ckpt`` (format 2): a JSON header (the :class:`Manifest`,
+each part's state as its model dumps it, :class:`StrategyState`, and every array's layout)
+and the arrays' bytes, behind a SHA-256 digest or, with a checkpoint key (``fl-lbbsp keys
+checkpoint``), an HMAC-SHA256 that detects an edit, not only damage. Nothing is obeyed
+before the same models validate it (:func:`validate_checkpoint`) and :func:`check_arrays`
+passes its arrays.
 """
 
 from __future__ import annotations
@@ -66,10 +64,10 @@ _FORMAT_1 = (
     "another checkpoint dir, or remove it to start afresh"
 )
 _KEY_ADVICE = {
-    True: "was written with a checkpoint key: give the same key (--checkpoint-key) to resume it",
-    False: "was written without a checkpoint key, so an edit to it cannot be detected: start "
-    "afresh under the key (another checkpoint dir, or remove these checkpoints), or re-sign "
-    "only checkpoints you trust with `fl-lbbsp keys checkpoint --out KEY --sign DIR`",
+    True: "it was written with a checkpoint key: give the same key (--checkpoint-key)",
+    False: "it was written without a checkpoint key, so an edit to it cannot be detected: "
+    "start afresh under the key (another checkpoint dir, or remove these checkpoints), or "
+    "re-sign only checkpoints you trust with `fl-lbbsp keys checkpoint --out KEY --sign DIR`",
 }
 
 
@@ -79,26 +77,16 @@ class CheckpointError(ValueError):
 
 class CheckpointInvalidError(CheckpointError):
     """A readable checkpoint refused, in one line naming the field (``field``, dotted):
-    ``<path>: invalid field state.engine.balancer.silos.w1.estimator.value: ...``."""
+    ``<where>: invalid field state.engine.balancer.silos.w1.estimator.value: ...``."""
 
-    def __init__(self, message: str, *, field: str) -> None:
-        super().__init__(" ".join(message.split()))
+    def __init__(self, where: object, field: str, reason: str) -> None:
+        super().__init__(" ".join(f"{where}: invalid field {field}: {reason}".split()))
         self.field = field
-
-    @classmethod
-    def caught(cls, err: Exception, *, where: str, field: str, what: str) -> CheckpointInvalidError:
-        """The refusal of ``field`` for the exception ``err`` its use raised (at most 300
-        characters of it)."""
-        return _invalid(where, field, f"{what} ({f'{type(err).__name__}: {err}'[:300]})")
 
 
 class CheckpointKeyError(CheckpointInvalidError):
-    """A file refused for its key (field ``hmac``): an HMAC that does not match the
-    checkpoint key, a keyed file read without the key, or an unkeyed file read with one.
-    Never skipped for an older checkpoint."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, field="hmac")
+    """A file refused for its key (field ``hmac``): an HMAC that does not match it, a keyed
+    file read without it, or an unkeyed one read with it; never skipped for an older one."""
 
 
 class CheckpointWriteError(CheckpointError):
@@ -110,12 +98,8 @@ class CheckpointWriteError(CheckpointError):
         self.result = result
 
 
-def _invalid(where: str, name: str, reason: str) -> CheckpointInvalidError:
-    return CheckpointInvalidError(f"{where}: invalid field {name}: {reason}", field=name)
-
-
 def load_checkpoint_key(path: str | Path) -> bytes:
-    """The checkpoint key in ``path`` (its bytes, surrounding whitespace removed).
+    """The checkpoint key in ``path``, surrounding whitespace removed.
 
     Raises
     ------
@@ -185,6 +169,13 @@ class StrategyState(BaseModel):
     updates: dict[str, Any] = Field(default_factory=dict)
 
 
+class _Contents(BaseModel):
+    """A checkpoint's JSON: what :func:`validate_checkpoint` validates, as one model."""
+
+    manifest: Manifest
+    state: StrategyState
+
+
 @dataclass(frozen=True)
 class CheckpointLimits:
     """The resuming strategy's bounds (``None``: not bounded): the federation's size and
@@ -194,18 +185,6 @@ class CheckpointLimits:
     max_dataset_size: int | None = None
 
 
-def _refuse(where: str, err: ValidationError, prefix: str) -> CheckpointInvalidError:
-    """One line for pydantic's first error, named by its dotted location."""
-    first = err.errors()[0]
-    loc = [str(part)[:40] for part in first.get("loc", ())]
-    msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")[:300]
-    named = re.match(r"([a-z]+_[a-z_]+|[a-z_]+\.[\w.-]+)(?=[= ])", msg)
-    if named:  # a model-level check names its field first in the message
-        loc.append(named.group(1))
-    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return _invalid(where, ".".join([prefix, *loc]), msg + more)
-
-
 def validate_checkpoint(
     manifest: Mapping[str, Any],
     state: Mapping[str, Any],
@@ -213,8 +192,8 @@ def validate_checkpoint(
     where: str = "checkpoint",
     limits: CheckpointLimits | None = None,
 ) -> StrategyState:
-    """The checkpoint's state, validated (:class:`Manifest`, :class:`StrategyState`, the
-    strategy's ``limits``, one trial allocation of the balancer it holds).
+    """The checkpoint's state, validated: :class:`Manifest` and :class:`StrategyState`,
+    the strategy's ``limits``, and one trial allocation of the balancer it holds.
 
     Raises
     ------
@@ -222,24 +201,29 @@ def validate_checkpoint(
         One line: ``<where>: invalid field <dotted.name>: <reason>``.
     """
     try:
-        Manifest.model_validate(dict(manifest))
-    except ValidationError as err:
-        raise _refuse(where, err, "manifest") from None
-    try:
-        parsed = StrategyState.model_validate(dict(state))
-    except ValidationError as err:
-        raise _refuse(where, err, "state") from None
+        parsed = _Contents.model_validate({"manifest": manifest, "state": state}).state
+    except ValidationError as err:  # pydantic's first error, named by its dotted location
+        first, more = err.errors()[0], err.error_count() - 1
+        loc = [str(part)[:40] for part in first["loc"]]
+        msg = str(first["msg"]).removeprefix("Value error, ")[:300]
+        if named := re.match(r"([a-z]+_[a-z_]+|[a-z_]+\.[\w.-]+)(?=[= ])", msg):
+            loc.append(named.group(1))  # a model-level check names its field first
+        raise CheckpointInvalidError(
+            where, ".".join(loc), msg + (f" (and {more} more)" if more else "")
+        ) from None
     engine, limits = parsed.engine, limits or CheckpointLimits()
-    pinned = engine.claims.sizes.items()
-    over: list[tuple[str, float, int | None]] = [
+    for name, value, limit in [
         ("federation_size", engine.federation_size, limits.max_silos),
         ("silos", len(engine.silos), limits.max_silos),
-        *((f"claims.sizes.{s}", n, limits.max_dataset_size) for s, n in pinned),
-    ]
-    for name, value, limit in over:
+        *(
+            (f"claims.sizes.{s}", n, limits.max_dataset_size)
+            for s, n in engine.claims.sizes.items()
+        ),
+    ]:
         if limit is not None and value > limit:
-            reason = f"{value:g} is over this strategy's {limit:g}"
-            raise _invalid(where, f"state.engine.{name}", reason)
+            raise CheckpointInvalidError(
+                where, f"state.engine.{name}", f"{value:g} is over this strategy's {limit:g}"
+            )
     try:  # a state the types admit that the balancer cannot use
         trial = BatchSizeBalancer.from_state_dict(
             engine.balancer.model_dump(mode="json", exclude_unset=True)
@@ -248,9 +232,8 @@ def validate_checkpoint(
         if any(not 1 <= x <= MAX_BATCH_SIZE for x in sizes.values()):
             raise ValueError(f"it allocates batch sizes out of range: {sizes}"[:200])
     except Exception as err:  # noqa: BLE001 - whatever the balancer cannot use is refused
-        raise CheckpointInvalidError.caught(
-            err, where=where, field="state.engine.balancer", what="the balancer cannot use it"
-        ) from None
+        reason = f"the balancer cannot use it ({f'{type(err).__name__}: {err}'[:300]})"
+        raise CheckpointInvalidError(where, "state.engine.balancer", reason) from None
     return parsed
 
 
@@ -267,33 +250,11 @@ class Checkpoint:
     path: Path | None = None
 
 
-def _encode(header: dict[str, Any], records: Mapping[str, ArrayRecord]) -> bytes:
-    """A JSON header (every array's dtype, shape, stype and size) and the arrays' bytes,
-    as Flower's public ``Array`` fields hold them."""
-    blobs, index = [], {}
-    for name, record in records.items():
-        index[name] = [[k, a.dtype, list(a.shape), a.stype, len(a.data)] for k, a in record.items()]
-        blobs += [a.data for a in record.values()]
-    head = json.dumps({**header, "records": index}).encode()
-    return len(head).to_bytes(8, "big") + head + b"".join(blobs)
-
-
-def _decode(payload: bytes) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-    size = int.from_bytes(payload[:8], "big")
-    header = json.loads(payload[8 : 8 + size])
-    offset, records = 8 + size, {}
-    for name, arrays in header.pop("records").items():
-        record = ArrayRecord()
-        for key, dtype, shape, stype, length in arrays:
-            data = payload[offset : offset + length]
-            if len(data) != length:
-                raise ValueError("truncated")
-            record[key] = Array(dtype=dtype, shape=tuple(shape), stype=stype, data=data)
-            offset += length
-        records[name] = record
-    if offset != len(payload):
-        raise ValueError(f"{len(payload) - offset} bytes after the last array")
-    return header, records
+def _tag(payload: bytes, key: bytes | None) -> bytes:
+    """The SHA-256 digest of ``payload``, or its HMAC-SHA256 under ``key``."""
+    if key is None:
+        return hashlib.sha256(payload).digest()
+    return hmac.new(key, payload, "sha256").digest()
 
 
 class CheckpointStore:
@@ -312,10 +273,8 @@ class CheckpointStore:
     """
 
     def __init__(self, directory: str | Path, *, keep: int = 2, key: bytes | None = None) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be a positive integer, got {keep!r}")
-        if key is not None and not key:
-            raise ValueError("an empty checkpoint key")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1 or key == b"":
+            raise ValueError(f"keep must be a positive integer and a key not empty: {keep!r}")
         self.directory, self.keep, self.key = Path(directory), keep, key
 
     def path(self, server_round: int) -> Path:
@@ -333,24 +292,24 @@ class CheckpointStore:
         """The payload of a checkpoint file, its digest or HMAC checked."""
         data = path.read_bytes()
         keyed = data.startswith(_MAGIC_KEYED)
-        magic = _MAGIC_KEYED if keyed else _MAGIC
-        tag, payload = data[len(magic) : len(magic) + _DIGEST], data[len(magic) + _DIGEST :]
         if not keyed and not data.startswith(_MAGIC):
             if data.startswith(_OLD_MAGIC):
-                raise _invalid(str(path), "manifest.format", _FORMAT_1)
+                raise CheckpointInvalidError(path, "manifest.format", _FORMAT_1)
             raise CheckpointError(f"{path} is damaged or not a checkpoint (no header)")
         if keyed != (self.key is not None):
-            raise CheckpointKeyError(f"{path} {_KEY_ADVICE[keyed]}")
-        if self.key is None:
-            if hashlib.sha256(payload).digest() != tag:
-                raise CheckpointError(f"{path} is damaged (digest mismatch)")
-        elif not hmac.compare_digest(tag, hmac.new(self.key, payload, "sha256").digest()):
+            raise CheckpointKeyError(path, "hmac", _KEY_ADVICE[keyed])
+        start = len(_MAGIC_KEYED if keyed else _MAGIC)
+        payload = data[start + _DIGEST :]
+        if hmac.compare_digest(data[start : start + _DIGEST], _tag(payload, self.key)):
+            return payload
+        if keyed:
             raise CheckpointKeyError(
-                f"{path}: its HMAC does not match the checkpoint key: the file was edited, "
-                "damaged or written under another key; refused (remove it to resume from "
-                "an older checkpoint)"
+                path,
+                "hmac",
+                "it does not match the checkpoint key: the file was edited, "
+                "damaged or written under another key (remove it to resume from an older one)",
             )
-        return payload
+        raise CheckpointError(f"{path} is damaged (digest mismatch)")
 
     def _clean(self) -> None:
         """Remove the temporary files of writers killed mid-write."""
@@ -360,16 +319,14 @@ class CheckpointStore:
                 stale.unlink(missing_ok=True)
 
     def _write(self, final: Path, payload: bytes) -> None:
-        """``payload`` sealed into ``final`` atomically: a temporary file, synced and
-        renamed into place (a crash leaves the old file or the new, never half of one)."""
-        if self.key is None:
-            sealed = _MAGIC + hashlib.sha256(payload).digest() + payload
-        else:
-            sealed = _MAGIC_KEYED + hmac.new(self.key, payload, "sha256").digest() + payload
+        """``payload`` sealed into ``final`` through a temporary file, synced and renamed
+        (a crash leaves the old file or the new, never half of one)."""
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
             with tmp.open("wb") as f:
-                f.write(sealed)
+                f.write(_MAGIC if self.key is None else _MAGIC_KEYED)
+                f.write(_tag(payload, self.key))
+                f.write(payload)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
@@ -391,12 +348,18 @@ class CheckpointStore:
         state: dict[str, Any],
         records: dict[str, ArrayRecord] | None = None,
     ) -> Path:
-        """Write the checkpoint of ``server_round`` atomically; return its path."""
-        header = {"manifest": manifest, "state": state, "model": _MODEL}
-        parts = {f"state.{name}": record for name, record in (records or {}).items()}
+        """Write the checkpoint of ``server_round`` atomically; return its path. (The
+        header's length, 8 bytes; the header, with each array's public ``Array`` fields.)"""
+        parts = {_MODEL: arrays, **{f"state.{k}": r for k, r in (records or {}).items()}}
+        index = {
+            name: [[k, a.dtype, list(a.shape), a.stype, len(a.data)] for k, a in record.items()]
+            for name, record in parts.items()
+        }
+        head = json.dumps({"manifest": manifest, "state": state, "records": index}).encode()
+        blobs = [a.data for record in parts.values() for a in record.values()]
         self.directory.mkdir(parents=True, exist_ok=True)
         self._clean()
-        self._write(self.path(server_round), _encode(header, {_MODEL: arrays, **parts}))
+        self._write(self.path(server_round), b"".join([len(head).to_bytes(8, "big"), head, *blobs]))
         for old in self.rounds()[: -self.keep]:
             self.path(old).unlink(missing_ok=True)
         return self.path(server_round)
@@ -424,47 +387,52 @@ class CheckpointStore:
         Raises
         ------
         CheckpointError
-            A damaged, truncated or foreign file; (``CheckpointKeyError``) a key
-            mismatch; (``CheckpointInvalidError``) contents that fail validation, or an
-            older format.
+            A damaged, truncated or foreign file; its subclasses for a key mismatch or
+            contents that fail validation (an older format too).
         """
         path = Path(path)
         payload = self._open(path)
         try:
-            header, records = _decode(payload)
-            manifest, state, arrays = header["manifest"], header["state"], records.pop(_MODEL)
+            size = int.from_bytes(payload[:8], "big")
+            header, offset, records = json.loads(payload[8 : 8 + size]), 8 + size, {}
+            for name, arrays in header["records"].items():
+                records[name] = ArrayRecord()
+                for key, dtype, shape, stype, length in arrays:
+                    if len(data := payload[offset : offset + length]) != length:
+                        raise ValueError("truncated")
+                    records[name][key] = Array(
+                        dtype=dtype, shape=tuple(shape), stype=stype, data=data
+                    )
+                    offset += length
+            if offset != len(payload):
+                raise ValueError(f"{len(payload) - offset} bytes after the last array")
+            manifest, state, model = header["manifest"], header["state"], records.pop(_MODEL)
         except Exception as err:  # noqa: BLE001 - any decoding failure means unreadable
             message = " ".join(str(err).split())[:200]
             raise CheckpointError(f"{path} is not a readable checkpoint: {message}") from None
-        for name, value in (("manifest", manifest), ("state", state)):
-            if not isinstance(value, dict):
-                raise _invalid(str(path), name, "not a JSON object")
         validate_checkpoint(manifest, state, where=str(path), limits=limits)
         parts = {name.removeprefix("state."): r for name, r in records.items()}
-        return Checkpoint(int(manifest["round"]), arrays, manifest, state, parts, path)
+        return Checkpoint(manifest["round"], model, manifest, state, parts, path)
 
     def latest(self, *, limits: CheckpointLimits | None = None) -> Checkpoint | None:
         """The newest readable checkpoint, validated with ``limits`` (a damaged newer file
-        is skipped with a warning), or ``None`` when the folder holds none; the temporary
-        files of a killed writer are removed first.
+        is skipped with a warning; a refused one is raised), or ``None``: none. The
+        temporary files of a killed writer are removed first.
 
         Raises
         ------
         CheckpointError
-            If the folder holds checkpoint files but none is readable.
-        CheckpointInvalidError
-            The newest readable one is refused (never skipped for an older one).
+            The folder holds checkpoint files but none is readable, or one is refused.
         """
         self._clean()
         rounds = self.rounds()
         for server_round in reversed(rounds):
-            path = self.path(server_round)
             try:
-                return self.load(path, limits=limits)
+                return self.load(self.path(server_round), limits=limits)
             except CheckpointInvalidError:
                 raise
             except (CheckpointError, OSError) as err:
-                log.warning("skipping checkpoint %s: %s", path, err)
+                log.warning("skipping checkpoint %s: %s", self.path(server_round), err)
         if rounds:
             raise CheckpointError(
                 f"no readable checkpoint in {self.directory} ({len(rounds)} damaged files): "
@@ -473,71 +441,67 @@ class CheckpointStore:
         return None
 
 
-# ------------------------------------------------------------------------ the model
-def _layout(record: ArrayRecord) -> list[tuple[str, tuple[int, ...], str]]:
-    return [(key, tuple(a.shape), str(a.dtype)) for key, a in record.items()]
-
-
-def _values(record: ArrayRecord, where: str, name: str) -> list[np.ndarray]:
-    """Every array of a plaintext record as numpy, each checked finite."""
-    out: list[np.ndarray] = []
-    for key, array in record.items():
-        try:
-            values = np.asarray(array.numpy())
-        except Exception as err:  # noqa: BLE001 - bytes that are not an array
-            raise _invalid(where, f"{name}.{key}", f"unreadable ({type(err).__name__})") from None
-        if values.dtype.kind in "fc" and not np.isfinite(values).all():
-            raise _invalid(where, f"{name}.{key}", "holds NaN or infinite values")
-        out.append(values)
-    return out
-
-
 def check_arrays(
-    checkpoint: Checkpoint,
-    initial_arrays: ArrayRecord,
-    *,
-    encrypted: bool = False,
-    max_growth: float = MAX_MODEL_GROWTH,
+    checkpoint: Checkpoint, initial_arrays: ArrayRecord, *, encrypted: bool = False
 ) -> None:
     """Refuse a checkpoint whose model (or array state) the strategy cannot take.
 
-    Every plaintext record must hold finite values. The model, the momentum buffers
-    (``optimizer``) and any record named like the model (a kept initial model) must have
-    the model's names in order and shapes (the model its dtypes too) and an L2 norm at
-    most ``max_growth`` times the initial model's (or 1). An encrypted record (only for an
-    ``encrypted`` strategy; checked last, it is decoded) must be a readable encrypted
-    record of the model's layout.
+    Every plaintext record must be finite. The model, the momentum buffers (``optimizer``)
+    and any record named like the model must have its names in order and shapes (the model
+    its dtypes too) and an L2 norm at most :data:`MAX_MODEL_GROWTH` times the initial
+    model's (or 1); an encrypted record (only if ``encrypted``), a readable one of the
+    model's layout.
 
     Raises
     ------
     CheckpointInvalidError
-        Naming the first array that fails, e.g. ``arrays.w: shape [30, 4] and dtype
-        float32, the model's are [3, 4] and float32``.
+        Naming the first array that fails, e.g. ``arrays.w: shape [30, 4] and dtype ...``.
     """
-    where, model = str(checkpoint.path), _layout(initial_arrays)
-    bound = max_growth * max(1.0, model_norm(_values(initial_arrays, where, "initial")))
+    where, model = checkpoint.path, _layout(initial_arrays)
+    bound = MAX_MODEL_GROWTH * max(1.0, model_norm(_values(initial_arrays, where, "initial")))
     records = {_MODEL: checkpoint.arrays}
     records |= {f"records.{k[:40]}": r for k, r in checkpoint.records.items()}
     for name, record in sorted(records.items(), key=lambda item: is_encrypted(item[1])):
-        if is_encrypted(record):
+        if is_encrypted(record):  # checked last: it is decoded
             plain = "an encrypted model, but this strategy's is plaintext"
-            reason = _encrypted_layout(record, model) if encrypted else plain
-            if reason is not None:
-                raise _invalid(where, name, reason)
+            if (reason := _encrypted_layout(record, model) if encrypted else plain) is not None:
+                raise CheckpointInvalidError(where, name, reason)
             continue
         values, found = _values(record, where, name), _layout(record)
         names, want = [k for k, _, _ in found], [k for k, _, _ in model]
         if name not in (_MODEL, "records.optimizer") and names != want:
             continue  # other array state: finite is all it must be
         if names != want:
-            raise _invalid(where, name, f"arrays {names[:8]} are not the model's {want[:8]}")
+            raise CheckpointInvalidError(
+                where, name, f"arrays {names[:8]} are not the model's {want[:8]}"
+            )
         for (key, shape, dtype), (_, shape_, dtype_) in zip(found, model, strict=True):
             if shape != shape_ or (name == _MODEL and dtype != dtype_):
                 reason = f"shape {list(shape)} and dtype {dtype}, the model's are {list(shape_)} and {dtype_}"  # noqa: E501
-                raise _invalid(where, f"{name}.{key}", reason)
+                raise CheckpointInvalidError(where, f"{name}.{key}", reason)
         if not (norm := model_norm(values)) <= bound:
-            reason = f"L2 norm {norm:.4g} is over {bound:.4g} ({max_growth:g} times the initial model's, or 1)"  # noqa: E501
-            raise _invalid(where, name, reason)
+            reason = f"L2 norm {norm:.4g} is over {bound:.4g} ({MAX_MODEL_GROWTH:g} times the initial model's, or 1)"  # noqa: E501
+            raise CheckpointInvalidError(where, name, reason)
+
+
+def _layout(record: ArrayRecord) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(key, tuple(a.shape), str(a.dtype)) for key, a in record.items()]
+
+
+def _values(record: ArrayRecord, where: object, name: str) -> list[np.ndarray]:
+    """Every array of a plaintext record as numpy, each checked finite."""
+    out: list[np.ndarray] = []
+    for key, array in record.items():
+        try:
+            values = np.asarray(array.numpy())
+        except Exception as err:  # noqa: BLE001 - bytes that are not an array
+            raise CheckpointInvalidError(
+                where, f"{name}.{key}", f"unreadable ({type(err).__name__})"
+            ) from None
+        if values.dtype.kind in "fc" and not np.isfinite(values).all():
+            raise CheckpointInvalidError(where, f"{name}.{key}", "holds NaN or infinite values")
+        out.append(values)
+    return out
 
 
 def _encrypted_layout(

@@ -1,8 +1,8 @@
-"""A strategy's checkpoints: :class:`Checkpointing`, a wrapper (as Flower's DP wrappers
-wrap a strategy) that writes one after every training round and alone shifts the round
-numbers of a resumed run, and :func:`resume_from`, which restores a strategy from its
-folder. :meth:`LBBSPFedAvg.start <fl_lbbsp.strategies.LBBSPFedAvg.start>` wraps itself in
-one when it has a ``checkpoint_dir``; the file is :mod:`fl_lbbsp.strategies.checkpoint`.
+"""A strategy's checkpoints: :class:`Checkpointing` wraps a strategy (as Flower's DP
+wrappers do), writes a checkpoint after every training round and alone shifts the round
+numbers of a resumed run; :func:`resume_from` restores a strategy from its folder.
+:meth:`LBBSPFedAvg.start <fl_lbbsp.strategies.LBBSPFedAvg.start>` wraps itself in one when
+it has a ``checkpoint_dir``; the file is :mod:`fl_lbbsp.strategies.checkpoint`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
@@ -34,15 +33,8 @@ from .checkpoint import (
 )
 from .config import ServerConfig
 
-__all__ = [
-    "Checkpointable",
-    "Checkpointing",
-    "EvaluateFn",
-    "ResumePoint",
-    "resume_from",
-    "save_checkpoint",
-    "store_of",
-]
+__all__ = ["Checkpointable", "Checkpointing", "EvaluateFn", "resume_from", "save_checkpoint",
+           "store_of"]  # fmt: skip
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -51,11 +43,12 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 """Flower's ``evaluate_fn``: the global model's metrics of a round (``None``: none)."""
 
 
+@runtime_checkable
 class Checkpointable(Protocol):
-    """What a checkpointed strategy offers (every
-    :class:`~fl_lbbsp.strategies.EngineStrategy` does): Flower's round methods, the
-    settings a checkpoint must match, its state and restore, the folder and key
-    (``server_config``), the dataset-size bound (``config``), the telemetry."""
+    """What a checkpointed strategy offers besides Flower's round methods (every
+    :class:`~fl_lbbsp.strategies.EngineStrategy` does): the folder and key
+    (``server_config``), the dataset-size bound (``config``), the telemetry, and the
+    settings a checkpoint must match, its state and their restore."""
 
     server_config: ServerConfig
     telemetry: TelemetryWriter
@@ -64,19 +57,6 @@ class Checkpointable(Protocol):
     def config(self) -> BalancingConfig: ...
     @property
     def scheme(self) -> str: ...
-    def summary(self) -> None: ...
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]: ...
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]: ...
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None: ...
     def checkpoint_settings(self) -> dict[str, Any]: ...
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]: ...
     def load_checkpoint_state(
@@ -120,9 +100,28 @@ def _flat(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(flat))  # type: ignore[no-any-return]
 
 
-def _check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
-    """Refuse a checkpoint of another strategy class, scheme or settings (one newer than
-    the checkpoint is not compared)."""
+def resume_from(
+    strategy: Checkpointable,
+    *,
+    store: CheckpointStore | None = None,
+    max_silos: int | None = None,
+    initial_arrays: ArrayRecord | None = None,
+) -> Checkpoint | None:
+    """The newest checkpoint in ``store`` (``None``: :func:`store_of` the strategy), held
+    against the strategy's bounds (``max_silos``, its ``max_dataset_size``), class, scheme
+    and settings (one newer than the checkpoint is not compared) and ``initial_arrays``
+    (:func:`~.checkpoint.check_arrays`), and restored into it; ``None``: a fresh start.
+
+    Raises
+    ------
+    CheckpointError
+        Another strategy, scheme or settings (each difference named), or no readable file;
+        (``CheckpointInvalidError``) one that fails validation or cannot be restored.
+    """
+    store = store if store is not None else store_of(strategy)
+    limits = CheckpointLimits(max_silos, strategy.config.tuning.max_dataset_size)
+    if store is None or (checkpoint := store.latest(limits=limits)) is None:
+        return None
     found, expected = _flat(checkpoint.manifest), _flat(_manifest(strategy))
     if newer := [name for name in expected if name not in found]:
         log.info(
@@ -130,62 +129,23 @@ def _check_compatible(checkpoint: Checkpoint, strategy: Checkpointable) -> None:
             checkpoint.path,
             ", ".join(newer),
         )
-    differences = [
-        f"{name}={found[name]!r} (this strategy: {expected[name]!r})"
-        for name in expected
-        if name in found and found[name] != expected[name]
-    ]
-    if differences:
+    if differences := [
+        f"{name}={found[name]!r} (this strategy: {value!r})"
+        for name, value in expected.items()
+        if name in found and found[name] != value
+    ]:
         raise CheckpointError(
             f"checkpoint {checkpoint.path} was written with {'; '.join(differences)}: resume "
             "with the same strategy and settings, or use another checkpoint_dir"
         )
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """A checkpoint validated for a strategy and restored into it (:func:`resume_from`),
-    with the store it was read from and the next ones are written to."""
-
-    checkpoint: Checkpoint
-    store: CheckpointStore
-
-
-def resume_from(
-    strategy: Checkpointable,
-    *,
-    store: CheckpointStore | None = None,
-    max_silos: int | None = None,
-    initial_arrays: ArrayRecord | None = None,
-) -> ResumePoint | None:
-    """The newest checkpoint in ``store`` (``None``: the strategy's own, :func:`store_of`)
-    checked against the strategy's bounds (``max_silos``, its ``max_dataset_size``),
-    class, scheme, settings and ``initial_arrays``
-    (:func:`~fl_lbbsp.strategies.checkpoint.check_arrays`), and restored into it;
-    ``None``: a fresh start.
-
-    Raises
-    ------
-    CheckpointError
-        Another strategy, scheme or settings (each difference named), or no readable file.
-    CheckpointInvalidError
-        A checkpoint that fails validation or that the strategy cannot restore.
-    """
-    store = store if store is not None else store_of(strategy)
-    limits = CheckpointLimits(max_silos, strategy.config.tuning.max_dataset_size)
-    if store is None or (checkpoint := store.latest(limits=limits)) is None:
-        return None
-    _check_compatible(checkpoint, strategy)
     if initial_arrays is not None:
-        encrypted = "fingerprint" in strategy.checkpoint_settings()
-        check_arrays(checkpoint, initial_arrays, encrypted=encrypted)
+        check_arrays(checkpoint, initial_arrays, encrypted="fingerprint" in expected)
     try:
         strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
     except Exception as err:  # noqa: BLE001 - whatever the strategy cannot restore is refused
-        raise CheckpointInvalidError.caught(
-            err, where=str(checkpoint.path), field="state", what="the strategy cannot restore it"
-        ) from None
-    return ResumePoint(checkpoint, store)
+        reason = f"the strategy cannot restore it ({f'{type(err).__name__}: {err}'[:300]})"
+        raise CheckpointInvalidError(checkpoint.path, "state", reason) from None
+    return checkpoint
 
 
 class Checkpointing(Strategy):
@@ -193,8 +153,9 @@ class Checkpointing(Strategy):
 
     Parameters
     ----------
-    strategy : Checkpointable
-        The wrapped strategy (every :class:`~fl_lbbsp.strategies.EngineStrategy`).
+    strategy : Strategy
+        The wrapped strategy, :class:`Checkpointable` too (every
+        :class:`~fl_lbbsp.strategies.EngineStrategy` is).
     store : CheckpointStore
         Where the checkpoints are written and the newest is resumed from.
 
@@ -208,9 +169,10 @@ class Checkpointing(Strategy):
     failed logs an error naming the checkpoint a rerun resumes from.
     """
 
-    def __init__(self, strategy: Checkpointable, *, store: CheckpointStore) -> None:
-        self.strategy = strategy
-        self.store = store
+    def __init__(self, strategy: Strategy, *, store: CheckpointStore) -> None:
+        if not isinstance(strategy, Checkpointable):
+            raise TypeError(f"{type(strategy).__name__} offers no checkpoint state")
+        self.strategy, self.store = strategy, store
         self.round_offset = 0
         """Rounds done before this run started (the resumed checkpoint's round)."""
         self.written: Path | None = None  # the newest checkpoint this run wrote
@@ -235,8 +197,7 @@ class Checkpointing(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The wrapped strategy's; then the round's checkpoint (a write that fails is
-        logged, and the run goes on)."""
+        """The wrapped strategy's; then the round's checkpoint (a failed write is logged)."""
         server_round += self.round_offset
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         model = arrays if arrays is not None else self._sent
@@ -272,7 +233,7 @@ class Checkpointing(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
         *,
-        resume: ResumePoint | None = None,
+        resume: Checkpoint | None = None,
     ) -> Result:
         """Flower's round loop (:meth:`flwr.serverapp.strategy.Strategy.start`), resumed
         from ``resume`` (restored already, as a runner resolves it) or else the store's
@@ -282,28 +243,22 @@ class Checkpointing(Strategy):
 
         Raises
         ------
-        CheckpointError, CheckpointInvalidError
-            As :func:`resume_from`.
-        CheckpointWriteError
-            At the end of a run that wrote no checkpoint.
+        CheckpointError
+            As :func:`resume_from`; (``CheckpointWriteError``) a run that wrote no checkpoint.
         """
         if resume is None:
             resume = resume_from(self.strategy, store=self.store, initial_arrays=initial_arrays)
         if resume is not None:
-            checkpoint, self.round_offset = resume.checkpoint, resume.checkpoint.server_round
-            initial_arrays = checkpoint.arrays
+            self.round_offset, initial_arrays = resume.server_round, resume.arrays
             dropped = self.strategy.telemetry.drop_rounds_after(self.round_offset)
+            removed = f"; {dropped} telemetry events of later rounds removed" if dropped else ""
             log.info(
-                "[%s] resuming from %s: round %d of %d done; the initial arrays passed to "
-                "start are ignored%s",
-                self.strategy.scheme,
-                checkpoint.path,
-                self.round_offset,
-                num_rounds,
-                f"; {dropped} telemetry events of later rounds removed" if dropped else "",
+                f"[{self.strategy.scheme}] resuming from {resume.path}: round "
+                f"{self.round_offset} of {num_rounds} done; the initial arrays passed to start "
+                f"are ignored{removed}"
             )
             if self.round_offset >= num_rounds:
-                return Result(arrays=checkpoint.arrays)
+                return Result(arrays=resume.arrays)
         shift = self.round_offset
 
         def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -323,19 +278,16 @@ class Checkpointing(Strategy):
             arrays=run.arrays,
             **{name: {r + shift: m for r, m in getattr(run, name).items()} for name in _METRICS},
         )
-        self._check_written(result)
-        return result
-
-    def _check_written(self, result: Result) -> None:
-        """Raise if the run wrote no checkpoint; log an error if its last writes failed."""
-        if not self._unsaved:
-            return
-        (first, _), (last, err) = self._unsaved[0], self._unsaved[-1]
-        rounds = f"round {first}" if first == last else f"rounds {first}-{last}"
-        if self.written is None:
-            raise CheckpointWriteError(
-                f"no checkpoint written in {self.store.directory}: the writes of "
-                f"{len(self._unsaved)} rounds failed, the last with: {err}",
-                result=result,
+        if self._unsaved:  # no checkpoint at all is an error; later ones missing, a line
+            (first, _), (last, err) = self._unsaved[0], self._unsaved[-1]
+            if self.written is None:
+                raise CheckpointWriteError(
+                    f"no checkpoint written in {self.store.directory}: the writes of "
+                    f"{len(self._unsaved)} rounds failed, the last with: {err}",
+                    result=result,
+                )
+            rounds = f"round {first}" if first == last else f"rounds {first}-{last}"
+            log.error(
+                "%s not checkpointed (%s): a rerun resumes from %s", rounds, err, self.written
             )
-        log.error("%s not checkpointed (%s): a rerun resumes from %s", rounds, err, self.written)
+        return result

@@ -42,7 +42,8 @@ from ..instruction import RoundInstruction
 from ..security.guard import guard
 from ..security.identity import SiloRegistry, load_registry
 from ..telemetry import TelemetryWriter
-from .checkpointing import Checkpointing, EvaluateFn, ResumePoint, store_of
+from .checkpoint import Checkpoint
+from .checkpointing import Checkpointing, EvaluateFn, store_of
 from .config import (
     ServerConfig,
     record_keys,
@@ -444,7 +445,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
         *,
-        resume: ResumePoint | None = None,
+        resume: Checkpoint | None = None,
     ) -> Result:
         """Run the rounds like FedAvg, under per-round deadlines and fine polling.
 
@@ -459,7 +460,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
         validated and restored into this strategy by the caller
         (:func:`~fl_lbbsp.strategies.checkpointing.resume_from`), is not read again.
         """
-        store = store_of(self) if resume is None else resume.store
+        store = store_of(self)
         run = super().start if store is None else Checkpointing(self, store=store).start
         result = run(
             grid=self.deadline_grid(grid, timeout=timeout),
