@@ -57,6 +57,8 @@ __all__ = [
     "SiloApp",
     "SiloNode",
     "SiloSetup",
+    "decrypt_arrays",
+    "encrypt_arrays",
     "make_client_app",
     "resolve_node",
     "silo_data",
@@ -75,6 +77,34 @@ def _silo_keys(path: str) -> tuple[CKKSKeys, UpdateChecker]:
     return keys, UpdateChecker(keys)
 
 
+def decrypt_arrays(record: ArrayRecord, secret_context: str) -> tuple[dict[str, np.ndarray], float]:
+    """The encrypted update in ``record``, checked, decrypted and divided by its weight, as
+    named arrays, and the seconds it took."""
+    from ..crypto import decrypt_update, unflatten
+    from ..crypto.records import update_from_record
+
+    keys, checker = _silo_keys(secret_context)
+    start = time.perf_counter()
+    update = update_from_record(record)
+    arrays = unflatten(decrypt_update(keys, update, checker=checker), update.layout)
+    return arrays, time.perf_counter() - start
+
+
+def encrypt_arrays(
+    arrays: Mapping[str, np.ndarray], secret_context: str
+) -> tuple[ArrayRecord, float]:
+    """``Enc(arrays)`` flattened and unweighted (the server applies the weight) as an
+    ArrayRecord, and the seconds it took."""
+    from ..crypto import encrypt_update, flatten
+    from ..crypto.records import update_to_record
+
+    keys, _ = _silo_keys(secret_context)
+    start = time.perf_counter()
+    flat, layout = flatten(arrays)
+    record = update_to_record(encrypt_update(keys, flat, layout=layout))
+    return record, time.perf_counter() - start
+
+
 def _open_arrays(
     record: ArrayRecord, secret_context: str | None
 ) -> tuple[dict[str, torch.Tensor], float]:
@@ -84,30 +114,8 @@ def _open_arrays(
         return record.to_torch_state_dict(), 0.0
     if secret_context is None:
         raise ValueError("received an encrypted model but no secret context is configured")
-    from ..crypto import decrypt_update, unflatten
-    from ..crypto.records import update_from_record
-
-    keys, checker = _silo_keys(secret_context)
-    start = time.perf_counter()
-    update = update_from_record(record)
-    arrays = unflatten(decrypt_update(keys, update, checker=checker), update.layout)
-    seconds = time.perf_counter() - start
+    arrays, seconds = decrypt_arrays(record, secret_context)
     return {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in arrays.items()}, seconds
-
-
-def _encrypt_model(model: torch.nn.Module, secret_context: str) -> tuple[ArrayRecord, float]:
-    """``Enc(parameters)`` (unweighted: the server applies the weight) as an ArrayRecord,
-    and the seconds it took."""
-    from ..crypto import encrypt_update, flatten
-    from ..crypto.records import update_to_record
-
-    keys, _ = _silo_keys(secret_context)
-    start = time.perf_counter()
-    state = {name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
-    flat, layout = flatten(state)
-    update = encrypt_update(keys, flat, layout=layout)
-    record = update_to_record(update)
-    return record, time.perf_counter() - start
 
 
 def _answer_checks(
@@ -352,7 +360,8 @@ class SiloApp:
         if node.secret_context is None:
             arrays = ArrayRecord(model.state_dict())
         else:
-            arrays, seconds = _encrypt_model(model, node.secret_context)
+            state_arrays = {n: t.detach().cpu().numpy() for n, t in model.state_dict().items()}
+            arrays, seconds = encrypt_arrays(state_arrays, node.secret_context)
             arrays, checking = _answer_checks(
                 msg, context, arrays, node.secret_context, state, instruction.server_round
             )

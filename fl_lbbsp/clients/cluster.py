@@ -41,13 +41,21 @@ from ..contract import (
     read_int,
 )
 from ..core.optim import SGD
-from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
+from ..datasets import ArrayDataset, SourceSpec
 from ..instruction import RoundInstruction, round_seed, silo_id_of
 from ..models import ModelName, build_model
-from .app import _silo_keys, _split, secret_context_of, signing_key_of, train_reply
+from .app import (
+    _split,
+    decrypt_arrays,
+    encrypt_arrays,
+    secret_context_of,
+    signing_key_of,
+    train_reply,
+)
 from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel, CostModelText, SlowdownText, emulate_slowdown
 from .round import LocalTraining, WorkDone
+from .silo_setup import SiloSetup, silo_data, test_shard
 from .trainer import evaluate
 
 __all__ = ["WorkerSetup", "gradient", "make_worker_app", "sync_replica", "worker_data"]
@@ -117,13 +125,20 @@ class WorkerSetup(BaseModel):
 
 def worker_data(setup: WorkerSetup, worker: int) -> ArrayDataset:
     """The samples worker ``worker`` draws its batches from."""
-    train, _ = _split(setup.dataset, setup.seed, setup.test_fraction)
     if setup.data == "full":
-        return train
-    shards = partition_indices(
-        train.y, num_silos=setup.num_workers, spec=PartitionSpec.parse("iid"), seed=setup.seed
+        return _split(setup.dataset, setup.seed, setup.test_fraction)[0]
+    return silo_data(_as_silos(setup), worker)
+
+
+def _as_silos(setup: WorkerSetup) -> SiloSetup:
+    """The workers as the silos of an i.i.d. split: their shards and test shares."""
+    return SiloSetup(
+        dataset=setup.dataset,
+        partition="iid",
+        num_silos=setup.num_workers,
+        seed=setup.seed,
+        test_fraction=setup.test_fraction,
     )
-    return train.subset(shards[worker])
 
 
 def gradient(
@@ -217,9 +232,6 @@ def sync_replica(
     RuntimeError
         If the replica is missing or the forwarded aggregates do not continue it.
     """
-    from ..crypto import decrypt_update, unflatten
-    from ..crypto.records import update_from_record
-
     config = content.config_records["config"]
     target = read_int(config, keys.model_version)
     if INITIAL_MODEL in content:
@@ -238,7 +250,6 @@ def sync_replica(
         for name in content
         if name.startswith(UPDATE_PREFIX)
     )
-    he_keys, checker = _silo_keys(secret_context)
     optimizer = SGD(lr=read_float(config, keys.lr), momentum=read_float(config, keys.momentum, 0.0))
     optimizer.buffers = buffers
     names = list(params)
@@ -248,10 +259,8 @@ def sync_replica(
             continue
         if v != version + 1:
             raise RuntimeError(f"replica at model version {version} cannot apply aggregate {v}")
-        start = time.perf_counter()
-        update = update_from_record(content.array_records[name])
-        grads = unflatten(decrypt_update(he_keys, update, checker=checker), update.layout)
-        seconds += time.perf_counter() - start
+        grads, took = decrypt_arrays(content.array_records[name], secret_context)
+        seconds += took
         stepped = optimizer.step([params[n] for n in names], [grads[n] for n in names])
         params = dict(zip(names, stepped, strict=True))
         version = v
@@ -267,27 +276,6 @@ def sync_replica(
             }
         )
     return params, seconds
-
-
-def _encrypt_gradient(
-    grads: dict[str, np.ndarray], secret_context: str
-) -> tuple[ArrayRecord, float]:
-    """``Enc(g_i)`` (unweighted: the server multiplies it by the batch size) as an
-    ArrayRecord, and the seconds it took."""
-    from ..crypto import encrypt_update, flatten
-    from ..crypto.records import update_to_record
-
-    he_keys, _ = _silo_keys(secret_context)
-    start = time.perf_counter()
-    flat, layout = flatten(grads)
-    update = encrypt_update(he_keys, flat, layout=layout)
-    return update_to_record(update), time.perf_counter() - start
-
-
-def _worker_test_shard(setup: WorkerSetup, worker: int) -> ArrayDataset:
-    """Worker ``worker``'s share (every ``num_workers``-th sample) of the held-out test set."""
-    _, test = _split(setup.dataset, setup.seed, setup.test_fraction)
-    return test.subset(np.arange(worker, len(test), setup.num_workers))
 
 
 def make_worker_app(setup: WorkerSetup) -> ClientApp:
@@ -357,7 +345,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         if secret_context is None:
             arrays = ArrayRecord({k: Array(v) for k, v in report.output.items()})
         else:
-            arrays, seconds = _encrypt_gradient(report.output, secret_context)
+            arrays, seconds = encrypt_arrays(report.output, secret_context)
             extra[keys.he_time] = emulate_slowdown(he_seconds + seconds, factor)
         metrics = MetricRecord(
             {**report.metrics, BUSY_TIME: time.perf_counter() - started, **extra}
@@ -381,7 +369,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         params, _ = sync_replica(
             msg.content, context.state, secret_context=secret_context, keys=keys
         )
-        data = _worker_test_shard(setup, worker)
+        data = test_shard(_as_silos(setup), worker)
         model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
         model.load_state_dict({n: torch.from_numpy(p) for n, p in params.items()})
         loss, accuracy = evaluate(model, torch.from_numpy(data.x), torch.from_numpy(data.y))

@@ -66,7 +66,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from ...clients.warm import SOCKET_FILE
+from ...clients.warm import SOCKET_FILE, socket_answers
 from ...security.identity import REGISTRY_FILE
 from ...security.silo_keys import check_silo_keys, write_silo_keys
 from .cpu_groups import CpuGroups, cpu_groups_problem, detect_hierarchy
@@ -84,7 +84,6 @@ from .processes import (
     free_port,
     port_open,
     signal_tree,
-    socket_answers,
     wait_until_ready,
 )
 from .silos import SiloNode, WarmFolders, node_config, silo_nodes, worker_args
@@ -128,7 +127,7 @@ class LocalFederation:
         SuperNode authentication, keys in ``<workdir>/node-keys``. ``None``: on with TLS,
         off with ``insecure`` (Flower requires TLS for it).
     serialize_compute : bool | None (default: None)
-        Node config ``compute-lock=<workdir>/compute.lock``: the quickstart's silos take
+        Node config ``compute-lock=<workdir>/compute-slots``: the quickstart's silos take
         turns computing (like the simulation's ``--parallel 1``), so that silos sharing
         this machine do not slow each other down, noise their slowdowns would multiply.
         ``None``: on, unless ``cpu_quotas`` are given (a quota is the silo's capacity;
@@ -230,7 +229,7 @@ class LocalFederation:
             )
         if serialize_compute is None:
             serialize_compute = cpu_quotas is None
-        lock = {"compute-lock": str(self.workdir / "compute.lock")} if serialize_compute else {}
+        lock = {"compute-lock": str(self.workdir / "compute-slots")} if serialize_compute else {}
         self._extra_node_config = {**lock, **(node_config or {})}
         self._extra_env = {**_task_poll_env(task_poll_interval), **(env or {})}
         self.warm_workers = warm_workers
@@ -488,11 +487,9 @@ class LocalFederation:
         """Wait until every warm worker answers on its socket (it imports torch first)."""
         sockets = (str(self.warm_folder(s.silo_id) / SOCKET_FILE) for s in self.silos)
         pending = dict(zip(sockets, self.workers, strict=False))
-
-        def answers(path: str, _: ManagedProcess) -> bool:
-            return socket_answers(path)
-
-        late = wait_until_ready(pending, answers, timeout=self.startup_timeout)
+        late = wait_until_ready(
+            pending, lambda path, _: socket_answers(path), timeout=self.startup_timeout
+        )
         if late:
             raise TimeoutError(f"warm workers {late} did not start in time")
 

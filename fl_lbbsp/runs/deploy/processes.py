@@ -29,7 +29,6 @@ __all__ = [
     "free_port",
     "port_open",
     "signal_tree",
-    "socket_answers",
     "stop_processes",
     "wait_until_ready",
 ]
@@ -122,14 +121,6 @@ def wait_until_ready(
 def port_open(host: str, port: int) -> bool:
     """Whether something accepts TCP connections on ``host:port``."""
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
-        return True
-    return False
-
-
-def socket_answers(path: str | Path) -> bool:
-    """Whether something accepts connections on the Unix socket ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe, contextlib.suppress(OSError):
-        probe.connect(str(path))
         return True
     return False
 
