@@ -32,9 +32,6 @@ class RankPlan:
     gradient bucket is ready (the communication hook) or it calls
     :meth:`all_reduce_gradients`: the wait for slower peers is not in it. Without a
     process group (a single process) it runs as a world of one.
-
-    Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
-    Environments", IEEE TCC 2021, Sec. 3.4 (weighted gradient aggregation).
     """
 
     group: dist.ProcessGroup | None
