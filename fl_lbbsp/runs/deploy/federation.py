@@ -49,13 +49,14 @@ from .link import link_args
 from .processes import (
     ManagedProcess,
     ProcessGroup,
+    RestartPolicy,
     free_port,
     port_open,
+    revive,
     signal_tree,
     wait_until_ready,
 )
 from .silos import SiloNode, WarmFolders, node_config, silo_nodes, worker_args
-from .supervision import RestartPolicy, revive
 from .tls import NodeKeys, TlsFiles, generate_node_keys, generate_tls
 
 __all__ = ["AUTO_SILO_KEYS", "CONNECTION", "LocalFederation"]
