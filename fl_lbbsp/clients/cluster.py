@@ -66,44 +66,26 @@ _REPLICA_INFO = "replica-info"
 
 
 class WorkerSetup(BaseModel):
-    """How every worker of a cluster finds its data, model and emulated speed.
+    """How every worker of a cluster finds its data, model and emulated speed; the fields
+    shared with :class:`~fl_lbbsp.clients.silo_setup.SiloSetup` (``dataset``, ``seed``,
+    ``model``, ``slowdowns``, ``test_fraction``, ``torch_threads``, ``keys``,
+    ``secret_context``, ``signing_key``) mean the same for worker i as for silo i.
 
     Parameters
     ----------
-    dataset : str (default: "embedded")
-        ``"embedded"``, ``"mnist:PATH"`` or ``"cifar10:PATH"``.
     data : {"full", "shard"} (default: "full")
         ``"full"``: the workers share the whole training set (shared storage) and split
         each round's global batch between them by ``batch-offset``, as BSP draws it;
         ``"shard"``: worker i samples from its own i.i.d. shard.
     num_workers : int (default: 4)
         Number of workers (shards).
-    seed : int (default: 0)
-        Seed of the split, the shards and the sampling (>= 0).
-    model : {"lenet5", "mlp"} (default: "lenet5")
-        The model.
-    slowdowns : tuple of str (default: ())
-        Emulated slowdown of worker i (``"4"`` or a schedule ``"1:1,50:3"``).
     cost_models : tuple of str (default: ())
-        Emulated batch time of worker i, ``"m,b,C,x_max"`` (see
-        :meth:`CostModel.parse`); times the worker's slowdown of the round. Without one,
-        the worker reports its real compute time times its slowdown.
+        Emulated batch time of worker i, ``"m,b,C,x_max"`` (:meth:`CostModel.parse`),
+        times its slowdown of the round. Without one: its real compute time times its
+        slowdown.
     wait : bool (default: False)
-        With a cost model: also wait until the modelled time has passed (real time then
-        matches the report; off, the run is fast and only the reported time is emulated).
-    test_fraction : float (default: 0.2)
-        Share of the data held out for the server's evaluation.
-    torch_threads : int (default: 1)
-        torch intra-op threads per worker process.
-    keys : RecordKeys (default: RecordKeys())
-        Record key names, the same as the strategy's.
-    secret_context : str | None (default: None)
-        Encrypted mode: the secret CKKS context (``secret.ckks`` or its key folder); a
-        node's ``node_config["secret-context"]`` overrides it. ``None``: plaintext.
-    signing_key : str | None (default: None)
-        The workers' Ed25519 signing keys from ``fl-lbbsp keys silos`` (a key file, or
-        their folder: worker ``w`` uses ``silo-<w>.key``); a node's
-        ``node_config["signing-key"]`` overrides it. ``None``: unsigned replies.
+        With a cost model: also wait until the modelled time has passed (off, only the
+        reported time is emulated).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

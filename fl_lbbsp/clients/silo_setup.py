@@ -62,21 +62,15 @@ class SiloSetup(BaseModel):
         (every ``num_silos``-th sample) of the held-out test split, for federated test
         accuracy when the server cannot evaluate (encrypted mode).
     emulate_wait : bool (default: True)
-        A silo emulated k times slower waits ``(k - 1) * t`` after computing for ``t``.
-        ``False``: it reports ``k * t`` at once, without waiting; enough when silos compute
-        one after the other and only the reported (emulated) times matter, e.g. in the
-        benchmarks. Round and wall-clock times then differ: say so with every figure.
+        A silo emulated k times slower waits ``(k - 1) * t`` after computing for ``t``;
+        ``False``: it reports ``k * t`` at once (round and wall-clock times then differ).
     cost_model : str | None (default: None)
-        Emulated time of one step on the fastest machine, ``"m,b"`` (seconds per sample
-        and per step, :class:`~fl_lbbsp.clients.emulation.CostModel`): a silo reports
-        ``tau * k * (m * B + b)`` instead of its measured time times k, so reported
-        times, and the batch sizes that follow from them, are the same on a quiet or a
-        busy machine. ``None``: measured compute times.
+        Emulated step time ``"m,b"`` of the fastest machine
+        (:class:`~fl_lbbsp.clients.emulation.CostModel`): a silo reports ``tau * k * (m *
+        B + b)``, the same on a quiet or a busy machine. ``None``: measured times.
     compute_lock : str | None (default: None)
         Folder of the compute slots shared by the silos of one machine
-        (:func:`~fl_lbbsp.clients.emulation.compute_slot`): ``compute_slots`` silos compute
-        at a time, each alone on its share of the machine, and their emulated waits
-        overlap outside the slots. ``None``: silos compute whenever they are run.
+        (:func:`~fl_lbbsp.clients.emulation.compute_slot`). ``None``: no slots.
     compute_slots : int (default: 1)
         Silos computing at the same time when ``compute_lock`` is set.
     signing_key : str | None (default: None)

@@ -43,17 +43,11 @@ STATE_VERSION = 1
 
 
 class LBBSPCoordinator(RankPlan):
-    """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer.
-
-    Every k iterations the ranks all_gather their windows (compute times, samples, their
-    spread, a checksum of the sizes in force); every rank feeds every rank's report (the
-    window's mean iteration) into its own :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer`
-    and reaches the same decision from the same rows, so nothing else is sent. The gate
-    (:class:`~fl_lbbsp.distributed.gate.HoldGate`) is the allocation's hold step: the sizes
-    move only on a predicted gain beyond the tolerance and the ranks' measured noise.
-    ``X = world_size * initial_batch_size`` stays fixed; gradients are weighted by
-    B_rank / X (:class:`~fl_lbbsp.distributed.plan.RankPlan`, which also says how a rank
-    is timed).
+    """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer (the
+    loop in the module's docstring): every rank feeds the gathered windows to its own
+    :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer` and decides alike
+    (:class:`~.decision.Decision`); ``X = world_size * initial_batch_size`` stays fixed;
+    how a rank is timed and weighted is :class:`~.plan.RankPlan`'s.
 
     Parameters
     ----------
@@ -74,9 +68,7 @@ class LBBSPCoordinator(RankPlan):
     tolerance : float (default: 0.02)
         Keep the sizes while the predicted gain of a split proportional to the window's
         speeds is at most this share of the slowest rank's time (the reports still reach
-        the balancer), and when the window predicts the balancer's allocation no faster
-        than the sizes in force (:func:`~fl_lbbsp.distributed.gate.review_proposal`). 0:
-        apply every allocation.
+        the balancer). 0: apply every allocation.
     noise_sigmas : float | None (default: 2.0)
         Keep them too while that gain is within this many times the ranks' measured
         noise (equal ranks do not chase it). ``None``: only ``tolerance`` holds them.
