@@ -60,6 +60,7 @@ __all__ = [
     "decrypt_arrays",
     "encrypt_arrays",
     "make_client_app",
+    "node_file",
     "resolve_node",
     "silo_data",
     "test_data",
@@ -153,17 +154,10 @@ def _slowdown(setup: SiloSetup, context: Context) -> SlowdownSchedule:
     )
 
 
-def secret_context_of(context: Context, default: str | None) -> str | None:
-    """The node's secret CKKS context path: ``node_config["secret-context"]``, else
-    ``default``; ``None`` (or empty): plaintext mode."""
-    value = context.node_config.get("secret-context", default)
-    return None if value in (None, "") else str(value)
-
-
-def signing_key_of(context: Context, default: str | None) -> str | None:
-    """The node's signing key path: ``node_config["signing-key"]``, else ``default``;
-    ``None`` (or empty): unsigned replies."""
-    value = context.node_config.get("signing-key", default)
+def node_file(context: Context, key: str, default: str | None) -> str | None:
+    """The node's file ``node_config[key]`` (``secret-context``, ``signing-key``), else
+    ``default``; ``None`` (or empty): none (plaintext updates, unsigned replies)."""
+    value = context.node_config.get(key, default)
     return None if value in (None, "") else str(value)
 
 
@@ -288,12 +282,12 @@ def resolve_node(setup: SiloSetup, context: Context) -> SiloNode:
     node_config = context.node_config
     partition_id = int(node_config.get("partition-id", 0))
     silo_id = silo_id_of(node_config, setup.keys, node_id=context.node_id)
-    signing_key = signing_key_of(context, setup.signing_key)
+    signing_key = node_file(context, "signing-key", setup.signing_key)
     return SiloNode(
         partition_id=partition_id,
         silo_id=silo_id,
         schedule=_slowdown(setup, context),
-        secret_context=secret_context_of(context, setup.secret_context),
+        secret_context=node_file(context, "secret-context", setup.secret_context),
         signing_key=None if signing_key is None else _signing_key(signing_key, silo_id),
         max_batch_size=int(node_config.get(setup.keys.max_batch_size, 0)),
     )

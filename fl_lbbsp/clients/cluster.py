@@ -48,8 +48,7 @@ from .app import (
     _split,
     decrypt_arrays,
     encrypt_arrays,
-    secret_context_of,
-    signing_key_of,
+    node_file,
     train_reply,
 )
 from .emulated import Emulation, run_emulated_round, slowdown_schedule
@@ -293,7 +292,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
             cost.scaled(factor).time(batch_size)  # raises OutOfMemoryError above the cap
         data = worker_data(setup, worker)
         model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
-        secret_context = secret_context_of(context, setup.secret_context)
+        secret_context = node_file(context, "secret-context", setup.secret_context)
         extra: dict[str, Any] = {}
         if secret_context is None:
             model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
@@ -338,12 +337,12 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
             metrics=metrics,
             keys=keys,
             silo_id=worker_id,
-            signing_key=signing_key_of(context, setup.signing_key),
+            signing_key=node_file(context, "signing-key", setup.signing_key),
         )
 
     @app.evaluate()
     def evaluate_replica(msg: Message, context: Context) -> Message:
-        secret_context = secret_context_of(context, setup.secret_context)
+        secret_context = node_file(context, "secret-context", setup.secret_context)
         if secret_context is None:
             raise ValueError("cluster workers evaluate only in encrypted mode (the server can)")
         torch.set_num_threads(setup.torch_threads)

@@ -29,7 +29,6 @@ __all__ = [
     "SlowdownSchedule",
     "SlowdownText",
     "Speeds",
-    "check_speeds",
     "compute_slot",
     "emulate_slowdown",
     "emulated_time",
@@ -332,15 +331,6 @@ SlowdownText = Annotated[str, AfterValidator(_checked_slowdown)]
 CostModelText = Annotated[str, AfterValidator(_checked_cost_model)]
 """A config field holding a cost model ``"m,b,C,x_max"`` (``,knee=k`` optional), checked
 by :meth:`CostModel.parse`."""
-
-
-def check_speeds(speeds: tuple[float, ...] | None, count: int, what: str) -> None:
-    """ValueError unless ``speeds`` is None or lists ``count`` capacities (their values
-    are checked by the :data:`Speeds` field type)."""
-    if speeds is None:
-        return
-    if len(speeds) != count:
-        raise ValueError(f"--speeds lists {len(speeds)} values but there are {count} {what}")
 
 
 def slowdowns_from_speeds(
