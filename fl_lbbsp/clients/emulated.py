@@ -19,10 +19,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from ..contract import SLOWDOWN, RecordKeys
+from ..contract import COMPUTE_END, COMPUTE_START, SLOWDOWN, RecordKeys
 from ..instruction import PARTITION_ID, RoundInstruction
 from .emulation import CostModel, SlowdownSchedule, emulated_time
 from .round import LocalTraining, RoundReport, WorkDone, run_round
@@ -129,12 +129,13 @@ def run_emulated_round(
         clock=clock,
         sleep=sleep,
     )
-    return report.emulated(
-        reported,
-        train_time_key=names.train_time,
-        ended=time.time(),
-        extra={SLOWDOWN: emulation.factor},
-    )
+    metrics = {**report.metrics, names.train_time: reported, SLOWDOWN: emulation.factor}
+    end = max(time.time(), metrics[COMPUTE_END])
+    # the emulated round spans at least its reported time: a wait cut short (the silo
+    # queued for its compute slot) began when the instruction came
+    metrics[COMPUTE_START] = min(metrics[COMPUTE_START], end - reported)
+    metrics[COMPUTE_END] = end
+    return replace(report, metrics=metrics, reported_time=reported)
 
 
 @contextlib.contextmanager

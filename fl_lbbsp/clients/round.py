@@ -289,35 +289,6 @@ class RoundReport(Generic[T]):
     compute_time: float
     reported_time: float
 
-    def emulated(
-        self,
-        reported: float,
-        *,
-        train_time_key: str,
-        ended: float,
-        extra: dict[str, float],
-    ) -> RoundReport[T]:
-        """This report with ``reported`` as its ``train-time`` (named ``train_time_key``)
-        and its interval ending at ``ended`` (``time.time()``, after the emulated wait),
-        beginning at the compute's start or earlier, so that it spans at least
-        ``reported``, plus ``extra`` metrics (the emulation's)."""
-        metrics = dict(self.metrics)
-        metrics[train_time_key] = reported
-        end = max(ended, metrics[COMPUTE_END])
-        # the emulated round spans at least its reported time: a wait cut short (the
-        # silo queued for its compute slot) began when the instruction came
-        metrics[COMPUTE_START] = min(metrics[COMPUTE_START], end - reported)
-        metrics[COMPUTE_END] = end
-        metrics.update(extra)
-        return RoundReport(
-            output=self.output,
-            metrics=metrics,
-            notes=self.notes,
-            plan=self.plan,
-            compute_time=self.compute_time,
-            reported_time=reported,
-        )
-
 
 def run_round(
     instruction: RoundInstruction,
