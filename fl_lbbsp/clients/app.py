@@ -40,12 +40,11 @@ from ..contract import (
 )
 from ..datasets import ArrayDataset
 from ..instruction import RoundInstruction, silo_id_of
-from ..models import build_model
 from ..security.identity import key_file_name, load_signing_key, sign_reply, signed_arrays
 from ..security.screening import model_norm, model_problem
 from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel, SlowdownSchedule, compute_slot, emulate_slowdown
-from .silo_setup import SiloSetup, silo_data, test_data, test_shard
+from .silo_setup import SiloSetup, model_for, silo_data, test_data, test_shard
 from .silo_setup import _split as _split  # shared with the workers' app (clients/cluster.py)
 from .silo_task import training_work
 from .trainer import evaluate
@@ -316,11 +315,7 @@ class SiloApp:
 
     def _model(self, state: dict[str, torch.Tensor], data: ArrayDataset) -> torch.nn.Module:
         torch.set_num_threads(self.setup.torch_threads)
-        model = build_model(
-            self.setup.model, input_shape=data.input_shape, num_classes=data.num_classes
-        )
-        model.load_state_dict(state)
-        return model
+        return model_for(self.setup.model, data, state)
 
     def train(self, msg: Message, context: Context) -> Message:
         """Train tau steps with the message's batch size and reply with the update."""

@@ -43,7 +43,7 @@ from ..contract import (
 from ..core.optim import SGD
 from ..datasets import ArrayDataset, SourceSpec
 from ..instruction import RoundInstruction, round_seed, silo_id_of
-from ..models import ModelName, build_model
+from ..models import ModelName
 from .app import (
     _split,
     decrypt_arrays,
@@ -54,7 +54,7 @@ from .app import (
 from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel, CostModelText, SlowdownText, emulate_slowdown
 from .round import LocalTraining, WorkDone
-from .silo_setup import SiloSetup, silo_data, test_shard
+from .silo_setup import SiloSetup, model_for, silo_data, test_shard
 from .trainer import evaluate
 
 __all__ = ["WorkerSetup", "gradient", "make_worker_app", "sync_replica", "worker_data"]
@@ -291,7 +291,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         if cost is not None:
             cost.scaled(factor).time(batch_size)  # raises OutOfMemoryError above the cap
         data = worker_data(setup, worker)
-        model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
+        model = model_for(setup.model, data)
         secret_context = node_file(context, "secret-context", setup.secret_context)
         extra: dict[str, Any] = {}
         if secret_context is None:
@@ -351,8 +351,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
             msg.content, context.state, secret_context=secret_context, keys=keys
         )
         data = test_shard(_as_silos(setup), worker)
-        model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
-        model.load_state_dict({n: torch.from_numpy(p) for n, p in params.items()})
+        model = model_for(setup.model, data, {n: torch.from_numpy(p) for n, p in params.items()})
         loss, accuracy = evaluate(model, torch.from_numpy(data.x), torch.from_numpy(data.y))
         version = read_int(msg.content.config_records["config"], keys.model_version)
         metrics = MetricRecord(

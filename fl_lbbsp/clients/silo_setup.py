@@ -5,6 +5,7 @@ federation's initial model (:func:`initial_model`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
@@ -25,7 +26,15 @@ from ..datasets import (
 from ..models import ModelName, build_model
 from .emulation import CostModelText, SlowdownText
 
-__all__ = ["InitialModel", "SiloSetup", "initial_model", "silo_data", "test_data", "test_shard"]
+__all__ = [
+    "InitialModel",
+    "SiloSetup",
+    "initial_model",
+    "model_for",
+    "silo_data",
+    "test_data",
+    "test_shard",
+]
 
 
 class SiloSetup(BaseModel):
@@ -141,6 +150,17 @@ def test_shard(setup: SiloSetup, partition_id: int) -> ArrayDataset:
     return test.subset(np.arange(partition_id, len(test), setup.num_silos))
 
 
+def model_for(
+    name: str, data: ArrayDataset, state: Mapping[str, torch.Tensor] | None = None
+) -> torch.nn.Module:
+    """Model ``name`` (:func:`~fl_lbbsp.models.build_model`) sized to ``data``, with
+    ``state`` loaded when given."""
+    model = build_model(name, input_shape=data.input_shape, num_classes=data.num_classes)
+    if state is not None:
+        model.load_state_dict(state)
+    return model
+
+
 class InitialModel(NamedTuple):
     """A run's initial global model and the held-out test split it is evaluated on."""
 
@@ -162,5 +182,4 @@ def initial_model(setup: SiloSetup) -> InitialModel:
     """
     test = test_data(setup)
     torch.manual_seed(setup.seed)
-    model = build_model(setup.model, input_shape=test.input_shape, num_classes=test.num_classes)
-    return InitialModel(model, test)
+    return InitialModel(model_for(setup.model, test), test)

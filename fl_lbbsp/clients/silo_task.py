@@ -26,11 +26,11 @@ import torch
 from ..contract import STARTUP_TIME, RecordKeys
 from ..datasets import ArrayDataset
 from ..instruction import RoundInstruction, silo_id_of
-from ..models import ModelName, build_model
+from ..models import ModelName
 from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel, compute_slot
 from .round import LocalTraining, WorkDone
-from .silo_setup import SiloSetup, silo_data, test_data
+from .silo_setup import SiloSetup, model_for, silo_data, test_data
 from .task import TaskRequest, TaskResult
 from .trainer import evaluate, train_local
 
@@ -110,9 +110,7 @@ def central_test_set(run_config: Config) -> ArrayDataset:
 
 def build_model_for(run_config: Config, data: ArrayDataset) -> torch.nn.Module:
     """The run's model, sized to ``data``."""
-    return build_model(
-        str(run_config["model"]), input_shape=data.input_shape, num_classes=data.num_classes
-    )
+    return model_for(str(run_config["model"]), data)
 
 
 def _warm_up(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -127,10 +125,8 @@ def _warm_up(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
 
 
 def _model(request: TaskRequest, data: ArrayDataset) -> torch.nn.Module:
-    model = build_model_for(request.run_config, data)
     state = {name: torch.from_numpy(np.array(a, copy=True)) for name, a in request.arrays}
-    model.load_state_dict(state)
-    return model
+    return model_for(str(request.run_config["model"]), data, state)
 
 
 def _arrays(model: torch.nn.Module) -> list[tuple[str, np.ndarray]]:
