@@ -45,7 +45,6 @@ from ..security.screening import model_norm, model_problem
 from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel, SlowdownSchedule, compute_slot, emulate_slowdown
 from .silo_setup import SiloSetup, model_for, silo_data, test_data, test_shard
-from .silo_setup import _split as _split  # shared with the workers' app (clients/cluster.py)
 from .silo_task import training_work
 from .trainer import evaluate
 

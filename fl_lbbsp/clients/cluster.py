@@ -44,17 +44,11 @@ from ..core.optim import SGD
 from ..datasets import ArrayDataset, SourceSpec
 from ..instruction import RoundInstruction, round_seed, silo_id_of
 from ..models import ModelName
-from .app import (
-    _split,
-    decrypt_arrays,
-    encrypt_arrays,
-    node_file,
-    train_reply,
-)
+from .app import decrypt_arrays, encrypt_arrays, node_file, train_reply
 from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel, CostModelText, SlowdownText, emulate_slowdown
 from .round import LocalTraining, WorkDone
-from .silo_setup import SiloSetup, model_for, silo_data, test_shard
+from .silo_setup import SiloSetup, _split, model_for, silo_data, test_shard
 from .trainer import evaluate
 
 __all__ = ["WorkerSetup", "gradient", "make_worker_app", "sync_replica", "worker_data"]
