@@ -134,11 +134,10 @@ class PermutationStream:
 class ResizableBatchSampler:
     """Yield batches of indices over reshuffled local data, cycling without end.
 
-    Indices come from a stream of random permutations of ``range(num_samples)``: every
-    sample is seen once per pass before any is seen again, and a batch may span two
-    passes. The batch size is read at every batch, so setting :attr:`batch_size`
-    between rounds (or even between steps) takes effect at the next batch. A batch
-    larger than the local dataset holds repeated samples.
+    Indices come from a :class:`PermutationStream` of ``range(num_samples)``. The batch
+    size is read at every batch, so setting :attr:`batch_size` between rounds (or even
+    between steps) takes effect at the next batch. A batch larger than the local dataset
+    holds repeated samples.
 
     A plain iterable of lists of ints: iterate it directly (numpy, JAX, scikit-learn), or
     pass it to a torch ``DataLoader`` as ``batch_sampler=``. Without torch loaded it

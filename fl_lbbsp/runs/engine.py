@@ -41,7 +41,6 @@ __all__ = [
     "execute",
     "plan_run",
     "ray_init_args",
-    "run_apps",
     "run_engine",
     "server_app",
     "start_rounds",
@@ -134,24 +133,15 @@ class ResolvedRun(Generic[S]):
 
 
 def execute(run: ResolvedRun[S], *, runtime: Runtime = "ray") -> list[dict[str, Any]]:
-    """Run ``run`` on ``runtime`` (:func:`run_apps`) and return its telemetry events."""
-    plan = run.plan
-    run_apps(
-        server_app(run), run.client_app, runtime=runtime, nodes=plan.nodes, parallel=plan.parallel
-    )
-    return read_telemetry(plan.telemetry)
-
-
-def run_apps(
-    server_app: ServerApp, client_app: ClientApp, *, runtime: Runtime, nodes: int, parallel: int
-) -> None:
-    """Run a ServerApp and its ClientApp on ``nodes`` machines: on Flower's Simulation
-    Engine (:func:`run_engine`, ``parallel`` ClientApps computing at once) or in this
-    process (:func:`~fl_lbbsp.runs.inprocess.run_in_process`, one after the other)."""
+    """Run ``run`` on Flower's Simulation Engine (:func:`run_engine`) or in this process
+    (:func:`~fl_lbbsp.runs.inprocess.run_in_process`, the machines one after the other)
+    and return its telemetry events."""
+    app, plan = server_app(run), run.plan
     if runtime == "inprocess":
-        run_in_process(server_app, client_app, num_nodes=nodes)
+        run_in_process(app, run.client_app, num_nodes=plan.nodes)
     else:
-        run_engine(server_app, client_app, num_supernodes=nodes, parallel=parallel)
+        run_engine(app, run.client_app, num_supernodes=plan.nodes, parallel=plan.parallel)
+    return read_telemetry(plan.telemetry)
 
 
 def server_app(run: ResolvedRun[S]) -> ServerApp:
