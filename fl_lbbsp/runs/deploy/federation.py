@@ -264,8 +264,9 @@ class LocalFederation:
         try:
             if self.cpu_groups is not None:
                 self.cpu_groups.create()
-            args = superlink_args(self.bin_dir, host=self.host, port=self.port, tls=self.tls,
-                                  node_auth=self.node_auth)  # fmt: skip
+            args = superlink_args(
+                self.bin_dir, host=self.host, port=self.port, tls=self.tls, node_auth=self.node_auth
+            )
             self.superlink = self.processes.spawn("superlink", args, "superlink")
             self._wait_for_superlink()
             for silo_id, keys in self.node_keys.items():
