@@ -11,6 +11,7 @@ References
 
 from __future__ import annotations
 
+import math
 from typing import Literal, get_args
 
 import torch
@@ -115,9 +116,7 @@ class MLP(nn.Module):
         for width in hidden:
             _check_positive("hidden widths", width)
         _check_positive("num_classes", num_classes)
-        in_features = 1
-        for dim in input_shape:
-            in_features *= dim
+        in_features = math.prod(input_shape)
         layers: list[nn.Module] = [nn.Flatten()]
         for width in hidden:
             layers += [nn.Linear(in_features, width), nn.ReLU()]

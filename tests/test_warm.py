@@ -30,6 +30,7 @@ from fl_lbbsp.clients.warm import (
     run_task,
 )
 from fl_lbbsp.runs.deploy import LocalFederation, ManagedProcess, RestartPolicy
+from fl_lbbsp.runs.deploy.silos import worker_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -351,7 +352,7 @@ def test_each_supernode_gets_its_workers_folder_and_a_faster_task_poll(tmp_path:
     fed = LocalFederation(tmp_path, num_silos=2, insecure=True)
     folders = [_node_config(fed, i)["warm-worker"] for i in range(2)]
     assert folders == [str(fed.warm_folder("silo-0")), str(fed.warm_folder("silo-1"))]
-    assert fed._worker_args("silo-1")[-2:] == ["--folder", folders[1]]
+    assert worker_args(fed.warm_folder("silo-1"))[-2:] == ["--folder", folders[1]]
     assert fed._base_env()["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.2"
 
     off = LocalFederation(tmp_path, num_silos=2, insecure=True, warm_workers=False)

@@ -40,13 +40,11 @@ from ..contract import (
 )
 from ..datasets import ArrayDataset
 from ..instruction import RoundInstruction, silo_id_of
-from ..models import build_model
 from ..security.identity import key_file_name, load_signing_key, sign_reply, signed_arrays
 from ..security.screening import model_norm, model_problem
 from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel, SlowdownSchedule, compute_slot, emulate_slowdown
-from .silo_setup import SiloSetup, silo_data, test_data, test_shard
-from .silo_setup import _split as _split  # shared with the workers' app (clients/cluster.py)
+from .silo_setup import SiloSetup, model_for, silo_data, test_data, test_shard
 from .silo_task import training_work
 from .trainer import evaluate
 
@@ -57,7 +55,10 @@ __all__ = [
     "SiloApp",
     "SiloNode",
     "SiloSetup",
+    "decrypt_arrays",
+    "encrypt_arrays",
     "make_client_app",
+    "node_file",
     "resolve_node",
     "silo_data",
     "test_data",
@@ -75,6 +76,34 @@ def _silo_keys(path: str) -> tuple[CKKSKeys, UpdateChecker]:
     return keys, UpdateChecker(keys)
 
 
+def decrypt_arrays(record: ArrayRecord, secret_context: str) -> tuple[dict[str, np.ndarray], float]:
+    """The encrypted update in ``record``, checked, decrypted and divided by its weight, as
+    named arrays, and the seconds it took."""
+    from ..crypto import decrypt_update, unflatten
+    from ..crypto.records import update_from_record
+
+    keys, checker = _silo_keys(secret_context)
+    start = time.perf_counter()
+    update = update_from_record(record)
+    arrays = unflatten(decrypt_update(keys, update, checker=checker), update.layout)
+    return arrays, time.perf_counter() - start
+
+
+def encrypt_arrays(
+    arrays: Mapping[str, np.ndarray], secret_context: str
+) -> tuple[ArrayRecord, float]:
+    """``Enc(arrays)`` flattened and unweighted (the server applies the weight) as an
+    ArrayRecord, and the seconds it took."""
+    from ..crypto import encrypt_update, flatten
+    from ..crypto.records import update_to_record
+
+    keys, _ = _silo_keys(secret_context)
+    start = time.perf_counter()
+    flat, layout = flatten(arrays)
+    record = update_to_record(encrypt_update(keys, flat, layout=layout))
+    return record, time.perf_counter() - start
+
+
 def _open_arrays(
     record: ArrayRecord, secret_context: str | None
 ) -> tuple[dict[str, torch.Tensor], float]:
@@ -84,30 +113,8 @@ def _open_arrays(
         return record.to_torch_state_dict(), 0.0
     if secret_context is None:
         raise ValueError("received an encrypted model but no secret context is configured")
-    from ..crypto import decrypt_update, unflatten
-    from ..crypto.records import update_from_record
-
-    keys, checker = _silo_keys(secret_context)
-    start = time.perf_counter()
-    update = update_from_record(record)
-    arrays = unflatten(decrypt_update(keys, update, checker=checker), update.layout)
-    seconds = time.perf_counter() - start
+    arrays, seconds = decrypt_arrays(record, secret_context)
     return {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in arrays.items()}, seconds
-
-
-def _encrypt_model(model: torch.nn.Module, secret_context: str) -> tuple[ArrayRecord, float]:
-    """``Enc(parameters)`` (unweighted: the server applies the weight) as an ArrayRecord,
-    and the seconds it took."""
-    from ..crypto import encrypt_update, flatten
-    from ..crypto.records import update_to_record
-
-    keys, _ = _silo_keys(secret_context)
-    start = time.perf_counter()
-    state = {name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
-    flat, layout = flatten(state)
-    update = encrypt_update(keys, flat, layout=layout)
-    record = update_to_record(update)
-    return record, time.perf_counter() - start
 
 
 def _answer_checks(
@@ -145,17 +152,10 @@ def _slowdown(setup: SiloSetup, context: Context) -> SlowdownSchedule:
     )
 
 
-def secret_context_of(context: Context, default: str | None) -> str | None:
-    """The node's secret CKKS context path: ``node_config["secret-context"]``, else
-    ``default``; ``None`` (or empty): plaintext mode."""
-    value = context.node_config.get("secret-context", default)
-    return None if value in (None, "") else str(value)
-
-
-def signing_key_of(context: Context, default: str | None) -> str | None:
-    """The node's signing key path: ``node_config["signing-key"]``, else ``default``;
-    ``None`` (or empty): unsigned replies."""
-    value = context.node_config.get("signing-key", default)
+def node_file(context: Context, key: str, default: str | None) -> str | None:
+    """The node's file ``node_config[key]`` (``secret-context``, ``signing-key``), else
+    ``default``; ``None`` (or empty): none (plaintext updates, unsigned replies)."""
+    value = context.node_config.get(key, default)
     return None if value in (None, "") else str(value)
 
 
@@ -280,12 +280,12 @@ def resolve_node(setup: SiloSetup, context: Context) -> SiloNode:
     node_config = context.node_config
     partition_id = int(node_config.get("partition-id", 0))
     silo_id = silo_id_of(node_config, setup.keys, node_id=context.node_id)
-    signing_key = signing_key_of(context, setup.signing_key)
+    signing_key = node_file(context, "signing-key", setup.signing_key)
     return SiloNode(
         partition_id=partition_id,
         silo_id=silo_id,
         schedule=_slowdown(setup, context),
-        secret_context=secret_context_of(context, setup.secret_context),
+        secret_context=node_file(context, "secret-context", setup.secret_context),
         signing_key=None if signing_key is None else _signing_key(signing_key, silo_id),
         max_batch_size=int(node_config.get(setup.keys.max_batch_size, 0)),
     )
@@ -314,11 +314,7 @@ class SiloApp:
 
     def _model(self, state: dict[str, torch.Tensor], data: ArrayDataset) -> torch.nn.Module:
         torch.set_num_threads(self.setup.torch_threads)
-        model = build_model(
-            self.setup.model, input_shape=data.input_shape, num_classes=data.num_classes
-        )
-        model.load_state_dict(state)
-        return model
+        return model_for(self.setup.model, data, state)
 
     def train(self, msg: Message, context: Context) -> Message:
         """Train tau steps with the message's batch size and reply with the update."""
@@ -352,7 +348,8 @@ class SiloApp:
         if node.secret_context is None:
             arrays = ArrayRecord(model.state_dict())
         else:
-            arrays, seconds = _encrypt_model(model, node.secret_context)
+            state_arrays = {n: t.detach().cpu().numpy() for n, t in model.state_dict().items()}
+            arrays, seconds = encrypt_arrays(state_arrays, node.secret_context)
             arrays, checking = _answer_checks(
                 msg, context, arrays, node.secret_context, state, instruction.server_round
             )

@@ -41,13 +41,14 @@ from ..contract import (
     read_int,
 )
 from ..core.optim import SGD
-from ..datasets import ArrayDataset, PartitionSpec, SourceSpec, partition_indices
+from ..datasets import ArrayDataset, SourceSpec
 from ..instruction import RoundInstruction, round_seed, silo_id_of
-from ..models import ModelName, build_model
-from .app import _silo_keys, _split, secret_context_of, signing_key_of, train_reply
+from ..models import ModelName
+from .app import decrypt_arrays, encrypt_arrays, node_file, train_reply
 from .emulated import Emulation, run_emulated_round, slowdown_schedule
 from .emulation import CostModel, CostModelText, SlowdownText, emulate_slowdown
 from .round import LocalTraining, WorkDone
+from .silo_setup import SiloSetup, _split, model_for, silo_data, test_shard
 from .trainer import evaluate
 
 __all__ = ["WorkerSetup", "gradient", "make_worker_app", "sync_replica", "worker_data"]
@@ -58,44 +59,26 @@ _REPLICA_INFO = "replica-info"
 
 
 class WorkerSetup(BaseModel):
-    """How every worker of a cluster finds its data, model and emulated speed.
+    """How every worker of a cluster finds its data, model and emulated speed; the fields
+    shared with :class:`~fl_lbbsp.clients.silo_setup.SiloSetup` (``dataset``, ``seed``,
+    ``model``, ``slowdowns``, ``test_fraction``, ``torch_threads``, ``keys``,
+    ``secret_context``, ``signing_key``) mean the same for worker i as for silo i.
 
     Parameters
     ----------
-    dataset : str (default: "embedded")
-        ``"embedded"``, ``"mnist:PATH"`` or ``"cifar10:PATH"``.
     data : {"full", "shard"} (default: "full")
         ``"full"``: the workers share the whole training set (shared storage) and split
         each round's global batch between them by ``batch-offset``, as BSP draws it;
         ``"shard"``: worker i samples from its own i.i.d. shard.
     num_workers : int (default: 4)
         Number of workers (shards).
-    seed : int (default: 0)
-        Seed of the split, the shards and the sampling (>= 0).
-    model : {"lenet5", "mlp"} (default: "lenet5")
-        The model.
-    slowdowns : tuple of str (default: ())
-        Emulated slowdown of worker i (``"4"`` or a schedule ``"1:1,50:3"``).
     cost_models : tuple of str (default: ())
-        Emulated batch time of worker i, ``"m,b,C,x_max"`` (see
-        :meth:`CostModel.parse`); times the worker's slowdown of the round. Without one,
-        the worker reports its real compute time times its slowdown.
+        Emulated batch time of worker i, ``"m,b,C,x_max"`` (:meth:`CostModel.parse`),
+        times its slowdown of the round. Without one: its real compute time times its
+        slowdown.
     wait : bool (default: False)
-        With a cost model: also wait until the modelled time has passed (real time then
-        matches the report; off, the run is fast and only the reported time is emulated).
-    test_fraction : float (default: 0.2)
-        Share of the data held out for the server's evaluation.
-    torch_threads : int (default: 1)
-        torch intra-op threads per worker process.
-    keys : RecordKeys (default: RecordKeys())
-        Record key names, the same as the strategy's.
-    secret_context : str | None (default: None)
-        Encrypted mode: the secret CKKS context (``secret.ckks`` or its key folder); a
-        node's ``node_config["secret-context"]`` overrides it. ``None``: plaintext.
-    signing_key : str | None (default: None)
-        The workers' Ed25519 signing keys from ``fl-lbbsp keys silos`` (a key file, or
-        their folder: worker ``w`` uses ``silo-<w>.key``); a node's
-        ``node_config["signing-key"]`` overrides it. ``None``: unsigned replies.
+        With a cost model: also wait until the modelled time has passed (off, only the
+        reported time is emulated).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -117,13 +100,20 @@ class WorkerSetup(BaseModel):
 
 def worker_data(setup: WorkerSetup, worker: int) -> ArrayDataset:
     """The samples worker ``worker`` draws its batches from."""
-    train, _ = _split(setup.dataset, setup.seed, setup.test_fraction)
     if setup.data == "full":
-        return train
-    shards = partition_indices(
-        train.y, num_silos=setup.num_workers, spec=PartitionSpec.parse("iid"), seed=setup.seed
+        return _split(setup.dataset, setup.seed, setup.test_fraction)[0]
+    return silo_data(_as_silos(setup), worker)
+
+
+def _as_silos(setup: WorkerSetup) -> SiloSetup:
+    """The workers as the silos of an i.i.d. split: their shards and test shares."""
+    return SiloSetup(
+        dataset=setup.dataset,
+        partition="iid",
+        num_silos=setup.num_workers,
+        seed=setup.seed,
+        test_fraction=setup.test_fraction,
     )
-    return train.subset(shards[worker])
 
 
 def gradient(
@@ -217,9 +207,6 @@ def sync_replica(
     RuntimeError
         If the replica is missing or the forwarded aggregates do not continue it.
     """
-    from ..crypto import decrypt_update, unflatten
-    from ..crypto.records import update_from_record
-
     config = content.config_records["config"]
     target = read_int(config, keys.model_version)
     if INITIAL_MODEL in content:
@@ -238,7 +225,6 @@ def sync_replica(
         for name in content
         if name.startswith(UPDATE_PREFIX)
     )
-    he_keys, checker = _silo_keys(secret_context)
     optimizer = SGD(lr=read_float(config, keys.lr), momentum=read_float(config, keys.momentum, 0.0))
     optimizer.buffers = buffers
     names = list(params)
@@ -248,10 +234,8 @@ def sync_replica(
             continue
         if v != version + 1:
             raise RuntimeError(f"replica at model version {version} cannot apply aggregate {v}")
-        start = time.perf_counter()
-        update = update_from_record(content.array_records[name])
-        grads = unflatten(decrypt_update(he_keys, update, checker=checker), update.layout)
-        seconds += time.perf_counter() - start
+        grads, took = decrypt_arrays(content.array_records[name], secret_context)
+        seconds += took
         stepped = optimizer.step([params[n] for n in names], [grads[n] for n in names])
         params = dict(zip(names, stepped, strict=True))
         version = v
@@ -267,27 +251,6 @@ def sync_replica(
             }
         )
     return params, seconds
-
-
-def _encrypt_gradient(
-    grads: dict[str, np.ndarray], secret_context: str
-) -> tuple[ArrayRecord, float]:
-    """``Enc(g_i)`` (unweighted: the server multiplies it by the batch size) as an
-    ArrayRecord, and the seconds it took."""
-    from ..crypto import encrypt_update, flatten
-    from ..crypto.records import update_to_record
-
-    he_keys, _ = _silo_keys(secret_context)
-    start = time.perf_counter()
-    flat, layout = flatten(grads)
-    update = encrypt_update(he_keys, flat, layout=layout)
-    return update_to_record(update), time.perf_counter() - start
-
-
-def _worker_test_shard(setup: WorkerSetup, worker: int) -> ArrayDataset:
-    """Worker ``worker``'s share (every ``num_workers``-th sample) of the held-out test set."""
-    _, test = _split(setup.dataset, setup.seed, setup.test_fraction)
-    return test.subset(np.arange(worker, len(test), setup.num_workers))
 
 
 def make_worker_app(setup: WorkerSetup) -> ClientApp:
@@ -322,8 +285,8 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         if cost is not None:
             cost.scaled(factor).time(batch_size)  # raises OutOfMemoryError above the cap
         data = worker_data(setup, worker)
-        model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
-        secret_context = secret_context_of(context, setup.secret_context)
+        model = model_for(setup.model, data)
+        secret_context = node_file(context, "secret-context", setup.secret_context)
         extra: dict[str, Any] = {}
         if secret_context is None:
             model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
@@ -357,7 +320,7 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         if secret_context is None:
             arrays = ArrayRecord({k: Array(v) for k, v in report.output.items()})
         else:
-            arrays, seconds = _encrypt_gradient(report.output, secret_context)
+            arrays, seconds = encrypt_arrays(report.output, secret_context)
             extra[keys.he_time] = emulate_slowdown(he_seconds + seconds, factor)
         metrics = MetricRecord(
             {**report.metrics, BUSY_TIME: time.perf_counter() - started, **extra}
@@ -368,12 +331,12 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
             metrics=metrics,
             keys=keys,
             silo_id=worker_id,
-            signing_key=signing_key_of(context, setup.signing_key),
+            signing_key=node_file(context, "signing-key", setup.signing_key),
         )
 
     @app.evaluate()
     def evaluate_replica(msg: Message, context: Context) -> Message:
-        secret_context = secret_context_of(context, setup.secret_context)
+        secret_context = node_file(context, "secret-context", setup.secret_context)
         if secret_context is None:
             raise ValueError("cluster workers evaluate only in encrypted mode (the server can)")
         torch.set_num_threads(setup.torch_threads)
@@ -381,9 +344,8 @@ def make_worker_app(setup: WorkerSetup) -> ClientApp:
         params, _ = sync_replica(
             msg.content, context.state, secret_context=secret_context, keys=keys
         )
-        data = _worker_test_shard(setup, worker)
-        model = build_model(setup.model, input_shape=data.input_shape, num_classes=data.num_classes)
-        model.load_state_dict({n: torch.from_numpy(p) for n, p in params.items()})
+        data = test_shard(_as_silos(setup), worker)
+        model = model_for(setup.model, data, {n: torch.from_numpy(p) for n, p in params.items()})
         loss, accuracy = evaluate(model, torch.from_numpy(data.x), torch.from_numpy(data.y))
         version = read_int(msg.content.config_records["config"], keys.model_version)
         metrics = MetricRecord(

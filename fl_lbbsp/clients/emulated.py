@@ -1,28 +1,15 @@
 """The emulation wrapper the simulation runners add around the plain silo round.
 
-The production round (:func:`~fl_lbbsp.clients.round.run_round`) takes an instruction,
-runs the silo's work and reports what it measured. To show LB-BSP on one machine, the
-simulation runners (the bundled ClientApp, the quickstart task, the cluster worker, and
-the adapter when the run or node config asks for a slowdown or a cost model) wrap it with
-:func:`run_emulated_round`, which makes the silo behave like a machine ``k`` times slower
-(shared/DESIGN.md, "Emulated heterogeneity"):
-
-- the work computes inside a compute slot shared by the silos of this machine
-  (:func:`~fl_lbbsp.clients.emulation.compute_slot`), so that they do not slow each other
-  down, and on one intra-op thread of torch (:func:`single_threaded`): the emulation
-  multiplies whatever the compute measured by k, and a thread pool as wide as the machine
-  stalls at every operation whose threads a co-tenant descheduled (an actor of Flower's
-  Simulation Engine gets ``OMP_NUM_THREADS`` = its ``num_cpus``, the whole of a 2-core
-  machine, so that two busy processes beside it made the same 30 steps take 0.06 s or
-  4.6 s), while one thread is slowed by at most its share of a core;
-- the round reports ``k * t`` (or a cost model's time) and waits, outside the slot, until
-  that time has passed since the silo got its instruction
-  (:func:`~fl_lbbsp.clients.emulation.emulated_time`);
-- its ``compute-start`` and ``compute-end`` span the emulated round (at least the reported
-  time, ending after the wait), so that the server's check of the claim against the
-  reply's own interval sees the emulated time.
-
-Every figure that relies on it is labelled emulated.
+The production round (:func:`~fl_lbbsp.clients.round.run_round`) reports what it
+measured. To show LB-BSP on one machine, the simulation runners (the bundled ClientApp, the
+quickstart task, the cluster worker, and the adapter when the run or node config asks for
+a slowdown or a cost model) wrap it with :func:`run_emulated_round`: the silo computes in
+a compute slot shared by the silos of this machine, on one torch thread
+(:func:`single_threaded`), then reports ``k * t`` (or a cost model's time) and waits,
+outside the slot, until that time has passed since it got its instruction; its
+``compute-start`` and ``compute-end`` span the emulated round, so that the server's check
+of the claim sees the emulated time (shared/DESIGN.md, "Emulated heterogeneity"). Every
+figure that relies on it is labelled emulated.
 """
 
 from __future__ import annotations
@@ -32,10 +19,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from ..contract import SLOWDOWN, RecordKeys
+from ..contract import COMPUTE_END, COMPUTE_START, SLOWDOWN, RecordKeys
 from ..instruction import PARTITION_ID, RoundInstruction
 from .emulation import CostModel, SlowdownSchedule, emulated_time
 from .round import LocalTraining, RoundReport, WorkDone, run_round
@@ -142,12 +129,13 @@ def run_emulated_round(
         clock=clock,
         sleep=sleep,
     )
-    return report.emulated(
-        reported,
-        train_time_key=names.train_time,
-        ended=time.time(),
-        extra={SLOWDOWN: emulation.factor},
-    )
+    metrics = {**report.metrics, names.train_time: reported, SLOWDOWN: emulation.factor}
+    end = max(time.time(), metrics[COMPUTE_END])
+    # the emulated round spans at least its reported time: a wait cut short (the silo
+    # queued for its compute slot) began when the instruction came
+    metrics[COMPUTE_START] = min(metrics[COMPUTE_START], end - reported)
+    metrics[COMPUTE_END] = end
+    return replace(report, metrics=metrics, reported_time=reported)
 
 
 @contextlib.contextmanager

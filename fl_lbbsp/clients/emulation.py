@@ -29,7 +29,6 @@ __all__ = [
     "SlowdownSchedule",
     "SlowdownText",
     "Speeds",
-    "check_speeds",
     "compute_slot",
     "emulate_slowdown",
     "emulated_time",
@@ -107,20 +106,8 @@ def emulate_slowdown(
     wait: bool = True,
     sleep: Callable[[float], None] = time.sleep,
 ) -> float:
-    """Return the emulated time ``factor * t``, after waiting ``(factor - 1) * t``: the
-    measured case of :func:`emulated_time`.
-
-    Parameters
-    ----------
-    compute_time, factor : float
-        As in :func:`emulated_time`: the compute t and its slowdown k.
-    wait : bool (default: True)
-        ``False`` reports ``k * t`` without waiting: enough when silos compute one after
-        the other (nothing else shares the machine's time with a silo) and only the
-        reported times matter, as in the benchmarks.
-    sleep : Callable[[float], None] (default: time.sleep)
-        How to wait.
-    """
+    """The emulated time ``factor * t``, after waiting ``(factor - 1) * t`` unless
+    ``wait`` is off: the measured case of :func:`emulated_time`."""
     return emulated_time(compute_time, factor, cost=None, batch_size=1, wait=wait, sleep=sleep)
 
 
@@ -137,17 +124,14 @@ def emulated_time(
     sleep: Callable[[float], None] = time.sleep,
 ) -> float:
     """The time a silo reports for ``local_steps`` steps at ``batch_size``, after waiting
-    for it to pass if asked.
+    for it to pass if asked: ``factor * compute_time``, or with a cost model
+    ``local_steps * cost.scaled(factor).time(batch_size)``, the same on a quiet or a busy
+    machine (tests, benchmarks that need exact capacities).
 
-    Without a cost model it is ``factor * compute_time`` (:func:`emulate_slowdown`). With
-    one it is the model's: ``local_steps * cost.scaled(factor).time(batch_size)``, the same
-    on a quiet or a busy machine (tests, and benchmarks that need exact capacities).
-
-    The wait ends when the reported time has passed since ``started`` (the moment the
-    silo got its instruction), so time the silo spent queueing for a compute slot
-    (:func:`compute_slot`) is part of its emulated round, as on a machine of its own; it
-    never ends before the compute did. Without ``started`` the wait is the reported time
-    minus the compute time.
+    The wait ends when the reported time has passed since ``started`` (the instruction's
+    arrival), so queueing for a compute slot (:func:`compute_slot`) is part of the
+    emulated round, as on a machine of its own; without ``started`` it is the reported
+    time minus the compute time.
 
     Parameters
     ----------
@@ -347,15 +331,6 @@ SlowdownText = Annotated[str, AfterValidator(_checked_slowdown)]
 CostModelText = Annotated[str, AfterValidator(_checked_cost_model)]
 """A config field holding a cost model ``"m,b,C,x_max"`` (``,knee=k`` optional), checked
 by :meth:`CostModel.parse`."""
-
-
-def check_speeds(speeds: tuple[float, ...] | None, count: int, what: str) -> None:
-    """ValueError unless ``speeds`` is None or lists ``count`` capacities (their values
-    are checked by the :data:`Speeds` field type)."""
-    if speeds is None:
-        return
-    if len(speeds) != count:
-        raise ValueError(f"--speeds lists {len(speeds)} values but there are {count} {what}")
 
 
 def slowdowns_from_speeds(

@@ -1,29 +1,16 @@
 """One silo round, whichever entry point runs it.
 
-Every silo entry point (the simulation ClientApp :mod:`~fl_lbbsp.clients.app`, the
-quickstart task :mod:`~fl_lbbsp.clients.silo_task` run by a warm worker or in the
-ClientApp process, the adapter :func:`~fl_lbbsp.clients.adapter.lbbsp_train` around a
-user's train function, and the cluster worker :mod:`~fl_lbbsp.clients.cluster`) reads its
-:class:`~fl_lbbsp.instruction.RoundInstruction` with the same codec and then calls
-:func:`run_round` with its own *work*: the part that differs (tau SGD steps on local
-data, the user's own loop, one gradient on a slice of the global batch). The round does
-the rest the same way everywhere:
-
-- the :class:`LocalTraining` plan handed to the work, seeded by
-  :func:`~fl_lbbsp.instruction.round_seed` (the same silo shuffles the same way in
-  simulation and in deployment), whose batch sampler counts what is really drawn;
-- psutil's CPU window, the compute time (``plan.timed()`` blocks, else the whole work)
-  and the compute interval on the silo's own clock (``compute-start``, ``compute-end``);
-- the contract's metrics, and a ``misuse`` note when the work drew other batches than it
-  was told to (:func:`misuse_of`).
-
-The round is plain: instruction in, report out, the times it measured. Emulating a slower
-machine (a slowdown k, a cost model, a compute slot shared by the silos of one machine) is
-a wrapper the simulation runners add around it,
-:func:`~fl_lbbsp.clients.emulation.run_emulated_round`.
-
-None of it imports torch: a numpy silo iterates ``plan.batch_sampler(n)`` as lists of
-indices; only :meth:`LocalTraining.loader` (given a torch ``DataLoader``) uses torch.
+Every silo entry point (the bundled ClientApp, the quickstart task, the adapter
+:func:`~fl_lbbsp.clients.adapter.lbbsp_train` and the cluster worker) reads its
+:class:`~fl_lbbsp.instruction.RoundInstruction` with the same codec and calls
+:func:`run_round` with its own *work* (tau SGD steps, the user's own loop, one gradient).
+The round does the rest alike: the :class:`LocalTraining` plan, seeded by
+:func:`~fl_lbbsp.instruction.round_seed` (a silo shuffles the same way in simulation and
+in deployment), whose sampler counts what is drawn; psutil's CPU window; the compute time
+and interval; the contract's metrics and a ``misuse`` note (:func:`misuse_of`). It is
+plain: emulating a slower machine is a wrapper the simulation runners add
+(:func:`~fl_lbbsp.clients.emulated.run_emulated_round`). None of it imports torch but
+:meth:`LocalTraining.loader`.
 """
 
 from __future__ import annotations
@@ -301,35 +288,6 @@ class RoundReport(Generic[T]):
     plan: LocalTraining
     compute_time: float
     reported_time: float
-
-    def emulated(
-        self,
-        reported: float,
-        *,
-        train_time_key: str,
-        ended: float,
-        extra: dict[str, float],
-    ) -> RoundReport[T]:
-        """This report with ``reported`` as its ``train-time`` (named ``train_time_key``)
-        and its interval ending at ``ended`` (``time.time()``, after the emulated wait),
-        beginning at the compute's start or earlier, so that it spans at least
-        ``reported``, plus ``extra`` metrics (the emulation's)."""
-        metrics = dict(self.metrics)
-        metrics[train_time_key] = reported
-        end = max(ended, metrics[COMPUTE_END])
-        # the emulated round spans at least its reported time: a wait cut short (the
-        # silo queued for its compute slot) began when the instruction came
-        metrics[COMPUTE_START] = min(metrics[COMPUTE_START], end - reported)
-        metrics[COMPUTE_END] = end
-        metrics.update(extra)
-        return RoundReport(
-            output=self.output,
-            metrics=metrics,
-            notes=self.notes,
-            plan=self.plan,
-            compute_time=self.compute_time,
-            reported_time=reported,
-        )
 
 
 def run_round(

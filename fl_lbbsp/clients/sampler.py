@@ -19,7 +19,14 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TORCH_DEFAULT_SEED", "ResizableBatchSampler", "check_batch_size", "torch_randperm"]
+__all__ = [
+    "TORCH_DEFAULT_SEED",
+    "PermutationStream",
+    "ResizableBatchSampler",
+    "check_batch_size",
+    "permutations",
+    "torch_randperm",
+]
 
 TORCH_DEFAULT_SEED = 67280421310721
 """The seed of a fresh ``torch.Generator()`` (torch's ``default_rng_seed_val``)."""
@@ -79,7 +86,9 @@ def _torch_generator_randperm(generator: torch.Generator) -> Permutations:
     return permutation
 
 
-def _permutations(seed: int) -> Permutations:
+def permutations(seed: int) -> Permutations:
+    """The permutations of ``torch.randperm`` on a CPU generator seeded with ``seed``: torch's
+    own when the process has loaded it, else :func:`torch_randperm`."""
     if "torch" in sys.modules:  # the same permutations, at torch's speed
         import torch
 
@@ -87,14 +96,48 @@ def _permutations(seed: int) -> Permutations:
     return torch_randperm(seed)
 
 
+class PermutationStream:
+    """Indices from a stream of permutations of ``range(n)``: every index once per pass
+    before any is seen again; a draw may span two passes. Each pass is one permutation
+    turned into a list (as ``DistributedSampler`` does per epoch), a draw a slice of it.
+
+    Parameters
+    ----------
+    n : int
+        The indices are ``range(n)``.
+    permutation : Permutations
+        The stream of permutations (:func:`permutations`).
+    """
+
+    def __init__(self, n: int, permutation: Permutations) -> None:
+        self.n = n
+        self._permutation = permutation
+        self._pending: list[int] = []
+        self._next = 0  # position in _pending of the next index
+
+    def take(self, count: int) -> list[int]:
+        """The stream's next ``count`` indices."""
+        if self._next + count <= len(self._pending):  # the usual case: one slice
+            start, self._next = self._next, self._next + count
+            return self._pending[start : self._next]
+        batch: list[int] = []
+        while count > 0:
+            if self._next == len(self._pending):
+                self._pending, self._next = self._permutation(self.n), 0
+            part = self._pending[self._next : self._next + count]
+            self._next += len(part)
+            batch.extend(part)
+            count -= len(part)
+        return batch
+
+
 class ResizableBatchSampler:
     """Yield batches of indices over reshuffled local data, cycling without end.
 
-    Indices come from a stream of random permutations of ``range(num_samples)``: every
-    sample is seen once per pass before any is seen again, and a batch may span two
-    passes. The batch size is read at every batch, so setting :attr:`batch_size`
-    between rounds (or even between steps) takes effect at the next batch. A batch
-    larger than the local dataset holds repeated samples.
+    Indices come from a :class:`PermutationStream` of ``range(num_samples)``. The batch
+    size is read at every batch, so setting :attr:`batch_size` between rounds (or even
+    between steps) takes effect at the next batch. A batch larger than the local dataset
+    holds repeated samples.
 
     A plain iterable of lists of ints: iterate it directly (numpy, JAX, scikit-learn), or
     pass it to a torch ``DataLoader`` as ``batch_sampler=``. Without torch loaded it
@@ -151,13 +194,12 @@ class ResizableBatchSampler:
         self.batch_size = batch_size
         self.num_batches = num_batches
         self.generator = generator
-        self._permutation = (
+        self._stream = PermutationStream(
+            num_samples,
             _torch_generator_randperm(generator)
             if generator is not None
-            else _permutations(TORCH_DEFAULT_SEED if seed is None else seed)
+            else permutations(TORCH_DEFAULT_SEED if seed is None else seed),
         )
-        self._pending: list[int] = []
-        self._next = 0  # position in _pending of the next index
         self.batches_drawn = 0
         self.samples_drawn = 0
         self.drawn_at: list[float] = []
@@ -171,21 +213,10 @@ class ResizableBatchSampler:
     def batch_size(self, value: int) -> None:
         self._batch_size = check_batch_size(value)
 
-    def _take(self, count: int) -> list[int]:
-        batch: list[int] = []
-        while count > 0:
-            if self._next == len(self._pending):
-                self._pending, self._next = self._permutation(self.num_samples), 0
-            part = self._pending[self._next : self._next + count]
-            self._next += len(part)
-            batch.extend(part)
-            count -= len(part)
-        return batch
-
     def __iter__(self) -> Iterator[list[int]]:
         produced = 0
         while self.num_batches is None or produced < self.num_batches:
-            batch = self._take(self.batch_size)
+            batch = self._stream.take(self.batch_size)
             if len(self.drawn_at) < 2:
                 self.drawn_at.append(time.perf_counter())
             self.batches_drawn += 1

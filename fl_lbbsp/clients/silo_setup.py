@@ -5,6 +5,7 @@ federation's initial model (:func:`initial_model`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
@@ -25,7 +26,15 @@ from ..datasets import (
 from ..models import ModelName, build_model
 from .emulation import CostModelText, SlowdownText
 
-__all__ = ["InitialModel", "SiloSetup", "initial_model", "silo_data", "test_data", "test_shard"]
+__all__ = [
+    "InitialModel",
+    "SiloSetup",
+    "initial_model",
+    "model_for",
+    "silo_data",
+    "test_data",
+    "test_shard",
+]
 
 
 class SiloSetup(BaseModel):
@@ -62,21 +71,15 @@ class SiloSetup(BaseModel):
         (every ``num_silos``-th sample) of the held-out test split, for federated test
         accuracy when the server cannot evaluate (encrypted mode).
     emulate_wait : bool (default: True)
-        A silo emulated k times slower waits ``(k - 1) * t`` after computing for ``t``.
-        ``False``: it reports ``k * t`` at once, without waiting; enough when silos compute
-        one after the other and only the reported (emulated) times matter, e.g. in the
-        benchmarks. Round and wall-clock times then differ: say so with every figure.
+        A silo emulated k times slower waits ``(k - 1) * t`` after computing for ``t``;
+        ``False``: it reports ``k * t`` at once (round and wall-clock times then differ).
     cost_model : str | None (default: None)
-        Emulated time of one step on the fastest machine, ``"m,b"`` (seconds per sample
-        and per step, :class:`~fl_lbbsp.clients.emulation.CostModel`): a silo reports
-        ``tau * k * (m * B + b)`` instead of its measured time times k, so reported
-        times, and the batch sizes that follow from them, are the same on a quiet or a
-        busy machine. ``None``: measured compute times.
+        Emulated step time ``"m,b"`` of the fastest machine
+        (:class:`~fl_lbbsp.clients.emulation.CostModel`): a silo reports ``tau * k * (m *
+        B + b)``, the same on a quiet or a busy machine. ``None``: measured times.
     compute_lock : str | None (default: None)
         Folder of the compute slots shared by the silos of one machine
-        (:func:`~fl_lbbsp.clients.emulation.compute_slot`): ``compute_slots`` silos compute
-        at a time, each alone on its share of the machine, and their emulated waits
-        overlap outside the slots. ``None``: silos compute whenever they are run.
+        (:func:`~fl_lbbsp.clients.emulation.compute_slot`). ``None``: no slots.
     compute_slots : int (default: 1)
         Silos computing at the same time when ``compute_lock`` is set.
     signing_key : str | None (default: None)
@@ -147,6 +150,17 @@ def test_shard(setup: SiloSetup, partition_id: int) -> ArrayDataset:
     return test.subset(np.arange(partition_id, len(test), setup.num_silos))
 
 
+def model_for(
+    name: str, data: ArrayDataset, state: Mapping[str, torch.Tensor] | None = None
+) -> torch.nn.Module:
+    """Model ``name`` (:func:`~fl_lbbsp.models.build_model`) sized to ``data``, with
+    ``state`` loaded when given."""
+    model = build_model(name, input_shape=data.input_shape, num_classes=data.num_classes)
+    if state is not None:
+        model.load_state_dict(state)
+    return model
+
+
 class InitialModel(NamedTuple):
     """A run's initial global model and the held-out test split it is evaluated on."""
 
@@ -168,5 +182,4 @@ def initial_model(setup: SiloSetup) -> InitialModel:
     """
     test = test_data(setup)
     torch.manual_seed(setup.seed)
-    model = build_model(setup.model, input_shape=test.input_shape, num_classes=test.num_classes)
-    return InitialModel(model, test)
+    return InitialModel(model_for(setup.model, test), test)

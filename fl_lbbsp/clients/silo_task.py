@@ -11,13 +11,12 @@ settings come from the run config (``dataset``, ``partition``, ``seed``, ``model
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,11 +26,11 @@ import torch
 from ..contract import STARTUP_TIME, RecordKeys
 from ..datasets import ArrayDataset
 from ..instruction import RoundInstruction, silo_id_of
-from ..models import ModelName, build_model
+from ..models import ModelName
 from .emulated import Emulation, run_emulated_round, slowdown_schedule
-from .emulation import CostModel
+from .emulation import CostModel, compute_slot
 from .round import LocalTraining, WorkDone
-from .silo_setup import SiloSetup, silo_data, test_data
+from .silo_setup import SiloSetup, model_for, silo_data, test_data
 from .task import TaskRequest, TaskResult
 from .trainer import evaluate, train_local
 
@@ -111,32 +110,7 @@ def central_test_set(run_config: Config) -> ArrayDataset:
 
 def build_model_for(run_config: Config, data: ArrayDataset) -> torch.nn.Module:
     """The run's model, sized to ``data``."""
-    return build_model(
-        str(run_config["model"]), input_shape=data.input_shape, num_classes=data.num_classes
-    )
-
-
-@contextlib.contextmanager
-def _compute_slot(node_config: Config) -> Iterator[None]:
-    """Take turns computing with the other silos of this machine, if asked to.
-
-    Silos emulated on one machine would slow each other down and the emulation multiplies
-    that noise by k; with node-config ``compute-lock`` (a file path, set by
-    ``fl-lbbsp deploy-local``) only one silo computes at a time, like the simulation's
-    ``--parallel 1``. The emulated wait happens outside the lock.
-    """
-    path = str(node_config.get("compute-lock", ""))
-    if not path:
-        yield
-        return
-    import fcntl  # POSIX only; the lock is for several silos on one test machine
-
-    with open(path, "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    return model_for(str(run_config["model"]), data)
 
 
 def _warm_up(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -151,10 +125,8 @@ def _warm_up(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
 
 
 def _model(request: TaskRequest, data: ArrayDataset) -> torch.nn.Module:
-    model = build_model_for(request.run_config, data)
     state = {name: torch.from_numpy(np.array(a, copy=True)) for name, a in request.arrays}
-    model.load_state_dict(state)
-    return model
+    return model_for(str(request.run_config["model"]), data, state)
 
 
 def _arrays(model: torch.nn.Module) -> list[tuple[str, np.ndarray]]:
@@ -223,7 +195,9 @@ def train(request: TaskRequest) -> TaskResult:
             factor=schedule.factor(instruction.server_round),
             cost=CostModel.parse(cost) if cost else None,
         ),
-        slot=_compute_slot(node_config),
+        # node config compute-lock (set by fl-lbbsp deploy-local): silos on one machine
+        # compute in turns, the emulated wait outside the slot
+        slot=compute_slot(str(node_config.get("compute-lock", "")) or None),
         started=started,
     )
     metrics = {**report.metrics, STARTUP_TIME: startup}  # start-up is not train-time

@@ -50,6 +50,7 @@ from .task import NamedArrays, Scalar, TaskRequest, TaskResult
 
 __all__ = [
     "SOCKET_FILE",
+    "SOCKET_PATH_MAX",
     "TOKEN_FILE",
     "WORKER_KEY",
     "TaskHandler",
@@ -60,6 +61,7 @@ __all__ = [
     "main",
     "plain_config",
     "run_task",
+    "socket_answers",
     "worker_folder",
 ]
 
@@ -76,7 +78,8 @@ _MAGIC = b"LBW1"
 _PREFIX = struct.Struct(">4sI")  # magic, header length
 _MAX_HEADER = 1 << 24  # 16 MiB of JSON
 _DTYPE_KINDS = frozenset("biuf")  # bool, integers, floats: what model arrays hold
-_SOCKET_PATH_MAX = 100  # sun_path holds 104-108 bytes depending on the platform
+SOCKET_PATH_MAX = 100
+"""Longest Unix socket path used (sun_path holds 104-108 bytes depending on the platform)."""
 
 TaskHandler = Callable[[TaskRequest], TaskResult]
 """Runs a task; the worker's default is :func:`fl_lbbsp.clients.silo_task.handle`."""
@@ -196,11 +199,11 @@ class WarmWorker:
         self.handler = handler
         self.uid = os.getuid() if uid is None else uid
         self.socket_path = self.folder / SOCKET_FILE
-        if len(os.fsencode(self.socket_path)) > _SOCKET_PATH_MAX:
+        if len(os.fsencode(self.socket_path)) > SOCKET_PATH_MAX:
             raise ValueError(f"socket path {self.socket_path} is too long for a Unix socket")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.folder.chmod(0o700)
-        if _answers(self.socket_path):
+        if socket_answers(self.socket_path):
             raise RuntimeError(f"a worker already serves {self.socket_path}")
         self.socket_path.unlink(missing_ok=True)  # left by a worker that died
         self._token = secrets.token_hex(32)
@@ -283,16 +286,12 @@ class WarmWorker:
             _send(conn, {"ok": True, "metrics": dict(result.metrics)}, result.arrays)
 
 
-def _answers(path: Path) -> bool:
+def socket_answers(path: str | Path) -> bool:
     """Whether something accepts connections on the Unix socket ``path``."""
-    if not path.exists():
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe, contextlib.suppress(OSError):
+        probe.connect(str(path))
+        return True
+    return False
 
 
 # ------------------------------------------------------------------------ client

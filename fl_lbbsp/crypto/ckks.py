@@ -1,17 +1,14 @@
 """Encrypted model updates: unweighted seeded CKKS ciphertexts that the server weighs and adds.
 
 A party (silo in FL mode, worker in cluster mode) encrypts its flattened update ``u_i``
-as it is, two real values per complex slot, N values per ciphertext, with the secret key
-it holds: each chunk is a fresh symmetric ciphertext at the data level, serialized seeded
-(``c0`` and the seed of ``c1``). The server checks every update (key fingerprint, chunk
-count, byte sizes, digests, ciphertext level, scale and size), multiplies each by its
-party's integer weight ``w_i`` (the dataset size after the server's cap in FL, the batch
-size in cluster mode: the weight the server logs is the weight it applies) and adds them
-with the weighted-sum code of plaintext aggregation. It returns ``sum_i w_i Enc(u_i)``
-with the plaintext ``W = sum_i w_i``; the parties decrypt and divide, which is the
-weighted average of the updates summed (a dropped party needs no re-normalisation).
-Multiplying by an integer plaintext at scale 1 and adding keep the scale and the level,
-so nothing is rescaled and one data prime suffices (:mod:`fl_lbbsp.crypto.config`).
+as it is (:func:`encrypt_update`); the server checks every update
+(:class:`UpdateChecker`), multiplies each by its party's integer weight ``w_i`` (the
+capped dataset size in FL, the batch size in cluster mode: the weight it logs is the
+weight it applies) and adds them with the weighted-sum code of plaintext aggregation
+(:func:`aggregate_updates`); the parties decrypt ``sum_i w_i Enc(u_i)`` and divide by
+the plaintext ``W = sum_i w_i`` (:func:`decrypt_update`), so a dropped party needs no
+re-normalisation. An integer plaintext at scale 1 keeps the scale and the level: nothing
+is rescaled and one data prime suffices (:mod:`fl_lbbsp.crypto.config`).
 
 References: Cheon et al., ASIACRYPT 2017 (CKKS); Chen et al., IEEE TCC 2021, Sec. 3.4-3.5
 (weighted aggregation by dataset or batch size); Zhang et al., "BatchCrypt", USENIX ATC
@@ -131,12 +128,9 @@ def unflatten(flat: npt.ArrayLike, layout: Layout) -> dict[str, npt.NDArray[Any]
 # ------------------------------------------------------------------------------ update
 @dataclass(frozen=True)
 class EncryptedUpdate:
-    """Serialized CKKS ciphertexts of an update, with its plaintext metadata.
-
-    From a party it holds ``Enc(u_i)`` (seeded) and ``weight = 1``; from the server
-    ``sum_i w_i Enc(u_i)`` (full ciphertexts: a sum cannot be seeded), ``weight = W =
-    sum_i w_i``, the integer weights it applied, and ``aggregate = True``. Nothing in the
-    metadata reveals a value of the update.
+    """Serialized CKKS ciphertexts of an update, with its plaintext metadata (which reveals
+    no value of the update): a party's ``Enc(u_i)`` (seeded) at ``weight = 1``, or the
+    server's ``sum_i w_i Enc(u_i)`` (full ciphertexts) at ``weight = W``.
 
     Parameters
     ----------
@@ -498,11 +492,8 @@ def integer_weights(weights: Sequence[float], *, limit: int) -> tuple[list[int],
 def aggregate_updates(
     keys: CKKSKeys, parsed: Sequence[ParsedUpdate], weights: Sequence[int]
 ) -> EncryptedUpdate:
-    """``sum_i w_i Enc(u_i)`` chunk by chunk, with ``W = sum_i w_i`` in the clear.
-
-    The ciphertexts go through :func:`fl_lbbsp.core.aggregation.weighted_sum` with the
-    integer weights: a product with an integer plaintext at scale 1, then additions, at
-    the one data level; no rescaling.
+    """``sum_i w_i Enc(u_i)`` chunk by chunk (:func:`fl_lbbsp.core.aggregation.weighted_sum`
+    over the ciphertexts, at the one data level), with ``W = sum_i w_i`` in the clear.
 
     Parameters
     ----------
@@ -560,10 +551,8 @@ def aggregate_updates(
 def decrypt_update(
     keys: CKKSKeys, update: EncryptedUpdate, *, checker: UpdateChecker | None = None
 ) -> FloatArray:
-    """Decrypt an (aggregated) update and divide by its plaintext weight.
-
-    Returns ``sum_i w_i u_i / sum_i w_i``: the weighted average of the updates summed (a
-    party's own update: itself).
+    """Decrypt an (aggregated) update and divide by its plaintext weight: ``sum_i w_i u_i
+    / sum_i w_i``, the weighted average of the updates summed.
 
     Parameters
     ----------

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -28,7 +26,7 @@ import tenseal as ts
 
 from ..security.identity import IdentityError, check_private_file, write_file
 from .config import CKKSConfig
-from .seal import Seal
+from .seal import Seal, save_object
 
 __all__ = [
     "PUBLIC_CONTEXT_FILE",
@@ -124,10 +122,8 @@ def key_fingerprint(context: ts.Context) -> str:
     """
     if not context.is_private():
         raise ValueError("the fingerprint is computed from the secret key; this context has none")
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "secret-key")
-        context.secret_key().data.save(path)
-        return hashlib.sha256(_FINGERPRINT_TAG + Path(path).read_bytes()).hexdigest()
+    key = save_object(context.secret_key().data)
+    return hashlib.sha256(_FINGERPRINT_TAG + key).hexdigest()
 
 
 def generate_keys(config: CKKSConfig | None = None) -> CKKSKeys:

@@ -107,9 +107,7 @@ def hf_options(spec: str, text: str) -> tuple[str, dict[str, str]]:
     return raw_path, options
 
 
-# --------------------------------------------------------------------------------------------
-# Reading the splits
-# --------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- Reading the splits
 
 
 @contextmanager
@@ -218,9 +216,7 @@ def _read_splits(datasets: Any, path: Path, name: str) -> dict[str, Any]:
     return dict(_load_files(datasets, builder, {"train": [path]}, name))
 
 
-# --------------------------------------------------------------------------------------------
-# Columns to arrays
-# --------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------ Columns to arrays
 
 
 def _pixel_columns(datasets: Any, split: Any, label_column: str) -> list[str] | None:

@@ -63,23 +63,8 @@ class PartitionSpec(BaseModel):
 
     @classmethod
     def parse(cls, text: str) -> PartitionSpec:
-        """Parse ``"iid"``, ``"labels:K"`` or ``"dirichlet:ALPHA"``.
-
-        Parameters
-        ----------
-        text : str
-            The specification (surrounding whitespace is ignored).
-
-        Returns
-        -------
-        PartitionSpec
-            The validated specification.
-
-        Raises
-        ------
-        ValueError
-            If ``text`` is not one of the accepted forms; the message names the value.
-        """
+        """Parse ``"iid"``, ``"labels:K"`` or ``"dirichlet:ALPHA"`` (surrounding whitespace
+        ignored); ValueError, naming the value, on any other text."""
         raw = text.strip() if isinstance(text, str) else text
         bad = ValueError(f"invalid partition spec {text!r}: expected {_ACCEPTED_FORMS}")
         if not isinstance(raw, str):

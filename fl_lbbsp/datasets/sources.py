@@ -41,9 +41,7 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------------
-# Embedded: scikit-learn's handwritten digits
-# --------------------------------------------------------------------------------------------
+# ---------------------------------------------------- Embedded: scikit-learn's handwritten digits
 
 
 def load_embedded(*, upscale: int = 4) -> ArrayDataset:
@@ -76,9 +74,7 @@ def load_embedded(*, upscale: int = 4) -> ArrayDataset:
     return ArrayDataset(x=np.ascontiguousarray(x), y=y, num_classes=10, name="embedded-digits")
 
 
-# --------------------------------------------------------------------------------------------
-# MNIST (IDX format)
-# --------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- MNIST (IDX format)
 
 _IDX_UBYTE = 0x08
 
@@ -209,9 +205,7 @@ def load_mnist_idx(path: str | Path) -> ArrayDataset:
     )
 
 
-# --------------------------------------------------------------------------------------------
-# CIFAR-10 (python version)
-# --------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------- CIFAR-10 (python version)
 
 _CIFAR_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
 
@@ -286,9 +280,7 @@ def load_cifar10(path: str | Path) -> ArrayDataset:
     return ArrayDataset(x=x, y=labels, num_classes=10, name="cifar10")
 
 
-# --------------------------------------------------------------------------------------------
-# Spec dispatch
-# --------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------- Spec dispatch
 
 _SPEC_FORMS = "'embedded', 'mnist:PATH', 'cifar10:PATH' or 'hf:PATH'"
 
@@ -338,11 +330,8 @@ def load_source(spec: str) -> ArrayDataset:
     ----------
     spec : str
         ``"embedded"`` (scikit-learn digits), ``"mnist:PATH"`` (IDX folder),
-        ``"cifar10:PATH"`` (python-version batches folder) or ``"hf:PATH"`` (a folder written
-        by ``save_to_disk``, a ``.parquet``, ``.csv``, ``.jsonl``/``.json`` or ``.arrow``
-        file, or a folder of such files, read with Hugging Face ``datasets``, see
-        :func:`load_hf_disk`; columns with ``"hf:PATH?image=COL&label=COL"``). ``~`` in
-        PATH is expanded.
+        ``"cifar10:PATH"`` (python-version batches) or ``"hf:PATH"`` (:func:`load_hf_disk`),
+        as :func:`parse_source_spec` reads them.
 
     Returns
     -------

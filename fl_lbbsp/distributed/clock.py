@@ -91,11 +91,6 @@ class ComputeClock:
         self._fewest = None
 
     @property
-    def attached(self) -> bool:
-        """Whether :meth:`attach` hooks are installed."""
-        return bool(self._handles)
-
-    @property
     def began_at(self) -> float | None:
         """``time.perf_counter()`` at the last :meth:`begin` (``None`` after :meth:`stop`)."""
         return self._began

@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from ..core.balancer import BatchSizeBalancer
 from ..core.silo.reports import check_positive_int
@@ -32,7 +33,6 @@ from .clock import ComputeClock
 from .decision import Decision
 from .exchange import Exchange, Gathering, Overhead, RankFailureError, RankReport, Row, fingerprint
 from .gate import HoldGate, Verdict, WindowTally
-from .plan import RankPlan
 
 __all__ = ["LBBSPCoordinator", "Overhead", "RankFailureError", "RankReport"]
 
@@ -42,18 +42,17 @@ STATE_VERSION = 1
 """The version of :meth:`LBBSPCoordinator.state_dict`'s layout."""
 
 
-class LBBSPCoordinator(RankPlan):
-    """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer.
+class LBBSPCoordinator:
+    """Per-rank batch sizes for a torch.distributed job, driven by the LB-BSP balancer (the
+    loop in the module's docstring): every rank feeds the gathered windows to its own
+    :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer` and decides alike
+    (:class:`~.decision.Decision`); ``X = world_size * initial_batch_size`` stays fixed.
 
-    Every k iterations the ranks all_gather their windows (compute times, samples, their
-    spread, a checksum of the sizes in force); every rank feeds every rank's report (the
-    window's mean iteration) into its own :class:`~fl_lbbsp.core.balancer.BatchSizeBalancer`
-    and reaches the same decision from the same rows, so nothing else is sent. The gate
-    (:class:`~fl_lbbsp.distributed.gate.HoldGate`) is the allocation's hold step: the sizes
-    move only on a predicted gain beyond the tolerance and the ranks' measured noise.
-    ``X = world_size * initial_batch_size`` stays fixed; gradients are weighted by
-    B_rank / X (:class:`~fl_lbbsp.distributed.plan.RankPlan`, which also says how a rank
-    is timed).
+    Call :meth:`begin` before drawing an iteration's batch and :meth:`step` after the
+    optimiser step. A rank's compute time runs from :meth:`begin` to the moment its last
+    parameter gradient is accumulated (:meth:`register`), its last gradient bucket is ready
+    (the communication hook) or it calls :meth:`all_reduce_gradients`: the wait for slower
+    peers is not in it. Without a process group it runs as a world of one.
 
     Parameters
     ----------
@@ -74,9 +73,7 @@ class LBBSPCoordinator(RankPlan):
     tolerance : float (default: 0.02)
         Keep the sizes while the predicted gain of a split proportional to the window's
         speeds is at most this share of the slowest rank's time (the reports still reach
-        the balancer), and when the window predicts the balancer's allocation no faster
-        than the sizes in force (:func:`~fl_lbbsp.distributed.gate.review_proposal`). 0:
-        apply every allocation.
+        the balancer). 0: apply every allocation.
     noise_sigmas : float | None (default: 2.0)
         Keep them too while that gain is within this many times the ranks' measured
         noise (equal ranks do not chase it). ``None``: only ``tolerance`` holds them.
@@ -92,7 +89,7 @@ class LBBSPCoordinator(RankPlan):
         ``False``: the sizes stay at B_init, nothing is exchanged (plain DDP's split).
     cpu_time : bool (default: False)
         Also measure the CPU seconds of each rank's compute, to emulate slower machines
-        (:meth:`~.plan.RankPlan.compute_cpu_time`; off: the clock can stall, see
+        (:meth:`compute_cpu_time`; off: the clock can stall, see
         :mod:`~.clock`).
     warm_up : int (default: 1)
         Iterations left out of the first window after the start or a resume (DDP builds
@@ -182,6 +179,130 @@ class LBBSPCoordinator(RankPlan):
         self._comm_hook = False
         self.overlap = bool(overlap)
         self._gathering: Gathering | None = None
+
+    # ---------------------------------------------------------------- the plan
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self._world
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Every rank's batch size of the current iteration, in rank order."""
+        return self._sizes
+
+    @property
+    def batch_size(self) -> int:
+        """This rank's batch size B_rank of the current iteration."""
+        return self._sizes[self._rank]
+
+    @property
+    def offset(self) -> int:
+        """Where this rank's slice starts in the iteration's global batch."""
+        return sum(self._sizes[: self._rank])
+
+    @property
+    def weight(self) -> float:
+        """B_rank / X: this rank's weight in the gradient aggregate (the weights sum to 1)."""
+        return self.batch_size / sum(self._sizes)
+
+    @property
+    def loss_scale(self) -> float:
+        """n B_rank / X: the factor on this rank's mean loss that turns DDP's mean of the
+        ranks' gradients into their batch-size-weighted mean (exactly 1 on equal sizes)."""
+        return self._world * self.batch_size / sum(self._sizes)
+
+    # ----------------------------------------------------------------- timing
+    def begin(self, *, samples: int | None = None) -> None:
+        """Mark the start of an iteration's compute (before its batch is drawn).
+
+        Parameters
+        ----------
+        samples : int | None (default: None)
+            Samples of the batch about to be computed, if already known.
+
+        Raises
+        ------
+        ValueError
+            When ``samples`` is not this rank's batch size (a loader that drew ahead of
+            the plan).
+        """
+        if samples is not None and samples != self.batch_size:
+            raise ValueError(
+                f"rank {self._rank}: a batch of {samples} samples, but the plan gives "
+                f"{self.batch_size} (did the loader draw ahead? use num_workers=0)"
+            )
+        self._clock.begin()
+
+    def mark_computed(self) -> None:
+        """Mark the end of this rank's local compute (the hooks call it per gradient or
+        bucket; the last call counts)."""
+        self._clock.mark()
+
+    def compute_time(self) -> float | None:
+        """Seconds from :meth:`begin` to the end of local compute, ``None`` if unknown."""
+        return self._clock.wall()
+
+    def compute_cpu_time(self) -> float | None:
+        """CPU seconds this process used from :meth:`begin` to the end of local compute
+        (``None`` if unknown, and unless the coordinator was made with ``cpu_time=True``):
+        without the waits for a core, the rank's own work where ranks share a host's
+        cores, to scale when emulating a slower machine
+        (:func:`~fl_lbbsp.clients.emulation.emulated_time`); not for real heterogeneity."""
+        return self._clock.cpu()
+
+    @property
+    def began_at(self) -> float | None:
+        """``time.perf_counter()`` at the last :meth:`begin` (``None`` before it, or after
+        :meth:`step`)."""
+        return self._clock.began_at
+
+    # ----------------------------------------------------------- aggregation
+    def register(
+        self, model: DistributedDataParallel, *, comm_hook: bool = False
+    ) -> DistributedDataParallel:
+        """Measure this rank's compute on a DDP model and return the model.
+
+        Default: a hook on every parameter marks the end of local compute (its last
+        gradient accumulated, before DDP waits for its peers); DDP keeps its own
+        all-reduce, and :meth:`scale_loss` weights the gradient. ``comm_hook=True``:
+        :func:`~fl_lbbsp.distributed.hooks.weighted_allreduce_hook` instead, a Python
+        communication hook that scales each bucket by B_rank / X before an all-reduce
+        sum and marks the end of compute (for a loss that cannot be scaled; slower than
+        DDP's built-in all-reduce); :meth:`scale_loss` then leaves the loss as it is.
+        The model registered last is the one timed.
+        """
+        self._clock.detach()
+        if comm_hook:
+            from .hooks import weighted_allreduce_hook
+
+            model.register_comm_hook(self, weighted_allreduce_hook)
+        else:
+            self._clock.attach(model)
+        self._comm_hook = comm_hook
+        return model
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times :attr:`loss_scale` (n B_rank / X), to call before ``backward``:
+        DDP's all-reduce then averages ``n B_r / X g_r`` into ``sum_r B_r / X g_r``, the
+        global batch's gradient (Sec. 3.4). The loss itself while the sizes are equal, or
+        when a communication hook weights the gradient."""
+        scale = self.loss_scale
+        return loss if scale == 1.0 or self._comm_hook else loss * scale
+
+    def all_reduce_gradients(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Weighted all-reduce of the gradients of ``parameters`` in place, for a model
+        not wrapped in DDP (and a loss not scaled): grad <- sum_r (B_r / X) grad_r
+        (Sec. 3.4). Marks the end of local compute first."""
+        from .hooks import weighted_all_reduce_
+
+        self.mark_computed()
+        weighted_all_reduce_(parameters, weight=self.weight, group=self.group)
 
     # ------------------------------------------------------------- balancing
     @property

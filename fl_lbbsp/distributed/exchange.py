@@ -121,12 +121,6 @@ class Overhead:
         return self.cost / self.iterations if self.iterations else 0.0
 
 
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 class Gathering:
     """An all_gather under way (:meth:`Exchange.start`); :meth:`rows` waits for it."""
 

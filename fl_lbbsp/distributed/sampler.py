@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Protocol
 
-import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ..clients.sampler import PermutationStream, permutations
+from ..core.silo.reports import check_positive_int
 
 __all__ = ["BatchPlan", "LBBSPBatchSampler", "Split", "lbbsp_data_loader"]
 
@@ -36,42 +38,6 @@ class BatchPlan(Protocol):
     def rank(self) -> int:
         """This process's rank."""
         ...
-
-
-class _PermutationStream:
-    """Indices from a seeded stream of permutations of ``range(n)``: every index once per
-    pass; a draw may span two passes (as :class:`~fl_lbbsp.clients.ResizableBatchSampler`).
-
-    Each pass is drawn with ``torch.randperm`` and turned into a list once, as
-    ``DistributedSampler`` does per epoch; a draw is then a slice of that list (no tensor
-    operation per batch)."""
-
-    def __init__(self, n: int, *, seed: int) -> None:
-        self.n = n
-        self.generator = torch.Generator().manual_seed(seed)
-        self.pending: list[int] = []
-        self.position = 0
-
-    def take(self, count: int) -> list[int]:
-        if self.position + count <= len(self.pending):  # the usual case: one slice
-            start, self.position = self.position, self.position + count
-            return self.pending[start : self.position]
-        out: list[int] = []
-        while count > 0:
-            if self.position >= len(self.pending):
-                self.pending = torch.randperm(self.n, generator=self.generator).tolist()
-                self.position = 0
-            part = self.pending[self.position : self.position + count]
-            self.position += len(part)
-            out += part
-            count -= len(part)
-        return out
-
-
-def _check_positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 class LBBSPBatchSampler(Sampler[list[int]]):
@@ -117,7 +83,7 @@ class LBBSPBatchSampler(Sampler[list[int]]):
         num_batches: int | None = None,
         start: int = 0,
     ) -> None:
-        _check_positive("num_samples", num_samples)
+        check_positive_int("num_samples", num_samples)
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise ValueError(f"start must be a non-negative integer, got {start!r}")
         if split not in SPLITS:
@@ -125,7 +91,7 @@ class LBBSPBatchSampler(Sampler[list[int]]):
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         if num_batches is not None:
-            _check_positive("num_batches", num_batches)
+            check_positive_int("num_batches", num_batches)
         world = len(plan.sizes)
         if split == "shard" and num_samples < world:
             raise ValueError(f"{num_samples} samples cannot make {world} shards")
@@ -142,7 +108,7 @@ class LBBSPBatchSampler(Sampler[list[int]]):
         return self._shard()
 
     def _global(self) -> Iterator[list[int]]:
-        stream = _PermutationStream(self.num_samples, seed=self.seed)
+        stream = PermutationStream(self.num_samples, permutations(self.seed))
         for _ in range(self.start):
             stream.take(sum(self.plan.sizes))
         produced = 0
@@ -156,7 +122,7 @@ class LBBSPBatchSampler(Sampler[list[int]]):
     def _shard(self) -> Iterator[list[int]]:
         rank = self.plan.rank
         shard = range(rank, self.num_samples, len(self.plan.sizes))
-        stream = _PermutationStream(len(shard), seed=self.seed * 1_000_003 + rank)
+        stream = PermutationStream(len(shard), permutations(self.seed * 1_000_003 + rank))
         for _ in range(self.start):
             stream.take(self.plan.sizes[rank])
         produced = 0

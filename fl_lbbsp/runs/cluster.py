@@ -37,11 +37,8 @@ Scheme = Literal["bsp", "lbbsp", "lbbsp-naive"]
 
 
 class ClusterConfig(RunSettings):
-    """One simulated cluster run.
-
-    The settings shared with FL runs (``speeds``, ``dataset``, ``model``, ``seed``, the
-    balancer's knobs ``balancing``, ...) are those of
-    :class:`~fl_lbbsp.runs.config.RunSettings`; here, what is particular to cluster runs.
+    """One simulated cluster run: what is particular to cluster runs; the settings shared
+    with FL runs are those of :class:`~fl_lbbsp.runs.config.RunSettings`.
 
     Parameters
     ----------
@@ -56,8 +53,6 @@ class ClusterConfig(RunSettings):
         Synchronous iterations (rounds).
     batch_size : int (default: 64)
         Initial per-worker batch; the global batch is ``workers * batch_size``.
-    lr : float (default: 0.05)
-        Learning rate of the server's SGD.
     momentum : float (default: 0.0)
         SGD momentum.
     cost_model : str | None (default: None)
@@ -67,19 +62,12 @@ class ClusterConfig(RunSettings):
         With a cost model, wait out the modelled time (else only reported).
     eval_every : int (default: 5)
         Evaluate the global model on the test set every this many iterations.
-    parallel : int (default: 1)
-        Workers computing at once.
     out : Path (default: runs/cluster)
         Folder for telemetry and reports.
     encrypt : Path | None (default: None)
-        Key folder from ``fl-lbbsp keys generate``: workers keep model replicas and send
-        CKKS-encrypted gradients (``secret.ckks``), the server only adds them
-        (``public.ckks``; :class:`~fl_lbbsp.strategies.encrypted_cluster.EncryptedLBBSPCluster`),
-        and accuracy is evaluated by the workers on their shares of the test split.
-        Not with ``lbbsp-naive``.
-    checkpoint_dir : Path | None (default: None)
-        Checkpoint folder: every iteration is checkpointed in ``checkpoint_dir/<scheme>``
-        (weights, momentum, balancer) and a rerun resumes from there. ``None``: none.
+        As :class:`~fl_lbbsp.runs.config.RunSettings`: the workers keep model replicas
+        (:class:`~fl_lbbsp.strategies.encrypted_cluster.EncryptedLBBSPCluster`) and
+        evaluate on their shares of the test split. Not with ``lbbsp-naive``.
     """
 
     unit: ClassVar[str] = "workers"
@@ -151,12 +139,8 @@ def make_cluster_strategy(config: ClusterConfig) -> EngineStrategy:
 
 
 def resolve_cluster(config: ClusterConfig) -> ResolvedRun[EngineStrategy]:
-    """The run's parts, each built once, everything checked before Flower starts, top
-    down as :func:`~fl_lbbsp.runs.fl.resolve`: the plan and the checkpoint folder
-    (:func:`~fl_lbbsp.runs.engine.plan_run`); the
-    parameter-server strategy, the initial model and where the run resumes
-    (:func:`~fl_lbbsp.runs.resume.resume_run`); the workers' ClientApp; the
-    telemetry.
+    """The run's parts, each built once, everything checked before Flower starts, as
+    :func:`~fl_lbbsp.runs.fl.resolve`.
 
     Raises
     ------
@@ -191,14 +175,8 @@ def run_cluster(config: ClusterConfig) -> list[dict[str, Any]]:
 
 
 def run_cluster_in_process(config: ClusterConfig) -> list[dict[str, Any]]:
-    """Run one cluster with every worker's ClientApp in this process and return its
-    telemetry events.
-
-    The same ServerApp body and worker ClientApp as :func:`run_cluster`, but through
-    :class:`~fl_lbbsp.runs.inprocess.InProcessGrid`: the workers run one after the other in
-    this process (messages still serialised), with no Ray start-up, so short runs (tests,
-    smoke benchmarks) take seconds. Emulated times are the same; the measured messaging
-    overhead is not Flower's.
-    """
+    """:func:`run_cluster` on an :class:`~fl_lbbsp.runs.inprocess.InProcessGrid`: the
+    workers one after the other in this process, no Ray start-up (tests, smoke
+    benchmarks). Emulated times are the same; the messaging overhead is not Flower's."""
     resolved = resolve_cluster(config)
     return execute(resolved, runtime="inprocess")

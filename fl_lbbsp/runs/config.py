@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..clients.emulation import CostModelText, Speeds, check_speeds, slowdowns_from_speeds
+from ..clients.emulation import CostModelText, Speeds, slowdowns_from_speeds
 from ..core.settings import BalancingKnobs, Tuning
 from ..datasets import SourceSpec
 from ..models import ModelName
@@ -244,7 +244,10 @@ class RunSettings(BaseModel):
 
     @model_validator(mode="after")
     def _shared_checks(self) -> RunSettings:
-        check_speeds(self.speeds, self.size, self.unit)
+        if self.speeds is not None and len(self.speeds) != self.size:
+            raise ValueError(
+                f"--speeds lists {len(self.speeds)} values but there are {self.size} {self.unit}"
+            )
         check_speed_ratio(self.speeds)
         return self
 

@@ -1,9 +1,7 @@
 """What every simulated run does around Flower: the parts its configuration resolves into
-once (:class:`ResolvedRun`: strategy, ClientApp, telemetry, initial model, resume point;
-built by :func:`fl_lbbsp.runs.fl.resolve` and :func:`fl_lbbsp.runs.cluster.resolve_cluster`),
-the CKKS key files checked before a strategy is built (:func:`check_key_files`), the
-ServerApp's body with central evaluation (:func:`start_rounds`), and the parts run in this
-process or on Flower's Simulation Engine (:func:`execute`, :func:`run_apps`)."""
+once (:class:`ResolvedRun`), the ServerApp's body with central evaluation
+(:func:`start_rounds`), and the parts run in this process or on Flower's Simulation
+Engine (:func:`execute`)."""
 
 from __future__ import annotations
 
@@ -43,7 +41,6 @@ __all__ = [
     "execute",
     "plan_run",
     "ray_init_args",
-    "run_apps",
     "run_engine",
     "server_app",
     "start_rounds",
@@ -90,10 +87,8 @@ class RunPlan:
 
 
 def plan_run(config: RunSettings, *, rounds: int, every: int = 1, parallel: int) -> RunPlan:
-    """The plan of a run of ``config``: its telemetry file, its checkpoint folder (checked
-    here, before anything is built), ``rounds`` rounds or iterations on ``config.size``
-    machines, ``parallel`` of them computing at once, central evaluation every ``every``
-    rounds (none in encrypted runs: the machines evaluate the model).
+    """The plan of a run of ``config`` (:class:`RunPlan`), its checkpoint folder checked
+    here, before anything is built.
 
     Raises
     ------
@@ -112,16 +107,13 @@ def plan_run(config: RunSettings, *, rounds: int, every: int = 1, parallel: int)
 
 @dataclass(frozen=True, kw_only=True)
 class ResolvedRun(Generic[S]):
-    """A run's configuration resolved once: every part built once, every check passed.
-
-    Built by a runner's resolve (:func:`fl_lbbsp.runs.fl.resolve`); the ServerApp's body
-    (:func:`start_rounds`) and the runtimes (:func:`execute`) take it as it is.
+    """A run's configuration resolved once (:func:`fl_lbbsp.runs.fl.resolve`): every
+    part built once, every check passed.
 
     Attributes
     ----------
     plan : RunPlan
-        Its telemetry file (started with the run's config event, continued on a resume),
-        rounds, evaluation, machines.
+        Its telemetry file (started, or continued on a resume), rounds, machines.
     strategy : EngineStrategy
         The server's strategy (restored from the checkpoint it resumes from, if any).
     initial : InitialModel
@@ -141,35 +133,15 @@ class ResolvedRun(Generic[S]):
 
 
 def execute(run: ResolvedRun[S], *, runtime: Runtime = "ray") -> list[dict[str, Any]]:
-    """Run ``run`` and return its telemetry events.
-
-    Parameters
-    ----------
-    run : ResolvedRun
-        The run's parts.
-    runtime : {"ray", "inprocess"} (default: "ray")
-        ``"ray"``: Flower's Simulation Engine (:func:`run_engine`). ``"inprocess"``: the
-        same ServerApp and ClientApp on an :class:`~fl_lbbsp.runs.inprocess.InProcessGrid`
-        (:func:`~fl_lbbsp.runs.inprocess.run_in_process`), the machines one after the
-        other in this process (messages still serialised), with no engine start-up.
-    """
-    plan = run.plan
-    run_apps(
-        server_app(run), run.client_app, runtime=runtime, nodes=plan.nodes, parallel=plan.parallel
-    )
-    return read_telemetry(plan.telemetry)
-
-
-def run_apps(
-    server_app: ServerApp, client_app: ClientApp, *, runtime: Runtime, nodes: int, parallel: int
-) -> None:
-    """Run a ServerApp and its ClientApp on ``nodes`` machines: on Flower's Simulation
-    Engine (:func:`run_engine`, ``parallel`` ClientApps computing at once) or in this
-    process (:func:`~fl_lbbsp.runs.inprocess.run_in_process`, one after the other)."""
+    """Run ``run`` on Flower's Simulation Engine (:func:`run_engine`) or in this process
+    (:func:`~fl_lbbsp.runs.inprocess.run_in_process`, the machines one after the other)
+    and return its telemetry events."""
+    app, plan = server_app(run), run.plan
     if runtime == "inprocess":
-        run_in_process(server_app, client_app, num_nodes=nodes)
+        run_in_process(app, run.client_app, num_nodes=plan.nodes)
     else:
-        run_engine(server_app, client_app, num_supernodes=nodes, parallel=parallel)
+        run_engine(app, run.client_app, num_supernodes=plan.nodes, parallel=plan.parallel)
+    return read_telemetry(plan.telemetry)
 
 
 def server_app(run: ResolvedRun[S]) -> ServerApp:
@@ -184,9 +156,8 @@ def server_app(run: ResolvedRun[S]) -> ServerApp:
 
 
 def start_rounds(run: ResolvedRun[S], grid: Grid) -> S:
-    """The ServerApp's body of every run: run the strategy on ``grid`` from the initial
-    model for ``run.plan.rounds`` rounds, evaluating the global model on the test split
-    every ``run.plan.evaluate_every`` rounds (encrypted runs: the silos or workers evaluate it);
+    """The ServerApp's body of every run: the strategy on ``grid`` from the initial model
+    for ``run.plan.rounds`` rounds, with central evaluation (none in encrypted runs);
     return the strategy."""
     strategy, (model, test), every = run.strategy, run.initial, run.plan.evaluate_every
     strategy.start(
@@ -194,7 +165,6 @@ def start_rounds(run: ResolvedRun[S], grid: Grid) -> S:
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=run.plan.rounds,
         train_config=ConfigRecord(),
-        # Encrypted: the server cannot read the model; the machines evaluate it.
         evaluate_fn=None
         if every is None
         else central_evaluation(strategy, model, test, every=every),

@@ -38,26 +38,24 @@ SCHEMES: tuple[str, ...] = get_args(Scheme)
 
 
 class SimulationConfig(RunSettings):
-    """One simulated federation: data, silos, emulated speeds and training settings.
-
-    The settings shared with cluster runs (``speeds``, ``dataset``, ``batch_size`` (B_init),
-    ``lr`` (eta), ``model``, ``seed``, the balancer's knobs ``balancing``, ...) are those
-    of :class:`~fl_lbbsp.runs.config.RunSettings`; here, what is particular to FL runs
-    (whose allocator is ``linear`` or ``proportional``; ``iterative`` is cluster mode's).
+    """One simulated federation: what is particular to FL runs; the settings shared with
+    cluster runs (``speeds``, ``dataset``, B_init, eta, ``balancing``, ...) are those of
+    :class:`~fl_lbbsp.runs.config.RunSettings` (FL allocators: ``linear`` or
+    ``proportional``; ``iterative`` is cluster mode's).
 
     Parameters
     ----------
     scheme : {"fedavg", "lbbsp", "lbbsp-tau", "lbbsp-eta", "partial"} (default: "lbbsp")
-        FedAvg (every silo at B_init), LB-BSP (batch size per predicted speed), or a
-        baseline: LB-BSP tuning tau instead of B (``lbbsp-tau``), LB-BSP scaling eta
-        with B (``lbbsp-eta``), partial aggregation of the fastest silos (``partial``).
+        FedAvg (every silo at B_init), LB-BSP, or a baseline of
+        :mod:`fl_lbbsp.strategies.baselines`: LB-BSP tuning tau instead of B, scaling eta
+        with B, or partial aggregation of the fastest silos.
     silos : int (default: 5)
         Number of silos.
     slowdown_schedules : tuple of str | None (default: None)
-        A further slowdown of each silo over the rounds, multiplied onto the one from
-        ``speeds``: ``"1:1,10:2,20:1"`` halves the silo's capacity from round 10 to 19
-        (see :class:`~fl_lbbsp.clients.SlowdownSchedule`); one entry per silo, ``"1"``
-        for none. ``None``: capacities stay fixed.
+        A further slowdown of each silo over the rounds, times the one from ``speeds``:
+        ``"1:1,10:2,20:1"`` halves its capacity from round 10 to 19
+        (:class:`~fl_lbbsp.clients.SlowdownSchedule`); one entry per silo, ``"1"`` for
+        none. ``None``: capacities stay fixed.
     partition : str (default: "labels:2")
         ``iid``, ``labels:K`` or ``dirichlet:ALPHA``.
     rounds : int (default: 20)
@@ -65,42 +63,30 @@ class SimulationConfig(RunSettings):
     local_steps : int (default: 20)
         Local steps tau.
     parallel : int (default: 1)
-        Silos computing at the same time (compute slots). On the Simulation Engine every
-        silo runs at once and waits out its emulated slowdown outside the slots, so the
-        waits overlap as on separate machines and a round's wall time follows its
-        emulated time (see :attr:`time_dilation`). 1 keeps the measured compute free of
-        contention between silos on a small machine.
+        Silos computing at the same time (compute slots); on the Simulation Engine every
+        silo waits out its slowdown outside the slots, so the waits overlap as on
+        separate machines (see :attr:`time_dilation`).
     partial_replies : int | None (default: None)
         Scheme ``partial``: replies aggregated per round (``None``: all silos but one).
     emulate_wait : bool (default: True)
         Emulated silos wait ``(k - 1) * t`` after computing for ``t``; ``False`` reports
-        ``k * t`` without waiting, which keeps the reported times but not the wall
-        clock (the silos compute one after the other, so nothing contends).
+        ``k * t`` at once: the reported times are kept, the wall clock is not.
     cost_model : str | None (default: None)
-        Emulated step time ``"m,b"`` of the fastest silo (seconds per sample, per step):
-        silo i reports ``tau * k_i * (m * B_i + b)`` instead of its measured compute
-        time times k_i, and T* is exact. For runs whose batch sizes must not depend on
-        how busy the machine is (tests, balancing benchmarks). ``None``: measured times.
+        Step time ``"m,b"`` of the fastest silo: silo i reports ``tau * k_i * (m * B_i +
+        b)``, whatever the machine's load, and T* is exact (tests, balancing benchmarks).
     runtime : {"ray", "inprocess"} (default: "ray")
-        ``"ray"``: Flower's Simulation Engine. ``"inprocess"``: the same ServerApp body
-        and ClientApp on an :class:`~fl_lbbsp.runs.inprocess.InProcessGrid` in this process,
-        silos one after the other (``parallel`` must be 1), with no engine start-up.
+        Flower's Simulation Engine, or the same apps on an
+        :class:`~fl_lbbsp.runs.inprocess.InProcessGrid`, silos one after the other
+        (``parallel`` 1), with no engine start-up.
     out : Path (default: runs/simulate)
         Folder for telemetry and reports.
     encrypt : Path | None (default: None)
-        Key folder from ``fl-lbbsp keys generate``: silos send CKKS-encrypted updates
-        (``secret.ckks``), the server only adds them (``public.ckks``), and the test
-        accuracy is federated (each silo evaluates on its share of the test split).
-        ``None``: plaintext updates and central evaluation.
+        As :class:`~fl_lbbsp.runs.config.RunSettings`; the test accuracy is then federated
+        (each silo evaluates on its share of the test split).
     silo_registry : Path | None (default: None)
         Key folder from ``fl-lbbsp keys silos``: the server checks every reply's
-        signature against its ``registry.json``, silo ``i`` signs with its
-        ``silo-<i>.key`` (all in this process, as a simulation must). ``None``: unsigned
-        replies, silo ids believed.
-    checkpoint_dir : Path | None (default: None)
-        Checkpoint folder: the strategy checkpoints every round in
-        ``checkpoint_dir/<scheme>`` and a rerun resumes from there (the telemetry file
-        is then kept, not restarted). ``None``: no checkpoints.
+        signature against its ``registry.json`` and silo ``i`` signs with its
+        ``silo-<i>.key``. ``None``: unsigned replies, silo ids believed.
     """
 
     unit: ClassVar[str] = "silos"
@@ -168,15 +154,13 @@ class SimulationConfig(RunSettings):
     def time_dilation(self) -> float:
         """Wall-clock seconds per second of the fastest emulated silo's own machine.
 
-        On the Simulation Engine silos compute ``parallel`` at a time (each alone on its
-        share of this machine) while their emulated waits overlap, so a round's wall time
-        follows its emulated time only if this machine can do the federation's compute in
-        that time: the federation's capacity, sum_i 1/k_i in units of the fastest silo, must
-        fit in ``parallel`` slots. Every silo is therefore emulated ``d`` times slower, with
-        ``d = max(1, 1.2 * max_r sum_i 1 / k_i(r) / parallel)`` (20% for queueing): capacity
-        ratios, and every ratio reported, stay as given; times are in units of a machine
-        ``d`` times slower than this one. 1 in process, without waits, or with a cost model
-        (whose times are the model's).
+        Silos compute ``parallel`` at a time while their emulated waits overlap, so a
+        round's wall time follows its emulated time only if this machine can do the
+        federation's compute in that time: its capacity, sum_i 1/k_i in units of the
+        fastest silo, must fit in ``parallel`` slots. Every silo is therefore emulated
+        ``d = max(1, 1.2 * max_r sum_i 1 / k_i(r) / parallel)`` times slower (20% for
+        queueing); capacity ratios stay as given. 1 in process, without waits, or with a
+        cost model (whose times are the model's).
         """
         if self.runtime != "ray" or not self.emulate_wait or self.cost_model is not None:
             return 1.0
@@ -221,11 +205,8 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
     """The strategy of a simulated run: LB-BSP, FedAvg (LB-BSP with balancing off) or
     a baseline (:mod:`fl_lbbsp.strategies.baselines`).
 
-    With ``config.encrypt`` it is :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`
-    with federated evaluation on every silo, on the public context loaded once, after the
-    silos' secret context is checked to match it (:func:`~fl_lbbsp.runs.engine.check_key_files`).
-    With ``config.silo_registry`` the strategy checks every reply's signature against the
-    folder's registry (:func:`resolve` checks the silos' key files against it).
+    With ``config.encrypt``: :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`,
+    evaluated by the silos, on the key files checked (:func:`~.engine.check_key_files`).
 
     Raises
     ------
@@ -263,18 +244,9 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
 def resolve(
     config: SimulationConfig, *, strategy: LBBSPFedAvg | None = None
 ) -> ResolvedRun[LBBSPFedAvg]:
-    """The run's parts, each built once, everything checked before Flower starts.
-
-    Top down: the runner's plan (its telemetry file, rounds and machines, the checkpoint
-    folder and the run it records: :func:`~fl_lbbsp.runs.engine.plan_run`); the server's
-    side: the strategy (``strategy``, e.g. one the caller observes, else
-    :func:`make_strategy`), the initial model
-    (:func:`~fl_lbbsp.clients.silo_setup.initial_model`) and where the run resumes,
-    validated and restored into the strategy once
-    (:func:`~fl_lbbsp.runs.resume.resume_run`); the silos' side: every
-    partition (a split the data cannot give is reported here), their ClientApp and, with
-    a silo registry, their signing keys; last the telemetry, started with the config
-    (continued on a resume).
+    """The run's parts, each built once, everything checked before Flower starts: the
+    plan, the strategy (``strategy``, else :func:`make_strategy`), the initial model and
+    the resume point, every partition, the ClientApp, the silos' keys, the telemetry.
 
     Raises
     ------
@@ -313,13 +285,9 @@ def resolve(
 
 
 def run(config: SimulationConfig, *, strategy: LBBSPFedAvg | None = None) -> list[dict[str, Any]]:
-    """Run one simulated federation and return its telemetry events.
-
-    The silos' emulated capacities come from ``config.speeds``; every figure derived from
-    them is emulated. The run is resolved once (:func:`resolve`: data, partitions, model,
-    strategy, ClientApp, telemetry, each checked) before Flower starts; ``strategy``: a
-    strategy from :func:`make_strategy` ``(config)``, e.g. one the caller observes.
-    """
+    """Run one simulated federation (:func:`resolve`, then Flower) and return its
+    telemetry events; ``strategy``: one from :func:`make_strategy`, e.g. observed by the
+    caller. Every figure derived from ``config.speeds`` is emulated."""
     resolved = resolve(config, strategy=strategy)
     return execute(resolved, runtime=config.runtime)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -40,11 +40,6 @@ class Transfer:
     reply_bytes: int
     seconds: float
     error: str | None = None
-
-
-@dataclass
-class _Log:
-    transfers: list[Transfer] = field(default_factory=list)
 
 
 class InProcessGrid(Grid):
@@ -114,15 +109,11 @@ class InProcessGrid(Grid):
         self._replies: dict[str, Message] = {}
         self._offline: set[int] = set()
         self._crashing: set[int] = set()
-        self.log = _Log()
+        self.transfers: list[Transfer] = []
+        """One entry per message handled, in order."""
         if TaskIdentity._run_id is None:
             TaskIdentity.run_id, TaskIdentity.task_id = 1, 1
             TaskIdentity.node_id = _SERVER_NODE_ID
-
-    @property
-    def transfers(self) -> list[Transfer]:
-        """One entry per message handled, in order."""
-        return self.log.transfers
 
     def set_run(self, run: Run) -> None:
         """Set the run this grid operates in."""
@@ -196,7 +187,7 @@ class InProcessGrid(Grid):
         self._check_node(node_id)
         msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
         if node_id in self._offline:
-            self.log.transfers.append(
+            self.transfers.append(
                 Transfer(node_id, msg.metadata.message_type, 0, 0, 0.0, "lost: node offline")
             )
             return None
@@ -215,7 +206,7 @@ class InProcessGrid(Grid):
         if node_id in self._crashing:
             self._crashing.discard(node_id)
             self._offline.add(node_id)
-            self.log.transfers.append(
+            self.transfers.append(
                 Transfer(node_id, msg.metadata.message_type, sent, 0, seconds, "lost: crashed")
             )
             return None
@@ -229,7 +220,7 @@ class InProcessGrid(Grid):
         elif reply.has_error():
             error = reply.error.reason
         reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-        self.log.transfers.append(
+        self.transfers.append(
             Transfer(node_id, msg.metadata.message_type, sent, received, seconds, error)
         )
         return reply

@@ -1,15 +1,14 @@
 """A local Flower deployment (``fl-lbbsp deploy-local``): a SuperLink and one SuperNode per
 silo on 127.0.0.1 (:mod:`.federation`), its TLS material (:mod:`.tls`), processes
-(:mod:`.processes`), supervision (:mod:`.supervision`), silos (:mod:`.silos`), Flower's
+and their supervision (:mod:`.processes`), silos (:mod:`.silos`), Flower's
 programs and files (:mod:`.flower_cli`), and apps run on it (:mod:`.app_run`)."""
 
 from ...clients.emulation import slowdowns_from_speeds
 from .app_run import RunOutcome, describe, exit_code_for, run_app, run_status, serve
 from .federation import AUTO_SILO_KEYS, CONNECTION, LocalFederation
 from .flower_cli import app_declares, read_run_config, write_run_config
-from .processes import ManagedProcess, free_port, stop_processes
+from .processes import ManagedProcess, RestartPolicy, free_port, stop_processes
 from .silos import SiloNode
-from .supervision import RestartPolicy
 from .tls import NodeKeys, TlsFiles, generate_node_keys, generate_tls
 
 __all__ = [

@@ -20,8 +20,7 @@ from typing import IO
 
 from .federation import LocalFederation
 from .flower_cli import read_run_config, strip_ansi, toml_value, write_run_config
-from .processes import stop_processes
-from .supervision import RestartPolicy
+from .processes import RestartPolicy, stop_processes
 
 __all__ = ["RunOutcome", "describe", "exit_code_for", "run_app", "run_status", "serve"]
 

@@ -1,56 +1,24 @@
 """A local Flower deployment: one SuperLink and N SuperNodes on 127.0.0.1, TLS by default.
 
-:class:`LocalFederation` starts ``flower-superlink`` and one ``flower-supernode`` per silo,
-each on a free loopback port and with its own ``silo-id``, ``partition-id``,
-``num-partitions`` and emulated ``slowdown`` in ``--node-config``. TLS is on unless
-``insecure=True``: :func:`~.tls.generate_tls` makes a throw-away CA and a server
-certificate for 127.0.0.1 / localhost. A Flower configuration file with one SuperLink
-connection is written to ``<workdir>/flwr-home/config.toml`` so that
+:class:`LocalFederation` starts Flower's own programs (nothing here imports Flower):
+``flower-superlink`` and one ``flower-supernode`` per silo, each on a free loopback port
+with its silo's ``--node-config``, and writes a SuperLink connection to
+``<workdir>/flwr-home/config.toml``, so that
 
     FLWR_HOME=<workdir>/flwr-home flwr run examples/quickstart lbbsp-local --stream
 
 runs an app against it without touching ``~/.flwr``. Leaving the ``with`` block (normally,
-by an exception or by Ctrl-C) stops every process it started, by pid: each launched
-process, and every descendant found at teardown (Flower's SuperExec, ServerApp and
-ClientApp processes), SIGTERM first, SIGKILL after a grace period, then every process a
-crashed parent left behind (:meth:`LocalFederation.leftovers`: descendants seen earlier,
-and any process whose ``FLWR_HOME`` is one of the federation's).
+by an exception or by Ctrl-C) stops every process it started, by pid, with every
+descendant (Flower's SuperExec, ServerApp and ClientApp processes) and every process a
+crashed parent left behind (:meth:`.processes.ProcessGroup.leftovers`).
 
-With TLS, Flower's SuperNode authentication is on by default:
-:func:`~.tls.generate_node_keys` makes one EC key pair per silo, each public key is
-registered with the SuperLink (``flwr supernode register``) before its SuperNode starts
-with the private key, and the SuperLink runs with ``--enable-supernode-auth``, so a node
-without a registered key (one that has the public CA file, say) is refused.
-:meth:`LocalFederation.supervise` restarts a SuperNode that died
-(:class:`~.supervision.RestartPolicy`) and reports a dead SuperLink.
-
-With ``silo_registry`` (``fl-lbbsp deploy-local --silo-registry KEYDIR``, or ``auto`` to
-generate the keys, which ``fl-lbbsp deploy-local`` does by default with TLS) every
-SuperNode gets its own Ed25519 signing key as ``signing-key=".../silo-<id>.key"`` in its
-``--node-config``, and the app is given ``silo-registry=".../registry.json"`` in its run
-config (:meth:`LocalFederation.app_run_config`): the quickstart's silos then sign their
-train replies, over the id of the instruction each answers, and its server rejects any
-reply that is not signed by the silo it claims for the instruction it sent that node
-(:mod:`fl_lbbsp.security.identity`). Silo ids follow
-:data:`~fl_lbbsp.security.identity.SILO_ID_PATTERN`.
-
-With ``warm_workers`` (the default; ``fl-lbbsp deploy-local --no-warm-worker`` turns it
-off) every silo also gets a warm worker (:mod:`fl_lbbsp.clients.warm`): a long-lived
-process holding torch, the data and the model, started before its SuperNode, supervised
-and stopped with it; its folder is the SuperNode's node config ``warm-worker``. Flower
-starts a new ClientApp process for every message, and the quickstart's then imports
-no torch and hands the training to the worker. ``task_poll_interval`` sets how often each
-SuperNode's SuperExec asks for a ClientApp to launch (Flower's
-``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s by default; 0.2 s here).
-
-With ``cpu_quotas`` (``fl-lbbsp deploy-local --cpu-quota 1,0.5,0.25``) every silo runs in
-a CPU group of its own with that quota (:mod:`.cpu_groups`): its SuperNode, every process
-the SuperNode starts, and its warm worker; the groups are made before any process starts
-and removed, by their paths, when the federation stops. With ``link_mbps``
-(``--link-mbps 100,100,5``) a silo's SuperNode reaches the SuperLink through a
-rate-limited TCP proxy on 127.0.0.1 (:mod:`.link`), a process of the federation.
-
-Nothing here imports Flower: the pieces are Flower's own command-line programs.
+Around the silos, each optional (see :class:`LocalFederation`): SuperNode authentication
+with TLS (:func:`~.tls.generate_node_keys`, so that a node holding only the CA file is
+refused), signed replies (:mod:`fl_lbbsp.security.identity`), a warm worker per silo
+(:mod:`fl_lbbsp.clients.warm`: Flower starts a ClientApp process for every message, and
+the worker keeps torch, the data and the model), a CPU group per silo
+(:mod:`.cpu_groups`), a rate-limited link per silo (:mod:`.link`), and restarts of dead
+SuperNodes and workers (:meth:`LocalFederation.supervise`).
 """
 
 from __future__ import annotations
@@ -66,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from ...clients.warm import SOCKET_FILE
+from ...clients.warm import SOCKET_FILE, socket_answers
 from ...security.identity import REGISTRY_FILE
 from ...security.silo_keys import check_silo_keys, write_silo_keys
 from .cpu_groups import CpuGroups, cpu_groups_problem, detect_hierarchy
@@ -81,14 +49,14 @@ from .link import link_args
 from .processes import (
     ManagedProcess,
     ProcessGroup,
+    RestartPolicy,
     free_port,
     port_open,
+    revive,
     signal_tree,
-    socket_answers,
     wait_until_ready,
 )
 from .silos import SiloNode, WarmFolders, node_config, silo_nodes, worker_args
-from .supervision import RestartPolicy, revive
 from .tls import NodeKeys, TlsFiles, generate_node_keys, generate_tls
 
 __all__ = ["AUTO_SILO_KEYS", "CONNECTION", "LocalFederation"]
@@ -128,7 +96,7 @@ class LocalFederation:
         SuperNode authentication, keys in ``<workdir>/node-keys``. ``None``: on with TLS,
         off with ``insecure`` (Flower requires TLS for it).
     serialize_compute : bool | None (default: None)
-        Node config ``compute-lock=<workdir>/compute.lock``: the quickstart's silos take
+        Node config ``compute-lock=<workdir>/compute-slots``: the quickstart's silos take
         turns computing (like the simulation's ``--parallel 1``), so that silos sharing
         this machine do not slow each other down, noise their slowdowns would multiply.
         ``None``: on, unless ``cpu_quotas`` are given (a quota is the silo's capacity;
@@ -230,7 +198,7 @@ class LocalFederation:
             )
         if serialize_compute is None:
             serialize_compute = cpu_quotas is None
-        lock = {"compute-lock": str(self.workdir / "compute.lock")} if serialize_compute else {}
+        lock = {"compute-lock": str(self.workdir / "compute-slots")} if serialize_compute else {}
         self._extra_node_config = {**lock, **(node_config or {})}
         self._extra_env = {**_task_poll_env(task_poll_interval), **(env or {})}
         self.warm_workers = warm_workers
@@ -296,7 +264,10 @@ class LocalFederation:
         try:
             if self.cpu_groups is not None:
                 self.cpu_groups.create()
-            self.superlink = self.processes.spawn("superlink", self._superlink_args(), "superlink")
+            args = superlink_args(
+                self.bin_dir, host=self.host, port=self.port, tls=self.tls, node_auth=self.node_auth
+            )
+            self.superlink = self.processes.spawn("superlink", args, "superlink")
             self._wait_for_superlink()
             for silo_id, keys in self.node_keys.items():
                 register_node_key(
@@ -309,7 +280,7 @@ class LocalFederation:
                 )
             if self.warm_workers:
                 for i, silo_id in enumerate(ids):
-                    args = self._worker_args(silo_id)
+                    args = worker_args(self.warm_folder(silo_id))
                     self.workers.append(
                         self.processes.spawn(
                             f"{silo_id}-worker", args, f"worker-{i}", enter=self._enter(silo_id)
@@ -417,11 +388,6 @@ class LocalFederation:
         env.update(self._extra_env)
         return env
 
-    def _superlink_args(self) -> list[str]:
-        return superlink_args(
-            self.bin_dir, host=self.host, port=self.port, tls=self.tls, node_auth=self.node_auth
-        )
-
     def _enter(self, silo_id: str) -> Callable[[], None] | None:
         """What a process of silo ``silo_id`` runs before ``exec``: entering its CPU group
         (``None``: no groups)."""
@@ -467,9 +433,6 @@ class LocalFederation:
             auth_key=self.node_keys[silo.silo_id].private_key if with_key else None,
         )
 
-    def _worker_args(self, silo_id: str) -> list[str]:
-        return worker_args(self.warm_folder(silo_id))
-
     def _wait_for_superlink(self) -> None:
         assert self.superlink is not None
         up = wait_until_ready(
@@ -488,11 +451,9 @@ class LocalFederation:
         """Wait until every warm worker answers on its socket (it imports torch first)."""
         sockets = (str(self.warm_folder(s.silo_id) / SOCKET_FILE) for s in self.silos)
         pending = dict(zip(sockets, self.workers, strict=False))
-
-        def answers(path: str, _: ManagedProcess) -> bool:
-            return socket_answers(path)
-
-        late = wait_until_ready(pending, answers, timeout=self.startup_timeout)
+        late = wait_until_ready(
+            pending, lambda path, _: socket_answers(path), timeout=self.startup_timeout
+        )
         if late:
             raise TimeoutError(f"warm workers {late} did not start in time")
 

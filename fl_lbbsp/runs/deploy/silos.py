@@ -12,12 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...clients.warm import SOCKET_FILE
+from ...clients.warm import SOCKET_FILE, SOCKET_PATH_MAX
 from ...security.identity import check_silo_id, key_file_name
 
 __all__ = ["SiloNode", "WarmFolders", "node_config", "silo_nodes", "worker_args"]
-
-_SOCKET_PATH_MAX = 100  # bytes of a Unix socket path (sun_path holds 104-108)
 
 
 @dataclass(frozen=True)
@@ -149,7 +147,7 @@ class WarmFolders:
         if self._root is None:
             root = self.workdir / "warm"
             longest = max(len(os.fsencode(root / s / SOCKET_FILE)) for s in self._ids)
-            if longest > _SOCKET_PATH_MAX:
+            if longest > SOCKET_PATH_MAX:
                 root = Path(tempfile.mkdtemp(prefix="lbbsp-warm-"))
             self._root = root
         return self._root / silo_id

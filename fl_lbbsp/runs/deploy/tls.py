@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...security.identity import write_file
+
 __all__ = ["NodeKeys", "TlsFiles", "generate_node_keys", "generate_tls"]
 
 
@@ -115,23 +117,15 @@ def generate_tls(
         .sign(ca_key, hashes.SHA256())
     )
 
-    def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-        path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        path.chmod(0o600)
-
     files = TlsFiles(
         ca_cert=out / "ca.pem", server_cert=out / "server.pem", server_key=out / "server.key"
     )
     files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(out / "ca.key", ca_key)
     files.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(files.server_key, server_key)
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    for path, key in ((out / "ca.key", ca_key), (files.server_key, server_key)):
+        pem = key.private_bytes(serialization.Encoding.PEM, pkcs8, serialization.NoEncryption())
+        write_file(path, pem, mode=0o600)
     return files
 
 
@@ -172,14 +166,12 @@ def generate_node_keys(folder: str | Path, names: Sequence[str]) -> dict[str, No
             raise ValueError(f"silo id {name!r} cannot name a key file")
         key = ec.generate_private_key(ec.SECP384R1())
         files = NodeKeys(private_key=out / name, public_key=out / f"{name}.pub")
-        files.private_key.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.OpenSSH,
-                serialization.NoEncryption(),
-            )
+        private = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
         )
-        files.private_key.chmod(0o600)
+        write_file(files.private_key, private, mode=0o600)
         files.public_key.write_bytes(
             key.public_key().public_bytes(
                 serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
