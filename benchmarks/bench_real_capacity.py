@@ -93,7 +93,7 @@ def run_rows(events: list[dict[str, Any]]) -> dict[str, Any]:
             silo: {
                 "batch-size": s.get("batch-size"),
                 "train-time": s.get("train-time"),
-                "gap": (s["observed-time"] - s["claimed-time"]) if "observed-time" in s else None,
+                "gap": _gap(s, float(e["sent_at"])),
                 "transfer-time": s.get("transfer-time"),
                 "num-examples": s.get("num-examples"),
             }
@@ -108,6 +108,21 @@ def run_rows(events: list[dict[str, Any]]) -> dict[str, Any]:
             "silos": silos,
         })  # fmt: skip
     return {"rounds": rounds}
+
+
+def _gap(silo: dict[str, Any], sent_at: float) -> float | None:
+    """Seconds the server waited for a silo's reply beyond its claimed compute: its
+    start-up, its transfers, the messaging (``waited-time``; a run's telemetry from before
+    the server recorded it: the reply's creation on the silo, the same clock on one
+    machine, which leaves out the reply's own upload)."""
+    claimed = silo.get("claimed-time")
+    if claimed is None:
+        return None
+    if "waited-time" in silo:
+        return float(silo["waited-time"]) - float(claimed)
+    if "replied-at" in silo:
+        return float(silo["replied-at"]) - sent_at - float(claimed)
+    return None
 
 
 def time_to(rounds: list[dict[str, Any]], target: float) -> float | None:

@@ -403,9 +403,15 @@ the round's telemetry record and, per silo, of the round's metrics in Flower's R
 
 
 TRANSFER_TIME = "transfer-time"
-"""A silo's learned per-round transfer time beyond the round's smallest (seconds; observed
+"""A silo's learned per-round transfer time beyond the smallest silo's (seconds; waited
 minus claimed time, robustly: :class:`fl_lbbsp.core.silo.transfer.TransferTimes`), the fixed
 cost the allocation adds to its cost line: a field of the round's telemetry record."""
+
+
+WAITED_TIME = "waited-time"
+"""Seconds the server waited for a silo's reply, from sending its instruction to receiving
+the reply (its compute, its start-up, its transfers, the messaging): a field of the
+round's telemetry record, and what the silo's transfer time is learned from."""
 
 
 WALL_CLOCK_TIME = "wall-clock-time"

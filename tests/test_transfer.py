@@ -50,11 +50,18 @@ def _metrics(size: int, seconds: float) -> dict[str, Any]:
 
 
 def _federation(
-    links: Mapping[int, float], *, delays: Mapping[tuple[int, int], float] | None = None
+    links: Mapping[int, float],
+    *,
+    delays: Mapping[tuple[int, int], float] | None = None,
+    interval: bool = False,
+    queued: bool = False,
 ) -> tuple[list[dict[int, int]], list[float], list[dict[str, Any]]]:
     """Three silos of equal compute; silo i's reply spends ``links[i]`` more seconds in
-    transfer, and ``delays[(round, i)]`` more once. Returns the batch sizes of every round,
-    the true round times (compute plus transfer, the slowest silo) and the records."""
+    transfer, and ``delays[(round, i)]`` more once. With ``interval`` the claim check
+    observes each reply's own compute interval and the server's wait comes as ``waited``
+    (as the strategy reports a deployment's replies); with ``queued`` every round is marked
+    as one whose silos queued. Returns the batch sizes of every round, the true round times
+    (compute plus transfer, the slowest silo) and the records."""
     engine = _engine()
     sizes, times, records = [], [], []
     delays = delays or {}
@@ -66,9 +73,15 @@ def _federation(
             compute = size * TAU * COST
             transfer = MESSAGING + links.get(int(node), 0.0)
             finish[node] = compute + transfer
-            observed = finish[node] + delays.get((server_round, int(node)), 0.0)
+            waited = finish[node] + delays.get((server_round, int(node)), 0.0)
             verdict = Verdict(node=node, silo=f"silo-{node}")
-            engine.report(state, verdict, _metrics(size, compute), observed=observed)
+            if interval:
+                engine.report(
+                    state, verdict, _metrics(size, compute), observed=compute, waited=waited
+                )
+            else:
+                engine.report(state, verdict, _metrics(size, compute), observed=waited)
+        state.queued = queued
         engine.close(state, replied=list(finish), wall=max(finish.values()))
         sizes.append({int(n): i.batch_size for n, i in state.instructions.items()})
         times.append(max(finish.values()))
@@ -90,7 +103,7 @@ def test_the_estimate_is_the_lower_quartile_of_the_window() -> None:
     assert transfer.estimate("unseen") is None
 
 
-def test_excess_is_beyond_a_typical_silos_messaging_and_skips_unknown_silos() -> None:
+def test_excess_is_beyond_the_smallest_silos_and_skips_unknown_silos() -> None:
     # Prepare: steady gaps, and c's only ever NaN
     transfer = TransferTimes(min_gaps=2)
     for _ in range(2):
@@ -99,12 +112,12 @@ def test_excess_is_beyond_a_typical_silos_messaging_and_skips_unknown_silos() ->
     # Execute
     excess = transfer.excess(["a", "b", "c", "d", "e"])
 
-    # Assert: a negative gap counts as 0, the median of 0, 1.5 and 4 is a's 1.5; NaN and
-    # unseen silos skipped
-    assert excess == {"a": 0.0, "b": 2.5, "d": 0.0}
+    # Assert: a negative gap counts as 0 and d's 0 is what all pay; a is the typical silo
+    # (the median upper quartile), b beyond it pays its whole 4 s; NaN and unseen skipped
+    assert excess == {"a": 0.0, "b": 4.0, "d": 0.0}
 
 
-def test_a_difference_within_the_messaging_jitter_is_not_a_link() -> None:
+def test_a_difference_within_the_jitter_is_no_cost_and_one_beyond_counts_whole() -> None:
     # Prepare: a and b jitter over 2 s, b 1 s later; c 5 s later than a (quartiles of 4
     # gaps: sorted[0] and sorted[2])
     transfer = TransferTimes()
@@ -114,9 +127,9 @@ def test_a_difference_within_the_messaging_jitter_is_not_a_link() -> None:
     # Execute
     excess = transfer.excess(["a", "b", "c"])
 
-    # Assert: the typical upper quartile is b's 3.5: b's lower quartile 2 is within it,
-    # c's 6 counts 2.5
-    assert excess == {"a": 0.0, "b": 0.0, "c": pytest.approx(2.5)}
+    # Assert: the typical upper quartile is b's 3.5: b's lower quartile 2 is within it (no
+    # cost); c's 6 lies beyond it and pays its whole 5 s above a's shared level 1
+    assert excess == {"a": 0.0, "b": 0.0, "c": pytest.approx(5.0)}
 
 
 def test_too_few_gaps_give_no_estimate() -> None:
@@ -191,6 +204,32 @@ def test_a_one_off_delay_does_not_move_the_split() -> None:
     # Assert: every round's split is the same as without the delay
     assert delayed == steady
     assert records[4]["silo-0"]["observed-time"] > 30.0
+
+
+def test_a_link_the_claim_check_never_sees_still_moves_the_split() -> None:
+    # Prepare: a deployment's replies: the claim check observes each reply's compute
+    # interval, the server's wait holds a slow link 50 times the round's compute
+    slow = 50 * B_INIT * TAU * COST
+
+    # Execute
+    sizes, times, records = _federation({2: slow}, interval=True)
+
+    # Assert: silo 2's claims stand (no lie), its link is learned from the wait, and it
+    # gets the smallest batch the bounds allow while the others share the rest
+    assert all("claimed-train-time" not in r["silo-2"] for r in records)
+    assert records[-1]["silo-2"][TRANSFER_TIME] == pytest.approx(slow)
+    last = sizes[-1]
+    assert last[2] < min(last[0], last[1])
+    assert sum(last.values()) == 3 * B_INIT
+
+
+def test_a_round_whose_silos_queued_teaches_no_transfer() -> None:
+    # Prepare / Execute: the slow link's federation, every round's silos queued
+    sizes, _, records = _federation({2: LINK}, interval=True, queued=True)
+
+    # Assert: the waits held the queue, so no transfer is learned and the split stays
+    assert TRANSFER_TIME not in records[-1]["silo-2"]
+    assert sizes[-1][0] == sizes[-1][1] == sizes[-1][2]
 
 
 # ------------------------------------------------------- what the equal split would cost

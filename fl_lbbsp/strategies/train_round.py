@@ -161,7 +161,9 @@ class TrainRound:
             if (interval := reply_interval(metrics)) is not None:
                 intervals.append(interval)
             misuse = self.misuse(state, verdict.silo, msg)
-            counts = self.engine.report(state, verdict, metrics, observed=observed, misuse=misuse)
+            counts = self.engine.report(
+                state, verdict, metrics, observed=observed, waited=wall_time, misuse=misuse
+            )
             state.reports[verdict.silo]["replied-at"] = msg.metadata.created_at
             if counts:
                 weight = read_float(metrics, self.weight_key)
@@ -292,6 +294,7 @@ class TrainRound:
         most = queued(intervals)
         if most is None:
             return
+        state.queued = True  # its waits hold the queue, not the links
         first = self.outcomes.first_time("", "silos queued")
         log.log(
             logging.WARNING if first else logging.DEBUG,

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ...contract import PREDICTED_SPEED, TRANSFER_TIME, RecordKeys
+from ...contract import PREDICTED_SPEED, TRANSFER_TIME, WAITED_TIME, RecordKeys
 from ..balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from ..settings import BalancingConfig
 from ..silo.transfer import TransferTimes
@@ -65,6 +65,7 @@ class RoundReporting:
         metrics: Mapping[str, Any],
         *,
         observed: float | None = None,
+        waited: float | None = None,
         misuse: str | None = None,
     ) -> bool:
         """Bound an accepted reply's claims, feed its timing to the balancer; record it.
@@ -89,6 +90,11 @@ class RoundReporting:
             Seconds the server observed from sending the silo its instruction to
             receiving its reply (the adapter's ``received_at - sent_at``); ``None``: not
             observed (no cross-check).
+        waited : float | None (default: None)
+            Seconds from sending the instruction to receiving the reply, as the server
+            saw them, when ``observed`` is something else (the reply's own compute
+            interval): what the silo's transfer time is learned from (its link, its
+            start-up, its messaging: :meth:`_add_transfer`). ``None``: ``observed``.
         misuse : str | None (default: None)
             What the silo says it did other than instructed (its own loader, extra
             epochs, another batch size): its time does not measure its capacity at the
@@ -135,6 +141,8 @@ class RoundReporting:
         if self.config.tuning.check_times is False:
             observed = None
         train = _real(metrics.get(keys.train_time))
+        if train is not None and waited is not None:
+            record[WAITED_TIME] = waited
         if train is not None and observed is not None:
             record["observed-time"] = observed
             record["claimed-time"] = train + (_real(metrics.get(keys.he_time)) or 0.0)
@@ -324,19 +332,22 @@ class RoundReporting:
         state.feed.clear()
 
     def _add_transfer(self, state: RoundState) -> None:
-        """Learn each fed silo's transfer time from its observed minus its bounded claimed
-        time (a claim the observation contradicted was replaced by it, so a time lie
-        teaches no transfer; a cold report teaches none either), and add its learned
-        transfer time beyond the round's smallest
+        """Learn each fed silo's transfer time from the seconds the server waited for its
+        reply (``waited-time``, else ``observed-time``) less its bounded claimed compute
+        (a claim the observation contradicted was replaced by it, so a time lie teaches no
+        transfer; a cold report teaches none, nor does a round whose silos queued), and
+        add its learned transfer time beyond the smallest silo's
         (:meth:`~fl_lbbsp.core.silo.transfer.TransferTimes.excess`) to its report's fixed
         per-round time, which its silo model smooths and its cost line carries as
         ``he-time`` (a silo behind a slow link gets a smaller batch, to finish with the
         others); noted as ``transfer-time`` in its record."""
         self.transfer.observe(
             {
-                silo: record["observed-time"] - report.train_time - (report.fixed_time or 0.0)
+                silo: waited - report.train_time - (report.fixed_time or 0.0)
                 for silo, (report, record) in state.feed.items()
-                if "observed-time" in record and silo not in state.cold
+                if silo not in state.cold
+                and not state.queued
+                and (waited := record.get(WAITED_TIME, record.get("observed-time"))) is not None
             }
         )
         extra = self.transfer.excess(state.feed)

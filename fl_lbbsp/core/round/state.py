@@ -198,6 +198,9 @@ class RoundState:
     """Silos whose report this round is their first (or first since they rejoined on
     another node): it holds start-up, so it neither teaches the overhead nor stays in the
     silo's history once a warm report follows."""
+    queued: bool = False
+    """Whether the round's silos queued for compute (a pool of fewer workers than silos):
+    the server's waits then hold the queue, so the round teaches no transfer time."""
 
     @property
     def shares(self) -> dict[str, int]:

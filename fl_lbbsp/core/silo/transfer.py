@@ -3,17 +3,18 @@
 The server knows when it sent a silo its instruction and when the reply arrived; the silo
 reports the seconds it computed (``train-time``, plus ``he-time`` in encrypted mode). The
 rest, the gap, is the round's messaging: the model's two transfers over the silo's link,
-plus what every silo pays alike (Flower's ClientApp start, polling). :class:`TransferTimes`
-keeps a window of each silo's gaps and takes a low order statistic of it, so that a
-one-off delay (a retransmission, a paused process, a poll that just missed) does not move
-it: a delay only ever adds to a gap, and the lower quartile of the window stays put until
-most of the window is delayed. What the silos pay alike does not move a split (the
-allocation equalises finishing times, and a cost every silo shares shifts them all), and a
-difference within the messaging jitter is noise, not a link (Flower's SuperNode polls every
-3 s), so only the part of a silo's lower quartile above the median of the silos' upper
-quartiles counts (:meth:`TransferTimes.excess`): a silo behind a slow link gets its extra
-seconds as a fixed per-round cost, exactly as ``he-time`` is one, and a smaller batch so
-that it finishes with the others.
+its start-up (slower on a slower machine), plus what every silo pays alike (Flower's
+polling). :class:`TransferTimes` keeps a window of each silo's gaps and takes a low order
+statistic of it, so that a one-off delay (a retransmission, a paused process, a poll that
+just missed) does not move it: a delay only ever adds to a gap, and the lower quartile of
+the window stays put until most of the window is delayed. What the silos pay alike does
+not move a split (the allocation equalises finishing times, and a cost every silo shares
+shifts them all), and a difference within the messaging's jitter is noise, so a silo's
+lower quartile counts, above the smallest silo's, where it lies beyond a typical silo's
+upper quartile (:meth:`TransferTimes.excess`): a silo behind a slow link gets its extra seconds as
+a fixed per-round cost, exactly as ``he-time`` is one, and a smaller batch so that it
+finishes with the others. The server balances what the user waits for: the seconds from
+sending each silo its instruction to receiving its reply.
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated
 Environments", IEEE TCC 2021, Sec. 3.5, note 6 (the communication time measured
@@ -79,17 +80,22 @@ class TransferTimes:
         return None if found is None else found[0]
 
     def excess(self, silos: Iterable[str]) -> dict[str, float]:
-        """Each silo's transfer time beyond what messaging explains: its lower quartile
-        less the median of the silos' upper quartiles (a typical silo's messaging, which
-        a minority of slow links does not move), never negative. A difference within the
-        messaging jitter (the SuperNode's poll, 0 to 3 s) is noise, not a link: only a
-        silo whose gaps are mostly above a typical silo's count (silos without enough
-        gaps yet are left out)."""
+        """Each silo's transfer time beyond what every silo pays, where the messaging's
+        jitter cannot explain it.
+
+        The level every silo pays at least is the smallest lower quartile of the silos'
+        windows. A silo's lower quartile above it is a cost it pays every round and the
+        others do not (a slow link, a slower start-up), but only when it also lies above a
+        typical silo's upper quartile (the median of the silos' upper quartiles, which a
+        minority of slow links does not move): a difference within the jitter (Flower's
+        SuperNode polls every few seconds) is noise and counts 0; one beyond it counts
+        whole, from the shared level. Silos without enough gaps yet are left out."""
         known = {s: q for s in silos if (q := self.quartiles(s)) is not None}
         if not known:
             return {}
+        shared = min(low for low, _ in known.values())
         typical = statistics.median(high for _, high in known.values())
-        return {s: max(0.0, low - typical) for s, (low, _) in known.items()}
+        return {s: low - shared if low > typical else 0.0 for s, (low, _) in known.items()}
 
     def forget(self, silo: str) -> None:
         """Drop a silo's window (it came back on another node, or its link changed)."""
