@@ -10,9 +10,6 @@ from .aggregation import (
     weighted_sum,
 )
 from .allocation.allocators import (
-    CostFit,
-    fit_linear_cost,
-    fit_robust_cost,
     ideal_round_time,
     idle_fraction,
     linear_minmax,
@@ -22,6 +19,7 @@ from .allocation.allocators import (
 from .allocation.pipeline import ALLOCATORS, Allocator, Iterative, Linear, Proportional
 from .allocation.rounding import integer_bounds, round_to_total
 from .balancer import BALANCER_DEFAULTS, BatchSizeBalancer, InvalidReportError, SiloReport
+from .silo.costfit import CostFit, fit_linear_cost, fit_robust_cost
 from .silo.estimators import (
     EMA,
     ESTIMATORS,

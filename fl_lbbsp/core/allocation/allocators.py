@@ -27,9 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-# The cost fits moved to :mod:`.costfit`; importable from here as before.
 from ..registry import Registry
-from ..silo.costfit import CostFit, fit_linear_cost, fit_robust_cost, robust_level
 from .rounding import ArrayLike, IntArray, integer_bounds, round_to_total
 from .waterfill import linear_minmax_continuous, positive_finite
 
@@ -43,12 +41,9 @@ __all__ = [
     "ALLOCATORS",
     "Allocator",
     "Bounds",
-    "CostFit",
     "Decision",
     "Problem",
     "equal_split",
-    "fit_linear_cost",
-    "fit_robust_cost",
     "ideal_round_time",
     "idle_fraction",
     "linear_minmax",
@@ -56,7 +51,6 @@ __all__ = [
     "proportional",
     "register",
     "registered",
-    "robust_level",
     "split_equally",
 ]
 

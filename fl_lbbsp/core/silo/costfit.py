@@ -7,9 +7,9 @@ A silo's time is modelled as a hinge ``t(x) = a * max(x, k) + b``: flat up to th
 window a row of two ``(N, W)`` arrays, batch sizes and times, oldest first, its ``n``
 reports in the first ``n`` columns): :func:`fit_robust_costs` fits the lines robustly,
 :func:`find_knees` tells where each curve is flat, :func:`fit_windows` does both. The
-one-window functions (:func:`fit_robust_cost`, :func:`find_knee`, :func:`robust_level`)
-check their input and run the same code on a table of one row. :func:`fit_linear_cost`
-is the plain weighted least-squares fit of earlier versions.
+one-window functions (:func:`fit_robust_cost`, :func:`find_knee`) check their input and run
+the same code on a table of one row. :func:`fit_linear_cost` is the plain weighted
+least-squares fit of earlier versions.
 
 Reference: Yang et al., BOA; Theil (1950) and Sen (1968) for the slope; James and Stein
 (1961) for the shrinkage; Chen et al., SoCC 2020, Sec. 3.3 for the line on ``[x_s, x_o]``.
@@ -18,7 +18,6 @@ Reference: Yang et al., BOA; Theil (1950) and Sen (1968) for the slope; James an
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -39,7 +38,6 @@ __all__ = [
     "fit_windows",
     "masked_levels",
     "masked_medians",
-    "robust_level",
 ]
 
 
@@ -184,38 +182,24 @@ def _filled(values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None) -> 
 
 
 def masked_medians(
-    values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None = None
+    values: np.ndarray, mask: np.ndarray, counts: np.ndarray | None = None, *, axis: int = 1
 ) -> np.ndarray:
     """Median of each row's values where ``mask`` (NaN where none); ``counts``, if given,
-    is ``mask``'s count of each row."""
-    rows, width = values.shape
+    is ``mask``'s count of each row; ``axis=0``: values and mask laid out ``(pairs, rows)``
+    (as :func:`_differences` gives them)."""
+    width, rows = values.shape[axis], values.shape[1 - axis]
     if width == 0:
         return np.full(rows, np.nan)
-    v = _filled(values, mask, counts)
-    v.sort(axis=1)
-    m = np.count_nonzero(mask, axis=1) if counts is None else counts
+    v = _filled(values, mask, counts) if axis == 1 else np.where(mask, values, np.inf)
+    v.sort(axis=axis)
+    m = np.count_nonzero(mask, axis=axis) if counts is None else counts
     k = m // 2
     index = np.arange(rows)
-    upper = v[index, np.minimum(k, width - 1)]
-    lower = v[index, np.maximum(k - 1, 0)]
+    high, low = np.minimum(k, width - 1), np.maximum(k - 1, 0)
+    upper = v[index, high] if axis == 1 else v[high, index]
+    lower = v[index, low] if axis == 1 else v[low, index]
     out = np.where(m % 2 == 1, upper, 0.5 * (lower + upper))
     return np.where(m > 0, out, np.nan)
-
-
-def _pair_medians(by_pair: np.ndarray, mask: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """:func:`masked_medians` of values and mask laid out ``(pairs, rows)`` (as
-    :func:`_differences` gives them), ``counts`` the mask's count of each row."""
-    width, rows = by_pair.shape
-    if width == 0:
-        return np.full(rows, np.nan)
-    v = np.where(mask, by_pair, np.inf)
-    v.sort(axis=0)
-    k = counts // 2
-    index = np.arange(rows)
-    upper = v[np.minimum(k, width - 1), index]
-    lower = v[np.maximum(k - 1, 0), index]
-    out = np.where(counts % 2 == 1, upper, 0.5 * (lower + upper))
-    return np.where(counts > 0, out, np.nan)
 
 
 _KEPT: dict[int, np.ndarray] = {}
@@ -300,10 +284,10 @@ def find_knees(
         Each row's knee (0: no flat part known).
     """
     out = knee.astype(np.float64, copy=True)
-    columns = np.arange(x.shape[1])
-    valid = columns < n[:, None]
+    valid = np.arange(x.shape[1]) < n[:, None]
     low = np.where(valid, x, np.inf).min(axis=1)
     high = np.where(valid, x, -np.inf).max(axis=1)
+    # only the rows with at least two groups of batch sizes can move their knee
     grouped = np.flatnonzero((high >= low * (1.0 + min_relative_spread)) & (high > low))
     if grouped.size:
         out[grouped] = _knees(
@@ -555,7 +539,7 @@ def fit_robust_costs(
     apart_n = np.count_nonzero(apart, axis=0)
     near_n = n * (n - 1) // 2 - apart_n
     with np.errstate(all="ignore"):
-        own = _pair_medians(_differences(ts) / dx, apart, apart_n)
+        own = masked_medians(_differences(ts) / dx, apart, apart_n, axis=0)
         residual = ts - own[:, None] * xs
         middle = masked_medians(residual, valid, n)
         scale = np.where(
@@ -585,7 +569,8 @@ def fit_robust_costs(
         slope = np.minimum(np.maximum(slope, MIN_SLOPE_SHARE * level / anchor), level / anchor)
         intercept = np.maximum(level - slope * anchor, 0.0)
         logs = np.log(ts / (slope[:, None] * xs + intercept[:, None]))
-        replicates = _MAD * _pair_medians(np.abs(_differences(logs)), near, near_n) / math.sqrt(2)
+        pairs = np.abs(_differences(logs))
+        replicates = _MAD * masked_medians(pairs, near, near_n, axis=0) / math.sqrt(2)
         overall = np.full(rows, np.nan)  # needed only where too few pairs are near
         few = np.flatnonzero((n >= 4) & (near_n < 3))
         if few.size:
@@ -625,9 +610,9 @@ def fit_windows(
 
 
 # ---------------------------------------------------------------- one window: one row
-def _window(x: ArrayLike, t: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _window(x: ArrayLike, t: ArrayLike, knee: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One window as a table of one row ``(x, t, n)``; checks: equal non-empty 1-D
-    sequences of finite numbers, ``x`` positive."""
+    sequences of finite positive numbers, a finite ``knee >= 0``."""
     try:
         xs = np.asarray(x, dtype=np.float64)
         ts = np.asarray(t, dtype=np.float64)
@@ -637,24 +622,15 @@ def _window(x: ArrayLike, t: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndar
         raise ValueError(
             f"x and t must be equal non-empty 1-D sequences, got shapes {xs.shape} and {ts.shape}"
         )
-    if not (np.isfinite(xs).all() and (xs > 0).all() and np.isfinite(ts).all()):
-        raise ValueError("x must be positive and t finite")
-    return xs[None, :], ts[None, :], np.array([xs.size])
-
-
-def _check_knee(knee: float) -> None:
+    if not (np.isfinite(xs) & np.isfinite(ts) & (xs > 0) & (ts > 0)).all():
+        raise ValueError("x and t must be finite and positive")
     if not math.isfinite(knee) or knee < 0:
         raise ValueError(f"knee must be finite and >= 0, got {knee!r}")
+    return xs[None, :], ts[None, :], np.array([xs.size])
 
 
 def _unknown(value: float | None) -> np.ndarray:
     return np.array([math.nan if value is None else float(value)])
-
-
-def robust_level(values: Sequence[float] | np.ndarray) -> float:
-    """:func:`masked_levels` of one set of times (NaN: none)."""
-    v = np.asarray(values, dtype=np.float64).reshape(1, -1)
-    return float(masked_levels(v, np.ones(v.shape, dtype=bool), np.array([v.shape[1]]))[0])
 
 
 def fit_robust_cost(
@@ -681,10 +657,7 @@ def fit_robust_cost(
     CostFit
         The line, its anchor and level, the residual noise and the blend weight.
     """
-    xs, ts, n = _window(x, t)
-    if (ts <= 0).any():
-        raise ValueError("t must be positive")
-    _check_knee(knee)
+    xs, ts, n = _window(x, t, knee)
     if not math.isfinite(prior_shape) or prior_shape < 0:
         raise ValueError(f"prior_shape must be finite and >= 0, got {prior_shape!r}")
     if prior_noise is not None and (not math.isfinite(prior_noise) or prior_noise < 0):
@@ -719,10 +692,7 @@ def find_knee(
     float
         The knee (0: no flat part known).
     """
-    xs, ts, n = _window(x, t)
-    if (ts <= 0).any():
-        raise ValueError("x and t must be equal sequences of finite positive numbers")
-    _check_knee(knee)
+    xs, ts, n = _window(x, t, knee)
     found = find_knees(
         xs, ts, n, knee=np.array([float(knee)]), noise=_unknown(noise),
         min_relative_spread=min_relative_spread,
