@@ -181,14 +181,12 @@ def linear_minmax(
 
     Reference: Chen et al., SoCC 2020, Sec. 3.3; Yang et al., BOA.
     """
-    lo, hi = integer_bounds(len(np.asarray(a)), lower=lower, upper=upper)
-    x, _ = linear_minmax_continuous(a, b, float(total), lower=lo, upper=hi.astype(np.float64))
     if rounding not in ("time", "remainder"):
         raise ValueError(f"unknown rounding {rounding!r}; expected 'time' or 'remainder'")
-    if rounding == "remainder":
-        return round_to_total(x, total, lower=lo, upper=hi)
-    offset = np.asarray(b, dtype=np.float64)
-    return round_to_total(x, total, lower=lo, upper=hi, slope=a, intercept=offset)
+    lo, hi = integer_bounds(len(np.asarray(a)), lower=lower, upper=upper)
+    x, _ = linear_minmax_continuous(a, b, float(total), lower=lo, upper=hi.astype(np.float64))
+    by_time = a if rounding == "time" else None
+    return round_to_total(x, total, lower=lo, upper=hi, slope=by_time, intercept=b)
 
 
 def proportional(

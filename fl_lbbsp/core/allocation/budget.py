@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -57,15 +57,7 @@ __all__ = [
 Reason = Literal[
     "round-time", "noise-budget", "noise-share", "knee", "lower", "upper", "infeasible"
 ]
-REASONS: tuple[str, ...] = (
-    "round-time",
-    "noise-budget",
-    "noise-share",
-    "knee",
-    "lower",
-    "upper",
-    "infeasible",
-)
+REASONS: tuple[str, ...] = get_args(Reason)
 """Why a silo got its batch size, from the continuous solution:
 
 * ``round-time``: as large as the round time allows (it finishes last);
@@ -292,7 +284,7 @@ def noise_budget(
 
 def budgeted_minmax_continuous(
     problem: BudgetProblem,
-) -> tuple[FloatArray, float, tuple[str, ...], bool, bool]:
+) -> tuple[FloatArray, float, tuple[str, ...], bool, bool, tuple[FloatArray, float]]:
     """Real-valued min-max shares under the noise budget (see the module).
 
     Parameters
@@ -304,27 +296,17 @@ def budgeted_minmax_continuous(
     -------
     tuple
         The shares, the round time, the reason of each silo (:data:`REASONS`), whether
-        the budget binds and whether it is met.
+        the budget binds, whether it is met, and the silos' noise costs c_i with the
+        budget on ``sum_i c_i / B_i`` (:func:`noise_budget`).
 
     Raises
     ------
     ValueError
         On inputs of the wrong shape or sign, a total outside the bounds, or rho <= 0.
     """
-    x, round_time, reasons, binds, feasible, _ = _continuous(problem)
-    return x, round_time, reasons, binds, feasible
-
-
-def _continuous(
-    problem: BudgetProblem,
-) -> tuple[FloatArray, float, tuple[str, ...], bool, bool, tuple[FloatArray, float]]:
-    """:func:`budgeted_minmax_continuous`, and the silos' noise costs c_i with the budget
-    on ``sum_i c_i / B_i`` (:func:`noise_budget`)."""
     slope, offset, k, lo, hi = _inputs(problem)
-    n = slope.shape[0]
-    p = problem
-    c, budget = noise_budget(n, p.total, weights=p.weights, noise=p.noise, rho=p.rho)
-    total = problem.total
+    p, total = problem, problem.total
+    c, budget = noise_budget(len(slope), total, weights=p.weights, noise=p.noise, rho=p.rho)
     floors = np.maximum(lo, np.minimum(k, hi))
     if np.any(floors > lo) and floors.sum() <= total:
         with_knees = _solve(slope, offset, k, floors, hi, total, c, budget)
@@ -399,11 +381,13 @@ def budgeted_minmax(
         As :func:`budgeted_minmax_continuous`, or when no integers within the bounds sum
         to ``total``.
     """
+    if rounding not in ("time", "remainder"):
+        raise ValueError(f"unknown rounding {rounding!r}; expected 'time' or 'remainder'")
     problem = BudgetProblem(
         a=a, b=b, total=float(total), knee=knee, lower=lower, upper=upper,
         weights=weights, noise=noise, rho=rho,
     )  # fmt: skip
-    x, _, reasons, binds, _, (c, budget) = _continuous(problem)
+    x, _, reasons, binds, _, (c, budget) = budgeted_minmax_continuous(problem)
     n = len(x)
     floors = np.asarray(lower if lower is not None else np.zeros(n), dtype=np.float64)
     if knee is not None:
@@ -411,13 +395,8 @@ def budgeted_minmax(
         held = np.fromiter(map("knee".__eq__, reasons), bool, count=n)
         floors = np.where(held, np.maximum(floors, np.asarray(knee, dtype=np.float64)), floors)
     lo, hi = integer_bounds(n, lower=np.minimum(floors, x), upper=upper)
-    if rounding == "remainder":
-        sizes = round_to_total(x, total, lower=lo, upper=hi)
-    elif rounding == "time":
-        offset = np.asarray(b, dtype=np.float64)
-        sizes = round_to_total(x, total, lower=lo, upper=hi, slope=a, intercept=offset)
-    else:
-        raise ValueError(f"unknown rounding {rounding!r}; expected 'time' or 'remainder'")
+    by_time = a if rounding == "time" else None
+    sizes = round_to_total(x, total, lower=lo, upper=hi, slope=by_time, intercept=b)
     feasible = True
     if rho is not None:
         lo_hard, _ = integer_bounds(n, lower=lower, upper=upper)

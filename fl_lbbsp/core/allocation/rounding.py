@@ -130,23 +130,20 @@ def round_to_total(
     b = np.zeros(n) if intercept is None else np.asarray(intercept, dtype=np.float64)
     if a.shape != (n,) or b.shape != (n,) or not np.all(np.isfinite(a) & np.isfinite(b)):
         raise ValueError(f"slope and intercept must be {n} finite values")
-    if missing > 0:
-        # Cheapest next unit first: the heap holds each silo's time after one more unit.
-        heap = [(a[i] * (result[i] + 1) + b[i], i) for i in range(n) if result[i] < hi[i]]
-        heapq.heapify(heap)
-        for _ in range(missing):
-            _, i = heapq.heappop(heap)
-            result[i] += 1
-            if result[i] < hi[i]:
-                heapq.heappush(heap, (a[i] * (result[i] + 1) + b[i], i))
-    elif missing < 0:
-        heap = [(-(a[i] * result[i] + b[i]), i) for i in range(n) if result[i] > lo[i]]
-        heapq.heapify(heap)
-        for _ in range(-missing):
-            _, i = heapq.heappop(heap)
-            result[i] -= 1
-            if result[i] > lo[i]:
-                heapq.heappush(heap, (-(a[i] * result[i] + b[i]), i))
+    # Adding, the cheapest next unit first (the heap holds each silo's time after one more
+    # unit); removing, from the slowest silo first (its time, negated).
+    step, after, bound = (1, 1, hi) if missing > 0 else (-1, 0, lo)
+
+    def key(i: int) -> float:
+        return float(step * (a[i] * (result[i] + after) + b[i]))
+
+    heap = [(key(i), i) for i in range(n) if result[i] != bound[i]] if missing else []
+    heapq.heapify(heap)
+    for _ in range(abs(missing)):
+        _, i = heapq.heappop(heap)
+        result[i] += step
+        if result[i] != bound[i]:
+            heapq.heappush(heap, (key(i), i))
     return result
 
 
