@@ -262,8 +262,21 @@ class NARX(SpeedEstimator):
     ----------
     alpha : float (default: 0.2)
         The fallback EMA's weight.
-    warmup, hidden, train_every, history, max_epochs, lr, tol, patience, background, seed
-        The network's settings (:class:`~fl_lbbsp.core.silo.narx.NARXNetwork`).
+    warmup : int (default: 500)
+        Observations before the network is first trained and used (the paper's 500).
+    hidden : int (default: 2)
+        Hidden units; with 6 inputs, 2 give 17 parameters (the paper: "less than 20").
+    train_every : int (default: 10)
+        Retrain after this many new observations.
+    history : int (default: 1000)
+        Most recent observations kept for training.
+    max_epochs, lr, tol, patience : int, float, float, int (default: 300, 0.01, 1e-4, 4)
+        Full-batch Adam epochs at most, its learning rate, and early stopping: the loss
+        must improve by ``tol`` within ``patience`` epochs in a row.
+    background : bool (default: True)
+        Train in a background thread; ``False``: inside the update (deterministic).
+    seed : int (default: 0)
+        Seed of the initial weights.
 
     Reference: Chen et al., IEEE TCC 2021, Sec. 3.2.2 (Eq. 4, Fig. 3); Chen et al., SoCC
     2020, Sec. 4.2 (online training after a warm-up, EMA before).
@@ -286,7 +299,7 @@ class NARX(SpeedEstimator):
     def _network(self) -> Any:
         from .narx import NARXNetwork
 
-        return NARXNetwork(**self.model_dump(exclude={"alpha"}))
+        return NARXNetwork(settings=self)
 
     def fresh(self, rows: int) -> dict[str, np.ndarray]:
         """The EMA and one network per silo."""

@@ -22,10 +22,13 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from .estimators import NARX
 
 __all__ = ["NARXNetwork"]
 
@@ -51,60 +54,16 @@ class NARXNetwork:
 
     Parameters
     ----------
-    warmup : int (default: 500)
-        Observations before the network is first trained and used (the paper's 500
-        iterations).
-    hidden : int (default: 2)
-        Hidden units; with 6 inputs, 2 units give 17 parameters (the paper: "less than
-        20").
-    train_every : int (default: 10)
-        Retrain after this many new observations.
-    history : int (default: 1000)
-        Most recent observations kept for training.
-    max_epochs : int (default: 300)
-        Upper bound on full-batch epochs per training.
-    lr : float (default: 0.01)
-        Adam learning rate.
-    tol : float (default: 1e-4)
-        Early stopping: the loss must improve by at least this much ...
-    patience : int (default: 4)
-        ... within this many epochs in a row, or training stops.
-    background : bool (default: True)
-        Train in a background thread; ``False`` trains inside :meth:`update`
-        (deterministic, for tests and benchmarks).
-    seed : int (default: 0)
-        Seed of the initial weights.
-
-    The settings are checked by :class:`~fl_lbbsp.core.silo.estimators.NARX`.
+    settings : NARX
+        The estimator whose fields are the network's settings (warm-up, hidden units,
+        training cadence and early stopping), declared and checked there.
     """
 
     inputs = 6
 
-    def __init__(
-        self,
-        *,
-        warmup: int = 500,
-        hidden: int = 2,
-        train_every: int = 10,
-        history: int = 1000,
-        max_epochs: int = 300,
-        lr: float = 0.01,
-        tol: float = 1e-4,
-        patience: int = 4,
-        background: bool = True,
-        seed: int = 0,
-    ) -> None:
-        self.warmup = warmup
-        self.hidden = hidden
-        self.train_every = train_every
-        self.history = history
-        self.max_epochs = max_epochs
-        self.lr = float(lr)
-        self.tol = float(tol)
-        self.patience = patience
-        self.background = background
-        self.seed = seed
-        self._series: deque[tuple[float, float, float]] = deque(maxlen=history)
+    def __init__(self, *, settings: NARX) -> None:
+        self.settings = settings
+        self._series: deque[tuple[float, float, float]] = deque(maxlen=settings.history)
         self.observations = 0
         self._trained_at = 0
         self._weights: dict[str, FloatArray] | None = None
@@ -123,13 +82,13 @@ class NARXNetwork:
         with self._lock:
             self._series.append((float(speed), cpu, memory))
             self.observations += 1
-        due = (
-            self.observations >= self.warmup
-            and self.observations - self._trained_at >= self.train_every
-        ) or (self.observations == self.warmup)
+        warmup, seen = self.settings.warmup, self.observations
+        due = (seen >= warmup and seen - self._trained_at >= self.settings.train_every) or (
+            seen == warmup
+        )
         if due and (self._pending is None or self._pending.done()):
             self._trained_at = self.observations
-            if self.background:
+            if self.settings.background:
                 self._pending = _executor().submit(self._train)
             else:
                 self._train()
@@ -177,13 +136,14 @@ class NARXNetwork:
         return np.array([v1 / scale, v0 / scale, c1 / 100, c0 / 100, m1 / 100, m0 / 100])
 
     def _initial_weights(self) -> dict[str, FloatArray]:
-        rng = np.random.default_rng(self.seed)
+        rng = np.random.default_rng(self.settings.seed)
+        hidden = self.settings.hidden
         bound_in = 1.0 / math.sqrt(self.inputs)
-        bound_hidden = 1.0 / math.sqrt(self.hidden)
+        bound_hidden = 1.0 / math.sqrt(hidden)
         return {
-            "w1": rng.uniform(-bound_in, bound_in, (self.hidden, self.inputs)),
-            "b1": rng.uniform(-bound_in, bound_in, self.hidden),
-            "w2": rng.uniform(-bound_hidden, bound_hidden, (1, self.hidden)),
+            "w1": rng.uniform(-bound_in, bound_in, (hidden, self.inputs)),
+            "b1": rng.uniform(-bound_in, bound_in, hidden),
+            "w2": rng.uniform(-bound_hidden, bound_hidden, (1, hidden)),
             # Start at "same as the last speed" (normalised speeds are about 1).
             "b2": np.ones(1),
         }
@@ -194,10 +154,7 @@ class NARXNetwork:
             return
         x, y, scale = data
         start = self._weights if self._weights is not None else self._initial_weights()
-        weights, loss = _fit(
-            start, x, y, lr=self.lr, max_epochs=self.max_epochs, tol=self.tol,
-            patience=self.patience,
-        )  # fmt: skip
+        weights, loss = _fit(start, x, y, self.settings)
         with self._lock:
             self._weights, self._scale, self.last_loss = weights, scale, loss
 
@@ -228,37 +185,31 @@ class NARXNetwork:
             }
 
 
-def _forward(weights: dict[str, FloatArray], x: FloatArray) -> FloatArray:
-    hidden = np.tanh(x @ weights["w1"].T + weights["b1"])
-    out: FloatArray = (hidden @ weights["w2"].T + weights["b2"])[:, 0]
-    return out
+def _forward(weights: Mapping[str, Any], x: Any, tanh: Any = np.tanh) -> Any:
+    """The network's output for the rows of ``x`` (numpy arrays, or torch tensors with
+    ``tanh=torch.tanh``)."""
+    hidden = tanh(x @ weights["w1"].T + weights["b1"])
+    return (hidden @ weights["w2"].T + weights["b2"])[:, 0]
 
 
 def _fit(
-    start: dict[str, FloatArray],
-    x: FloatArray,
-    y: FloatArray,
-    *,
-    lr: float,
-    max_epochs: int,
-    tol: float,
-    patience: int,
+    start: dict[str, FloatArray], x: FloatArray, y: FloatArray, settings: NARX
 ) -> tuple[dict[str, FloatArray], float]:
     """Full-batch Adam on the mean squared error, with early stopping (torch, lazily)."""
     import torch
 
+    tol, patience = settings.tol, settings.patience
+
     params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
     xt = torch.tensor(x, dtype=torch.float64)
     yt = torch.tensor(y, dtype=torch.float64)
-    optimizer = torch.optim.Adam(list(params.values()), lr=lr)
+    optimizer = torch.optim.Adam(list(params.values()), lr=settings.lr)
     best = math.inf
     stale = 0
     loss_value = math.inf
-    for _ in range(max_epochs):
+    for _ in range(settings.max_epochs):
         optimizer.zero_grad()
-        hidden = torch.tanh(xt @ params["w1"].T + params["b1"])
-        pred = (hidden @ params["w2"].T + params["b2"])[:, 0]
-        loss = torch.mean((pred - yt) ** 2)
+        loss = torch.mean((_forward(params, xt, torch.tanh) - yt) ** 2)
         loss.backward()
         optimizer.step()
         loss_value = float(loss.detach())
