@@ -17,7 +17,6 @@ Environments", IEEE TCC 2021, Sec. 4 (the BatchSizeManager's per-worker state).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Annotated, Any, NamedTuple
 
@@ -61,6 +60,11 @@ Positive = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 Speed = Annotated[float, Field(ge=1 / MAX_SPEED, le=MAX_SPEED, allow_inf_nan=False, strict=True)]
 Batch = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE, strict=True)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
+Entry = tuple[
+    Batch, Seconds, Speed, Annotated[float, Field(allow_inf_nan=False, strict=True)],
+    Annotated[bool, Field(strict=True)],
+]  # fmt: skip
+"""An entry of the change detector's run: batch size, time, speed, deviation, held."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +159,7 @@ class SiloModel(OpenRecord):
         it; kept across a change (a co-tenant scales a and b alike).
     noise : float | None (default: None)
         Robust relative residual scale of its last fit with enough reports.
-    pending : list of list (default: [])
+    pending : list of (int, float, float, float, bool) (default: [])
         The change detector's run, each ``[batch size, time, speed, deviation, held]``
         (an older entry without ``held``: held).
     boost : float (default: 1.0)
@@ -177,42 +181,21 @@ class SiloModel(OpenRecord):
     reports: Annotated[Count, Column(kind=int)] = 0
     shape: Annotated[Seconds | None, Column(kind=float)] = None
     noise: Annotated[Seconds | None, Column(kind=float)] = None
-    pending: list[list[Any]] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    pending: list[Entry] = Field(default_factory=list, max_length=MAX_ENTRIES)
     boost: Annotated[Positive, Column(kind=float)] = 1.0
     fit: FitState | None = None
     knee: Annotated[float, Column(kind=float)] = Field(
         default=0.0, ge=0, le=MAX_BATCH_SIZE, allow_inf_nan=False
     )
 
-    @field_validator("pending")
+    @field_validator("pending", mode="before")
     @classmethod
-    def _pending(cls, value: list[list[Any]]) -> list[list[Any]]:
-        out = []
-        for i, entry in enumerate(value):
-            if len(entry) not in (4, 5):
-                raise ValueError(f"entry {i} has {len(entry)} values, expected 4 or 5")
-            batch, seconds, speed, deviation, *held = entry
-            if not (_integer(batch) and 1 <= batch <= MAX_BATCH_SIZE):
-                raise ValueError(
-                    f"entry {i}: batch size {batch!r:.40} out of [1, {MAX_BATCH_SIZE}]"
-                )
-            if not (_real(seconds) and 0 <= seconds <= MAX_SECONDS):
-                raise ValueError(f"entry {i}: time {seconds!r:.40} out of [0, {MAX_SECONDS:g}]")
-            if not (_real(speed) and 1 / MAX_SPEED <= speed <= MAX_SPEED):
-                raise ValueError(f"entry {i}: speed {speed!r:.40} out of range")
-            if not _real(deviation) or any(not isinstance(h, bool) for h in held):
-                raise ValueError(f"entry {i}: deviation or held-back flag of the wrong type")
-            out.append([batch, float(seconds), float(speed), float(deviation), *held, True][:5])
-        return out
+    def _held(cls, value: Any) -> Any:
+        """An older entry, without its held-back flag, was held."""
+        if not isinstance(value, list):
+            return value
+        return [[*e, True] if isinstance(e, list | tuple) and len(e) == 4 else e for e in value]
 
     def state(self) -> dict[str, Any]:
         """The JSON form (what a checkpoint holds; the fields given, no defaults added)."""
         return self.model_dump(mode="json", exclude_unset=True)
-
-
-def _integer(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
