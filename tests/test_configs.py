@@ -234,7 +234,7 @@ def test_every_config_class_is_covered() -> None:
         "RunSettings",  # the base of the two above: its fields are checked through them
         # a checkpoint's contents, validated on load: tests/test_checkpoint_validation.py
         "OpenRecord", "Manifest", "EstimatorState", "LastReport", "SiloModel", "BalancerState",
-        "EngineState", "StrategyState", "_Contents", "ClaimsState", "FitState", "IterativeConfig",
+        "EngineState", "StrategyState", "_Contents", "ClaimsState", "FitState",
         "IterativeAllocatorState", "IterativeState", "PooledShape",  # and test_checkpoint_hostile
         "MemoryState",  # tests/test_memory_caps.py
         "SpeedEstimator", "EMA", "Last", "ChangeAwareEMA", "NARX",  # test_core_estimators.py

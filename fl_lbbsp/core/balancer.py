@@ -48,15 +48,11 @@ class BatchSizeBalancer:
     initial_batch_size : int
         B_init: every silo's batch size before any report; ``X = n * B_init``.
     knobs : BalancingKnobs | None (default: None)
-        The noise budget, the batch-size bounds and the :class:`~fl_lbbsp.core.settings.Tuning`
-        (estimator, allocator, fits, change detection, guards), each documented where
-        :class:`~fl_lbbsp.core.settings.BalancingKnobs` declares it and in
-        docs/balancing.md; a strategy's :class:`~fl_lbbsp.core.settings.BalancingConfig` is
-        one. The speed estimator is an object of the registry
-        (:data:`~fl_lbbsp.core.silo.estimators.ESTIMATORS`: ``EMA(alpha=0.2)``, ``Last()``,
-        ``ChangeAwareEMA(...)``, ``NARX(...)``, torch trains it) or its name
-        (``BalancingKnobs(estimator=EMA(alpha=0.3))``, ``BalancingKnobs(estimator="last")``).
-        ``None``: the defaults.
+        The noise budget, the batch-size bounds and the
+        :class:`~fl_lbbsp.core.settings.Tuning` (estimator, allocator, fits, change
+        detection, guards), each documented where it is declared and in docs/balancing.md;
+        a strategy's :class:`~fl_lbbsp.core.settings.BalancingConfig` is one. ``None``: the
+        defaults.
 
     Raises
     ------

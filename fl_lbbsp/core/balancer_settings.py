@@ -23,33 +23,10 @@ Fit = Literal["robust", "wls"]
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """The settings a silo's model uses.
-
-    Parameters
-    ----------
-    estimator : SpeedEstimator
-        The speed estimator (:mod:`~fl_lbbsp.core.silo.estimators`).
-    alpha : float
-        EMA weight of a silo's newest fixed time (and the ``wls`` fit's decay).
-    history : int
-        Reports kept in the window.
-    min_fit_spread : float
-        Batch sizes closer than this fraction count as the same.
-    fit : {"robust", "wls"}
-        The cost fit the allocation uses.
-    wls : bool
-        Whether the weighted least-squares line is also made (linear allocator, ``wls``).
-    change_sigmas : float | None
-        Change detection limit in noise scales; ``None``: no detection.
-    change_threshold : float
-        Smallest relative deviation that counts as a possible change.
-    change_confirm : int
-        Held reports in a row that confirm a change.
-    max_change_ratio : float | None
-        The allocation's change limit (a confirmed change widens it, at most squared).
-
-    Each value is :class:`~fl_lbbsp.core.settings.Tuning`'s, checked there.
-    """
+    """What a silo's model takes of :class:`~fl_lbbsp.core.settings.Tuning` (each field
+    documented and checked there, ``alpha`` also the ``wls`` fit's decay), with the speed
+    estimator it names and ``wls``: whether the weighted least-squares line is also made
+    (the linear allocator with ``fit="wls"``)."""
 
     estimator: SpeedEstimator
     alpha: float

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from ..contract import SILO_ID_PATTERN
+from .allocation.iterative import Iterative
 from .settings import BalancingConfig
 from .silo.state import (
     MAX_BATCH_SIZE,
@@ -54,24 +55,11 @@ SiloId = Annotated[str, StringConstraints(pattern=f"^{SILO_ID_PATTERN}$")]
 NodeId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,20}$")]
 
 
-class IterativeConfig(OpenRecord):
-    """The iterative allocator's settings.
-
-    See :class:`~fl_lbbsp.core.allocation.iterative.IterativeAllocator`.
-    """
-
-    step: int = Field(ge=1, le=MAX_BATCH_SIZE, strict=True)
-    window: int = Field(ge=1, le=MAX_ENTRIES, strict=True)
-    fine_step: int = Field(ge=1, le=MAX_BATCH_SIZE, strict=True)
-    fine_window: int = Field(ge=1, le=MAX_ENTRIES, strict=True)
-    memory_limit: float = Field(gt=0, le=100, allow_inf_nan=False, strict=True)
-    refast_ratio: float | None = Field(gt=1, allow_inf_nan=False, strict=True)
-
-
 class IterativeAllocatorState(OpenRecord):
-    """The iterative allocator's state."""
+    """The iterative allocator's state: its settings (the allocator itself) and its
+    state machine's."""
 
-    config: IterativeConfig
+    config: Iterative
     phase: Literal["fast", "fine"]
     sizes: dict[SiloId, Batch] = Field(max_length=MAX_SILOS)
     times: list[dict[SiloId, Seconds]] = Field(max_length=MAX_ENTRIES)

@@ -280,19 +280,8 @@ class BalancingKnobs(BaseModel):
 
 class BalancingConfig(BalancingKnobs):
     """Round configuration and balancer settings of an LB-BSP strategy: the round
-    (B_init, tau, eta) and the knobs of :class:`BalancingKnobs` (see each field there).
-
-    Parameters
-    ----------
-    initial_batch_size : int
-        B_init, every silo's batch size in round 1; the total X = n * B_init.
-    local_steps : int
-        Local SGD steps tau, the same for all silos.
-    lr : float
-        Learning rate eta, the same for all silos.
-    **knobs
-        The fields of :class:`BalancingKnobs` (a :class:`Tuning` field by its name too).
-    """
+    (B_init, tau, eta, documented under each field) and the knobs of
+    :class:`BalancingKnobs` (a :class:`Tuning` field by its name too)."""
 
     initial_batch_size: int = Field(gt=0, strict=True)
     """B_init, every silo's batch size in round 1; the total X = n * B_init."""

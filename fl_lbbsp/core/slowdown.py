@@ -23,29 +23,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["MIN_SILOS", "median", "shared_slowdown"]
+__all__ = ["MIN_SILOS", "shared_slowdown"]
 
 MIN_SILOS = 3
 """Fewest silos to judge a round's shared slowdown by."""
-
-
-_SORTED_MEDIAN = 64
-"""Up to this many values :func:`median` sorts them in Python (numpy's call costs more)."""
-
-
-def median(values: Sequence[float] | np.ndarray) -> float:
-    """``np.median`` of the values, as a float: for a few values the middle of the sorted
-    values (or the mean of the two middle ones, ``(lower + upper) / 2`` as numpy takes
-    it), without numpy's per-call cost; numpy's own where a value is NaN or the median is
-    a zero (whose sign numpy's partition decides)."""
-    if not 0 < len(values) <= _SORTED_MEDIAN:
-        return float(np.median(values))
-    ordered = sorted(values.tolist() if isinstance(values, np.ndarray) else values)
-    k = len(ordered) // 2
-    out = float(ordered[k]) if len(ordered) % 2 else (ordered[k - 1] + ordered[k]) / 2
-    if out == 0 or not all(v == v for v in ordered):  # noqa: PLR0124 (NaN test)
-        return float(np.median(values))
-    return out
 
 
 def shared_slowdown(
@@ -81,11 +62,11 @@ def shared_slowdown(
         math.log(t / level) for t, level in zip(times, levels, strict=True) if level is not None
     ]
     if len(deviations) >= MIN_SILOS:
-        return math.exp(median(deviations))
+        return math.exp(float(np.median(deviations)))
     for t, level, line in zip(times, levels, lines, strict=True):
         if level is None and line is not None:
             deviations.append(math.log(t / line))
     if len(deviations) < MIN_SILOS:
         return 1.0
-    shift = median(deviations)
+    shift = float(np.median(deviations))
     return math.exp(shift) if abs(shift) > math.log1p(threshold) else 1.0

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from ..silo.state import MAX_BATCH_SIZE, MAX_ENTRIES
 from .allocators import Allocator, Decision, Problem, proportional, register, split_equally
 
 __all__ = ["Iterative", "IterativeAllocator"]
@@ -48,13 +49,13 @@ class Iterative(Allocator):
     """
 
     name = "iterative"
-    step: int = Field(default=5, ge=1, strict=True)
+    step: int = Field(default=5, ge=1, le=MAX_BATCH_SIZE, strict=True)
     """Samples moved per iteration in the fast-approach phase (Delta)."""
-    window: int = Field(default=5, ge=1, strict=True)
+    window: int = Field(default=5, ge=1, le=MAX_ENTRIES, strict=True)
     """Observation window D of the fast-approach phase."""
-    fine_step: int = Field(default=1, ge=1, strict=True)
+    fine_step: int = Field(default=1, ge=1, le=MAX_BATCH_SIZE, strict=True)
     """Step of the fine-tune phase."""
-    fine_window: int = Field(default=20, ge=1, strict=True)
+    fine_window: int = Field(default=20, ge=1, le=MAX_ENTRIES, strict=True)
     """Observation window of the fine-tune phase."""
     memory_limit: float = Field(default=95.0, gt=0, le=100)
     """A worker using more memory than this (percent) is never the leader."""

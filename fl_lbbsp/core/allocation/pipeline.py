@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 
 from ..silo.reports import check_positive_int
-from ..slowdown import median
 from .allocators import (
     ALLOCATORS,
     Allocator,
@@ -400,7 +399,7 @@ def per_silo(
         return None
     if not all(math.isfinite(v) and v > 0 for v in given.values()):
         raise ValueError(f"{name} must be finite and positive, got {given}")
-    fill = median(list(given.values()))
+    fill = float(np.median(list(given.values())))
     return np.array([given.get(i, fill) for i in ids], dtype=np.float64)
 
 

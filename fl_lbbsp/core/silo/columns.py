@@ -197,45 +197,20 @@ class History(Sequence[Observation]):
 
 
 class SiloView:
-    """One silo's model read from the table's columns (what the iterative allocator and a
-    checkpoint read); :meth:`record` takes the whole of it out."""
+    """One silo's model read from the table's columns: its window and, taken out whole,
+    its state."""
 
     def __init__(self, columns: SiloColumns, index: int) -> None:
         self._columns, self.index = columns, index
-
-    @property
-    def reports(self) -> int:
-        """Reports taken."""
-        return int(self._columns["reports"][self.index])
 
     @property
     def history(self) -> History:
         """The window of recent normal reports, oldest first."""
         return History(self._columns, self.index)
 
-    @property
-    def last(self) -> dict[str, Any]:
-        """Its last report's fields."""
-        return self._columns.last_fields(self.index)
-
-    @property
-    def estimator(self) -> dict[str, Any]:
-        """Its speed estimator's state."""
-        return self._columns.estimator.silo_state(self._columns.est, self.index)
-
-    @property
-    def fixed_time(self) -> float | None:
-        """Smoothed fixed per-round seconds (``he-time``)."""
-        value = float(self._columns["fixed_time"][self.index])
-        return None if math.isnan(value) else value
-
-    def record(self) -> SiloModel:
-        """The silo's whole state as a record."""
-        return self._columns.record(self.index)
-
     def state(self) -> dict[str, Any]:
         """JSON-serialisable state (the balancer's checkpoint format)."""
-        return self.record().state()
+        return self._columns.record(self.index).state()
 
 
 class SiloModels(Mapping[str, SiloView]):

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..balancer_settings import ModelSettings
-from ..slowdown import median, shared_slowdown
+from ..slowdown import shared_slowdown
 from .columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
 from .costfit import fit_linear_cost, fit_windows
 from .detector import near_levels, observe_run, push
@@ -276,7 +276,7 @@ class SiloTable:
         """Refresh the pooled shape from the silos' known shapes, if any changed."""
         if self.shapes_changed:
             shapes = self.columns["shape"][1 : self.columns.size + 1]
-            self.pooled_shape = median(shapes[~np.isnan(shapes)])
+            self.pooled_shape = float(np.median(shapes[~np.isnan(shapes)]))
             self.shapes_changed = False
 
     # ------------------------------------------------------------------ queries

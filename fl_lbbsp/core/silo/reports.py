@@ -25,7 +25,6 @@ __all__ = [
     "ReportColumns",
     "SiloReport",
     "check_positive_int",
-    "is_real",
     "report_columns",
 ]
 
@@ -84,15 +83,6 @@ class SiloReport:
     def steps(self) -> float:
         """Local steps implied by the report (samples / batch size)."""
         return 1.0 if self.samples is None else float(self.samples) / float(self.batch_size)
-
-
-def is_real(value: object) -> bool:
-    """Whether ``value`` is a finite real number (not a bool)."""
-    return (
-        isinstance(value, int | float | np.integer | np.floating)
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    )
 
 
 class ReportColumns(NamedTuple):
