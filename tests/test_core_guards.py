@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport, fit_robust_cost
 from fl_lbbsp.core.allocation.budget import budgeted_minmax
-from fl_lbbsp.core.balancer import BALANCER_DEFAULTS, order_guard
+from fl_lbbsp.core.allocation.pipeline import order_guard
+from fl_lbbsp.core.balancer import BALANCER_DEFAULTS
 from fl_lbbsp.core.settings import BalancingKnobs
 
 TAU = 10

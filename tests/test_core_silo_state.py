@@ -4,7 +4,6 @@ field added to the record is a column without another edit."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Annotated, Any
 
@@ -14,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import Field, ValidationError
 
-from fl_lbbsp.core import EMA, BatchSizeBalancer, ChangeAwareEMA
-from fl_lbbsp.core.balancer_settings import ModelSettings
+from fl_lbbsp.core import EMA, ChangeAwareEMA
+from fl_lbbsp.core.settings import Tuning
 from fl_lbbsp.core.silo.columns import SiloColumns
 from fl_lbbsp.core.silo.estimators import SpeedEstimator
 from fl_lbbsp.core.silo.state import Column, Count, FitState, LastReport, SiloModel
@@ -24,10 +23,8 @@ NESTED = {"estimator", "history", "last", "pending", "fit"}
 """The record's nested parts, each with its own columns."""
 
 
-def _settings(estimator: SpeedEstimator) -> ModelSettings:
-    return dataclasses.replace(
-        BatchSizeBalancer(initial_batch_size=32).model_settings, estimator=estimator
-    )
+def _columns(estimator: SpeedEstimator, **kwargs: Any) -> SiloColumns:
+    return SiloColumns(estimator=estimator, width=Tuning().history, **kwargs)
 
 
 speeds = st.floats(1e-3, 1e6)
@@ -52,7 +49,7 @@ def records(draw: st.DrawFn, estimator: SpeedEstimator, width: int) -> SiloModel
     state["value"] = draw(st.none() | speeds)
     if "pending" in state and state["value"] is not None:
         state["pending"] = draw(st.lists(speeds, max_size=3))
-    entry = st.tuples(sizes, seconds, speeds, st.floats(-5.0, 5.0), st.booleans()).map(list)
+    entry = st.tuples(sizes, seconds, speeds, st.floats(-5.0, 5.0), st.booleans())
     return SiloModel(
         estimator=state,  # type: ignore[arg-type]
         history=draw(st.lists(st.tuples(sizes, seconds), max_size=width)),
@@ -80,7 +77,7 @@ def test_a_random_valid_record_round_trips_through_the_columns_exactly(
     estimator: SpeedEstimator, data: st.DataObject
 ) -> None:
     # Prepare
-    columns = SiloColumns(_settings(estimator))
+    columns = _columns(estimator)
     model = data.draw(records(estimator, columns.width))
     index = columns.add()
 
@@ -94,7 +91,7 @@ def test_a_random_valid_record_round_trips_through_the_columns_exactly(
 
 def test_every_field_of_the_record_is_a_column_or_a_nested_part() -> None:
     # Prepare
-    columns = SiloColumns(_settings(EMA(alpha=0.2)))
+    columns = _columns(EMA(alpha=0.2))
 
     # Execute
     scalars = set(columns.kinds)
@@ -119,7 +116,7 @@ def test_a_field_added_to_the_record_is_a_column_without_another_edit(
     field: str, new: float, value: Any
 ) -> None:
     # Prepare
-    columns = SiloColumns(_settings(EMA(alpha=0.2)), model=Tenanted)
+    columns = _columns(EMA(alpha=0.2), model=Tenanted)
     rows = [columns.add() for _ in range(20)]  # grown past the first 8 rows
     model = Tenanted.model_validate({"estimator": {"name": "ema"}, field: value})
 
@@ -140,7 +137,7 @@ def test_a_field_added_to_the_record_is_a_column_without_another_edit(
 )  # fmt: skip
 def test_a_column_out_of_its_fields_bounds_is_refused_as_a_record(field: str, bad: float) -> None:
     # Prepare
-    columns = SiloColumns(_settings(EMA(alpha=0.2)))
+    columns = _columns(EMA(alpha=0.2))
     index = columns.add()
     columns.load(index, SiloModel.model_validate({"estimator": {"name": "ema"}}))
     columns[field][index] = bad

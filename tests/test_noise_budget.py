@@ -22,8 +22,8 @@ from fl_lbbsp.core.allocation.budget import (
     hinge_times,
     noise_ratio,
 )
-from fl_lbbsp.core.balancer import ALLOCATION_REASONS, NOISE_BUDGET
-from fl_lbbsp.core.settings import BalancingConfig, BalancingKnobs
+from fl_lbbsp.core.allocation.pipeline import ALLOCATION_REASONS
+from fl_lbbsp.core.settings import NOISE_BUDGET, BalancingConfig, BalancingKnobs
 from fl_lbbsp.core.silo.costfit import find_knee, fit_robust_cost
 
 

@@ -20,23 +20,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .allocation import pipeline as allocation
-from .allocation.budget import Allocation
-from .allocation.pipeline import ALLOCATION_REASONS, Decision, order_guard, per_silo
-from .balancer_settings import ModelSettings
-from .settings import BALANCER_DEFAULTS, MAX_NOISE_BUDGET, NOISE_BUDGET, BalancingKnobs
+from .allocation.pipeline import Decision, per_silo
+from .settings import BALANCER_DEFAULTS, BalancingKnobs
 from .silo.model import SiloModel, SiloTable
 from .silo.reports import InvalidReportError, SiloReport, check_positive_int, report_columns
 
 __all__ = [
-    "ALLOCATION_REASONS",
     "BALANCER_DEFAULTS",
-    "MAX_NOISE_BUDGET",
-    "NOISE_BUDGET",
-    "Allocation",
     "BatchSizeBalancer",
     "InvalidReportError",
     "SiloReport",
-    "order_guard",
 ]
 
 
@@ -72,18 +65,14 @@ class BatchSizeBalancer:
         """The speed estimator (:meth:`~fl_lbbsp.core.settings.Tuning.speed_estimator`)."""
         self.allocator = t.batch_allocator()
         """The allocator (:meth:`~fl_lbbsp.core.settings.Tuning.batch_allocator`)."""
-        self.model_settings = ModelSettings(
-            self.speed_estimator, t.alpha, t.history, t.min_fit_spread, t.fit,
-            self.allocator.fits_lines and t.fit == "wls", t.change_sigmas, t.change_threshold,
-            t.change_confirm, t.max_change_ratio,
-        )  # fmt: skip
         self._allocation = self.allocator.start()
         self.common_factor = 1.0
         """The common factor taken out of the last round's reports (1: none)."""
         self.last_allocation: dict[str, tuple[int, str]] = {}
-        """Each silo's batch size and the reason it got it (:data:`ALLOCATION_REASONS`)
-        in the last :meth:`allocate`."""
-        self._table = SiloTable(self.model_settings)
+        """Each silo's batch size and the reason it got it
+        (:data:`~.allocation.pipeline.ALLOCATION_REASONS`) in the last :meth:`allocate`."""
+        wls = self.allocator.fits_lines and t.fit == "wls"
+        self._table = SiloTable(t, estimator=self.speed_estimator, wls=wls)
         self._silos = self._table.models
 
     # ------------------------------------------------------------------ reports
@@ -96,8 +85,10 @@ class BatchSizeBalancer:
         InvalidReportError
             If the report is unusable; the silo's state is then left unchanged.
         """
-        report.validate()
-        self._table.take_round({silo_id: report})
+        columns, errors = report_columns([report])
+        if errors:
+            raise errors[0]
+        self._table.take_columns([silo_id], [report], columns)
 
     def report_round(self, reports: Mapping[str, SiloReport]) -> dict[str, InvalidReportError]:
         """Feed one round's reports, the round's shared slowdown taken out of them

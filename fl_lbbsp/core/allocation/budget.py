@@ -36,7 +36,7 @@ import numpy as np
 
 from .rounding import ArrayLike, FloatArray, IntArray, integer_bounds, round_to_total
 from .waterfill import TOLERANCE as _TOL
-from .waterfill import least_round_time, linear_minmax_continuous
+from .waterfill import caps_at, least_round_time, variance
 from .waterfill import waterfill as _waterfill
 
 __all__ = [
@@ -178,27 +178,20 @@ def _solve(
     """The continuous optimum with lower bounds ``lo`` (the knees among them or not)."""
     q = np.sqrt(c)
     floor_time = float(np.max(a * np.maximum(lo, k) + b))
-
-    def caps(t: float) -> FloatArray:
-        return np.asarray(np.maximum(np.minimum(hi, (t - b) / a), lo), dtype=np.float64)
-
-    def variance(x: FloatArray) -> float:
-        return math.inf if (x <= 0).any() else float((c / x).sum())
-
-    _, t_star = linear_minmax_continuous(a, b, total, lower=lo, upper=hi)
+    _, t_star = _waterfill(1.0 / a, lo, hi, total, offset=b / a)  # the min-max of the lines
     t0 = max(t_star, floor_time)
-    x, s = _waterfill(q, lo, caps(t0), total)
-    if variance(x) <= budget * (1 + _TOL):
-        return _Solution(x, t0, s, caps(t0), lo, False, True)
+    x, s = _waterfill(q, lo, caps_at(t0, a, b, lo, hi), total)
+    if variance(c, x) <= budget * (1 + _TOL):
+        return _Solution(x, t0, s, caps_at(t0, a, b, lo, hi), lo, False, True)
     least, s = _waterfill(q, lo, hi, total)
     t1 = float(np.max(hinge_times(a, b, k, least)))
-    if variance(least) > budget * (1 + _TOL):
-        return _Solution(least, t1, s, caps(t1), lo, True, False)
+    if variance(c, least) > budget * (1 + _TOL):
+        return _Solution(least, t1, s, caps_at(t1, a, b, lo, hi), lo, True, False)
     high = least_round_time(
         (t0, max(t1, t0)), q=q, lo=lo, hi=hi, a=a, b=b, c=c, total=total, budget=budget
     )
-    x, s = _waterfill(q, lo, caps(high), total)
-    return _Solution(x, high, s, caps(high), lo, True, True)
+    x, s = _waterfill(q, lo, caps_at(high, a, b, lo, hi), total)
+    return _Solution(x, high, s, caps_at(high, a, b, lo, hi), lo, True, True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -117,33 +117,12 @@ def allocate(
     caps: Sequence[float] | None = None,
 ) -> Decision:
     """The pipeline: every silo of ``ids`` (sorted: the result does not depend on their
-    order) gets its batch size and reason.
-
-    Parameters
-    ----------
-    ids : list of str
-        The silos of the round, sorted.
-    table : SiloTable
-        The silos' models and rows.
-    knobs : BalancingKnobs
-        The bounds and the guards.
-    allocator : Allocator
-        The allocator (:data:`~fl_lbbsp.core.allocation.allocators.ALLOCATORS`).
-    initial_batch_size : int
-        B_init.
-    state : object (default: None)
-        The allocator's state (:meth:`Allocator.start`; Alg. 2's).
-    total : int | None (default: None)
-        The total X; ``None``: ``n * B_init``.
-    weights, noise : numpy.ndarray | None (default: None)
-        Per-silo aggregation weights and gradient noise (:func:`per_silo`).
-    rho : float | None (default: None)
-        The noise budget; ``None``: none.
-    held : mapping of str to int | None (default: None)
-        Sizes a gate keeps (:func:`hold`); nothing else runs.
-    caps : sequence of float | None (default: None)
-        Per-silo memory caps learned by the server (``inf``: none), beside those the silos
-        report (:class:`~fl_lbbsp.core.round.memory_caps.MemoryCaps`).
+    order) gets its batch size and reason, from the silos' models (``table``), the
+    bounds and guards (``knobs``) and the allocator with its ``state``
+    (:meth:`Allocator.start`). The other keywords are
+    :meth:`~fl_lbbsp.core.balancer.BatchSizeBalancer.allocate`'s, ``weights`` and ``noise``
+    one per silo (:func:`per_silo`), ``rho`` the noise budget (``None``: none), ``caps``
+    one per silo (``inf``: none).
 
     Raises
     ------

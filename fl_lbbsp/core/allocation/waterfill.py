@@ -25,9 +25,11 @@ from .rounding import ArrayLike, FloatArray
 
 __all__ = [
     "TOLERANCE",
+    "caps_at",
     "least_round_time",
     "linear_minmax_continuous",
     "positive_finite",
+    "variance",
     "waterfill",
 ]
 
@@ -155,6 +157,17 @@ def linear_minmax_continuous(
     return waterfill(1.0 / slope, lo, hi, total, offset=offset / slope)
 
 
+def caps_at(t: float, a: FloatArray, b: FloatArray, lo: FloatArray, hi: FloatArray) -> FloatArray:
+    """Each silo's largest share within round time ``t``, ``U_i(t) = clip((t - b_i) / a_i,
+    lo_i, hi_i)``."""
+    return np.asarray(np.maximum(np.minimum(hi, (t - b) / a), lo), dtype=np.float64)
+
+
+def variance(c: FloatArray, x: FloatArray) -> float:
+    """The update's variance ``sum_i c_i / x_i`` at the shares ``x`` (inf if one is 0)."""
+    return math.inf if (x <= 0).any() else float((c / x).sum())
+
+
 def least_round_time(
     interval: tuple[float, float],
     *,
@@ -174,9 +187,7 @@ def least_round_time(
     low, high = interval
 
     def meets(t: float) -> bool:
-        caps = np.asarray(np.maximum(np.minimum(hi, (t - b) / a), lo), dtype=np.float64)
-        x = waterfill(q, lo, caps, total)[0]
-        return (math.inf if (x <= 0).any() else float((c / x).sum())) <= budget
+        return variance(c, waterfill(q, lo, caps_at(t, a, b, lo, hi), total)[0]) <= budget
 
     for _ in range(200):
         if high - low <= TOLERANCE * high:

@@ -16,19 +16,18 @@ Learning in Non-Dedicated Environments", IEEE TCC 2021, Sec. 4.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, overload
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
-from ..balancer_settings import ModelSettings
 from .costfit import CostFits
 from .detector import RUN, new_runs
-from .estimators import MachineUse
+from .estimators import MachineUse, SpeedEstimator
 from .reports import SiloReport
 from .state import Column, Observation, SiloModel
 
-__all__ = ["FIT_FIELDS", "History", "SiloColumns", "SiloModels", "SiloView"]
+__all__ = ["FIT_FIELDS", "SiloColumns", "SiloModels", "SiloView"]
 
 FIT_FIELDS = CostFits._fields
 """The cost fit's fields, each a column ``fit_<name>`` (``fit_slope`` NaN: no fit)."""
@@ -39,16 +38,18 @@ class SiloColumns:
 
     Parameters
     ----------
-    settings : ModelSettings
-        The silos' settings (the window's length, the estimator).
+    estimator : SpeedEstimator
+        The silos' speed estimator.
+    width : int
+        The history window's length.
     model : type of SiloModel (default: SiloModel)
         The record, whose fields marked :class:`~.state.Column` are columns.
     """
 
-    def __init__(self, settings: ModelSettings, *, model: type[SiloModel] = SiloModel) -> None:
-        self.settings, self.model = settings, model
-        self.width = settings.history
-        self.estimator = settings.estimator
+    def __init__(
+        self, *, estimator: SpeedEstimator, width: int, model: type[SiloModel] = SiloModel
+    ) -> None:
+        self.model, self.width, self.estimator = model, width, estimator
         self.size = 0
         self.kinds = {
             name: mark.kind
@@ -173,29 +174,6 @@ class SiloColumns:
         return {} if last is None else dict(last)
 
 
-class History(Sequence[Observation]):
-    """A silo's history window read from the columns, oldest first."""
-
-    def __init__(self, columns: SiloColumns, index: int) -> None:
-        self._columns, self._index = columns, index
-
-    def __len__(self) -> int:
-        return int(self._columns.hist_n[self._index])
-
-    @overload
-    def __getitem__(self, k: int) -> Observation: ...
-    @overload
-    def __getitem__(self, k: slice) -> list[Observation]: ...
-    def __getitem__(self, k: int | slice) -> Observation | list[Observation]:
-        f, i, n = self._columns, self._index, len(self)
-        if isinstance(k, slice):
-            return [self[j] for j in range(*k.indices(n))]
-        if not -n <= k < n:
-            raise IndexError("history index out of range")
-        k %= n
-        return Observation(int(f.hist_x[i, k]), float(f.hist_t[i, k]))
-
-
 class SiloView:
     """One silo's model read from the table's columns: its window and, taken out whole,
     its state."""
@@ -204,9 +182,12 @@ class SiloView:
         self._columns, self.index = columns, index
 
     @property
-    def history(self) -> History:
+    def history(self) -> list[Observation]:
         """The window of recent normal reports, oldest first."""
-        return History(self._columns, self.index)
+        f, i = self._columns, self.index
+        n = int(f.hist_n[i])
+        window = zip(f.hist_x[i, :n].tolist(), f.hist_t[i, :n].tolist(), strict=True)
+        return [Observation(int(x), t) for x, t in window]
 
     def state(self) -> dict[str, Any]:
         """JSON-serialisable state (the balancer's checkpoint format)."""

@@ -31,7 +31,7 @@ Learning in Non-Dedicated Environments", IEEE TCC 2021, Sec. 3.2 and 3.5).
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 
 import numpy as np
 
@@ -58,20 +58,22 @@ def new_runs(rows: int, width: int) -> dict[str, np.ndarray]:
 
 
 def push(
-    xs: np.ndarray, ts: np.ndarray, n: np.ndarray, rows: np.ndarray, x: np.ndarray, t: np.ndarray
-) -> None:
-    """Append ``(x, t)`` to the windows at ``rows`` (the oldest entry of a full one drops
-    out)."""
-    if not rows.size:
-        return
-    width = xs.shape[1]
-    count = n[rows]
+    windows: Sequence[np.ndarray], count: np.ndarray, rows: np.ndarray,
+    values: Sequence[np.ndarray],
+) -> np.ndarray:  # fmt: skip
+    """Append ``values[k]`` to ``windows[k]`` (``(rows, W)`` arrays) at ``rows``, whose
+    windows hold ``count`` entries (the oldest entry of a full one drops out); return
+    their new counts."""
+    width = windows[0].shape[1]
     full = rows[count >= width]
     if full.size:
-        xs[full, :-1], ts[full, :-1] = xs[full, 1:], ts[full, 1:]
+        for window in windows:
+            window[full, :-1] = window[full, 1:]
     at = np.minimum(count, width - 1)
-    xs[rows, at], ts[rows, at] = x, t
-    n[rows] = np.minimum(count + 1, width)
+    for window, value in zip(windows, values, strict=True):
+        window[rows, at] = value
+    counts: np.ndarray = np.minimum(count + 1, width)
+    return counts
 
 
 def observe_run(
@@ -110,22 +112,14 @@ def observe_run(
     ndarray of bool
         Where a change is confirmed.
     """
-    width = run["x"].shape[1]
+    width, fields = run["x"].shape[1], (*RUN, "held")
     limit = np.broadcast_to(np.asarray(limit, dtype=np.float64), rows.shape)
     count = run["n"][rows]
     deviation = np.where(np.abs(entry[3]) <= ON_LEVEL, 0.0, entry[3])
     entry = (*entry[:3], deviation)
     previous = run["dev"][rows, np.maximum(count - 1, 0)]
     count = np.where((count > 0) & (np.sign(previous) != np.sign(deviation)), 0, count)
-    full = rows[count >= width]
-    if full.size:
-        for name in (*RUN, "held"):
-            run[name][full, :-1] = run[name][full, 1:]
-    at = np.minimum(count, width - 1)
-    for name, values in zip(RUN, entry, strict=True):
-        run[name][rows, at] = values
-    run["held"][rows, at] = held
-    count = np.minimum(count + 1, width)
+    count = push([run[name] for name in fields], count, rows, (*entry, held))
     columns = np.arange(width)
     inside = columns < count[:, None]
     last_normal = np.where(inside & ~run["held"][rows], columns, -1).max(axis=1)
@@ -134,7 +128,7 @@ def observe_run(
     for k in np.flatnonzero(confirmed).tolist():  # keep only the held entries at the end
         i, drop = rows[k], int(count[k] - trailing[k])
         if drop:
-            for name in (*RUN, "held"):
+            for name in fields:
                 run[name][i, : trailing[k]] = run[name][i, drop : count[k]]
     count = np.where(confirmed, trailing, count)
     long = ~confirmed & (count > confirm)

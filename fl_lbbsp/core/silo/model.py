@@ -21,20 +21,22 @@ Chen et al., SoCC 2020, Sec. 3.3 and BOA (Yang et al.).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from itertools import repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..balancer_settings import ModelSettings
 from ..slowdown import shared_slowdown
 from .columns import FIT_FIELDS, SiloColumns, SiloModels, SiloView
 from .costfit import fit_linear_cost, fit_windows
 from .detector import near_levels, observe_run, push
-from .estimators import EMA, MachineUse
-from .reports import ReportColumns, SiloReport, report_columns
+from .estimators import EMA, MachineUse, SpeedEstimator
+from .reports import ReportColumns, SiloReport
 from .state import Observation, SiloModel
+
+if TYPE_CHECKING:
+    from ..settings import Tuning
 
 __all__ = ["ROW", "Observation", "SiloModel", "SiloTable", "SiloView"]
 
@@ -66,13 +68,20 @@ class SiloTable:
 
     Parameters
     ----------
-    settings : ModelSettings
-        The models' settings.
+    settings : Tuning
+        The models' settings (the window, the fits, the change detection).
+    estimator : SpeedEstimator
+        The speed estimator (the one ``settings`` name).
+    wls : bool
+        Whether the weighted least-squares line is also made (the linear allocator with
+        ``fit="wls"``; ``alpha`` is its decay).
     """
 
-    def __init__(self, settings: ModelSettings) -> None:
-        self.settings = settings
-        self.columns = SiloColumns(settings)
+    def __init__(self, settings: Tuning, *, estimator: SpeedEstimator, wls: bool) -> None:
+        self.settings, self.wls = settings, wls
+        self.max_boost = (settings.max_change_ratio or 1.0) ** 2
+        """The most a confirmed change (or a restart) widens the change limit by."""
+        self.columns = SiloColumns(estimator=estimator, width=settings.history)
         self.rows = np.array([_NO_ROW] * 8, dtype=ROW)
         self._index: dict[str, int] = {}
         self.models = SiloModels(self.columns, self._index)
@@ -81,20 +90,14 @@ class SiloTable:
         self.pooled_shape = 0.0
 
     # ------------------------------------------------------------------ reports
-    def take_round(self, reports: Mapping[str, SiloReport], *, shared: bool = False) -> float:
-        """Feed valid reports of one round, with (``shared``) the slowdown their silos
-        share taken out (:func:`~fl_lbbsp.core.slowdown.shared_slowdown`); return that
-        factor (1: none)."""
-        given = list(reports.values())
-        columns, _ = report_columns(given)
-        return self.take_columns(list(reports), given, columns, shared=shared)
-
     def take_columns(
         self, silos: Sequence[str], reports: Sequence[SiloReport], columns: ReportColumns,
         *, shared: bool = False,
     ) -> float:  # fmt: skip
-        """:meth:`take_round` of valid reports whose fields are already ``columns``
-        (:func:`~fl_lbbsp.core.silo.reports.report_columns`)."""
+        """Feed valid reports of one round, their fields already ``columns``
+        (:func:`~fl_lbbsp.core.silo.reports.report_columns`), with (``shared``) the
+        slowdown their silos share taken out
+        (:func:`~fl_lbbsp.core.slowdown.shared_slowdown`); return that factor (1: none)."""
         if not silos:
             return 1.0
         rows = np.fromiter(map(self._index.get, silos, repeat(0)), np.intp, count=len(silos))
@@ -150,7 +153,7 @@ class SiloTable:
             change[j] = confirmed
         f["reports"][rows] += 1
         # after a restart, the size its cold report led to was start-up, not capacity
-        f["boost"][rows] = np.where(f.restarted[rows], settings.max_boost, 1.0)
+        f["boost"][rows] = np.where(f.restarted[rows], self.max_boost, 1.0)
         f.restarted[rows] = False
         k = np.flatnonzero(normal)
         use = None
@@ -158,7 +161,7 @@ class SiloTable:
             chosen = [reports[i] for i in k.tolist()]
             use = MachineUse(_floats(chosen, "cpu_percent"), _floats(chosen, "memory_percent"))
         f.update_estimators(rows[k], speed[k], use)
-        push(f.hist_x, f.hist_t, f.hist_n, rows[k], x[k], t[k])
+        f.hist_n[rows[k]] = push((f.hist_x, f.hist_t), f.hist_n[rows[k]], rows[k], (x[k], t[k]))
         if change.any():
             self._take_changes(rows[change])
 
@@ -176,7 +179,7 @@ class SiloTable:
             f.hist_x[i, :n], f.hist_t[i, :n] = run["x"][i, :n], run["t"][i, :n]
             f.hist_n[i] = n
             level_ratio = math.exp(abs(float(run["dev"][i, :n].sum()) / n))
-            f["boost"][i] = min(level_ratio, self.settings.max_boost)
+            f["boost"][i] = min(level_ratio, self.max_boost)
             run["n"][i] = 0
 
     def restart(self, silo_id: str) -> None:
@@ -241,7 +244,7 @@ class SiloTable:
         else:
             for name in FIT_FIELDS:
                 f[f"fit_{name}"][rows] = np.nan
-        if settings.wls:
+        if self.wls:
             a = a.copy()
             for k, i in enumerate(rows.tolist()):
                 if f.hist_n[i]:
@@ -393,7 +396,7 @@ def _take_fields(
     f["last_size"][rows] = size
 
 
-def _wls(f: SiloColumns, i: int, settings: ModelSettings) -> tuple[float, float] | None:
+def _wls(f: SiloColumns, i: int, settings: Tuning) -> tuple[float, float] | None:
     """The weighted least-squares line of row ``i``'s window (older reports weigh less)."""
     n = int(f.hist_n[i])
     ages = np.arange(n)[::-1]
