@@ -75,7 +75,6 @@ class BatchSizeBalancer:
         self._table = SiloTable(t, estimator=self.speed_estimator, wls=wls)
         self._silos = self._table.models
 
-    # ------------------------------------------------------------------ reports
     def report(self, silo_id: str, report: SiloReport) -> None:
         """Feed one silo's round report, judged alone (no slowdown shared with other
         silos is taken out: feed a whole round with :meth:`report_round`).
@@ -112,7 +111,6 @@ class BatchSizeBalancer:
         move it as far as after a confirmed change. A silo not seen yet: nothing."""
         self._table.restart(silo_id)
 
-    # ------------------------------------------------------------ predictions
     def warming_up(self) -> dict[str, tuple[int, int]]:
         """Silos whose estimator still predicts by its EMA warm-up (NARX before its first
         training, Sec. 3.2.2): silo id -> (reports so far, warm-up length)."""
@@ -152,7 +150,6 @@ class BatchSizeBalancer:
         """Ids of every silo that has reported at least once."""
         return list(self._silos)
 
-    # --------------------------------------------------------------- allocation
     def total_batch_size(self, num_silos: int) -> int:
         """The fixed total ``X = n * B_init`` for a round with ``num_silos`` silos."""
         return num_silos * self.initial_batch_size
@@ -213,7 +210,6 @@ class BatchSizeBalancer:
         self.last_allocation = dict(zip(order, zip(given, why, strict=True), strict=True))
         return dict(zip(order, given, strict=True))
 
-    # ------------------------------------------------------------ serialisation
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state (configuration and every silo's model)."""
         table = self._table

@@ -15,38 +15,9 @@ from pydantic import Field, StringConstraints, field_validator, model_validator
 from ..contract import SILO_ID_PATTERN
 from .allocation.iterative import Iterative
 from .settings import BalancingConfig
-from .silo.state import (
-    MAX_BATCH_SIZE,
-    MAX_COUNT,
-    MAX_ENTRIES,
-    MAX_SECONDS,
-    MAX_SPEED,
-    Batch,
-    Count,
-    OpenRecord,
-    Positive,
-    Seconds,
-    SiloModel,
-    Speed,
-)
+from .silo.state import MAX_BATCH_SIZE, MAX_ENTRIES, Batch, Count, OpenRecord, Seconds, SiloModel
 
-__all__ = [
-    "MAX_BATCH_SIZE",
-    "MAX_COUNT",
-    "MAX_ENTRIES",
-    "MAX_SECONDS",
-    "MAX_SILOS",
-    "MAX_SPEED",
-    "BalancerState",
-    "Batch",
-    "Count",
-    "NodeId",
-    "OpenRecord",
-    "Positive",
-    "Seconds",
-    "SiloId",
-    "Speed",
-]
+__all__ = ["MAX_BATCH_SIZE", "MAX_SILOS", "BalancerState", "NodeId", "SiloId"]
 
 MAX_SILOS = 100_000
 """Most silos a checkpoint may describe when no federation size is configured."""

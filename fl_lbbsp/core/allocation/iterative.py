@@ -227,7 +227,6 @@ class IterativeAllocator:
             self.phase = "fine"
         return dict(self.sizes)
 
-    # ------------------------------------------------------------- serialisation
     def state(self) -> dict[str, Any]:
         """JSON-serialisable state."""
         return {

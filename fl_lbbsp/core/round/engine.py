@@ -43,14 +43,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ...contract import InvalidReplyError, RecordKeys, error_summary, out_of_memory_batch_size
 from ..balancer import BatchSizeBalancer, SiloReport
-from ..balancer_state import MAX_ENTRIES, MAX_SILOS, BalancerState, NodeId, Seconds, SiloId
+from ..balancer_state import MAX_SILOS, BalancerState, NodeId, SiloId
 from ..settings import BalancingConfig, ReplyLimits
+from ..silo.state import MAX_ENTRIES, Seconds
 from ..silo.transfer import TransferTimes
-from .deadline import (
-    DeadlinePolicy,
-    OverheadTracker,
-    StragglerWatch,
-)
+from .deadline import DeadlinePolicy, OverheadTracker, StragglerWatch
 from .memory_caps import MemoryCaps, MemoryState
 from .reports import RoundReporting
 from .rewriters import FastestReplies, InstructionRewriter
@@ -188,7 +185,6 @@ class RoundEngine(RoundTiming, RoundReporting):
         self.memory = MemoryCaps()
         """Caps learned from silos that ran out of memory at the size they were sent."""
 
-    # ------------------------------------------------------------------ planning
     def total(self, sampled: int) -> int:
         """X for a round sent to ``sampled`` nodes: ``n * B_init`` for the largest n seen."""
         return self.config.initial_batch_size * max(sampled, self.federation_size)
@@ -287,7 +283,6 @@ class RoundEngine(RoundTiming, RoundReporting):
         self.time_plan(state, timeout_cap=timeout_cap)
         return state
 
-    # ----------------------------------------------------------------- screening
     def claimed_silo(self, reply: Reply) -> str:
         """The silo id a reply claims (its node's known id if it claims none); one that is
         not a string (or an integer) raises :class:`~fl_lbbsp.contract.InvalidReplyError`."""
@@ -356,7 +351,6 @@ class RoundEngine(RoundTiming, RoundReporting):
                 f"{waited or 0:.1f} s"
             )
 
-    # ----------------------------------------------------------------- checkpoints
     def state_dict(self) -> EngineState:
         """The engine's state between two rounds: the balancer, the node -> silo ids,
         the messaging overhead, the most silos seen in a round, the claims, the memory

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..balancer_state import MAX_SILOS, Batch, SiloId
+from ..balancer_state import MAX_SILOS, SiloId
+from ..silo.state import Batch
 
 __all__ = ["MemoryCaps", "MemoryState"]
 

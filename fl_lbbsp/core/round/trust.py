@@ -29,7 +29,8 @@ from typing import Annotated, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..balancer_state import MAX_ENTRIES, MAX_SILOS, Count, Seconds, SiloId
+from ..balancer_state import MAX_SILOS, SiloId
+from ..silo.state import MAX_ENTRIES, Count, Seconds
 from .state import Reply, RoundState
 
 __all__ = ["CheckedTimes", "ClaimPolicy", "ClaimsState", "ReplyGate"]

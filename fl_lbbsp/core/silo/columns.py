@@ -101,7 +101,6 @@ class SiloColumns:
         fresh = self.estimator.fresh(rows - old)
         self.est = {name: np.concatenate([a, fresh[name]]) for name, a in self.est.items()}
 
-    # ------------------------------------------------------------------ estimator
     def predict(self, index: int) -> float | None:
         """The silo's predicted speed (``None``: none yet)."""
         value = float(self.predictions(np.array([index]))[0])
@@ -121,7 +120,6 @@ class SiloColumns:
         """Feed one speed to the estimator of each of ``rows`` (with the machine's use)."""
         self.estimator.update(self.est, rows, speeds, use)
 
-    # ------------------------------------------------------------ record form
     def load(self, index: int, model: SiloModel) -> None:
         """Put a silo's record into row ``index``."""
         f = self.scalars

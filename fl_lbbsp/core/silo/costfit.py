@@ -609,7 +609,6 @@ def fit_windows(
     )  # fmt: skip
 
 
-# ---------------------------------------------------------------- one window: one row
 def _window(x: ArrayLike, t: ArrayLike, knee: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One window as a table of one row ``(x, t, n)``; checks: equal non-empty 1-D
     sequences of finite positive numbers, a finite ``knee >= 0``."""

@@ -89,7 +89,6 @@ class SiloTable:
         self.shapes_changed = False
         self.pooled_shape = 0.0
 
-    # ------------------------------------------------------------------ reports
     def take_columns(
         self, silos: Sequence[str], reports: Sequence[SiloReport], columns: ReportColumns,
         *, shared: bool = False,
@@ -195,7 +194,6 @@ class SiloTable:
             f.restarted[i] = True
             self.refresh(rows)  # no history: no cost line
 
-    # ------------------------------------------------------------------ silos
     def index(self, silo_id: str) -> int:
         """The silo's row, made on first sight."""
         i = self._index.get(silo_id)
@@ -219,7 +217,6 @@ class SiloTable:
             grown[: len(self.rows)] = self.rows
             self.rows = grown
 
-    # ------------------------------------------------------------------ fits
     def refresh(self, rows: np.ndarray, *, refit: bool = True) -> None:
         """Refit the silos' cost curves from their windows (``refit=False``: keep their
         restored robust fits) and refresh their rows."""
@@ -282,7 +279,6 @@ class SiloTable:
             self.pooled_shape = float(np.median(shapes[~np.isnan(shapes)]))
             self.shapes_changed = False
 
-    # ------------------------------------------------------------------ queries
     def gather(self, ids: Sequence[str]) -> np.ndarray:
         """The rows of ``ids`` (a silo never seen: row 0), as one structured array."""
         index = np.fromiter(map(self._index.get, ids, repeat(0)), np.intp, count=len(ids))

@@ -70,9 +70,7 @@ class NARXNetwork:
         self._scale = 1.0
         self._lock = threading.Lock()
         self._pending: Future[None] | None = None
-        self.last_loss: float | None = None
 
-    # ----------------------------------------------------------------- protocol
     def update(self, speed: float, *, cpu: float | None, memory: float | None) -> None:
         """Record a round's speed, CPU and memory use (percent; ``None`` counts as the
         previous value, or 0), and retrain when due."""
@@ -117,7 +115,6 @@ class NARXNetwork:
         if pending is not None:
             pending.result(timeout=timeout)
 
-    # ------------------------------------------------------------------ training
     def _dataset(self) -> tuple[FloatArray, FloatArray, float] | None:
         with self._lock:
             series = np.asarray(self._series, dtype=np.float64)
@@ -154,11 +151,10 @@ class NARXNetwork:
             return
         x, y, scale = data
         start = self._weights if self._weights is not None else self._initial_weights()
-        weights, loss = _fit(start, x, y, self.settings)
+        weights = _fit(start, x, y, self.settings)
         with self._lock:
-            self._weights, self._scale, self.last_loss = weights, scale, loss
+            self._weights, self._scale = weights, scale
 
-    # ------------------------------------------------------------- serialisation
     def state(self) -> dict[str, Any]:
         """JSON-serialisable state (waits for a training in progress)."""
         self.wait()
@@ -194,19 +190,17 @@ def _forward(weights: Mapping[str, Any], x: Any, tanh: Any = np.tanh) -> Any:
 
 def _fit(
     start: dict[str, FloatArray], x: FloatArray, y: FloatArray, settings: NARX
-) -> tuple[dict[str, FloatArray], float]:
+) -> dict[str, FloatArray]:
     """Full-batch Adam on the mean squared error, with early stopping (torch, lazily)."""
     import torch
 
     tol, patience = settings.tol, settings.patience
-
     params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
     xt = torch.tensor(x, dtype=torch.float64)
     yt = torch.tensor(y, dtype=torch.float64)
     optimizer = torch.optim.Adam(list(params.values()), lr=settings.lr)
     best = math.inf
     stale = 0
-    loss_value = math.inf
     for _ in range(settings.max_epochs):
         optimizer.zero_grad()
         loss = torch.mean((_forward(params, xt, torch.tanh) - yt) ** 2)
@@ -220,5 +214,4 @@ def _fit(
         else:
             stale = 0
         best = min(best, loss_value)
-    weights = {k: v.detach().numpy().copy() for k, v in params.items()}
-    return weights, loss_value
+    return {k: v.detach().numpy().copy() for k, v in params.items()}

@@ -74,12 +74,6 @@ class SiloReport:
             raise errors[0]
 
     @property
-    def speed(self) -> float:
-        """Samples processed per second of compute."""
-        samples = self.batch_size if self.samples is None else self.samples
-        return float(samples) / float(self.train_time)
-
-    @property
     def steps(self) -> float:
         """Local steps implied by the report (samples / batch size)."""
         return 1.0 if self.samples is None else float(self.samples) / float(self.batch_size)
