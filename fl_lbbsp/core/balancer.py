@@ -3,7 +3,7 @@
 A small facade over the parts: each round the strategy passes every silo's report
 (:class:`~fl_lbbsp.core.silo.reports.SiloReport`) to :meth:`BatchSizeBalancer.report_round`,
 which takes the round's shared slowdown out (:func:`~fl_lbbsp.core.slowdown.shared_slowdown`)
-and feeds each silo's model (:mod:`.silo_model`: estimator, history window, cost fit,
+and feeds each silo's model (:mod:`.silo.model`: estimator, history window, cost fit,
 change detector), then asks :meth:`BatchSizeBalancer.allocate` for the next batch sizes,
 which the allocation pipeline decides, with a reason per silo (:mod:`.allocation`). The
 total ``X = n * B_init`` is kept every round, so the global batch (and with it

@@ -11,7 +11,7 @@
 3. :func:`change_limits`: a silo moves at most ``max_change_ratio`` from the batch size it
    last reported (wider after a confirmed change);
 4. :func:`cost_curves`: each silo's predicted curve ``t = a * max(x, k) + b`` from its
-   model (:mod:`.silo_model`), or ``a = steps / v`` from its predicted speed;
+   model (:mod:`..silo.model`), or ``a = steps / v`` from its predicted speed;
 5. the allocator (:class:`~.allocators.Allocator`, from one registry), which takes the
    bounds: :class:`Linear` and :class:`Proportional`, the shortest round within them and
    the noise budget (:func:`~fl_lbbsp.core.allocation.budget.budgeted_minmax`, LB-BSP's
@@ -45,7 +45,6 @@ from .allocators import (
     Bounds,
     Decision,
     Problem,
-    equal_split,
     register,
     split_equally,
 )
@@ -70,7 +69,6 @@ __all__ = [
     "allocate",
     "change_limits",
     "cost_curves",
-    "equal_split",
     "equal_split_guard",
     "hard_bounds",
     "hold",
@@ -338,7 +336,7 @@ def equal_split_guard(
     bounds: Bounds,
     margin: float,
 ) -> np.ndarray:
-    """The equal split (:func:`equal_split` within the hard bounds) unless ``sizes`` is
+    """The equal split (:func:`~.allocators.equal_split` within the hard bounds) unless ``sizes`` is
     predicted faster than it by more than ``margin`` of its round time."""
     equal = split_equally(bounds)
     slowest = np.max(hinge_times(a, b, knee, sizes))
@@ -397,16 +395,16 @@ def order_guard(
     A silo's predicted speed is what its cost line ``t = a * x + b`` lets it process in
     the allocation's common finish time T (the median predicted time of the silos no
     bound holds): ``(T - b_i) / a_i`` (for ``b = 0`` proportional to its speed
-    ``1 / a_i``). Whenever silo i is predicted
-    faster than silo j by more than ``tolerance`` (relative) but gets a batch size more
-    than one sample smaller (j above its lower bound, i below its upper one), the sizes
-    are pooled: the silos are grouped into speed classes spanning a factor
-    ``1 + tolerance`` each, and pool-adjacent-violators along the classes (a block holding
-    fewer samples per silo than a slower one is merged with it at their mean) makes the
-    sizes non-decreasing in speed class; they are then rounded to the same total within
-    each silo's bounds. At the min-max
-    solution without binding bounds there is no inversion; the guard catches those left
-    by the bounds (change limits, caps) and by rounding. Bounds win over the order.
+    ``1 / a_i``). Whenever silo i is predicted faster than silo j by more than
+    ``tolerance`` (relative) but gets a batch size more than one sample smaller (j above
+    its lower bound, i below its upper one), the sizes are pooled: the silos are grouped
+    into speed classes spanning a factor ``1 + tolerance`` each, from the slowest, and
+    pool-adjacent-violators along the classes (a block holding fewer samples per silo
+    than a slower one is merged with it at their mean) makes the sizes non-decreasing in
+    speed class; they are then rounded to the same total within each silo's bounds. At
+    the min-max solution without binding bounds there is no inversion; the guard catches
+    those left by the bounds (change limits, caps) and by rounding. Bounds win over the
+    order.
 
     Parameters
     ----------
@@ -429,9 +427,7 @@ def order_guard(
     """
     x = np.asarray(sizes, dtype=np.int64).copy()
     n = len(x)
-    # The common finish time of the silos no bound holds (the median of their predicted
-    # times); all of them when every silo is at a bound.
-    if round_time is None:
+    if round_time is None:  # all the silos' when every silo is at a bound
         times = a * x + b
         inside = (x > np.asarray(lower)) & (x < np.asarray(upper))
         round_time = float(np.median(times[inside])) if inside.any() else float(np.max(times))
@@ -448,9 +444,7 @@ def order_guard(
     takers = xs < np.asarray(upper)[by_speed]
     if not np.any(takers & (cut > 0) & (most[np.maximum(cut - 1, 0)] > xs + 1)):
         return x
-    # Speed classes, from the slowest: a class spans a factor (1 + tolerance), so two
-    # silos further apart in speed are in different classes. Along the chain sorted by
-    # class, then by size, an inversion can only be between classes.
+    # Along the chain sorted by class, then by size, an inversion is between classes.
     classes = np.empty(n, dtype=np.int64)
     current, start = 0, float(speed[by_speed[0]])
     for k in by_speed:
@@ -459,8 +453,7 @@ def order_guard(
         classes[k] = current
     order = np.lexsort((x, classes))
     xs = x[order].astype(np.float64)
-    # Pool adjacent violators: a block holding fewer samples per silo than the one before
-    # it is merged into it. Blocks: [sum of sizes, count].
+    # Pool adjacent violators over blocks [sum of sizes, count].
     blocks: list[list[float]] = []
     for k in range(n):
         blocks.append([xs[k], 1.0])

@@ -20,9 +20,7 @@ Planning and the round's bookkeeping live here; reporting and closing are
 of its gate and claim policy (:mod:`fl_lbbsp.core.round.trust`, believing by default; the
 strategies' are the defence layer's, :func:`fl_lbbsp.security.guard.guard`).
 
-The baselines are not subclasses: :class:`TauRewriter` and :class:`EtaRewriter` rewrite
-the instructions (local steps tau_i or learning rate eta_i from the balanced share), and
-:class:`FastestReplies` picks the replies a backup-worker round keeps. Aggregation is an
+The baselines rewrite a balanced round (:mod:`.rewriters`); aggregation is an
 :class:`~fl_lbbsp.core.aggregation.Aggregator`. :meth:`RoundEngine.state_dict` and
 :meth:`RoundEngine.load_state_dict` are all a checkpoint needs of the engine.
 

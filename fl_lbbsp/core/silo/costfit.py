@@ -26,8 +26,6 @@ import numpy as np
 from ..allocation.rounding import ArrayLike
 
 __all__ = [
-    "FLAT_SHARE",
-    "MIN_SLOPE_SHARE",
     "CostFit",
     "CostFits",
     "find_knee",

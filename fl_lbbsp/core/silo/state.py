@@ -26,10 +26,7 @@ from .estimators import ESTIMATORS
 
 __all__ = [
     "MAX_BATCH_SIZE",
-    "MAX_COUNT",
     "MAX_ENTRIES",
-    "MAX_SECONDS",
-    "MAX_SPEED",
     "Batch",
     "Column",
     "Count",
@@ -38,10 +35,8 @@ __all__ = [
     "LastReport",
     "Observation",
     "OpenRecord",
-    "Positive",
     "Seconds",
     "SiloModel",
-    "Speed",
 ]
 
 MAX_BATCH_SIZE = 10_000_000
