@@ -352,13 +352,6 @@ class ReplyLimits(BaseModel):
     max_reply_bytes: int | None = Field(default=None, gt=0, strict=True)
     extra_metric_keys: tuple[str, ...] | None = None
 
-    @field_validator("extra_metric_keys", mode="before")
-    @classmethod
-    def _key_names(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            raise ValueError(f"expected an iterable of key names, not the string {value!r}")
-        return None if value is None else tuple(value)
-
 
 def balancing_config(
     *, initial_batch_size: int, local_steps: int, lr: float, **options: Any

@@ -101,11 +101,6 @@ class SiloColumns:
         fresh = self.estimator.fresh(rows - old)
         self.est = {name: np.concatenate([a, fresh[name]]) for name, a in self.est.items()}
 
-    def predict(self, index: int) -> float | None:
-        """The silo's predicted speed (``None``: none yet)."""
-        value = float(self.predictions(np.array([index]))[0])
-        return None if math.isnan(value) else value
-
     def predictions(self, rows: np.ndarray) -> np.ndarray:
         """The predicted speeds of ``rows`` (NaN: none yet; row 0: never reported)."""
         return self.estimator.predict(self.est, rows)

@@ -322,7 +322,8 @@ class SiloTable:
     def predict(self, silo_id: str) -> float | None:
         """The silo's predicted speed (``None``: never reported)."""
         i = self._index.get(silo_id)
-        return None if i is None else self.columns.predict(i)
+        value = math.nan if i is None else float(self.columns.predictions(np.array([i]))[0])
+        return None if math.isnan(value) else value
 
     def fixed_time(self, silo_id: str) -> float | None:
         """The silo's smoothed fixed time (``None``: never reported)."""
