@@ -231,16 +231,15 @@ def _inputs(
     problem: BudgetProblem,
 ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
     """The problem's costs, knees and bounds as arrays, checked."""
-    a, total = problem.a, problem.total
-    knee, lower, upper = problem.knee, problem.lower, problem.upper
-    slope = np.asarray(a, dtype=np.float64)
+    p, total = problem, problem.total
+    slope = np.asarray(p.a, dtype=np.float64)
     n = slope.shape[0] if slope.ndim == 1 else 0
     if n == 0 or not (np.all(np.isfinite(slope)) and np.all(slope > 0)):
-        raise ValueError(f"a must be a non-empty sequence of positive numbers, got {a!r}")
-    offset = np.asarray(problem.b, dtype=np.float64)
-    k = np.zeros(n) if knee is None else np.asarray(knee, dtype=np.float64)
-    lo = np.zeros(n) if lower is None else np.asarray(lower, dtype=np.float64)
-    hi = np.full(n, np.inf) if upper is None else np.asarray(upper, dtype=np.float64)
+        raise ValueError(f"a must be a non-empty sequence of positive numbers, got {p.a!r}")
+    offset = np.asarray(p.b, dtype=np.float64)
+    k = np.zeros(n) if p.knee is None else np.asarray(p.knee, dtype=np.float64)
+    lo = np.zeros(n) if p.lower is None else np.asarray(p.lower, dtype=np.float64)
+    hi = np.full(n, np.inf) if p.upper is None else np.asarray(p.upper, dtype=np.float64)
     for name, arr in (("b", offset), ("knee", k), ("lower", lo)):
         if arr.shape != (n,) or not np.all(np.isfinite(arr)):
             raise ValueError(f"{name} must be {n} finite numbers, got {arr.tolist()}")
