@@ -13,7 +13,7 @@ replayed from another round or run, and a reply another node replays in the same
 (it answers another instruction) are rejected. A signature proves who sent a reply, not
 that its contents are sound: a registered silo signs whatever it sends.
 
-Silo ids follow one rule everywhere (:data:`SILO_ID_PATTERN`, :func:`check_silo_id`): 1 to
+Silo ids follow one rule everywhere (:data:`~fl_lbbsp.contract.SILO_ID_PATTERN`, :func:`check_silo_id`): 1 to
 128 characters of ``A-Z a-z 0-9 _ . -``, so that an id is safe in a file name, a log line
 and a telemetry record. Private key files must not be readable by group or others
 (:func:`check_private_file`, as ssh does).
@@ -49,7 +49,6 @@ from ..contract import SILO_ID_PATTERN, InvalidReplyError
 
 __all__ = [
     "REGISTRY_FILE",
-    "SILO_ID_PATTERN",
     "IdentityError",
     "SiloRegistry",
     "check_private_file",
@@ -78,7 +77,7 @@ class IdentityError(ValueError):
 
 
 def check_silo_id(silo: object, *, what: str = "silo id") -> str:
-    """``silo`` if it is a valid silo id (:data:`SILO_ID_PATTERN`).
+    """``silo`` if it is a valid silo id (:data:`~fl_lbbsp.contract.SILO_ID_PATTERN`).
 
     Parameters
     ----------

@@ -21,26 +21,20 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy
 
-from ..contract import SILO_APP_METRICS, InvalidReplyError, RecordKeys, error_summary
+from ..contract import InvalidReplyError, RecordKeys
 
 __all__ = [
-    "DEFAULT_EXTRA_METRIC_KEYS",
     "ArraySpec",
-    "InvalidReplyError",
     "Layout",
     "check_finite",
     "check_npy",
     "check_npy_list",
     "contract_metric_keys",
-    "error_summary",
     "few",
     "layout_of_npy",
     "model_norm",
     "model_problem",
 ]
-
-DEFAULT_EXTRA_METRIC_KEYS: tuple[str, ...] = SILO_APP_METRICS
-"""Metrics beyond the contract that the shipped silo and worker apps send."""
 
 _NPY_HEADER_MAX = 10_000  # numpy's own default limit on an npy header
 _FINITE_CHUNK = 1 << 20  # values per isfinite() pass: bounds the temporary bool array
@@ -209,7 +203,7 @@ def model_problem(
             return f"array {k} contains NaN or inf"
     if last is None:
         return None
-    norm, before = _norm(arrays), _norm(last)
+    norm, before = model_norm(arrays), model_norm(last)
     near = [n for n in accepted if n > 0 and n / max_ratio <= norm <= n * max_ratio]
     if before > 0 and not before / max_ratio <= norm <= before * max_ratio and not near:
         return f"its norm {norm:.4g} is not within {max_ratio:g}x of the last model's {before:.4g}"
@@ -218,10 +212,6 @@ def model_problem(
 
 def model_norm(arrays: Sequence[np.ndarray]) -> float:
     """The L2 norm of a model over all its arrays (float64)."""
-    return _norm(arrays)
-
-
-def _norm(arrays: Sequence[np.ndarray]) -> float:
     total = sum(float(np.vdot(a, a).real) for a in (np.asarray(x, np.float64) for x in arrays))
     return math.sqrt(total) if math.isfinite(total) else math.inf
 

@@ -32,7 +32,14 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from pydantic import ValidationError
 
-from ..contract import EVAL_ACCURACY, EVAL_LOSS, NAMED_SILO, RecordKeys, silo_metric
+from ..contract import (
+    EVAL_ACCURACY,
+    EVAL_LOSS,
+    NAMED_SILO,
+    InvalidReplyError,
+    RecordKeys,
+    silo_metric,
+)
 from ..core.round.state import RoundState
 from ..crypto import (
     CKKSKeys,
@@ -50,7 +57,6 @@ from ..crypto.records import (
     update_from_record,
     update_to_record,
 )
-from ..security.screening import InvalidReplyError
 from .config import EncryptionConfig, setting_error
 from .encrypted_blame import ContributionBlame
 from .fedavg import EngineStrategy, LBBSPFedAvg

@@ -31,11 +31,10 @@ from typing import Any, Literal
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from ..contract import INITIAL_MODEL, UPDATE_PREFIX
+from ..contract import INITIAL_MODEL, UPDATE_PREFIX, InvalidReplyError
 from ..core.round.state import RoundState
 from ..crypto import CKKSKeys, ParsedUpdate
 from ..crypto.records import is_encrypted
-from ..security.screening import InvalidReplyError
 from .config import EncryptedClusterConfig, ParameterServerConfig, parameter_server_keywords
 from .encrypted import EncryptedSum, log_federated_evaluation, log_keys, server_keys
 from .fedavg import EngineStrategy

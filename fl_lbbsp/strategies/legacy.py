@@ -36,17 +36,12 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from ..contract import RecordKeys
+from ..contract import InvalidReplyError, RecordKeys
 from ..core.round.engine import RoundEngine
 from ..core.round.state import Reply, RoundState
 from ..core.settings import BalancingKnobs, ReplyLimits, Tuning, balancing_config
 from ..security.guard import guard
-from ..security.screening import (
-    InvalidReplyError,
-    Layout,
-    check_npy_list,
-    layout_of_npy,
-)
+from ..security.screening import Layout, check_npy_list, layout_of_npy
 from ..telemetry import TelemetryWriter
 from .outcomes import RoundOutcomes, batch_size_metrics, log_decision, route_to_flower
 from .rounds import EngineView, log_round

@@ -16,10 +16,11 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from ..contract import InvalidReplyError
 from ..core.aggregation import CenteredClip, GradientStep, WeightedMean
 from ..core.optim import SGD
 from ..core.round.state import RoundState
-from ..security.screening import InvalidReplyError, Layout
+from ..security.screening import Layout
 from ..security.update_screen import update_distance
 from .validation import check_array_record, layout_of
 

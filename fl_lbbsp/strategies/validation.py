@@ -26,22 +26,12 @@ from ..contract import (
 from ..core.round.state import Reply
 from ..security.identity import IdentityError, check_silo_id, signed_arrays
 from ..security.reply_screen import ReplyScreen
-from ..security.screening import (
-    DEFAULT_EXTRA_METRIC_KEYS,
-    ArraySpec,
-    Layout,
-    check_finite,
-    check_npy,
-    few,
-)
+from ..security.screening import ArraySpec, Layout, check_finite, check_npy, few
 from ..telemetry import TelemetryWriter
 
 __all__ = [
-    "DEFAULT_EXTRA_METRIC_KEYS",
-    "InvalidReplyError",
     "check_array_record",
     "config_record",
-    "error_summary",
     "layout_of",
     "log_rejected",
     "log_skipped",
