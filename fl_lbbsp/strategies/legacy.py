@@ -44,7 +44,7 @@ from ..security.guard import guard
 from ..security.screening import Layout, check_npy_list, layout_of_npy
 from ..telemetry import TelemetryWriter
 from .outcomes import RoundOutcomes, batch_size_metrics, log_decision, route_to_flower
-from .rounds import EngineView, log_round
+from .rounds import EngineView
 from .validation import log_rejected, log_skipped
 
 __all__ = ["LBBSPStrategy"]
@@ -229,26 +229,14 @@ class LBBSPStrategy(EngineView, FedAvg):
             log_skipped(
                 self.telemetry, scheme=self.scheme, server_round=server_round, reason=skipped
             )
-        log_round(
-            scheme=self.scheme,
-            server_round=server_round,
-            silos=state.reports,
-            keys=self.keys,
-            total_batch_size=state.total,
-            wall=wall,
-            telemetry=self.telemetry,
-            extra={
-                "missed": extra["missed"],
-                "rejected": [entry for entry, _ in rejected],
-                "skipped": skipped,
-            },
-        )
         log_decision(
             scheme=self.scheme,
             state=state,
             keys=self.keys,
             rejected=[entry for entry, _ in rejected],
-            missed=extra["missed"],
+            telemetry=self.telemetry,
+            wall=wall,
+            extra={"missed": extra["missed"], "skipped": skipped},
             silo_id=self.engine.silo_id,
         )
         if skipped is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from flwr.app import MetricRecord
@@ -24,7 +24,8 @@ from flwr.app import MetricRecord
 from ..contract import PREDICTED_SPEED, SILO_APP_METRICS, TRAIN_LOSS, RecordKeys, silo_metric
 from ..core.round.state import Node, RoundState, natural_key
 from ..security.screening import contract_metric_keys
-from .rounds import format_silos
+from ..telemetry import TelemetryWriter
+from .rounds import format_silos, log_round
 
 __all__ = [
     "NoUpdateError",
@@ -122,18 +123,32 @@ def log_decision(
     scheme: str,
     state: RoundState,
     keys: RecordKeys,
-    rejected: Iterable[Mapping[str, Any]],
-    missed: Iterable[str],
+    rejected: Sequence[Mapping[str, Any]],
+    telemetry: TelemetryWriter,
+    wall: float | None,
+    extra: Mapping[str, Any],
     silo_id: Callable[[Node], str] | None = None,
 ) -> None:
-    """The round's one line through Flower's logger, its decision and outcome: per-silo
-    batch sizes (named by the stable ids the silos reported, ``silo_id``, from round 1
-    on), the round time the reports show, predicted and ideal round time (compute), the
-    idle fraction, and the silos left out with why (``rejected``: the round's rejection
-    entries, ``missed``: silos with no reply in time); a silo whose report says it did
-    not train as instructed is named as not balanced (its update is aggregated)."""
+    """A closed round's telemetry event and DEBUG line (:func:`~.rounds.log_round`, with
+    ``extra`` and ``rejected``), then its one line through Flower's logger, its decision
+    and outcome: per-silo batch sizes (named by the stable ids the silos reported,
+    ``silo_id``, from round 1 on), the round time the reports show, predicted and ideal
+    round time (compute), the idle fraction, and the silos left out with why
+    (``rejected``: the round's rejection entries, ``extra["missed"]``: silos with no reply
+    in time); a silo whose report says it did not train as instructed is named as not
+    balanced (its update is aggregated)."""
+    log_round(
+        scheme=scheme,
+        server_round=state.server_round,
+        silos=state.reports,
+        keys=keys,
+        total_batch_size=state.total,
+        wall=wall,
+        telemetry=telemetry,
+        extra={**extra, "rejected": rejected},
+    )
     left_out = {str(r["silo"]): f"rejected: {r['reason']}" for r in rejected}
-    left_out.update({silo: "no reply in time" for silo in missed})
+    left_out.update({silo: "no reply in time" for silo in extra["missed"]})
     # aggregated, but its time is not a measure of its speed: not left out
     unbalanced = sorted((s for s, r in state.reports.items() if "misuse" in r), key=natural_key)
     shares = (

@@ -10,8 +10,7 @@ reply's own compute interval, within the wall time the deadline grid waited:
 than told; the accepted updates are then
 judged together and weighed (:class:`~fl_lbbsp.strategies.defenses.Defenses`) and summed
 (:class:`~fl_lbbsp.strategies.updates.Updates`); the round closes in the engine and is
-logged (:func:`~fl_lbbsp.strategies.rounds.log_round`,
-:func:`~fl_lbbsp.strategies.outcomes.log_decision`). A rejected reply gets one telemetry
+logged (:func:`~fl_lbbsp.strategies.outcomes.log_decision`). A rejected reply gets one telemetry
 event and one warning per silo and cause.
 """
 
@@ -34,7 +33,6 @@ from .deadline import DeadlineGrid
 from .defenses import Defenses, noise_scales
 from .intervals import POOL_FIX, observed_time, queued, reply_interval
 from .outcomes import RoundOutcomes, log_decision
-from .rounds import log_round
 from .updates import NoiseScaled, Updates
 from .validation import config_record, log_rejected, log_skipped, reply_of
 
@@ -189,7 +187,16 @@ class TrainRound:
         extra["reply_delay"] = received_at - max(created) if created else None
         if self.engine.selector is not None:
             extra["dropped"] = dropped
-        self._log(state, scheme, wall, extra, skipped)
+        log_decision(
+            scheme=scheme,
+            state=state,
+            keys=self.keys,
+            rejected=state.rejected,
+            telemetry=self.telemetry,
+            wall=wall,
+            extra={**extra, "skipped": skipped},
+            silo_id=self.engine.silo_id,
+        )
         return RoundResult(arrays=arrays, contents=contents, skipped=skipped)
 
     def _sum(
@@ -242,34 +249,6 @@ class TrainRound:
                 self.telemetry, scheme=scheme, server_round=state.server_round, reason=skipped
             )
         return arrays, skipped
-
-    def _log(
-        self,
-        state: RoundState,
-        scheme: str,
-        wall: float,
-        extra: dict[str, Any],
-        skipped: str | None,
-    ) -> None:
-        """The round's log line and telemetry event, and its decision line."""
-        log_round(
-            scheme=scheme,
-            server_round=state.server_round,
-            silos=state.reports,
-            keys=self.keys,
-            total_batch_size=state.total,
-            wall=wall,
-            telemetry=self.telemetry,
-            extra={**extra, "rejected": state.rejected, "skipped": skipped},
-        )
-        log_decision(
-            scheme=scheme,
-            state=state,
-            keys=self.keys,
-            rejected=state.rejected,
-            missed=extra["missed"],
-            silo_id=self.engine.silo_id,
-        )
 
     def _undecorated(self, replies: list[Message]) -> bool:
         """Whether every reply of the round lacks the silo id and the decorator's metrics
