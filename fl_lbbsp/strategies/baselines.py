@@ -100,28 +100,14 @@ class PartialAggregation(LBBSPFedAvg):
         the round (at least one). With fewer replies than k, all are aggregated.
     balance : bool (default: False)
         ``True`` also balances the batch sizes (LB-BSP with backup workers).
-    initial_batch_size, local_steps, lr, **settings :
+    **settings :
         As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`.
     """
 
     def __init__(
-        self,
-        *,
-        initial_batch_size: int,
-        local_steps: int,
-        lr: float,
-        replies: int | None = None,
-        balance: bool = False,
-        **settings: Any,
+        self, *, replies: int | None = None, balance: bool = False, **settings: Any
     ) -> None:
-        super().__init__(
-            initial_batch_size=initial_batch_size,
-            local_steps=local_steps,
-            lr=lr,
-            balance=balance,
-            selector=FastestReplies(replies),
-            **settings,
-        )
+        super().__init__(balance=balance, selector=FastestReplies(replies), **settings)
 
     @property
     def replies(self) -> int | None:

@@ -173,8 +173,9 @@ class EncryptedSum:
         """``None``: the server cannot read a ciphertext (the silos check aggregates)."""
         return None
 
-    def add(self, update: ParsedUpdate, *, weight: float) -> None:
-        """Keep an accepted update and the weight the server gives it."""
+    def add(self, update: ParsedUpdate, *, weight: float, scale: float = 1.0) -> None:
+        """Keep an accepted update and the weight the server gives it (a ciphertext is
+        not clipped: no ``scale``)."""
         self._parsed.append(update)
         self._weights.append(weight)
 

@@ -33,7 +33,7 @@ from .deadline import DeadlineGrid
 from .defenses import Defenses, noise_scales
 from .intervals import POOL_FIX, observed_time, queued, reply_interval
 from .outcomes import RoundOutcomes, log_decision
-from .updates import NoiseScaled, Updates
+from .updates import Updates
 from .validation import config_record, log_rejected, log_skipped, reply_of
 
 __all__ = ["RoundResult", "TrainRound"]
@@ -222,12 +222,7 @@ class TrainRound:
                 state.reports[silo]["capped-weight"] = weight
                 if self.outcomes.first_time(silo, "capped weight"):
                     log.warning("round %d: silo %s: %s", state.server_round, silo, capped)
-            if isinstance(updates, NoiseScaled):
-                updates.add_scaled(
-                    accepted[silo][0].update, weight=weight, scale=scales.get(silo, 1.0)
-                )
-            else:
-                updates.add(accepted[silo][0].update, weight=weight)
+            updates.add(accepted[silo][0].update, weight=weight, scale=scales.get(silo, 1.0))
         return kept, dropped
 
     def _result(

@@ -11,7 +11,7 @@ screened: the arrays are zero-copy views of the received bytes, accumulated in p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
@@ -24,7 +24,7 @@ from ..security.screening import Layout
 from ..security.update_screen import update_distance
 from .validation import check_array_record, layout_of
 
-__all__ = ["GradientUpdate", "NoiseScaled", "PlainMean", "Updates"]
+__all__ = ["GradientUpdate", "PlainMean", "Updates"]
 
 U = TypeVar("U")
 
@@ -44,8 +44,9 @@ class Updates(Protocol[U]):
     def parse(self, record: ArrayRecord, metrics: Mapping[str, Any], state: RoundState) -> U:
         """The reply's update, checked; :class:`InvalidReplyError` says why not."""
 
-    def add(self, update: U, *, weight: float) -> None:
-        """Accumulate one accepted update."""
+    def add(self, update: U, *, weight: float, scale: float = 1.0) -> None:
+        """Accumulate one accepted update; ``scale`` (``sqrt(B_eq / B_i)``, >= 1) lets a
+        silo sent a small batch a longer update where the aggregation clips."""
 
     def distance(self, update: U) -> float | None:
         """How far the update moves the model (its distance to the global model sent, or
@@ -66,14 +67,6 @@ class Updates(Protocol[U]):
 
     def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
         """Restore :meth:`state_dict`."""
-
-
-@runtime_checkable
-class NoiseScaled(Protocol):
-    """Updates whose aggregation allows a silo sent a small batch a longer update."""
-
-    def add_scaled(self, update: Any, *, weight: float, scale: float) -> None:
-        """Accumulate one accepted update; ``scale``: ``sqrt(B_eq / B_i)`` (>= 1)."""
 
 
 class PlainMean:
@@ -125,12 +118,9 @@ class PlainMean:
             raise InvalidReplyError("no plaintext global model to compare the arrays with")
         return check_array_record(record, self._layout)
 
-    def add(self, update: list[np.ndarray], *, weight: float) -> None:
-        """Add ``weight * update`` to the running sum (or keep it for the clip)."""
-        self._mean.add(update, weight=weight)
-
-    def add_scaled(self, update: list[np.ndarray], *, weight: float, scale: float) -> None:
-        """:meth:`add`, the clip's radius widened by ``scale`` (``sqrt(B_eq / B_i)``)."""
+    def add(self, update: list[np.ndarray], *, weight: float, scale: float = 1.0) -> None:
+        """Add ``weight * update`` to the running sum (or keep it for the clip, its radius
+        widened by ``scale``)."""
         if self.robust is None:
             self._mean.add(update, weight=weight)
         else:
@@ -205,12 +195,8 @@ class GradientUpdate(PlainMean):
         if self._layout is not None:
             self._step.begin([arrays[spec.name].numpy() for spec in self._layout])
 
-    def add(self, update: list[np.ndarray], *, weight: float) -> None:
+    def add(self, update: list[np.ndarray], *, weight: float, scale: float = 1.0) -> None:
         """Add a gradient, weighted by its batch size (or 1 when naive)."""
-        self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight)
-
-    def add_scaled(self, update: list[np.ndarray], *, weight: float, scale: float) -> None:
-        """:meth:`add`, the clip's radius widened by ``scale``."""
         self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight, scale=scale)
 
     def distance(self, update: list[np.ndarray]) -> float | None:
