@@ -160,7 +160,7 @@ def test_worker_beyond_the_kept_history_is_left_out_with_a_warning(key_files, fl
     strategy.replicas.node_version = {100: 3, 101: 1}
 
     # Execute
-    up_to_date, behind, fresh = (strategy.model_records(n) for n in (100, 101, 102))
+    up_to_date, behind, fresh = (strategy.replicas.records_for(n) for n in (100, 101, 102))
 
     # Assert
     assert up_to_date == {}

@@ -20,6 +20,7 @@ evaluation is sent: Flower's ``fixedclipping_mod`` fails every evaluate reply.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from flwr.app import ArrayRecord
@@ -37,16 +38,14 @@ __all__ = ["inner_strategy", "start_wrapped"]
 log = logging.getLogger("fl_lbbsp")
 
 
-def _client_side_clipping(strategy: Strategy) -> bool:
-    """Whether ``strategy`` or a strategy it wraps is Flower's client-side DP wrapper."""
+def _chain(strategy: Strategy) -> Iterator[Strategy]:
+    """``strategy`` and the strategies it wraps (each wrapper's ``.strategy``)."""
     seen: Strategy | None = strategy
     for _ in range(16):
         if seen is None:
-            return False
-        if isinstance(seen, DifferentialPrivacyClientSideFixedClipping):
-            return True
+            return
+        yield seen
         seen = getattr(seen, "strategy", None)
-    return False
 
 
 def inner_strategy(strategy: Strategy) -> EngineStrategy:
@@ -59,13 +58,9 @@ def inner_strategy(strategy: Strategy) -> EngineStrategy:
     TypeError
         When no LBBSPFedAvg is found.
     """
-    seen = strategy
-    for _ in range(16):
+    for seen in _chain(strategy):
         if isinstance(seen, EngineStrategy):
             return seen
-        seen = getattr(seen, "strategy", None)  # type: ignore[assignment]
-        if seen is None:
-            break
     raise TypeError(f"{type(strategy).__name__} wraps no LBBSPFedAvg")
 
 
@@ -99,7 +94,8 @@ def start_wrapped(
         When the inner strategy has a ``checkpoint_dir``.
     """
     inner = inner_strategy(wrapper)
-    if _client_side_clipping(wrapper) and inner.fraction_evaluate > 0:
+    client_side = DifferentialPrivacyClientSideFixedClipping
+    if any(isinstance(s, client_side) for s in _chain(wrapper)) and inner.fraction_evaluate > 0:
         # Flower's fixedclipping_mod fails every evaluate message (it wants an ArrayRecord
         # in the reply and clipping_norm in the config): do not send any.
         log.warning(

@@ -270,11 +270,6 @@ class EncryptedLBBSPCluster(EngineStrategy):
         log_keys(self.he_keys)
         super().summary()
 
-    def model_records(self, node_id: int) -> dict[str, ArrayRecord] | None:
-        """What ``node_id`` needs to reach the current version (see
-        :meth:`ReplicaLog.records_for`)."""
-        return self.replicas.records_for(node_id)
-
     def train_messages(
         self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
     ) -> list[Message]:
