@@ -44,6 +44,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"fl-lbbsp: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
+def _names(text: str) -> list[str]:
+    """``--schemes``: comma-separated names, blanks dropped."""
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
 def _fractions(text: str) -> list[float]:
     """``--cpu-quota``: comma-separated finite positive numbers."""
     try:
@@ -287,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="run FedAvg, LB-BSP or baselines on the same setup")
     compare.add_argument(
         "--schemes",
+        type=_names,
         default="fedavg,lbbsp",
         help=f"comma-separated {_SCHEMES} (default: fedavg,lbbsp)",
     )
@@ -376,6 +382,7 @@ def _add_cluster_parser(sub: Any) -> None:
     _add_shared_flags(cluster, unit="workers")
     cluster.add_argument(
         "--schemes",
+        type=_names,
         default="bsp,lbbsp,lbbsp-naive",
         help="comma-separated bsp | lbbsp | lbbsp-naive (default: all three)",
     )
