@@ -261,14 +261,12 @@ def split_settings(
     settings: Mapping[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """A strategy's setting keywords, each to the model that declares it: the server's
-    (:class:`ServerConfig`), the reply limits (:class:`ReplyLimits`, all four always
-    given, defaults filled) and the rest, balancing (:class:`BalancingConfig`, which
-    refuses a name it does not know)."""
+    (:class:`ServerConfig`), the reply limits (:class:`ReplyLimits`) and the rest,
+    balancing (:class:`BalancingConfig`, which refuses a name it does not know)."""
     server = {k: v for k, v in settings.items() if k in ServerConfig.model_fields}
     limits = {k: v for k, v in settings.items() if k in ReplyLimits.model_fields}
     balancing = {k: v for k, v in settings.items() if k not in server and k not in limits}
-    defaults = {name: field.default for name, field in ReplyLimits.model_fields.items()}
-    return server, {**defaults, **limits}, balancing
+    return server, limits, balancing
 
 
 RUN_CONFIG_KEYS: dict[str, str] = {

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -75,22 +74,20 @@ class LBBSPStrategy(EngineView, FedAvg):
     **settings : Any
         The balancing keywords (``balance``, ``estimator``, ``allocator``,
         ``max_change_ratio``, ... of :class:`~fl_lbbsp.core.settings.BalancingKnobs`,
-        or ``balancing=BalancingKnobs(...)``), and everything
+        or ``balancing=BalancingKnobs(...)``), the reply limits (``min_train_silos``,
+        ``max_num_examples``, ``max_reply_bytes``, ``extra_metric_keys``, as in
+        :class:`~fl_lbbsp.strategies.LBBSPFedAvg`), and everything
         :class:`flwr.server.strategy.FedAvg` takes (``fraction_fit``,
-        ``min_fit_clients``, ``min_available_clients``, ``on_fit_config_fn``,
-        ``initial_parameters``, ``evaluate_fn``, ...).
+        ``min_fit_clients``, ``on_fit_config_fn``, ``initial_parameters``, ...).
+        Every ``FitRes`` is screened as in LBBSPFedAvg (``silo-id`` accepted in the
+        metrics) before it reaches the balancer or FedAvg's average; a rejected one is
+        logged, written to the telemetry and handed to FedAvg as a failure (so
+        ``accept_failures=False`` drops the round).
     keys : RecordKeys | None (default: None)
         Names of the config and metric entries; the client's stable id is the
         ``keys.silo_id`` (``silo-id``) entry of its fit metrics (else its cid).
     telemetry_path : str | Path | None (default: None)
         JSON-lines file the per-round telemetry is appended to.
-    min_train_silos, max_num_examples, max_reply_bytes, extra_metric_keys :
-        Reply validation, as in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`: every
-        ``FitRes`` is checked (metrics, ``num_examples``, batch size sent, the parameters'
-        shapes and dtypes against those sent, NaN and inf, size, one result per client and
-        per silo) before it reaches the balancer or FedAvg's average; a rejected one is
-        logged, written to the telemetry and handed to FedAvg as a failure (so
-        ``accept_failures=False`` drops the round). ``silo-id`` is accepted in the metrics.
     max_empty_rounds : int (default: 3)
         Rounds in a row without an aggregated update (every client failed, timed out or
         was rejected) after which the run stops with
@@ -107,10 +104,6 @@ class LBBSPStrategy(EngineView, FedAvg):
         lr: float,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
-        min_train_silos: int = 1,
-        max_num_examples: int | None = None,
-        max_reply_bytes: int | None = None,
-        extra_metric_keys: Iterable[str] | None = None,
         max_empty_rounds: int = 3,
         **settings: Any,
     ) -> None:
@@ -119,19 +112,15 @@ class LBBSPStrategy(EngineView, FedAvg):
         if max_empty_rounds < 1:
             raise ValueError(f"max_empty_rounds must be >= 1, got {max_empty_rounds}")
         balancing = {k: v for k, v in settings.items() if k in _BALANCING}
-        super().__init__(**{k: v for k, v in settings.items() if k not in _BALANCING})
+        limits = {k: v for k, v in settings.items() if k in ReplyLimits.model_fields}
+        super().__init__(**{k: v for k, v in settings.items() if k not in {*balancing, *limits}})
         self.keys = keys or RecordKeys()
         self.engine = RoundEngine(
             config=balancing_config(
                 initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **balancing
             ),
             keys=self.keys,
-            limits=ReplyLimits(
-                min_train_silos=min_train_silos,
-                max_num_examples=max_num_examples,
-                max_reply_bytes=max_reply_bytes,
-                extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
-            ),
+            limits=ReplyLimits(**limits),
             weight_key=self.keys.num_examples,
         )
         guard(self.engine, also_known=(self.keys.silo_id,))
