@@ -3,19 +3,14 @@ signature every reply carries (``cryptography`` only: no Flower, no TenSEAL).
 
 Each silo holds a private signing key; the server holds a registry mapping each silo id to
 its public key (and, optionally, the dataset size the silo declared when it was enrolled).
-A silo signs :func:`signed_bytes` of each reply: the run, the round, the id of the
-instruction (the train message) it answers, its silo id, its metrics as canonical JSON and
-the sha256 digest of every array's bytes in order (for an encrypted update, of every
-ciphertext chunk and its header). The server checks the signature with
-:meth:`SiloRegistry.verify`, over the id of the message it sent to the node the reply came
-from, before it trusts anything in the reply, so an impostor, an edited reply, a reply
-replayed from another round or run, and a reply another node replays in the same round
-(it answers another instruction) are rejected. A signature proves who sent a reply, not
-that its contents are sound: a registered silo signs whatever it sends.
+A silo signs :func:`signed_bytes` of each reply (run, round, the instruction it answers,
+silo id, metrics, array digests); the server checks it with :meth:`SiloRegistry.verify`
+before it trusts anything in the reply, so an impostor, an edited reply and a replayed one
+are rejected. A signature proves who sent a reply, not that its contents are sound.
 
-Silo ids follow one rule everywhere (:data:`~fl_lbbsp.contract.SILO_ID_PATTERN`, :func:`check_silo_id`): 1 to
-128 characters of ``A-Z a-z 0-9 _ . -``, so that an id is safe in a file name, a log line
-and a telemetry record. Private key files must not be readable by group or others
+Silo ids follow one rule everywhere (:data:`~fl_lbbsp.contract.SILO_ID_PATTERN`,
+:func:`check_silo_id`), so that an id is safe in a file name, a log line and a telemetry
+record. Private key files must not be readable by group or others
 (:func:`check_private_file`, as ssh does).
 
 ``fl-lbbsp keys silos`` writes the key files and the registry

@@ -21,20 +21,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from ..contract import RecordKeys
-from ..core.settings import BalancingConfig, BalancingKnobs, ReplyLimits, Tuning
+from ..core.settings import BalancingConfig, ReplyLimits, Tuning
 
 __all__ = [
-    "BalancingConfig",
-    "BalancingKnobs",
     "EncryptedClusterConfig",
     "EncryptionConfig",
     "InvalidSettingError",
     "RUN_CONFIG_ALIASES",
     "RUN_CONFIG_KEYS",
     "ParameterServerConfig",
-    "ReplyLimits",
     "ServerConfig",
-    "Tuning",
     "parameter_server_keywords",
     "record_keys",
     "refuse_numeric_strings",

@@ -20,7 +20,7 @@ from ..core.round.state import natural_key, silo_round_time
 from ..core.settings import BalancingConfig
 from ..telemetry import TelemetryWriter
 
-__all__ = ["EngineView", "format_silos", "log_round", "natural_key", "silo_round_time"]
+__all__ = ["EngineView", "format_silos", "log_round", "natural_key"]
 
 log = logging.getLogger("fl_lbbsp")
 
