@@ -87,11 +87,9 @@ class PartialAggregation(LBBSPFedAvg):
     time and idle fraction cover the kept silos only (the round ends when the k-th
     fastest silo replies); the discarded ones are listed under ``dropped``.
 
-    The reported times decide, not the arrival order, so that silos emulated one after the
-    other are ranked as if they had run side by side. Flower's grid still collects every
-    reply up to the round deadline; the round time saved is the one the telemetry
-    reports, realised in a deployment only where the stragglers are cut off by the
-    deadline (``deadline_margin``).
+    The reported times decide, not the arrival order (silos emulated one after the other
+    rank as if side by side); the round time saved is realised in a deployment only where
+    the deadline (``deadline_margin``) cuts the stragglers off.
 
     Parameters
     ----------

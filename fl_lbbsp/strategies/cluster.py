@@ -28,12 +28,9 @@ class LBBSPCluster(LBBSPFedAvg):
     """Parameter-server LB-BSP: one round = one gradient step, weighted by batch size.
 
     Workers get ``batch-size`` (their x_i), ``batch-offset`` (where their share starts in
-    the round's global batch), ``local-steps`` = 1 and ``server-round`` in their
-    ConfigRecord and reply with their gradient arrays (named like the weights)
-    and the contract's MetricRecord; ``batch-size`` there is the weight. A reply that
-    fails validation (non-finite, zero or negative time, a batch size other than the one
-    sent, gradients of another layout or with NaN, ...) is logged and left out of that
-    update; the round goes on with the others.
+    the round's global batch) and ``local-steps`` = 1, and reply with their gradient
+    arrays (named like the weights); ``batch-size`` is the weight. A rejected reply is
+    logged and left out of that update.
 
     Parameters
     ----------

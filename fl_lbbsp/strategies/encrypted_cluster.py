@@ -173,13 +173,10 @@ class ReplicaLog(EncryptedSum):
 class EncryptedLBBSPCluster(EngineStrategy):
     """Parameter-server LB-BSP whose server adds encrypted gradients and never reads them.
 
-    Workers run :func:`fl_lbbsp.clients.cluster.make_worker_app` with a secret context
-    (``WorkerSetup(secret_context=...)``). The train message of iteration k carries the
-    worker's ``batch-size``, ``batch-offset``, ``lr``, ``momentum`` and ``model-version``
-    (k-1), with the aggregates the worker still has to apply (and the
-    initial model if it holds no replica). A reply computed at another model version is
-    rejected. Evaluation messages carry the same and the workers evaluate their replica
-    on their share of the test split.
+    Workers run :func:`fl_lbbsp.clients.cluster.make_worker_app` with a secret context.
+    The train message of iteration k carries the worker's instruction, ``momentum`` and
+    ``model-version`` (k-1) with the aggregates its replica still lacks; a reply computed
+    at another version is rejected. Evaluation messages carry the same.
 
     Parameters
     ----------
@@ -194,18 +191,14 @@ class EncryptedLBBSPCluster(EngineStrategy):
         warning until it is restarted from a checkpoint.
     evaluate_every : int | None (default: None)
         Federated evaluation after every this many iterations (``None``: never).
-    initial_batch_size, lr :
+    initial_batch_size, lr, momentum :
         As in :class:`~fl_lbbsp.strategies.LBBSPCluster`.
-    momentum : float (default: 0.0)
-        SGD momentum the workers apply, in [0, 1).
     aggregation : {"weighted"} (default: "weighted")
         Encrypted gradients are weighted by batch size only.
     **kwargs :
-        Keyword arguments of :class:`~fl_lbbsp.strategies.LBBSPFedAvg` (``keys``,
-        ``telemetry_path``, ``min_train_nodes``, ``allocator``, ..., ``checkpoint_dir``).
-        A checkpoint also holds the initial model, the kept aggregates, the model version and every
-        worker's version, so that workers that keep running while the server restarts
-        continue from their replicas.
+        Keyword arguments of :class:`~fl_lbbsp.strategies.LBBSPFedAvg`. A checkpoint also
+        holds the initial model, the kept aggregates and every worker's version, so that
+        workers that keep running while the server restarts continue from their replicas.
 
     Raises
     ------

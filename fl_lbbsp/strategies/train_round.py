@@ -2,16 +2,12 @@
 
 :class:`TrainRound` is what :meth:`LBBSPFedAvg.aggregate_train
 <fl_lbbsp.strategies.LBBSPFedAvg.aggregate_train>` does with a round's replies: each one
-is read into a :class:`~fl_lbbsp.core.round.state.Reply` and screened by the engine
-(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.screen`), an accepted one is reported
-(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.report`) with the time it observed (the
-reply's own compute interval, within the wall time the deadline grid waited:
-:func:`~fl_lbbsp.strategies.intervals.observed_time`) and what the silo says it did other
-than told; the accepted updates are then
-judged together and weighed (:class:`~fl_lbbsp.strategies.defenses.Defenses`) and summed
+is read into a :class:`~fl_lbbsp.core.round.state.Reply`, screened and reported to the
+engine with the time the server observed
+(:func:`~fl_lbbsp.strategies.intervals.observed_time`); the accepted updates are judged
+together (:class:`~fl_lbbsp.strategies.defenses.Defenses`) and summed
 (:class:`~fl_lbbsp.strategies.updates.Updates`); the round closes in the engine and is
-logged (:func:`~fl_lbbsp.strategies.outcomes.log_decision`). A rejected reply gets one telemetry
-event and one warning per silo and cause.
+logged (:func:`~fl_lbbsp.strategies.outcomes.log_decision`).
 """
 
 from __future__ import annotations
