@@ -54,10 +54,6 @@ class RoundInstruction(BaseModel):
         The round number (>= 0).
     batch_offset : int | None (default: None)
         Cluster mode: where the worker's samples start in the round's global batch.
-    he_weight_total : float | None (default: None)
-        Encrypted mode: the total S a silo divides its weight by before encrypting.
-    he_num_silos : int | None (default: None)
-        Encrypted mode: how many updates are summed.
 
     Raises
     ------
@@ -72,12 +68,10 @@ class RoundInstruction(BaseModel):
     lr: float = Field(gt=0, allow_inf_nan=False)
     server_round: int = Field(default=1, ge=0, strict=True)
     batch_offset: int | None = Field(default=None, ge=0, strict=True)
-    he_weight_total: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    he_num_silos: int | None = Field(default=None, gt=0, strict=True)
 
     _REQUIRED: ClassVar[tuple[str, ...]] = ("batch_size", "local_steps", "lr")
     _WHOLE: ClassVar[frozenset[str]] = frozenset(
-        {"batch_size", "local_steps", "server_round", "batch_offset", "he_num_silos"}
+        {"batch_size", "local_steps", "server_round", "batch_offset"}
     )
 
     @property
