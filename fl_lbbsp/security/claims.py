@@ -152,15 +152,11 @@ class ClaimChecker(ClaimPolicy):
     ) -> CheckedTimes:
         """Bound a reply's claimed times; cross-check them with ``observed`` if given.
 
-        The bounds first: ``train_time`` is clipped to ``[min_time, max_time]``,
-        ``he_time`` to ``[0, max_time]``. Then, with ``observed`` (seconds from sending
-        the instruction to receiving the reply) and the learned overhead ``h``: a total
-        ``c = train_time + he_time`` above ``observed * tolerance`` is cut to ``observed``
-        (the train-time kept as far as it fits, the he-time taking the rest); one with
-        ``(c + h) * tolerance < observed`` becomes ``observed - h``, the missing time
-        added to the train-time (the claim that sets the speed). A lie is thus caught
-        when the liar's true time exceeds about ``tolerance`` times the messaging
-        overhead (below, the wall time cannot tell it from messaging jitter).
+        ``train_time`` is clipped to ``[min_time, max_time]``, ``he_time`` to
+        ``[0, max_time]``. Then a total ``c = train_time + he_time`` above
+        ``observed * tolerance`` is cut to ``observed``; one with
+        ``(c + h) * tolerance < observed`` (``h`` the overhead) becomes ``observed - h``,
+        the missing time added to the train-time (the claim that sets the speed).
 
         Parameters
         ----------

@@ -106,14 +106,3 @@ class PartialAggregation(LBBSPFedAvg):
         self, *, replies: int | None = None, balance: bool = False, **settings: Any
     ) -> None:
         super().__init__(balance=balance, selector=FastestReplies(replies), **settings)
-
-    @property
-    def replies(self) -> int | None:
-        """k, the replies aggregated per round (``None``: one fewer than sent)."""
-        assert self.engine.selector is not None
-        return self.engine.selector.replies
-
-    def kept(self, sent: int) -> int:
-        """Replies aggregated in a round sent to ``sent`` silos."""
-        assert self.engine.selector is not None
-        return self.engine.selector.kept(sent)

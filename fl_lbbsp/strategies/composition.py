@@ -67,11 +67,8 @@ def inner_strategy(strategy: Strategy) -> EngineStrategy:
 def start_wrapped(
     wrapper: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, **options: Any
 ) -> Result:
-    """Run ``wrapper.start`` under the wrapped LBBSPFedAvg's round deadlines.
-
-    The same as ``wrapper.start(grid=grid, ...)`` except that every round waits until
-    the inner strategy's deadline (``deadline_margin`` times the predicted round time,
-    at most ``timeout``) and polls for replies every ``poll_interval`` seconds.
+    """``wrapper.start(grid=grid, ...)`` under the wrapped LBBSPFedAvg's round deadlines
+    and reply polling.
 
     Parameters
     ----------

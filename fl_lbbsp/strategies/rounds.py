@@ -68,20 +68,12 @@ def log_round(
 
     Parameters
     ----------
-    scheme : str
-        ``"lbbsp"`` or ``"fedavg"``.
-    server_round : int
-        The round.
     silos : Mapping[str, Mapping[str, Any]]
-        Silo id -> telemetry record (from :func:`feed_balancer`).
-    keys : RecordKeys
-        Names of the metric entries.
+        Silo id -> its report (the round's telemetry record).
     total_batch_size : int
         Sum of the batch sizes sent this round.
     wall : float | None
         Seconds from sending the round to aggregating it, if measured.
-    telemetry : TelemetryWriter
-        Where the event goes.
     extra : Mapping[str, Any] | None (default: None)
         More fields for the telemetry event (deadline, silos that missed it, ...).
     """
