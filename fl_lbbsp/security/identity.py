@@ -172,11 +172,9 @@ def signed_bytes(
     server_round : int
         The round it answers.
     instruction : str | None
-        The message id of the instruction (train message) it answers: the silo signs the
-        id of the message it received, the server verifies with the id of the message it
-        sent to the node the reply came from, so another node cannot pass the reply off
-        as its own in the same round. ``None``: no message id is known (a grid that
-        assigns none); both sides must agree.
+        The message id of the instruction it answers (the server verifies with the id of
+        the message it sent to the replying node, so another node cannot pass the reply
+        off as its own); ``None``: the grid assigns none.
     silo : str
         The silo id it claims.
     metrics : Mapping[str, Any]

@@ -95,12 +95,10 @@ def server_keys(public_context: str | Path | CKKSKeys, fingerprint: str | None) 
 class EncryptedSum:
     """Sum of CKKS-encrypted updates, each multiplied by its integer weight on the server.
 
-    Silo i sends ``Enc(u_i)``; the next global record is ``sum_i w_i Enc(u_i)`` with the
-    plaintext ``W = sum_i w_i``, which the silos decrypt and divide. ``w_i`` is the weight
-    the round gives :meth:`add` (a dataset size after the server's cap, or a batch size),
-    rounded to an integer; should the weights sum above the room the CKKS parameters leave
-    (``CKKSConfig.max_weight_total``), all are divided by one common factor first
-    (:func:`fl_lbbsp.crypto.ckks.integer_weights`) and a warning says so.
+    ``w_i`` is the weight the round gives :meth:`add` (a capped dataset size, or a batch
+    size), rounded to an integer; should the weights sum above the room the CKKS
+    parameters leave (``CKKSConfig.max_weight_total``), all are divided by one common
+    factor first (:func:`fl_lbbsp.crypto.ckks.integer_weights`) and a warning says so.
 
     Parameters
     ----------
@@ -235,11 +233,9 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         (:mod:`fl_lbbsp.strategies.encrypted_blame`); it is left out for this many
         rounds, the round it is named in included. ``None``: for the rest of the run.
     **kwargs :
-        Keyword arguments of :class:`LBBSPFedAvg` (``initial_batch_size``,
-        ``local_steps``, ``lr``, ..., ``checkpoint_dir``). ``fraction_evaluate`` should
-        stay above 0: the server cannot evaluate the model itself, and an ``evaluate_fn``
-        passed to :meth:`start` receives the encrypted record. A checkpoint holds the
-        encrypted global model, and is resumed only with the same key (fingerprint).
+        Keyword arguments of :class:`LBBSPFedAvg`. ``fraction_evaluate`` should stay above
+        0: the server cannot evaluate the model itself. A checkpoint holds the encrypted
+        global model, and is resumed only with the same key (fingerprint).
 
     Raises
     ------

@@ -245,15 +245,6 @@ class EncryptedLBBSPCluster(EngineStrategy):
         self.updates = self.replicas
 
     @property
-    def version(self) -> int:
-        """Aggregates produced so far: the workers' model version."""
-        return self.replicas.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.replicas.version = value
-
-    @property
     def scheme(self) -> str:
         """``"lbbsp"`` when balancing, ``"bsp"`` otherwise."""
         return "lbbsp" if self.config.balance else "bsp"
@@ -315,11 +306,11 @@ class EncryptedLBBSPCluster(EngineStrategy):
                     self.silo_id(node),
                     self.replicas.node_version.get(node, "none"),
                     self.replicas.max_history,
-                    self.version,
+                    self.replicas.version,
                 )
                 continue
             node_config[self.keys.momentum] = self.ps_config.momentum
-            node_config[self.keys.model_version] = self.version
+            node_config[self.keys.model_version] = self.replicas.version
             content = RecordDict({self.configrecord_key: node_config, **records})
             messages.append(Message(content=content, message_type=message_type, dst_node_id=node))
         return messages
