@@ -18,14 +18,13 @@ light ClientApp process can use it too.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from flwr.app import ConfigRecord
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .contract import RecordKeys
+from .contract import RecordKeys, read_float, read_int
 
 __all__ = ["InstructionError", "RoundInstruction", "round_seed", "silo_id_of"]
 
@@ -126,7 +125,13 @@ class RoundInstruction(BaseModel):
                         "send it from an LB-BSP strategy with the same RecordKeys as the silo"
                     )
                 continue
-            values[name] = _number(record[key], whole=name in cls._WHOLE, key=key, name=name)
+            read = read_int if name in cls._WHOLE else read_float
+            try:
+                values[name] = read(record, key)
+            except ValueError as err:
+                raise InstructionError(
+                    f"the train message's {key!r} (RecordKeys.{name}): {err}"
+                ) from None
         try:
             return cls(**values)
         except ValidationError as err:
@@ -137,22 +142,6 @@ class RoundInstruction(BaseModel):
                 f"the train message's {key!r} (RecordKeys.{name}) {first['msg'].lower()}, "
                 f"got {record.get(key)!r:.40}"
             ) from None
-
-
-def _number(value: object, *, whole: bool, key: str, name: str) -> int | float:
-    """A record value as an int (``whole``; whole floats too) or a float."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InstructionError(
-            f"the train message's {key!r} (RecordKeys.{name}) must be a number, got {value!r:.40}"
-        )
-    if whole:
-        if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-            raise InstructionError(
-                f"the train message's {key!r} (RecordKeys.{name}) must be a whole number, "
-                f"got {value!r}"
-            )
-        return int(value)
-    return float(value)
 
 
 def round_seed(run_seed: object, silo_id: str, server_round: int) -> int:
