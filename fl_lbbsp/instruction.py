@@ -3,16 +3,8 @@ ConfigRecord and the silo reads it back; the silo's identity and its round seed.
 
 The server (:meth:`RoundInstruction.to_config`) and every silo entry point
 (:meth:`RoundInstruction.from_config`) share this module, so the record's keys are
-handled in one place (:class:`~fl_lbbsp.contract.RecordKeys` names them). It imports
-pydantic and Flower's record types only: no torch and nothing of Flower's server, so a
+handled in one place. It imports pydantic and Flower's record types only (no torch), so a
 light ClientApp process can use it too.
-
-.. code-block:: python
-
-    record = RoundInstruction(batch_size=24, local_steps=5, lr=0.05, server_round=3).to_config(
-        keys, base=config
-    )
-    instruction = RoundInstruction.from_config(msg.content["config"], keys)
 """
 
 from __future__ import annotations
@@ -145,24 +137,10 @@ class RoundInstruction(BaseModel):
 
 
 def round_seed(run_seed: object, silo_id: str, server_round: int) -> int:
-    """The seed of a silo's reshuffling in one round: the same silo, round and run seed
-    give the same seed in every entry point (simulation, deployment, adapter).
-
-    Parameters
-    ----------
-    run_seed : object
-        The run's seed (its text form is hashed; ``0`` when the run sets none).
-    silo_id : str
-        The silo's id (:func:`silo_id_of`); cluster mode's shared global batch uses
-        ``"global"``.
-    server_round : int
-        The round number.
-
-    Returns
-    -------
-    int
-        A non-negative 63-bit integer (a valid ``torch.Generator`` seed).
-    """
+    """The seed of a silo's reshuffling in one round: the same silo (:func:`silo_id_of`;
+    ``"global"`` for cluster mode's shared batch), round and run seed (its text hashed)
+    give the same seed in every entry point (simulation, deployment, adapter): a
+    non-negative 63-bit integer (a valid ``torch.Generator`` seed)."""
     digest = hashlib.sha256(f"{run_seed}:{silo_id}:{server_round}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 

@@ -72,26 +72,14 @@ class IdentityError(ValueError):
 
 
 def check_silo_id(silo: object, *, what: str = "silo id") -> str:
-    """``silo`` if it is a valid silo id (:data:`~fl_lbbsp.contract.SILO_ID_PATTERN`).
-
-    Parameters
-    ----------
-    silo : object
-        The id (a string; an integer is taken as its decimal text).
-    what : str (default: "silo id")
-        How the id is named in the message (``--ids``, ``node config silo-id``, ...).
-
-    Returns
-    -------
-    str
-        The id.
+    """``silo`` (an integer as its decimal text) if it is a valid silo id
+    (:data:`~fl_lbbsp.contract.SILO_ID_PATTERN`); ``what`` names it in the message
+    (``--ids``, ``node config silo-id``, ...).
 
     Raises
     ------
     IdentityError
-        One line quoting at most the id's first 40 characters: ids are 1 to 128
-        characters of ``A-Z a-z 0-9 _ . -`` (no path separators, spaces or control
-        characters).
+        One line quoting at most the id's first 40 characters.
     """
     if isinstance(silo, int) and not isinstance(silo, bool):
         silo = str(silo)

@@ -209,21 +209,17 @@ def warn_overridden_lr(
     ``local-steps`` other than the strategy's, and a ``local-epochs`` (or ``epochs``): tau
     = ``local_steps`` steps replace them."""
     overridden = []
-    for key in (keys.batch_size, keys.local_steps):
-        value = config.get(key)
-        if value is not None and not (key == keys.local_steps and value == local_steps):
-            what = (
-                "each silo is sent its own batch size"
-                if key == keys.batch_size
-                else (f"every silo runs the strategy's local-steps={local_steps}")
-            )
-            overridden.append(f"{key}={value} ({what})")
-    for key in EPOCH_KEYS:
-        if key in config:
-            overridden.append(
-                f"{key}={config[key]} (every silo runs local-steps={local_steps} steps "
-                "instead, drawn through plan.loader / plan.batch_sampler)"
-            )
+    if (batch := config.get(keys.batch_size)) is not None:
+        overridden.append(f"{keys.batch_size}={batch} (each silo is sent its own batch size)")
+    if (steps := config.get(keys.local_steps)) is not None and steps != local_steps:
+        why = f"every silo runs the strategy's local-steps={local_steps}"
+        overridden.append(f"{keys.local_steps}={steps} ({why})")
+    overridden += [
+        f"{key}={config[key]} (every silo runs local-steps={local_steps} steps instead, "
+        "drawn through plan.loader / plan.batch_sampler)"
+        for key in EPOCH_KEYS
+        if key in config
+    ]
     if overridden:
         FLOWER_LOGGER.warning(
             "%s: the train config's %s %s overridden",

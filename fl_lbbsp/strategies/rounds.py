@@ -136,15 +136,11 @@ def format_silos(
     Parameters
     ----------
     values : Mapping[str, Any]
-        Numeric value per silo (``None`` or missing values are shown as ``n/a``).
+        Numeric value per silo (``None`` is shown as ``n/a``).
     spec : str (default: "")
         Format spec of each value, e.g. ``".3f"``.
-    limit : int (default: 20)
-        Most silos listed one by one.
-    largest : int (default: 3)
-        Silos named in the summary beyond ``limit``.
     largest_label : str (default: "largest")
-        What the summary calls them.
+        What the summary calls the ``largest`` silos it names.
     """
 
     def show(value: Any) -> str:

@@ -179,13 +179,10 @@ def log_rejected(
     reason: str,
     first: bool = True,
 ) -> dict[str, Any]:
-    """One warning line and one ``rejected`` telemetry event for a reply left out of a
-    round; returns the event's ``silo``, ``node`` and ``reason`` for the round's record.
-    With ``first`` False (the silo's reply was rejected for this cause before) the line
-    goes to DEBUG, so a cause that repeats every round is logged once.
-
-    A reason of several lines (an error reply's traceback) is logged in full at DEBUG
-    only; the warning and the event carry its :func:`error_summary`.
+    """One warning line (DEBUG when not ``first`` for this silo and cause) and one
+    ``rejected`` telemetry event for a reply left out of a round; returns the event's
+    ``silo``, ``node`` and ``reason``. A reason of several lines (a traceback) is logged in
+    full at DEBUG only; the warning and the event carry its :func:`error_summary`.
     """
     summary = reason if "\n" not in reason.strip() else error_summary(reason)
     summary = summary if len(summary) <= MAX_SUMMARY else summary[:MAX_SUMMARY] + "..."
