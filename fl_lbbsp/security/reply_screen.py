@@ -136,11 +136,8 @@ class ReplyScreen(ReplyGate):
         Raises
         ------
         InvalidReplyError
-            On a missing required key (``num-examples``, ``train-time``, ``batch-size``),
-            in strict mode a key that is neither in the contract nor allowed, a value that
-            is not a finite number, a train time that is not positive, a batch size other
-            than the one sent, ``num-examples`` <= 0 or above the bound, and contract
-            counts or times out of range.
+            At the first check that fails: a required key missing, in strict mode a key
+            not allowed, a value out of range, a batch size other than the one sent.
         """
         k = self.keys
         required = (k.num_examples, k.train_time, k.batch_size, self.weight_key)

@@ -67,10 +67,9 @@ class ServerConfig(BaseModel):
     checkpoint_dir : Path | None (default: None)
         Folder for one checkpoint per finished round; ``start`` resumes from it.
     checkpoint_key : Path | None (default: None)
-        File of a checkpoint key (``fl-lbbsp keys checkpoint``): checkpoints are written
-        with an HMAC-SHA256 under it and only such checkpoints are resumed, so an edited
-        one is refused (:mod:`fl_lbbsp.strategies.checkpoint`). ``None``: a SHA-256
-        digest, which detects damage, not edits.
+        File of a checkpoint key (``fl-lbbsp keys checkpoint``): checkpoints carry an
+        HMAC-SHA256 under it, so an edited one is refused. ``None``: a SHA-256 digest,
+        which detects damage, not edits.
     max_update_ratio : float (default: 10.0)
         An update whose distance to the global model (a gradient's norm in cluster mode)
         is more than this many times the median of the round's and the recent rounds'
@@ -100,9 +99,8 @@ class ServerConfig(BaseModel):
         finite or over this many times the lowest median seen has diverged: the model is
         rolled back to the last one that trained sanely, with an error logged; > 1.
     max_empty_rounds : int (default: 3)
-        Consecutive rounds without any aggregated update after which ``start`` stops
-        with :class:`~fl_lbbsp.strategies.NoUpdateError` (a first round without one
-        stops it at once): a run never ends "completed" with the model it started from.
+        Consecutive rounds without an aggregated update after which ``start`` stops with
+        :class:`~fl_lbbsp.strategies.NoUpdateError` (a first such round stops it at once).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
