@@ -1,11 +1,8 @@
 """Screening one reply of a round: its signature, size, records and the contract's metrics.
 
 :class:`ReplyScreen` is the defence layer's :class:`~fl_lbbsp.core.round.trust.ReplyGate`
-(composed onto the round engine by :func:`fl_lbbsp.security.guard.guard`): with a silo
-registry, a reply must be signed by the silo it claims before anything in it is believed;
-then it must fit the size cap, be well formed and keep the contract's metrics. The engine
-itself checks that the reply answers this round's instruction to its node, in time, once
-(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.screen`).
+(composed onto the round engine by :func:`fl_lbbsp.security.guard.guard`). The engine
+itself checks that the reply answers this round's instruction to its node, in time, once.
 """
 
 from __future__ import annotations

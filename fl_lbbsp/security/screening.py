@@ -1,12 +1,8 @@
 """Array screening in pure numpy: a reply's update (and a global model a silo receives)
-checked without Flower. Every check raises :class:`~fl_lbbsp.contract.InvalidReplyError`
-with a reason a person can act on; the reply screen (:mod:`.reply_screen`) checks a reply's
-records and metrics, the Flower adapters (:mod:`fl_lbbsp.strategies.validation`) its arrays
-against the global model's layout with these.
-
-Arrays are checked before any value is touched: an npy header (shape, dtype, data length)
-is read and compared with the global model's layout, then the values are checked for NaN
-and inf on zero-copy views of the received bytes.
+checked without Flower, each check raising :class:`~fl_lbbsp.contract.InvalidReplyError`
+with a reason a person can act on. An npy header (shape, dtype, data length) is compared
+with the global model's layout before any value is touched, then the values are checked
+for NaN and inf on zero-copy views of the received bytes.
 """
 
 from __future__ import annotations

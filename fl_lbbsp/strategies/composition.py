@@ -1,13 +1,10 @@
 """LB-BSP inside Flower's strategy wrappers (differential privacy with fixed clipping).
 
 Flower's ``DifferentialPrivacyClientSideFixedClipping`` and
-``DifferentialPrivacyServerSideFixedClipping`` (``flwr.serverapp.strategy``) pass the
-wrapped strategy's train messages through unchanged, so every silo keeps its own
-ConfigRecord and batch size (the client-side wrapper adds its ``clipping_norm`` to the
-config before :class:`~fl_lbbsp.strategies.LBBSPFedAvg` copies it into each silo's
-record); the server-side wrapper clips every reply's update in place before
-``aggregate_train``, which then validates, reports to the balancer and averages as
-always; both add Gaussian noise to the aggregate.
+``DifferentialPrivacyServerSideFixedClipping`` pass the wrapped strategy's train messages
+through unchanged (the client-side one adds its ``clipping_norm`` to the config each
+silo's record copies), so every silo keeps its own batch size; the server-side one clips
+each reply's update before ``aggregate_train``; both add Gaussian noise to the aggregate.
 
 A wrapper runs the rounds with its own ``start`` (Flower's loop), not
 :meth:`LBBSPFedAvg.start`; :func:`start_wrapped` puts the inner strategy's round

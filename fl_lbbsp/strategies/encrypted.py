@@ -1,19 +1,14 @@
 """LB-BSP FedAvg over CKKS-encrypted updates: the server weighs and adds ciphertexts it
 cannot read.
 
-Each silo encrypts its parameters after local training ``u_i`` as they are, under the
-federation's CKKS key (seeded symmetric ciphertexts), and replies with the ciphertexts,
-the key fingerprint and its ``num-examples`` ``n_i`` in the metrics. The server checks
-every reply (fingerprint, chunk count, sizes, digests, ciphertext level and structure, and
-the metric checks of every strategy), leaves out any that fails with the reason logged,
-caps each undeclared ``n_i`` as in plaintext (:func:`fl_lbbsp.security.update_screen.cap_weights`),
-multiplies each ciphertext by its integer weight ``w_i`` and sends back ``sum_i w_i Enc(u_i)``
-with the plaintext ``W = sum_i w_i``; silos decrypt and divide. The weight logged is the
-weight applied.
-Apart from the initial model it creates itself, the server never holds plaintext
-parameters, and evaluation is federated (silos decrypt and evaluate). Balancing is
-unchanged: batch sizes still follow the silos' reported ``train-time``, and their
-``he-time`` is the linear allocator's fixed cost.
+Each silo encrypts its trained parameters ``u_i`` under the federation's CKKS key and
+replies with the ciphertexts and its ``num-examples`` ``n_i``. The server checks every
+reply (:class:`~fl_lbbsp.crypto.UpdateChecker` and the metric checks of every strategy),
+caps each undeclared ``n_i`` as in plaintext, multiplies each ciphertext by its integer
+weight ``w_i`` and sends back ``sum_i w_i Enc(u_i)`` with the plaintext ``W = sum_i w_i``;
+silos decrypt and divide. Apart from the initial model, the server never holds plaintext
+parameters, and evaluation is federated. Balancing is unchanged; ``he-time`` is the
+linear allocator's fixed cost.
 
 References: Chen et al., IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL); Cheon et al.,
 ASIACRYPT 2017 (CKKS); Zhang et al., "BatchCrypt", USENIX ATC 2020.
