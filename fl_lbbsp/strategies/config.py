@@ -2,11 +2,9 @@
 
 The balancing settings and reply limits are the core's
 (:class:`~fl_lbbsp.core.settings.BalancingConfig`,
-:class:`~fl_lbbsp.core.settings.ReplyLimits`); this module adds the server's.
-
-The strategies keep plain keyword-only constructors; each builds these models from its
-keywords, so a bad value raises :class:`pydantic.ValidationError` (a ``ValueError``) that
-names the keyword and the value.
+:class:`~fl_lbbsp.core.settings.ReplyLimits`); this module adds the server's. The
+strategies' keyword-only constructors build these models, so a bad value raises an error
+naming the keyword and the value (:func:`setting_error`).
 """
 
 from __future__ import annotations

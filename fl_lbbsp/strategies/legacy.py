@@ -89,11 +89,9 @@ class LBBSPStrategy(EngineView, FedAvg):
     telemetry_path : str | Path | None (default: None)
         JSON-lines file the per-round telemetry is appended to.
     max_empty_rounds : int (default: 3)
-        Rounds in a row without an aggregated update (every client failed, timed out or
-        was rejected) after which the run stops with
-        :class:`~fl_lbbsp.strategies.outcomes.NoUpdateError` naming the clients' errors, as
-        :class:`~fl_lbbsp.strategies.LBBSPFedAvg` does; a first round without one stops it
-        at once.
+        As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`: rounds in a row without an
+        aggregated update after which the run stops with
+        :class:`~fl_lbbsp.strategies.outcomes.NoUpdateError`.
     """
 
     def __init__(

@@ -164,13 +164,9 @@ class GradientUpdate(PlainMean):
 
     Parameters
     ----------
-    lr : float
-        eta.
-    momentum : float (default: 0.0)
-        SGD momentum; its buffers are checkpointed (record ``optimizer``).
-    aggregation : {"weighted", "naive"} (default: "weighted")
-        ``"weighted"``: ``g = sum_i x_i g_i / X`` (Sec. 3.4). ``"naive"``: the plain mean
-        of the workers' gradients (Eq. 6), for comparison.
+    lr, momentum, aggregation :
+        As in :class:`~fl_lbbsp.strategies.LBBSPCluster`; the momentum buffers are
+        checkpointed (record ``optimizer``).
     robust : CenteredClip | None (default: None)
         Clip each gradient around a robust centre before the weighted mean.
     """
