@@ -61,19 +61,11 @@ class TrainRound:
 
     Parameters
     ----------
-    engine : RoundEngine
-        The round engine (plans, screens, reports, closes).
-    keys : RecordKeys
-        Names of the contract's entries.
+    engine, keys, defenses, outcomes, telemetry :
+        The strategy's (:class:`~fl_lbbsp.strategies.LBBSPFedAvg` builds it).
     weight_key : str
         The aggregation weight's metric (``num-examples``, or ``batch-size`` on a
         parameter server).
-    defenses : Defenses
-        The server's judgement of the accepted updates together.
-    outcomes : RoundOutcomes
-        Rejections logged once per silo and cause.
-    telemetry : TelemetryWriter
-        Where the round's events go.
     poll_interval : float | None
         Seconds between two pulls for replies (a telemetry field).
     """
