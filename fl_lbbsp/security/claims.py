@@ -46,15 +46,10 @@ class ClaimChecker(ClaimPolicy):
 
     Parameters
     ----------
-    max_dataset_size : int | None (default: 10_000_000)
-        Largest dataset size a silo may claim; ``None``: no cap.
-    tolerance : float (default: 2.0)
-        A claimed round time ``c`` (``train-time`` plus ``he-time``) is contradicted by
-        an observed wall time ``o`` when ``(c + h) * tolerance < o`` (``h`` the learned
-        messaging overhead: the claim with its messaging is far below the observation)
-        or ``c > o * tolerance``; > 1.
-    min_time, max_time : float (default: 1e-6, 86400.0)
-        Finite positive bounds of a claimed time in seconds.
+    max_dataset_size, tolerance, min_time, max_time : int | None, float, float, float
+        The claim bounds, as :class:`~fl_lbbsp.core.settings.Tuning` documents them
+        (``max_dataset_size``, ``time_tolerance``, ``min_claimed_time``,
+        ``max_claimed_time``; the same defaults).
     overhead_rounds : int (default: 3)
         The messaging overhead is the largest of this many recent rounds' (each round's
         :func:`honest_gap`).

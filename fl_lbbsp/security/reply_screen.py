@@ -47,10 +47,8 @@ class ReplyScreen(ReplyGate):
         Names of the contract's entries, and the aggregation weight's (``num-examples`` in
         FL, ``batch-size`` in cluster mode).
     limits : ReplyLimits (default: ReplyLimits())
-        What a reply may be: ``max_reply_bytes``; ``max_num_examples`` (``None``: 2**53);
-        ``extra_metric_keys``, strict mode: the only metrics accepted beyond the
-        contract's, finite numbers (``None``: any other passes through unchecked, as
-        Flower's FedAvg takes it).
+        What a reply may be (``extra_metric_keys`` set: strict mode, the only metrics
+        accepted beyond the contract's, finite numbers).
     registry : SiloRegistry | None (default: None)
         The federation's silos and their public keys (:mod:`fl_lbbsp.security.identity`):
         every reply must be signed by the key of the silo it claims, for this run and
