@@ -172,7 +172,8 @@ def model_problem(
     max_ratio: float,
     accepted: Sequence[float] = (),
 ) -> str | None:
-    """Why a silo must refuse a global model (a decrypted aggregate), or ``None``.
+    """Why a silo must refuse a global model (a decrypted aggregate): NaN or inf, or a norm
+    out of range; ``None`` for a usable model.
 
     Parameters
     ----------
@@ -188,11 +189,6 @@ def model_problem(
         The norms of the global models the silo accepted in its last rounds: a server
         that rolls a diverged model back sends one of them again, far from the silo's
         last model (trained from the diverged one), and the silo must take it.
-
-    Returns
-    -------
-    str | None
-        The reason (NaN or inf, a norm out of range), or ``None`` for a usable model.
     """
     for k, values in enumerate(arrays):
         if not _finite(np.ravel(values)):

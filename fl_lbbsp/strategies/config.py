@@ -228,18 +228,13 @@ def setting_error(err: ValidationError, *, owner: str) -> InvalidSettingError:
 
 
 def record_keys(keys: object) -> RecordKeys:
-    """A strategy's or silo's ``keys`` argument as :class:`~fl_lbbsp.contract.RecordKeys`.
-
-    Parameters
-    ----------
-    keys : RecordKeys | Mapping[str, str] | None
-        The names; a mapping of field names to names (``{"batch_size": "bs"}``) is
-        converted; ``None``: the defaults.
+    """A strategy's ``keys`` argument as :class:`~fl_lbbsp.contract.RecordKeys`
+    (:meth:`~fl_lbbsp.contract.RecordKeys.of`).
 
     Raises
     ------
     TypeError
-        ``keys`` is neither.
+        ``keys`` is neither a RecordKeys, a mapping of its fields nor ``None``.
     InvalidSettingError
         The mapping names a field RecordKeys does not have, or a name is empty.
     """

@@ -47,11 +47,9 @@ log = logging.getLogger("fl_lbbsp")
 class ReplicaLog(EncryptedSum):
     """The encrypted parameter server's aggregates, one per model version.
 
-    An :class:`~fl_lbbsp.strategies.encrypted.EncryptedSum` weighted by batch size whose
-    every result
-    is aggregate ``v`` (the next model version); it keeps the initial model, the last
-    ``max_history`` aggregates and each worker's version, so that every worker gets what
-    brings its replica up to date.
+    An :class:`~fl_lbbsp.strategies.encrypted.EncryptedSum` whose every result is the
+    next model version; it keeps the initial model, the last ``max_history`` aggregates
+    and each worker's version, so that every worker gets what brings its replica up to date.
 
     Parameters
     ----------

@@ -261,13 +261,10 @@ def round_metrics(
     silo_id: Callable[[Node], str] | None = None,
 ) -> MetricRecord:
     """The round's MetricRecord for Flower's ``Result``: the app's own metrics as
-    ``train_metrics_aggr_fn`` aggregated them, without the contract's nor the per-silo
-    timings our silo side adds (a mean of batch sizes, train times or slowdowns means
-    nothing; ``train-loss`` stays), plus ``batch-size/<silo>`` for every silo sent a batch
-    size and ``predicted-speed/<silo>`` (samples per second) for every silo the balancer
-    predicts. ``silo_id``: the stable id a node reported (the engine's), so that a silo
-    first sent its batch size under its node id (``node-<id>``, round 1) is named as in
-    later rounds."""
+    ``train_metrics_aggr_fn`` aggregated them, without the contract's nor our per-silo
+    timings (their mean means nothing; ``train-loss`` stays), plus ``batch-size/<silo>``
+    (:func:`batch_size_metrics`) and ``predicted-speed/<silo>`` (samples per second) for
+    every silo the balancer predicts."""
     contract = contract_metric_keys(keys) | (set(SILO_APP_METRICS) - {TRAIN_LOSS})
     record: dict[str, Any] = {
         key: value for key, value in (aggregated or {}).items() if key not in contract

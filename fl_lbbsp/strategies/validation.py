@@ -228,19 +228,9 @@ def undecorated(reason: str | None) -> str | None:
 def reply_of(
     msg: Message, *, keys: RecordKeys, sent_ids: set[str], seconds_late: float | None
 ) -> Reply:
-    """What the round engine needs to know of a train reply (no values are read).
-
-    Parameters
-    ----------
-    msg : Message
-        The reply.
-    keys : RecordKeys
-        Names of the contract's entries (the silo id's record and key).
-    sent_ids : set of str
-        Ids of the round's train messages (empty: not known, nothing is stale).
-    seconds_late : float | None
-        How long after the deadline it came in (``None``: in time).
-    """
+    """What the round engine needs to know of a train reply (no values are read):
+    ``sent_ids`` are the ids of the round's train messages (empty: nothing is stale),
+    ``seconds_late`` how long after the deadline it came in (``None``: in time)."""
     meta = msg.metadata
     node = meta.src_node_id
     stale = bool(sent_ids) and meta.reply_to_message_id not in sent_ids
