@@ -1,12 +1,9 @@
 """The argument parser of ``fl-lbbsp`` and the checks of single flag values (one line,
 exit code 2, for a value out of range).
 
-The balancing flags are made from the settings models (:func:`add_balancing_flags`): the
-fields of :class:`~fl_lbbsp.core.settings.BalancingKnobs` (what users set) in the
-``balancing`` group of ``--help``, those of :class:`~fl_lbbsp.core.settings.Tuning` in the
-``tuning`` group, listed by ``--help-all``; each knob's name, help (its description),
-default and type come from its declaration, so a new knob needs no edit here; its bounds
-are checked when the run's settings are built."""
+The balancing flags are made from the settings models (:func:`add_balancing_flags`):
+:class:`~fl_lbbsp.core.settings.BalancingKnobs` in ``--help``,
+:class:`~fl_lbbsp.core.settings.Tuning` in ``--help-all``; a new knob needs no edit here."""
 
 from __future__ import annotations
 

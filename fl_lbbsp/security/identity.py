@@ -249,21 +249,15 @@ class SiloRegistry:
     def verify(self, signature: object, **fields: Any) -> None:
         """Check a reply's signature over :func:`signed_bytes` of ``fields``.
 
-        Parameters
-        ----------
-        signature : object
-            The signature the reply carries (base64 text); ``None``: unsigned.
-        **fields :
-            ``run_id``, ``server_round``, ``instruction``, ``silo``, ``metrics``,
-            ``arrays`` as the server knows them (its own run and round, the id of the
-            message it sent to the replying node, the claimed silo, what it received).
+        ``signature`` is the reply's (base64 text; ``None``: unsigned), ``fields`` as the
+        server knows them (its own run and round, the id of the message it sent to the
+        replying node, the claimed silo, what it received).
 
         Raises
         ------
         InvalidReplyError
             The silo is not registered, the reply is unsigned, or the signature is not
-            that of the silo's key over these fields (forged, edited, another silo's, or
-            made for another round, run or instruction).
+            that of the silo's key over these fields (forged, edited or replayed).
         """
         try:
             silo = check_silo_id(fields["silo"])

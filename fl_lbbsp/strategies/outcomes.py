@@ -130,13 +130,10 @@ def log_decision(
     silo_id: Callable[[Node], str] | None = None,
 ) -> None:
     """A closed round's telemetry event and DEBUG line (:func:`~.rounds.log_round`, with
-    ``extra`` and ``rejected``), then its one line through Flower's logger, its decision
-    and outcome: per-silo batch sizes (named by the stable ids the silos reported,
-    ``silo_id``, from round 1 on), the round time the reports show, predicted and ideal
-    round time (compute), the idle fraction, and the silos left out with why
-    (``rejected``: the round's rejection entries, ``extra["missed"]``: silos with no reply
-    in time); a silo whose report says it did not train as instructed is named as not
-    balanced (its update is aggregated)."""
+    ``extra`` and ``rejected``), then its one line through Flower's logger: per-silo batch
+    sizes (by the ids ``silo_id`` gives), the round time, predicted and ideal, the idle
+    fraction, the silos left out with why (``rejected``, ``extra["missed"]``) and those
+    that did not train as instructed (not balanced, their updates aggregated)."""
     log_round(
         scheme=scheme,
         server_round=state.server_round,
