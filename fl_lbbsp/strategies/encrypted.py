@@ -95,12 +95,7 @@ class EncryptedSum:
     parameters leave (``CKKSConfig.max_weight_total``), all are divided by one common
     factor first (:func:`fl_lbbsp.crypto.ckks.integer_weights`) and a warning says so.
 
-    Parameters
-    ----------
-    he_keys : CKKSKeys
-        The federation's public keys.
-    keys : RecordKeys
-        Names of the contract's entries.
+    ``he_keys``: the federation's public keys; ``keys``: the contract's entry names.
     """
 
     def __init__(self, he_keys: CKKSKeys, *, keys: RecordKeys) -> None:

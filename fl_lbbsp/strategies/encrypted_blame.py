@@ -62,10 +62,8 @@ class ContributionBlame:
     exclude_for : int | None (default: None)
         Rounds a named silo is left out, the round it is named in included; ``None``:
         for the rest of the run.
-    telemetry : TelemetryWriter | None (default: None)
-        Where the ``named`` events go.
-    scheme : str (default: "lbbsp")
-        The scheme named in the telemetry.
+    telemetry, scheme : TelemetryWriter | None, str (default: None, "lbbsp")
+        Where the ``named`` events go, and the scheme they name.
     """
 
     def __init__(
