@@ -102,11 +102,8 @@ def _deploy_federation(args: argparse.Namespace) -> Any:
 
     if args.silos <= 0:
         raise ValueError(f"--silos must be positive, got {args.silos}")
-    if args.speeds is not None and len(args.speeds) != args.silos:
-        raise ValueError(
-            f"--speeds lists {len(args.speeds)} values but there are {args.silos} silos"
-        )
-    for flag, values in (("--cpu-quota", args.cpu_quota), ("--link-mbps", args.link_mbps)):
+    lists = (("--speeds", args.speeds), ("--cpu-quota", args.cpu_quota))
+    for flag, values in (*lists, ("--link-mbps", args.link_mbps)):
         if values is not None and len(values) != args.silos:
             raise ValueError(f"{flag} lists {len(values)} values but there are {args.silos} silos")
     problem = writable_dir_problem(args.workdir)
@@ -262,10 +259,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "simulate":
         chosen = [args.scheme]
     elif args.command == "compare":
-        chosen, flag = (
-            [s.strip() for s in args.schemes.split(",") if s.strip()] or [""],
-            "--schemes",
-        )
+        chosen, flag = args.schemes or [""], "--schemes"
     for scheme in chosen:
         if scheme not in SCHEMES:
             parser.error(f"unknown {flag} {scheme!r}: expected one of {', '.join(SCHEMES)}")

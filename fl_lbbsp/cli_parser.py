@@ -1,12 +1,9 @@
 """The argument parser of ``fl-lbbsp`` and the checks of single flag values (one line,
 exit code 2, for a value out of range).
 
-The balancing flags are made from the settings models (:func:`add_balancing_flags`): the
-fields of :class:`~fl_lbbsp.core.settings.BalancingKnobs` (what users set) in the
-``balancing`` group of ``--help``, those of :class:`~fl_lbbsp.core.settings.Tuning` in the
-``tuning`` group, listed by ``--help-all``; each knob's name, help (its description),
-default and type come from its declaration, so a new knob needs no edit here; its bounds
-are checked when the run's settings are built."""
+The balancing flags are made from the settings models (:func:`add_balancing_flags`):
+:class:`~fl_lbbsp.core.settings.BalancingKnobs` in ``--help``,
+:class:`~fl_lbbsp.core.settings.Tuning` in ``--help-all``; a new knob needs no edit here."""
 
 from __future__ import annotations
 
@@ -42,6 +39,11 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"fl-lbbsp: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def _names(text: str) -> list[str]:
+    """``--schemes``: comma-separated names, blanks dropped."""
+    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 def _fractions(text: str) -> list[float]:
@@ -287,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="run FedAvg, LB-BSP or baselines on the same setup")
     compare.add_argument(
         "--schemes",
+        type=_names,
         default="fedavg,lbbsp",
         help=f"comma-separated {_SCHEMES} (default: fedavg,lbbsp)",
     )
@@ -376,6 +379,7 @@ def _add_cluster_parser(sub: Any) -> None:
     _add_shared_flags(cluster, unit="workers")
     cluster.add_argument(
         "--schemes",
+        type=_names,
         default="bsp,lbbsp,lbbsp-naive",
         help="comma-separated bsp | lbbsp | lbbsp-naive (default: all three)",
     )

@@ -30,10 +30,7 @@ def run_command(args: argparse.Namespace) -> int:
     from .runs.fl import run
     from .runs.summary import format_table, plot_comparison, run_cost_lines, summarise
 
-    if args.command == "simulate":
-        schemes = [args.scheme]
-    else:
-        schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    schemes = [args.scheme] if args.command == "simulate" else args.schemes
     out = args.out or Path("runs") / args.command
     configs = {scheme: _config(args, scheme, out) for scheme in schemes}  # validate all first
     events = _run_all(args, configs, out, run, total=configs[schemes[0]].rounds, unit="round")
@@ -62,7 +59,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     from .runs.cluster import ClusterConfig, run_cluster
     from .runs.summary import format_table, summarise
 
-    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    schemes = args.schemes
     configs = {
         scheme: ClusterConfig(
             **_run_settings(args, scheme, args.out),

@@ -319,12 +319,6 @@ class RecordKeys(BaseModel):
     he_time : str (default: "he-time")
         Metric: seconds spent decrypting the global model and encrypting the update
         (encrypted mode), apart from ``train-time``; the linear allocator's fixed cost.
-    he_weight_total : str (default: "he-weight-total")
-        Config (encrypted mode): the total S the silo divides its weight n_i by before
-        multiplying its update, so that sum_i n_i / S is about 1.
-    he_num_silos : str (default: "he-num-silos")
-        Config (encrypted mode): the number of silos whose updates will be summed; each
-        leaves room in the CKKS range for that many.
     model_version : str (default: "model-version")
         Encrypted cluster mode. Config: the model version (number of aggregated
         gradients applied) the worker must bring its replica to. Metric: the version its
@@ -363,8 +357,6 @@ class RecordKeys(BaseModel):
     silo_record: str = "silo"
     signature: str = "signature"
     he_time: str = "he-time"
-    he_weight_total: str = "he-weight-total"
-    he_num_silos: str = "he-num-silos"
     model_version: str = "model-version"
     momentum: str = "momentum"
     batch_offset: str = "batch-offset"

@@ -3,29 +3,20 @@ ConfigRecord and the silo reads it back; the silo's identity and its round seed.
 
 The server (:meth:`RoundInstruction.to_config`) and every silo entry point
 (:meth:`RoundInstruction.from_config`) share this module, so the record's keys are
-handled in one place (:class:`~fl_lbbsp.contract.RecordKeys` names them). It imports
-pydantic and Flower's record types only: no torch and nothing of Flower's server, so a
+handled in one place. It imports pydantic and Flower's record types only (no torch), so a
 light ClientApp process can use it too.
-
-.. code-block:: python
-
-    record = RoundInstruction(batch_size=24, local_steps=5, lr=0.05, server_round=3).to_config(
-        keys, base=config
-    )
-    instruction = RoundInstruction.from_config(msg.content["config"], keys)
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from flwr.app import ConfigRecord
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .contract import RecordKeys
+from .contract import RecordKeys, read_float, read_int
 
 __all__ = ["InstructionError", "RoundInstruction", "round_seed", "silo_id_of"]
 
@@ -54,10 +45,6 @@ class RoundInstruction(BaseModel):
         The round number (>= 0).
     batch_offset : int | None (default: None)
         Cluster mode: where the worker's samples start in the round's global batch.
-    he_weight_total : float | None (default: None)
-        Encrypted mode: the total S a silo divides its weight by before encrypting.
-    he_num_silos : int | None (default: None)
-        Encrypted mode: how many updates are summed.
 
     Raises
     ------
@@ -72,12 +59,10 @@ class RoundInstruction(BaseModel):
     lr: float = Field(gt=0, allow_inf_nan=False)
     server_round: int = Field(default=1, ge=0, strict=True)
     batch_offset: int | None = Field(default=None, ge=0, strict=True)
-    he_weight_total: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    he_num_silos: int | None = Field(default=None, gt=0, strict=True)
 
     _REQUIRED: ClassVar[tuple[str, ...]] = ("batch_size", "local_steps", "lr")
     _WHOLE: ClassVar[frozenset[str]] = frozenset(
-        {"batch_size", "local_steps", "server_round", "batch_offset", "he_num_silos"}
+        {"batch_size", "local_steps", "server_round", "batch_offset"}
     )
 
     @property
@@ -132,7 +117,13 @@ class RoundInstruction(BaseModel):
                         "send it from an LB-BSP strategy with the same RecordKeys as the silo"
                     )
                 continue
-            values[name] = _number(record[key], whole=name in cls._WHOLE, key=key, name=name)
+            read = read_int if name in cls._WHOLE else read_float
+            try:
+                values[name] = read(record, key)
+            except ValueError as err:
+                raise InstructionError(
+                    f"the train message's {key!r} (RecordKeys.{name}): {err}"
+                ) from None
         try:
             return cls(**values)
         except ValidationError as err:
@@ -145,41 +136,11 @@ class RoundInstruction(BaseModel):
             ) from None
 
 
-def _number(value: object, *, whole: bool, key: str, name: str) -> int | float:
-    """A record value as an int (``whole``; whole floats too) or a float."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InstructionError(
-            f"the train message's {key!r} (RecordKeys.{name}) must be a number, got {value!r:.40}"
-        )
-    if whole:
-        if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-            raise InstructionError(
-                f"the train message's {key!r} (RecordKeys.{name}) must be a whole number, "
-                f"got {value!r}"
-            )
-        return int(value)
-    return float(value)
-
-
 def round_seed(run_seed: object, silo_id: str, server_round: int) -> int:
-    """The seed of a silo's reshuffling in one round: the same silo, round and run seed
-    give the same seed in every entry point (simulation, deployment, adapter).
-
-    Parameters
-    ----------
-    run_seed : object
-        The run's seed (its text form is hashed; ``0`` when the run sets none).
-    silo_id : str
-        The silo's id (:func:`silo_id_of`); cluster mode's shared global batch uses
-        ``"global"``.
-    server_round : int
-        The round number.
-
-    Returns
-    -------
-    int
-        A non-negative 63-bit integer (a valid ``torch.Generator`` seed).
-    """
+    """The seed of a silo's reshuffling in one round: the same silo (:func:`silo_id_of`;
+    ``"global"`` for cluster mode's shared batch), round and run seed (its text hashed)
+    give the same seed in every entry point (simulation, deployment, adapter): a
+    non-negative 63-bit integer (a valid ``torch.Generator`` seed)."""
     digest = hashlib.sha256(f"{run_seed}:{silo_id}:{server_round}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 

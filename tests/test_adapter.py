@@ -17,10 +17,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fl_lbbsp.clients import LocalTraining, lbbsp_train
-from fl_lbbsp.contract import RecordKeys
+from fl_lbbsp.contract import SILO_APP_METRICS, RecordKeys
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg
-from fl_lbbsp.strategies.validation import DEFAULT_EXTRA_METRIC_KEYS
 from fl_lbbsp.telemetry import read_telemetry
 
 APP = Path(__file__).resolve().parent.parent / "examples" / "plugin"
@@ -159,7 +158,7 @@ def test_quickstart_style_app_balances_through_the_in_process_grid(
     # Prepare / Execute: the example's ClientApp on 3 nodes emulated 1:2:4 times slower
     grid, rounds = _three_rounds(
         plugin_app, tmp_path, initial_batch_size=16, local_steps=TAU, cost=COST,
-        extra_metric_keys=(*DEFAULT_EXTRA_METRIC_KEYS, "train_loss"),
+        extra_metric_keys=(*SILO_APP_METRICS, "train_loss"),
     )  # fmt: skip
 
     # Assert: every reply accepted, silos named by partition, the faster a silo the

@@ -70,7 +70,7 @@ def test_encrypted_cluster_matches_the_plaintext_parameter_server(key_files, tmp
 
     # Assert: the server holds only the encrypted aggregate; every worker's replica is the
     # plaintext server's model (within CKKS noise), and the replicas are identical
-    assert is_encrypted(enc_result.arrays) and encrypted.version == 4
+    assert is_encrypted(enc_result.arrays) and encrypted.replicas.version == 4
     reference = {name: a.numpy() for name, a in plain_result.arrays.items()}
     replicas = _replicas(enc_grid)
     assert all(_max_diff(r, reference) <= 1e-4 for r in replicas)
@@ -120,7 +120,7 @@ def test_worker_that_lost_its_replica_catches_up_from_the_initial_model(key_file
     resent = [t for t in train[6:9] if t.node_id == 101][0]
     others = [t for t in train[6:9] if t.node_id != 101]
     assert resent.sent_bytes > 1.5 * max(t.sent_bytes for t in others)
-    assert strategy.version == 4
+    assert strategy.replicas.version == 4
     replicas = _replicas(grid)
     assert all(_max_diff(r, replicas[0]) == 0.0 for r in replicas[1:])
 
@@ -145,7 +145,7 @@ def test_reply_at_a_stale_model_version_is_rejected(key_files, fl_log) -> None: 
     strategy.start(grid=grid, initial_arrays=_initial(setup), num_rounds=1)
 
     # Assert
-    assert strategy.version == 1
+    assert strategy.replicas.version == 1
     assert "model version 7, expected 0" in fl_log.text
     assert "rejected" in fl_log.text
 
@@ -155,12 +155,12 @@ def test_worker_beyond_the_kept_history_is_left_out_with_a_warning(key_files, fl
     strategy = EncryptedLBBSPCluster(public_context=key_files.public, max_history=2, **SETTINGS)
     setup = WorkerSetup(num_workers=3)
     strategy.replicas.initial = _initial(setup)
-    strategy.version = 3
+    strategy.replicas.version = 3
     strategy.replicas.aggregates = {2: ArrayRecord(), 3: ArrayRecord()}
     strategy.replicas.node_version = {100: 3, 101: 1}
 
     # Execute
-    up_to_date, behind, fresh = (strategy.model_records(n) for n in (100, 101, 102))
+    up_to_date, behind, fresh = (strategy.replicas.records_for(n) for n in (100, 101, 102))
 
     # Assert
     assert up_to_date == {}

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from fl_lbbsp.cli import main
+from fl_lbbsp.contract import error_summary
 from fl_lbbsp.strategies.rounds import format_silos, natural_key
-from fl_lbbsp.strategies.validation import error_summary, log_rejected
+from fl_lbbsp.strategies.validation import log_rejected
 from fl_lbbsp.telemetry import TelemetryWriter, read_telemetry
 
 # A short in-process run; silo times come from a cost model, so nothing depends on load.

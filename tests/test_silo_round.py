@@ -27,11 +27,14 @@ B, TAU = 6, 4
 
 
 # --------------------------------------------------------------------- the codec
+@pytest.mark.parametrize("offset", [None, 48])
 @pytest.mark.parametrize("keys", [KEYS, RENAMED])
-def test_instruction_round_trips_through_a_config_record(keys: RecordKeys) -> None:
+def test_instruction_round_trips_through_a_config_record(
+    keys: RecordKeys, offset: int | None
+) -> None:
     # Prepare
     sent = RoundInstruction(
-        batch_size=24, local_steps=5, lr=0.05, server_round=3, he_weight_total=120.0
+        batch_size=24, local_steps=5, lr=0.05, server_round=3, batch_offset=offset
     )
 
     # Execute
@@ -41,7 +44,7 @@ def test_instruction_round_trips_through_a_config_record(keys: RecordKeys) -> No
     # Assert: the caller's entries stay, the instruction's replace theirs, None is left out
     assert received == sent
     assert record["user-entry"] == "kept" and record[keys.batch_size] == 24
-    assert keys.batch_offset not in record and keys.he_num_silos not in record
+    assert (keys.batch_offset in record) == (offset is not None)
 
 
 def test_instruction_reads_whole_floats_and_defaults_the_round() -> None:
@@ -62,8 +65,8 @@ def test_instruction_reads_whole_floats_and_defaults_the_round() -> None:
         ({"batch-size": 8, "local-steps": 4}, "'lr' \\(RecordKeys.lr\\)"),
         ({"batch-size": 0, "local-steps": 4, "lr": 0.1}, "'batch-size'.*greater than 0"),
         ({"batch-size": 2.5, "local-steps": 4, "lr": 0.1}, "'batch-size'.*whole number"),
-        ({"batch-size": True, "local-steps": 4, "lr": 0.1}, "'batch-size'.*a number"),
-        ({"batch-size": "8", "local-steps": 4, "lr": 0.1}, "'batch-size'.*a number"),
+        ({"batch-size": True, "local-steps": 4, "lr": 0.1}, "'batch-size'.*a finite number"),
+        ({"batch-size": "8", "local-steps": 4, "lr": 0.1}, "'batch-size'.*a finite number"),
         ({"batch-size": 8, "local-steps": 4, "lr": -1.0}, "'lr'.*greater than 0"),
         ({"batch-size": 8, "local-steps": 4, "lr": math.nan}, "'lr'.*finite"),
         ({"batch-size": 8, "local-steps": 4, "lr": 0.1, "server-round": -1}, "'server-round'"),

@@ -1,25 +1,18 @@
 """Bounded claims: what a silo says of itself is checked against what the server knows.
 
-A silo's reply carries three claims the server acts on: its dataset size
-(``num-examples``, its say in the FL aggregate), its compute time (``train-time``, from
-which its speed and next batch size follow) and, in encrypted mode, its encryption time
-(``he-time``, a fixed cost in its cost line and in the round's deadline). The
+A reply carries three claims the server acts on: the dataset size (``num-examples``, its
+say in the FL aggregate), the compute time (``train-time``, from which its speed and next
+batch size follow) and, encrypted, the encryption time (``he-time``). The
 :class:`ClaimChecker` bounds each one:
 
 - The dataset size is pinned at the silo's first accepted report (or declared beforehand,
   e.g. by a silo registry) and capped: a later change, or a claim over the cap, is
-  rejected. Rejection, not re-weighting with the pinned value, keeps the aggregate honest
-  in both paths (in encrypted mode too the server applies the weight: it multiplies each
-  unweighted ciphertext by the silo's capped size).
+  rejected (not re-weighted, so the aggregate stays honest in the encrypted path too).
 - The claimed times are clipped to finite positive bounds and checked against the wall
-  time the server observed from sending a silo its instruction to receiving its reply
-  (:meth:`ClaimChecker.check_times`): the compute happened inside it, less the messaging
-  overhead ``h``, the largest gap an honest silo showed in recent rounds
-  (:func:`honest_gap`: messaging and its jitter, the Flower SuperNode polling every 3 s
-  and pushing every 0.5 s). Without a learned or given overhead no claim is judged too
-  small; the round engine therefore judges the first observed round's claims when that
-  round closes, against its own :func:`honest_gap` (a first round's wall times hold cold
-  starts that every silo shares and that dwarf any compute).
+  time the server observed from instruction to reply, less the messaging overhead
+  (:meth:`ClaimChecker.check_times`, :func:`~fl_lbbsp.core.round.deadline.honest_gap`).
+  Without a learned or given overhead no claim is judged too small; the engine judges the
+  first observed round's claims when it closes (its cold starts dwarf any compute).
 
 The observation bounds the speed a silo can claim: LB-BSP hands out batch sizes in
 proportion to predicted speed (Chen et al., "Accelerating Distributed Learning in
@@ -42,7 +35,7 @@ from ..core.round.deadline import OverheadTracker, honest_gap
 from ..core.round.trust import CheckedTimes, ClaimPolicy, ClaimsState
 from .update_screen import cap_weights
 
-__all__ = ["CheckedTimes", "ClaimChecker", "ClaimsState", "honest_gap"]
+__all__ = ["ClaimChecker"]
 
 
 class ClaimChecker(ClaimPolicy):
@@ -53,15 +46,10 @@ class ClaimChecker(ClaimPolicy):
 
     Parameters
     ----------
-    max_dataset_size : int | None (default: 10_000_000)
-        Largest dataset size a silo may claim; ``None``: no cap.
-    tolerance : float (default: 2.0)
-        A claimed round time ``c`` (``train-time`` plus ``he-time``) is contradicted by
-        an observed wall time ``o`` when ``(c + h) * tolerance < o`` (``h`` the learned
-        messaging overhead: the claim with its messaging is far below the observation)
-        or ``c > o * tolerance``; > 1.
-    min_time, max_time : float (default: 1e-6, 86400.0)
-        Finite positive bounds of a claimed time in seconds.
+    max_dataset_size, tolerance, min_time, max_time : int | None, float, float, float
+        The claim bounds, as :class:`~fl_lbbsp.core.settings.Tuning` documents them
+        (``max_dataset_size``, ``time_tolerance``, ``min_claimed_time``,
+        ``max_claimed_time``; the same defaults).
     overhead_rounds : int (default: 3)
         The messaging overhead is the largest of this many recent rounds' (each round's
         :func:`honest_gap`).
@@ -159,15 +147,11 @@ class ClaimChecker(ClaimPolicy):
     ) -> CheckedTimes:
         """Bound a reply's claimed times; cross-check them with ``observed`` if given.
 
-        The bounds first: ``train_time`` is clipped to ``[min_time, max_time]``,
-        ``he_time`` to ``[0, max_time]``. Then, with ``observed`` (seconds from sending
-        the instruction to receiving the reply) and the learned overhead ``h``: a total
-        ``c = train_time + he_time`` above ``observed * tolerance`` is cut to ``observed``
-        (the train-time kept as far as it fits, the he-time taking the rest); one with
-        ``(c + h) * tolerance < observed`` becomes ``observed - h``, the missing time
-        added to the train-time (the claim that sets the speed). A lie is thus caught
-        when the liar's true time exceeds about ``tolerance`` times the messaging
-        overhead (below, the wall time cannot tell it from messaging jitter).
+        ``train_time`` is clipped to ``[min_time, max_time]``, ``he_time`` to
+        ``[0, max_time]``. Then a total ``c = train_time + he_time`` above
+        ``observed * tolerance`` is cut to ``observed``; one with
+        ``(c + h) * tolerance < observed`` (``h`` the overhead) becomes ``observed - h``,
+        the missing time added to the train-time (the claim that sets the speed).
 
         Parameters
         ----------

@@ -23,10 +23,8 @@ def guard(
     also_known: Iterable[str] = (),
 ) -> ReplyScreen:
     """Put the defences between ``engine`` (before its first round) and its replies: the
-    :class:`~.reply_screen.ReplyScreen` as its gate (signatures, size cap, the contract's
-    metrics), the :class:`~.claims.ClaimChecker` as its claim policy (dataset sizes pinned
-    or declared, times bounded by what the server observed, undeclared sizes' weights
-    capped).
+    :class:`~.reply_screen.ReplyScreen` as its gate, the :class:`~.claims.ClaimChecker` as
+    its claim policy.
 
     Parameters
     ----------

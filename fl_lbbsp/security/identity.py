@@ -3,19 +3,14 @@ signature every reply carries (``cryptography`` only: no Flower, no TenSEAL).
 
 Each silo holds a private signing key; the server holds a registry mapping each silo id to
 its public key (and, optionally, the dataset size the silo declared when it was enrolled).
-A silo signs :func:`signed_bytes` of each reply: the run, the round, the id of the
-instruction (the train message) it answers, its silo id, its metrics as canonical JSON and
-the sha256 digest of every array's bytes in order (for an encrypted update, of every
-ciphertext chunk and its header). The server checks the signature with
-:meth:`SiloRegistry.verify`, over the id of the message it sent to the node the reply came
-from, before it trusts anything in the reply, so an impostor, an edited reply, a reply
-replayed from another round or run, and a reply another node replays in the same round
-(it answers another instruction) are rejected. A signature proves who sent a reply, not
-that its contents are sound: a registered silo signs whatever it sends.
+A silo signs :func:`signed_bytes` of each reply (run, round, the instruction it answers,
+silo id, metrics, array digests); the server checks it with :meth:`SiloRegistry.verify`
+before it trusts anything in the reply, so an impostor, an edited reply and a replayed one
+are rejected. A signature proves who sent a reply, not that its contents are sound.
 
-Silo ids follow one rule everywhere (:data:`SILO_ID_PATTERN`, :func:`check_silo_id`): 1 to
-128 characters of ``A-Z a-z 0-9 _ . -``, so that an id is safe in a file name, a log line
-and a telemetry record. Private key files must not be readable by group or others
+Silo ids follow one rule everywhere (:data:`~fl_lbbsp.contract.SILO_ID_PATTERN`,
+:func:`check_silo_id`), so that an id is safe in a file name, a log line and a telemetry
+record. Private key files must not be readable by group or others
 (:func:`check_private_file`, as ssh does).
 
 ``fl-lbbsp keys silos`` writes the key files and the registry
@@ -49,7 +44,6 @@ from ..contract import SILO_ID_PATTERN, InvalidReplyError
 
 __all__ = [
     "REGISTRY_FILE",
-    "SILO_ID_PATTERN",
     "IdentityError",
     "SiloRegistry",
     "check_private_file",
@@ -78,26 +72,14 @@ class IdentityError(ValueError):
 
 
 def check_silo_id(silo: object, *, what: str = "silo id") -> str:
-    """``silo`` if it is a valid silo id (:data:`SILO_ID_PATTERN`).
-
-    Parameters
-    ----------
-    silo : object
-        The id (a string; an integer is taken as its decimal text).
-    what : str (default: "silo id")
-        How the id is named in the message (``--ids``, ``node config silo-id``, ...).
-
-    Returns
-    -------
-    str
-        The id.
+    """``silo`` (an integer as its decimal text) if it is a valid silo id
+    (:data:`~fl_lbbsp.contract.SILO_ID_PATTERN`); ``what`` names it in the message
+    (``--ids``, ``node config silo-id``, ...).
 
     Raises
     ------
     IdentityError
-        One line quoting at most the id's first 40 characters: ids are 1 to 128
-        characters of ``A-Z a-z 0-9 _ . -`` (no path separators, spaces or control
-        characters).
+        One line quoting at most the id's first 40 characters.
     """
     if isinstance(silo, int) and not isinstance(silo, bool):
         silo = str(silo)
@@ -178,11 +160,9 @@ def signed_bytes(
     server_round : int
         The round it answers.
     instruction : str | None
-        The message id of the instruction (train message) it answers: the silo signs the
-        id of the message it received, the server verifies with the id of the message it
-        sent to the node the reply came from, so another node cannot pass the reply off
-        as its own in the same round. ``None``: no message id is known (a grid that
-        assigns none); both sides must agree.
+        The message id of the instruction it answers (the server verifies with the id of
+        the message it sent to the replying node, so another node cannot pass the reply
+        off as its own); ``None``: the grid assigns none.
     silo : str
         The silo id it claims.
     metrics : Mapping[str, Any]
@@ -269,21 +249,15 @@ class SiloRegistry:
     def verify(self, signature: object, **fields: Any) -> None:
         """Check a reply's signature over :func:`signed_bytes` of ``fields``.
 
-        Parameters
-        ----------
-        signature : object
-            The signature the reply carries (base64 text); ``None``: unsigned.
-        **fields :
-            ``run_id``, ``server_round``, ``instruction``, ``silo``, ``metrics``,
-            ``arrays`` as the server knows them (its own run and round, the id of the
-            message it sent to the replying node, the claimed silo, what it received).
+        ``signature`` is the reply's (base64 text; ``None``: unsigned), ``fields`` as the
+        server knows them (its own run and round, the id of the message it sent to the
+        replying node, the claimed silo, what it received).
 
         Raises
         ------
         InvalidReplyError
             The silo is not registered, the reply is unsigned, or the signature is not
-            that of the silo's key over these fields (forged, edited, another silo's, or
-            made for another round, run or instruction).
+            that of the silo's key over these fields (forged, edited or replayed).
         """
         try:
             silo = check_silo_id(fields["silo"])

@@ -1,11 +1,8 @@
 """Screening one reply of a round: its signature, size, records and the contract's metrics.
 
 :class:`ReplyScreen` is the defence layer's :class:`~fl_lbbsp.core.round.trust.ReplyGate`
-(composed onto the round engine by :func:`fl_lbbsp.security.guard.guard`): with a silo
-registry, a reply must be signed by the silo it claims before anything in it is believed;
-then it must fit the size cap, be well formed and keep the contract's metrics. The engine
-itself checks that the reply answers this round's instruction to its node, in time, once
-(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.screen`).
+(composed onto the round engine by :func:`fl_lbbsp.security.guard.guard`). The engine
+itself checks that the reply answers this round's instruction to its node, in time, once.
 """
 
 from __future__ import annotations
@@ -50,10 +47,8 @@ class ReplyScreen(ReplyGate):
         Names of the contract's entries, and the aggregation weight's (``num-examples`` in
         FL, ``batch-size`` in cluster mode).
     limits : ReplyLimits (default: ReplyLimits())
-        What a reply may be: ``max_reply_bytes``; ``max_num_examples`` (``None``: 2**53);
-        ``extra_metric_keys``, strict mode: the only metrics accepted beyond the
-        contract's, finite numbers (``None``: any other passes through unchecked, as
-        Flower's FedAvg takes it).
+        What a reply may be (``extra_metric_keys`` set: strict mode, the only metrics
+        accepted beyond the contract's, finite numbers).
     registry : SiloRegistry | None (default: None)
         The federation's silos and their public keys (:mod:`fl_lbbsp.security.identity`):
         every reply must be signed by the key of the silo it claims, for this run and
@@ -136,11 +131,8 @@ class ReplyScreen(ReplyGate):
         Raises
         ------
         InvalidReplyError
-            On a missing required key (``num-examples``, ``train-time``, ``batch-size``),
-            in strict mode a key that is neither in the contract nor allowed, a value that
-            is not a finite number, a train time that is not positive, a batch size other
-            than the one sent, ``num-examples`` <= 0 or above the bound, and contract
-            counts or times out of range.
+            At the first check that fails: a required key missing, in strict mode a key
+            not allowed, a value out of range, a batch size other than the one sent.
         """
         k = self.keys
         required = (k.num_examples, k.train_time, k.batch_size, self.weight_key)

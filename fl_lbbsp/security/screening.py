@@ -1,12 +1,8 @@
 """Array screening in pure numpy: a reply's update (and a global model a silo receives)
-checked without Flower. Every check raises :class:`~fl_lbbsp.contract.InvalidReplyError`
-with a reason a person can act on; the reply screen (:mod:`.reply_screen`) checks a reply's
-records and metrics, the Flower adapters (:mod:`fl_lbbsp.strategies.validation`) its arrays
-against the global model's layout with these.
-
-Arrays are checked before any value is touched: an npy header (shape, dtype, data length)
-is read and compared with the global model's layout, then the values are checked for NaN
-and inf on zero-copy views of the received bytes.
+checked without Flower, each check raising :class:`~fl_lbbsp.contract.InvalidReplyError`
+with a reason a person can act on. An npy header (shape, dtype, data length) is compared
+with the global model's layout before any value is touched, then the values are checked
+for NaN and inf on zero-copy views of the received bytes.
 """
 
 from __future__ import annotations
@@ -21,26 +17,20 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy
 
-from ..contract import SILO_APP_METRICS, InvalidReplyError, RecordKeys, error_summary
+from ..contract import InvalidReplyError, RecordKeys
 
 __all__ = [
-    "DEFAULT_EXTRA_METRIC_KEYS",
     "ArraySpec",
-    "InvalidReplyError",
     "Layout",
     "check_finite",
     "check_npy",
     "check_npy_list",
     "contract_metric_keys",
-    "error_summary",
     "few",
     "layout_of_npy",
     "model_norm",
     "model_problem",
 ]
-
-DEFAULT_EXTRA_METRIC_KEYS: tuple[str, ...] = SILO_APP_METRICS
-"""Metrics beyond the contract that the shipped silo and worker apps send."""
 
 _NPY_HEADER_MAX = 10_000  # numpy's own default limit on an npy header
 _FINITE_CHUNK = 1 << 20  # values per isfinite() pass: bounds the temporary bool array
@@ -182,7 +172,8 @@ def model_problem(
     max_ratio: float,
     accepted: Sequence[float] = (),
 ) -> str | None:
-    """Why a silo must refuse a global model (a decrypted aggregate), or ``None``.
+    """Why a silo must refuse a global model (a decrypted aggregate): NaN or inf, or a norm
+    out of range; ``None`` for a usable model.
 
     Parameters
     ----------
@@ -198,18 +189,13 @@ def model_problem(
         The norms of the global models the silo accepted in its last rounds: a server
         that rolls a diverged model back sends one of them again, far from the silo's
         last model (trained from the diverged one), and the silo must take it.
-
-    Returns
-    -------
-    str | None
-        The reason (NaN or inf, a norm out of range), or ``None`` for a usable model.
     """
     for k, values in enumerate(arrays):
         if not _finite(np.ravel(values)):
             return f"array {k} contains NaN or inf"
     if last is None:
         return None
-    norm, before = _norm(arrays), _norm(last)
+    norm, before = model_norm(arrays), model_norm(last)
     near = [n for n in accepted if n > 0 and n / max_ratio <= norm <= n * max_ratio]
     if before > 0 and not before / max_ratio <= norm <= before * max_ratio and not near:
         return f"its norm {norm:.4g} is not within {max_ratio:g}x of the last model's {before:.4g}"
@@ -218,10 +204,6 @@ def model_problem(
 
 def model_norm(arrays: Sequence[np.ndarray]) -> float:
     """The L2 norm of a model over all its arrays (float64)."""
-    return _norm(arrays)
-
-
-def _norm(arrays: Sequence[np.ndarray]) -> float:
     total = sum(float(np.vdot(a, a).real) for a in (np.asarray(x, np.float64) for x in arrays))
     return math.sqrt(total) if math.isfinite(total) else math.inf
 

@@ -11,9 +11,9 @@ gradients) need the ``he`` extra (TenSEAL) and are imported on first use.
 
 from typing import Any
 
+from ..core.settings import BalancingConfig, BalancingKnobs, Tuning
 from .baselines import LBBSPEta, LBBSPTau, PartialAggregation
 from .cluster import LBBSPCluster
-from .config import BalancingConfig, BalancingKnobs, Tuning
 from .fedavg import EngineStrategy, LBBSPFedAvg
 from .legacy import LBBSPStrategy
 

@@ -87,11 +87,9 @@ class PartialAggregation(LBBSPFedAvg):
     time and idle fraction cover the kept silos only (the round ends when the k-th
     fastest silo replies); the discarded ones are listed under ``dropped``.
 
-    The reported times decide, not the arrival order, so that silos emulated one after the
-    other are ranked as if they had run side by side. Flower's grid still collects every
-    reply up to the round deadline; the round time saved is the one the telemetry
-    reports, realised in a deployment only where the stragglers are cut off by the
-    deadline (``deadline_margin``).
+    The reported times decide, not the arrival order (silos emulated one after the other
+    rank as if side by side); the round time saved is realised in a deployment only where
+    the deadline (``deadline_margin``) cuts the stragglers off.
 
     Parameters
     ----------
@@ -100,36 +98,11 @@ class PartialAggregation(LBBSPFedAvg):
         the round (at least one). With fewer replies than k, all are aggregated.
     balance : bool (default: False)
         ``True`` also balances the batch sizes (LB-BSP with backup workers).
-    initial_batch_size, local_steps, lr, **settings :
+    **settings :
         As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`.
     """
 
     def __init__(
-        self,
-        *,
-        initial_batch_size: int,
-        local_steps: int,
-        lr: float,
-        replies: int | None = None,
-        balance: bool = False,
-        **settings: Any,
+        self, *, replies: int | None = None, balance: bool = False, **settings: Any
     ) -> None:
-        super().__init__(
-            initial_batch_size=initial_batch_size,
-            local_steps=local_steps,
-            lr=lr,
-            balance=balance,
-            selector=FastestReplies(replies),
-            **settings,
-        )
-
-    @property
-    def replies(self) -> int | None:
-        """k, the replies aggregated per round (``None``: one fewer than sent)."""
-        assert self.engine.selector is not None
-        return self.engine.selector.replies
-
-    def kept(self, sent: int) -> int:
-        """Replies aggregated in a round sent to ``sent`` silos."""
-        assert self.engine.selector is not None
-        return self.engine.selector.kept(sent)
+        super().__init__(balance=balance, selector=FastestReplies(replies), **settings)

@@ -14,13 +14,8 @@ Environments", IEEE TCC 2021, Sec. 3.2-3.4 (Alg. 1, Alg. 2, Eq. 5-7) and Alg. 3.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any, Literal
 
-from flwr.app import MetricRecord, RecordDict
-
-from ..contract import RecordKeys
 from ..core.optim import SGD
 from .config import ParameterServerConfig, parameter_server_keywords
 from .fedavg import LBBSPFedAvg
@@ -33,12 +28,9 @@ class LBBSPCluster(LBBSPFedAvg):
     """Parameter-server LB-BSP: one round = one gradient step, weighted by batch size.
 
     Workers get ``batch-size`` (their x_i), ``batch-offset`` (where their share starts in
-    the round's global batch), ``local-steps`` = 1 and ``server-round`` in their
-    ConfigRecord and reply with their gradient arrays (named like the weights)
-    and the contract's MetricRecord; ``batch-size`` there is the weight. A reply that
-    fails validation (non-finite, zero or negative time, a batch size other than the one
-    sent, gradients of another layout or with NaN, ...) is logged and left out of that
-    update; the round goes on with the others.
+    the round's global batch) and ``local-steps`` = 1, and reply with their gradient
+    arrays (named like the weights); ``batch-size`` is the weight. A rejected reply is
+    logged and left out of that update.
 
     Parameters
     ----------
@@ -52,30 +44,19 @@ class LBBSPCluster(LBBSPFedAvg):
     aggregation : {"weighted", "naive"} (default: "weighted")
         ``"weighted"``: ``g = sum_i x_i g_i / X`` (Sec. 3.4). ``"naive"``: plain mean of
         the workers' gradients, biased toward small batches (Eq. 6); for comparison.
-    balance : bool (default: True)
-        ``False``: every worker keeps ``initial_batch_size`` (plain BSP).
-    keys, telemetry_path :
-        As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`.
-    **balancing : BalancingOptions
-        ``balance`` (``False``: every worker keeps ``initial_batch_size``, plain BSP),
-        ``estimator``, ``allocator`` (``"iterative"`` is Alg. 2) and the other settings
-        of :class:`~fl_lbbsp.core.settings.BalancingConfig`.
-    min_train_nodes, min_available_nodes :
-        As in :class:`flwr.serverapp.strategy.FedAvg` (every available worker trains).
-    min_train_silos, max_num_examples, max_reply_bytes, extra_metric_keys :
-        Reply validation, as in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; gradients
-        must have the weights' names, shapes and dtypes, and ``batch-size`` must be the
-        one sent. An iteration whose step would put NaN or inf into the weights is
-        skipped and leaves the momentum unchanged.
-    checkpoint_dir : str | Path | None (default: None)
-        As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; the checkpoint also holds the
-        SGD momentum buffers.
     robust_aggregation : {"mean", "centered-clip"} (default: "mean")
         ``"centered-clip"``: each gradient clipped around a robust centre before the
         batch-size-weighted mean (:class:`~fl_lbbsp.core.aggregation.CenteredClip`,
         ``clip_factor`` its radius). Off by default here: a parameter server's workers
         are one operator's machines, and the weighted mean is exactly the gradient of the
         union of their batches (Sec. 3.4), which clipping gives up.
+    **settings :
+        The keywords of :class:`~fl_lbbsp.strategies.LBBSPFedAvg` (``balance``:
+        ``False`` is plain BSP; ``allocator="iterative"`` is Alg. 2; ``checkpoint_dir``:
+        the checkpoint also holds the SGD momentum buffers). Gradients must have the
+        weights' names, shapes and dtypes, and ``batch-size`` must be the one sent; an
+        iteration whose step would put NaN or inf into the weights is skipped and leaves
+        the momentum unchanged.
 
     Raises
     ------
@@ -93,36 +74,16 @@ class LBBSPCluster(LBBSPFedAvg):
         lr: float,
         momentum: float = 0.0,
         aggregation: Literal["weighted", "naive"] = "weighted",
-        keys: RecordKeys | None = None,
-        telemetry_path: str | Path | None = None,
-        min_train_nodes: int = 2,
-        min_available_nodes: int = 2,
-        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-        min_train_silos: int = 1,
-        max_num_examples: int | None = None,
-        max_reply_bytes: int | None = None,
-        extra_metric_keys: Iterable[str] | None = None,
-        checkpoint_dir: str | Path | None = None,
         robust_aggregation: Literal["centered-clip", "mean"] = "mean",
-        **balancing: Any,
+        **settings: Any,
     ) -> None:
         self.ps_config = ParameterServerConfig(momentum=momentum, aggregation=aggregation)
         super().__init__(
             **parameter_server_keywords(
                 initial_batch_size=initial_batch_size, lr=lr, evaluate=False
             ),
-            keys=keys,
-            telemetry_path=telemetry_path,
-            min_train_nodes=min_train_nodes,
-            min_available_nodes=min_available_nodes,
-            train_metrics_aggr_fn=train_metrics_aggr_fn,
-            min_train_silos=min_train_silos,
-            max_num_examples=max_num_examples,
-            max_reply_bytes=max_reply_bytes,
-            extra_metric_keys=extra_metric_keys,
-            checkpoint_dir=checkpoint_dir,
             robust_aggregation=robust_aggregation,
-            **balancing,
+            **settings,
         )
         self.aggregation = self.ps_config.aggregation
         self.updates = GradientUpdate(

@@ -1,13 +1,10 @@
 """LB-BSP inside Flower's strategy wrappers (differential privacy with fixed clipping).
 
 Flower's ``DifferentialPrivacyClientSideFixedClipping`` and
-``DifferentialPrivacyServerSideFixedClipping`` (``flwr.serverapp.strategy``) pass the
-wrapped strategy's train messages through unchanged, so every silo keeps its own
-ConfigRecord and batch size (the client-side wrapper adds its ``clipping_norm`` to the
-config before :class:`~fl_lbbsp.strategies.LBBSPFedAvg` copies it into each silo's
-record); the server-side wrapper clips every reply's update in place before
-``aggregate_train``, which then validates, reports to the balancer and averages as
-always; both add Gaussian noise to the aggregate.
+``DifferentialPrivacyServerSideFixedClipping`` pass the wrapped strategy's train messages
+through unchanged (the client-side one adds its ``clipping_norm`` to the config each
+silo's record copies), so every silo keeps its own batch size; the server-side one clips
+each reply's update before ``aggregate_train``; both add Gaussian noise to the aggregate.
 
 A wrapper runs the rounds with its own ``start`` (Flower's loop), not
 :meth:`LBBSPFedAvg.start`; :func:`start_wrapped` puts the inner strategy's round
@@ -20,6 +17,7 @@ evaluation is sent: Flower's ``fixedclipping_mod`` fails every evaluate reply.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from flwr.app import ArrayRecord
@@ -37,16 +35,14 @@ __all__ = ["inner_strategy", "start_wrapped"]
 log = logging.getLogger("fl_lbbsp")
 
 
-def _client_side_clipping(strategy: Strategy) -> bool:
-    """Whether ``strategy`` or a strategy it wraps is Flower's client-side DP wrapper."""
+def _chain(strategy: Strategy) -> Iterator[Strategy]:
+    """``strategy`` and the strategies it wraps (each wrapper's ``.strategy``)."""
     seen: Strategy | None = strategy
     for _ in range(16):
         if seen is None:
-            return False
-        if isinstance(seen, DifferentialPrivacyClientSideFixedClipping):
-            return True
+            return
+        yield seen
         seen = getattr(seen, "strategy", None)
-    return False
 
 
 def inner_strategy(strategy: Strategy) -> EngineStrategy:
@@ -59,24 +55,17 @@ def inner_strategy(strategy: Strategy) -> EngineStrategy:
     TypeError
         When no LBBSPFedAvg is found.
     """
-    seen = strategy
-    for _ in range(16):
+    for seen in _chain(strategy):
         if isinstance(seen, EngineStrategy):
             return seen
-        seen = getattr(seen, "strategy", None)  # type: ignore[assignment]
-        if seen is None:
-            break
     raise TypeError(f"{type(strategy).__name__} wraps no LBBSPFedAvg")
 
 
 def start_wrapped(
     wrapper: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, **options: Any
 ) -> Result:
-    """Run ``wrapper.start`` under the wrapped LBBSPFedAvg's round deadlines.
-
-    The same as ``wrapper.start(grid=grid, ...)`` except that every round waits until
-    the inner strategy's deadline (``deadline_margin`` times the predicted round time,
-    at most ``timeout``) and polls for replies every ``poll_interval`` seconds.
+    """``wrapper.start(grid=grid, ...)`` under the wrapped LBBSPFedAvg's round deadlines
+    and reply polling.
 
     Parameters
     ----------
@@ -99,7 +88,8 @@ def start_wrapped(
         When the inner strategy has a ``checkpoint_dir``.
     """
     inner = inner_strategy(wrapper)
-    if _client_side_clipping(wrapper) and inner.fraction_evaluate > 0:
+    client_side = DifferentialPrivacyClientSideFixedClipping
+    if any(isinstance(s, client_side) for s in _chain(wrapper)) and inner.fraction_evaluate > 0:
         # Flower's fixedclipping_mod fails every evaluate message (it wants an ArrayRecord
         # in the reply and clipping_norm in the config): do not send any.
         log.warning(

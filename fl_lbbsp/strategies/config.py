@@ -2,11 +2,9 @@
 
 The balancing settings and reply limits are the core's
 (:class:`~fl_lbbsp.core.settings.BalancingConfig`,
-:class:`~fl_lbbsp.core.settings.ReplyLimits`); this module adds the server's.
-
-The strategies keep plain keyword-only constructors; each builds these models from its
-keywords, so a bad value raises :class:`pydantic.ValidationError` (a ``ValueError``) that
-names the keyword and the value.
+:class:`~fl_lbbsp.core.settings.ReplyLimits`); this module adds the server's. The
+strategies' keyword-only constructors build these models, so a bad value raises an error
+naming the keyword and the value (:func:`setting_error`).
 """
 
 from __future__ import annotations
@@ -21,20 +19,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from ..contract import RecordKeys
-from ..core.settings import BalancingConfig, BalancingKnobs, ReplyLimits, Tuning
+from ..core.settings import BalancingConfig, ReplyLimits, Tuning
 
 __all__ = [
-    "BalancingConfig",
-    "BalancingKnobs",
     "EncryptedClusterConfig",
     "EncryptionConfig",
     "InvalidSettingError",
     "RUN_CONFIG_ALIASES",
     "RUN_CONFIG_KEYS",
     "ParameterServerConfig",
-    "ReplyLimits",
     "ServerConfig",
-    "Tuning",
     "parameter_server_keywords",
     "record_keys",
     "refuse_numeric_strings",
@@ -71,10 +65,9 @@ class ServerConfig(BaseModel):
     checkpoint_dir : Path | None (default: None)
         Folder for one checkpoint per finished round; ``start`` resumes from it.
     checkpoint_key : Path | None (default: None)
-        File of a checkpoint key (``fl-lbbsp keys checkpoint``): checkpoints are written
-        with an HMAC-SHA256 under it and only such checkpoints are resumed, so an edited
-        one is refused (:mod:`fl_lbbsp.strategies.checkpoint`). ``None``: a SHA-256
-        digest, which detects damage, not edits.
+        File of a checkpoint key (``fl-lbbsp keys checkpoint``): checkpoints carry an
+        HMAC-SHA256 under it, so an edited one is refused. ``None``: a SHA-256 digest,
+        which detects damage, not edits.
     max_update_ratio : float (default: 10.0)
         An update whose distance to the global model (a gradient's norm in cluster mode)
         is more than this many times the median of the round's and the recent rounds'
@@ -104,9 +97,8 @@ class ServerConfig(BaseModel):
         finite or over this many times the lowest median seen has diverged: the model is
         rolled back to the last one that trained sanely, with an error logged; > 1.
     max_empty_rounds : int (default: 3)
-        Consecutive rounds without any aggregated update after which ``start`` stops
-        with :class:`~fl_lbbsp.strategies.NoUpdateError` (a first round without one
-        stops it at once): a run never ends "completed" with the model it started from.
+        Consecutive rounds without an aggregated update after which ``start`` stops with
+        :class:`~fl_lbbsp.strategies.NoUpdateError` (a first such round stops it at once).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -236,18 +228,13 @@ def setting_error(err: ValidationError, *, owner: str) -> InvalidSettingError:
 
 
 def record_keys(keys: object) -> RecordKeys:
-    """A strategy's or silo's ``keys`` argument as :class:`~fl_lbbsp.contract.RecordKeys`.
-
-    Parameters
-    ----------
-    keys : RecordKeys | Mapping[str, str] | None
-        The names; a mapping of field names to names (``{"batch_size": "bs"}``) is
-        converted; ``None``: the defaults.
+    """A strategy's ``keys`` argument as :class:`~fl_lbbsp.contract.RecordKeys`
+    (:meth:`~fl_lbbsp.contract.RecordKeys.of`).
 
     Raises
     ------
     TypeError
-        ``keys`` is neither.
+        ``keys`` is neither a RecordKeys, a mapping of its fields nor ``None``.
     InvalidSettingError
         The mapping names a field RecordKeys does not have, or a name is empty.
     """
@@ -261,14 +248,12 @@ def split_settings(
     settings: Mapping[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """A strategy's setting keywords, each to the model that declares it: the server's
-    (:class:`ServerConfig`), the reply limits (:class:`ReplyLimits`, all four always
-    given, defaults filled) and the rest, balancing (:class:`BalancingConfig`, which
-    refuses a name it does not know)."""
+    (:class:`ServerConfig`), the reply limits (:class:`ReplyLimits`) and the rest,
+    balancing (:class:`BalancingConfig`, which refuses a name it does not know)."""
     server = {k: v for k, v in settings.items() if k in ServerConfig.model_fields}
     limits = {k: v for k, v in settings.items() if k in ReplyLimits.model_fields}
     balancing = {k: v for k, v in settings.items() if k not in server and k not in limits}
-    defaults = {name: field.default for name, field in ReplyLimits.model_fields.items()}
-    return server, {**defaults, **limits}, balancing
+    return server, limits, balancing
 
 
 RUN_CONFIG_KEYS: dict[str, str] = {

@@ -34,10 +34,8 @@ class DeadlineGrid(Grid):
 
     Every call is passed to the wrapped grid except ``send_and_receive``: it pushes the
     messages, then pulls replies until all arrived or the deadline given by
-    ``timeout_fn`` passed. It pulls 2 ms after the push and after each reply, and then at
-    pauses that double up to ``poll_interval`` while none comes, so a reply is collected
-    within milliseconds of arriving without a busy loop. With ``poll_interval=None`` it
-    calls the wrapped grid's own ``send_and_receive`` with that deadline.
+    ``timeout_fn`` passed, at pauses from 2 ms up to ``poll_interval`` (``None``: the
+    wrapped grid's own ``send_and_receive``, with that deadline).
 
     Parameters
     ----------

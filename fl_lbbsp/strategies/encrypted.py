@@ -1,19 +1,14 @@
 """LB-BSP FedAvg over CKKS-encrypted updates: the server weighs and adds ciphertexts it
 cannot read.
 
-Each silo encrypts its parameters after local training ``u_i`` as they are, under the
-federation's CKKS key (seeded symmetric ciphertexts), and replies with the ciphertexts,
-the key fingerprint and its ``num-examples`` ``n_i`` in the metrics. The server checks
-every reply (fingerprint, chunk count, sizes, digests, ciphertext level and structure, and
-the metric checks of every strategy), leaves out any that fails with the reason logged,
-caps each undeclared ``n_i`` as in plaintext (:func:`fl_lbbsp.security.update_screen.cap_weights`),
-multiplies each ciphertext by its integer weight ``w_i`` and sends back ``sum_i w_i Enc(u_i)``
-with the plaintext ``W = sum_i w_i``; silos decrypt and divide. The weight logged is the
-weight applied.
-Apart from the initial model it creates itself, the server never holds plaintext
-parameters, and evaluation is federated (silos decrypt and evaluate). Balancing is
-unchanged: batch sizes still follow the silos' reported ``train-time``, and their
-``he-time`` is the linear allocator's fixed cost.
+Each silo encrypts its trained parameters ``u_i`` under the federation's CKKS key and
+replies with the ciphertexts and its ``num-examples`` ``n_i``. The server checks every
+reply (:class:`~fl_lbbsp.crypto.UpdateChecker` and the metric checks of every strategy),
+caps each undeclared ``n_i`` as in plaintext, multiplies each ciphertext by its integer
+weight ``w_i`` and sends back ``sum_i w_i Enc(u_i)`` with the plaintext ``W = sum_i w_i``;
+silos decrypt and divide. Apart from the initial model, the server never holds plaintext
+parameters, and evaluation is federated. Balancing is unchanged; ``he-time`` is the
+linear allocator's fixed cost.
 
 References: Chen et al., IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL); Cheon et al.,
 ASIACRYPT 2017 (CKKS); Zhang et al., "BatchCrypt", USENIX ATC 2020.
@@ -32,7 +27,14 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from pydantic import ValidationError
 
-from ..contract import EVAL_ACCURACY, EVAL_LOSS, NAMED_SILO, RecordKeys, silo_metric
+from ..contract import (
+    EVAL_ACCURACY,
+    EVAL_LOSS,
+    NAMED_SILO,
+    InvalidReplyError,
+    RecordKeys,
+    silo_metric,
+)
 from ..core.round.state import RoundState
 from ..crypto import (
     CKKSKeys,
@@ -50,7 +52,6 @@ from ..crypto.records import (
     update_from_record,
     update_to_record,
 )
-from ..security.screening import InvalidReplyError
 from .config import EncryptionConfig, setting_error
 from .encrypted_blame import ContributionBlame
 from .fedavg import EngineStrategy, LBBSPFedAvg
@@ -89,19 +90,12 @@ def server_keys(public_context: str | Path | CKKSKeys, fingerprint: str | None) 
 class EncryptedSum:
     """Sum of CKKS-encrypted updates, each multiplied by its integer weight on the server.
 
-    Silo i sends ``Enc(u_i)``; the next global record is ``sum_i w_i Enc(u_i)`` with the
-    plaintext ``W = sum_i w_i``, which the silos decrypt and divide. ``w_i`` is the weight
-    the round gives :meth:`add` (a dataset size after the server's cap, or a batch size),
-    rounded to an integer; should the weights sum above the room the CKKS parameters leave
-    (``CKKSConfig.max_weight_total``), all are divided by one common factor first
-    (:func:`fl_lbbsp.crypto.ckks.integer_weights`) and a warning says so.
+    ``w_i`` is the weight the round gives :meth:`add` (a capped dataset size, or a batch
+    size), rounded to an integer; should the weights sum above the room the CKKS
+    parameters leave (``CKKSConfig.max_weight_total``), all are divided by one common
+    factor first (:func:`fl_lbbsp.crypto.ckks.integer_weights`) and a warning says so.
 
-    Parameters
-    ----------
-    he_keys : CKKSKeys
-        The federation's public keys.
-    keys : RecordKeys
-        Names of the contract's entries.
+    ``he_keys``: the federation's public keys; ``keys``: the contract's entry names.
     """
 
     def __init__(self, he_keys: CKKSKeys, *, keys: RecordKeys) -> None:
@@ -167,8 +161,9 @@ class EncryptedSum:
         """``None``: the server cannot read a ciphertext (the silos check aggregates)."""
         return None
 
-    def add(self, update: ParsedUpdate, *, weight: float) -> None:
-        """Keep an accepted update and the weight the server gives it."""
+    def add(self, update: ParsedUpdate, *, weight: float, scale: float = 1.0) -> None:
+        """Keep an accepted update and the weight the server gives it (a ciphertext is
+        not clipped: no ``scale``)."""
         self._parsed.append(update)
         self._weights.append(weight)
 
@@ -228,11 +223,9 @@ class EncryptedLBBSPFedAvg(LBBSPFedAvg):
         (:mod:`fl_lbbsp.strategies.encrypted_blame`); it is left out for this many
         rounds, the round it is named in included. ``None``: for the rest of the run.
     **kwargs :
-        Keyword arguments of :class:`LBBSPFedAvg` (``initial_batch_size``,
-        ``local_steps``, ``lr``, ..., ``checkpoint_dir``). ``fraction_evaluate`` should
-        stay above 0: the server cannot evaluate the model itself, and an ``evaluate_fn``
-        passed to :meth:`start` receives the encrypted record. A checkpoint holds the
-        encrypted global model, and is resumed only with the same key (fingerprint).
+        Keyword arguments of :class:`LBBSPFedAvg`. ``fraction_evaluate`` should stay above
+        0: the server cannot evaluate the model itself. A checkpoint holds the encrypted
+        global model, and is resumed only with the same key (fingerprint).
 
     Raises
     ------

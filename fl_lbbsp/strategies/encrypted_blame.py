@@ -36,21 +36,9 @@ _KEEP_ROUNDS = 3
 
 @dataclass(frozen=True)
 class NamedSilo:
-    """A silo named for spoiling an aggregate.
-
-    Parameters
-    ----------
-    silo : str
-        Its id.
-    named_in : int
-        The round it was named in (its update that round is already left out).
-    bad_round : int
-        The round whose aggregate its contribution spoiled.
-    until : int | None
-        The last round it is left out; ``None``: for good.
-    reason : str
-        What its checkers found.
-    """
+    """A silo named in round ``named_in`` (its update that round already left out) for
+    spoiling round ``bad_round``'s aggregate, left out up to round ``until`` (``None``: for
+    good), with what its checkers found (``reason``)."""
 
     silo: str
     named_in: int
@@ -74,10 +62,8 @@ class ContributionBlame:
     exclude_for : int | None (default: None)
         Rounds a named silo is left out, the round it is named in included; ``None``:
         for the rest of the run.
-    telemetry : TelemetryWriter | None (default: None)
-        Where the ``named`` events go.
-    scheme : str (default: "lbbsp")
-        The scheme named in the telemetry.
+    telemetry, scheme : TelemetryWriter | None, str (default: None, "lbbsp")
+        Where the ``named`` events go, and the scheme they name.
     """
 
     def __init__(

@@ -31,11 +31,10 @@ from typing import Any, Literal
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from ..contract import INITIAL_MODEL, UPDATE_PREFIX
+from ..contract import INITIAL_MODEL, UPDATE_PREFIX, InvalidReplyError
 from ..core.round.state import RoundState
 from ..crypto import CKKSKeys, ParsedUpdate
 from ..crypto.records import is_encrypted
-from ..security.screening import InvalidReplyError
 from .config import EncryptedClusterConfig, ParameterServerConfig, parameter_server_keywords
 from .encrypted import EncryptedSum, log_federated_evaluation, log_keys, server_keys
 from .fedavg import EngineStrategy
@@ -48,11 +47,9 @@ log = logging.getLogger("fl_lbbsp")
 class ReplicaLog(EncryptedSum):
     """The encrypted parameter server's aggregates, one per model version.
 
-    An :class:`~fl_lbbsp.strategies.encrypted.EncryptedSum` weighted by batch size whose
-    every result
-    is aggregate ``v`` (the next model version); it keeps the initial model, the last
-    ``max_history`` aggregates and each worker's version, so that every worker gets what
-    brings its replica up to date.
+    An :class:`~fl_lbbsp.strategies.encrypted.EncryptedSum` whose every result is the
+    next model version; it keeps the initial model, the last ``max_history`` aggregates
+    and each worker's version, so that every worker gets what brings its replica up to date.
 
     Parameters
     ----------
@@ -174,13 +171,10 @@ class ReplicaLog(EncryptedSum):
 class EncryptedLBBSPCluster(EngineStrategy):
     """Parameter-server LB-BSP whose server adds encrypted gradients and never reads them.
 
-    Workers run :func:`fl_lbbsp.clients.cluster.make_worker_app` with a secret context
-    (``WorkerSetup(secret_context=...)``). The train message of iteration k carries the
-    worker's ``batch-size``, ``batch-offset``, ``lr``, ``momentum`` and ``model-version``
-    (k-1), with the aggregates the worker still has to apply (and the
-    initial model if it holds no replica). A reply computed at another model version is
-    rejected. Evaluation messages carry the same and the workers evaluate their replica
-    on their share of the test split.
+    Workers run :func:`fl_lbbsp.clients.cluster.make_worker_app` with a secret context.
+    The train message of iteration k carries the worker's instruction, ``momentum`` and
+    ``model-version`` (k-1) with the aggregates its replica still lacks; a reply computed
+    at another version is rejected. Evaluation messages carry the same.
 
     Parameters
     ----------
@@ -195,18 +189,14 @@ class EncryptedLBBSPCluster(EngineStrategy):
         warning until it is restarted from a checkpoint.
     evaluate_every : int | None (default: None)
         Federated evaluation after every this many iterations (``None``: never).
-    initial_batch_size, lr :
+    initial_batch_size, lr, momentum :
         As in :class:`~fl_lbbsp.strategies.LBBSPCluster`.
-    momentum : float (default: 0.0)
-        SGD momentum the workers apply, in [0, 1).
     aggregation : {"weighted"} (default: "weighted")
         Encrypted gradients are weighted by batch size only.
     **kwargs :
-        Keyword arguments of :class:`~fl_lbbsp.strategies.LBBSPFedAvg` (``keys``,
-        ``telemetry_path``, ``min_train_nodes``, ``allocator``, ..., ``checkpoint_dir``).
-        A checkpoint also holds the initial model, the kept aggregates, the model version and every
-        worker's version, so that workers that keep running while the server restarts
-        continue from their replicas.
+        Keyword arguments of :class:`~fl_lbbsp.strategies.LBBSPFedAvg`. A checkpoint also
+        holds the initial model, the kept aggregates and every worker's version, so that
+        workers that keep running while the server restarts continue from their replicas.
 
     Raises
     ------
@@ -253,15 +243,6 @@ class EncryptedLBBSPCluster(EngineStrategy):
         self.updates = self.replicas
 
     @property
-    def version(self) -> int:
-        """Aggregates produced so far: the workers' model version."""
-        return self.replicas.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.replicas.version = value
-
-    @property
     def scheme(self) -> str:
         """``"lbbsp"`` when balancing, ``"bsp"`` otherwise."""
         return "lbbsp" if self.config.balance else "bsp"
@@ -270,11 +251,6 @@ class EncryptedLBBSPCluster(EngineStrategy):
         """Log the encryption settings, then LB-BSP's and FedAvg's."""
         log_keys(self.he_keys)
         super().summary()
-
-    def model_records(self, node_id: int) -> dict[str, ArrayRecord] | None:
-        """What ``node_id`` needs to reach the current version (see
-        :meth:`ReplicaLog.records_for`)."""
-        return self.replicas.records_for(node_id)
 
     def train_messages(
         self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
@@ -328,11 +304,11 @@ class EncryptedLBBSPCluster(EngineStrategy):
                     self.silo_id(node),
                     self.replicas.node_version.get(node, "none"),
                     self.replicas.max_history,
-                    self.version,
+                    self.replicas.version,
                 )
                 continue
             node_config[self.keys.momentum] = self.ps_config.momentum
-            node_config[self.keys.model_version] = self.version
+            node_config[self.keys.model_version] = self.replicas.version
             content = RecordDict({self.configrecord_key: node_config, **records})
             messages.append(Message(content=content, message_type=message_type, dst_node_id=node))
         return messages

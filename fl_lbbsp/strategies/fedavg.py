@@ -1,17 +1,12 @@
 """LB-BSP on Flower's Message API: FedAvg with a per-silo batch size every round.
 
-:class:`LBBSPFedAvg` is FedAvg driven by the round engine (:mod:`fl_lbbsp.core.round.engine`),
-which decides every batch size, screens every reply and feeds the balancer. Like Flower's
-FedProx it changes FedAvg's training round only: ``configure_train`` samples nodes as
-FedAvg does and gives each its own instruction, ``aggregate_train`` hands the replies to a
-:class:`~fl_lbbsp.strategies.train_round.TrainRound`. Everything else is composed in, not
-inherited: the update arithmetic (:class:`~fl_lbbsp.strategies.updates.Updates`: FedAvg's
-mean, the parameter server's SGD step, encrypted sums), a rewriter or a selector (the
-baselines), the round deadlines (:class:`~fl_lbbsp.strategies.deadline.DeadlineGrid`) and
-the checkpoints (the wrapper strategy
-:class:`~fl_lbbsp.strategies.checkpointing.Checkpointing`, as Flower's DP wrappers wrap a
-strategy). The parameter server, :class:`~fl_lbbsp.strategies.LBBSPCluster`, is this
-class with ``parameter_server=True`` and the SGD step.
+:class:`LBBSPFedAvg` is FedAvg driven by the round engine (:mod:`fl_lbbsp.core.round.engine`).
+Like Flower's FedProx it changes FedAvg's training round only (``configure_train``,
+``aggregate_train``, the latter through a
+:class:`~fl_lbbsp.strategies.train_round.TrainRound`); the rest is composed in: the update
+arithmetic (:class:`~fl_lbbsp.strategies.updates.Updates`), a rewriter or selector (the
+baselines), the deadlines (:class:`~fl_lbbsp.strategies.deadline.DeadlineGrid`) and the
+checkpoints (the wrapper :class:`~fl_lbbsp.strategies.checkpointing.Checkpointing`).
 
 Reference: Chen et al., "Accelerating Distributed Learning in Non-Dedicated Environments",
 IEEE TCC 2021, Sec. 3.5 (LB-BSP for cross-silo FL: tune B per silo, keep tau and eta).
@@ -81,13 +76,11 @@ class LBBSPFedAvg(EngineView, FedAvg):
     it processed, so a faster silo gets a bigger batch and the same say in the model.
 
     Every train message carries its own ConfigRecord with ``batch-size``,
-    ``local-steps``, ``lr`` and ``server-round`` (the caller's record is copied, never
-    modified). One log line per round gives each silo's batch size and train time, the
-    round time and the idle fraction; the same figures go to ``telemetry_path`` as JSON
-    lines. Every reply is screened before any of it is used (the engine's bookkeeping and
-    the defence layer it is guarded with, :func:`fl_lbbsp.security.guard.guard`): a
-    rejected one gets one warning naming round,
-    silo, node and reason, and a ``rejected`` telemetry event.
+    ``local-steps``, ``lr`` and ``server-round`` (the caller's record is copied). One log
+    line per round gives the batch sizes, the round time and the idle fraction; the same
+    figures go to ``telemetry_path`` as JSON lines. Every reply is screened before any of
+    it is used (:func:`fl_lbbsp.security.guard.guard`): a rejected one gets one warning and
+    a ``rejected`` telemetry event.
 
     Parameters
     ----------
@@ -414,9 +407,8 @@ class LBBSPFedAvg(EngineView, FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Average the evaluation metrics like FedAvg, without the replies that would make
-        Flower's aggregation fail: not one MetricRecord, a weight that is not a positive
-        count, a value that is not a finite number, or keys other than the first valid
-        reply's. Each is logged and written to the telemetry as ``rejected``."""
+        Flower's aggregation fail (:func:`~fl_lbbsp.strategies.validation.screen_evaluations`),
+        each logged and written to the telemetry as ``rejected``."""
         usable, rejected = screen_evaluations(replies, self.reply_screen)
         for msg, reason in rejected:
             node = msg.metadata.src_node_id
@@ -450,15 +442,13 @@ class LBBSPFedAvg(EngineView, FedAvg):
         """Run the rounds like FedAvg, under per-round deadlines and fine polling.
 
         As :meth:`flwr.serverapp.strategy.Strategy.start`, except that every
-        ``send_and_receive`` waits until the current round's deadline (see
-        ``deadline_margin``), at most ``timeout`` seconds, and collects replies every
-        ``poll_interval`` seconds; evaluation messages get the deadline of the round's
-        training. With ``checkpoint_dir`` the rounds run inside
+        ``send_and_receive`` waits until the round's deadline (``deadline_margin``), at
+        most ``timeout`` seconds, collecting replies every ``poll_interval`` seconds. With
+        ``checkpoint_dir`` the rounds run inside
         :class:`~fl_lbbsp.strategies.checkpointing.Checkpointing`: every round is
         checkpointed, and a checkpoint of round k found there resumes the run with round
-        k+1 (its model replaces ``initial_arrays``). ``resume``: that checkpoint, already
-        validated and restored into this strategy by the caller
-        (:func:`~fl_lbbsp.strategies.checkpointing.resume_from`), is not read again.
+        k+1. ``resume``: that checkpoint, already restored by the caller
+        (:func:`~fl_lbbsp.strategies.checkpointing.resume_from`).
         """
         store = store_of(self)
         run = super().start if store is None else Checkpointing(self, store=store).start
@@ -475,22 +465,15 @@ class LBBSPFedAvg(EngineView, FedAvg):
         self.report_gain(result)
         return result
 
-    def report_gain(self, result: Result) -> tuple[float, float | None] | None:
+    def report_gain(self, result: Result) -> None:
         """Log the train rounds' wall time beside what the equal split (FedAvg) would have
-        needed for the same rounds, predicted from the silos' cost curves
+        needed for them, predicted from the silos' cost curves
         (:func:`~fl_lbbsp.core.round.equal_split.equal_split_time`), and put both in the
         last round's train metrics of ``result`` (``wall-clock-time``,
-        ``equal-split-time``).
-
-        Returns
-        -------
-        tuple of (float, float | None) | None
-            Seconds taken and predicted for the equal split (``None``: no line to predict
-            from); ``None`` when no round ran.
-        """
+        ``equal-split-time``)."""
         taken = self.rounds.taken
         if not taken:
-            return None
+            return
         spent = sum(wall for wall, _ in taken)
         equal = equal_split_time(taken, self.engine.balancer.cost_line)
         log.info(
@@ -506,19 +489,13 @@ class LBBSPFedAvg(EngineView, FedAvg):
             last[WALL_CLOCK_TIME] = spent
             if equal is not None:
                 last[EQUAL_SPLIT_TIME] = equal
-        return spent, equal
 
     def deadline_grid(self, grid: Grid, *, timeout: float) -> DeadlineGrid:
         """``grid`` behind this strategy's round deadlines and reply polling, as
         :meth:`start` uses it; for a wrapper's round loop see
         :func:`fl_lbbsp.strategies.composition.start_wrapped`.
 
-        Parameters
-        ----------
-        grid : Grid
-            Flower's grid.
-        timeout : float
-            The longest any round may wait (``start``'s ``timeout``).
+        ``timeout``: the longest any round may wait (``start``'s ``timeout``).
         """
         self._timeout_cap = timeout
         check = self.config.tuning.check_times

@@ -1,18 +1,13 @@
 """The replies' own compute intervals: what the claim check observes, and a pool too small.
 
-Every silo round reports when its compute started and ended on the silo's own clock
-(``compute-start``, ``compute-end``, :mod:`fl_lbbsp.clients.round`). The server checks a
-claimed ``train-time`` against that interval (:func:`observed_time`), not against the wall
-time since it sent the round: on Flower's Simulation Engine a pool of fewer Ray actors than
-sampled silos runs the silos one after the other, so the wall time of the last silo holds
-the others' times too (an honest 3 s claim would be "far below" a 17 s observation). The
-wall time still bounds the interval: a silo cannot have computed longer than the server
-waited for it.
+Every silo round reports when its compute started and ended on its own clock
+(``compute-start``, ``compute-end``). The server checks a claimed ``train-time`` against
+that interval (:func:`observed_time`), bounded by the wall time it waited, not against the
+wall time alone: a Simulation Engine pool of fewer Ray actors than silos runs them one
+after the other, and the last one's wall time holds the others' too.
 
-The same intervals tell when the silos did not run side by side (:func:`queued`): at most
-``k`` of ``n`` overlapped while the round lasted well beyond the longest of them. That is
-worth one warning (the round times add up and LB-BSP's gain shrinks to what a sum of
-balanced times allows), with the fix: size the pool.
+The same intervals tell when the silos queued (:func:`queued`), worth one warning with the
+fix (size the pool): the round times add up and LB-BSP's gain shrinks.
 """
 
 from __future__ import annotations

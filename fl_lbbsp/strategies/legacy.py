@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,20 +35,15 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from ..contract import RecordKeys
+from ..contract import InvalidReplyError, RecordKeys
 from ..core.round.engine import RoundEngine
 from ..core.round.state import Reply, RoundState
 from ..core.settings import BalancingKnobs, ReplyLimits, Tuning, balancing_config
 from ..security.guard import guard
-from ..security.screening import (
-    InvalidReplyError,
-    Layout,
-    check_npy_list,
-    layout_of_npy,
-)
+from ..security.screening import Layout, check_npy_list, layout_of_npy
 from ..telemetry import TelemetryWriter
 from .outcomes import RoundOutcomes, batch_size_metrics, log_decision, route_to_flower
-from .rounds import EngineView, log_round
+from .rounds import EngineView
 from .validation import log_rejected, log_skipped
 
 __all__ = ["LBBSPStrategy"]
@@ -80,28 +74,24 @@ class LBBSPStrategy(EngineView, FedAvg):
     **settings : Any
         The balancing keywords (``balance``, ``estimator``, ``allocator``,
         ``max_change_ratio``, ... of :class:`~fl_lbbsp.core.settings.BalancingKnobs`,
-        or ``balancing=BalancingKnobs(...)``), and everything
+        or ``balancing=BalancingKnobs(...)``), the reply limits (``min_train_silos``,
+        ``max_num_examples``, ``max_reply_bytes``, ``extra_metric_keys``, as in
+        :class:`~fl_lbbsp.strategies.LBBSPFedAvg`), and everything
         :class:`flwr.server.strategy.FedAvg` takes (``fraction_fit``,
-        ``min_fit_clients``, ``min_available_clients``, ``on_fit_config_fn``,
-        ``initial_parameters``, ``evaluate_fn``, ...).
+        ``min_fit_clients``, ``on_fit_config_fn``, ``initial_parameters``, ...).
+        Every ``FitRes`` is screened as in LBBSPFedAvg (``silo-id`` accepted in the
+        metrics) before it reaches the balancer or FedAvg's average; a rejected one is
+        logged, written to the telemetry and handed to FedAvg as a failure (so
+        ``accept_failures=False`` drops the round).
     keys : RecordKeys | None (default: None)
         Names of the config and metric entries; the client's stable id is the
         ``keys.silo_id`` (``silo-id``) entry of its fit metrics (else its cid).
     telemetry_path : str | Path | None (default: None)
         JSON-lines file the per-round telemetry is appended to.
-    min_train_silos, max_num_examples, max_reply_bytes, extra_metric_keys :
-        Reply validation, as in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`: every
-        ``FitRes`` is checked (metrics, ``num_examples``, batch size sent, the parameters'
-        shapes and dtypes against those sent, NaN and inf, size, one result per client and
-        per silo) before it reaches the balancer or FedAvg's average; a rejected one is
-        logged, written to the telemetry and handed to FedAvg as a failure (so
-        ``accept_failures=False`` drops the round). ``silo-id`` is accepted in the metrics.
     max_empty_rounds : int (default: 3)
-        Rounds in a row without an aggregated update (every client failed, timed out or
-        was rejected) after which the run stops with
-        :class:`~fl_lbbsp.strategies.outcomes.NoUpdateError` naming the clients' errors, as
-        :class:`~fl_lbbsp.strategies.LBBSPFedAvg` does; a first round without one stops it
-        at once.
+        As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`: rounds in a row without an
+        aggregated update after which the run stops with
+        :class:`~fl_lbbsp.strategies.outcomes.NoUpdateError`.
     """
 
     def __init__(
@@ -112,10 +102,6 @@ class LBBSPStrategy(EngineView, FedAvg):
         lr: float,
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
-        min_train_silos: int = 1,
-        max_num_examples: int | None = None,
-        max_reply_bytes: int | None = None,
-        extra_metric_keys: Iterable[str] | None = None,
         max_empty_rounds: int = 3,
         **settings: Any,
     ) -> None:
@@ -124,19 +110,15 @@ class LBBSPStrategy(EngineView, FedAvg):
         if max_empty_rounds < 1:
             raise ValueError(f"max_empty_rounds must be >= 1, got {max_empty_rounds}")
         balancing = {k: v for k, v in settings.items() if k in _BALANCING}
-        super().__init__(**{k: v for k, v in settings.items() if k not in _BALANCING})
+        limits = {k: v for k, v in settings.items() if k in ReplyLimits.model_fields}
+        super().__init__(**{k: v for k, v in settings.items() if k not in {*balancing, *limits}})
         self.keys = keys or RecordKeys()
         self.engine = RoundEngine(
             config=balancing_config(
                 initial_batch_size=initial_batch_size, local_steps=local_steps, lr=lr, **balancing
             ),
             keys=self.keys,
-            limits=ReplyLimits(
-                min_train_silos=min_train_silos,
-                max_num_examples=max_num_examples,
-                max_reply_bytes=max_reply_bytes,
-                extra_metric_keys=extra_metric_keys,  # type: ignore[arg-type]
-            ),
+            limits=ReplyLimits(**limits),
             weight_key=self.keys.num_examples,
         )
         guard(self.engine, also_known=(self.keys.silo_id,))
@@ -234,26 +216,14 @@ class LBBSPStrategy(EngineView, FedAvg):
             log_skipped(
                 self.telemetry, scheme=self.scheme, server_round=server_round, reason=skipped
             )
-        log_round(
-            scheme=self.scheme,
-            server_round=server_round,
-            silos=state.reports,
-            keys=self.keys,
-            total_batch_size=state.total,
-            wall=wall,
-            telemetry=self.telemetry,
-            extra={
-                "missed": extra["missed"],
-                "rejected": [entry for entry, _ in rejected],
-                "skipped": skipped,
-            },
-        )
         log_decision(
             scheme=self.scheme,
             state=state,
             keys=self.keys,
             rejected=[entry for entry, _ in rejected],
-            missed=extra["missed"],
+            telemetry=self.telemetry,
+            wall=wall,
+            extra={"missed": extra["missed"], "skipped": skipped},
             silo_id=self.engine.silo_id,
         )
         if skipped is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from flwr.app import MetricRecord
@@ -24,7 +24,8 @@ from flwr.app import MetricRecord
 from ..contract import PREDICTED_SPEED, SILO_APP_METRICS, TRAIN_LOSS, RecordKeys, silo_metric
 from ..core.round.state import Node, RoundState, natural_key
 from ..security.screening import contract_metric_keys
-from .rounds import format_silos
+from ..telemetry import TelemetryWriter
+from .rounds import format_silos, log_round
 
 __all__ = [
     "NoUpdateError",
@@ -122,18 +123,29 @@ def log_decision(
     scheme: str,
     state: RoundState,
     keys: RecordKeys,
-    rejected: Iterable[Mapping[str, Any]],
-    missed: Iterable[str],
+    rejected: Sequence[Mapping[str, Any]],
+    telemetry: TelemetryWriter,
+    wall: float | None,
+    extra: Mapping[str, Any],
     silo_id: Callable[[Node], str] | None = None,
 ) -> None:
-    """The round's one line through Flower's logger, its decision and outcome: per-silo
-    batch sizes (named by the stable ids the silos reported, ``silo_id``, from round 1
-    on), the round time the reports show, predicted and ideal round time (compute), the
-    idle fraction, and the silos left out with why (``rejected``: the round's rejection
-    entries, ``missed``: silos with no reply in time); a silo whose report says it did
-    not train as instructed is named as not balanced (its update is aggregated)."""
+    """A closed round's telemetry event and DEBUG line (:func:`~.rounds.log_round`, with
+    ``extra`` and ``rejected``), then its one line through Flower's logger: per-silo batch
+    sizes (by the ids ``silo_id`` gives), the round time, predicted and ideal, the idle
+    fraction, the silos left out with why (``rejected``, ``extra["missed"]``) and those
+    that did not train as instructed (not balanced, their updates aggregated)."""
+    log_round(
+        scheme=scheme,
+        server_round=state.server_round,
+        silos=state.reports,
+        keys=keys,
+        total_batch_size=state.total,
+        wall=wall,
+        telemetry=telemetry,
+        extra={**extra, "rejected": rejected},
+    )
     left_out = {str(r["silo"]): f"rejected: {r['reason']}" for r in rejected}
-    left_out.update({silo: "no reply in time" for silo in missed})
+    left_out.update({silo: "no reply in time" for silo in extra["missed"]})
     # aggregated, but its time is not a measure of its speed: not left out
     unbalanced = sorted((s for s, r in state.reports.items() if "misuse" in r), key=natural_key)
     shares = (
@@ -194,21 +206,17 @@ def warn_overridden_lr(
     ``local-steps`` other than the strategy's, and a ``local-epochs`` (or ``epochs``): tau
     = ``local_steps`` steps replace them."""
     overridden = []
-    for key in (keys.batch_size, keys.local_steps):
-        value = config.get(key)
-        if value is not None and not (key == keys.local_steps and value == local_steps):
-            what = (
-                "each silo is sent its own batch size"
-                if key == keys.batch_size
-                else (f"every silo runs the strategy's local-steps={local_steps}")
-            )
-            overridden.append(f"{key}={value} ({what})")
-    for key in EPOCH_KEYS:
-        if key in config:
-            overridden.append(
-                f"{key}={config[key]} (every silo runs local-steps={local_steps} steps "
-                "instead, drawn through plan.loader / plan.batch_sampler)"
-            )
+    if (batch := config.get(keys.batch_size)) is not None:
+        overridden.append(f"{keys.batch_size}={batch} (each silo is sent its own batch size)")
+    if (steps := config.get(keys.local_steps)) is not None and steps != local_steps:
+        why = f"every silo runs the strategy's local-steps={local_steps}"
+        overridden.append(f"{keys.local_steps}={steps} ({why})")
+    overridden += [
+        f"{key}={config[key]} (every silo runs local-steps={local_steps} steps instead, "
+        "drawn through plan.loader / plan.batch_sampler)"
+        for key in EPOCH_KEYS
+        if key in config
+    ]
     if overridden:
         FLOWER_LOGGER.warning(
             "%s: the train config's %s %s overridden",
@@ -250,13 +258,10 @@ def round_metrics(
     silo_id: Callable[[Node], str] | None = None,
 ) -> MetricRecord:
     """The round's MetricRecord for Flower's ``Result``: the app's own metrics as
-    ``train_metrics_aggr_fn`` aggregated them, without the contract's nor the per-silo
-    timings our silo side adds (a mean of batch sizes, train times or slowdowns means
-    nothing; ``train-loss`` stays), plus ``batch-size/<silo>`` for every silo sent a batch
-    size and ``predicted-speed/<silo>`` (samples per second) for every silo the balancer
-    predicts. ``silo_id``: the stable id a node reported (the engine's), so that a silo
-    first sent its batch size under its node id (``node-<id>``, round 1) is named as in
-    later rounds."""
+    ``train_metrics_aggr_fn`` aggregated them, without the contract's nor our per-silo
+    timings (their mean means nothing; ``train-loss`` stays), plus ``batch-size/<silo>``
+    (:func:`batch_size_metrics`) and ``predicted-speed/<silo>`` (samples per second) for
+    every silo the balancer predicts."""
     contract = contract_metric_keys(keys) | (set(SILO_APP_METRICS) - {TRAIN_LOSS})
     record: dict[str, Any] = {
         key: value for key, value in (aggregated or {}).items() if key not in contract

@@ -20,7 +20,7 @@ from ..core.round.state import natural_key, silo_round_time
 from ..core.settings import BalancingConfig
 from ..telemetry import TelemetryWriter
 
-__all__ = ["EngineView", "format_silos", "log_round", "natural_key", "silo_round_time"]
+__all__ = ["EngineView", "format_silos", "log_round", "natural_key"]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -68,20 +68,12 @@ def log_round(
 
     Parameters
     ----------
-    scheme : str
-        ``"lbbsp"`` or ``"fedavg"``.
-    server_round : int
-        The round.
     silos : Mapping[str, Mapping[str, Any]]
-        Silo id -> telemetry record (from :func:`feed_balancer`).
-    keys : RecordKeys
-        Names of the metric entries.
+        Silo id -> its report (the round's telemetry record).
     total_batch_size : int
         Sum of the batch sizes sent this round.
     wall : float | None
         Seconds from sending the round to aggregating it, if measured.
-    telemetry : TelemetryWriter
-        Where the event goes.
     extra : Mapping[str, Any] | None (default: None)
         More fields for the telemetry event (deadline, silos that missed it, ...).
     """
@@ -144,15 +136,11 @@ def format_silos(
     Parameters
     ----------
     values : Mapping[str, Any]
-        Numeric value per silo (``None`` or missing values are shown as ``n/a``).
+        Numeric value per silo (``None`` is shown as ``n/a``).
     spec : str (default: "")
         Format spec of each value, e.g. ``".3f"``.
-    limit : int (default: 20)
-        Most silos listed one by one.
-    largest : int (default: 3)
-        Silos named in the summary beyond ``limit``.
     largest_label : str (default: "largest")
-        What the summary calls them.
+        What the summary calls the ``largest`` silos it names.
     """
 
     def show(value: Any) -> str:

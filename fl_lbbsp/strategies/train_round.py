@@ -2,17 +2,12 @@
 
 :class:`TrainRound` is what :meth:`LBBSPFedAvg.aggregate_train
 <fl_lbbsp.strategies.LBBSPFedAvg.aggregate_train>` does with a round's replies: each one
-is read into a :class:`~fl_lbbsp.core.round.state.Reply` and screened by the engine
-(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.screen`), an accepted one is reported
-(:meth:`~fl_lbbsp.core.round.engine.RoundEngine.report`) with the time it observed (the
-reply's own compute interval, within the wall time the deadline grid waited:
-:func:`~fl_lbbsp.strategies.intervals.observed_time`) and what the silo says it did other
-than told; the accepted updates are then
-judged together and weighed (:class:`~fl_lbbsp.strategies.defenses.Defenses`) and summed
+is read into a :class:`~fl_lbbsp.core.round.state.Reply`, screened and reported to the
+engine with the time the server observed
+(:func:`~fl_lbbsp.strategies.intervals.observed_time`); the accepted updates are judged
+together (:class:`~fl_lbbsp.strategies.defenses.Defenses`) and summed
 (:class:`~fl_lbbsp.strategies.updates.Updates`); the round closes in the engine and is
-logged (:func:`~fl_lbbsp.strategies.rounds.log_round`,
-:func:`~fl_lbbsp.strategies.outcomes.log_decision`). A rejected reply gets one telemetry
-event and one warning per silo and cause.
+logged (:func:`~fl_lbbsp.strategies.outcomes.log_decision`).
 """
 
 from __future__ import annotations
@@ -34,8 +29,7 @@ from .deadline import DeadlineGrid
 from .defenses import Defenses, noise_scales
 from .intervals import POOL_FIX, observed_time, queued, reply_interval
 from .outcomes import RoundOutcomes, log_decision
-from .rounds import log_round
-from .updates import NoiseScaled, Updates
+from .updates import Updates
 from .validation import config_record, log_rejected, log_skipped, reply_of
 
 __all__ = ["RoundResult", "TrainRound"]
@@ -67,19 +61,11 @@ class TrainRound:
 
     Parameters
     ----------
-    engine : RoundEngine
-        The round engine (plans, screens, reports, closes).
-    keys : RecordKeys
-        Names of the contract's entries.
+    engine, keys, defenses, outcomes, telemetry :
+        The strategy's (:class:`~fl_lbbsp.strategies.LBBSPFedAvg` builds it).
     weight_key : str
         The aggregation weight's metric (``num-examples``, or ``batch-size`` on a
         parameter server).
-    defenses : Defenses
-        The server's judgement of the accepted updates together.
-    outcomes : RoundOutcomes
-        Rejections logged once per silo and cause.
-    telemetry : TelemetryWriter
-        Where the round's events go.
     poll_interval : float | None
         Seconds between two pulls for replies (a telemetry field).
     """
@@ -189,7 +175,16 @@ class TrainRound:
         extra["reply_delay"] = received_at - max(created) if created else None
         if self.engine.selector is not None:
             extra["dropped"] = dropped
-        self._log(state, scheme, wall, extra, skipped)
+        log_decision(
+            scheme=scheme,
+            state=state,
+            keys=self.keys,
+            rejected=state.rejected,
+            telemetry=self.telemetry,
+            wall=wall,
+            extra={**extra, "skipped": skipped},
+            silo_id=self.engine.silo_id,
+        )
         return RoundResult(arrays=arrays, contents=contents, skipped=skipped)
 
     def _sum(
@@ -215,12 +210,7 @@ class TrainRound:
                 state.reports[silo]["capped-weight"] = weight
                 if self.outcomes.first_time(silo, "capped weight"):
                     log.warning("round %d: silo %s: %s", state.server_round, silo, capped)
-            if isinstance(updates, NoiseScaled):
-                updates.add_scaled(
-                    accepted[silo][0].update, weight=weight, scale=scales.get(silo, 1.0)
-                )
-            else:
-                updates.add(accepted[silo][0].update, weight=weight)
+            updates.add(accepted[silo][0].update, weight=weight, scale=scales.get(silo, 1.0))
         return kept, dropped
 
     def _result(
@@ -242,34 +232,6 @@ class TrainRound:
                 self.telemetry, scheme=scheme, server_round=state.server_round, reason=skipped
             )
         return arrays, skipped
-
-    def _log(
-        self,
-        state: RoundState,
-        scheme: str,
-        wall: float,
-        extra: dict[str, Any],
-        skipped: str | None,
-    ) -> None:
-        """The round's log line and telemetry event, and its decision line."""
-        log_round(
-            scheme=scheme,
-            server_round=state.server_round,
-            silos=state.reports,
-            keys=self.keys,
-            total_batch_size=state.total,
-            wall=wall,
-            telemetry=self.telemetry,
-            extra={**extra, "rejected": state.rejected, "skipped": skipped},
-        )
-        log_decision(
-            scheme=scheme,
-            state=state,
-            keys=self.keys,
-            rejected=state.rejected,
-            missed=extra["missed"],
-            silo_id=self.engine.silo_id,
-        )
 
     def _undecorated(self, replies: list[Message]) -> bool:
         """Whether every reply of the round lacks the silo id and the decorator's metrics

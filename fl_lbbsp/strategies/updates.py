@@ -11,19 +11,20 @@ screened: the arrays are zero-copy views of the received bytes, accumulated in p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from ..contract import InvalidReplyError
 from ..core.aggregation import CenteredClip, GradientStep, WeightedMean
 from ..core.optim import SGD
 from ..core.round.state import RoundState
-from ..security.screening import InvalidReplyError, Layout
+from ..security.screening import Layout
 from ..security.update_screen import update_distance
 from .validation import check_array_record, layout_of
 
-__all__ = ["GradientUpdate", "NoiseScaled", "PlainMean", "Updates"]
+__all__ = ["GradientUpdate", "PlainMean", "Updates"]
 
 U = TypeVar("U")
 
@@ -43,8 +44,9 @@ class Updates(Protocol[U]):
     def parse(self, record: ArrayRecord, metrics: Mapping[str, Any], state: RoundState) -> U:
         """The reply's update, checked; :class:`InvalidReplyError` says why not."""
 
-    def add(self, update: U, *, weight: float) -> None:
-        """Accumulate one accepted update."""
+    def add(self, update: U, *, weight: float, scale: float = 1.0) -> None:
+        """Accumulate one accepted update; ``scale`` (``sqrt(B_eq / B_i)``, >= 1) lets a
+        silo sent a small batch a longer update where the aggregation clips."""
 
     def distance(self, update: U) -> float | None:
         """How far the update moves the model (its distance to the global model sent, or
@@ -65,14 +67,6 @@ class Updates(Protocol[U]):
 
     def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
         """Restore :meth:`state_dict`."""
-
-
-@runtime_checkable
-class NoiseScaled(Protocol):
-    """Updates whose aggregation allows a silo sent a small batch a longer update."""
-
-    def add_scaled(self, update: Any, *, weight: float, scale: float) -> None:
-        """Accumulate one accepted update; ``scale``: ``sqrt(B_eq / B_i)`` (>= 1)."""
 
 
 class PlainMean:
@@ -124,12 +118,9 @@ class PlainMean:
             raise InvalidReplyError("no plaintext global model to compare the arrays with")
         return check_array_record(record, self._layout)
 
-    def add(self, update: list[np.ndarray], *, weight: float) -> None:
-        """Add ``weight * update`` to the running sum (or keep it for the clip)."""
-        self._mean.add(update, weight=weight)
-
-    def add_scaled(self, update: list[np.ndarray], *, weight: float, scale: float) -> None:
-        """:meth:`add`, the clip's radius widened by ``scale`` (``sqrt(B_eq / B_i)``)."""
+    def add(self, update: list[np.ndarray], *, weight: float, scale: float = 1.0) -> None:
+        """Add ``weight * update`` to the running sum (or keep it for the clip, its radius
+        widened by ``scale``)."""
         if self.robust is None:
             self._mean.add(update, weight=weight)
         else:
@@ -173,13 +164,9 @@ class GradientUpdate(PlainMean):
 
     Parameters
     ----------
-    lr : float
-        eta.
-    momentum : float (default: 0.0)
-        SGD momentum; its buffers are checkpointed (record ``optimizer``).
-    aggregation : {"weighted", "naive"} (default: "weighted")
-        ``"weighted"``: ``g = sum_i x_i g_i / X`` (Sec. 3.4). ``"naive"``: the plain mean
-        of the workers' gradients (Eq. 6), for comparison.
+    lr, momentum, aggregation :
+        As in :class:`~fl_lbbsp.strategies.LBBSPCluster`; the momentum buffers are
+        checkpointed (record ``optimizer``).
     robust : CenteredClip | None (default: None)
         Clip each gradient around a robust centre before the weighted mean.
     """
@@ -204,12 +191,8 @@ class GradientUpdate(PlainMean):
         if self._layout is not None:
             self._step.begin([arrays[spec.name].numpy() for spec in self._layout])
 
-    def add(self, update: list[np.ndarray], *, weight: float) -> None:
+    def add(self, update: list[np.ndarray], *, weight: float, scale: float = 1.0) -> None:
         """Add a gradient, weighted by its batch size (or 1 when naive)."""
-        self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight)
-
-    def add_scaled(self, update: list[np.ndarray], *, weight: float, scale: float) -> None:
-        """:meth:`add`, the clip's radius widened by ``scale``."""
         self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight, scale=scale)
 
     def distance(self, update: list[np.ndarray]) -> float | None:

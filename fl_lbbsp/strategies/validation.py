@@ -26,22 +26,12 @@ from ..contract import (
 from ..core.round.state import Reply
 from ..security.identity import IdentityError, check_silo_id, signed_arrays
 from ..security.reply_screen import ReplyScreen
-from ..security.screening import (
-    DEFAULT_EXTRA_METRIC_KEYS,
-    ArraySpec,
-    Layout,
-    check_finite,
-    check_npy,
-    few,
-)
+from ..security.screening import ArraySpec, Layout, check_finite, check_npy, few
 from ..telemetry import TelemetryWriter
 
 __all__ = [
-    "DEFAULT_EXTRA_METRIC_KEYS",
-    "InvalidReplyError",
     "check_array_record",
     "config_record",
-    "error_summary",
     "layout_of",
     "log_rejected",
     "log_skipped",
@@ -189,13 +179,10 @@ def log_rejected(
     reason: str,
     first: bool = True,
 ) -> dict[str, Any]:
-    """One warning line and one ``rejected`` telemetry event for a reply left out of a
-    round; returns the event's ``silo``, ``node`` and ``reason`` for the round's record.
-    With ``first`` False (the silo's reply was rejected for this cause before) the line
-    goes to DEBUG, so a cause that repeats every round is logged once.
-
-    A reason of several lines (an error reply's traceback) is logged in full at DEBUG
-    only; the warning and the event carry its :func:`error_summary`.
+    """One warning line (DEBUG when not ``first`` for this silo and cause) and one
+    ``rejected`` telemetry event for a reply left out of a round; returns the event's
+    ``silo``, ``node`` and ``reason``. A reason of several lines (a traceback) is logged in
+    full at DEBUG only; the warning and the event carry its :func:`error_summary`.
     """
     summary = reason if "\n" not in reason.strip() else error_summary(reason)
     summary = summary if len(summary) <= MAX_SUMMARY else summary[:MAX_SUMMARY] + "..."
@@ -241,19 +228,9 @@ def undecorated(reason: str | None) -> str | None:
 def reply_of(
     msg: Message, *, keys: RecordKeys, sent_ids: set[str], seconds_late: float | None
 ) -> Reply:
-    """What the round engine needs to know of a train reply (no values are read).
-
-    Parameters
-    ----------
-    msg : Message
-        The reply.
-    keys : RecordKeys
-        Names of the contract's entries (the silo id's record and key).
-    sent_ids : set of str
-        Ids of the round's train messages (empty: not known, nothing is stale).
-    seconds_late : float | None
-        How long after the deadline it came in (``None``: in time).
-    """
+    """What the round engine needs to know of a train reply (no values are read):
+    ``sent_ids`` are the ids of the round's train messages (empty: nothing is stale),
+    ``seconds_late`` how long after the deadline it came in (``None``: in time)."""
     meta = msg.metadata
     node = meta.src_node_id
     stale = bool(sent_ids) and meta.reply_to_message_id not in sent_ids
