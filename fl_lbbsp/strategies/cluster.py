@@ -70,10 +70,12 @@ class LBBSPCluster(LBBSPFedAvg):
     checkpoint_dir : str | Path | None (default: None)
         As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`; the checkpoint also holds the
         SGD momentum buffers.
-    robust_aggregation : {"mean", "centered-clip"} (default: "mean")
+    robust_aggregation : {"mean", "centered-clip", "trusted-clip"} (default: "mean")
         ``"centered-clip"``: each gradient clipped around a robust centre before the
         batch-size-weighted mean (:class:`~fl_lbbsp.core.aggregation.CenteredClip`,
-        ``clip_factor`` its radius). Off by default here: a parameter server's workers
+        ``clip_factor`` its radius); ``"trusted-clip"``: the same over the workers whose
+        history agrees with the others' (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`).
+        Off by default here: a parameter server's workers
         are one operator's machines, and the weighted mean is exactly the gradient of the
         union of their batches (Sec. 3.4), which clipping gives up.
 
@@ -103,7 +105,7 @@ class LBBSPCluster(LBBSPFedAvg):
         max_reply_bytes: int | None = None,
         extra_metric_keys: Iterable[str] | None = None,
         checkpoint_dir: str | Path | None = None,
-        robust_aggregation: Literal["centered-clip", "mean"] = "mean",
+        robust_aggregation: Literal["trusted-clip", "centered-clip", "mean"] = "mean",
         **balancing: Any,
     ) -> None:
         self.ps_config = ParameterServerConfig(momentum=momentum, aggregation=aggregation)

@@ -19,6 +19,7 @@ from flwr.app import Array, ArrayRecord
 from ..core.aggregation import CenteredClip, GradientStep, WeightedMean
 from ..core.optim import SGD
 from ..core.round.state import RoundState
+from ..core.trusted_clip import TrustedClip
 from ..security.screening import InvalidReplyError, Layout
 from ..security.update_screen import update_distance
 from .validation import check_array_record, layout_of
@@ -71,8 +72,11 @@ class Updates(Protocol[U]):
 class NoiseScaled(Protocol):
     """Updates whose aggregation allows a silo sent a small batch a longer update."""
 
-    def add_scaled(self, update: Any, *, weight: float, scale: float) -> None:
-        """Accumulate one accepted update; ``scale``: ``sqrt(B_eq / B_i)`` (>= 1)."""
+    def add_scaled(
+        self, update: Any, *, weight: float, scale: float, silo: str | None = None
+    ) -> None:
+        """Accumulate one accepted update; ``scale``: ``sqrt(B_eq / B_i)`` (>= 1),
+        ``silo``: the stable id of the silo that sent it (a robust history's key)."""
 
 
 class PlainMean:
@@ -128,12 +132,15 @@ class PlainMean:
         """Add ``weight * update`` to the running sum (or keep it for the clip)."""
         self._mean.add(update, weight=weight)
 
-    def add_scaled(self, update: list[np.ndarray], *, weight: float, scale: float) -> None:
-        """:meth:`add`, the clip's radius widened by ``scale`` (``sqrt(B_eq / B_i)``)."""
+    def add_scaled(
+        self, update: list[np.ndarray], *, weight: float, scale: float, silo: str | None = None
+    ) -> None:
+        """:meth:`add`, the clip's radius widened by ``scale`` (``sqrt(B_eq / B_i)``),
+        kept under the silo's id ``silo`` (the trusted clip's history)."""
         if self.robust is None:
             self._mean.add(update, weight=weight)
         else:
-            self.robust.add(update, weight=weight, scale=scale)
+            self.robust.add(update, weight=weight, scale=scale, silo=silo)
 
     def distance(self, update: list[np.ndarray]) -> float | None:
         """The update's L2 distance to the global model sent."""
@@ -154,18 +161,34 @@ class PlainMean:
             {spec.name: Array(a) for spec, a in zip(self._layout, arrays, strict=True)}
         )
 
+    @property
+    def distrusted(self) -> list[str]:
+        """The silos the trusted clip left out of the last result (none otherwise)."""
+        return list(self.robust.distrusted) if isinstance(self.robust, TrustedClip) else []
+
     def settings(self) -> dict[str, Any]:
         """The robust aggregation, if any."""
         if self.robust is None:
             return {}
-        return {"robust": {"factor": self.robust.factor, "iterations": self.robust.iterations}}
+        robust: dict[str, Any] = {
+            "factor": self.robust.factor,
+            "iterations": self.robust.iterations,
+        }
+        if isinstance(self.robust, TrustedClip):
+            robust.update(decay=self.robust.decay, patience=self.robust.patience)
+        return {"robust": robust}
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """None: the mean starts afresh every round."""
+        """The trusted clip's history of each silo (``trust``), else none: the mean
+        starts afresh every round."""
+        if isinstance(self.robust, TrustedClip):
+            return {"trust": self.robust.state_dict().model_dump(mode="json")}, {}
         return {}, {}
 
     def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
-        """Nothing to restore."""
+        """Restore the trusted clip's history (``trust``), if any."""
+        if isinstance(self.robust, TrustedClip) and "trust" in state:
+            self.robust.load_state_dict(state["trust"])
 
 
 class GradientUpdate(PlainMean):
@@ -208,9 +231,16 @@ class GradientUpdate(PlainMean):
         """Add a gradient, weighted by its batch size (or 1 when naive)."""
         self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight)
 
-    def add_scaled(self, update: list[np.ndarray], *, weight: float, scale: float) -> None:
-        """:meth:`add`, the clip's radius widened by ``scale``."""
-        self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight, scale=scale)
+    def add_scaled(
+        self, update: list[np.ndarray], *, weight: float, scale: float, silo: str | None = None
+    ) -> None:
+        """:meth:`add`, the clip's radius widened by ``scale``, under the id ``silo``."""
+        self._step.add(
+            update,
+            weight=1.0 if self.aggregation == "naive" else weight,
+            scale=scale,
+            silo=silo,
+        )
 
     def distance(self, update: list[np.ndarray]) -> float | None:
         """The gradient's norm."""
@@ -236,14 +266,17 @@ class GradientUpdate(PlainMean):
         }
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """The SGD momentum buffers (record ``optimizer``, named like the weights)."""
+        """The SGD momentum buffers (record ``optimizer``, named like the weights) and the
+        trusted clip's history, if any."""
+        trust, _ = super().state_dict()
         buffers = self.optimizer.buffers
         if buffers is None or self._layout is None:
-            return {}, {}
+            return trust, {}
         named = zip(self._layout, buffers, strict=True)
-        return {}, {"optimizer": ArrayRecord({s.name: Array(np.asarray(b)) for s, b in named})}
+        return trust, {"optimizer": ArrayRecord({s.name: Array(np.asarray(b)) for s, b in named})}
 
     def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
-        """Restore the momentum buffers (in the weights' order)."""
+        """Restore the momentum buffers (in the weights' order) and the history."""
+        super().load_state_dict(state, records)
         buffers = records.get("optimizer")
         self.optimizer.buffers = None if buffers is None else [a.numpy() for a in buffers.values()]
