@@ -21,6 +21,12 @@ update (and, for the size-claim liar, its ``num-examples``) before replying:
   reply): the best any defence could do, since none can recover what their data would
   have added. Each cell is also read against it.
 
+Aggregations compared: FedAvg's mean, ``centered-clip`` (the default) and
+``trusted-clip`` (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`: the same clip over the
+silos whose history of agreement with the others' centre is not negative while the
+federation's is positive). A held-out check (:data:`HELD_OUT`: partitions and a seed that
+were not looked at while the trusted clip's rule was chosen) has its own table.
+
 The attackers are omniscient where the attack needs it (ALIE and IPM read the honest
 updates of the round: the silos run one after the other, the hostile ones last). Per
 cell: the final accuracy (mean of the last 3 rounds' test accuracy) against the honest
@@ -257,7 +263,9 @@ def run_cell(
     }
 
 
-def jobs(smoke: bool, robust: Sequence[str] = ROBUST) -> list[dict[str, Any]]:
+def jobs(
+    smoke: bool, robust: Sequence[str] = ROBUST, seeds: int = 8
+) -> list[dict[str, Any]]:
     """The runs in the order they matter (a time limit keeps a prefix): the honest runs
     of 5 silos; the defence oracle of 5 silos; 1 hostile of 5 against each robust
     aggregation in ``robust`` (labels:2, dirichlet:0.3, iid); the honest runs' other
@@ -288,11 +296,11 @@ def jobs(smoke: bool, robust: Sequence[str] = ROBUST) -> list[dict[str, Any]]:
     for partition in ("labels:2", "dirichlet:0.3", "iid"):
         for attack in ATTACKS[1:]:
             add(partition, 5, 1, attack, False, robust)
-    for seed in range(1, SEEDS):
+    for seed in range(1, seeds):
         for partition in ("labels:2", "dirichlet:0.3"):
             add(partition, 5, 0, "honest", False, every, seed)
     for partition, seed in HELD_OUT:
-        add(partition, 5, 0, "honest", False, every, seed)
+        add(partition, 5, 0, "honest", False, robust, seed)
         add(partition, 5, 1, EXCLUDED, False, ("centered-clip",), seed)
         for attack in HELD_OUT_ATTACKS:
             add(partition, 5, 1, attack, False, robust, seed)
@@ -320,7 +328,7 @@ HELD_OUT = (("dirichlet:1.0", 100), ("labels:3", 100))
 """The held-out check: partitions and a seed never looked at while the trusted clip was
 designed (its rule was chosen on the principle and on labels:2, dirichlet:0.3 and iid at
 seed 0); read on its own, apart from the goal figures."""
-HELD_OUT_ATTACKS = ("signflip-1", "signflip-3", "ipm")
+HELD_OUT_ATTACKS = ("signflip-1", "ipm")
 """The attacks of the held-out check: those that beat centered clipping on non-IID
 silos."""
 
@@ -332,7 +340,7 @@ EXCLUDED_CELLS = [
 ]  # fmt: skip
 """The (partition, silos, hostile) groups whose defence oracle is run."""
 SEEDS = 8
-"""Seeds of the honest non-IID runs (the robust option's cost)."""
+"""Seeds of the honest non-IID runs (the robust options' cost; ``--seeds``)."""
 
 
 def _t95(values: Sequence[float]) -> tuple[float, float]:
@@ -493,6 +501,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the robust aggregations compared beside FedAvg's mean",
     )  # fmt: skip
     cli.add_argument(
+        "--seeds", type=int, default=SEEDS,
+        help="seeds of the honest non-IID runs (the robust options' cost)",
+    )  # fmt: skip
+    cli.add_argument(
         "--cache", type=Path, default=None,
         help="JSON lines of finished runs: reused, and each new run appended",
     )  # fmt: skip
@@ -506,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     deadline = time.monotonic() + 60.0 * args.minutes
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
-    todo = jobs(args.smoke, args.robust)
+    todo = jobs(args.smoke, args.robust, args.seeds)
     with quiet_logs():
         for job in todo:
             if _key(job) in cached:

@@ -294,3 +294,7 @@ def test_the_strategy_option_leaves_a_flipper_out_and_checkpoints_its_history() 
     assert strategy.updates.settings()["robust"]["patience"] == 2
     final = result.arrays["w"].numpy()
     assert final[4] > 0  # the flipper's own weight moved forward, not back
+    restored = PlainMean(robust=TrustedClip())
+    restored.load_state_dict(state, {})
+    assert isinstance(restored.robust, TrustedClip)
+    assert restored.robust.history == strategy.updates.robust.history
