@@ -263,9 +263,7 @@ def run_cell(
     }
 
 
-def jobs(
-    smoke: bool, robust: Sequence[str] = ROBUST, seeds: int = 8
-) -> list[dict[str, Any]]:
+def jobs(smoke: bool, robust: Sequence[str] = ROBUST, seeds: int = 8) -> list[dict[str, Any]]:
     """The runs in the order they matter (a time limit keeps a prefix): the honest runs
     of 5 silos; the defence oracle of 5 silos; 1 hostile of 5 against each robust
     aggregation in ``robust`` (labels:2, dirichlet:0.3, iid); the honest runs' other
