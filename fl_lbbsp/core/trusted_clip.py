@@ -6,10 +6,10 @@ not enough: the honest updates are far from each other too, so the radius (a med
 distances to the centre) is about the length of an update, and a silo that sends its own
 update with the sign flipped stays inside it and keeps most of its weight every round. No
 rule that looks at one round alone can tell such an update from an honest silo with
-unusual data (Karimireddy, He and Jaggi, ICML 2021: "without history, no aggregator is
-robust"; their Thm. III). Cross-silo federations have what cross-device ones lack: the
-silos are few, long-lived and identified (``silo-id``), so the server can keep a history
-per silo.
+unusual data (Karimireddy, He and Jaggi, ICML 2021, show that an aggregator without
+history cannot be robust to attacks spread over rounds). Cross-silo federations have what
+cross-device ones lack: the silos are few, long-lived and identified (``silo-id``), so the
+server can keep a history per silo.
 
 :class:`TrustedClip` keeps, per registered silo, the exponentially decayed mean of its
 **agreement**: the cosine between its update ``d_i`` and the centre of the others,
@@ -18,15 +18,21 @@ itself)::
 
     a_i <- decay * a_i + (1 - decay) * cos(d_i, c_-i)
 
-An honest silo's update shares the descent direction of the others (the common part of
-the federation's gradients), whatever its local data add to it, so its agreement is
-positive on average. A silo that persistently sends the opposite of what it learnt
-(sign flip) or of what the others send (inner-product manipulation, Xie et al., UAI 2020)
-has a negative one. A silo whose decayed agreement is negative after ``patience`` rounds
-is **dropped** from the aggregate (weight 0) until it is positive again, and named: in
-:attr:`TrustedClip.distrusted`, which the strategy logs and writes to the round's
-telemetry. The rest is :class:`~fl_lbbsp.core.aggregation.CenteredClip` over the trusted
-silos, so one-round attacks (a boosted update, ALIE) are bounded as before.
+Where the federation has a consensus (its silos' median agreement is positive: their
+updates share a descent direction, whatever their local data add to it), an honest silo's
+agreement is positive on average, and a silo that persistently sends the opposite of what
+it learnt (sign flip) or of what the others send (inner-product manipulation, Xie et al.,
+UAI 2020) has a negative one. A silo whose decayed agreement is negative after
+``patience`` rounds while the median agreement is positive is **dropped** from the
+aggregate (weight 0) until it is positive again, and named: in
+:attr:`TrustedClip.distrusted`, which the strategy writes to the round's telemetry, and in
+a warning. Where the median agreement is not positive, no silo is dropped: on silos of two
+classes each (labels:2) honest updates oppose the others' centre (measured: decayed
+agreements of -0.3 to -0.6 in an honest run), so opposition is no evidence there, and a
+sign flip looks like heterogeneity (no rule can then do better than a share of the
+heterogeneity: the lower bound of Karimireddy, He and Jaggi, ICLR 2022). The rest is
+:class:`~fl_lbbsp.core.aggregation.CenteredClip` over the trusted silos, so one-round
+attacks (a boosted update, ALIE) are bounded as before.
 
 What LB-BSP needs is kept:
 
@@ -35,7 +41,7 @@ What LB-BSP needs is kept:
   result is exactly :class:`~fl_lbbsp.core.aggregation.CenteredClip`'s.
 - **Batch-size-dependent update lengths.** The cosine does not see length, so a slow
   silo's longer update (minibatch noise ``sqrt(B_eq / B_i)`` times larger) counts like a
-  fast one's; noise only pulls a cosine toward 0, never below it on average, and the decay
+  fast one's; zero-mean noise pulls a cosine toward 0 rather than below it, and the decay
   averages it over rounds. The clip's radii are widened by the same scale as before.
 
 The agreement is the history of Karimireddy et al. (2021) in the form of a trust score,
@@ -56,6 +62,8 @@ References
    in Sybil Settings", RAID 2020 (FoolsGold: per-client history).
 .. [4] C. Xie, O. Koyejo and I. Gupta, "Fall of Empires: Breaking Byzantine-tolerant SGD
    by Inner Product Manipulation", UAI 2020.
+.. [5] S. P. Karimireddy, L. He and M. Jaggi, "Byzantine-Robust Learning on Heterogeneous
+   Datasets via Bucketing", ICLR 2022 (the heterogeneity lower bound; bucketing).
 """
 
 from __future__ import annotations
