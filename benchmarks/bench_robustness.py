@@ -322,7 +322,7 @@ def jobs(smoke: bool, robust: Sequence[str] = ROBUST, seeds: int = 8) -> list[di
     return out
 
 
-HELD_OUT = (("dirichlet:1.0", 100), ("labels:3", 100))
+HELD_OUT = tuple((p, seed) for seed in range(100, 104) for p in ("dirichlet:1.0", "labels:3"))
 """The held-out check: partitions and a seed never looked at while the trusted clip was
 designed (its rule was chosen on the principle and on labels:2, dirichlet:0.3 and iid at
 seed 0); read on its own, apart from the goal figures."""
@@ -368,6 +368,7 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
     }
     below: dict[tuple[str, str], list[float]] = {key: [] for key in drops}
     table, checks = [], []
+    held_drops: dict[str, list[float]] = {}
     nan_runs = 0
     for r in rows:
         if r["attack"] in ("honest", EXCLUDED):
@@ -380,6 +381,8 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
             nan_runs += 1
         key = f"{r['hostile']}/{r['silos']}"
         cell = (r["aggregation"], key)
+        if r["partition"] in held and r["final"] is not None and base is not None:
+            held_drops.setdefault(r["aggregation"], []).append(-(diff or 0.0))
         if r["partition"] not in held and not r["claim"] and cell in drops:
             drops[cell].append(math.inf if r["final"] is None or base is None else -(diff or 0.0))
             if best is not None:
@@ -425,6 +428,12 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
             "format": ".2f", "goal": {"op": ">=", "target": -0.5},
             "note": f"mean {mean:+.2f}, 95% half-width {half:.2f}, {n} seeds",
         })  # fmt: skip
+    for agg, v in held_drops.items():
+        figures.append({
+            "label": f"largest drop under attack, held-out check, 1/5 hostile, {agg}",
+            "unit": " points", "value": max(v), "format": ".1f", "goal": None,
+            "note": f"{len(v)} cells (" + ", ".join(sorted(held)) + ")",
+        })  # fmt: skip
     columns = [
         "partition", "hostile", "attack", "aggregation", "final", "honest", "diff",
         "excluded", "vs excluded", "rejected", "rollbacks", "clipped", "distrusted",
@@ -440,7 +449,9 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
         tables.append({
             "title": (
                 "Held-out check (partitions "
-                + ", ".join(f"{p} seed {s}" for p, s in HELD_OUT)
+                + " and ".join(sorted({p for p, _ in HELD_OUT}))
+                + ", seeds "
+                + ", ".join(str(s) for s in sorted({s for _, s in HELD_OUT}))
                 + ": not looked at while the trusted clip was designed)"
             ),
             "columns": columns,
@@ -452,7 +463,9 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
         "setting": (
             f"{len(rows)} in-process federations ({'all' if complete else 'a prefix of'} the "
             f"grid; {sum(1 for r in rows if r.get('cached'))} of them reused from an earlier "
-            f"invocation's cache, the rest run in {seconds / 60:.1f} min, load {load}): "
+            f"invocation's cache, the rest run in {seconds / 60:.1f} min, load {load}; "
+            f"{sum(float(r.get('seconds') or 0.0) for r in rows) / 60:.1f} min of runs in "
+            "all, one at a time): "
             "LBBSPFedAvg with its defaults "
             f"(max_weight_ratio 2, centered-clip radius 1 median) on the embedded digits, MLP, "
             f"{FEDERATION['rounds']} rounds,"
