@@ -406,11 +406,15 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
             if pairs:
                 mean, half = _t95(pairs)
                 costs.append((agg, partition, len(pairs), mean, half))
+    # a share's cells in the full grid: a prefix with fewer is not judged
+    cells = 0 if complete else (len(ATTACKS) - 1) * len(PARTITIONS)
     figures = [
         {"label": f"largest drop under attack, {k} hostile, {a}", "unit": " points",
-         "value": max(v) if v and math.isfinite(max(v)) else None, "format": ".1f",
-         "goal": {"op": "<=", "target": 2.0 if k == "1/5" else 5.0},
-         "note": f"{len(v)} cells" + ("" if v else " (none run)")}
+         "value": max(v) if v and len(v) >= cells and math.isfinite(max(v)) else None,
+         "format": ".1f", "goal": {"op": "<=", "target": 2.0 if k == "1/5" else 5.0},
+         "note": f"{len(v)} cells" + (" (none run)" if not v else "" if len(v) >= cells else
+                                      f" of {cells} run: not judged"
+                                      + (f" (largest {max(v):.1f})" if v else ""))}
         for (a, k), v in drops.items()
     ]  # fmt: skip
     for (a, k), v in below.items():
