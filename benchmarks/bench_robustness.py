@@ -21,6 +21,12 @@ update (and, for the size-claim liar, its ``num-examples``) before replying:
   reply): the best any defence could do, since none can recover what their data would
   have added. Each cell is also read against it.
 
+Aggregations compared: FedAvg's mean, ``centered-clip`` (the default) and
+``trusted-clip`` (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`: the same clip over the
+silos whose history of agreement with the others' centre is not negative while the
+federation's is positive). A held-out check (:data:`HELD_OUT`: partitions and a seed that
+were not looked at while the trusted clip's rule was chosen) has its own table.
+
 The attackers are omniscient where the attack needs it (ALIE and IPM read the honest
 updates of the round: the silos run one after the other, the hostile ones last). Per
 cell: the final accuracy (mean of the last 3 rounds' test accuracy) against the honest
@@ -48,7 +54,8 @@ from flwr.clientapp import ClientApp
 from report import write_section
 
 from fl_lbbsp.clients.app import SiloApp
-from fl_lbbsp.contract import RecordKeys
+from fl_lbbsp.contract import DISTRUSTED, RecordKeys
+from fl_lbbsp.core.trusted_clip import TrustedClip
 from fl_lbbsp.runs.engine import execute
 from fl_lbbsp.runs.fl import SimulationConfig, resolve
 from fl_lbbsp.strategies import LBBSPFedAvg
@@ -60,7 +67,9 @@ ATTACKS = (
 )  # fmt: skip
 EXCLUDED = "excluded"
 """The defence oracle's cell: the hostile silos' replies refused every round."""
-AGGREGATIONS = ("mean", "centered-clip")
+AGGREGATIONS = ("mean", "centered-clip", "trusted-clip")
+ROBUST = ("centered-clip", "trusted-clip")
+"""The robust aggregations the grid compares (beside FedAvg's mean)."""
 CLAIM = 9_900_000
 """The size-claim liar's ``num-examples``."""
 KEYS = RecordKeys()
@@ -234,6 +243,8 @@ def run_cell(
                 events = [json.loads(line) for line in path.read_text().splitlines() if line]
     accuracy = [float(e["accuracy"]) for e in events if e.get("event") == "evaluate"]
     rejected = sum(len(e.get("rejected") or []) for e in events if e.get("event") == "train")
+    distrusted = sum(len(e.get(DISTRUSTED) or []) for e in events if e.get("event") == "train")
+    robust = getattr(strategy.updates, "robust", None)
     tail = accuracy[-LAST:]
     final = statistics.fmean(tail) if tail and all(map(math.isfinite, tail)) else None
     return {
@@ -241,59 +252,83 @@ def run_cell(
         "final": final,
         "rejected": rejected,
         "rollbacks": strategy.defenses.rollbacks,
-        "clipped": getattr(getattr(strategy.updates, "robust", None), "clipped_total", 0),
+        "clipped": getattr(robust, "clipped_total", 0),
+        "distrusted": distrusted,
+        "agreement": (
+            {s: round(a.score, 3) for s, a in robust.history.items()}
+            if isinstance(robust, TrustedClip)
+            else None
+        ),
         "error": error,
     }
 
 
-def jobs(smoke: bool) -> list[dict[str, Any]]:
+def jobs(smoke: bool, robust: Sequence[str] = ROBUST, seeds: int = 8) -> list[dict[str, Any]]:
     """The runs in the order they matter (a time limit keeps a prefix): the honest runs
-    of 5 silos; 1 hostile of 5 against the robust default and FedAvg's mean (iid,
-    labels:2); 2 of 5 against the default; the size-claim liars; dirichlet:0.3; the
-    honest runs' other seeds; 2 of 10; the rest."""
+    of 5 silos; the defence oracle of 5 silos; 1 hostile of 5 against each robust
+    aggregation in ``robust`` (labels:2, dirichlet:0.3, iid); the honest runs' other
+    seeds (the robust options' cost); the held-out check (:data:`HELD_OUT`); 2 of 5;
+    1 of 5 against FedAvg's mean; the size-claim liars; 2 of 10. Every robust
+    aggregation is run in the same cells, one after the other."""
     if smoke:
         return [
             {"partition": "iid", "silos": 5, "hostile": h, "attack": a, "claim": False,
              "aggregation": g, "seed": 0}
-            for h, a in ((0, "honest"), (1, "signflip-8")) for g in AGGREGATIONS
+            for h, a in ((0, "honest"), (1, "signflip-8")) for g in ("mean", *robust)
         ]  # fmt: skip
     out: list[dict[str, Any]] = []
 
-    def add(partition: str, silos: int, hostile: int, attack: str, claim: bool, agg: str,
-            seed: int = 0) -> None:  # fmt: skip
-        out.append({"partition": partition, "silos": silos, "hostile": hostile,
-                    "attack": attack, "claim": claim, "aggregation": agg,
-                    "seed": seed})  # fmt: skip
+    def add(partition: str, silos: int, hostile: int, attack: str, claim: bool,
+            aggs: Sequence[str], seed: int = 0) -> None:  # fmt: skip
+        for agg in aggs:
+            out.append({"partition": partition, "silos": silos, "hostile": hostile,
+                        "attack": attack, "claim": claim, "aggregation": agg,
+                        "seed": seed})  # fmt: skip
 
+    every = ("mean", *robust)
     for partition in PARTITIONS:
-        for agg in AGGREGATIONS:
-            add(partition, 5, 0, "honest", False, agg)
+        add(partition, 5, 0, "honest", False, every)
     for partition, silos, hostile in EXCLUDED_CELLS:
-        add(partition, silos, hostile, EXCLUDED, False, "centered-clip")
-    for partition in ("iid", "labels:2"):
-        for agg in ("centered-clip", "mean"):
-            for attack in ATTACKS[1:]:
-                add(partition, 5, 1, attack, False, agg)
-    for partition in ("iid", "labels:2"):
+        if silos == 5:
+            add(partition, silos, hostile, EXCLUDED, False, ("centered-clip",))
+    for partition in ("labels:2", "dirichlet:0.3", "iid"):
         for attack in ATTACKS[1:]:
-            add(partition, 5, 2, attack, False, "centered-clip")
-    for attack in ATTACKS[1:]:
-        add("iid", 5, 1, attack, True, "centered-clip")
-    for attack in ATTACKS[1:]:
-        add("dirichlet:0.3", 5, 1, attack, False, "centered-clip")
-    for seed in range(1, SEEDS):
+            add(partition, 5, 1, attack, False, robust)
+    for seed in range(1, seeds):
         for partition in ("labels:2", "dirichlet:0.3"):
-            for agg in AGGREGATIONS:
-                add(partition, 5, 0, "honest", False, agg, seed)
-    for partition in PARTITIONS:
-        for agg in AGGREGATIONS:
-            add(partition, 10, 0, "honest", False, agg)
+            add(partition, 5, 0, "honest", False, every, seed)
+    for partition, seed in HELD_OUT:
+        add(partition, 5, 0, "honest", False, robust, seed)
+        add(partition, 5, 1, EXCLUDED, False, ("centered-clip",), seed)
+        for attack in HELD_OUT_ATTACKS:
+            add(partition, 5, 1, attack, False, robust, seed)
+    for partition in ("labels:2", "dirichlet:0.3", "iid"):
         for attack in ATTACKS[1:]:
-            add(partition, 10, 2, attack, False, "centered-clip")
+            add(partition, 5, 2, attack, False, robust)
+    for partition in ("iid", "labels:2"):
+        for attack in ATTACKS[1:]:
+            add(partition, 5, 1, attack, False, ("mean",))
     for attack in ATTACKS[1:]:
-        add("dirichlet:0.3", 5, 2, attack, False, "centered-clip")
-        add("iid", 5, 2, attack, True, "centered-clip")
+        add("iid", 5, 1, attack, True, robust)
+    for partition, silos, hostile in EXCLUDED_CELLS:
+        if silos == 10:
+            add(partition, silos, hostile, EXCLUDED, False, ("centered-clip",))
+    for partition in PARTITIONS:
+        add(partition, 10, 0, "honest", False, every)
+        for attack in ATTACKS[1:]:
+            add(partition, 10, 2, attack, False, robust)
+    for attack in ATTACKS[1:]:
+        add("iid", 5, 2, attack, True, robust)
     return out
+
+
+HELD_OUT = tuple((p, seed) for seed in range(100, 104) for p in ("dirichlet:1.0", "labels:3"))
+"""The held-out check: partitions and a seed never looked at while the trusted clip was
+designed (its rule was chosen on the principle and on labels:2, dirichlet:0.3 and iid at
+seed 0); read on its own, apart from the goal figures."""
+HELD_OUT_ATTACKS = ("signflip-1", "ipm")
+"""The attacks of the held-out check: those that beat centered clipping on non-IID
+silos."""
 
 
 PARTITIONS = ("iid", "labels:2", "dirichlet:0.3")
@@ -303,7 +338,7 @@ EXCLUDED_CELLS = [
 ]  # fmt: skip
 """The (partition, silos, hostile) groups whose defence oracle is run."""
 SEEDS = 8
-"""Seeds of the honest non-IID runs (the robust option's cost)."""
+"""Seeds of the honest non-IID runs (the robust options' cost; ``--seeds``)."""
 
 
 def _t95(values: Sequence[float]) -> tuple[float, float]:
@@ -323,65 +358,108 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
         for r in rows if r["attack"] == "honest"
     }  # fmt: skip
     oracle = {
-        (r["partition"], r["silos"], r["hostile"]): r["final"]
+        (r["partition"], r["silos"], r["hostile"], r["seed"]): r["final"]
         for r in rows if r["attack"] == EXCLUDED
     }  # fmt: skip
-    table, drops = [], {"1/5": [], "2/5": [], "2/10": []}  # type: dict[str, list[float]]
-    below = {k: [] for k in drops}  # type: dict[str, list[float]]
+    robust = [a for a in AGGREGATIONS[1:] if any(r["aggregation"] == a for r in rows)]
+    held = {p for p, _ in HELD_OUT}
+    drops: dict[tuple[str, str], list[float]] = {
+        (a, k): [] for a in robust for k in ("1/5", "2/5", "2/10")
+    }
+    below: dict[tuple[str, str], list[float]] = {key: [] for key in drops}
+    table, checks = [], []
+    held_drops: dict[str, list[float]] = {}
     nan_runs = 0
     for r in rows:
         if r["attack"] in ("honest", EXCLUDED):
             continue
         base = honest.get((r["partition"], r["silos"], r["aggregation"], r["seed"]))
         diff = None if r["final"] is None or base is None else 100 * (r["final"] - base)
-        best = oracle.get((r["partition"], r["silos"], r["hostile"]))
+        best = oracle.get((r["partition"], r["silos"], r["hostile"], r["seed"]))
         gap = None if r["final"] is None or best is None else 100 * (r["final"] - best)
         if r["final"] is None:
             nan_runs += 1
         key = f"{r['hostile']}/{r['silos']}"
-        if r["aggregation"] == "centered-clip" and not r["claim"] and key in drops:
-            drops[key].append(math.inf if r["final"] is None or base is None else -(diff or 0.0))
+        cell = (r["aggregation"], key)
+        if r["partition"] in held and r["final"] is not None and base is not None:
+            held_drops.setdefault(r["aggregation"], []).append(-(diff or 0.0))
+        if r["partition"] not in held and not r["claim"] and cell in drops:
+            drops[cell].append(math.inf if r["final"] is None or base is None else -(diff or 0.0))
             if best is not None:
-                below[key].append(math.inf if gap is None else -gap)
-        table.append([
+                below[cell].append(math.inf if gap is None else -gap)
+        (checks if r["partition"] in held else table).append([
             r["partition"], key, r["attack"] + (" +claim" if r["claim"] else ""),
             r["aggregation"], _pct(r["final"]), _pct(base),
             "-" if diff is None else f"{diff:+.1f}", _pct(best),
             "-" if gap is None else f"{gap:+.1f}", str(r["rejected"]), str(r["rollbacks"]),
-            str(r["clipped"]),
+            str(r["clipped"]), str(r.get("distrusted", 0)),
         ])  # fmt: skip
     costs = []
-    for partition in ("labels:2", "dirichlet:0.3"):
-        pairs = [
-            100 * (honest[(partition, 5, "centered-clip", s)] - honest[(partition, 5, "mean", s)])
-            for s in range(SEEDS)
-            if honest.get((partition, 5, "centered-clip", s)) is not None
-            and honest.get((partition, 5, "mean", s)) is not None
-        ]
-        if pairs:
-            mean, half = _t95(pairs)
-            costs.append((partition, len(pairs), mean, half))
+    for agg in robust:
+        for partition in ("labels:2", "dirichlet:0.3"):
+            pairs = [
+                100 * (honest[(partition, 5, agg, s)] - honest[(partition, 5, "mean", s)])
+                for s in range(SEEDS)
+                if honest.get((partition, 5, agg, s)) is not None
+                and honest.get((partition, 5, "mean", s)) is not None
+            ]
+            if pairs:
+                mean, half = _t95(pairs)
+                costs.append((agg, partition, len(pairs), mean, half))
+    # a share's cells in the full grid: a prefix with fewer is not judged
+    cells = 0 if complete else (len(ATTACKS) - 1) * len(PARTITIONS)
     figures = [
-        {"label": f"largest drop under attack, {k} hostile, centered-clip", "unit": " points",
-         "value": max(v) if v and math.isfinite(max(v)) else None, "format": ".1f",
-         "goal": {"op": "<=", "target": 2.0 if k == "1/5" else 5.0},
-         "note": f"{len(v)} cells" + ("" if v else " (none run)")}
-        for k, v in drops.items()
+        {"label": f"largest drop under attack, {k} hostile, {a}", "unit": " points",
+         "value": max(v) if v and len(v) >= cells and math.isfinite(max(v)) else None,
+         "format": ".1f", "goal": {"op": "<=", "target": 2.0 if k == "1/5" else 5.0},
+         "note": f"{len(v)} cells" + (" (none run)" if not v else "" if len(v) >= cells else
+                                      f" of {cells} run: not judged"
+                                      + (f" (largest {max(v):.1f})" if v else ""))}
+        for (a, k), v in drops.items()
     ]  # fmt: skip
-    for k, v in below.items():
+    for (a, k), v in below.items():
         if v:
             figures.append({
-                "label": f"largest drop below the hostile silos excluded, {k}, centered-clip",
+                "label": f"largest drop below the hostile silos excluded, {k}, {a}",
                 "unit": " points", "value": max(v) if math.isfinite(max(v)) else None,
                 "format": ".1f", "goal": None,
                 "note": f"{len(v)} cells; the best any defence could do (their data lost)",
             })  # fmt: skip
-    for partition, n, mean, half in costs:
+    for agg, partition, n, mean, half in costs:
         figures.append({
-            "label": f"centered-clip minus mean, honest {partition}, 5 silos (lower 95% bound)",
+            "label": f"{agg} minus mean, honest {partition}, 5 silos (lower 95% bound)",
             "unit": " points", "value": mean - half if math.isfinite(half) else None,
             "format": ".2f", "goal": {"op": ">=", "target": -0.5},
             "note": f"mean {mean:+.2f}, 95% half-width {half:.2f}, {n} seeds",
+        })  # fmt: skip
+    for agg, v in held_drops.items():
+        figures.append({
+            "label": f"largest drop under attack, held-out check, 1/5 hostile, {agg}",
+            "unit": " points", "value": max(v), "format": ".1f", "goal": None,
+            "note": f"{len(v)} cells (" + ", ".join(sorted(held)) + ")",
+        })  # fmt: skip
+    columns = [
+        "partition", "hostile", "attack", "aggregation", "final", "honest", "diff",
+        "excluded", "vs excluded", "rejected", "rollbacks", "clipped", "distrusted",
+    ]  # fmt: skip
+    tables = [
+        {
+            "title": "Final accuracy per cell against the honest run of the same aggregation",
+            "columns": columns,
+            "rows": table,
+        }
+    ]
+    if checks:
+        tables.append({
+            "title": (
+                "Held-out check (partitions "
+                + " and ".join(sorted({p for p, _ in HELD_OUT}))
+                + ", seeds "
+                + ", ".join(str(s) for s in sorted({s for _, s in HELD_OUT}))
+                + ": not looked at while the trusted clip was designed)"
+            ),
+            "columns": columns,
+            "rows": checks,
         })  # fmt: skip
     return {
         "section": SECTION,
@@ -389,44 +467,32 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
         "setting": (
             f"{len(rows)} in-process federations ({'all' if complete else 'a prefix of'} the "
             f"grid; {sum(1 for r in rows if r.get('cached'))} of them reused from an earlier "
-            f"invocation's cache, the rest run in {seconds / 60:.1f} min, load {load}): "
+            f"invocation's cache, the rest run in {seconds / 60:.1f} min, load {load}; "
+            f"{sum(float(r.get('seconds') or 0.0) for r in rows) / 60:.1f} min of runs in "
+            "all, one at a time): "
             "LBBSPFedAvg with its defaults "
             f"(max_weight_ratio 2, centered-clip radius 1 median) on the embedded digits, MLP, "
             f"{FEDERATION['rounds']} rounds,"
             f" tau {FEDERATION['local_steps']}, B_init {FEDERATION['batch_size']}, eta "
             f"{FEDERATION['lr']}; speeds 5:1 emulated by a cost model, the hostile silos the "
             f"slowest (smallest batches). Final accuracy: mean of the last {LAST} rounds. "
-            "Plaintext only: CKKS cells are not run here."
+            "Plaintext only: CKKS cells are not run here. The robust aggregations compared: "
+            + ", ".join(robust)
+            + "."
         ),
         "figures": figures,
-        "tables": [
-            {
-                "title": "Final accuracy per cell against the honest run of the same aggregation",
-                "columns": [
-                    "partition",
-                    "hostile",
-                    "attack",
-                    "aggregation",
-                    "final",
-                    "honest",
-                    "diff",
-                    "excluded",
-                    "vs excluded",
-                    "rejected",
-                    "rollbacks",
-                    "clipped",
-                ],
-                "rows": table,
-            }
-        ],  # fmt: skip
+        "tables": tables,
         "plots": [],
         "notes": [
             f"{nan_runs} runs ended with no finite final accuracy.",
             "`excluded`: the same federation with the hostile silos' replies refused every "
             "round (centered-clip), the best any defence could do: the honest run's gap to it "
             "is their data's contribution, which no defence recovers.",
-            "`clipped`: updates clipped by centered-clip over the run (0 for mean). "
-            "`rejected`: replies the update screen or the reply checks left out.",
+            "`clipped`: updates clipped by the robust aggregation over the run (0 for mean). "
+            "`distrusted`: silo-rounds the trusted clip left out (their history of "
+            "agreement with the others' centre negative while the federation's median is "
+            "positive). `rejected`: replies the update screen or the reply checks left out.",
+            "Held-out cells (their own table) are not in the goal figures.",
         ],
         "runs": [{k: v for k, v in r.items()} for r in rows],
     }
@@ -446,6 +512,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli = parser(__doc__.splitlines()[0])
     cli.add_argument("--minutes", type=float, default=19.0)
     cli.add_argument(
+        "--robust", nargs="+", choices=AGGREGATIONS[1:], default=list(ROBUST),
+        help="the robust aggregations compared beside FedAvg's mean",
+    )  # fmt: skip
+    cli.add_argument(
+        "--seeds", type=int, default=SEEDS,
+        help="seeds of the honest non-IID runs (the robust options' cost)",
+    )  # fmt: skip
+    cli.add_argument(
         "--cache", type=Path, default=None,
         help="JSON lines of finished runs: reused, and each new run appended",
     )  # fmt: skip
@@ -459,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     deadline = time.monotonic() + 60.0 * args.minutes
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
-    todo = jobs(args.smoke)
+    todo = jobs(args.smoke, args.robust, args.seeds)
     with quiet_logs():
         for job in todo:
             if _key(job) in cached:

@@ -394,6 +394,13 @@ PREDICTED_SPEED = "predicted-speed"
 the round's telemetry record and, per silo, of the round's metrics in Flower's Result."""
 
 
+DISTRUSTED = "distrusted"
+"""The silos whose updates the trusted clip left out of a round's aggregate, their history
+of agreement with the others' centre being negative
+(:class:`fl_lbbsp.core.trusted_clip.TrustedClip`): a field of the round's telemetry
+record."""
+
+
 TRANSFER_TIME = "transfer-time"
 """A silo's learned per-round transfer time beyond the smallest silo's (seconds; waited
 minus claimed time, robustly: :class:`fl_lbbsp.core.silo.transfer.TransferTimes`), the fixed

@@ -184,3 +184,27 @@ def test_the_robustness_section_compares_each_cell_with_its_honest_run() -> None
     assert [r[8] for r in data["tables"][0]["rows"]] == ["+4.0", "-35.0", "-", "-"]
     below = "largest drop below the hostile silos excluded, 1/5, centered-clip"
     assert figures[below] == pytest.approx(35.0)
+
+
+def test_the_robustness_section_gives_each_robust_aggregation_its_figures() -> None:
+    # Prepare: the trusted clip beside centered clipping, and a held-out cell that loses
+    # 60 points (its own table, never a goal figure)
+    import bench_robustness as br
+
+    held, seed = br.HELD_OUT[0]
+    rows = [
+        _row("honest", "centered-clip", 0.90), _row("honest", "trusted-clip", 0.90),
+        _row("ipm", "centered-clip", 0.50), _row("ipm", "trusted-clip", 0.88),
+        _row("honest", "trusted-clip", 0.90, partition=held, seed=seed),
+        _row("ipm", "trusted-clip", 0.30, partition=held, seed=seed),
+    ]  # fmt: skip
+
+    # Execute
+    data = br.section(rows, complete=True, seconds=60.0, load="1.0")
+
+    # Assert: one drop figure per aggregation, the held-out cell apart
+    figures = {f["label"]: f["value"] for f in data["figures"]}
+    assert figures["largest drop under attack, 1/5 hostile, centered-clip"] == pytest.approx(40.0)
+    assert figures["largest drop under attack, 1/5 hostile, trusted-clip"] == pytest.approx(2.0)
+    assert [r[3] for r in data["tables"][0]["rows"]] == ["centered-clip", "trusted-clip"]
+    assert [(r[0], r[6]) for r in data["tables"][1]["rows"]] == [(held, "-60.0")]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -37,8 +37,10 @@ from .optim import SGD
 __all__ = [
     "Aggregator",
     "CenteredClip",
+    "ClipPasses",
     "GradientStep",
     "WeightedMean",
+    "clip_passes",
     "normalised_weights",
     "weighted_average",
     "weighted_sum",
@@ -357,7 +359,14 @@ class GradientStep:
             self._gradient.begin(self._params)
         self._stepped = None
 
-    def add(self, update: Sequence[npt.ArrayLike], *, weight: float, scale: float = 1.0) -> None:
+    def add(
+        self,
+        update: Sequence[npt.ArrayLike],
+        *,
+        weight: float,
+        scale: float = 1.0,
+        silo: str | None = None,
+    ) -> None:
         """Add one worker's gradient weighted by its batch size ``x_i``.
 
         Parameters
@@ -369,6 +378,8 @@ class GradientStep:
         scale : float (default: 1.0)
             The robust clip's radius widening (:meth:`CenteredClip.add`); ignored by the
             weighted mean.
+        silo : str | None (default: None)
+            The worker's stable id (the robust clip's history); ignored by the mean.
 
         Raises
         ------
@@ -381,7 +392,7 @@ class GradientStep:
         if self._stepped is not None:
             raise RuntimeError("GradientStep.add after result(): begin() the next iteration")
         if isinstance(self._gradient, CenteredClip):
-            self._gradient.add(update, weight=weight, scale=scale)
+            self._gradient.add(update, weight=weight, scale=scale, silo=silo)
         else:
             self._gradient.add(update, weight=weight)
 
@@ -519,6 +530,7 @@ class CenteredClip:
         self._deltas: list[npt.NDArray[np.float64]] = []
         self._weights: list[float] = []
         self._scales: list[float] = []
+        self._silos: list[str | None] = []
         self.clipped = 0
         """Updates clipped in the last :meth:`result`'s final pass."""
         self.clipped_total = 0
@@ -531,10 +543,17 @@ class CenteredClip:
         self._dtypes = [a.dtype for a in arrays]
         self._start = [a.astype(np.float64).ravel() for a in arrays]
         self._shapes = [a.shape for a in arrays]
-        self._deltas, self._weights, self._scales = [], [], []
+        self._deltas, self._weights, self._scales, self._silos = [], [], [], []
         self.clipped = 0
 
-    def add(self, update: Sequence[npt.ArrayLike], *, weight: float, scale: float = 1.0) -> None:
+    def add(
+        self,
+        update: Sequence[npt.ArrayLike],
+        *,
+        weight: float,
+        scale: float = 1.0,
+        silo: str | None = None,
+    ) -> None:
         """Keep one silo's model with its weight and its noise scale.
 
         Parameters
@@ -546,6 +565,9 @@ class CenteredClip:
         scale : float (default: 1.0)
             ``sqrt(B_eq / B_i)`` for a silo sent less than the equal split, else 1: how
             much longer minibatch noise alone makes its update; finite and >= 1.
+        silo : str | None (default: None)
+            The silo's stable id: ignored here, the history of
+            :class:`~fl_lbbsp.core.trusted_clip.TrustedClip` is kept by it.
 
         Raises
         ------
@@ -572,6 +594,7 @@ class CenteredClip:
         self._deltas.append(np.concatenate(parts) if parts else np.zeros(0))
         self._weights.append(value)
         self._scales.append(float(scale))
+        self._silos.append(silo)
 
     @property
     def count(self) -> int:
@@ -607,19 +630,70 @@ class CenteredClip:
         return out
 
     def _centre(self) -> npt.NDArray[np.float64]:
-        deltas = np.stack(self._deltas)
-        weights = np.asarray(normalised_weights(self._weights))
-        if len(self._deltas) < 3:
-            self.clipped = 0
-            return np.asarray(weights @ deltas, dtype=np.float64)
-        scales = np.asarray(self._scales)
-        centre = np.median(deltas, axis=0)
-        rho = float(np.median(np.linalg.norm(deltas - centre, axis=1) / scales))
-        radii = self.factor * scales * rho
-        for _ in range(self.iterations):
-            gaps = deltas - centre
-            norms = np.linalg.norm(gaps, axis=1)
-            factors = np.where(norms > radii, radii / np.where(norms > 0, norms, 1.0), 1.0)
-            self.clipped = int((norms > radii).sum())
-            centre = centre + (weights * factors) @ gaps
-        return np.asarray(centre, dtype=np.float64)
+        passes = clip_passes(
+            np.stack(self._deltas),
+            np.asarray(normalised_weights(self._weights)),
+            np.asarray(self._scales),
+            factor=self.factor,
+            iterations=self.iterations,
+        )
+        self.clipped = passes.clipped
+        return passes.centre
+
+
+class ClipPasses(NamedTuple):
+    """What :func:`clip_passes` found: the centre, and the last pass's terms."""
+
+    centre: npt.NDArray[np.float64]
+    """The robust centre of the updates (a difference from the global model)."""
+    before: npt.NDArray[np.float64]
+    """The centre the last pass started from."""
+    terms: npt.NDArray[np.float64]
+    """Row ``i``: silo ``i``'s weighted, clipped term of the last pass
+    (``centre = before + terms.sum(axis=0)``)."""
+    clipped: int
+    """Updates clipped in the last pass."""
+
+
+def clip_passes(
+    deltas: npt.NDArray[np.float64],
+    weights: npt.NDArray[np.float64],
+    scales: npt.NDArray[np.float64],
+    *,
+    factor: float,
+    iterations: int,
+) -> ClipPasses:
+    """Weighted centred clipping of the rows of ``deltas`` (:class:`CenteredClip`'s rule).
+
+    Parameters
+    ----------
+    deltas : numpy.ndarray
+        One update (a difference from the global model) per row.
+    weights : numpy.ndarray
+        Their normalised weights (summing to 1).
+    scales : numpy.ndarray
+        Their noise scales ``sqrt(B_eq / B_i)`` (>= 1).
+    factor, iterations
+        As :class:`CenteredClip`.
+
+    Returns
+    -------
+    ClipPasses
+        With fewer than 3 rows, the weighted mean (nothing is clipped).
+    """
+    if len(deltas) < 3:
+        terms = weights[:, None] * deltas
+        zero = np.zeros(deltas.shape[1], dtype=np.float64)
+        return ClipPasses(np.asarray(terms.sum(axis=0), dtype=np.float64), zero, terms, 0)
+    centre = np.median(deltas, axis=0)
+    rho = float(np.median(np.linalg.norm(deltas - centre, axis=1) / scales))
+    radii = factor * scales * rho
+    before, terms, clipped = centre, np.zeros_like(deltas), 0
+    for _ in range(iterations):
+        gaps = deltas - centre
+        norms = np.linalg.norm(gaps, axis=1)
+        factors = np.where(norms > radii, radii / np.where(norms > 0, norms, 1.0), 1.0)
+        clipped = int((norms > radii).sum())
+        before, terms = centre, (weights * factors)[:, None] * gaps
+        centre = centre + (weights * factors) @ gaps
+    return ClipPasses(np.asarray(centre, dtype=np.float64), before, terms, clipped)

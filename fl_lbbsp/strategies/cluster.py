@@ -44,10 +44,12 @@ class LBBSPCluster(LBBSPFedAvg):
     aggregation : {"weighted", "naive"} (default: "weighted")
         ``"weighted"``: ``g = sum_i x_i g_i / X`` (Sec. 3.4). ``"naive"``: plain mean of
         the workers' gradients, biased toward small batches (Eq. 6); for comparison.
-    robust_aggregation : {"mean", "centered-clip"} (default: "mean")
+    robust_aggregation : {"mean", "centered-clip", "trusted-clip"} (default: "mean")
         ``"centered-clip"``: each gradient clipped around a robust centre before the
         batch-size-weighted mean (:class:`~fl_lbbsp.core.aggregation.CenteredClip`,
-        ``clip_factor`` its radius). Off by default here: a parameter server's workers
+        ``clip_factor`` its radius); ``"trusted-clip"``: the same over the workers whose
+        history agrees with the others' (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`).
+        Off by default here: a parameter server's workers
         are one operator's machines, and the weighted mean is exactly the gradient of the
         union of their batches (Sec. 3.4), which clipping gives up.
     **settings :
@@ -74,7 +76,7 @@ class LBBSPCluster(LBBSPFedAvg):
         lr: float,
         momentum: float = 0.0,
         aggregation: Literal["weighted", "naive"] = "weighted",
-        robust_aggregation: Literal["centered-clip", "mean"] = "mean",
+        robust_aggregation: Literal["trusted-clip", "centered-clip", "mean"] = "mean",
         **settings: Any,
     ) -> None:
         self.ps_config = ParameterServerConfig(momentum=momentum, aggregation=aggregation)

@@ -81,11 +81,14 @@ class ServerConfig(BaseModel):
         ``k < n / 2`` colluding liars then hold at most ``k r / (k r + n - k)`` of the
         weight among honest silos of equal size
         (:func:`~fl_lbbsp.security.update_screen.cap_weights`).
-    robust_aggregation : {"centered-clip", "mean"} (default: "centered-clip")
+    robust_aggregation : {"trusted-clip", "centered-clip", "mean"} (default: "centered-clip")
         How plaintext updates are combined: ``"centered-clip"``, each update clipped
         around a robust centre before the dataset-size-weighted mean
         (:class:`~fl_lbbsp.core.aggregation.CenteredClip`: no minority of silos can steer
-        the model, and with no update clipped it is FedAvg's mean); ``"mean"``: FedAvg's
+        the model, and with no update clipped it is FedAvg's mean); ``"trusted-clip"``,
+        the same over the silos whose history of agreement with the others' centre is
+        not negative, a persistent opponent left out and named
+        (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`); ``"mean"``: FedAvg's
         weighted mean alone. Encrypted updates cannot be read, so this applies to
         plaintext only.
     clip_factor : float (default: 1.0)
@@ -118,7 +121,7 @@ class ServerConfig(BaseModel):
     max_update_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     update_spread_sigmas: float = Field(default=3.0, gt=0, allow_inf_nan=False)
     max_weight_ratio: float = Field(default=2.0, ge=1, allow_inf_nan=False)
-    robust_aggregation: Literal["centered-clip", "mean"] = "centered-clip"
+    robust_aggregation: Literal["trusted-clip", "centered-clip", "mean"] = "centered-clip"
     clip_factor: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     max_loss_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     max_empty_rounds: int = Field(default=3, ge=1, strict=True)

@@ -161,9 +161,11 @@ class EncryptedSum:
         """``None``: the server cannot read a ciphertext (the silos check aggregates)."""
         return None
 
-    def add(self, update: ParsedUpdate, *, weight: float, scale: float = 1.0) -> None:
+    def add(
+        self, update: ParsedUpdate, *, weight: float, scale: float = 1.0, silo: str | None = None
+    ) -> None:
         """Keep an accepted update and the weight the server gives it (a ciphertext is
-        not clipped: no ``scale``)."""
+        not clipped: no ``scale``, no history)."""
         self._parsed.append(update)
         self._weights.append(weight)
 

@@ -33,6 +33,7 @@ from ..core.round.equal_split import equal_split_time
 from ..core.round.rewriters import FastestReplies, InstructionRewriter
 from ..core.round.state import Node, RoundState
 from ..core.settings import CLAIM_SETTINGS, ReplyLimits, balancing_config
+from ..core.trusted_clip import TrustedClip
 from ..instruction import RoundInstruction
 from ..security.guard import guard
 from ..security.identity import SiloRegistry, load_registry
@@ -246,6 +247,8 @@ class LBBSPFedAvg(EngineView, FedAvg):
         FedAvg's mean, ``robust_aggregation="mean"``); a new one per call."""
         if self.server_config.robust_aggregation == "mean":
             return None
+        if self.server_config.robust_aggregation == "trusted-clip":
+            return TrustedClip(factor=self.server_config.clip_factor)
         return CenteredClip(factor=self.server_config.clip_factor)
 
     @property

@@ -21,7 +21,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from ..contract import STALE_SUPERLINK, TRAIN_LOSS, RecordKeys, read_float
+from ..contract import DISTRUSTED, STALE_SUPERLINK, TRAIN_LOSS, RecordKeys, read_float
 from ..core.round.engine import RoundEngine
 from ..core.round.state import RoundState, Verdict
 from ..telemetry import TelemetryWriter
@@ -29,7 +29,7 @@ from .deadline import DeadlineGrid
 from .defenses import Defenses, noise_scales
 from .intervals import POOL_FIX, observed_time, queued, reply_interval
 from .outcomes import RoundOutcomes, log_decision
-from .updates import Updates
+from .updates import PlainMean, Updates
 from .validation import config_record, log_rejected, log_skipped, reply_of
 
 __all__ = ["RoundResult", "TrainRound"]
@@ -169,6 +169,8 @@ class TrainRound:
             state, replied=(m.metadata.src_node_id for m in replies), wall=wall
         )
         extra["poll_interval"] = self.poll_interval
+        if isinstance(updates, PlainMean) and updates.distrusted:
+            extra[DISTRUSTED] = updates.distrusted  # named in the log by the clip
         self.taken.append((wall, dict(state.shares)))
         # last reply created (its silo's clock) -> here: reply transfer and polling
         created = [r["replied-at"] for r in [*state.reports.values(), *dropped.values()]]
@@ -210,7 +212,12 @@ class TrainRound:
                 state.reports[silo]["capped-weight"] = weight
                 if self.outcomes.first_time(silo, "capped weight"):
                     log.warning("round %d: silo %s: %s", state.server_round, silo, capped)
-            updates.add(accepted[silo][0].update, weight=weight, scale=scales.get(silo, 1.0))
+            updates.add(
+                accepted[silo][0].update,
+                weight=weight,
+                scale=scales.get(silo, 1.0),
+                silo=silo,
+            )
         return kept, dropped
 
     def _result(

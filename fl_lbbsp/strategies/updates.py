@@ -20,6 +20,7 @@ from ..contract import InvalidReplyError
 from ..core.aggregation import CenteredClip, GradientStep, WeightedMean
 from ..core.optim import SGD
 from ..core.round.state import RoundState
+from ..core.trusted_clip import TrustedClip
 from ..security.screening import Layout
 from ..security.update_screen import update_distance
 from .validation import check_array_record, layout_of
@@ -44,9 +45,10 @@ class Updates(Protocol[U]):
     def parse(self, record: ArrayRecord, metrics: Mapping[str, Any], state: RoundState) -> U:
         """The reply's update, checked; :class:`InvalidReplyError` says why not."""
 
-    def add(self, update: U, *, weight: float, scale: float = 1.0) -> None:
+    def add(self, update: U, *, weight: float, scale: float = 1.0, silo: str | None = None) -> None:
         """Accumulate one accepted update; ``scale`` (``sqrt(B_eq / B_i)``, >= 1) lets a
-        silo sent a small batch a longer update where the aggregation clips."""
+        silo sent a small batch a longer update where the aggregation clips; ``silo``: the
+        stable id of the silo that sent it (a robust history's key)."""
 
     def distance(self, update: U) -> float | None:
         """How far the update moves the model (its distance to the global model sent, or
@@ -118,13 +120,20 @@ class PlainMean:
             raise InvalidReplyError("no plaintext global model to compare the arrays with")
         return check_array_record(record, self._layout)
 
-    def add(self, update: list[np.ndarray], *, weight: float, scale: float = 1.0) -> None:
+    def add(
+        self,
+        update: list[np.ndarray],
+        *,
+        weight: float,
+        scale: float = 1.0,
+        silo: str | None = None,
+    ) -> None:
         """Add ``weight * update`` to the running sum (or keep it for the clip, its radius
-        widened by ``scale``)."""
+        widened by ``scale``, under the silo's id ``silo``: the trusted clip's history)."""
         if self.robust is None:
             self._mean.add(update, weight=weight)
         else:
-            self.robust.add(update, weight=weight, scale=scale)
+            self.robust.add(update, weight=weight, scale=scale, silo=silo)
 
     def distance(self, update: list[np.ndarray]) -> float | None:
         """The update's L2 distance to the global model sent."""
@@ -145,18 +154,34 @@ class PlainMean:
             {spec.name: Array(a) for spec, a in zip(self._layout, arrays, strict=True)}
         )
 
+    @property
+    def distrusted(self) -> list[str]:
+        """The silos the trusted clip left out of the last result (none otherwise)."""
+        return list(self.robust.distrusted) if isinstance(self.robust, TrustedClip) else []
+
     def settings(self) -> dict[str, Any]:
         """The robust aggregation, if any."""
         if self.robust is None:
             return {}
-        return {"robust": {"factor": self.robust.factor, "iterations": self.robust.iterations}}
+        robust: dict[str, Any] = {
+            "factor": self.robust.factor,
+            "iterations": self.robust.iterations,
+        }
+        if isinstance(self.robust, TrustedClip):
+            robust.update(decay=self.robust.decay, patience=self.robust.patience)
+        return {"robust": robust}
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """None: the mean starts afresh every round."""
+        """The trusted clip's history of each silo (``trust``), else none: the mean
+        starts afresh every round."""
+        if isinstance(self.robust, TrustedClip):
+            return {"trust": self.robust.state_dict().model_dump(mode="json")}, {}
         return {}, {}
 
     def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
-        """Nothing to restore."""
+        """Restore the trusted clip's history (``trust``), if any."""
+        if isinstance(self.robust, TrustedClip) and "trust" in state:
+            self.robust.load_state_dict(state["trust"])
 
 
 class GradientUpdate(PlainMean):
@@ -191,9 +216,21 @@ class GradientUpdate(PlainMean):
         if self._layout is not None:
             self._step.begin([arrays[spec.name].numpy() for spec in self._layout])
 
-    def add(self, update: list[np.ndarray], *, weight: float, scale: float = 1.0) -> None:
+    def add(
+        self,
+        update: list[np.ndarray],
+        *,
+        weight: float,
+        scale: float = 1.0,
+        silo: str | None = None,
+    ) -> None:
         """Add a gradient, weighted by its batch size (or 1 when naive)."""
-        self._step.add(update, weight=1.0 if self.aggregation == "naive" else weight, scale=scale)
+        self._step.add(
+            update,
+            weight=1.0 if self.aggregation == "naive" else weight,
+            scale=scale,
+            silo=silo,
+        )
 
     def distance(self, update: list[np.ndarray]) -> float | None:
         """The gradient's norm."""
@@ -219,14 +256,17 @@ class GradientUpdate(PlainMean):
         }
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, ArrayRecord]]:
-        """The SGD momentum buffers (record ``optimizer``, named like the weights)."""
+        """The SGD momentum buffers (record ``optimizer``, named like the weights) and the
+        trusted clip's history, if any."""
+        trust, _ = super().state_dict()
         buffers = self.optimizer.buffers
         if buffers is None or self._layout is None:
-            return {}, {}
+            return trust, {}
         named = zip(self._layout, buffers, strict=True)
-        return {}, {"optimizer": ArrayRecord({s.name: Array(np.asarray(b)) for s, b in named})}
+        return trust, {"optimizer": ArrayRecord({s.name: Array(np.asarray(b)) for s, b in named})}
 
     def load_state_dict(self, state: Mapping[str, Any], records: Mapping[str, ArrayRecord]) -> None:
-        """Restore the momentum buffers (in the weights' order)."""
+        """Restore the momentum buffers (in the weights' order) and the history."""
+        super().load_state_dict(state, records)
         buffers = records.get("optimizer")
         self.optimizer.buffers = None if buffers is None else [a.numpy() for a in buffers.values()]
