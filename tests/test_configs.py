@@ -239,6 +239,7 @@ def test_every_config_class_is_covered() -> None:
         "MemoryState",  # tests/test_memory_caps.py
         "SpeedEstimator", "EMA", "Last", "ChangeAwareEMA", "NARX",  # test_core_estimators.py
         "Allocator", "Linear", "Proportional", "Iterative",  # test_core_allocators.py
+        "TrustState", "Agreement",  # a checkpoint's trusted-clip history: test_trusted_clip.py
     }  # fmt: skip
 
     # Execute
