@@ -16,7 +16,7 @@ import bench_real_capacity as bench  # noqa: E402
 
 def _events(walls: list[float], accuracies: list[float], sizes: dict[str, int]) -> list[Any]:
     """Train and evaluate events as the quickstart writes them: silo a computes 0.1 s per
-    sample, b 0.2 s per sample, every reply 1 s after its compute (b: 3 s)."""
+    sample, b 0.2 s per sample, every reply received 1 s after its compute (b: 3 s)."""
     events: list[dict[str, Any]] = []
     sent = 1000.0
     for r, (wall, acc) in enumerate(zip(walls, accuracies, strict=True), start=1):
@@ -25,7 +25,8 @@ def _events(walls: list[float], accuracies: list[float], sizes: dict[str, int]) 
             train = (0.1 if silo == "a" else 0.2) * size
             gap = 1.0 if silo == "a" else 3.0
             silos[silo] = {"batch-size": size, "train-time": train, "num-examples": 100,
-                           "claimed-time": train, "observed-time": train + gap}  # fmt: skip
+                           "claimed-time": train, "observed-time": train,
+                           "waited-time": train + gap}  # fmt: skip
         events.append({"event": "train", "round": r, "sent_at": sent, "wall_time": wall,
                        "silos": silos})  # fmt: skip
         events.append({"event": "evaluate", "round": r, "accuracy": acc})
@@ -66,3 +67,13 @@ def test_the_oracle_uses_the_measured_lines_and_gaps() -> None:
     assert best["equal_round"] == pytest.approx(7.0)
     assert best["round"] < best["equal_round"]
     assert sum(best["split"].values()) == 40
+
+
+def test_a_gap_without_the_wait_recorded_is_taken_from_the_replys_creation() -> None:
+    # Prepare: a silo record of a run from before the server recorded its wait
+    silo = {"claimed-time": 4.0, "observed-time": 4.0, "replied-at": 1010.0}
+
+    # Execute / Assert: sent at 1000, 10 s to the reply, 4 of them compute
+    assert bench._gap(silo, 1000.0) == pytest.approx(6.0)
+    assert bench._gap({"claimed-time": 4.0, "waited-time": 7.5}, 1000.0) == pytest.approx(3.5)
+    assert bench._gap({"observed-time": 4.0}, 1000.0) is None
