@@ -23,7 +23,6 @@ from .silo.costfit import CostFit, fit_linear_cost, fit_robust_cost
 from .silo.estimators import (
     EMA,
     ESTIMATORS,
-    NARX,
     ChangeAwareEMA,
     Last,
     Predictor,
@@ -31,6 +30,7 @@ from .silo.estimators import (
     parse_estimator,
     register,
 )
+from .silo.narx import NARX
 
 __all__ = [
     "ALLOCATORS",

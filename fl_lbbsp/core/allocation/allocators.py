@@ -22,7 +22,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -32,7 +32,6 @@ from .rounding import ArrayLike, IntArray, integer_bounds, round_to_total
 from .waterfill import linear_minmax_continuous, positive_finite
 
 if TYPE_CHECKING:
-    from ..settings import Tuning
     from ..silo.model import SiloTable
 
 Rounding = Literal["time", "remainder"]
@@ -84,6 +83,20 @@ class Decision:
         )
 
 
+class GuardTuning(Protocol):
+    """The guards' settings an allocation reads (:class:`~fl_lbbsp.core.settings.Tuning`
+    has them; declared here so that the allocation does not depend on the settings)."""
+
+    @property
+    def max_change_ratio(self) -> float | None: ...
+    @property
+    def order_tolerance(self) -> float | None: ...
+    @property
+    def equal_split_guard(self) -> bool: ...
+    @property
+    def equal_split_margin(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class Problem:
     """One round's allocation as the pipeline's first steps leave it to the allocator
@@ -98,7 +111,7 @@ class Problem:
     table: SiloTable
     rows: np.ndarray
     bounds: Bounds
-    tuning: Tuning
+    tuning: GuardTuning
     weights: np.ndarray | None
     noise: np.ndarray | None
     rho: float | None

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from .allocators import (
     Allocator,
     Bounds,
     Decision,
+    GuardTuning,
     Problem,
     register,
     split_equally,
@@ -53,7 +54,6 @@ from .iterative import Iterative
 from .rounding import round_to_total
 
 if TYPE_CHECKING:
-    from ..settings import BalancingKnobs
     from ..silo.model import SiloTable
 
 __all__ = [
@@ -99,10 +99,26 @@ ALLOCATION_REASONS: tuple[str, ...] = (
 reported yet), ``iterative`` (Alg. 2) and ``held`` (a gate kept the sizes in force)."""
 
 
+class Knobs(Protocol):
+    """The user's bounds and the guards' settings the allocation reads
+    (:class:`~fl_lbbsp.core.settings.BalancingKnobs` has them; declared here so that the
+    allocation does not depend on the settings)."""
+
+    @property
+    def min_batch_size(self) -> int: ...
+    @property
+    def max_batch_size(self) -> int | None: ...
+    @property
+    def tuning(self) -> GuardTuning: ...
+    def floor(self, initial_batch_size: int) -> int:
+        """The hard floor of every batch size."""
+        ...
+
+
 def allocate(
     ids: list[str],
     table: SiloTable,
-    knobs: BalancingKnobs,
+    knobs: Knobs,
     allocator: Allocator,
     *,
     initial_batch_size: int,
@@ -221,7 +237,7 @@ def hold(ids: Sequence[str], held: Mapping[str, int]) -> Decision:
 
 
 def hard_bounds(
-    rows: np.ndarray, n: int, total: int | None, knobs: BalancingKnobs, *, initial_batch_size: int
+    rows: np.ndarray, n: int, total: int | None, knobs: Knobs, *, initial_batch_size: int
 ) -> Bounds:
     """Each silo's hard bounds: the floor (yielding to its memory cap) and the smaller of
     ``max_batch_size`` and its memory cap (a cap below ``min_batch_size`` cannot be

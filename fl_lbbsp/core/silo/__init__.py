@@ -12,3 +12,5 @@ Every algorithm here is written once, in numpy over all silos (one silo: a table
 - :mod:`.model`: every silo's model as one table (:mod:`.columns`), updated by a round's
   reports; :mod:`.state`: one silo's record, its saved form and the checkpoint's schema.
 """
+
+from . import narx  # noqa: F401  (registers the NARX estimator)

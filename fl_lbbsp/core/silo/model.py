@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,9 +34,6 @@ from .detector import near_levels, observe_run, push
 from .estimators import EMA, MachineUse, SpeedEstimator
 from .reports import ReportColumns, SiloReport
 from .state import Observation, SiloModel
-
-if TYPE_CHECKING:
-    from ..settings import Tuning
 
 __all__ = ["ROW", "Observation", "SiloModel", "SiloTable", "SiloView"]
 
@@ -59,6 +56,28 @@ _NO_ROW = (math.inf, math.nan, math.nan, 0.0, 0.0, math.nan, 1.0, math.nan, 0.0)
 """The row of a silo that never reported."""
 
 
+class ModelTuning(Protocol):
+    """The settings the silos' models read (:class:`~fl_lbbsp.core.settings.Tuning` has
+    them; declared here so that the silo model does not depend on the settings)."""
+
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def history(self) -> int: ...
+    @property
+    def min_fit_spread(self) -> float: ...
+    @property
+    def fit(self) -> str: ...
+    @property
+    def change_sigmas(self) -> float | None: ...
+    @property
+    def change_threshold(self) -> float: ...
+    @property
+    def change_confirm(self) -> int: ...
+    @property
+    def max_change_ratio(self) -> float | None: ...
+
+
 class SiloTable:
     """Every silo's model by stable id, as columns, and a table of their rows (:data:`ROW`).
 
@@ -68,7 +87,7 @@ class SiloTable:
 
     Parameters
     ----------
-    settings : Tuning
+    settings : ModelTuning
         The models' settings (the window, the fits, the change detection).
     estimator : SpeedEstimator
         The speed estimator (the one ``settings`` name).
@@ -77,7 +96,7 @@ class SiloTable:
         ``fit="wls"``; ``alpha`` is its decay).
     """
 
-    def __init__(self, settings: Tuning, *, estimator: SpeedEstimator, wls: bool) -> None:
+    def __init__(self, settings: ModelTuning, *, estimator: SpeedEstimator, wls: bool) -> None:
         self.settings, self.wls = settings, wls
         self.max_boost = (settings.max_change_ratio or 1.0) ** 2
         """The most a confirmed change (or a restart) widens the change limit by."""
@@ -393,7 +412,7 @@ def _take_fields(
     f["last_size"][rows] = size
 
 
-def _wls(f: SiloColumns, i: int, settings: Tuning) -> tuple[float, float] | None:
+def _wls(f: SiloColumns, i: int, settings: ModelTuning) -> tuple[float, float] | None:
     """The weighted least-squares line of row ``i``'s window (older reports weigh less)."""
     n = int(f.hist_n[i])
     ages = np.arange(n)[::-1]

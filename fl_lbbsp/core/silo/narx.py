@@ -22,15 +22,15 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import Field
 
-if TYPE_CHECKING:
-    from .estimators import NARX
+from .estimators import EMA, Alpha, MachineUse, SpeedEstimator, State, _none, register
 
-__all__ = ["NARXNetwork"]
+__all__ = ["NARX", "NARXNetwork"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -49,7 +49,7 @@ def _executor() -> ThreadPoolExecutor:
 
 class NARXNetwork:
     """One worker's NARX network of its sample-processing speed (the registry's
-    :class:`~fl_lbbsp.core.silo.estimators.NARX` keeps one per silo, and the EMA it falls
+    :class:`NARX` keeps one per silo, and the EMA it falls
     back on).
 
     Parameters
@@ -215,3 +215,90 @@ def _fit(
             stale = 0
         best = min(best, loss_value)
     return {k: v.detach().numpy().copy() for k, v in params.items()}
+
+
+@register
+class NARX(SpeedEstimator):
+    """The NARX predictor of each silo (:class:`NARXNetwork`),
+    the EMA (:class:`EMA`, ``alpha``) before its warm-up and wherever the network's
+    output is unusable.
+
+    Parameters
+    ----------
+    alpha : float (default: 0.2)
+        The fallback EMA's weight.
+    warmup : int (default: 500)
+        Observations before the network is first trained and used (the paper's 500).
+    hidden : int (default: 2)
+        Hidden units; with 6 inputs, 2 give 17 parameters (the paper: "less than 20").
+    train_every : int (default: 10)
+        Retrain after this many new observations.
+    history : int (default: 1000)
+        Most recent observations kept for training.
+    max_epochs, lr, tol, patience : int, float, float, int (default: 300, 0.01, 1e-4, 4)
+        Full-batch Adam epochs at most, its learning rate, and early stopping: the loss
+        must improve by ``tol`` within ``patience`` epochs in a row.
+    background : bool (default: True)
+        Train in a background thread; ``False``: inside the update (deterministic).
+    seed : int (default: 0)
+        Seed of the initial weights.
+
+    Reference: Chen et al., IEEE TCC 2021, Sec. 3.2.2 (Eq. 4, Fig. 3); Chen et al., SoCC
+    2020, Sec. 4.2 (online training after a warm-up, EMA before).
+    """
+
+    name = "narx"
+    uses_machine = True
+    alpha: float = Alpha
+    warmup: int = Field(default=500, ge=3)
+    hidden: int = Field(default=2, ge=1)
+    train_every: int = Field(default=10, ge=1)
+    history: int = Field(default=1000, ge=3)
+    max_epochs: int = Field(default=300, ge=1)
+    lr: float = Field(default=0.01, gt=0, allow_inf_nan=False)
+    tol: float = Field(default=1e-4, gt=0, allow_inf_nan=False)
+    patience: int = Field(default=4, ge=1)
+    background: bool = True
+    seed: int = 0
+
+    def _network(self) -> NARXNetwork:
+        return NARXNetwork(settings=self)
+
+    def fresh(self, rows: int) -> dict[str, np.ndarray]:
+        """The EMA and one network per silo."""
+        networks = np.empty(rows, dtype=object)
+        for i in range(rows):
+            networks[i] = self._network()
+        return {"value": np.full(rows, np.nan), "network": networks}
+
+    def update(
+        self, state: State, rows: np.ndarray, speeds: np.ndarray, use: MachineUse | None
+    ) -> None:
+        """Feed the EMA, and each silo's network its speed and machine use."""
+        EMA(alpha=self.alpha).update(state, rows, speeds, use)
+        cpu = np.full(len(rows), np.nan) if use is None else use.cpu
+        memory = np.full(len(rows), np.nan) if use is None else use.memory
+        values = zip(rows.tolist(), speeds.tolist(), cpu.tolist(), memory.tolist(), strict=True)
+        for i, speed, c, m in values:
+            state["network"][i].update(speed, cpu=_none(c), memory=_none(m))
+
+    def predict(self, state: State, rows: np.ndarray) -> np.ndarray:
+        """Each network's prediction, the EMA where it has none or an unusable one."""
+        fallback = state["value"][rows]
+        networks = state["network"][rows].tolist()
+        return np.array([n.predict(f) for n, f in zip(networks, fallback.tolist(), strict=True)])
+
+    def silo_state(self, state: State, row: int) -> dict[str, Any]:
+        """The EMA and the network's series and weights."""
+        return {**super().silo_state(state, row), **state["network"][row].state()}
+
+    def load(self, state: State, row: int, saved: Mapping[str, Any]) -> None:
+        """The EMA and the network."""
+        super().load(state, row, saved)
+        state["network"][row] = self._network()
+        state["network"][row].load(saved)
+
+    def warming_up(self, state: State, row: int) -> tuple[int, int] | None:
+        """``(observations, warm-up)`` before the network's first training."""
+        seen = state["network"][row].observations
+        return (seen, self.warmup) if seen < self.warmup else None
