@@ -165,11 +165,11 @@ class LaterRounds(Strategy):
         self.strategy, self.round_offset = strategy, round_offset
 
     def summary(self) -> None:
-        """The wrapped strategy's summary, and from which round these are numbered."""
-        self.strategy.summary()
-        if self.round_offset:
-            log.info("rounds numbered on after round %d (Flower's log counts them from 1)",
-                     self.round_offset)  # fmt: skip
+        """The wrapped strategy's summary; for later rounds, from which they are numbered."""
+        if not self.round_offset:
+            return self.strategy.summary()
+        log.info("rounds numbered on after round %d (Flower's log counts them from 1)",
+                 self.round_offset)  # fmt: skip
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -277,8 +277,8 @@ class Checkpointing(LaterRounds):
         return f"Checkpointing({self.strategy!r}, store={self.store.directory})"
 
     def summary(self) -> None:
-        """:meth:`LaterRounds.summary`, and where the checkpoints go."""
-        super().summary()
+        """The wrapped strategy's summary, and where the checkpoints go."""
+        self.strategy.summary()
         log.info("checkpoints: every round in %s", self.store.directory)
 
     def configure_train(

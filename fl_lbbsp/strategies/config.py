@@ -130,12 +130,7 @@ class ServerConfig(BaseModel):
     clip_factor: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     max_loss_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     max_empty_rounds: int = Field(default=3, ge=1, strict=True)
-    spend_saved_time: bool = Field(
-        default=False,
-        strict=True,
-        description="after the configured rounds, run as many more as fit in the time the "
-        "balanced split saved on the equal split's predicted time",
-    )
+    spend_saved_time: bool = Field(default=False, strict=True)
 
     @property
     def start_only(self) -> str | None:

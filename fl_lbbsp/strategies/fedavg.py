@@ -499,9 +499,9 @@ class LBBSPFedAvg(EngineView, FedAvg):
             log.info("[%s] spend_saved_time: no extra round: %s", self.scheme, why)
             return result
         log.info(
-            "[%s] spending the %.1f s saved on %d more rounds (the equal split's predicted "
+            "[%s] spending the %.1f s saved on %d more round%s (the equal split's predicted "
             "time for the %d rounds run: %.1f s)",
-            self.scheme, saved, more, len(taken), equal,
+            self.scheme, saved, more, "s" * (more > 1), len(taken), equal,
         )  # fmt: skip
         loop.round_offset = after
         later = loop.run(
