@@ -270,6 +270,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "and a memory cap X_MAX (default: measured)",
     )
     parser.add_argument(
+        "--spend-saved-time",
+        action="store_true",
+        help="after --rounds, spend the time LB-BSP saved on the equal split (FedAvg's) on "
+        "more rounds, as many as fit (default: the same rounds, sooner)",
+    )
+    parser.add_argument(
         "--in-process",
         action="store_true",
         help="run the silos in this process one after the other, without Ray",

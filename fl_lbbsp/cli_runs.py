@@ -155,6 +155,7 @@ def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
         cost_model=args.cost_model,
         runtime="inprocess" if args.in_process else "ray",
         silo_registry=args.silo_registry,
+        spend_saved_time=args.spend_saved_time,
     )
 
 

@@ -70,6 +70,24 @@ def test_the_noise_budget_flag_reaches_the_simulation(text: str, value: float | 
     assert args.noise_budget == value
 
 
+@pytest.mark.parametrize(("flags", "expected"), [([], False), (["--spend-saved-time"], True)])
+def test_the_spend_saved_time_flag_reaches_the_strategy(
+    flags: list[str], expected: bool, tmp_path: Path
+) -> None:
+    # Prepare
+    from fl_lbbsp.cli_parser import build_parser
+    from fl_lbbsp.cli_runs import _config
+    from fl_lbbsp.runs.fl import make_strategy
+
+    args = build_parser().parse_args(["compare", *flags])
+
+    # Execute
+    strategy = make_strategy(_config(args, "lbbsp", tmp_path))
+
+    # Assert: off unless asked for
+    assert strategy.server_config.spend_saved_time is expected
+
+
 def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     with pytest.raises(SystemExit):
         main(argv)

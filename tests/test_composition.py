@@ -129,11 +129,14 @@ def test_dp_fixed_clipping_keeps_per_silo_batch_sizes_and_clips(
 
 
 @pytest.mark.parametrize("how", ["wrapper-start", "start_wrapped"])
-def test_a_wrapped_strategy_with_checkpoints_is_refused_in_one_line(
-    tmp_path: Path, how: str
+@pytest.mark.parametrize("setting", ["checkpoint_dir", "spend_saved_time"])
+def test_a_wrapped_strategy_with_checkpoints_or_extra_rounds_is_refused_in_one_line(
+    tmp_path: Path, how: str, setting: str
 ) -> None:
-    # Prepare: checkpoints would hold the aggregate before the wrapper's noise
-    inner = _inner(tmp_path, checkpoint_dir=tmp_path / "ckpt")
+    # Prepare: checkpoints would hold the aggregate before the wrapper's noise; the extra
+    # rounds are LBBSPFedAvg.start's, which the wrapper's loop is not
+    value = tmp_path / "ckpt" if setting == "checkpoint_dir" else True
+    inner = _inner(tmp_path, **{setting: value})
     wrapper = DifferentialPrivacyServerSideFixedClipping(
         inner, noise_multiplier=1.0, clipping_norm=CLIP, num_sampled_clients=3
     )
@@ -141,7 +144,7 @@ def test_a_wrapped_strategy_with_checkpoints_is_refused_in_one_line(
     start = wrapper.start if how == "wrapper-start" else lambda **kw: start_wrapped(wrapper, **kw)
 
     # Execute / Assert: refused before any message is sent
-    with pytest.raises(ValueError, match="checkpoint_dir") as info:
+    with pytest.raises(ValueError, match=setting) as info:
         start(grid=grid, initial_arrays=_zeros(), num_rounds=1)
     assert "\n" not in str(info.value)
     assert grid.transfers == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import numpy as np
@@ -21,6 +22,7 @@ from flwr.serverapp import Grid
 from fl_lbbsp.contract import EQUAL_SPLIT_TIME, WALL_CLOCK_TIME
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport
 from fl_lbbsp.core.round.deadline import DeadlinePolicy, predicted_compute_time
+from fl_lbbsp.core.round.equal_split import rounds_saved
 from fl_lbbsp.core.settings import BalancingKnobs
 from fl_lbbsp.strategies import LBBSPFedAvg
 from fl_lbbsp.strategies.deadline import DeadlineGrid
@@ -329,3 +331,136 @@ def test_the_run_reports_what_the_equal_split_would_have_needed(tmp_path) -> Non
     walls = [e["wall_time"] for e in _train_events(tmp_path)]
     assert last[WALL_CLOCK_TIME] == pytest.approx(sum(walls))
     assert last[EQUAL_SPLIT_TIME] > last[WALL_CLOCK_TIME]
+
+
+# ------------------------------------------------------- spending the time saved
+class TimedGrid(ScriptedGrid):
+    """A ScriptedGrid on a virtual clock (:meth:`clock`, the strategy's): a train round
+    takes 0.1 s plus its slowest silo's train time; every reply is there at once."""
+
+    def __init__(self, speeds: dict[int, float]) -> None:
+        super().__init__(speeds, dict.fromkeys(speeds, 0.0))
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def push_messages(self, messages) -> list[str]:  # type: ignore[no-untyped-def]
+        messages = list(messages)
+        times = [
+            int(m.content["config"]["batch-size"])
+            * int(m.content["config"]["local-steps"])
+            / self.speeds[m.metadata.dst_node_id]
+            for m in messages
+            if m.metadata.message_type == MessageType.TRAIN
+        ]
+        self.now += 0.1 + max(times) if times else 0.0
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize(
+    ("rounds", "expected"),
+    [
+        ([], (0, 0.0, None)),  # no round timed: the equal split's time is unknown
+        ([(8.0, {"a": 30, "b": 30})] * 2, (0, 0.0, 16.0)),  # the equal split: no saving
+        ([(10.0, {"a": 40, "b": 20})], (0, 2.0, 12.0)),  # 2 s saved on rounds of 10 s
+        ([(3.75, {"a": 40, "b": 20})] * 3, (2, 6.0, 17.25)),  # 1.6 rounds: 2 (0.4 over)
+        ([(1.9, {"a": 40, "b": 20})] * 4, (4, 8.0, 15.6)),  # 4.2 rounds: 4
+    ],
+    ids=["unknown", "no-saving", "under-half-a-round", "1.6-rounds", "4.2-rounds"],
+)
+def test_the_rounds_the_saving_buys_never_overshoot_by_over_half_a_round(
+    rounds: list[tuple[float, dict[str, int]]], expected: tuple[int, float, float | None]
+) -> None:
+    # Prepare: a does 1 s per 10 samples, b 1 s per 5 samples plus 2 s: a round sent 40 / 20
+    # computes max(4, 6) = 6 s, the equal split's 30 / 30 max(3, 8) = 8 s, 2 s saved
+    lines = {"a": (0.1, 0.0), "b": (0.2, 2.0)}
+
+    # Execute
+    more, saved, equal = rounds_saved(rounds, lines.get)
+
+    # Assert: floor(saved / mean round + 1/2)
+    assert more == expected[0]
+    assert saved == pytest.approx(expected[1])
+    assert equal == (None if expected[2] is None else pytest.approx(expected[2]))
+
+
+def _timed_run(tmp_path, speeds: dict[int, float], **settings):  # type: ignore[no-untyped-def]
+    """5 rounds on a TimedGrid: the Result and the rounds evaluate_fn saw."""
+    grid = TimedGrid(speeds)
+    strategy = _strategy(tmp_path, clock=grid.clock, **settings)
+    seen: list[int] = []
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        seen.append(server_round)
+        return MetricRecord({"round": server_round})
+
+    arrays = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=5, evaluate_fn=evaluate)
+    return result, seen
+
+
+def test_the_configured_rounds_run_alone_by_default(tmp_path) -> None:
+    # Prepare: node 1 three times as fast as node 2: LB-BSP saves time on the equal split
+    speeds = {1: 3000.0, 2: 1000.0}
+
+    # Execute
+    result, seen = _timed_run(tmp_path, speeds)
+
+    # Assert: exactly num_rounds
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4, 5]
+    assert seen == [0, 1, 2, 3, 4, 5]
+
+
+def test_the_time_saved_is_spent_on_more_rounds_numbered_on(tmp_path, fl_log) -> None:
+    # Prepare: round 1 at the equal split takes 0.1 + 300 / 1000 s; rounds 2-5 balanced
+    # (45 / 15) take 0.1 + 0.15 s, 0.15 s less than the equal split's: 0.6 s saved on
+    # 1.4 s, rounds of 0.28 s on average: 2.1 rounds
+    fl_log.set_level(logging.INFO, logger="fl_lbbsp")
+    speeds = {1: 3000.0, 2: 1000.0}
+
+    # Execute
+    result, seen = _timed_run(tmp_path, speeds, spend_saved_time=True)
+
+    # Assert: 2 more rounds, in the Result, evaluate_fn and the telemetry as rounds 6, 7
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4, 5, 6, 7]
+    assert sorted(result.evaluate_metrics_serverapp) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert seen == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert [e["round"] for e in _train_events(tmp_path)] == [1, 2, 3, 4, 5, 6, 7]
+    said = {id(r): r.getMessage() for r in fl_log.records}.values()
+    lines = [line for line in said if "more rounds" in line]
+    assert len(lines) == 1 and "the 0.6 s saved on 2 more rounds" in lines[0]
+    assert "for the 5 rounds run: 2.0 s" in lines[0]
+
+
+def test_no_extra_round_without_a_saving(tmp_path, fl_log) -> None:
+    # Prepare: equal silos: the balanced split is the equal split
+    fl_log.set_level(logging.INFO, logger="fl_lbbsp")
+
+    # Execute
+    result, seen = _timed_run(tmp_path, {1: 1000.0, 2: 1000.0}, spend_saved_time=True)
+
+    # Assert
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4, 5]
+    assert seen == [0, 1, 2, 3, 4, 5]
+    assert any("no extra round" in r.getMessage() for r in fl_log.records)
+
+
+def test_extra_rounds_are_checkpointed_and_a_run_resumed_after_them_adds_none(
+    tmp_path, fl_log
+) -> None:
+    # Prepare: a run that spent its saving on rounds 6 and 7, checkpointing every round
+    fl_log.set_level(logging.INFO, logger="fl_lbbsp")
+    speeds = {1: 3000.0, 2: 1000.0}
+    settings = {"spend_saved_time": True, "checkpoint_dir": tmp_path / "ckpt"}
+    _timed_run(tmp_path, speeds, **settings)
+    written = sorted(p.name for p in (tmp_path / "ckpt").glob("round-*.ckpt"))
+
+    # Execute: the same run again resumes from round 7, after its 5 configured rounds
+    result, seen = _timed_run(tmp_path, speeds, **settings)
+
+    # Assert: rounds 6 and 7 were checkpointed; the rerun times no round, so it cannot
+    # know the equal split's time and runs none, and says so
+    assert written[-1] == "round-000007.ckpt"
+    assert result.train_metrics_clientapp == {} and seen == []
+    assert any("equal split's time is unknown" in r.getMessage() for r in fl_log.records)

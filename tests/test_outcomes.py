@@ -272,7 +272,8 @@ def test_a_silo_that_reports_misuse_is_not_balanced_but_still_aggregated(
 
 def test_from_run_config_reads_the_apps_keys() -> None:
     # Prepare: what a quickstart app's pyproject declares
-    run_config = {"batch-size": 32, "local-steps": 10, "lr": 0.05, "fraction-train": 0.5}
+    run_config = {"batch-size": 32, "local-steps": 10, "lr": 0.05, "fraction-train": 0.5,
+                  "spend-saved-time": True}  # fmt: skip
 
     # Execute
     strategy = LBBSPFedAvg.from_run_config(run_config, min_train_nodes=3)
@@ -280,7 +281,7 @@ def test_from_run_config_reads_the_apps_keys() -> None:
     # Assert
     assert (strategy.config.initial_batch_size, strategy.config.local_steps) == (32, 10)
     assert strategy.config.lr == 0.05 and strategy.fraction_train == 0.5
-    assert strategy.min_train_nodes == 3
+    assert strategy.min_train_nodes == 3 and strategy.server_config.spend_saved_time
 
 
 @pytest.mark.parametrize("missing", ["batch-size", "local-steps", "lr"])

@@ -87,6 +87,9 @@ class SimulationConfig(RunSettings):
         Key folder from ``fl-lbbsp keys silos``: the server checks every reply's
         signature against its ``registry.json`` and silo ``i`` signs with its
         ``silo-<i>.key``. ``None``: unsigned replies, silo ids believed.
+    spend_saved_time : bool (default: False)
+        The strategy's :class:`~fl_lbbsp.strategies.config.ServerConfig` setting: after
+        ``rounds``, as many more rounds as the time saved on the equal split buys.
     """
 
     unit: ClassVar[str] = "silos"
@@ -102,6 +105,7 @@ class SimulationConfig(RunSettings):
     emulate_wait: bool = True
     runtime: Runtime = "ray"
     silo_registry: Path | None = None
+    spend_saved_time: bool = False
 
     @model_validator(mode="after")
     def _fl_checks(self) -> SimulationConfig:
@@ -223,6 +227,7 @@ def make_strategy(config: SimulationConfig) -> LBBSPFedAvg:
         # Claimed times are checked against the wall time only where silos really wait
         # (None: on Flower's grids, off in process), not with emulated times.
         "check_times": None if config.emulate_wait and config.cost_model is None else False,
+        "spend_saved_time": config.spend_saved_time,
     }
     if config.scheme == "partial":
         settings["replies"] = config.partial_replies

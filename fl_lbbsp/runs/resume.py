@@ -126,7 +126,7 @@ def _flat(settings: dict[str, Any]) -> dict[str, Any]:
 _NOT_RUN_SETTINGS = frozenset(
     {"out", "rounds", "iterations", "runtime", "parallel", "emulate_wait", "wait",
      "checkpoint_dir", "checkpoint_key", "encrypt", "eval_every", "time_dilation",
-     "silo_registry"}
+     "silo_registry", "spend_saved_time"}
 )  # fmt: skip
 """Config fields a resumed run may change: where output goes, how long it runs and how
 the silos are scheduled, none of which changes a round's result."""

@@ -33,8 +33,8 @@ from .checkpoint import (
 )
 from .config import ServerConfig
 
-__all__ = ["Checkpointable", "Checkpointing", "EvaluateFn", "resume_from", "save_checkpoint",
-           "store_of"]  # fmt: skip
+__all__ = ["Checkpointable", "Checkpointing", "EvaluateFn", "LaterRounds", "merge_results",
+           "resume_from", "save_checkpoint", "store_of"]  # fmt: skip
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -148,7 +148,101 @@ def resume_from(
     return checkpoint
 
 
-class Checkpointing(Strategy):
+class LaterRounds(Strategy):
+    """``strategy``'s rounds numbered on from ``round_offset``: :meth:`run` is Flower's
+    round loop over rounds ``round_offset + 1 ..``, as a resumed run
+    (:class:`Checkpointing`) and the extra rounds of ``spend_saved_time`` run them.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The wrapped strategy; it sees the run's round numbers.
+    round_offset : int (default: 0)
+        Rounds done before the first of these.
+    """
+
+    def __init__(self, strategy: Strategy, *, round_offset: int = 0) -> None:
+        self.strategy, self.round_offset = strategy, round_offset
+
+    def summary(self) -> None:
+        """The wrapped strategy's summary; for later rounds, from which they are numbered."""
+        if not self.round_offset:
+            return self.strategy.summary()
+        log.info("rounds numbered on after round %d (Flower's log counts them from 1)",
+                 self.round_offset)  # fmt: skip
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The wrapped strategy's, in the run's round numbers."""
+        return self.strategy.configure_train(server_round + self.round_offset, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The wrapped strategy's, in the run's round numbers."""
+        return self.strategy.aggregate_train(server_round + self.round_offset, replies)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The wrapped strategy's, in the run's round numbers."""
+        round_ = server_round + self.round_offset
+        return self.strategy.configure_evaluate(round_, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """The wrapped strategy's, in the run's round numbers."""
+        return self.strategy.aggregate_evaluate(server_round + self.round_offset, replies)
+
+    def run(
+        self,
+        *,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+        evaluate_first: bool = True,
+    ) -> Result:
+        """Flower's round loop (:meth:`flwr.serverapp.strategy.Strategy.start`) over
+        ``num_rounds`` rounds after ``round_offset``: its ``Result`` and ``evaluate_fn``
+        in the run's round numbers (``initial_arrays`` evaluated as round
+        ``round_offset`` only if ``evaluate_first``)."""
+        shift = self.round_offset
+
+        def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            assert evaluate_fn is not None
+            if server_round == 0 and not evaluate_first:
+                return None
+            return evaluate_fn(server_round + shift, arrays)
+
+        run = super().start(
+            grid=grid,
+            initial_arrays=initial_arrays,
+            num_rounds=num_rounds,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=None if evaluate_fn is None else shifted,
+        )
+        return Result(
+            arrays=run.arrays,
+            **{name: {r + shift: m for r, m in getattr(run, name).items()} for name in _METRICS},
+        )
+
+
+def merge_results(first: Result, later: Result) -> Result:
+    """``first`` followed by ``later`` (rounds numbered on): one ``Result``, with
+    ``later``'s model unless it aggregated none."""
+    metrics = {name: {**getattr(first, name), **getattr(later, name)} for name in _METRICS}
+    return Result(arrays=later.arrays if len(later.arrays) else first.arrays, **metrics)
+
+
+class Checkpointing(LaterRounds):
     """Checkpoint ``strategy`` after every training round; resume it from the newest one.
 
     Parameters
@@ -163,8 +257,8 @@ class Checkpointing(Strategy):
     -----
     Round k's checkpoint holds its new global model (the model sent, when it aggregated
     nothing) and the strategy's state; a round that stops the run (``NoUpdateError``)
-    writes none. A failed write (a full disk) is logged and the run goes on; at its end a
-    run that wrote none raises
+    writes none. A failed write (a full disk) is logged and the run goes on; at the end of
+    a :meth:`run` that wrote none it raises
     :class:`~fl_lbbsp.strategies.checkpoint.CheckpointWriteError`, one whose last writes
     failed logs an error naming the checkpoint a rerun resumes from.
     """
@@ -172,9 +266,9 @@ class Checkpointing(Strategy):
     def __init__(self, strategy: Strategy, *, store: CheckpointStore) -> None:
         if not isinstance(strategy, Checkpointable):
             raise TypeError(f"{type(strategy).__name__} offers no checkpoint state")
-        self.strategy, self.store = strategy, store
-        self.round_offset = 0
-        """Rounds done before this run started (the resumed checkpoint's round)."""
+        super().__init__(strategy)
+        self.checkpointed: Checkpointable = strategy
+        self.store = store
         self.written: Path | None = None  # the newest checkpoint this run wrote
         self._unsaved: list[tuple[int, OSError]] = []  # the writes failed since
         self._sent: ArrayRecord | None = None
@@ -192,36 +286,23 @@ class Checkpointing(Strategy):
     ) -> Iterable[Message]:
         """The wrapped strategy's, in the run's round numbers."""
         self._sent = arrays
-        return self.strategy.configure_train(server_round + self.round_offset, arrays, config, grid)
+        return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The wrapped strategy's; then the round's checkpoint (a failed write is logged)."""
+        arrays, metrics = super().aggregate_train(server_round, replies)
         server_round += self.round_offset
-        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         model = arrays if arrays is not None else self._sent
         if model is not None:
             try:
-                self.written = save_checkpoint(self.store, self.strategy, server_round, model)
+                self.written = save_checkpoint(self.store, self.checkpointed, server_round, model)
                 self._unsaved.clear()
             except OSError as err:
                 self._unsaved.append((server_round, err))
                 log.error("round %d: checkpoint not written: %s", server_round, err)
         return arrays, metrics
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """The wrapped strategy's, in the run's round numbers."""
-        round_ = server_round + self.round_offset
-        return self.strategy.configure_evaluate(round_, arrays, config, grid)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """The wrapped strategy's, in the run's round numbers."""
-        return self.strategy.aggregate_evaluate(server_round + self.round_offset, replies)
 
     def start(
         self,
@@ -246,38 +327,39 @@ class Checkpointing(Strategy):
         CheckpointError
             As :func:`resume_from`; (``CheckpointWriteError``) a run that wrote no checkpoint.
         """
+        strategy = self.checkpointed
         if resume is None:
-            resume = resume_from(self.strategy, store=self.store, initial_arrays=initial_arrays)
+            resume = resume_from(strategy, store=self.store, initial_arrays=initial_arrays)
         if resume is not None:
             self.round_offset, initial_arrays = resume.server_round, resume.arrays
-            dropped = self.strategy.telemetry.drop_rounds_after(self.round_offset)
+            dropped = strategy.telemetry.drop_rounds_after(self.round_offset)
             removed = f"; {dropped} telemetry events of later rounds removed" if dropped else ""
             log.info(
-                f"[{self.strategy.scheme}] resuming from {resume.path}: round "
+                f"[{strategy.scheme}] resuming from {resume.path}: round "
                 f"{self.round_offset} of {num_rounds} done; the initial arrays passed to start "
                 f"are ignored{removed}"
             )
             if self.round_offset >= num_rounds:
                 return Result(arrays=resume.arrays)
-        shift = self.round_offset
-
-        def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-            assert evaluate_fn is not None
-            return evaluate_fn(server_round + shift, arrays)
-
-        run = super().start(
+        return self.run(
             grid=grid,
             initial_arrays=initial_arrays,
-            num_rounds=num_rounds - shift,
+            num_rounds=num_rounds - self.round_offset,
             timeout=timeout,
             train_config=train_config,
             evaluate_config=evaluate_config,
-            evaluate_fn=None if evaluate_fn is None else shifted,
+            evaluate_fn=evaluate_fn,
         )
-        result = Result(
-            arrays=run.arrays,
-            **{name: {r + shift: m for r, m in getattr(run, name).items()} for name in _METRICS},
-        )
+
+    def run(self, **options: Any) -> Result:
+        """:meth:`LaterRounds.run`, every round checkpointed.
+
+        Raises
+        ------
+        CheckpointWriteError
+            No checkpoint written at all.
+        """
+        result = super().run(**options)
         if self._unsaved:  # no checkpoint at all is an error; later ones missing, a line
             (first, _), (last, err) = self._unsaved[0], self._unsaved[-1]
             if self.written is None:

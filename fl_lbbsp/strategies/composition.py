@@ -8,10 +8,11 @@ each reply's update before ``aggregate_train``; both add Gaussian noise to the a
 
 A wrapper runs the rounds with its own ``start`` (Flower's loop), not
 :meth:`LBBSPFedAvg.start`; :func:`start_wrapped` puts the inner strategy's round
-deadlines and reply polling back. Checkpoints stay with ``LBBSPFedAvg.start``: a
-wrapped strategy with ``checkpoint_dir`` refuses to run (a checkpoint would hold the
-aggregate before the wrapper's noise). Under the client-side wrapper no federated
-evaluation is sent: Flower's ``fixedclipping_mod`` fails every evaluate reply.
+deadlines and reply polling back. Checkpoints and the extra rounds of
+``spend_saved_time`` stay with ``LBBSPFedAvg.start``: a wrapped strategy with either
+refuses to run (a checkpoint would hold the aggregate before the wrapper's noise). Under
+the client-side wrapper no federated evaluation is sent: Flower's ``fixedclipping_mod``
+fails every evaluate reply.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def start_wrapped(
         When ``wrapper`` wraps no LBBSPFedAvg, or ``options`` has a keyword ``start``
         does not take.
     ValueError
-        When the inner strategy has a ``checkpoint_dir``.
+        When the inner strategy has a ``checkpoint_dir`` or ``spend_saved_time``.
     """
     inner = inner_strategy(wrapper)
     client_side = DifferentialPrivacyClientSideFixedClipping
@@ -97,10 +98,10 @@ def start_wrapped(
             "fraction_evaluate set to 0; evaluate centrally with evaluate_fn instead"
         )
         inner.fraction_evaluate = 0.0
-    if inner.server_config.checkpoint_dir is not None:
+    if (name := inner.server_config.start_only) is not None:
         raise ValueError(
-            f"{type(inner).__name__}(checkpoint_dir=...) inside {type(wrapper).__name__}: "
-            "checkpoints are written by LBBSPFedAvg.start only; leave checkpoint_dir unset"
+            f"{type(inner).__name__}({name}=...) inside {type(wrapper).__name__}: checkpoints "
+            f"and extra rounds are run by LBBSPFedAvg.start only; leave {name} unset"
         )
     deadlines = inner.deadline_grid(grid, timeout=options.get("timeout", 3600))
     return wrapper.start(grid=deadlines, initial_arrays=initial_arrays, **options)

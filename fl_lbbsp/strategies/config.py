@@ -102,6 +102,11 @@ class ServerConfig(BaseModel):
     max_empty_rounds : int (default: 3)
         Consecutive rounds without an aggregated update after which ``start`` stops with
         :class:`~fl_lbbsp.strategies.NoUpdateError` (a first such round stops it at once).
+    spend_saved_time : bool (default: False)
+        After the configured rounds, ``start`` spends the wall time the balanced split saved
+        on more rounds, numbered on: as many as fit, at their measured mean round time, in
+        the equal split's (FedAvg's) predicted time for the rounds run, none predicted to
+        overshoot it by over half a round. ``False``: the same rounds, sooner.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -125,6 +130,15 @@ class ServerConfig(BaseModel):
     clip_factor: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     max_loss_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     max_empty_rounds: int = Field(default=3, ge=1, strict=True)
+    spend_saved_time: bool = Field(default=False, strict=True)
+
+    @property
+    def start_only(self) -> str | None:
+        """The setting given that only ``LBBSPFedAvg.start`` carries out, not a wrapper
+        strategy's loop (``checkpoint_dir``, ``spend_saved_time``); ``None``: neither."""
+        if self.checkpoint_dir is not None:
+            return "checkpoint_dir"
+        return "spend_saved_time" if self.spend_saved_time else None
 
     @model_validator(mode="after")
     def _deadline_order(self) -> ServerConfig:
@@ -269,6 +283,7 @@ RUN_CONFIG_KEYS: dict[str, str] = {
     "min-evaluate-nodes": "min_evaluate_nodes",
     "min-available-nodes": "min_available_nodes",
     "telemetry-path": "telemetry_path",
+    "spend-saved-time": "spend_saved_time",
 }
 """Run-config keys a strategy reads from a Flower app's run config -> the keyword each
 sets; the first three are required, ``telemetry-path`` ``""`` means none."""

@@ -29,7 +29,7 @@ from ..contract import EQUAL_SPLIT_TIME, WALL_CLOCK_TIME, RecordKeys
 from ..core.aggregation import CenteredClip
 from ..core.round.deadline import DeadlinePolicy
 from ..core.round.engine import RoundEngine
-from ..core.round.equal_split import equal_split_time
+from ..core.round.equal_split import equal_split_time, rounds_saved
 from ..core.round.rewriters import FastestReplies, InstructionRewriter
 from ..core.round.state import Node, RoundState
 from ..core.settings import CLAIM_SETTINGS, ReplyLimits, balancing_config
@@ -39,7 +39,7 @@ from ..security.guard import guard
 from ..security.identity import SiloRegistry, load_registry
 from ..telemetry import TelemetryWriter
 from .checkpoint import Checkpoint
-from .checkpointing import Checkpointing, EvaluateFn, store_of
+from .checkpointing import Checkpointing, EvaluateFn, LaterRounds, merge_results, store_of
 from .config import (
     ServerConfig,
     record_keys,
@@ -117,7 +117,8 @@ class LBBSPFedAvg(EngineView, FedAvg):
         synchronous iteration (replies weighted by their batch sizes, sample offsets in
         the instructions, a reply without a usable report left out).
     clock : Callable[[], float] (default: time.monotonic)
-        The clock that times each reply from push to pull; injected by tests.
+        The clock that times each round and each reply from push to pull; injected by
+        tests.
 
     Raises
     ------
@@ -216,6 +217,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
             outcomes=self.outcomes,
             telemetry=self.telemetry,
             poll_interval=self.poll_interval,
+            clock=clock,
         )
         self.round: RoundState | None = None
         """The round in flight (``None`` before the first ``configure_train``)."""
@@ -299,14 +301,14 @@ class LBBSPFedAvg(EngineView, FedAvg):
         Raises
         ------
         ValueError
-            With ``checkpoint_dir`` set, when the rounds are not run by :meth:`start`
-            (e.g. by a wrapper strategy's own ``start``, which would never checkpoint).
+            With ``checkpoint_dir`` or ``spend_saved_time`` set, when the rounds are not
+            run by :meth:`start` (e.g. by a wrapper strategy's own ``start``).
         """
-        if self._grid is None and self.server_config.checkpoint_dir is not None:
+        if self._grid is None and (name := self.server_config.start_only) is not None:
             raise ValueError(
-                f"{type(self).__name__}(checkpoint_dir=...) checkpoints only in its own "
-                "start(); inside a wrapper strategy (e.g. Flower's differential-privacy "
-                "wrappers) leave checkpoint_dir unset"
+                f"{type(self).__name__}({name}=...) works only in its own start(); inside "
+                f"a wrapper strategy (e.g. Flower's differential-privacy wrappers) leave "
+                f"{name} unset"
             )
         # FedAvg's sample (fraction_train, min_train_nodes, min_available_nodes, its log
         # line), in node-id order: Flower's comes in a random order, and a simulation
@@ -315,7 +317,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
         sampled = super().configure_train(server_round, arrays, ConfigRecord(), grid)
         nodes = sorted(msg.metadata.dst_node_id for msg in sampled)
         state = self.engine.plan(server_round, nodes, timeout_cap=self._timeout_cap)
-        state.model = arrays
+        state.model, state.started = arrays, self.clock()
         if not self._config_checked:
             self._config_checked = True
             warn_overridden_lr(
@@ -452,21 +454,60 @@ class LBBSPFedAvg(EngineView, FedAvg):
         checkpointed, and a checkpoint of round k found there resumes the run with round
         k+1. ``resume``: that checkpoint, already restored by the caller
         (:func:`~fl_lbbsp.strategies.checkpointing.resume_from`).
+
+        With ``spend_saved_time``, rounds ``num_rounds + 1 ..`` follow, as many as fit in
+        the time the rounds run saved (:meth:`spend_saved`), in the same ``Result`` and
+        ``evaluate_fn`` round numbers; with ``checkpoint_dir`` they are checkpointed too.
+        A resumed run spends only what its own rounds saved (those before the restart
+        were not timed here); one resumed after round ``num_rounds`` runs none.
         """
         store = store_of(self)
-        run = super().start if store is None else Checkpointing(self, store=store).start
-        result = run(
-            grid=self.deadline_grid(grid, timeout=timeout),
-            initial_arrays=initial_arrays,
-            num_rounds=num_rounds,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=evaluate_fn,
-            **({} if store is None else {"resume": resume}),
-        )
+        loop = LaterRounds(self) if store is None else Checkpointing(self, store=store)
+        options: dict[str, Any] = {
+            "grid": self.deadline_grid(grid, timeout=timeout),
+            "timeout": timeout,
+            "train_config": train_config,
+            "evaluate_config": evaluate_config,
+            "evaluate_fn": evaluate_fn,
+        }
+        if isinstance(loop, Checkpointing):
+            result = loop.start(initial_arrays=initial_arrays, num_rounds=num_rounds,
+                                resume=resume, **options)  # fmt: skip
+        else:  # Flower's own loop, this strategy's name in its log
+            result = super().start(initial_arrays=initial_arrays, num_rounds=num_rounds, **options)
+        if self.server_config.spend_saved_time:
+            result = self.spend_saved(loop, result, after=num_rounds, **options)
         self.report_gain(result)
         return result
+
+    def spend_saved(
+        self, loop: LaterRounds, result: Result, *, after: int, **options: Any
+    ) -> Result:
+        """``result`` followed by the rounds ``after + 1 ..`` that the rounds run so far
+        saved on the equal split (FedAvg), as many as fit at their mean wall time
+        (:func:`~fl_lbbsp.core.round.equal_split.rounds_saved`), run by ``loop``; one INFO
+        line says how many and why. ``options``: ``run``'s other keywords."""
+        taken = self.rounds.taken
+        more, saved, equal = rounds_saved(taken, self.engine.balancer.cost_line)
+        if more == 0:
+            why = (
+                "the equal split's time is unknown (no round timed in this run)"
+                if equal is None
+                else f"the {len(taken)} rounds run took {equal - saved:.1f} s against the "
+                f"equal split's predicted {equal:.1f} s, under half a round saved"
+            )
+            log.info("[%s] spend_saved_time: no extra round: %s", self.scheme, why)
+            return result
+        log.info(
+            "[%s] spending the %.1f s saved on %d more round%s (the equal split's predicted "
+            "time for the %d rounds run: %.1f s)",
+            self.scheme, saved, more, "s" * (more > 1), len(taken), equal,
+        )  # fmt: skip
+        loop.round_offset = after
+        later = loop.run(
+            initial_arrays=result.arrays, num_rounds=more, evaluate_first=False, **options
+        )
+        return merge_results(result, later)
 
     def report_gain(self, result: Result) -> None:
         """Log the train rounds' wall time beside what the equal split (FedAvg) would have

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -68,6 +68,8 @@ class TrainRound:
         parameter server).
     poll_interval : float | None
         Seconds between two pulls for replies (a telemetry field).
+    clock : Callable[[], float] (default: time.perf_counter)
+        The clock of the round's wall time, which started ``state.started`` on it.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class TrainRound:
         outcomes: RoundOutcomes,
         telemetry: TelemetryWriter,
         poll_interval: float | None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.engine = engine
         self.keys = keys
@@ -88,6 +91,7 @@ class TrainRound:
         self.outcomes = outcomes
         self.telemetry = telemetry
         self.poll_interval = poll_interval
+        self.clock = clock
         self.taken: list[tuple[float, dict[str, int]]] = []
         """Each closed round's wall time and the batch size sent to each silo."""
 
@@ -118,7 +122,7 @@ class TrainRound:
         observe : bool
             Whether the grid's observed wall times check the silos' claimed times.
         """
-        wall = time.perf_counter() - state.started
+        wall = self.clock() - state.started
         received_at = time.time()
         replies = list(replies)
         state.waited = None if grid is None else grid.last_timeout

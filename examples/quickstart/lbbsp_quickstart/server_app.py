@@ -59,6 +59,7 @@ def main(grid: Grid, context: Context) -> None:
         min_train_nodes=min_nodes,
         min_available_nodes=min_nodes,
         checkpoint_dir=str(config.get("checkpoint-dir", "")) or None,
+        spend_saved_time=bool(config.get("spend-saved-time", False)),
         # registry.json of `fl-lbbsp keys silos`: only replies signed by the silo they
         # claim count (deploy-local --silo-registry gives it and the silos' keys)
         silo_registry=str(config.get("silo-registry", "")) or None,

@@ -16,9 +16,10 @@ LB-BSP's gain the difference to the balanced one).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["equal_split_time"]
+__all__ = ["equal_split_time", "rounds_saved"]
 
 
 def equal_split_time(
@@ -53,6 +54,30 @@ def equal_split_time(
         even = max(a * equal + b for a, b in _known(lines).values())
         total += max(0.0, wall - sent + even)
     return total
+
+
+def rounds_saved(
+    rounds: Sequence[tuple[float, Mapping[str, int]]],
+    cost_line: Callable[[str], tuple[float, float] | None],
+) -> tuple[int, float, float | None]:
+    """How many more rounds the time ``rounds`` saved on the equal split buys.
+
+    At the rounds' mean wall time, as many as fit in the equal split's predicted time
+    (:func:`equal_split_time`), none predicted to overshoot it by more than half a round:
+    ``floor(saved / mean + 1/2)``.
+
+    Returns
+    -------
+    tuple of (int, float, float | None)
+        The rounds, the seconds saved (0 when the equal split's time is unknown) and the
+        equal split's predicted time (``None``: unknown, no round).
+    """
+    equal = equal_split_time(rounds, cost_line)
+    spent = sum(wall for wall, _ in rounds)
+    saved = 0.0 if equal is None else equal - spent
+    if saved <= 0 or spent <= 0:
+        return 0, saved, equal
+    return math.floor(saved * len(rounds) / spent + 0.5), saved, equal
 
 
 def _known(lines: Mapping[str, tuple[float, float] | None]) -> dict[str, tuple[float, float]]:

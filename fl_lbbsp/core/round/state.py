@@ -148,7 +148,7 @@ class RoundState:
     deadline : float | None
         Seconds the round may take (``None``: no limit).
     started : float (default: now)
-        ``time.perf_counter()`` when the round was planned.
+        ``time.perf_counter()`` (or the adapter's clock) when the round was planned.
     sent_at : float (default: now)
         ``time.time()`` when the round was planned.
     expected_bytes : int (default: 0)
