@@ -19,7 +19,7 @@ from ..strategies.checkpoint import Checkpoint, CheckpointError
 from ..strategies.checkpointing import Checkpointable, resume_from, store_of
 from .config import RunSettings
 
-__all__ = ["RUN_FILE", "RunRecord", "check_checkpoint_dir", "resume_run", "run_record"]
+__all__ = ["RUN_FILE", "RunRecord", "resume_run", "run_record"]
 
 RUN_FILE = "run.json"
 """File beside a run's checkpoints recording the settings that decide the run."""
@@ -134,42 +134,19 @@ the silos are scheduled, none of which changes a round's result."""
 
 def run_record(config: RunSettings) -> RunRecord | None:
     """The run as its checkpoint folder records it (:data:`RUN_FILE`: the settings that
-    decide the run, not where output goes, how long it is or how its silos are scheduled,
-    and its telemetry file), after the folder is checked (:func:`check_checkpoint_dir`);
-    ``None``: the run has no checkpoint folder.
+    decide the run and its telemetry file), once the folder the user named
+    (``--checkpoint-dir``) is a directory or absent and the run's own folder under it is
+    created and writable (one file written and removed as a probe); ``None``: no
+    checkpoint folder.
 
     Raises
     ------
     CheckpointError
-        A checkpoint folder that cannot be written.
+        A checkpoint folder that is not a directory or cannot be created or written.
     """
-    directory = config.checkpoint_path()
-    if config.checkpoint_dir is None or directory is None:
+    given, directory = config.checkpoint_dir, config.checkpoint_path()
+    if given is None or directory is None:
         return None
-    check_checkpoint_dir(config.checkpoint_dir, directory)
-    settings = {
-        k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_RUN_SETTINGS
-    }
-    return RunRecord(directory=directory, settings=settings, telemetry=config.telemetry_path())
-
-
-def check_checkpoint_dir(given: Path, directory: Path) -> None:
-    """Refuse, before any round, a checkpoint folder that cannot be written.
-
-    Parameters
-    ----------
-    given : Path
-        The folder the user named (``--checkpoint-dir``); it must be a directory or not
-        exist yet.
-    directory : Path
-        The run's own folder under it, created here, where one file is written and
-        removed as a probe.
-
-    Raises
-    ------
-    CheckpointError
-        ``given`` is not a directory, or ``directory`` cannot be created or written.
-    """
     if given.exists() and not given.is_dir():
         raise CheckpointError(f"{given} is not a directory")
     try:
@@ -179,6 +156,10 @@ def check_checkpoint_dir(given: Path, directory: Path) -> None:
         probe.unlink()
     except OSError as err:
         raise CheckpointError(f"{directory} is not a writable directory ({err.strerror})") from None
+    settings = {
+        k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_RUN_SETTINGS
+    }
+    return RunRecord(directory=directory, settings=settings, telemetry=config.telemetry_path())
 
 
 def resume_run(
