@@ -53,12 +53,20 @@ from flwr.app import Array, ArrayRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from report import write_section
 
-from fl_lbbsp.clients.app import SiloApp
-from fl_lbbsp.contract import DISTRUSTED, RecordKeys
+from fl_lbbsp.clients.app import SiloApp, decrypt_arrays, encrypt_arrays
+from fl_lbbsp.contract import DISTRUSTED, MODEL_REFUSED, RecordKeys
 from fl_lbbsp.core.trusted_clip import TrustedClip
+from fl_lbbsp.crypto import generate_keys, load_silo_keys, write_key_files
+from fl_lbbsp.crypto.records import (
+    check_report_of,
+    is_encrypted,
+    update_from_record,
+    with_check_report,
+)
 from fl_lbbsp.runs.engine import execute
 from fl_lbbsp.runs.fl import SimulationConfig, resolve
 from fl_lbbsp.strategies import LBBSPFedAvg
+from fl_lbbsp.strategies.encrypted import EncryptedLBBSPFedAvg
 
 SECTION = "robustness"
 ATTACKS = (
@@ -68,6 +76,8 @@ ATTACKS = (
 EXCLUDED = "excluded"
 """The defence oracle's cell: the hostile silos' replies refused every round."""
 AGGREGATIONS = ("mean", "centered-clip", "trusted-clip")
+CKKS = "ckks"
+"""The CKKS cells' aggregation: the server's capped-weight sum of ciphertexts."""
 ROBUST = ("centered-clip", "trusted-clip")
 """The robust aggregations the grid compares (beside FedAvg's mean)."""
 CLAIM = 9_900_000
@@ -109,12 +119,43 @@ class Attackers:
     """
 
     def __init__(
-        self, *, app: SiloApp, attack: str, hostile: set[int], silos: int, claim: int | None
-    ) -> None:
+        self, *, app: SiloApp, attack: str, hostile: set[int], silos: int, claim: int | None,
+        secret: str | None = None,
+    ) -> None:  # fmt: skip
         self.app, self.attack, self.hostile, self.claim = app, attack, hostile, claim
+        self.secret = secret
+        """The federation's secret CKKS context (CKKS cells: a silo holds it)."""
         self.z = alie_z(silos, len(hostile))
         self.honest: dict[int, list[np.ndarray]] = {}
         """Round -> the honest silos' flattened updates so far."""
+        self.totals: dict[int, int] = {}
+        """CKKS: round -> ``W`` of the model sent in it (the weights the server applied)."""
+        self.refusing: dict[int, int] = {}
+        """Round -> silos that refused the global model they were sent (their note)."""
+        self.ids: set[str] = set()
+        """The hostile silos' ids."""
+        self.bounded = 0
+        """CKKS: hostile updates cut to the keys' value bound (the most a ciphertext that
+        passes the silo's own encryption checks can carry)."""
+
+    def _plain(self, record: ArrayRecord) -> dict[str, np.ndarray]:
+        if self.secret is None or not is_encrypted(record):
+            return {k: np.asarray(a.numpy()) for k, a in record.items()}
+        return decrypt_arrays(record, self.secret)[0]
+
+    def _seal(self, arrays: dict[str, np.ndarray], old: ArrayRecord) -> ArrayRecord:
+        if self.secret is None:
+            return ArrayRecord({k: Array(a) for k, a in arrays.items()})
+        try:
+            record = encrypt_arrays(arrays, self.secret)[0]
+        except ValueError:  # above 2^value_bits: send the most the keys carry
+            self.bounded += 1
+            bound = load_silo_keys(self.secret).config.max_abs_value
+            record = encrypt_arrays(
+                {k: np.clip(a, -bound, bound) for k, a in arrays.items()}, self.secret
+            )[0]
+        report = check_report_of(old)  # its (honest) answers to the server's checks
+        return record if report is None else with_check_report(record, report)
 
     def train(self, msg: Message, context: Context) -> Message:
         """Train honestly; a hostile silo then replaces its update."""
@@ -123,28 +164,36 @@ class Attackers:
             return reply
         p = int(context.node_config["partition-id"])  # type: ignore[arg-type]
         rnd = int(msg.content.config_records["config"][KEYS.server_round])  # type: ignore[arg-type]
-        sent = msg.content.array_records["arrays"]
-        got = reply.content.array_records["arrays"]
+        record = msg.content.array_records["arrays"]
+        if self.secret is not None and is_encrypted(record):
+            self.totals[rnd] = update_from_record(record).weight
+        note = reply.content.config_records.get(KEYS.silo_record)
+        if note is not None and MODEL_REFUSED in note:
+            self.refusing[rnd] = self.refusing.get(rnd, 0) + 1
+        sent, old = self._plain(record), reply.content.array_records["arrays"]
+        got = self._plain(old)
         names = list(sent.keys())
-        start = [np.asarray(sent[k].numpy(), dtype=np.float64) for k in names]
+        start = [np.asarray(sent[k], dtype=np.float64) for k in names]
         delta = np.concatenate(
             [
-                (np.asarray(got[k].numpy(), dtype=np.float64) - s).ravel()
+                (np.asarray(got[k], dtype=np.float64) - s).ravel()
                 for k, s in zip(names, start, strict=True)
             ]
         )
         if p not in self.hostile:
             self.honest.setdefault(rnd, []).append(delta)
             return reply
+        self.ids.add(self.app.node(context).silo_id)
         if self.attack == EXCLUDED:
             return Message(Error(code=0, reason="excluded (the defence oracle)"), reply_to=msg)
         bad = self._poison(delta, rnd, start)
-        arrays, offset = {}, 0
+        arrays: dict[str, np.ndarray] = {}
+        offset = 0
         for k, s in zip(names, start, strict=True):
             part = bad[offset : offset + s.size].reshape(s.shape)
             offset += s.size
-            arrays[k] = Array((s + part).astype(np.asarray(sent[k].numpy()).dtype))
-        reply.content["arrays"] = ArrayRecord(arrays)
+            arrays[k] = (s + part).astype(np.asarray(got[k]).dtype)
+        reply.content["arrays"] = self._seal(arrays, old)
         if self.claim is not None:
             for record in reply.content.metric_records.values():
                 if KEYS.num_examples in record:
@@ -191,8 +240,14 @@ def run_cell(
     federation: dict[str, Any],
     clip_factor: float | None = None,
 ) -> dict[str, Any]:
-    """One federation; its accuracy per round, the rounds rolled back and rejections."""
+    """One federation; its accuracy per round, the rounds rolled back and rejections.
+
+    ``aggregation`` :data:`CKKS`: the federation encrypted (fresh keys of the defaults,
+    :class:`~fl_lbbsp.strategies.encrypted.EncryptedLBBSPFedAvg`, federated evaluation on
+    the silos' test shards); the hostile silos decrypt, poison and re-encrypt."""
     with tempfile.TemporaryDirectory() as scratch:
+        ckks = aggregation == CKKS
+        keys = write_key_files(generate_keys(), Path(scratch) / "keys") if ckks else None
         config = SimulationConfig(
             seed=seed,
             silos=silos,
@@ -208,17 +263,28 @@ def run_cell(
             emulate_wait=False,
             cost_model="0.0001,0.001",
             out=Path(scratch),
+            encrypt=None if keys is None else keys.secret.parent,
         )
-        strategy = LBBSPFedAvg(
-            fraction_evaluate=0.0,
-            robust_aggregation=aggregation,  # type: ignore[arg-type]
+        settings = {
+            **config.strategy_settings(),
+            "local_steps": config.local_steps,
+            "balance": True,
+            "check_times": False,
             **({} if clip_factor is None else {"clip_factor": clip_factor}),
-            **{
-                **config.strategy_settings(),
-                "local_steps": config.local_steps,
-                "balance": True,
-                "check_times": False,
-            },
+        }
+        strategy: LBBSPFedAvg = (
+            EncryptedLBBSPFedAvg(
+                public_context=keys.public,
+                fraction_evaluate=1.0,
+                min_evaluate_nodes=silos,
+                **settings,
+            )  # fmt: skip
+            if keys is not None
+            else LBBSPFedAvg(
+                fraction_evaluate=0.0,
+                robust_aggregation=aggregation,  # type: ignore[arg-type]
+                **settings,
+            )
         )
         resolved = resolve(config, strategy=strategy)
         app = ClientApp()
@@ -228,8 +294,10 @@ def run_cell(
             hostile=set(range(silos - hostile, silos)),
             silos=silos,
             claim=CLAIM if claim else None,
+            secret=None if keys is None else str(keys.secret),
         )
         app.train()(attackers.train)
+        app.evaluate()(attackers.app.evaluate)  # CKKS: the silos evaluate
         error = None
         try:
             events = execute(replace(resolved, client_app=app), runtime="inprocess")
@@ -246,6 +314,7 @@ def run_cell(
     distrusted = sum(len(e.get(DISTRUSTED) or []) for e in events if e.get("event") == "train")
     robust = getattr(strategy.updates, "robust", None)
     tail = accuracy[-LAST:]
+    shares, mismatched = _liar_shares(events, attackers) if claim else ([], 0)
     final = statistics.fmean(tail) if tail and all(map(math.isfinite, tail)) else None
     return {
         "accuracy": accuracy,
@@ -260,7 +329,39 @@ def run_cell(
             else None
         ),
         "error": error,
+        "refusing": sum(attackers.refusing.values()),
+        "refused-rounds": sum(2 * n > silos for n in attackers.refusing.values()),
+        "named": sorted({str(e["silo"]) for e in events if e.get("event") == "named"}),
+        "liar-share": max(shares, default=None),
+        "applied-not-logged": mismatched,
+        "bounded": attackers.bounded,
     }
+
+
+def _liar_shares(events: Sequence[dict[str, Any]], attackers: Attackers) -> tuple[list[float], int]:
+    """Per round the hostile silos aggregated in, their share of the weight: the weights
+    logged (``capped-weight``, else ``num-examples``) over their sum in plaintext, over the
+    ``W`` of the next round's CKKS aggregate (the weights the server applied) in CKKS; and
+    the CKKS rounds whose ``W`` differs from the logged weights' sum (a rollback sends an
+    earlier aggregate)."""
+    shares, mismatched = [], 0
+    for e in events:
+        if e.get("event") != "train" or not e.get("silos"):
+            continue
+        out = {str(r["silo"]) for r in e.get("rejected") or []}
+        logged = {
+            s: float(r.get("capped-weight", r[KEYS.num_examples]))
+            for s, r in e["silos"].items() if s not in out and KEYS.num_examples in r
+        }  # fmt: skip
+        liar = sum(w for s, w in logged.items() if s in attackers.ids)
+        if not liar:
+            continue
+        total = attackers.totals.get(int(e["round"]) + 1) if attackers.secret else None
+        if total is not None and total != round(math.fsum(logged.values())):
+            mismatched += 1
+            continue
+        shares.append(liar / (total or math.fsum(logged.values())))
+    return shares, mismatched
 
 
 def jobs(smoke: bool, robust: Sequence[str] = ROBUST, seeds: int = 8) -> list[dict[str, Any]]:
@@ -268,13 +369,14 @@ def jobs(smoke: bool, robust: Sequence[str] = ROBUST, seeds: int = 8) -> list[di
     of 5 silos; the defence oracle of 5 silos; 1 hostile of 5 against each robust
     aggregation in ``robust`` (labels:2, dirichlet:0.3, iid); the honest runs' other
     seeds (the robust options' cost); the held-out check (:data:`HELD_OUT`); 2 of 5;
-    1 of 5 against FedAvg's mean; the size-claim liars; 2 of 10. Every robust
-    aggregation is run in the same cells, one after the other."""
+    1 of 5 against FedAvg's mean; the size-claim liars; 2 of 10; the CKKS cells
+    (:data:`CKKS_PARTITIONS`, :data:`CKKS_ATTACKS`). Every robust aggregation is run in
+    the same cells, one after the other."""
     if smoke:
         return [
             {"partition": "iid", "silos": 5, "hostile": h, "attack": a, "claim": False,
              "aggregation": g, "seed": 0}
-            for h, a in ((0, "honest"), (1, "signflip-8")) for g in ("mean", *robust)
+            for h, a in ((0, "honest"), (1, "signflip-8")) for g in ("mean", *robust, CKKS)
         ]  # fmt: skip
     out: list[dict[str, Any]] = []
 
@@ -319,7 +421,23 @@ def jobs(smoke: bool, robust: Sequence[str] = ROBUST, seeds: int = 8) -> list[di
             add(partition, 10, 2, attack, False, robust)
     for attack in ATTACKS[1:]:
         add("iid", 5, 2, attack, True, robust)
+    for partitions in (CKKS_PARTITIONS[:2], CKKS_PARTITIONS[2:]):
+        for partition in partitions:
+            add(partition, 5, 0, "honest", False, (CKKS,))
+        for partition in partitions:
+            for attack in CKKS_ATTACKS:
+                add(partition, 5, 1, attack, False, (CKKS,))
+            add(partition, 5, 1, "signflip-1", True, ("mean", CKKS))
     return out
+
+
+CKKS_PARTITIONS = ("iid", "labels:2", "dirichlet:0.3")
+"""The CKKS cells' partitions (the last after the others' cells)."""
+CKKS_ATTACKS = (
+    "signflip-1", "signflip-8", "scaled", "ipm", "alie", "target", "alternating"
+)  # fmt: skip
+"""The CKKS cells' attacks, 1 hostile of 5 (and ``signflip-1 +claim``, beside its
+plaintext twin under FedAvg's mean: the liar's weight share in both)."""
 
 
 HELD_OUT = tuple((p, seed) for seed in range(100, 104) for p in ("dirichlet:1.0", "labels:3"))
@@ -371,7 +489,7 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
     held_drops: dict[str, list[float]] = {}
     nan_runs = 0
     for r in rows:
-        if r["attack"] in ("honest", EXCLUDED):
+        if r["attack"] in ("honest", EXCLUDED) or r["aggregation"] == CKKS:
             continue
         base = honest.get((r["partition"], r["silos"], r["aggregation"], r["seed"]))
         diff = None if r["final"] is None or base is None else 100 * (r["final"] - base)
@@ -449,6 +567,19 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
             "rows": table,
         }
     ]
+    encrypted, ckks_figures = _ckks(rows, honest)
+    figures += ckks_figures
+    if encrypted:
+        tables.append({
+            "title": "CKKS: 1 hostile silo of 5; the server cannot read updates, the silos "
+                     "check each aggregate they decrypt",
+            "columns": [
+                "partition", "attack", "final", "honest", "diff", "refused rounds",
+                "refusals", "rollbacks", "rejected", "named", "cut to bound",
+                "liar share", "plaintext liar share",
+            ],
+            "rows": encrypted,
+        })  # fmt: skip
     if checks:
         tables.append({
             "title": (
@@ -476,9 +607,12 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
             f" tau {FEDERATION['local_steps']}, B_init {FEDERATION['batch_size']}, eta "
             f"{FEDERATION['lr']}; speeds 5:1 emulated by a cost model, the hostile silos the "
             f"slowest (smallest batches). Final accuracy: mean of the last {LAST} rounds. "
-            "Plaintext only: CKKS cells are not run here. The robust aggregations compared: "
+            "The robust aggregations compared: "
             + ", ".join(robust)
-            + "."
+            + ". CKKS cells: EncryptedLBBSPFedAvg (keys of the defaults: N 4096, primes "
+            "60 and 40 bits, scale 2^35; values bounded by 4), the same federations "
+            "evaluated by the silos on their test shards; the hostile silo holds the key, "
+            "decrypts, poisons and re-encrypts its update."
         ),
         "figures": figures,
         "tables": tables,
@@ -496,6 +630,49 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
         ],
         "runs": [{k: v for k, v in r.items()} for r in rows],
     }
+
+
+def _ckks(
+    rows: Sequence[dict[str, Any]], honest: dict[tuple[Any, ...], float | None]
+) -> tuple[list[list[str]], list[dict[str, Any]]]:
+    """The CKKS cells' table rows and figures: the largest drop under attack, and per
+    partition the size-claim liar's largest weight share over its plaintext twin's."""
+    twin = {
+        r["partition"]: r.get("liar-share") for r in rows
+        if r["claim"] and r["aggregation"] == "mean" and r["attack"] == "signflip-1"
+    }  # fmt: skip
+    table, drops, figures = [], [], []
+    for r in rows:
+        if r["aggregation"] != CKKS or r["attack"] == "honest":
+            continue
+        base = honest.get((r["partition"], r["silos"], CKKS, r["seed"]))
+        diff = None if r["final"] is None or base is None else 100 * (r["final"] - base)
+        drops.append(math.inf if diff is None else -diff)
+        share, plain = r.get("liar-share"), twin.get(r["partition"]) if r["claim"] else None
+        table.append([
+            r["partition"], r["attack"] + (" +claim" if r["claim"] else ""), _pct(r["final"]),
+            _pct(base), "-" if diff is None else f"{diff:+.1f}", str(r["refused-rounds"]),
+            str(r["refusing"]), str(r["rollbacks"]), str(r["rejected"]),
+            " ".join(r["named"]) or "-", str(r["bounded"]), _pct(share), _pct(plain),
+        ])  # fmt: skip
+        if share is not None and plain is not None:
+            figures.append({
+                "label": f"size-claim liar's weight share, CKKS minus plaintext, "
+                         f"{r['partition']}",
+                "unit": " points", "value": 100 * (share - plain), "format": ".2f",
+                "goal": {"op": "<=", "target": 0.01},
+                "note": f"largest share over the rounds: CKKS {100 * share:.2f}% (from the "
+                        f"aggregate's W), plaintext {100 * plain:.2f}%; "
+                        f"{r['applied-not-logged']} rounds whose W differs from the logged "
+                        "weights",
+            })  # fmt: skip
+    if drops:
+        figures.append({
+            "label": "largest drop under attack, 1/5 hostile, CKKS", "unit": " points",
+            "value": max(drops) if math.isfinite(max(drops)) else None, "format": ".1f",
+            "goal": None, "note": f"{len(drops)} cells, against the CKKS honest run",
+        })  # fmt: skip
+    return table, figures
 
 
 def _key(job: dict[str, Any]) -> str:
@@ -523,8 +700,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cache", type=Path, default=None,
         help="JSON lines of finished runs: reused, and each new run appended",
     )  # fmt: skip
+    cli.add_argument(
+        "--reuse", type=Path, default=None,
+        help="an earlier robustness.json: its runs are reused as from the cache",
+    )  # fmt: skip
     args = cli.parse_args(argv)
     cached: dict[str, dict[str, Any]] = {}
+    if args.reuse is not None:
+        for row in json.loads(args.reuse.read_text())["runs"]:
+            cached[_key(row)] = row
     if args.cache is not None and args.cache.is_file():
         for line in args.cache.read_text().splitlines():
             row = json.loads(line)

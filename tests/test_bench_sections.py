@@ -208,3 +208,46 @@ def test_the_robustness_section_gives_each_robust_aggregation_its_figures() -> N
     assert figures["largest drop under attack, 1/5 hostile, trusted-clip"] == pytest.approx(2.0)
     assert [r[3] for r in data["tables"][0]["rows"]] == ["centered-clip", "trusted-clip"]
     assert [(r[0], r[6]) for r in data["tables"][1]["rows"]] == [(held, "-60.0")]
+
+
+def _ckks_row(attack: str, final: float | None, *, claim: bool = False, agg: str = "ckks",
+              share: float | None = None) -> dict[str, Any]:  # fmt: skip
+    return {**_row(attack, agg, final), "claim": claim, "liar-share": share,
+            "refused-rounds": 2, "refusing": 9, "named": ["4"], "bounded": 0,
+            "applied-not-logged": 0}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("ckks_share", "met"),
+    [(1 / 3, True), (0.89, False)],
+    ids=["capped-as-in-plaintext", "the-cap-not-applied"],
+)
+def test_the_robustness_section_compares_the_ckks_liars_weight_with_plaintext(
+    ckks_share: float, met: bool
+) -> None:
+    # Prepare: a CKKS honest run, a CKKS attack, and the size-claim liar in CKKS beside
+    # its plaintext twin (FedAvg's mean), whose share is 1/3
+    import bench_robustness as br
+    from report import goal_met, validate_section
+
+    rows = [
+        _ckks_row("honest", 0.90), _ckks_row("ipm", 0.80), _row("honest", "mean", 0.88),
+        _ckks_row("signflip-1", 0.86, claim=True, agg="mean", share=1 / 3),
+        _ckks_row("signflip-1", 0.85, claim=True, share=ckks_share),
+    ]  # fmt: skip
+
+    # Execute
+    data = br.section(rows, complete=True, seconds=60.0, load="1.0")
+
+    # Assert: the CKKS cells in their own table against the CKKS honest run; the liar's
+    # share judged against plaintext's
+    validate_section(data)
+    ckks = next(t for t in data["tables"] if t["title"].startswith("CKKS"))
+    assert [(r[1], r[4], r[9]) for r in ckks["rows"]] == [
+        ("ipm", "-10.0", "4"),
+        ("signflip-1 +claim", "-5.0", "4"),
+    ]
+    assert [r[3] for r in data["tables"][0]["rows"]] == ["mean"]
+    share = next(f for f in data["figures"] if f["label"].startswith("size-claim liar"))
+    assert share["value"] == pytest.approx(100 * (ckks_share - 1 / 3))
+    assert goal_met(share["value"], share["goal"]) is met

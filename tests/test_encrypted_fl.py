@@ -196,8 +196,14 @@ def test_silos_are_sent_no_weight_total(key_files, tmp_path) -> None:  # type: i
         ((100, 300, 350), (0.5, 2.0, 3.5), (100, 300, 350)),  # honest: as claimed
         ((100, 300, 50_000), (0.5, 2.0, 3.5), (100, 300, 400)),  # a grab: all the others
         ((120, 90_000, 140, 100), (1.0, 3.0, 2.0, -1.0), (120, 260, 140, 100)),
+        # two colluders of 5 claiming 9.9e6: 2x the median each, 4/7 of the weight
+        (
+            (100, 100, 100, 9_900_000, 9_900_000),
+            (0.5, 1.0, 1.5, -3.0, -3.0),
+            (100, 100, 100, 200, 200),
+        ),
     ],
-    ids=["honest", "grab", "grab-among-four"],
+    ids=["honest", "grab", "grab-among-four", "two-colluders-of-five"],
 )
 def test_the_server_applies_the_capped_weights_to_the_ciphertexts_as_in_plaintext(
     key_files, silo_keys, tmp_path, fl_log, claims, values, weights
@@ -205,7 +211,7 @@ def test_the_server_applies_the_capped_weights_to_the_ciphertexts_as_in_plaintex
     # Prepare: the same replies, encrypted to the encrypted strategy, in plaintext to
     # the plaintext one
     nodes = list(range(1, len(claims) + 1))
-    silos = "abcd"[: len(claims)]
+    silos = "abcde"[: len(claims)]
     encrypted = _strategy(key_files, tmp_path)
     # FedAvg's mean in plaintext: the server cannot clip ciphertexts
     plain = LBBSPFedAvg(

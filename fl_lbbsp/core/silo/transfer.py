@@ -39,14 +39,12 @@ class TransferTimes:
     ----------
     window : int (default: 8)
         Gaps kept per silo (the newest).
-    min_gaps : int (default: 3)
-        Gaps a silo needs before its transfer time is estimated: three is the fewest whose
-        upper quartile is a median rather than the smallest gap, so that the jitter a
-        silo's difference is judged against is not one round's draw, and one delayed
-        round moves neither quartile.
+    min_gaps : int (default: 4)
+        Gaps a silo needs before its transfer time is estimated (quartiles of fewer say
+        little).
     """
 
-    def __init__(self, *, window: int = 8, min_gaps: int = 3) -> None:
+    def __init__(self, *, window: int = 8, min_gaps: int = 4) -> None:
         for name, value in (("window", window), ("min_gaps", min_gaps)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
