@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -32,15 +32,12 @@ from .checkpoint import (
     load_checkpoint_key,
 )
 from .config import ServerConfig
+from .later_rounds import EvaluateFn, LaterRounds
 
-__all__ = ["Checkpointable", "Checkpointing", "EvaluateFn", "LaterRounds", "merge_results",
-           "resume_from", "save_checkpoint", "store_of"]  # fmt: skip
+__all__ = ["Checkpointable", "Checkpointing", "EvaluateFn", "resume_from", "save_checkpoint",
+           "store_of"]  # fmt: skip
 
 log = logging.getLogger("fl_lbbsp")
-
-_METRICS = ("train_metrics_clientapp", "evaluate_metrics_clientapp", "evaluate_metrics_serverapp")
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
-"""Flower's ``evaluate_fn``: the global model's metrics of a round (``None``: none)."""
 
 
 @runtime_checkable
@@ -146,100 +143,6 @@ def resume_from(
         reason = f"the strategy cannot restore it ({f'{type(err).__name__}: {err}'[:300]})"
         raise CheckpointInvalidError(checkpoint.path, "state", reason) from None
     return checkpoint
-
-
-class LaterRounds(Strategy):
-    """``strategy``'s rounds numbered on from ``round_offset``: :meth:`run` is Flower's
-    round loop over rounds ``round_offset + 1 ..``, as a resumed run
-    (:class:`Checkpointing`) and the extra rounds of ``spend_saved_time`` run them.
-
-    Parameters
-    ----------
-    strategy : Strategy
-        The wrapped strategy; it sees the run's round numbers.
-    round_offset : int (default: 0)
-        Rounds done before the first of these.
-    """
-
-    def __init__(self, strategy: Strategy, *, round_offset: int = 0) -> None:
-        self.strategy, self.round_offset = strategy, round_offset
-
-    def summary(self) -> None:
-        """The wrapped strategy's summary; for later rounds, from which they are numbered."""
-        if not self.round_offset:
-            return self.strategy.summary()
-        log.info("rounds numbered on after round %d (Flower's log counts them from 1)",
-                 self.round_offset)  # fmt: skip
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """The wrapped strategy's, in the run's round numbers."""
-        return self.strategy.configure_train(server_round + self.round_offset, arrays, config, grid)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The wrapped strategy's, in the run's round numbers."""
-        return self.strategy.aggregate_train(server_round + self.round_offset, replies)
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """The wrapped strategy's, in the run's round numbers."""
-        round_ = server_round + self.round_offset
-        return self.strategy.configure_evaluate(round_, arrays, config, grid)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """The wrapped strategy's, in the run's round numbers."""
-        return self.strategy.aggregate_evaluate(server_round + self.round_offset, replies)
-
-    def run(
-        self,
-        *,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: EvaluateFn | None = None,
-        evaluate_first: bool = True,
-    ) -> Result:
-        """Flower's round loop (:meth:`flwr.serverapp.strategy.Strategy.start`) over
-        ``num_rounds`` rounds after ``round_offset``: its ``Result`` and ``evaluate_fn``
-        in the run's round numbers (``initial_arrays`` evaluated as round
-        ``round_offset`` only if ``evaluate_first``)."""
-        shift = self.round_offset
-
-        def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-            assert evaluate_fn is not None
-            if server_round == 0 and not evaluate_first:
-                return None
-            return evaluate_fn(server_round + shift, arrays)
-
-        run = super().start(
-            grid=grid,
-            initial_arrays=initial_arrays,
-            num_rounds=num_rounds,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=None if evaluate_fn is None else shifted,
-        )
-        return Result(
-            arrays=run.arrays,
-            **{name: {r + shift: m for r, m in getattr(run, name).items()} for name in _METRICS},
-        )
-
-
-def merge_results(first: Result, later: Result) -> Result:
-    """``first`` followed by ``later`` (rounds numbered on): one ``Result``, with
-    ``later``'s model unless it aggregated none."""
-    metrics = {name: {**getattr(first, name), **getattr(later, name)} for name in _METRICS}
-    return Result(arrays=later.arrays if len(later.arrays) else first.arrays, **metrics)
 
 
 class Checkpointing(LaterRounds):
