@@ -6,7 +6,7 @@ A flag that sets a field of a settings model is made from that field
 (output paths, display, a flag folded into another setting) are written here. The
 balancing flags are :class:`~fl_lbbsp.core.settings.BalancingKnobs`' in ``--help``,
 :class:`~fl_lbbsp.core.settings.Tuning`'s in ``--help-all``; a new knob or run setting
-needs no edit here but its name. A subcommand's flags are made when it is parsed, so that
+needs no edit here. A subcommand's flags are made when it is parsed, so that
 ``fl-lbbsp --help`` and the key commands import no run's models."""
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     silos.add_argument(
         "--dataset-sizes",
-        type=_integers("--dataset-sizes", "600,450"),
+        type=_parse("--dataset-sizes", tuple[int, ...], optional=False),
         default=None,
         help="each silo's declared dataset size, comma-separated (default: none declared)",
     )
@@ -346,20 +346,6 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints you trust: an edit made before is obeyed)",
     )
     return parser
-
-
-def _integers(flag: str, example: str) -> Callable[[str], tuple[int, ...]]:
-    """A flag's comma-separated integers (``--dataset-sizes 600,450``)."""
-
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(s) for s in text.split(",") if s.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"invalid {flag} {text!r}: expected integers like {example}"
-            ) from None
-
-    return parse
 
 
 def _add_deploy_local(sub: Any) -> None:
