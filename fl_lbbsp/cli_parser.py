@@ -89,36 +89,27 @@ def _names(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-def _fractions(text: str) -> list[float]:
-    """``--cpu-quota``: comma-separated finite positive numbers."""
-    try:
-        values = [float(s) for s in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or any(not (0 < v < float("inf")) for v in values):
-        raise argparse.ArgumentTypeError(
-            f"invalid --cpu-quota {text!r:.60}: expected comma-separated finite positive "
-            "fractions of a core, e.g. 1,0.5,0.25"
-        )
-    return values
+def _positives(flag: str, expected: str, *, none: bool = False) -> Callable[[str], list[Any]]:
+    """A flag's comma-separated finite positive numbers (``--cpu-quota``), ``-`` / ``none``
+    entries too when ``none`` (``--link-mbps``); a usage error naming ``flag`` otherwise."""
 
+    def parse(text: str) -> list[Any]:
+        values: list[float | None] = []
+        for part in text.split(","):
+            word = part.strip().lower()
+            try:
+                value = None if none and word in {"-", "none"} else float(word)
+            except ValueError:
+                value = -1.0
+            if value is not None and not (0 < value < float("inf")):
+                raise argparse.ArgumentTypeError(
+                    f"invalid {flag} {text!r:.60}: expected comma-separated finite positive "
+                    f"{expected}"
+                )
+            values.append(value)
+        return values
 
-def _link_rates(text: str) -> list[float | None]:
-    """``--link-mbps``: comma-separated finite positive rates, ``-`` / ``none`` for none."""
-    rates: list[float | None] = []
-    for part in text.split(","):
-        word = part.strip().lower()
-        try:
-            rate = None if word in {"-", "none"} else float(word)
-        except ValueError:
-            rate = -1.0
-        if rate is not None and not (0 < rate < float("inf")):
-            raise argparse.ArgumentTypeError(
-                f"invalid --link-mbps {text!r:.60}: expected comma-separated finite positive "
-                "Mbit/s or `none`, e.g. none,none,5"
-            )
-        rates.append(rate)
-    return rates
+    return parse
 
 
 def _speeds(text: str) -> list[float]:
@@ -365,7 +356,7 @@ def _add_deploy_local(sub: Any) -> None:
     )
     deploy.add_argument(
         "--cpu-quota",
-        type=_fractions,
+        type=_positives("--cpu-quota", "fractions of a core, e.g. 1,0.5,0.25"),
         default=None,
         metavar="Q,Q,...",
         help="real capacity: each silo's SuperNode, its ClientApp processes and its warm "
@@ -375,7 +366,7 @@ def _add_deploy_local(sub: Any) -> None:
     )
     deploy.add_argument(
         "--link-mbps",
-        type=_link_rates,
+        type=_positives("--link-mbps", "Mbit/s or `none`, e.g. none,none,5", none=True),
         default=None,
         metavar="R,R,...",
         help="each silo's link to the SuperLink in Mbit/s through a rate-limited proxy on "
