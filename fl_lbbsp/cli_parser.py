@@ -267,8 +267,10 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_ckks_flags(parser: argparse.ArgumentParser) -> None:
-    from .crypto import CKKSConfig
-
+    try:
+        from .crypto import CKKSConfig
+    except ImportError as err:  # the `he` extra is not installed: one line, exit code 2
+        parser.error(str(err))
     parser.add_argument("--out", type=Path, required=True, help="folder for the key files")
     add_model_flags(parser, CKKSConfig, CKKS_FLAGS)
     parser.add_argument("--force", action="store_true", help="replace existing key files")
