@@ -215,7 +215,7 @@ def _add_run_flags(
     narx = parser.add_argument_group(
         "narx", "the narx estimator's settings, with no other estimator"
     )
-    unset = {name: {"default": None} for name in NARX_FLAGS}  # given ones only: cli_runs
+    unset: dict[str, Any] = {name: {"default": None} for name in NARX_FLAGS}  # given only
     add_model_flags(narx, NARX, NARX_FLAGS, prefix="narx_", **unset)
     add_balancing_flags(parser)
 
@@ -438,22 +438,27 @@ def add_model_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     model: type[BaseModel],
     names: Iterable[str],
+    *,
     prefix: str = "",
+    hide: bool = False,
     **options: dict[str, Any],
-) -> None:
+) -> list[tuple[argparse.Action, str]]:
     """One flag per field of ``model`` in ``names`` (``--batch-size`` for ``batch_size``,
-    after ``prefix``):
-    its value parsed to the field's type (a choice among a ``Literal``'s values, ``none``
-    for an optional field, comma-separated items for a tuple, ``--no-NAME`` for a switch),
-    its default the field's, its help the field's description (its docstring, or its entry
-    in the model's numpydoc ``Parameters``) with that default; its bounds are the model's
-    to check. ``options[name]``: argparse keywords that replace the made ones (a parser
-    with a finer message, a metavar)."""
-    docs = _parameter_docs(model)
+    after ``prefix``), and its help (suppressed when ``hide``).
+
+    Its value is parsed to the field's type (a choice among a ``Literal``'s values,
+    ``none`` for an optional field, comma-separated items for a tuple, ``--no-NAME`` for a
+    switch), its default is the field's, its help the field's description (its docstring,
+    or its entry in the model's numpydoc ``Parameters``) with that default; its bounds are
+    the model's to check. ``options[name]``: argparse keywords that replace the made ones
+    (a parser with a finer message, a metavar).
+    """
+    docs, made = _parameter_docs(model), []
     for name in names:
-        field = model.model_fields[name]
-        given = options.get(name, {})
-        _add_field(parser, prefix + name, field, field.description or docs[name], **given)
+        field, given = model.model_fields[name], options.get(name, {})
+        text = field.description or docs[name]
+        made.append(_add_field(parser, prefix + name, field, text, hide=hide, **given))
+    return made
 
 
 def add_balancing_flags(parser: argparse.ArgumentParser) -> None:
@@ -469,10 +474,7 @@ def add_balancing_flags(parser: argparse.ArgumentParser) -> None:
         f"{len(TUNING_FLAGS)} more flags: estimator, allocator, fits, change detection, guards "
         "and claim bounds (fl_lbbsp.core.settings.Tuning); --help-all lists them",
     )
-    hidden = [
-        _add_field(tuning, name, field, str(field.description), hide=True)
-        for name, field in ((n, Tuning.model_fields[n]) for n in TUNING_FLAGS)
-    ]
+    hidden = add_model_flags(tuning, Tuning, TUNING_FLAGS, hide=True)
     parser.add_argument(
         "--help-all", action=_HelpAll, hidden=hidden, help="show every flag, the tuning ones too"
     )
