@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .cli_parser import build_parser
+from .cli_parser import CKKS_FLAGS, build_parser, values_of
 from .cli_runs import (
     RunFailedError,
     fail,
@@ -61,13 +61,7 @@ def _silo_keys(args: argparse.Namespace) -> int:
 def _generate_keys(args: argparse.Namespace) -> int:
     from .crypto import CKKSConfig, generate_keys, write_key_files
 
-    config = CKKSConfig(
-        poly_modulus_degree=args.poly_modulus_degree,
-        coeff_mod_bit_sizes=args.coeff_mod_bit_sizes,
-        scale_bits=args.scale_bits,
-        value_bits=args.value_bits,
-    )
-    keys = generate_keys(config)
+    keys = generate_keys(CKKSConfig(**values_of(args, CKKS_FLAGS)))
     files = write_key_files(keys, args.out, overwrite=args.force)
     print(f"secret context (give to every silo, keep from the server): {files.secret}")
     print(f"public context (give to the server): {files.public}")
@@ -255,14 +249,9 @@ def _main(argv: Sequence[str] | None) -> int:
             parser.error(str(err))
     from .runs.fl import SCHEMES
 
-    chosen, flag = [], "--scheme"
-    if args.command == "simulate":
-        chosen = [args.scheme]
-    elif args.command == "compare":
-        chosen, flag = args.schemes or [""], "--schemes"
-    for scheme in chosen:
-        if scheme not in SCHEMES:
-            parser.error(f"unknown {flag} {scheme!r}: expected one of {', '.join(SCHEMES)}")
+    for scheme in (args.schemes or [""]) if args.command == "compare" else []:
+        if scheme not in SCHEMES:  # simulate's --scheme is a choice among them
+            parser.error(f"unknown --schemes {scheme!r}: expected one of {', '.join(SCHEMES)}")
     from .datasets import DataSourceError
     from .security.identity import IdentityError
     from .strategies.checkpoint import CheckpointError, CheckpointWriteError

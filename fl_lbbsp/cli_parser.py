@@ -1,24 +1,43 @@
 """The argument parser of ``fl-lbbsp`` and the checks of single flag values (one line,
 exit code 2, for a value out of range).
 
-The balancing flags are made from the settings models (:func:`add_balancing_flags`):
-:class:`~fl_lbbsp.core.settings.BalancingKnobs` in ``--help``,
-:class:`~fl_lbbsp.core.settings.Tuning` in ``--help-all``; a new knob needs no edit here."""
+A flag that sets a field of a settings model is made from that field
+(:func:`add_model_flags`: its type, choices, default and help); only the CLI's own flags
+(output paths, display, a flag folded into another setting) are written here. The
+balancing flags are :class:`~fl_lbbsp.core.settings.BalancingKnobs`' in ``--help``,
+:class:`~fl_lbbsp.core.settings.Tuning`'s in ``--help-all``; a new knob or run setting
+needs no edit here. A subcommand's flags are made when it is parsed, so that
+``fl-lbbsp --help`` and the key commands import no run's models."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
+import re
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, NoReturn, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
 
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from .core.settings import BalancingKnobs, Tuning
+from .core.silo.narx import NARX
 
-__all__ = ["BALANCING_FLAGS", "TUNING_FLAGS", "add_balancing_flags", "balancing_of", "build_parser"]
+__all__ = [
+    "BALANCING_FLAGS",
+    "CKKS_FLAGS",
+    "NARX_FLAGS",
+    "TUNING_FLAGS",
+    "add_balancing_flags",
+    "add_model_flags",
+    "balancing_of",
+    "build_parser",
+    "run_flags",
+    "values_of",
+]
 
 BALANCING_FLAGS: tuple[str, ...] = tuple(
     name for name in BalancingKnobs.model_fields if name not in {"balance", "tuning"}
@@ -32,10 +51,34 @@ TUNING_FLAGS: tuple[str, ...] = tuple(
 )
 """The :class:`~fl_lbbsp.core.settings.Tuning` knobs that are flags: all but the runner's
 ``check_times`` and the option dicts (``--narx-warmup``, ...)."""
+NARX_FLAGS = ("warmup", "train_every")
+"""The :class:`~fl_lbbsp.core.silo.narx.NARX` settings that are flags (``--narx-warmup``),
+given to the run as ``estimator_options``."""
+CKKS_FLAGS = ("poly_modulus_degree", "coeff_mod_bit_sizes", "scale_bits", "value_bits")
+"""The :class:`~fl_lbbsp.crypto.CKKSConfig` fields that are flags of ``keys generate``."""
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its usage errors on one line like every other error of the CLI."""
+    """argparse, with its usage errors on one line like every other error of the CLI, and
+    its flags made by ``flags(parser)`` when it first parses (a subcommand's, which import
+    its models)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        flags: Callable[[argparse.ArgumentParser], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._flags = flags
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        flags, self._flags = self._flags, None
+        if flags is not None:
+            flags(self)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"fl-lbbsp: error: {' '.join(message.split())} (see {self.prog} --help)\n")
@@ -46,36 +89,27 @@ def _names(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-def _fractions(text: str) -> list[float]:
-    """``--cpu-quota``: comma-separated finite positive numbers."""
-    try:
-        values = [float(s) for s in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or any(not (0 < v < float("inf")) for v in values):
-        raise argparse.ArgumentTypeError(
-            f"invalid --cpu-quota {text!r:.60}: expected comma-separated finite positive "
-            "fractions of a core, e.g. 1,0.5,0.25"
-        )
-    return values
+def _positives(flag: str, expected: str, *, none: bool = False) -> Callable[[str], list[Any]]:
+    """A flag's comma-separated finite positive numbers (``--cpu-quota``), ``-`` / ``none``
+    entries too when ``none`` (``--link-mbps``); a usage error naming ``flag`` otherwise."""
 
+    def parse(text: str) -> list[Any]:
+        values: list[float | None] = []
+        for part in text.split(","):
+            word = part.strip().lower()
+            try:
+                value = None if none and word in {"-", "none"} else float(word)
+            except ValueError:
+                value = -1.0
+            if value is not None and not (0 < value < float("inf")):
+                raise argparse.ArgumentTypeError(
+                    f"invalid {flag} {text!r:.60}: expected comma-separated finite positive "
+                    f"{expected}"
+                )
+            values.append(value)
+        return values
 
-def _link_rates(text: str) -> list[float | None]:
-    """``--link-mbps``: comma-separated finite positive rates, ``-`` / ``none`` for none."""
-    rates: list[float | None] = []
-    for part in text.split(","):
-        word = part.strip().lower()
-        try:
-            rate = None if word in {"-", "none"} else float(word)
-        except ValueError:
-            rate = -1.0
-        if rate is not None and not (0 < rate < float("inf")):
-            raise argparse.ArgumentTypeError(
-                f"invalid --link-mbps {text!r:.60}: expected comma-separated finite positive "
-                "Mbit/s or `none`, e.g. none,none,5"
-            )
-        rates.append(rate)
-    return rates
+    return parse
 
 
 def _speeds(text: str) -> list[float]:
@@ -119,7 +153,8 @@ def _fl_cost_model(text: str) -> str:
     return text
 
 
-def _schedules(text: str) -> str:
+def _schedules(text: str) -> tuple[str, ...]:
+    """``--slowdown-schedules``: one schedule per silo, ``;``-separated, each in order."""
     from .runs.config import check_schedule_order
 
     try:
@@ -127,18 +162,35 @@ def _schedules(text: str) -> str:
             check_schedule_order(schedule)
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"invalid --slowdown-schedules: {err}") from None
-    return text
+    return tuple(text.split(";"))
 
 
-def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
-    """Flags with the same meaning in FL (`simulate`, `compare`) and cluster mode."""
-    parser.add_argument(
-        "--dataset",
-        default="embedded",
-        help="embedded | mnist:PATH | cifar10:PATH | hf:PATH (your data: a save_to_disk "
-        "folder, a .parquet, .csv, .jsonl/.json or .arrow file, or a folder of such files; "
-        "see docs/datasets.md) (default: embedded)",
-    )
+def _add_run_flags(
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel],
+    *,
+    schemes: str | None,
+    target: str,
+    out: Path | None,
+    **options: dict[str, Any],
+) -> None:
+    """A run command's flags: one per field of its config ``model`` (:func:`run_flags`;
+    ``options`` as :func:`add_model_flags` takes them), ``--scheme`` among its schemes or,
+    given ``schemes`` (their default), ``--schemes``, the balancing and narx flags, and the
+    CLI's own (the ``hf:`` columns, ``target`` accuracy's help, the output and display)."""
+    if schemes is None:
+        add_model_flags(parser, model, ["scheme"])
+    else:
+        choices = " | ".join(get_args(model.model_fields["scheme"].annotation))
+        parser.add_argument(
+            "--schemes",
+            type=_names,
+            default=schemes,
+            help=f"comma-separated {choices} (default: {schemes})",
+        )
+    paths = {"encrypt": "KEYDIR", "checkpoint_dir": "DIR", "checkpoint_key": "FILE"}
+    given = {name: {"metavar": metavar} for name, metavar in paths.items()}
+    add_model_flags(parser, model, run_flags(model), speeds={"type": _speeds}, **given | options)
     parser.add_argument(
         "--hf-image-column",
         default=None,
@@ -151,109 +203,44 @@ def _add_shared_flags(parser: argparse.ArgumentParser, *, unit: str) -> None:
         metavar="COLUMN",
         help="hf:PATH: the column of class labels (default: label)",
     )
-    parser.add_argument("--model", default="lenet5", help="lenet5 | mlp (default: lenet5)")
-    parser.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
-    parser.add_argument(
-        "--narx-warmup",
-        type=int,
-        default=None,
-        metavar="N",
-        help="narx: reports per silo predicted by EMA before the network is first trained "
-        "(default: 500, the paper's; a run shorter than that is EMA throughout)",
-    )
-    parser.add_argument(
-        "--narx-train-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help="narx: retrain the network after every N new reports (default: 10)",
-    )
-    parser.add_argument(
-        "--parallel", type=int, default=1, help=f"{unit} computing at once (default: 1)"
-    )
-    parser.add_argument(
-        "--encrypt",
-        type=Path,
-        default=None,
-        metavar="KEYDIR",
-        help=f"CKKS-encrypt the {unit}' updates with the keys of `fl-lbbsp keys generate` in "
-        f"KEYDIR (the server only adds ciphertexts; accuracy is evaluated on the {unit})",
-    )
+    parser.add_argument("--target-accuracy", type=_accuracy, default=None, help=target)
+    parser.add_argument("--out", type=Path, default=out, help="output folder")
     parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
-    parser.add_argument(
-        "--checkpoint-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="checkpoint every round in DIR/<scheme>; rerunning the same command resumes "
-        "from there (default: no checkpoints)",
-    )
-    parser.add_argument(
-        "--checkpoint-key",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="sign the checkpoints with an HMAC under the key in FILE (from `fl-lbbsp keys "
-        "checkpoint`, mode 0600), so that an edited checkpoint is refused (default: a "
-        "digest, which detects damage, not edits)",
-    )
     parser.add_argument(
         "--quiet",
         action="store_true",
         help="only print the summary (no progress display, no per-round lines)",
     )
     parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
+    narx = parser.add_argument_group(
+        "narx", "the narx estimator's settings, with no other estimator"
+    )
+    unset: dict[str, Any] = {name: {"default": None} for name in NARX_FLAGS}  # given only
+    add_model_flags(narx, NARX, NARX_FLAGS, prefix="narx_", **unset)
     add_balancing_flags(parser)
 
 
-_SCHEMES = "fedavg | lbbsp | lbbsp-tau | lbbsp-eta | partial"
+def run_flags(model: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of a run's config ``model`` that are flags: all but its scheme, output
+    folder and balancing knobs (flags of their own) and those the CLI sets by flags of
+    its own (``emulate_wait``: ``--no-wait``; ``runtime``: ``--in-process``)."""
+    own = {"scheme", "out", "balancing", "emulate_wait", "runtime"}
+    return tuple(name for name in model.model_fields if name not in own)
 
 
-def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    _add_shared_flags(parser, unit="silos")
-    parser.add_argument("--silos", type=int, default=5, help="number of silos (default: 5)")
-    parser.add_argument(
-        "--silo-registry",
-        type=Path,
-        default=None,
-        metavar="KEYDIR",
-        help="check every reply's signature against KEYDIR/registry.json from `fl-lbbsp keys "
-        "silos --silos N`; silo i signs with KEYDIR/silo-<i>.key (default: silo ids are "
-        "believed)",
-    )
-    parser.add_argument(
-        "--speeds",
-        type=_speeds,
-        default=None,
-        help="emulated relative capacity per silo, e.g. 16,8,8,4,4 (default: all equal)",
-    )
-    parser.add_argument(
-        "--partition",
-        default="labels:2",
-        help="iid | labels:K | dirichlet:ALPHA (default: labels:2)",
-    )
-    parser.add_argument("--rounds", type=int, default=20, help="rounds (default: 20)")
-    parser.add_argument("--local-steps", type=int, default=20, help="tau (default: 20)")
-    parser.add_argument("--batch-size", type=int, default=32, help="B_init (default: 32)")
-    parser.add_argument("--lr", type=float, default=0.05, help="eta (default: 0.05)")
-    parser.add_argument(
-        "--target-accuracy",
-        type=_accuracy,
-        default=None,
-        help="accuracy for 'time to target' (default: 90%% of the lower best accuracy)",
-    )
-    parser.add_argument(
-        "--slowdown-schedules",
-        type=_schedules,
-        default=None,
-        help="further slowdown per silo over rounds, ';'-separated, e.g. "
-        "'1:1,10:2,20:1;1;1;1;1' halves silo 0's capacity in rounds 10-19 (default: none)",
-    )
-    parser.add_argument(
-        "--partial-replies",
-        type=int,
-        default=None,
-        help="scheme partial: replies aggregated per round (default: all silos but one)",
+def _add_fl_flags(parser: argparse.ArgumentParser, *, schemes: str | None) -> None:
+    """``simulate``'s flags (``schemes`` None: ``--scheme``) or ``compare``'s."""
+    from .runs.fl import SimulationConfig
+
+    _add_run_flags(
+        parser,
+        SimulationConfig,
+        schemes=schemes,
+        target="accuracy for 'time to target' (default: 90%% of the lower best accuracy)",
+        out=None,
+        cost_model={"type": _fl_cost_model, "metavar": "M,B[,C,X_MAX]"},
+        silo_registry={"metavar": "KEYDIR"},
+        slowdown_schedules={"type": _schedules, "metavar": "S;S;..."},
     )
     parser.add_argument(
         "--no-wait",
@@ -261,26 +248,32 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="emulated silos report k*t without waiting (k-1)*t: same figures, less wall time",
     )
     parser.add_argument(
-        "--cost-model",
-        type=_fl_cost_model,
-        default=None,
-        metavar="M,B[,C,X_MAX]",
-        help="emulated step time of the fastest silo, seconds per sample and per step: "
-        "silos report tau*k*(M*B_i+B) instead of their measured time; optionally a floor C "
-        "and a memory cap X_MAX (default: measured)",
-    )
-    parser.add_argument(
-        "--spend-saved-time",
-        action="store_true",
-        help="after --rounds, spend the time LB-BSP saved on the equal split (FedAvg's) on "
-        "more rounds, as many as fit (default: the same rounds, sooner)",
-    )
-    parser.add_argument(
         "--in-process",
         action="store_true",
         help="run the silos in this process one after the other, without Ray",
     )
-    parser.add_argument("--out", type=Path, default=None, help="output folder")
+
+
+def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    from .runs.cluster import ClusterConfig
+
+    _add_run_flags(
+        parser,
+        ClusterConfig,
+        schemes="bsp,lbbsp,lbbsp-naive",
+        target="accuracy for 'iterations to target' (default: 95%% of BSP's final accuracy)",
+        out=Path("runs/cluster"),
+    )
+
+
+def _add_ckks_flags(parser: argparse.ArgumentParser) -> None:
+    try:
+        from .crypto import CKKSConfig
+    except ImportError as err:  # the `he` extra is not installed: one line, exit code 2
+        parser.error(str(err))
+    parser.add_argument("--out", type=Path, required=True, help="folder for the key files")
+    add_model_flags(parser, CKKSConfig, CKKS_FLAGS)
+    parser.add_argument("--force", action="store_true", help="replace existing key files")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -289,45 +282,29 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fl-lbbsp", description="LB-BSP straggler-free federated learning on Flower"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    simulate = sub.add_parser("simulate", help="run one scheme on the Simulation Engine")
-    simulate.add_argument("--scheme", default="lbbsp", help=f"{_SCHEMES} (default: lbbsp)")
-    _add_run_flags(simulate)
-    compare = sub.add_parser("compare", help="run FedAvg, LB-BSP or baselines on the same setup")
-    compare.add_argument(
-        "--schemes",
-        type=_names,
-        default="fedavg,lbbsp",
-        help=f"comma-separated {_SCHEMES} (default: fedavg,lbbsp)",
+    sub.add_parser(
+        "simulate",
+        help="run one scheme on the Simulation Engine",
+        flags=lambda simulate: _add_fl_flags(simulate, schemes=None),
     )
-    _add_run_flags(compare)
-    _add_cluster_parser(sub)
+    sub.add_parser(
+        "compare",
+        help="run FedAvg, LB-BSP or baselines on the same setup",
+        flags=lambda compare: _add_fl_flags(compare, schemes="fedavg,lbbsp"),
+    )
+    sub.add_parser(
+        "cluster",
+        help="parameter-server mode: one synchronous iteration per round",
+        flags=_add_cluster_flags,
+    )
     _add_deploy_local(sub)
     keys = sub.add_parser("keys", help="CKKS keys for encrypted updates, silos' signing keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    generate = keys_sub.add_parser(
+    keys_sub.add_parser(
         "generate",
         help="write secret.ckks (silos), public.ckks (server) and fingerprint.txt",
+        flags=_add_ckks_flags,
     )
-    generate.add_argument("--out", type=Path, required=True, help="folder for the key files")
-    generate.add_argument(
-        "--poly-modulus-degree", type=int, default=4096, help="ring degree N (default: 4096)"
-    )
-    generate.add_argument(
-        "--coeff-mod-bit-sizes",
-        type=_integers("--coeff-mod-bit-sizes", "60,40"),
-        default=(60, 40),
-        help="data and special prime sizes in bits (default: 60,40)",
-    )
-    generate.add_argument(
-        "--scale-bits", type=int, default=35, help="log2 of the CKKS scale (default: 35)"
-    )
-    generate.add_argument(
-        "--value-bits",
-        type=int,
-        default=2,
-        help="silos refuse to encrypt a value above 2^value-bits in magnitude (default: 2)",
-    )
-    generate.add_argument("--force", action="store_true", help="replace existing key files")
     silos = keys_sub.add_parser(
         "silos",
         help="write one Ed25519 signing key per silo (silo-<id>.key) and registry.json "
@@ -342,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     silos.add_argument(
         "--dataset-sizes",
-        type=_integers("--dataset-sizes", "600,450"),
+        type=_parse("--dataset-sizes", tuple[int, ...], optional=False),
         default=None,
         help="each silo's declared dataset size, comma-separated (default: none declared)",
     )
@@ -364,64 +341,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _integers(flag: str, example: str) -> Callable[[str], tuple[int, ...]]:
-    """A flag's comma-separated integers (``--dataset-sizes 600,450``)."""
-
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(s) for s in text.split(",") if s.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"invalid {flag} {text!r}: expected integers like {example}"
-            ) from None
-
-    return parse
-
-
-def _add_cluster_parser(sub: Any) -> None:
-    cluster = sub.add_parser(
-        "cluster", help="parameter-server mode: one synchronous iteration per round"
-    )
-    _add_shared_flags(cluster, unit="workers")
-    cluster.add_argument(
-        "--schemes",
-        type=_names,
-        default="bsp,lbbsp,lbbsp-naive",
-        help="comma-separated bsp | lbbsp | lbbsp-naive (default: all three)",
-    )
-    cluster.add_argument("--workers", type=int, default=4, help="workers (default: 4)")
-    cluster.add_argument(
-        "--speeds", type=_speeds, default=None, help="emulated capacity per worker, e.g. 4,2,1,1"
-    )
-    cluster.add_argument(
-        "--data", default="full", help="full | shard: where workers draw samples (default: full)"
-    )
-    cluster.add_argument("--iterations", type=int, default=100, help="iterations (default: 100)")
-    cluster.add_argument(
-        "--batch-size", type=int, default=64, help="initial batch per worker (default: 64)"
-    )
-    cluster.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
-    cluster.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default: 0)")
-    cluster.add_argument(
-        "--cost-model",
-        default=None,
-        help="emulated batch time 'm,b,C,x_max' of the fastest worker (default: real compute)",
-    )
-    cluster.add_argument(
-        "--wait", action="store_true", help="wait out the cost model's time (default: report it)"
-    )
-    cluster.add_argument(
-        "--eval-every", type=int, default=5, help="evaluate every N iterations (default: 5)"
-    )
-    cluster.add_argument(
-        "--target-accuracy",
-        type=_accuracy,
-        default=None,
-        help="accuracy for 'iterations to target' (default: 95%% of BSP's final accuracy)",
-    )
-    cluster.add_argument("--out", type=Path, default=Path("runs/cluster"), help="output folder")
-
-
 def _add_deploy_local(sub: Any) -> None:
     deploy = sub.add_parser(
         "deploy-local",
@@ -439,7 +358,7 @@ def _add_deploy_local(sub: Any) -> None:
     )
     deploy.add_argument(
         "--cpu-quota",
-        type=_fractions,
+        type=_positives("--cpu-quota", "fractions of a core, e.g. 1,0.5,0.25"),
         default=None,
         metavar="Q,Q,...",
         help="real capacity: each silo's SuperNode, its ClientApp processes and its warm "
@@ -449,7 +368,7 @@ def _add_deploy_local(sub: Any) -> None:
     )
     deploy.add_argument(
         "--link-mbps",
-        type=_link_rates,
+        type=_positives("--link-mbps", "Mbit/s or `none`, e.g. none,none,5", none=True),
         default=None,
         metavar="R,R,...",
         help="each silo's link to the SuperLink in Mbit/s through a rate-limited proxy on "
@@ -515,38 +434,65 @@ def _add_deploy_local(sub: Any) -> None:
     )
 
 
+def add_model_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    model: type[BaseModel],
+    names: Iterable[str],
+    *,
+    prefix: str = "",
+    hide: bool = False,
+    **options: dict[str, Any],
+) -> list[tuple[argparse.Action, str]]:
+    """One flag per field of ``model`` in ``names`` (``--batch-size`` for ``batch_size``,
+    after ``prefix``), and its help (suppressed when ``hide``).
+
+    Its value is parsed to the field's type (a choice among a ``Literal``'s values,
+    ``none`` for an optional field, comma-separated items for a tuple, ``--no-NAME`` for a
+    switch), its default is the field's, its help the field's description (its docstring,
+    or its entry in the model's numpydoc ``Parameters``) with that default; its bounds are
+    the model's to check. ``options[name]``: argparse keywords that replace the made ones
+    (a parser with a finer message, a metavar).
+    """
+    docs, made = _parameter_docs(model), []
+    for name in names:
+        field, given = model.model_fields[name], options.get(name, {})
+        text = field.description or docs[name]
+        made.append(_add_field(parser, prefix + name, field, text, hide=hide, **given))
+    return made
+
+
 def add_balancing_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per knob of :data:`BALANCING_FLAGS` (group ``balancing``) and of
-    :data:`TUNING_FLAGS` (group ``tuning``, shown by ``--help-all``): its help is the
-    knob's description with its default, its value parsed to the knob's type (a choice
-    among a ``Literal``'s values, ``none`` for an optional knob, ``--no-NAME`` for a
-    switch)."""
+    :data:`TUNING_FLAGS` (group ``tuning``, shown by ``--help-all``), made as
+    :func:`add_model_flags` makes them."""
     group = parser.add_argument_group(
         "balancing", "what the balancer is allowed to do (fl_lbbsp.core.settings.BalancingKnobs)"
     )
-    for name in BALANCING_FLAGS:
-        _add_knob(group, name, BalancingKnobs.model_fields[name])
+    add_model_flags(group, BalancingKnobs, BALANCING_FLAGS)
     tuning = parser.add_argument_group(
         "tuning",
         f"{len(TUNING_FLAGS)} more flags: estimator, allocator, fits, change detection, guards "
         "and claim bounds (fl_lbbsp.core.settings.Tuning); --help-all lists them",
     )
-    hidden = [
-        _add_knob(tuning, name, Tuning.model_fields[name], hide=True) for name in TUNING_FLAGS
-    ]
+    hidden = add_model_flags(tuning, Tuning, TUNING_FLAGS, hide=True)
     parser.add_argument(
         "--help-all", action=_HelpAll, hidden=hidden, help="show every flag, the tuning ones too"
     )
 
 
-def _add_knob(
-    group: argparse._ArgumentGroup, name: str, field: FieldInfo, *, hide: bool = False
+def _add_field(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup,
+    name: str,
+    field: FieldInfo,
+    description: str,
+    *,
+    hide: bool = False,
+    **given: Any,
 ) -> tuple[argparse.Action, str]:
-    """The flag of one knob (its help suppressed when ``hide``), and its help."""
+    """The flag of one field (its help suppressed when ``hide``; argparse keywords
+    ``given`` replacing the made ones), and its help."""
     flag, default = "--" + name.replace("_", "-"), field.default
-    shown = "none" if default is None else f"{default:.3g}" if type(default) is float else default
-    text = " ".join(str(field.description).replace("``", "").split()).replace("%", "%%")
-    text = f"{text} (default: {shown})"
+    text = f"{_plain(description)} (default: {_shown(default)})"
     options: dict[str, Any] = {"default": default, "help": argparse.SUPPRESS if hide else text}
     kind, optional = _kind(field.annotation)
     if kind is bool:
@@ -556,7 +502,42 @@ def _add_knob(
     else:
         options["type"] = _parse(flag, kind, optional=optional)
         options["metavar"] = name.split("_")[-1].upper()
-    return group.add_argument(flag, **options), text
+    return group.add_argument(flag, **{**options, **given}), text
+
+
+def _parameter_docs(model: type[BaseModel]) -> dict[str, str]:
+    """Each field's entry in the numpydoc ``Parameters`` of ``model`` and its bases (the
+    model's own winning), by name."""
+    docs: dict[str, str] = {}
+    for cls in reversed(model.__mro__[: model.__mro__.index(BaseModel)]):
+        lines = inspect.cleandoc(cls.__dict__.get("__doc__") or "").splitlines()
+        name = section = ""
+        for line, under in zip(lines, [*lines[1:], ""], strict=True):
+            if under and set(under) == {"-"}:
+                section, name = line, ""
+            elif section == "Parameters" and (head := re.fullmatch(r"(\w+) : .*", line)):
+                name, docs[head[1]] = head[1], ""
+            elif name and line[:1] in (" ", ""):
+                docs[name] += " " + line
+            else:
+                name = ""
+    return docs
+
+
+def _plain(text: str) -> str:
+    """A description as help: one line, no reST markup (``code``, :role:`~a.b.Name` as
+    ``Name``), ``%`` escaped for argparse."""
+    text = re.sub(r":\w+:`~[\w.]*?(\w+)`|:\w+:`([^`]+)`", lambda m: m[1] or m[2], text)
+    return " ".join(text.replace("``", "").split()).replace("%", "%%")
+
+
+def _shown(default: Any) -> str:
+    """A default as help shows it: ``none``, 3 digits of a float, a tuple's items by commas."""
+    if default is None:
+        return "none"
+    if type(default) is float:
+        return f"{default:.3g}"
+    return ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
 
 
 class _HelpAll(argparse.Action):
@@ -577,26 +558,38 @@ class _HelpAll(argparse.Action):
 
 def balancing_of(args: argparse.Namespace) -> dict[str, Any]:
     """The knobs given by :func:`add_balancing_flags`' flags, by name."""
-    return {name: getattr(args, name) for name in (*BALANCING_FLAGS, *TUNING_FLAGS)}
+    return values_of(args, (*BALANCING_FLAGS, *TUNING_FLAGS))
+
+
+def values_of(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    """The values of the flags :func:`add_model_flags` made of the fields ``names``."""
+    return {name: getattr(args, name) for name in names}
 
 
 def _kind(annotation: Any) -> tuple[Any, bool]:
-    """A knob's type without ``None``, and whether ``None`` is allowed."""
+    """A field's type without ``None`` and its ``Annotated`` constraints, and whether
+    ``None`` is allowed."""
+    kind, optional = annotation, False
     if get_origin(annotation) in (Union, types.UnionType):
         kinds = [a for a in get_args(annotation) if a is not type(None)]
-        return kinds[0], len(kinds) < len(get_args(annotation))
-    return annotation, False
+        kind, optional = kinds[0], len(kinds) < len(get_args(annotation))
+    return (get_args(kind)[0] if get_origin(kind) is Annotated else kind), optional
 
 
-def _parse(flag: str, kind: Callable[[str], Any], *, optional: bool) -> Callable[[str], Any]:
-    """``kind(text)``, or ``None`` for ``none`` when ``optional``; a usage error naming
-    ``flag`` otherwise (its bounds are the settings' to check)."""
-    expected = f"{getattr(kind, '__name__', 'a value')}{' or none' if optional else ''}"
+def _parse(flag: str, kind: Any, *, optional: bool) -> Callable[[str], Any]:
+    """``kind(text)`` (a tuple's items from comma-separated text), or ``None`` for
+    ``none`` when ``optional``; a usage error naming ``flag`` otherwise (its bounds are
+    the model's to check)."""
+    item = _kind(get_args(kind)[0])[0] if get_origin(kind) is tuple else None
+    name = getattr(item or kind, "__name__", "a value")
+    expected = f"{f'comma-separated {name}s' if item else name}{' or none' if optional else ''}"
 
     def parse(text: str) -> Any:
         if optional and text.strip().lower() == "none":
             return None
         try:
+            if item is not None:
+                return tuple(item(s) for s in text.split(",") if s.strip())
             return kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(

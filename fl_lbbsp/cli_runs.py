@@ -11,11 +11,11 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from .cli_parser import balancing_of
+from .cli_parser import NARX_FLAGS, balancing_of, run_flags, values_of
 
 __all__ = ["RunFailedError", "fail", "run_cluster_command", "run_command", "validation_message"]
 
@@ -61,16 +61,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
 
     schemes = args.schemes
     configs = {
-        scheme: ClusterConfig(
-            **_run_settings(args, scheme, args.out),
-            workers=args.workers,
-            data=args.data,
-            iterations=args.iterations,
-            momentum=args.momentum,
-            cost_model=args.cost_model,
-            wait=args.wait,
-            eval_every=args.eval_every,
-        )
+        scheme: ClusterConfig(**_run_settings(args, ClusterConfig, scheme, args.out))
         for scheme in schemes
     }
     first = configs[schemes[0]]
@@ -118,44 +109,27 @@ def _write_report(path: Path, config: Any, report: dict[str, Any]) -> None:
     print(f"report: {path}")
 
 
-def _run_settings(args: argparse.Namespace, scheme: str, out: Path) -> dict[str, Any]:
-    """The settings FL and cluster runs take alike
-    (:class:`~fl_lbbsp.runs.config.RunSettings`) from their flags."""
+def _run_settings(
+    args: argparse.Namespace, model: type[BaseModel], scheme: str, out: Path
+) -> dict[str, Any]:
+    """The settings of a run's config ``model`` from its flags
+    (:func:`~fl_lbbsp.cli_parser.run_flags`), the dataset, knobs, scheme and output."""
     return {
+        **values_of(args, run_flags(model)),
         "scheme": scheme,
-        "speeds": None if args.speeds is None else tuple(args.speeds),
         "dataset": _dataset(args),
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "model": args.model,
-        "seed": args.seed,
         "balancing": _balancing(args),
-        "parallel": args.parallel,
         "out": out,
-        "encrypt": args.encrypt,
-        "checkpoint_dir": args.checkpoint_dir,
-        "checkpoint_key": args.checkpoint_key,
     }
 
 
 def _config(args: argparse.Namespace, scheme: str, out: Path) -> Any:
-    from .runs.fl import Scheme, SimulationConfig
+    from .runs.fl import SimulationConfig
 
     return SimulationConfig(
-        **_run_settings(args, cast(Scheme, scheme), out),  # checked against SCHEMES by main()
-        silos=args.silos,
-        partition=args.partition,
-        rounds=args.rounds,
-        local_steps=args.local_steps,
-        slowdown_schedules=None
-        if args.slowdown_schedules is None
-        else tuple(args.slowdown_schedules.split(";")),
-        partial_replies=args.partial_replies,
+        **_run_settings(args, SimulationConfig, scheme, out),  # checked against SCHEMES
         emulate_wait=not args.no_wait,
-        cost_model=args.cost_model,
         runtime="inprocess" if args.in_process else "ray",
-        silo_registry=args.silo_registry,
-        spend_saved_time=args.spend_saved_time,
     )
 
 
@@ -271,11 +245,8 @@ def _balancing(args: argparse.Namespace) -> dict[str, Any]:
 def _estimator_options(args: argparse.Namespace) -> dict[str, Any]:
     """The estimator's extra settings given on the command line (narx's warm-up and
     retraining interval), refused for another estimator."""
-    options = {
-        name: value
-        for name, value in (("warmup", args.narx_warmup), ("train_every", args.narx_train_every))
-        if value is not None
-    }
+    given = {name: getattr(args, f"narx_{name}") for name in NARX_FLAGS}
+    options = {name: value for name, value in given.items() if value is not None}
     if options and args.estimator != "narx":
         flags = ", ".join(f"--narx-{name.replace('_', '-')}" for name in options)
         fail(f"{flags}: only with --estimator narx (got --estimator {args.estimator})")
@@ -292,7 +263,7 @@ def validation_message(err: ValidationError) -> str:
         field = next((p for p in item["loc"] if p not in groups), item["loc"][0])
         flag = "--" + str(field).replace("_", "-")
         if field == "estimator_options":  # given by the --narx-* flags
-            flag = "--narx-warmup / --narx-train-every"
+            flag = " / ".join(f"--narx-{name.replace('_', '-')}" for name in NARX_FLAGS)
         message = str(item["msg"]).removeprefix("Value error, ")
         parts.append(f"{flag}: {message} (got {item.get('input')!r})")
     return "; ".join(parts)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,70 @@ def test_a_command_run_in_process_leaves_the_loggers_as_it_found_them(tmp_path: 
     # stderr left on ours
     assert code == 0
     assert snapshot() == before
+
+
+@pytest.mark.parametrize("command", ["simulate", "cluster"])
+def test_every_run_setting_is_a_flag_with_its_models_default(command: str) -> None:
+    # Prepare
+    from fl_lbbsp.cli_parser import build_parser, run_flags
+    from fl_lbbsp.runs.cluster import ClusterConfig
+    from fl_lbbsp.runs.fl import SimulationConfig
+
+    model = SimulationConfig if command == "simulate" else ClusterConfig
+
+    # Execute
+    args = build_parser().parse_args([command])
+
+    # Assert: every field but those with flags of their own, at the model's default (B_init
+    # is 32 in FL runs, 64 in cluster runs)
+    assert {"silos", "rounds"} <= set(run_flags(SimulationConfig))
+    assert {"workers", "iterations"} <= set(run_flags(ClusterConfig))
+    for name in run_flags(model):
+        assert getattr(args, name) == model.model_fields[name].default, name
+    assert args.batch_size == (32 if command == "simulate" else 64)
+
+
+def test_a_run_settings_help_is_its_fields_documentation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Execute
+    shown = _help(["cluster", "--help"], capsys)
+
+    # Assert: the entries of ClusterConfig's and RunSettings' numpydoc Parameters
+    assert "--iterations ITERATIONS Synchronous iterations (rounds). (default: 100)" in shown
+    assert "--lr LR Learning rate eta. (default: 0.05)" in shown
+    assert "--data {full,shard}" in shown
+
+
+def test_generated_flags_parse_to_their_fields_types() -> None:
+    # Prepare
+    from fl_lbbsp.cli_parser import build_parser
+
+    argv = ["simulate", "--slowdown-schedules", "1:1,3:2;1;1", "--partial-replies", "none",
+            "--silos", "3", "--spend-saved-time", "--narx-warmup", "7"]  # fmt: skip
+
+    # Execute
+    args = build_parser().parse_args(argv)
+    keys = build_parser().parse_args(["keys", "generate", "--out", "k", "--coeff-mod-bit-sizes",
+                                      "50,40"])  # fmt: skip
+
+    # Assert
+    assert args.slowdown_schedules == ("1:1,3:2", "1", "1") and args.partial_replies is None
+    assert args.silos == 3 and args.spend_saved_time is True and args.narx_warmup == 7
+    assert args.narx_train_every is None  # not given: the estimator's own default
+    assert keys.coeff_mod_bit_sizes == (50, 40) and keys.scale_bits == 35
+
+
+def test_the_top_level_help_imports_no_run_models() -> None:
+    # Execute: `fl-lbbsp --help` in a fresh interpreter
+    code = (
+        "import sys\nfrom fl_lbbsp.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'tenseal'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+
+    # Assert: the subcommands' flags, made from the run configs, were not made
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -82,6 +82,16 @@ def test_an_encrypted_run_without_tenseal_fails_before_round_1_naming_the_extra(
     assert not (tmp_path / "lbbsp.jsonl").exists()
 
 
+def test_key_generation_without_tenseal_exits_2_naming_the_extra(tmp_path: Path) -> None:
+    # Execute: its flags are made from CKKSConfig, which needs TenSEAL
+    done = run_without_tenseal(["keys", "generate", "--out", str(tmp_path / "keys")], tmp_path)
+
+    # Assert: one line naming the extra, no key written
+    assert done.returncode == 2
+    assert "fl_lbbsp[he]" in one_line(done.stderr)
+    assert not (tmp_path / "keys").exists()
+
+
 def test_a_run_whose_silos_all_fail_exits_1_with_the_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

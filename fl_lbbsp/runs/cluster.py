@@ -65,9 +65,11 @@ class ClusterConfig(RunSettings):
     out : Path (default: runs/cluster)
         Folder for telemetry and reports.
     encrypt : Path | None (default: None)
-        As :class:`~fl_lbbsp.runs.config.RunSettings`: the workers keep model replicas
+        Key folder from ``fl-lbbsp keys generate``: CKKS-encrypted gradients, which the
+        server only adds; the workers keep model replicas
         (:class:`~fl_lbbsp.strategies.encrypted_cluster.EncryptedLBBSPCluster`) and
-        evaluate on their shares of the test split. Not with ``lbbsp-naive``.
+        evaluate on their shares of the test split. Not with ``lbbsp-naive``. ``None``:
+        plaintext.
     """
 
     unit: ClassVar[str] = "workers"

@@ -176,7 +176,9 @@ class RunSettings(BaseModel):
         runs ``max(speeds) / speeds[i]`` times slower than this one. ``None``: no
         emulation.
     dataset : str (default: "embedded")
-        ``embedded``, ``mnist:PATH``, ``cifar10:PATH`` or ``hf:PATH``.
+        ``embedded``, ``mnist:PATH``, ``cifar10:PATH`` or ``hf:PATH`` (your data: a
+        ``save_to_disk`` folder, a .parquet, .csv, .jsonl/.json or .arrow file, or a folder
+        of such files; see docs/datasets.md).
     batch_size : int (default: 32)
         B_init, every machine's batch size before the first reports.
     lr : float (default: 0.05)

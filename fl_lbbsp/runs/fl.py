@@ -81,8 +81,9 @@ class SimulationConfig(RunSettings):
     out : Path (default: runs/simulate)
         Folder for telemetry and reports.
     encrypt : Path | None (default: None)
-        As :class:`~fl_lbbsp.runs.config.RunSettings`; the test accuracy is then federated
-        (each silo evaluates on its share of the test split).
+        Key folder from ``fl-lbbsp keys generate``: CKKS-encrypted updates, which the
+        server only adds; the test accuracy is then federated (each silo evaluates on its
+        share of the test split). ``None``: plaintext.
     silo_registry : Path | None (default: None)
         Key folder from ``fl-lbbsp keys silos``: the server checks every reply's
         signature against its ``registry.json`` and silo ``i`` signs with its

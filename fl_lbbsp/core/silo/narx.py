@@ -228,7 +228,8 @@ class NARX(SpeedEstimator):
     alpha : float (default: 0.2)
         The fallback EMA's weight.
     warmup : int (default: 500)
-        Observations before the network is first trained and used (the paper's 500).
+        Observations before the network is first trained and used (the paper's 500); the
+        EMA predicts until then.
     hidden : int (default: 2)
         Hidden units; with 6 inputs, 2 give 17 parameters (the paper: "less than 20").
     train_every : int (default: 10)
