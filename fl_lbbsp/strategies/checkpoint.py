@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import io
 import json
 import logging
 import os
@@ -57,7 +58,6 @@ _MAGIC_KEYED = b"FL-LBBSP-CHECKPOINT-2-HMAC-SHA256\n"
 _OLD_MAGIC = b"FL-LBBSP-CHECKPOINT"
 _DIGEST = hashlib.sha256().digest_size
 _FILE = re.compile(r"^round-(\d+)\.ckpt$")
-_TEMP = re.compile(r"^\.round-\d+\.ckpt\.\d+\.tmp$")
 _MODEL = "arrays"
 _FORMAT_1 = (
     "a checkpoint of an older fl_lbbsp (format 1), which this version cannot resume: use "
@@ -283,9 +283,7 @@ class CheckpointStore:
 
     def rounds(self) -> list[int]:
         """Rounds with a checkpoint file, oldest first."""
-        if not self.directory.is_dir():
-            return []
-        found = (_FILE.match(p.name) for p in self.directory.iterdir())
+        found = (_FILE.match(p.name) for p in self.directory.glob("round-*.ckpt"))
         return sorted(int(m.group(1)) for m in found if m)
 
     def _open(self, path: Path) -> bytes:
@@ -313,10 +311,9 @@ class CheckpointStore:
 
     def _clean(self) -> None:
         """Remove the temporary files of writers killed mid-write."""
-        if self.directory.is_dir():
-            for stale in (p for p in self.directory.iterdir() if _TEMP.match(p.name)):
-                log.warning("removing %s, left by a checkpoint write that was cut short", stale)
-                stale.unlink(missing_ok=True)
+        for stale in self.directory.glob(".round-*.ckpt.*.tmp"):  # as _write names them
+            log.warning("removing %s, left by a checkpoint write that was cut short", stale)
+            stale.unlink(missing_ok=True)
 
     def _write(self, final: Path, payload: bytes) -> None:
         """``payload`` sealed into ``final`` through a temporary file, synced and renamed
@@ -391,21 +388,19 @@ class CheckpointStore:
             contents that fail validation (an older format too).
         """
         path = Path(path)
-        payload = self._open(path)
+        payload = io.BytesIO(self._open(path))
         try:
-            size = int.from_bytes(payload[:8], "big")
-            header, offset, records = json.loads(payload[8 : 8 + size]), 8 + size, {}
+            header, records = json.loads(payload.read(int.from_bytes(payload.read(8), "big"))), {}
             for name, arrays in header["records"].items():
                 records[name] = ArrayRecord()
                 for key, dtype, shape, stype, length in arrays:
-                    if len(data := payload[offset : offset + length]) != length:
+                    if len(data := payload.read(length)) != length:
                         raise ValueError("truncated")
                     records[name][key] = Array(
                         dtype=dtype, shape=tuple(shape), stype=stype, data=data
                     )
-                    offset += length
-            if offset != len(payload):
-                raise ValueError(f"{len(payload) - offset} bytes after the last array")
+            if rest := len(payload.read()):
+                raise ValueError(f"{rest} bytes after the last array")
             manifest, state, model = header["manifest"], header["state"], records.pop(_MODEL)
         except Exception as err:  # noqa: BLE001 - any decoding failure means unreadable
             message = " ".join(str(err).split())[:200]

@@ -34,8 +34,7 @@ from .checkpoint import (
 from .config import ServerConfig
 from .later_rounds import EvaluateFn, LaterRounds
 
-__all__ = ["Checkpointable", "Checkpointing", "EvaluateFn", "resume_from", "save_checkpoint",
-           "store_of"]  # fmt: skip
+__all__ = ["Checkpointable", "Checkpointing", "resume_from", "save_checkpoint", "store_of"]
 
 log = logging.getLogger("fl_lbbsp")
 

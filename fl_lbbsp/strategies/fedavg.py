@@ -39,7 +39,7 @@ from ..security.guard import guard
 from ..security.identity import SiloRegistry, load_registry
 from ..telemetry import TelemetryWriter
 from .checkpoint import Checkpoint
-from .checkpointing import Checkpointing, EvaluateFn, store_of
+from .checkpointing import Checkpointing, store_of
 from .config import (
     ServerConfig,
     record_keys,
@@ -50,7 +50,7 @@ from .config import (
 )
 from .deadline import DeadlineGrid
 from .defenses import Defenses
-from .later_rounds import LaterRounds, merge_results
+from .later_rounds import EvaluateFn, LaterRounds, merge_results
 from .outcomes import (
     NoUpdateError,
     RoundOutcomes,
