@@ -239,6 +239,7 @@ def run_cell(
     seed: int,
     federation: dict[str, Any],
     clip_factor: float | None = None,
+    max_weight_ratio: float | None = None,
 ) -> dict[str, Any]:
     """One federation; its accuracy per round, the rounds rolled back and rejections.
 
@@ -271,6 +272,7 @@ def run_cell(
             "balance": True,
             "check_times": False,
             **({} if clip_factor is None else {"clip_factor": clip_factor}),
+            **({} if max_weight_ratio is None else {"max_weight_ratio": max_weight_ratio}),
         }
         strategy: LBBSPFedAvg = (
             EncryptedLBBSPFedAvg(
