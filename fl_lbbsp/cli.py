@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .cli_parser import CKKS_FLAGS, build_parser, values_of
+from .cli_flags import values_of
+from .cli_parser import CKKS_FLAGS, build_parser
 from .cli_runs import (
     RunFailedError,
     fail,

@@ -15,7 +15,8 @@ from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 
-from .cli_parser import NARX_FLAGS, balancing_of, run_flags, values_of
+from .cli_flags import balancing_of, values_of
+from .cli_parser import NARX_FLAGS, run_flags
 
 __all__ = ["RunFailedError", "fail", "run_cluster_command", "run_command", "validation_message"]
 

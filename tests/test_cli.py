@@ -101,7 +101,7 @@ def test_every_balancing_knob_is_a_flag_with_its_description_and_default(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Prepare
-    from fl_lbbsp.cli_parser import BALANCING_FLAGS, TUNING_FLAGS
+    from fl_lbbsp.cli_flags import BALANCING_FLAGS, TUNING_FLAGS
     from fl_lbbsp.core.settings import BalancingKnobs, Tuning
 
     # Execute
@@ -122,7 +122,7 @@ def test_the_short_help_shows_the_user_knobs_and_hides_the_tuning(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Prepare
-    from fl_lbbsp.cli_parser import BALANCING_FLAGS, TUNING_FLAGS
+    from fl_lbbsp.cli_flags import BALANCING_FLAGS, TUNING_FLAGS
 
     # Execute
     shown = _help(["simulate", "--help"], capsys)
@@ -147,7 +147,8 @@ def test_a_hidden_tuning_flag_still_parses() -> None:
 @pytest.mark.parametrize("command", ["simulate", "cluster"])
 def test_balancing_flags_reach_the_runs_knobs(command: str) -> None:
     # Prepare
-    from fl_lbbsp.cli_parser import balancing_of, build_parser
+    from fl_lbbsp.cli_flags import balancing_of
+    from fl_lbbsp.cli_parser import build_parser
     from fl_lbbsp.runs.cluster import ClusterConfig
     from fl_lbbsp.runs.fl import SimulationConfig
 

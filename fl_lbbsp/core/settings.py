@@ -7,7 +7,7 @@ with its meaning (the docstring under it), its default and its bounds; everythin
 takes them from there: every strategy validates its keywords with
 :class:`BalancingConfig`, the simulation and cluster runs nest the knobs
 (:class:`~fl_lbbsp.runs.config.RunSettings`), the CLI makes one flag of each
-(:mod:`fl_lbbsp.cli_parser`), the balancer takes the model itself
+(:mod:`fl_lbbsp.cli_flags`), the balancer takes the model itself
 (:class:`~fl_lbbsp.core.balancer.BatchSizeBalancer`) and the claim checker
 :meth:`BalancingConfig.claim_bounds`. A tuning knob may also be given by its name where
 the user-level ones are (``BalancingKnobs(allocator="proportional")``): it joins
