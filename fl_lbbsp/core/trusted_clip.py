@@ -202,6 +202,7 @@ class TrustedClip(CenteredClip):
         deltas = np.stack(self._deltas)
         weights = np.asarray(self._weights)
         scales = np.asarray(self._scales)
+        claimed = np.asarray(self._claimed, dtype=bool)
         mask = self._trusted(self.history)
         passes = clip_passes(
             deltas[mask],
@@ -209,6 +210,7 @@ class TrustedClip(CenteredClip):
             scales[mask],
             factor=self.factor,
             iterations=self.iterations,
+            claimed=claimed[mask],
         )
         # the others' centre for every silo: without its own term if it was in the centre
         own = np.zeros_like(deltas)
@@ -239,6 +241,7 @@ class TrustedClip(CenteredClip):
                 scales[final],
                 factor=self.factor,
                 iterations=self.iterations,
+                claimed=claimed[final],
             )
         self.clipped = passes.clipped
         self.distrusted = sorted(
