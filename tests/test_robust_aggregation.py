@@ -152,7 +152,7 @@ def test_a_huge_weight_moves_the_clipped_aggregate_at_most_its_radius() -> None:
 
 def _pull(updates: list[np.ndarray], weights: list[float], claimed: list[bool]) -> np.ndarray:
     """The last silo's term in one clipping pass: the result less the others' terms."""
-    clip = CenteredClip(iterations=1)
+    clip = CenteredClip(iterations=1, bound_claims=True)
     clip.begin([np.zeros(DIM)])
     for update, weight, claim in zip(updates, weights, claimed, strict=True):
         clip.add([update], weight=weight, claimed=claim)
@@ -168,7 +168,7 @@ def _pull(updates: list[np.ndarray], weights: list[float], claimed: list[bool]) 
 def _aggregate_once(
     updates: list[np.ndarray], weights: list[float], claimed: list[bool]
 ) -> np.ndarray:
-    clip = CenteredClip()
+    clip = CenteredClip(bound_claims=True)
     clip.begin([np.zeros(DIM)])
     for update, weight, claim in zip(updates, weights, claimed, strict=True):
         clip.add([update], weight=weight, claimed=claim)
@@ -195,6 +195,24 @@ def test_a_claimed_weight_pulls_the_centre_no_further_than_a_median_silo(claim: 
     # median weight, the pull it had before claiming more)
     expected = _radius(updates) * 100.0 / sum(weights)
     assert float(np.linalg.norm(term)) == pytest.approx(expected, rel=1e-9)
+
+
+def test_without_the_option_a_claimed_weight_keeps_the_pull_of_its_size() -> None:
+    # Prepare: the liar of the test above, claiming 2x the median
+    g, honest = _honest(np.random.default_rng(3), 4)
+    updates = [*honest, -1e6 * g]
+    weights = [100.0] * 4 + [200.0]
+
+    # Execute: the default clip (bound_claims off) told the weight is a claim
+    clip = CenteredClip()
+    clip.begin([np.zeros(DIM)])
+    for update, weight in zip(updates, weights, strict=True):
+        clip.add([update], weight=weight, claimed=True)
+    as_claim = clip.result()[0]
+    plain = _aggregate(CenteredClip(), updates, weights)
+
+    # Assert: FedAvg's weights decide the pull, as before the option existed
+    np.testing.assert_array_equal(as_claim, plain)
 
 
 def test_a_declared_weight_keeps_the_pull_of_its_size() -> None:

@@ -492,21 +492,24 @@ class CenteredClip:
       noise alone (:mod:`fl_lbbsp.security.update_screen`); its radius is
       ``r_i = factor * s_i * rho`` with ``s_i = sqrt(B_eq / B_i)`` (``scale`` of
       :meth:`add`) and ``rho`` the median over the silos of ``|d_i - m| / s_i``.
-    - **A claimed weight buys a say in the mean, not pull.** A silo's term is
-      ``w_i clip(d_i - c, r_i)``: a weight twice the median would pull the centre twice
-      as far as a median silo can, in any direction. Where the weight is the silo's own
-      claim (``claimed`` of :meth:`add`: an undeclared dataset size, which nothing
-      checks), its radius is scaled by ``min(1, w_med / w_i)``, ``w_med`` the median of
-      the round's weights, so that its term is at most ``w_med r_i``: whatever it claims, a
-      silo pulls the centre no further than a median silo. Its weight in the mean part
-      (an update near the centre) is kept; declared sizes and server-set weights (batch
-      sizes) are not claims.
+    - **Optionally, a claimed weight buys a say in the mean, not pull**
+      (``bound_claims``). A silo's term is ``w_i clip(d_i - c, r_i)``: a weight twice the
+      median pulls the centre twice as far as a median silo can, in any direction. With
+      ``bound_claims``, where the weight is the silo's own claim (``claimed`` of
+      :meth:`add`: an undeclared dataset size, which nothing checks), its radius is
+      scaled by ``min(1, w_med / w_i)``, ``w_med`` the median of the round's weights, so
+      that its term is at most ``w_med r_i``: whatever it claims, a silo pulls the centre
+      no further than a median silo. Its weight near the centre is kept; declared sizes
+      and server-set weights (batch sizes) are not claims. The price: an honest silo
+      with more data than the median, undeclared, loses the pull its data would have
+      where they differ from the others' (off by default; ``docs/security.md``
+      measures both sides).
 
     The first centre ``m`` is the coordinate-wise median of the updates (unweighted: a
     silo's claimed size cannot move it) and ``rho`` a median: neither can ``k < n / 2``
     silos carry outside the honest updates' range, so each hostile silo moves the model by
-    at most its weight share times its radius per iteration, however far its update is,
-    and a silo whose weight is a claim by at most a median silo's share times its radius.
+    at most its weight share times its radius per iteration, however far its update is
+    (with ``bound_claims``, a silo whose weight is a claim by at most a median silo's).
     With one or two updates the centre is their weighted mean (nothing to compare).
 
     Parameters
@@ -516,6 +519,9 @@ class CenteredClip:
         centre; > 0.
     iterations : int (default: 3)
         Clipping passes (the paper uses 1 with momentum, more without); >= 1.
+    bound_claims : bool (default: False)
+        Bound the pull of a ``claimed`` weight above the round's median as the median
+        weight's (see above); ``False``: ``claimed`` is ignored.
 
     Examples
     --------
@@ -527,13 +533,16 @@ class CenteredClip:
     True
     """
 
-    def __init__(self, *, factor: float = 1.0, iterations: int = 3) -> None:
+    def __init__(
+        self, *, factor: float = 1.0, iterations: int = 3, bound_claims: bool = False
+    ) -> None:
         if not math.isfinite(factor) or factor <= 0:
             raise ValueError(f"factor must be finite and > 0, got {factor!r}")
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations!r}")
         self.factor = float(factor)
         self.iterations = int(iterations)
+        self.bound_claims = bool(bound_claims)
         self._start: list[npt.NDArray[np.float64]] | None = None
         self._shapes: list[tuple[int, ...]] = []
         self._dtypes: list[np.dtype[Any]] = []
@@ -583,8 +592,8 @@ class CenteredClip:
             :class:`~fl_lbbsp.core.trusted_clip.TrustedClip` is kept by it.
         claimed : bool (default: False)
             Whether ``weight`` is the silo's own unchecked claim (an undeclared dataset
-            size): above the round's median weight its radius shrinks by as much (see
-            the class).
+            size): with ``bound_claims``, above the round's median weight its radius
+            shrinks by as much (see the class).
 
         Raises
         ------
@@ -612,7 +621,7 @@ class CenteredClip:
         self._weights.append(value)
         self._scales.append(float(scale))
         self._silos.append(silo)
-        self._claimed.append(bool(claimed))
+        self._claimed.append(bool(claimed) and self.bound_claims)
 
     @property
     def count(self) -> int:

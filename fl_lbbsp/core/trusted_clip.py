@@ -133,6 +133,8 @@ class TrustedClip(CenteredClip):
     patience : int (default: 2)
         Rounds a silo is seen in before it can be dropped (one round is no history);
         >= 1.
+    bound_claims : bool (default: False)
+        As :class:`~fl_lbbsp.core.aggregation.CenteredClip`.
 
     Examples
     --------
@@ -154,8 +156,9 @@ class TrustedClip(CenteredClip):
         iterations: int = 3,
         decay: float = 0.5,
         patience: int = 2,
+        bound_claims: bool = False,
     ) -> None:
-        super().__init__(factor=factor, iterations=iterations)
+        super().__init__(factor=factor, iterations=iterations, bound_claims=bound_claims)
         if not math.isfinite(decay) or not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay!r}")
         if patience < 1:

@@ -178,6 +178,7 @@ class PlainMean:
         robust: dict[str, Any] = {
             "factor": self.robust.factor,
             "iterations": self.robust.iterations,
+            "bound_claims": self.robust.bound_claims,
         }
         if isinstance(self.robust, TrustedClip):
             robust.update(decay=self.robust.decay, patience=self.robust.patience)
