@@ -473,3 +473,39 @@ def test_the_median_loss_decides_a_divergence(losses: list[Any], diverged: bool)
 
     # Assert
     assert (why is not None) == diverged
+
+
+@pytest.mark.parametrize("flip", [1.0, 8.0])
+def test_with_the_claims_pull_bounded_a_size_claim_buys_a_flipper_no_pull(flip: float) -> None:
+    # Prepare: three honest silos move every weight by about +1 a round, silo 3 by -flip,
+    # once claiming 100 examples like the others and once 9.9 million (capped to 200)
+    honest = {0: 1.0, 1: 1.1, 2: 0.9, 3: -flip}
+
+    # Execute: centered-clip, the claims' pull bounded
+    _, plain = _run(_app(honest), rounds=3, bound_claimed_pull=True)
+    strategy, claimed = _run(_app(honest, sizes={3: 9_900_000}), rounds=3, bound_claimed_pull=True)
+
+    # Assert: the claim raised its weight in the mean (the cap, 2x the median) but pulls
+    # the model no further from the honest silos' steps (about 3 in 3 rounds) than without
+    # it: its term is bounded as a median silo's
+    assert strategy.engine.claimed("3")
+    assert strategy.engine.claims.weights({"3": 9_900_000.0})["3"][0] == 200.0
+    gap_plain = np.abs(plain.arrays["w"].numpy() - 3.0).max()
+    gap_claimed = np.abs(claimed.arrays["w"].numpy() - 3.0).max()
+    assert gap_claimed <= gap_plain + 1e-6
+
+
+def test_a_declared_size_is_no_claim() -> None:
+    # Prepare: the default strategy, silo 3's size declared (a registry's), silo 2's not
+    strategy = LBBSPFedAvg(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1)
+    strategy.engine.claims.declare({"3": 400})
+
+    # Execute / Assert: a declared size keeps its pull; an undeclared one is a claim,
+    # whose pull is bounded only when asked
+    assert not strategy.engine.claimed("3")
+    assert strategy.engine.claimed("2")
+    assert strategy.robust_aggregator().bound_claims is False  # type: ignore[union-attr]
+    bounded = LBBSPFedAvg(
+        initial_batch_size=B_INIT, local_steps=TAU, lr=0.1, bound_claimed_pull=True
+    )
+    assert bounded.robust_aggregator().bound_claims is True  # type: ignore[union-attr]

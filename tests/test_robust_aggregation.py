@@ -150,6 +150,109 @@ def test_a_huge_weight_moves_the_clipped_aggregate_at_most_its_radius() -> None:
     assert clip.clipped >= 1
 
 
+def _pull(updates: list[np.ndarray], weights: list[float], claimed: list[bool]) -> np.ndarray:
+    """The last silo's term in one clipping pass: the result less the others' terms."""
+    clip = CenteredClip(iterations=1, bound_claims=True)
+    clip.begin([np.zeros(DIM)])
+    for update, weight, claim in zip(updates, weights, claimed, strict=True):
+        clip.add([update], weight=weight, claimed=claim)
+    start = np.median(updates, axis=0)
+    rho = float(np.median([np.linalg.norm(u - start) for u in updates]))
+    others = sum(
+        w / sum(weights) * min(1.0, rho / float(np.linalg.norm(u - start))) * (u - start)
+        for u, w in zip(updates[:-1], weights[:-1], strict=True)
+    )
+    return np.asarray(clip.result()[0] - start - others)
+
+
+def _aggregate_once(
+    updates: list[np.ndarray], weights: list[float], claimed: list[bool]
+) -> np.ndarray:
+    clip = CenteredClip(bound_claims=True)
+    clip.begin([np.zeros(DIM)])
+    for update, weight, claim in zip(updates, weights, claimed, strict=True):
+        clip.add([update], weight=weight, claimed=claim)
+    return clip.result()[0]
+
+
+def _radius(updates: list[np.ndarray]) -> float:
+    start = np.median(updates, axis=0)
+    return float(np.median([np.linalg.norm(u - start) for u in updates]))
+
+
+@pytest.mark.parametrize("claim", [1.0, 2.0, 50.0])
+def test_a_claimed_weight_pulls_the_centre_no_further_than_a_median_silo(claim: float) -> None:
+    # Prepare: 4 honest silos of 100 examples, one whose undeclared (claimed) size weighs
+    # claim x 100 sending 1e6 times the reversed direction: far outside every radius
+    g, honest = _honest(np.random.default_rng(3), 4)
+    updates = [*honest, -1e6 * g]
+    weights = [100.0] * 4 + [100.0 * claim]
+
+    # Execute: one pass, the liar's weight a claim
+    term = _pull(updates, weights, [False] * 4 + [True])
+
+    # Assert: its term is a median silo's share of the radius, whatever it claims (at the
+    # median weight, the pull it had before claiming more)
+    expected = _radius(updates) * 100.0 / sum(weights)
+    assert float(np.linalg.norm(term)) == pytest.approx(expected, rel=1e-9)
+
+
+def test_without_the_option_a_claimed_weight_keeps_the_pull_of_its_size() -> None:
+    # Prepare: the liar of the test above, claiming 2x the median
+    g, honest = _honest(np.random.default_rng(3), 4)
+    updates = [*honest, -1e6 * g]
+    weights = [100.0] * 4 + [200.0]
+
+    # Execute: the default clip (bound_claims off) told the weight is a claim
+    clip = CenteredClip()
+    clip.begin([np.zeros(DIM)])
+    for update, weight in zip(updates, weights, strict=True):
+        clip.add([update], weight=weight, claimed=True)
+    as_claim = clip.result()[0]
+    plain = _aggregate(CenteredClip(), updates, weights)
+
+    # Assert: FedAvg's weights decide the pull, as before the option existed
+    np.testing.assert_array_equal(as_claim, plain)
+
+
+def test_a_declared_weight_keeps_the_pull_of_its_size() -> None:
+    # Prepare: the same federation, the large silo's size 4x the others' and its update
+    # honest but far from the others' (a silo with other data)
+    g, honest = _honest(np.random.default_rng(4), 4)
+    far = g + 20.0 * np.random.default_rng(5).normal(0.0, 0.5, DIM)
+    updates = [*honest, far]
+    weights = [100.0] * 4 + [400.0]
+
+    # Execute: its size declared (not a claim), then only claimed
+    declared = _pull(updates, weights, [False] * 5)
+    claimed = _pull(updates, weights, [False] * 4 + [True])
+
+    # Assert: declared, it pulls as its weight says, 4 times as far as the claim can
+    rho = _radius(updates)
+    assert float(np.linalg.norm(declared)) == pytest.approx(rho * 400.0 / 800.0, rel=1e-9)
+    assert float(np.linalg.norm(claimed)) == pytest.approx(rho * 100.0 / 800.0, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weights=st.lists(st.integers(1, 1000), min_size=3, max_size=8),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_claims_at_or_below_the_median_weight_change_nothing(weights: list[int], seed: int) -> None:
+    # Prepare: any updates; every silo's weight a claim, but none above the median
+    rng = np.random.default_rng(seed)
+    cap = sorted(weights)[(len(weights) - 1) // 2]
+    level = [float(min(w, cap)) for w in weights]
+    updates = [rng.normal(0.0, 1.0, DIM) for _ in weights]
+
+    # Execute
+    as_claims = _aggregate_once(updates, level, [True] * len(level))
+    as_declared = _aggregate_once(updates, level, [False] * len(level))
+
+    # Assert: the rule only ever shrinks the radius of a weight above the median
+    np.testing.assert_array_equal(as_claims, as_declared)
+
+
 def test_a_slow_silos_longer_honest_update_passes_at_its_batch_size() -> None:
     # Prepare: a silo sent B = 2 of B_eq = 32 moves sqrt(16) = 4 times as far from noise
     rng = np.random.default_rng(5)

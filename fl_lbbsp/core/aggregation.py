@@ -492,11 +492,24 @@ class CenteredClip:
       noise alone (:mod:`fl_lbbsp.security.update_screen`); its radius is
       ``r_i = factor * s_i * rho`` with ``s_i = sqrt(B_eq / B_i)`` (``scale`` of
       :meth:`add`) and ``rho`` the median over the silos of ``|d_i - m| / s_i``.
+    - **Optionally, a claimed weight buys a say in the mean, not pull**
+      (``bound_claims``). A silo's term is ``w_i clip(d_i - c, r_i)``: a weight twice the
+      median pulls the centre twice as far as a median silo can, in any direction. With
+      ``bound_claims``, where the weight is the silo's own claim (``claimed`` of
+      :meth:`add`: an undeclared dataset size, which nothing checks), its radius is
+      scaled by ``min(1, w_med / w_i)``, ``w_med`` the median of the round's weights, so
+      that its term is at most ``w_med r_i``: whatever it claims, a silo pulls the centre
+      no further than a median silo. Its weight near the centre is kept; declared sizes
+      and server-set weights (batch sizes) are not claims. The price: an honest silo
+      with more data than the median, undeclared, loses the pull its data would have
+      where they differ from the others' (off by default; ``docs/security.md``
+      measures both sides).
 
     The first centre ``m`` is the coordinate-wise median of the updates (unweighted: a
     silo's claimed size cannot move it) and ``rho`` a median: neither can ``k < n / 2``
     silos carry outside the honest updates' range, so each hostile silo moves the model by
-    at most its weight share times its radius per iteration, however far its update is.
+    at most its weight share times its radius per iteration, however far its update is
+    (with ``bound_claims``, a silo whose weight is a claim by at most a median silo's).
     With one or two updates the centre is their weighted mean (nothing to compare).
 
     Parameters
@@ -506,6 +519,9 @@ class CenteredClip:
         centre; > 0.
     iterations : int (default: 3)
         Clipping passes (the paper uses 1 with momentum, more without); >= 1.
+    bound_claims : bool (default: False)
+        Bound the pull of a ``claimed`` weight above the round's median as the median
+        weight's (see above); ``False``: ``claimed`` is ignored.
 
     Examples
     --------
@@ -517,13 +533,16 @@ class CenteredClip:
     True
     """
 
-    def __init__(self, *, factor: float = 1.0, iterations: int = 3) -> None:
+    def __init__(
+        self, *, factor: float = 1.0, iterations: int = 3, bound_claims: bool = False
+    ) -> None:
         if not math.isfinite(factor) or factor <= 0:
             raise ValueError(f"factor must be finite and > 0, got {factor!r}")
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations!r}")
         self.factor = float(factor)
         self.iterations = int(iterations)
+        self.bound_claims = bool(bound_claims)
         self._start: list[npt.NDArray[np.float64]] | None = None
         self._shapes: list[tuple[int, ...]] = []
         self._dtypes: list[np.dtype[Any]] = []
@@ -531,6 +550,7 @@ class CenteredClip:
         self._weights: list[float] = []
         self._scales: list[float] = []
         self._silos: list[str | None] = []
+        self._claimed: list[bool] = []
         self.clipped = 0
         """Updates clipped in the last :meth:`result`'s final pass."""
         self.clipped_total = 0
@@ -544,6 +564,7 @@ class CenteredClip:
         self._start = [a.astype(np.float64).ravel() for a in arrays]
         self._shapes = [a.shape for a in arrays]
         self._deltas, self._weights, self._scales, self._silos = [], [], [], []
+        self._claimed = []
         self.clipped = 0
 
     def add(
@@ -553,6 +574,7 @@ class CenteredClip:
         weight: float,
         scale: float = 1.0,
         silo: str | None = None,
+        claimed: bool = False,
     ) -> None:
         """Keep one silo's model with its weight and its noise scale.
 
@@ -568,6 +590,10 @@ class CenteredClip:
         silo : str | None (default: None)
             The silo's stable id: ignored here, the history of
             :class:`~fl_lbbsp.core.trusted_clip.TrustedClip` is kept by it.
+        claimed : bool (default: False)
+            Whether ``weight`` is the silo's own unchecked claim (an undeclared dataset
+            size): with ``bound_claims``, above the round's median weight its radius
+            shrinks by as much (see the class).
 
         Raises
         ------
@@ -595,6 +621,7 @@ class CenteredClip:
         self._weights.append(value)
         self._scales.append(float(scale))
         self._silos.append(silo)
+        self._claimed.append(bool(claimed) and self.bound_claims)
 
     @property
     def count(self) -> int:
@@ -636,6 +663,7 @@ class CenteredClip:
             np.asarray(self._scales),
             factor=self.factor,
             iterations=self.iterations,
+            claimed=np.asarray(self._claimed, dtype=bool),
         )
         self.clipped = passes.clipped
         return passes.centre
@@ -662,6 +690,7 @@ def clip_passes(
     *,
     factor: float,
     iterations: int,
+    claimed: npt.NDArray[np.bool_] | None = None,
 ) -> ClipPasses:
     """Weighted centred clipping of the rows of ``deltas`` (:class:`CenteredClip`'s rule).
 
@@ -675,6 +704,9 @@ def clip_passes(
         Their noise scales ``sqrt(B_eq / B_i)`` (>= 1).
     factor, iterations
         As :class:`CenteredClip`.
+    claimed : numpy.ndarray | None (default: None)
+        Rows whose weight is a claim: a radius shrunk by ``min(1, w_med / w_i)``
+        (``None``: none).
 
     Returns
     -------
@@ -688,6 +720,9 @@ def clip_passes(
     centre = np.median(deltas, axis=0)
     rho = float(np.median(np.linalg.norm(deltas - centre, axis=1) / scales))
     radii = factor * scales * rho
+    if claimed is not None and claimed.any():  # a claim buys no more pull than the median's
+        median = float(np.median(weights))
+        radii = np.where(claimed & (weights > median), radii * median / weights, radii)
     before, terms, clipped = centre, np.zeros_like(deltas), 0
     for _ in range(iterations):
         gaps = deltas - centre

@@ -133,6 +133,8 @@ class TrustedClip(CenteredClip):
     patience : int (default: 2)
         Rounds a silo is seen in before it can be dropped (one round is no history);
         >= 1.
+    bound_claims : bool (default: False)
+        As :class:`~fl_lbbsp.core.aggregation.CenteredClip`.
 
     Examples
     --------
@@ -154,8 +156,9 @@ class TrustedClip(CenteredClip):
         iterations: int = 3,
         decay: float = 0.5,
         patience: int = 2,
+        bound_claims: bool = False,
     ) -> None:
-        super().__init__(factor=factor, iterations=iterations)
+        super().__init__(factor=factor, iterations=iterations, bound_claims=bound_claims)
         if not math.isfinite(decay) or not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay!r}")
         if patience < 1:
@@ -202,6 +205,7 @@ class TrustedClip(CenteredClip):
         deltas = np.stack(self._deltas)
         weights = np.asarray(self._weights)
         scales = np.asarray(self._scales)
+        claimed = np.asarray(self._claimed, dtype=bool)
         mask = self._trusted(self.history)
         passes = clip_passes(
             deltas[mask],
@@ -209,6 +213,7 @@ class TrustedClip(CenteredClip):
             scales[mask],
             factor=self.factor,
             iterations=self.iterations,
+            claimed=claimed[mask],
         )
         # the others' centre for every silo: without its own term if it was in the centre
         own = np.zeros_like(deltas)
@@ -239,6 +244,7 @@ class TrustedClip(CenteredClip):
                 scales[final],
                 factor=self.factor,
                 iterations=self.iterations,
+                claimed=claimed[final],
             )
         self.clipped = passes.clipped
         self.distrusted = sorted(

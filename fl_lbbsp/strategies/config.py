@@ -95,6 +95,13 @@ class ServerConfig(BaseModel):
         The clipping radius of ``"centered-clip"`` in medians of the updates' distances
         to the robust centre (each widened by ``sqrt(B_eq / B_i)`` for a silo sent less
         than the equal split); > 0.
+    bound_claimed_pull : bool (default: False)
+        Under a robust aggregation, an undeclared dataset size above the round's median
+        weight pulls the model away from the robust centre no further than the median
+        weight's (its clip radius scaled by ``w_med / w_i``): a silo gains no pull from
+        claiming more data, but an honest large silo the registry did not declare loses
+        pull where its data differ from the others' (measured in ``docs/security.md``).
+        For federations that cannot declare their silos' sizes.
     max_loss_ratio : float (default: 10.0)
         A round whose silos' median ``train-loss`` (of the model they were sent) is not
         finite or over this many times the lowest median seen has diverged: the model is
@@ -128,6 +135,7 @@ class ServerConfig(BaseModel):
     max_weight_ratio: float = Field(default=2.0, ge=1, allow_inf_nan=False)
     robust_aggregation: Literal["trusted-clip", "centered-clip", "mean"] = "centered-clip"
     clip_factor: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    bound_claimed_pull: bool = Field(default=False, strict=True)
     max_loss_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     max_empty_rounds: int = Field(default=3, ge=1, strict=True)
     spend_saved_time: bool = Field(default=False, strict=True)

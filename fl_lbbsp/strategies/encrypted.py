@@ -162,10 +162,16 @@ class EncryptedSum:
         return None
 
     def add(
-        self, update: ParsedUpdate, *, weight: float, scale: float = 1.0, silo: str | None = None
+        self,
+        update: ParsedUpdate,
+        *,
+        weight: float,
+        scale: float = 1.0,
+        silo: str | None = None,
+        claimed: bool = False,
     ) -> None:
         """Keep an accepted update and the weight the server gives it (a ciphertext is
-        not clipped: no ``scale``, no history)."""
+        not clipped: no ``scale``, no history, no ``claimed``)."""
         self._parsed.append(update)
         self._weights.append(weight)
 

@@ -250,9 +250,9 @@ class LBBSPFedAvg(EngineView, FedAvg):
         FedAvg's mean, ``robust_aggregation="mean"``); a new one per call."""
         if self.server_config.robust_aggregation == "mean":
             return None
-        if self.server_config.robust_aggregation == "trusted-clip":
-            return TrustedClip(factor=self.server_config.clip_factor)
-        return CenteredClip(factor=self.server_config.clip_factor)
+        server = self.server_config
+        chosen = TrustedClip if server.robust_aggregation == "trusted-clip" else CenteredClip
+        return chosen(factor=server.clip_factor, bound_claims=server.bound_claimed_pull)
 
     @property
     def scheme(self) -> str:

@@ -221,6 +221,7 @@ class TrainRound:
                 weight=weight,
                 scale=scales.get(silo, 1.0),
                 silo=silo,
+                claimed=self.engine.claimed(silo),
             )
         return kept, dropped
 

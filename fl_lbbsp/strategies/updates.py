@@ -45,10 +45,20 @@ class Updates(Protocol[U]):
     def parse(self, record: ArrayRecord, metrics: Mapping[str, Any], state: RoundState) -> U:
         """The reply's update, checked; :class:`InvalidReplyError` says why not."""
 
-    def add(self, update: U, *, weight: float, scale: float = 1.0, silo: str | None = None) -> None:
+    def add(
+        self,
+        update: U,
+        *,
+        weight: float,
+        scale: float = 1.0,
+        silo: str | None = None,
+        claimed: bool = False,
+    ) -> None:
         """Accumulate one accepted update; ``scale`` (``sqrt(B_eq / B_i)``, >= 1) lets a
         silo sent a small batch a longer update where the aggregation clips; ``silo``: the
-        stable id of the silo that sent it (a robust history's key)."""
+        stable id of the silo that sent it (a robust history's key); ``claimed``: the
+        weight is the silo's own unchecked claim (where the aggregation clips, it buys no
+        more pull than the median weight's)."""
 
     def distance(self, update: U) -> float | None:
         """How far the update moves the model (its distance to the global model sent, or
@@ -127,13 +137,15 @@ class PlainMean:
         weight: float,
         scale: float = 1.0,
         silo: str | None = None,
+        claimed: bool = False,
     ) -> None:
         """Add ``weight * update`` to the running sum (or keep it for the clip, its radius
-        widened by ``scale``, under the silo's id ``silo``: the trusted clip's history)."""
+        widened by ``scale`` and, for a ``claimed`` weight, bounded as the median weight's,
+        under the silo's id ``silo``: the trusted clip's history)."""
         if self.robust is None:
             self._mean.add(update, weight=weight)
         else:
-            self.robust.add(update, weight=weight, scale=scale, silo=silo)
+            self.robust.add(update, weight=weight, scale=scale, silo=silo, claimed=claimed)
 
     def distance(self, update: list[np.ndarray]) -> float | None:
         """The update's L2 distance to the global model sent."""
@@ -166,6 +178,7 @@ class PlainMean:
         robust: dict[str, Any] = {
             "factor": self.robust.factor,
             "iterations": self.robust.iterations,
+            "bound_claims": self.robust.bound_claims,
         }
         if isinstance(self.robust, TrustedClip):
             robust.update(decay=self.robust.decay, patience=self.robust.patience)
@@ -223,8 +236,10 @@ class GradientUpdate(PlainMean):
         weight: float,
         scale: float = 1.0,
         silo: str | None = None,
+        claimed: bool = False,
     ) -> None:
-        """Add a gradient, weighted by its batch size (or 1 when naive)."""
+        """Add a gradient, weighted by its batch size (or 1 when naive): a weight the
+        server set, so ``claimed`` is ignored."""
         self._step.add(
             update,
             weight=1.0 if self.aggregation == "naive" else weight,

@@ -225,6 +225,11 @@ class RoundEngine(RoundTiming, RoundReporting):
             return {silo: (weight, None) for silo, weight in claimed.items()}
         return self.claims.weights(claimed)
 
+    def claimed(self, silo: str) -> bool:
+        """Whether ``silo``'s aggregation weight is its own unchecked claim: in FL a
+        dataset size the registry did not declare; never a batch size the server sent."""
+        return self.weight_key == self.keys.num_examples and silo not in self.claims.declared
+
     def budget_weights(self) -> dict[str, float]:
         """The silos' weights in the noise budget: their dataset sizes as the aggregate
         weighs them (:meth:`weights`), so that an inflated claim can no more steer the
