@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_lbbsp.core.aggregation import CenteredClip, WeightedMean
+from fl_lbbsp.core.aggregation import WeightedMean
+from fl_lbbsp.core.centered_clip import CenteredClip
 
 DIM = 200
 Attack = Callable[[np.ndarray, np.ndarray, list[np.ndarray]], np.ndarray]

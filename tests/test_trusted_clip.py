@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from fl_lbbsp.contract import RecordKeys
-from fl_lbbsp.core.aggregation import CenteredClip
+from fl_lbbsp.core.centered_clip import CenteredClip
 from fl_lbbsp.core.trusted_clip import TrustedClip
 from fl_lbbsp.runs.inprocess import InProcessGrid
 from fl_lbbsp.strategies import LBBSPFedAvg

@@ -1,6 +1,6 @@
 """Centred clipping with a per-silo history of agreement: a persistent opponent is dropped.
 
-Centred clipping (:class:`~fl_lbbsp.core.aggregation.CenteredClip`) bounds what one round's
+Centred clipping (:class:`~fl_lbbsp.core.centered_clip.CenteredClip`) bounds what one round's
 hostile update can do to its weight share times the clip radius. On non-IID silos that is
 not enough: the honest updates are far from each other too, so the radius (a median of the
 distances to the centre) is about the length of an update, and a silo that sends its own
@@ -31,14 +31,14 @@ classes each (labels:2) honest updates oppose the others' centre (measured: deca
 agreements of -0.3 to -0.6 in an honest run), so opposition is no evidence there, and a
 sign flip looks like heterogeneity (no rule can then do better than a share of the
 heterogeneity: the lower bound of Karimireddy, He and Jaggi, ICLR 2022). The rest is
-:class:`~fl_lbbsp.core.aggregation.CenteredClip` over the trusted silos, so one-round
+:class:`~fl_lbbsp.core.centered_clip.CenteredClip` over the trusted silos, so one-round
 attacks (a boosted update, ALIE) are bounded as before.
 
 What LB-BSP needs is kept:
 
 - **Dataset-size weights.** A trusted silo keeps its (capped) weight; a dropped one has
   none, and the others are renormalised among themselves. With every silo trusted the
-  result is exactly :class:`~fl_lbbsp.core.aggregation.CenteredClip`'s.
+  result is exactly :class:`~fl_lbbsp.core.centered_clip.CenteredClip`'s.
 - **Batch-size-dependent update lengths.** The cosine does not see length, so a slow
   silo's longer update (minibatch noise ``sqrt(B_eq / B_i)`` times larger) counts like a
   fast one's; zero-mean noise pulls a cosine toward 0 rather than below it, and the decay
@@ -76,8 +76,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
-from .aggregation import CenteredClip, clip_passes, normalised_weights
+from .aggregation import normalised_weights
 from .balancer_state import MAX_SILOS, SiloId
+from .centered_clip import CenteredClip, clip_passes
 
 __all__ = ["Agreement", "TrustState", "TrustedClip"]
 
@@ -124,9 +125,9 @@ class TrustedClip(CenteredClip):
     Parameters
     ----------
     factor : float (default: 1.0)
-        The clip radius, as :class:`~fl_lbbsp.core.aggregation.CenteredClip`.
+        The clip radius, as :class:`~fl_lbbsp.core.centered_clip.CenteredClip`.
     iterations : int (default: 3)
-        Clipping passes, as :class:`~fl_lbbsp.core.aggregation.CenteredClip`.
+        Clipping passes, as :class:`~fl_lbbsp.core.centered_clip.CenteredClip`.
     decay : float (default: 0.5)
         Weight of a silo's past agreement in its score, in [0, 1): its score is the mean
         of its cosines over about ``(1 + decay) / (1 - decay)`` rounds (3 by default).
@@ -134,7 +135,7 @@ class TrustedClip(CenteredClip):
         Rounds a silo is seen in before it can be dropped (one round is no history);
         >= 1.
     bound_claims : bool (default: False)
-        As :class:`~fl_lbbsp.core.aggregation.CenteredClip`.
+        As :class:`~fl_lbbsp.core.centered_clip.CenteredClip`.
 
     Examples
     --------

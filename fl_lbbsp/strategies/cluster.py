@@ -46,7 +46,7 @@ class LBBSPCluster(LBBSPFedAvg):
         the workers' gradients, biased toward small batches (Eq. 6); for comparison.
     robust_aggregation : {"mean", "centered-clip", "trusted-clip"} (default: "mean")
         ``"centered-clip"``: each gradient clipped around a robust centre before the
-        batch-size-weighted mean (:class:`~fl_lbbsp.core.aggregation.CenteredClip`,
+        batch-size-weighted mean (:class:`~fl_lbbsp.core.centered_clip.CenteredClip`,
         ``clip_factor`` its radius); ``"trusted-clip"``: the same over the workers whose
         history agrees with the others' (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`).
         Off by default here: a parameter server's workers

@@ -84,7 +84,7 @@ class ServerConfig(BaseModel):
     robust_aggregation : {"trusted-clip", "centered-clip", "mean"} (default: "centered-clip")
         How plaintext updates are combined: ``"centered-clip"``, each update clipped
         around a robust centre before the dataset-size-weighted mean
-        (:class:`~fl_lbbsp.core.aggregation.CenteredClip`: no minority of silos can steer
+        (:class:`~fl_lbbsp.core.centered_clip.CenteredClip`: no minority of silos can steer
         the model, and with no update clipped it is FedAvg's mean); ``"trusted-clip"``,
         the same over the silos whose history of agreement with the others' centre is
         not negative, a persistent opponent left out and named

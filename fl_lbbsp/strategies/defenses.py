@@ -222,7 +222,7 @@ def noise_scales(state: RoundState) -> dict[str, float]:
     """``sqrt(B_eq / B_i)`` for each silo the round sent less than the equal split
     ``B_eq = X / n`` (the others 1): how much longer its honest update may be from
     minibatch noise alone (:mod:`fl_lbbsp.security.update_screen`), the widening of its
-    radius in a robust aggregation (:class:`~fl_lbbsp.core.aggregation.CenteredClip`)."""
+    radius in a robust aggregation (:class:`~fl_lbbsp.core.centered_clip.CenteredClip`)."""
     sent = {i.silo: i.batch_size for i in state.instructions.values()}
     if not sent or not state.total > 0:
         return {}

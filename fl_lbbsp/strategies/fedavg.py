@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 from pydantic import ValidationError
 
 from ..contract import EQUAL_SPLIT_TIME, WALL_CLOCK_TIME, RecordKeys
-from ..core.aggregation import CenteredClip
+from ..core.centered_clip import CenteredClip
 from ..core.round.deadline import DeadlinePolicy
 from ..core.round.engine import RoundEngine
 from ..core.round.equal_split import equal_split_time, rounds_saved
