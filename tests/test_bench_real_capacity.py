@@ -77,3 +77,22 @@ def test_a_gap_without_the_wait_recorded_is_taken_from_the_replys_creation() -> 
     assert bench._gap(silo, 1000.0) == pytest.approx(6.0)
     assert bench._gap({"claimed-time": 4.0, "waited-time": 7.5}, 1000.0) == pytest.approx(3.5)
     assert bench._gap({"observed-time": 4.0}, 1000.0) is None
+
+
+@pytest.mark.parametrize(
+    ("partition", "classes"),
+    [("labels:2", [0, 1, 2, 3, 4, 5]), ("labels:5", list(range(10))), ("iid", list(range(10)))],
+)
+def test_the_accuracy_ceiling_counts_only_the_classes_some_silo_holds(
+    partition: str, classes: list[int]
+) -> None:
+    # Execute: 3 silos on the embedded digits (10 classes)
+    ceiling = bench.accuracy_ceiling("embedded", partition, 3, seed=0)
+
+    # Assert: with 2 classes each, 3 silos leave 4 classes out, and the test images of
+    # those classes cannot be scored
+    assert ceiling["classes"] == classes
+    if len(classes) == 10:
+        assert ceiling["share"] == 1.0
+    else:  # 6 of 10 about equally frequent classes
+        assert 0.5 < ceiling["share"] < 0.7
