@@ -182,6 +182,7 @@ class RoundEngine(RoundTiming, RoundReporting):
         """Each silo's learned transfer time (a fixed per-round cost of its cost line)."""
         self.memory = MemoryCaps()
         """Caps learned from silos that ran out of memory at the size they were sent."""
+        self._budget_held: tuple[str, ...] = ()  # the silos last said to be held down
 
     def total(self, sampled: int) -> int:
         """X for a round sent to ``sampled`` nodes: ``n * B_init`` for the largest n seen."""
@@ -215,7 +216,25 @@ class RoundEngine(RoundTiming, RoundReporting):
             budget=by_size,
             caps=self.memory.caps,
         )
+        self._say_budget_binds()
         return {node: sizes[silo] for node, silo in silos.items()}
+
+    def _say_budget_binds(self) -> None:
+        """One line whenever the silos the noise budget holds down change: they finish
+        early by design (``noise_budget``), which a user would otherwise read as idle time
+        the balancer missed."""
+        why = self.balancer.last_allocation
+        held = tuple(sorted(s for s, (_, reason) in why.items() if reason == "noise-budget"))
+        if held and held != self._budget_held:
+            log.info(
+                "noise budget (rho %.3g) binds: silo(s) %s get smaller batches than their "
+                "speed allows and finish early, so that the slower silos keep batches large "
+                "enough for the update's noise; a larger noise_budget (--noise-budget) "
+                "trades noise for time",
+                self.balancer.noise_budget,
+                ", ".join(held),
+            )
+        self._budget_held = held
 
     def weights(self, claimed: Mapping[str, float]) -> dict[str, tuple[float, str | None]]:
         """Silo -> (its aggregation weight, why it differs from ``claimed`` or ``None``): in

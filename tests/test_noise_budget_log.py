@@ -1,0 +1,85 @@
+"""The run's log says when the noise budget holds fast silos down (they finish early by
+design, not by a misprediction), once per change, and never without a budget."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from fl_lbbsp.contract import RecordKeys
+from fl_lbbsp.core.round.deadline import DeadlinePolicy
+from fl_lbbsp.core.round.engine import RoundEngine
+from fl_lbbsp.core.round.state import Verdict
+from fl_lbbsp.core.settings import ReplyLimits, balancing_config
+from fl_lbbsp.security.guard import guard
+
+KEYS = RecordKeys()
+TAU, B_INIT = 10, 32
+SPEEDS: dict[int | str, float] = {
+    1: 8000.0,
+    2: 8000.0,
+    3: 1000.0,
+    4: 250.0,
+}  # samples per second, node -> speed
+SILOS: dict[int | str, str] = {1: "fast-a", 2: "fast-b", 3: "middle", 4: "slow"}
+
+
+def _engine(**balancing: object) -> RoundEngine:
+    engine = RoundEngine(
+        config=balancing_config(initial_batch_size=B_INIT, local_steps=TAU, lr=0.1, **balancing),
+        keys=KEYS,
+        limits=ReplyLimits(),
+        weight_key=KEYS.num_examples,
+        deadline=DeadlinePolicy(margin=3.0, floor=0.01, ceiling=3600.0),
+    )
+    guard(engine)
+    return engine
+
+
+def _rounds(engine: RoundEngine, count: int) -> None:
+    """``count`` rounds whose silos compute at :data:`SPEEDS` (injected times)."""
+    for server_round in range(1, count + 1):
+        state = engine.plan(server_round, list(SPEEDS))
+        for node, ins in state.instructions.items():
+            compute = ins.batch_size * TAU / SPEEDS[node]
+            metrics = {
+                KEYS.num_examples: 100,
+                KEYS.train_time: compute,
+                KEYS.batch_size: ins.batch_size,
+                KEYS.samples_processed: ins.batch_size * TAU,
+            }
+            engine.report(state, Verdict(node=node, silo=SILOS[node]), metrics, observed=compute)
+        engine.close(state, replied=list(SPEEDS), wall=1.0)
+
+
+def test_a_binding_budget_is_said_once_naming_the_silos_it_holds_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare
+    engine = _engine()
+
+    # Execute: steady speeds, so the held silos do not change after the first allocation
+    with caplog.at_level(logging.INFO, logger="fl_lbbsp"):
+        _rounds(engine, 6)
+
+    # Assert
+    said = [r.getMessage() for r in caplog.records if "noise budget" in r.getMessage()]
+    held = sorted(
+        s for s, (_, why) in engine.balancer.last_allocation.items() if why == "noise-budget"
+    )
+    assert len(said) == 1
+    assert held and all(silo in said[0] for silo in held)
+    assert "4" not in held
+
+
+def test_no_line_without_a_budget(caplog: pytest.LogCaptureFixture) -> None:
+    # Prepare: the paper's Alg. 1 (no noise budget)
+    engine = _engine(noise_budget=None)
+
+    # Execute
+    with caplog.at_level(logging.INFO, logger="fl_lbbsp"):
+        _rounds(engine, 6)
+
+    # Assert
+    assert not [r for r in caplog.records if "noise budget" in r.getMessage()]
