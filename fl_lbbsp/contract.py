@@ -44,6 +44,7 @@ __all__ = [
     "BatchSizeOutOfMemoryError",
     "InvalidReplyError",
     "error_summary",
+    "few",
     "RecordKeys",
     "is_out_of_memory",
     "out_of_memory_batch_size",
@@ -234,6 +235,12 @@ _EXCEPTION_LINE = re.compile(
 _WRAPPERS = frozenset({"ClientAppException", "RayTaskError", "RayActorError"})
 _FLOWER_REASON = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
 MAX_SUMMARY = 300
+
+
+def few(names: list[str]) -> str:
+    """Names for one line: the first 5 quoted, then how many more (``'a', 'b' and 3 more``)."""
+    shown = ", ".join(repr(n) for n in names[:5])
+    return shown if len(names) <= 5 else f"{shown} and {len(names) - 5} more"
 
 
 def error_summary(reason: str) -> str:

@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import InvalidReplyError, RecordKeys
+from ..contract import InvalidReplyError, RecordKeys, few
 from ..core.round.state import Reply, RoundState
 from ..core.round.trust import ReplyGate
 from ..core.settings import ReplyLimits
 from .identity import SiloRegistry, instruction_of
-from .screening import contract_metric_keys, few
+from .screening import contract_metric_keys
 
 __all__ = ["MAX_CPU_PERCENT", "ReplyScreen", "default_reply_cap"]
 

@@ -26,7 +26,6 @@ __all__ = [
     "check_npy",
     "check_npy_list",
     "contract_metric_keys",
-    "few",
     "layout_of_npy",
     "model_norm",
     "model_problem",
@@ -224,8 +223,3 @@ def contract_metric_keys(keys: RecordKeys) -> frozenset[str]:
             keys.model_version,
         }
     )
-
-
-def few(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:5])
-    return shown if len(names) <= 5 else f"{shown} and {len(names) - 5} more"

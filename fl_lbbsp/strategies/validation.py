@@ -22,11 +22,12 @@ from ..contract import (
     InvalidReplyError,
     RecordKeys,
     error_summary,
+    few,
 )
 from ..core.round.state import Reply
 from ..security.identity import IdentityError, check_silo_id, signed_arrays
 from ..security.reply_screen import ReplyScreen
-from ..security.screening import ArraySpec, Layout, check_finite, check_npy, few
+from ..security.screening import ArraySpec, Layout, check_finite, check_npy
 from ..telemetry import TelemetryWriter
 
 __all__ = [

@@ -39,7 +39,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ...contract import InvalidReplyError, RecordKeys, error_summary, out_of_memory_batch_size
+from ...contract import (
+    InvalidReplyError,
+    RecordKeys,
+    error_summary,
+    few,
+    out_of_memory_batch_size,
+)
 from ..balancer import BatchSizeBalancer, SiloReport
 from ..balancer_state import MAX_SILOS, BalancerState, NodeId, SiloId
 from ..settings import BalancingConfig, ReplyLimits
@@ -232,7 +238,7 @@ class RoundEngine(RoundTiming, RoundReporting):
                 "enough for the update's noise; a larger noise_budget (--noise-budget) "
                 "trades noise for time",
                 self.balancer.noise_budget,
-                ", ".join(held),
+                few(list(held)),
             )
         self._budget_held = held
 
