@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import MNIST, machine, parser
+from common import CONFIDENCE, MNIST, machine, mean_ci, parser, seeds_needed
 
 from fl_lbbsp.core import BALANCER_DEFAULTS
 from fl_lbbsp.core.silo.estimators import ESTIMATORS
@@ -75,7 +75,6 @@ ROUNDS = 40
 """Rounds of a run: the accuracy of both schemes is on its plateau for the last quarter."""
 STEADY_FROM = 4
 """Rounds from this one on are steady state for the batch sizes."""
-CONFIDENCE = 0.95
 GOAL_DIFF_POINTS = -1.0
 """Goal: the 95% lower bound of LB-BSP minus FedAvg, in accuracy points, is at least this."""
 GOAL_SPEEDUP = 1.5
@@ -83,47 +82,6 @@ GOAL_SPEEDUP = 1.5
 
 
 # ------------------------------------------------------------------------- statistics
-def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
-    """Mean of ``values`` and its two-sided ``confidence`` interval from Student's t
-    distribution with n - 1 degrees of freedom: ``mean -+ t * sd / sqrt(n)``.
-
-    With one value the interval is unbounded (``-inf``, ``inf``); with no spread it is
-    the mean itself.
-
-    Raises
-    ------
-    ValueError
-        No values, or a confidence outside (0, 1).
-    """
-    if not values:
-        raise ValueError("mean_ci of no values")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    n = len(values)
-    mean = statistics.fmean(values)
-    if n == 1:
-        return mean, -math.inf, math.inf
-    from scipy import stats  # scikit-learn's dependency
-
-    half = float(stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * statistics.stdev(values)
-    half /= math.sqrt(n)
-    return mean, mean - half, mean + half
-
-
-def seeds_needed(sd: float, margin: float, confidence: float = CONFIDENCE) -> int | None:
-    """Fewest seeds whose CI half-width ``t(n - 1) * sd / sqrt(n)`` is at most ``margin``:
-    how many seeds a true difference of 0 needs for its lower bound to stay above
-    ``-margin`` (``None`` beyond 10,000 seeds)."""
-    if sd <= 0.0:
-        return 2
-    from scipy import stats
-
-    for n in range(2, 10_001):
-        if float(stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n) <= margin:
-            return n
-    return None
-
-
 def time_to_target(
     elapsed: Sequence[float], accuracy: Sequence[float | None], target: float
 ) -> tuple[float | None, int | None]:

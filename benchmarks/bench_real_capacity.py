@@ -45,7 +45,16 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import MNIST, RESULTS, dataset, ideal_time, machine, oracle_split, parser  # noqa: E402
+from common import (  # noqa: E402
+    MNIST,
+    RESULTS,
+    dataset,
+    ideal_time,
+    machine,
+    mean_ci,
+    oracle_split,
+    parser,
+)
 from report import write_section  # noqa: E402
 
 from fl_lbbsp.clients.silo_setup import SiloSetup, silo_data, test_data  # noqa: E402
@@ -262,6 +271,7 @@ def summarise(name: str, result: dict[str, Any], args: Any) -> dict[str, Any]:
             "load": [lb["load"], fa["load"]],
         })  # fmt: skip
     ups = [p["speed_up"] for p in pairs if p["speed_up"] is not None]
+    diffs = [100 * (p["lbbsp_final"] - p["fedavg_final"]) for p in pairs]
     lb_steady = float(np.median([p["lbbsp_steady"] for p in pairs]))
     fa_steady = float(np.median([p["fedavg_steady"] for p in pairs]))
     # the wall round beyond the slowest silo's compute and gap: aggregation, polling
@@ -275,11 +285,20 @@ def summarise(name: str, result: dict[str, Any], args: Any) -> dict[str, Any]:
         "fedavg_steady": fa_steady,
         "lbbsp_over_oracle": lb_steady / best["round"],
         "fedavg_over_t_star": fa_steady / best["t_star"],
-        "accuracy_points": 100
-        * (
-            float(np.mean([p["lbbsp_final"] for p in pairs]))
-            - float(np.mean([p["fedavg_final"] for p in pairs]))
-        ),
+        "accuracy_points": float(np.mean(diffs)),
+        **paired_intervals(diffs, ups if len(ups) == len(pairs) else []),
+    }
+
+
+def paired_intervals(diffs: list[float], speed_ups: list[float]) -> dict[str, Any]:
+    """95% intervals over the pairs (Student's t): of the accuracy difference in points
+    (``accuracy_interval``), and of the speed-up's geometric mean, from its logarithms
+    (``speed_up_interval``; ``None`` without a speed-up in every pair). A pair's two runs
+    share the seed, the data and the machine's spell, so their difference is the unit."""
+    logs = mean_ci([float(np.log(u)) for u in speed_ups]) if speed_ups else None
+    return {
+        "accuracy_interval": list(mean_ci(diffs)[1:]),
+        "speed_up_interval": None if logs is None else [float(np.exp(x)) for x in logs],
     }
 
 
@@ -311,7 +330,8 @@ def section(
             {"label": f"{what}: wall-clock time to target, FedAvg / LB-BSP (median pair)",
              "value": s["speed_up"], "format": ".2f", "unit": "x",
              "goal": {"op": ">=", "target": goal},
-             "note": f"target {100 * s['target']:.1f}% ({args.target:g} x FedAvg's final)"},
+             "note": f"target {100 * s['target']:.1f}% ({args.target:g} x FedAvg's final)"
+                     + _speed_up_interval(s.get("speed_up_interval"))},
             {"label": f"{what}: LB-BSP steady wall-clock round / oracle",
              "value": s["lbbsp_over_oracle"], "format": ".2f", "unit": "x",
              "goal": {"op": "<=", "target": GOALS["oracle"]},
@@ -323,8 +343,9 @@ def section(
             {"label": f"{what}: final accuracy, LB-BSP minus FedAvg",
              "value": s["accuracy_points"], "format": "+.2f", "unit": " points",
              "goal": {"op": ">=", "target": -GOALS["accuracy_points"]},
-             "note": f"mean of the last 2 evaluations after {args.rounds} rounds; "
-                     f"the ceiling is {reach}"},
+             "note": f"mean of the last 2 evaluations after {args.rounds} rounds"
+                     + _accuracy_interval(s.get("accuracy_interval"), len(s["pairs"]))
+                     + f"; the ceiling is {reach}"},
         ]  # fmt: skip
         for p in s["pairs"]:
             rows.append([
@@ -387,6 +408,20 @@ def section(
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _speed_up_interval(interval: list[float] | None) -> str:
+    if interval is None or not all(0 < x < float("inf") for x in interval):
+        return ""  # one pair has no interval
+    geo, low, high = interval
+    return f"; geometric mean {geo:.2f}x, 95% interval {low:.2f}-{high:.2f}x over the pairs"
+
+
+def _accuracy_interval(interval: list[float] | None, pairs: int) -> str:
+    if interval is None or not all(abs(x) < float("inf") for x in interval):
+        return ""  # one pair has no interval
+    low, high = interval
+    return f"; 95% interval {low:+.2f} to {high:+.2f} over the {pairs} pairs"
 
 
 def _range(values: list[float]) -> str:

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 from accuracy_study import plateau, window_mean
-from common import parser, quiet_logs
+from common import mean_ci, parser, quiet_logs
 from flwr.app import Array, ArrayRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from report import write_section
@@ -480,15 +480,6 @@ SEEDS = 8
 """Seeds of the honest non-IID runs (the robust options' cost; ``--seeds``)."""
 
 
-def _t95(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and 95% half-width (Student's t) of ``values``."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, math.nan
-    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36}.get(len(values), 2.0)
-    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
-
-
 def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
             load: str) -> dict[str, Any]:  # fmt: skip
     """The section from the runs: a row per attack cell against its honest run."""
@@ -545,7 +536,8 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
                 and honest.get((partition, 5, "mean", s)) is not None
             ]
             if pairs:
-                mean, half = _t95(pairs)
+                mean, _, high = mean_ci(pairs)
+                half = high - mean
                 costs.append((agg, partition, len(pairs), mean, half))
     # a share's cells in the full grid: a prefix with fewer is not judged
     cells = 0 if complete else (len(ATTACKS) - 1) * len(PARTITIONS)
@@ -682,7 +674,8 @@ def _plateau_costs(rows: Sequence[dict[str, Any]], robust: Sequence[str]) -> lis
                 ends.append(end)
             if len(diffs) < 2:
                 continue
-            mean, half = _t95(diffs)
+            mean, _, high = mean_ci(diffs)
+            half = high - mean
             out.append({
                 "label": f"{agg} minus mean at FedAvg's plateau, honest {partition}, 5 silos "
                          "(lower 95% bound)" + (", held-out check" if held else ""),

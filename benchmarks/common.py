@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import platform
+import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 MNIST = ROOT.parent / "shared" / "data" / "mnist"
 
 __all__ = [
+    "CONFIDENCE",
     "MNIST",
     "RHO",
     "RESULTS",
@@ -33,17 +35,21 @@ __all__ = [
     "informed_follows",
     "machine",
     "mark",
+    "mean_ci",
     "oracle_goal",
     "oracle_split",
     "parser",
     "quiet_logs",
     "rounds_within",
     "save_figure",
+    "seeds_needed",
     "telemetry_oracle",
 ]
 
 WITHIN = 0.05
 """'Within 5% of the oracle'."""
+CONFIDENCE = 0.95
+"""The confidence of every interval a section reports."""
 
 
 def _default_rho() -> float | None:
@@ -358,3 +364,44 @@ def telemetry_oracle(
         out.factors.append([float(v) for v in noise])
         out.ideal.append(ideal_time(k * a, k * b, total))
     return out
+
+
+def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """Mean of ``values`` and its two-sided ``confidence`` interval from Student's t
+    distribution with n - 1 degrees of freedom: ``mean -+ t * sd / sqrt(n)``.
+
+    With one value the interval is unbounded (``-inf``, ``inf``); with no spread it is
+    the mean itself.
+
+    Raises
+    ------
+    ValueError
+        No values, or a confidence outside (0, 1).
+    """
+    if not values:
+        raise ValueError("mean_ci of no values")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n == 1:
+        return mean, -math.inf, math.inf
+    from scipy import stats  # scikit-learn's dependency
+
+    half = float(stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * statistics.stdev(values)
+    half /= math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def seeds_needed(sd: float, margin: float, confidence: float = CONFIDENCE) -> int | None:
+    """Fewest seeds whose CI half-width ``t(n - 1) * sd / sqrt(n)`` is at most ``margin``:
+    how many seeds a true difference of 0 needs for its lower bound to stay above
+    ``-margin`` (``None`` beyond 10,000 seeds)."""
+    if sd <= 0.0:
+        return 2
+    from scipy import stats
+
+    for n in range(2, 10_001):
+        if float(stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n) <= margin:
+            return n
+    return None

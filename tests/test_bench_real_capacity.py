@@ -96,3 +96,18 @@ def test_the_accuracy_ceiling_counts_only_the_classes_some_silo_holds(
         assert ceiling["share"] == 1.0
     else:  # 6 of 10 about equally frequent classes
         assert 0.5 < ceiling["share"] < 0.7
+
+
+def test_the_pairs_intervals_are_students_t_on_the_differences_and_the_log_speed_ups() -> None:
+    # Prepare: 3 pairs; t(0.975, 2) = 4.303 (tables)
+    diffs, speed_ups = [-1.0, 0.0, 1.0], [1.0, 2.0, 4.0]
+
+    # Execute
+    found = bench.paired_intervals(diffs, speed_ups)
+
+    # Assert: sd 1 -> half-width 4.303 / sqrt(3); the speed-ups' logs 0, ln 2, ln 4 have
+    # mean ln 2 (geometric mean 2) and sd ln 2
+    half = 4.302652729911275 / 3**0.5
+    assert found["accuracy_interval"] == pytest.approx([-half, half])
+    assert found["speed_up_interval"] == pytest.approx([2.0, 2.0 / 2**half, 2.0 * 2**half])
+    assert bench.paired_intervals(diffs, [])["speed_up_interval"] is None
