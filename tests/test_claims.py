@@ -17,7 +17,7 @@ from flwr.serverapp import Grid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_lbbsp.contract import RecordKeys
+from fl_lbbsp.contract import SLOWDOWN, RecordKeys
 from fl_lbbsp.core.round.engine import RoundEngine
 from fl_lbbsp.core.round.rewriters import FastestReplies
 from fl_lbbsp.core.round.state import RoundState, Verdict
@@ -296,6 +296,25 @@ def test_honest_silos_under_supernode_jitter_are_left_alone(seed: int) -> None:
     # by the replies before it); the last round within 10% of the unchecked run's
     assert distrusted[-1] == distrusted[0]
     assert checked[-1] <= 1.1 * unchecked[-1]
+
+
+@pytest.mark.parametrize("emulated", [True, False])
+def test_an_emulated_time_not_waited_out_is_replaced_with_the_remedy_named(
+    emulated: bool, fl_log: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: a silo claims 0.4 s of a round the server saw end after 0.1 s (a silo
+    # emulating a slowdown, emulate_wait=False, reports the slowdown beside its time)
+    engine = _engine(check_times=True)
+    state = engine.plan(1, [0])
+    extra = {SLOWDOWN: 4.0} if emulated else {}
+
+    # Execute
+    _report(engine, state, 0, _metrics(B_INIT, 0.4, **extra), observed=0.1)
+    engine.close(state, replied=[0], wall=0.1)
+
+    # Assert: replaced either way; the warning names the remedy only for an emulated silo
+    [line, *_] = [r.getMessage() for r in fl_log.records if "replaced" in r.getMessage()]
+    assert ("check_times=False" in line) is emulated
 
 
 # ------------------------------------------------------------------ he-time, bounds

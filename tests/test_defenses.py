@@ -137,6 +137,28 @@ def test_a_declared_size_counts_whole() -> None:
     assert weights == {"a": (100.0, None), "b": (9_900_000.0, None)}
 
 
+@pytest.mark.parametrize(("ratio", "expected"), [(2.0, 1.5), (None, (600 * 2 + 100 * 1) / 700)])
+def test_two_silos_weigh_alike_under_the_cap_and_by_size_when_it_is_off(
+    ratio: float | None, expected: float
+) -> None:
+    # Prepare: two silos of 600 and 100 examples moving the weights by 2 and 1
+    app = _app({0: 2.0, 1: 1.0}, sizes={0: 600, 1: 100})
+
+    # Execute: FedAvg's mean, under the default cap or none (max_weight_ratio=None)
+    _, result = _run(app, rounds=1, nodes=2, robust_aggregation="mean", max_weight_ratio=ratio)
+
+    # Assert: capped, neither weighs more than the other (the mean of the two steps);
+    # without the cap, by dataset size, as Flower's FedAvg weighs them
+    assert result.arrays["w"].numpy() == pytest.approx(np.full(4, expected))
+
+
+def test_without_a_cap_every_size_counts_whole() -> None:
+    weights = cap_weights(
+        {"a": 100.0, "b": 9_900_000.0}, known={"a": 100.0}, declared={}, max_weight_ratio=None
+    )
+    assert weights == {"a": (100.0, None), "b": (9_900_000.0, None)}
+
+
 def test_most_silos_refusing_the_global_model_rolls_it_back(
     fl_log: pytest.LogCaptureFixture,
 ) -> None:

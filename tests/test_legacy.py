@@ -126,9 +126,10 @@ def test_legacy_server_loop_sends_each_client_its_own_batch_size(tmp_path) -> No
         assert [c["extra"] for c in proxy.fit_configs] == [1, 2, 3]
         assert {c["local-steps"] for c in proxy.fit_configs} == {10}
         assert {c["lr"] for c in proxy.fit_configs} == {0.05}
-    # FedAvg's average, weighted by the local dataset sizes, not by batch size
+    # FedAvg's average, weighted by the local dataset sizes, not by batch size; c's 600,
+    # undeclared, weighs as all the others together (400: the default weight cap)
     (weights,) = parameters_to_ndarrays(server.parameters)
-    expected = np.average([1.0, 2.0, 4.0], weights=[100, 300, 600])
+    expected = np.average([1.0, 2.0, 4.0], weights=[100, 300, 400])
     np.testing.assert_allclose(weights, np.full(3, expected), rtol=1e-6)
     events = [json.loads(line) for line in (tmp_path / "legacy.jsonl").read_text().splitlines()]
     assert [e["round"] for e in events] == [1, 2, 3]
@@ -164,6 +165,7 @@ def test_legacy_result_that_fails_validation_is_left_out(tmp_path, fl_log, damag
         initial_batch_size=32, local_steps=10, lr=0.05, telemetry_path=tmp_path / "t.jsonl",
         fraction_evaluate=0.0, min_fit_clients=3, min_available_clients=3,
         initial_parameters=ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]),
+        max_weight_ratio=None,  # FedAvg's weights: every size counts whole
     )  # fmt: skip
     server, _ = _server(
         strategy,
@@ -417,3 +419,56 @@ def test_legacy_run_whose_clients_all_fail_stops_with_their_error(
     else:
         history, _ = server.fit(num_rounds=2, timeout=None)
         assert history is not None
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_the_legacy_strategy_keeps_an_integer_scalar_buffer(inplace: bool) -> None:
+    # Prepare: two clients of 100 and 200 examples; counters 10 and 20 (Flower's own
+    # in-place mean multiplies an integer layer by its weight cast to an integer, 0)
+    manager = _Manager(["1", "2"])
+    strategy = LBBSPStrategy(initial_batch_size=8, local_steps=2, lr=0.1, min_fit_clients=2,
+                             min_available_clients=2, inplace=inplace)  # fmt: skip
+    start = [np.zeros(3, np.float32), np.array(0, np.int64)]
+    strategy.configure_fit(1, ndarrays_to_parameters(start), manager)  # type: ignore[arg-type]
+    results = []
+    for k, (client, size) in enumerate(zip(manager.clients, (100, 200), strict=True)):
+        arrays = [np.full(3, k + 1, np.float32), np.array(10 * (k + 1), np.int64)]
+        metrics = {"train-time": 1.0, "batch-size": 8, "samples-processed": 16,
+                   "silo-id": f"s{k}"}  # fmt: skip
+        res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), size, metrics)
+        results.append((client, res))
+
+    # Execute
+    parameters, _ = strategy.aggregate_fit(1, results, [])  # type: ignore[arg-type]
+
+    # Assert: the layout of the model sent; with two silos the default cap weighs them
+    # alike (neither more than the other), so the counter is 15, the weights 1.5
+    assert parameters is not None
+    weights, counter = parameters_to_ndarrays(parameters)
+    assert counter.dtype == np.int64 and counter.shape == () and int(counter) == 15
+    assert weights.dtype == np.float32 and weights == pytest.approx(np.full(3, 1.5))
+
+
+def test_a_client_that_raised_is_named_in_the_rounds_line(caplog: pytest.LogCaptureFixture) -> None:
+    # Prepare: two clients; Flower hands over one result and one client's exception
+    import logging
+
+    caplog.set_level(logging.INFO, logger="flwr")
+
+    manager = _Manager(["1", "2"])
+    strategy = LBBSPStrategy(initial_batch_size=8, local_steps=2, lr=0.1, min_fit_clients=2,
+                             min_available_clients=2)  # fmt: skip
+    strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(3, np.float32)]), manager)  # type: ignore[arg-type]
+    metrics = {"train-time": 1.0, "batch-size": 8, "samples-processed": 16, "silo-id": "s0"}
+    res = FitRes(
+        Status(Code.OK, ""), ndarrays_to_parameters([np.ones(3, np.float32)]), 100, metrics
+    )
+
+    # Execute
+    parameters, _ = strategy.aggregate_fit(1, [(manager.clients[0], res)], [ValueError("boom")])  # type: ignore[list-item]
+
+    # Assert: the round goes on with the result; its line names the failure, as the
+    # Message-API strategy's names an error reply
+    assert parameters is not None
+    line = next(r.getMessage() for r in caplog.records if "[lbbsp] round 1" in r.getMessage())
+    assert "left out: ? (rejected: failed: ValueError: boom)" in line

@@ -126,7 +126,9 @@ def lbbsp_train(
         declare). A node_config ``slowdown`` wins; ``None``: the run config's, if set.
     emulate_wait : bool (default: True)
         An emulated silo (node_config ``slowdown``, run_config ``slowdowns`` or a cost
-        model) waits until its reported time has passed; ``False`` reports it at once.
+        model) waits until its reported time has passed; ``False`` reports it at once,
+        sooner than any real silo could: give the strategy ``check_times=False`` then, or
+        on Flower's grids it replaces each such time by the shorter one it observed.
 
     Returns
     -------

@@ -41,6 +41,7 @@ __all__ = [
     "Clipping",
     "GradientStep",
     "WeightedMean",
+    "as_layer",
     "normalised_weights",
     "weighted_average",
     "weighted_sum",
@@ -120,6 +121,37 @@ def check_weight(weight: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"aggregation weights must be finite and positive, got {weight!r}")
     return value
+
+
+def as_layer(values: npt.NDArray[np.float64], dtype: np.dtype[Any], k: int) -> npt.NDArray[Any]:
+    """An aggregate's layer ``k`` (float64) as an array of the model's ``dtype``: rounded to
+    the nearest integer for an integer or boolean layer (a mean of counters such as
+    BatchNorm's ``num_batches_tracked``: truncation would lose up to one every round),
+    a 0-d layer an array too (not a numpy scalar).
+
+    Raises
+    ------
+    ValueError
+        The layer holds NaN or inf (in float64, or once cast to a float ``dtype``), or an
+        integer layer's values do not fit ``dtype``.
+    """
+    values = np.asarray(values)
+    if not np.isfinite(values).all():
+        raise ValueError(f"the aggregate of layer {k} holds NaN or inf")
+    if dtype.kind in "biu":
+        values = np.rint(values)
+        info = np.iinfo(dtype) if dtype.kind != "b" else None
+        if (
+            info is not None
+            and values.size
+            and not info.min <= values.min() <= values.max() <= info.max
+        ):
+            raise ValueError(f"the aggregate of layer {k} does not fit {dtype}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = np.asarray(values.astype(dtype, copy=False))
+    if cast.dtype.kind == "f" and not np.isfinite(cast).all():
+        raise ValueError(f"the aggregate of layer {k} holds NaN or inf as {dtype}")
+    return cast
 
 
 @runtime_checkable
@@ -294,27 +326,22 @@ class WeightedMean:
         return self._count
 
     def result(self) -> Arrays:
-        """The weighted mean, each layer in the reference's dtype (new arrays).
+        """The weighted mean, each layer in the reference's dtype (new arrays, integer
+        layers rounded: :func:`as_layer`).
 
         Raises
         ------
         ValueError
             If nothing was added since :meth:`begin`, or a layer of the mean holds NaN or
-            inf (in float64, or once cast back to the reference's dtype).
+            inf (in float64, or once cast back to the reference's dtype), or does not fit
+            an integer dtype.
         """
         if self._layout is None or self._count == 0:
             raise ValueError("cannot aggregate zero updates")
-        averaged: Arrays = []
-        for k, (total, (_, dtype)) in enumerate(zip(self._sums, self._layout, strict=True)):
-            mean = total / self._total
-            if not np.isfinite(mean).all():
-                raise ValueError(f"the aggregate of layer {k} holds NaN or inf")
-            with np.errstate(over="ignore", invalid="ignore"):
-                cast = mean.astype(dtype, copy=False)
-            if cast.dtype.kind == "f" and not np.isfinite(cast).all():
-                raise ValueError(f"the aggregate of layer {k} holds NaN or inf as {dtype}")
-            averaged.append(cast)
-        return averaged
+        return [
+            as_layer(total / self._total, dtype, k)
+            for k, (total, (_, dtype)) in enumerate(zip(self._sums, self._layout, strict=True))
+        ]
 
 
 class GradientStep:

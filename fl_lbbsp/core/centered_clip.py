@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from .aggregation import Arrays, check_weight, normalised_weights
+from .aggregation import Arrays, as_layer, check_weight, normalised_weights
 
 __all__ = ["CenteredClip", "ClipPasses", "clip_passes"]
 
@@ -200,15 +200,12 @@ class CenteredClip:
             raise ValueError("the robust aggregate holds NaN or inf")
         out: Arrays = []
         offset = 0
-        for start, shape, dtype in zip(self._start, self._shapes, self._dtypes, strict=True):
+        for k, (start, shape, dtype) in enumerate(
+            zip(self._start, self._shapes, self._dtypes, strict=True)
+        ):
             size = start.size
-            layer = (start + centre[offset : offset + size]).reshape(shape)
+            out.append(as_layer((start + centre[offset : offset + size]).reshape(shape), dtype, k))
             offset += size
-            with np.errstate(over="ignore", invalid="ignore"):
-                cast = layer.astype(dtype, copy=False)
-            if cast.dtype.kind == "f" and not np.isfinite(cast).all():
-                raise ValueError(f"the robust aggregate holds NaN or inf as {dtype}")
-            out.append(cast)
         return out
 
     def _centre(self) -> npt.NDArray[np.float64]:

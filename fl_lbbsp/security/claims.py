@@ -59,9 +59,9 @@ class ClaimChecker(ClaimPolicy):
     strikes : int (default: 2)
         Consecutive rounds whose claim an observation contradicts as far too small before
         a silo is timed by the server for good; >= 1.
-    max_weight_ratio : float (default: 2.0)
+    max_weight_ratio : float | None (default: 2.0)
         An undeclared size weighs at most this many times the federation's median size
-        (:func:`~fl_lbbsp.security.update_screen.cap_weights`).
+        (:func:`~fl_lbbsp.security.update_screen.cap_weights`); ``None``: not capped.
     """
 
     def __init__(
@@ -74,7 +74,7 @@ class ClaimChecker(ClaimPolicy):
         overhead_rounds: int = 3,
         declared_sizes: Mapping[str, int] | None = None,
         strikes: int = 2,
-        max_weight_ratio: float = 2.0,
+        max_weight_ratio: float | None = 2.0,
     ) -> None:
         super().__init__()
         self.max_dataset_size = max_dataset_size

@@ -19,7 +19,7 @@ def guard(
     engine: RoundEngine,
     *,
     registry: SiloRegistry | None = None,
-    max_weight_ratio: float = 2.0,
+    max_weight_ratio: float | None = 2.0,
     also_known: Iterable[str] = (),
 ) -> ReplyScreen:
     """Put the defences between ``engine`` (before its first round) and its replies: the
@@ -33,8 +33,9 @@ def guard(
     registry, also_known :
         As in :class:`~.reply_screen.ReplyScreen`; the registry's declared dataset sizes
         are the claim checker's too.
-    max_weight_ratio : float (default: 2.0)
-        An undeclared dataset size weighs at most this many times the federation's median.
+    max_weight_ratio : float | None (default: 2.0)
+        An undeclared dataset size weighs at most this many times the federation's median
+        (``None``: every size counts whole).
 
     Returns
     -------

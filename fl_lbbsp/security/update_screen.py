@@ -163,7 +163,7 @@ def cap_weights(
     *,
     known: Mapping[str, float],
     declared: Mapping[str, float],
-    max_weight_ratio: float,
+    max_weight_ratio: float | None,
 ) -> dict[str, tuple[float, str | None]]:
     """Each silo's aggregation weight, an undeclared size capped relative to the federation.
 
@@ -195,14 +195,17 @@ def cap_weights(
     declared : Mapping[str, float]
         Sizes the silo registry declares: never capped (the way to count a large silo
         whole), but part of the median.
-    max_weight_ratio : float
-        ``r``: at most this many times the federation's median size.
+    max_weight_ratio : float | None
+        ``r``: at most this many times the federation's median size; ``None``: no cap,
+        every size counts whole (the operator trusts the silos' claims).
 
     Returns
     -------
     dict
         Silo -> (weight, why it was capped or ``None``).
     """
+    if max_weight_ratio is None:
+        return {silo: (size, None) for silo, size in claimed.items()}
     federation = {**known, **claimed}
     ordered = sorted(float(n) for n in federation.values())
     total = sum((Fraction(n) for n in ordered), Fraction(0))  # exact, for fsum(others)
@@ -220,7 +223,7 @@ def cap_weights(
                 f"num-examples {size:g} weighs as {cap:g}: an undeclared size counts at most "
                 f"{max_weight_ratio:g}x the median of the federation's sizes ({median:g}) and "
                 "no more than all the other silos together (declare it in the silo registry "
-                "to count it whole)",
+                "to count it whole, or trust every silo's size with max_weight_ratio=None)",
             )
         else:
             out[silo] = (size, None)
@@ -232,7 +235,7 @@ def integer_weights(
     *,
     known: Mapping[str, float],
     declared: Mapping[str, float],
-    max_weight_ratio: float,
+    max_weight_ratio: float | None,
 ) -> dict[str, int]:
     """:func:`cap_weights` as the integers a server multiplies ciphertexts by (CKKS mode:
     silos encrypt unweighted updates, the server scales each by its silo's weight and

@@ -75,12 +75,15 @@ class ServerConfig(BaseModel):
     update_spread_sigmas : float (default: 3.0)
         The bound widens to this many robust standard deviations of the log-distances
         when the federation's updates are naturally that spread; > 0.
-    max_weight_ratio : float (default: 2.0)
+    max_weight_ratio : float | None (default: 2.0)
         An undeclared dataset size weighs at most this many times the median of the
         federation's sizes, and never more than all the other silos together; >= 1.
         ``k < n / 2`` colluding liars then hold at most ``k r / (k r + n - k)`` of the
         weight among honest silos of equal size
-        (:func:`~fl_lbbsp.security.update_screen.cap_weights`).
+        (:func:`~fl_lbbsp.security.update_screen.cap_weights`). With two silos that makes
+        the mean unweighted (neither counts more than the other). ``None``: every size
+        counts whole, as Flower's FedAvg weighs them, for an operator who trusts the
+        silos' sizes; declaring them in the silo registry keeps the cap for the others.
     robust_aggregation : {"trusted-clip", "centered-clip", "mean"} (default: "centered-clip")
         How plaintext updates are combined: ``"centered-clip"``, each update clipped
         around a robust centre before the dataset-size-weighted mean
@@ -132,7 +135,7 @@ class ServerConfig(BaseModel):
     checkpoint_key: Path | None = None
     max_update_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     update_spread_sigmas: float = Field(default=3.0, gt=0, allow_inf_nan=False)
-    max_weight_ratio: float = Field(default=2.0, ge=1, allow_inf_nan=False)
+    max_weight_ratio: float | None = Field(default=2.0, ge=1, allow_inf_nan=False)
     robust_aggregation: Literal["trusted-clip", "centered-clip", "mean"] = "centered-clip"
     clip_factor: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     bound_claimed_pull: bool = Field(default=False, strict=True)

@@ -3,9 +3,9 @@
 :class:`LBBSPStrategy` is ``flwr.server.strategy.FedAvg`` with one change per round: each
 sampled client gets its own ``FitIns`` whose config carries its batch size B_i (from the
 same :class:`~fl_lbbsp.core.BatchSizeBalancer` as :class:`~fl_lbbsp.strategies.LBBSPFedAvg`),
-tau and eta; ``aggregate_fit`` reports every ``FitRes``' metrics to the balancer before
-FedAvg averages the parameters, weighted by ``FitRes.num_examples`` (the local dataset
-size, which must not depend on B_i). Under Flower's ``SecAggPlusWorkflow`` the server sees
+tau and eta; ``aggregate_fit`` reports every ``FitRes``' metrics to the balancer, then
+averages the parameters as FedAvg does, weighted by ``FitRes.num_examples`` (the local
+dataset size, which must not depend on B_i) under the weight cap, in the model's dtypes. Under Flower's ``SecAggPlusWorkflow`` the server sees
 only the securely aggregated parameters and each client's own metrics, which is all the
 balancer needs.
 
@@ -36,12 +36,14 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from ..contract import InvalidReplyError, RecordKeys
+from ..core.aggregation import weighted_average
 from ..core.round.engine import RoundEngine
 from ..core.round.state import Reply, RoundState
 from ..core.settings import BalancingKnobs, ReplyLimits, Tuning, balancing_config
 from ..security.guard import guard
 from ..security.screening import Layout, check_npy_list, layout_of_npy
 from ..telemetry import TelemetryWriter
+from .config import ServerConfig
 from .outcomes import RoundOutcomes, batch_size_metrics, log_decision, route_to_flower
 from .rounds import EngineView
 from .validation import log_rejected, log_skipped
@@ -92,6 +94,18 @@ class LBBSPStrategy(EngineView, FedAvg):
         As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`: rounds in a row without an
         aggregated update after which the run stops with
         :class:`~fl_lbbsp.strategies.outcomes.NoUpdateError`.
+    max_weight_ratio : float | None (default: 2.0)
+        As in :class:`~fl_lbbsp.strategies.LBBSPFedAvg`: an undeclared dataset size
+        (``FitRes.num_examples``) weighs at most this many times the federation's median
+        and never more than all the others together; ``None``: every size counts whole.
+
+    Notes
+    -----
+    The parameters are averaged by ``FitRes.num_examples`` as FedAvg averages them, but
+    capped (``max_weight_ratio``) and each layer kept in the global model's dtype: an
+    integer one (BatchNorm's ``num_batches_tracked``) rounded, which Flower's FedAvg
+    zeroes (``inplace=True``) or turns into float64 (``inplace=False``). Unlike
+    ``LBBSPFedAvg`` there is no update screen and no robust aggregation: FedAvg's mean.
     """
 
     def __init__(
@@ -103,6 +117,7 @@ class LBBSPStrategy(EngineView, FedAvg):
         keys: RecordKeys | None = None,
         telemetry_path: str | Path | None = None,
         max_empty_rounds: int = 3,
+        max_weight_ratio: float | None = 2.0,
         **settings: Any,
     ) -> None:
         if isinstance(max_empty_rounds, bool) or not isinstance(max_empty_rounds, int):
@@ -121,7 +136,8 @@ class LBBSPStrategy(EngineView, FedAvg):
             limits=ReplyLimits(**limits),
             weight_key=self.keys.num_examples,
         )
-        guard(self.engine, also_known=(self.keys.silo_id,))
+        ratio = ServerConfig(max_weight_ratio=max_weight_ratio).max_weight_ratio  # validated
+        guard(self.engine, also_known=(self.keys.silo_id,), max_weight_ratio=ratio)
         self.telemetry = TelemetryWriter(telemetry_path)
         self.round: RoundState | None = None
         self._layout: Layout | None = None
@@ -177,7 +193,8 @@ class LBBSPStrategy(EngineView, FedAvg):
         # In client order, not the order Flower's threads finished in: a float sum depends
         # on its order, and the same seed should give the same model twice.
         results = sorted(self._from_secure_aggregation(results), key=lambda r: r[0].cid)
-        valid, rejected = [], []
+        valid: list[tuple[str, ClientProxy, FitRes]] = []
+        rejected: list[tuple[dict[str, Any], tuple[ClientProxy, FitRes] | None]] = []
         for client, res in results:
             metrics = {**res.metrics, self.keys.num_examples: res.num_examples}
             reply = Reply(
@@ -199,9 +216,21 @@ class LBBSPStrategy(EngineView, FedAvg):
                 rejected.append((entry, (client, res)))
                 continue
             if self.engine.report(state, verdict, metrics):  # False: a claim rejected
-                valid.append((client, res))
+                valid.append((verdict.silo, client, res))
         failed = _failed(failures)
         state.rejected.extend({"silo": silo, "reason": why} for silo, why in failed)
+        unknown = sum(1 for silo, _ in failed if silo == "?")
+        for k, (silo, why) in enumerate(failed):  # said like a rejected reply
+            name = silo if silo != "?" or unknown == 1 else f"?{k + 1}"
+            entry = log_rejected(
+                self.telemetry,
+                scheme=self.scheme,
+                server_round=server_round,
+                silo=name,
+                node=silo,
+                reason=why,
+            )
+            rejected.append((entry, None))
         # a client that failed did reply (with its error): not a timeout; Flower does not
         # say which client an exception was raised for, but when the exceptions account for
         # every client without a result, none of them timed out
@@ -229,15 +258,44 @@ class LBBSPStrategy(EngineView, FedAvg):
         if skipped is not None:
             self.outcomes.close(state, aggregated=False, skipped=skipped)
             return None, {}
-        failures = [*failures, *(pair for _, pair in rejected)]
-        parameters, metrics = super().aggregate_fit(server_round, valid, failures)
-        self.outcomes.close(
-            state,
-            aggregated=parameters is not None,
-            skipped=None if parameters is not None else "FedAvg aggregated nothing",
-        )
+        parameters, metrics, why = None, {}, "FedAvg aggregated nothing"
+        if valid and (self.accept_failures or not (failures or rejected)):  # as FedAvg's
+            try:
+                parameters, metrics = self._mean(state, valid)
+            except ValueError as err:  # a mean that overflows: the model stays as it was
+                why = f"the mean is unusable: {err}"
+                log.error("round %d skipped: %s", server_round, why)
+        self.outcomes.close(state, aggregated=parameters is not None, skipped=why)
         metrics.update(batch_size_metrics(state, keys=self.keys, silo_id=self.engine.silo_id))
         return parameters, metrics
+
+    def _mean(
+        self, state: RoundState, valid: list[tuple[str, ClientProxy, FitRes]]
+    ) -> tuple[Parameters, dict[str, Scalar]]:
+        """FedAvg's mean of the valid results by their dataset sizes as the claim policy
+        weighs them (an undeclared size capped, as in
+        :class:`~fl_lbbsp.strategies.LBBSPFedAvg`: :meth:`RoundEngine.weights`), each
+        layer in the global model's dtype, an integer one rounded (Flower's
+        ``aggregate_inplace`` multiplies an integer layer such as BatchNorm's
+        ``num_batches_tracked`` by its weight cast to an integer, 0; ``inplace=False``
+        returns it as float64); then ``fit_metrics_aggregation_fn``, as FedAvg calls it.
+        Under SecAgg+ every result holds the same unmasked mean, which this returns."""
+        weights = self.engine.weights({silo: res.num_examples for silo, _, res in valid})
+        for silo, (weight, capped) in weights.items():
+            if capped is not None:
+                state.reports.setdefault(silo, {})["capped-weight"] = weight
+                if self.outcomes.first_time(silo, "capped weight"):
+                    log.warning("round %d: silo %s: %s", state.server_round, silo, capped)
+        arrays = weighted_average(
+            [parameters_to_ndarrays(res.parameters) for _, _, res in valid],
+            [weights[silo][0] for silo, _, _ in valid],
+        )
+        metrics: dict[str, Scalar] = {}
+        if self.fit_metrics_aggregation_fn is not None:
+            metrics = self.fit_metrics_aggregation_fn(
+                [(res.num_examples, res.metrics) for _, _, res in valid]
+            )
+        return ndarrays_to_parameters(arrays), metrics
 
     def _check_arrays(self, res: FitRes) -> None:
         if self._layout is None:

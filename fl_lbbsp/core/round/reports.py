@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ...contract import PREDICTED_SPEED, TRANSFER_TIME, WAITED_TIME, RecordKeys
+from ...contract import PREDICTED_SPEED, SLOWDOWN, TRANSFER_TIME, WAITED_TIME, RecordKeys
 from ..balancer import BatchSizeBalancer, InvalidReportError, SiloReport
 from ..settings import BalancingConfig
 from ..silo.transfer import TransferTimes
@@ -218,11 +218,17 @@ class RoundReporting:
         )
         if checked.note is None:
             return metrics
+        unwaited = SLOWDOWN in metrics and checked.train_time < train  # emulated, not waited
         log.warning(
-            "round %d: claimed times of silo %s replaced: %s",
+            "round %d: claimed times of silo %s replaced: %s%s",
             state.server_round,
             silo,
             checked.note,
+            " (the silo emulates a slowdown: an emulation that reports its time without "
+            "waiting it out, @lbbsp_train(emulate_wait=False), needs check_times=False on "
+            "the strategy)"
+            if unwaited
+            else "",
         )
         bounded = dict(metrics)
         record["claimed-train-time"] = train
