@@ -1,7 +1,8 @@
 """``fl-lbbsp``: simulate LB-BSP or FedAvg on heterogeneous silos and compare them.
 
-Here the entry point (every refused input one line, exit code 2), the key commands, the
-local deployment and the logging set-up; the run commands are :mod:`fl_lbbsp.cli_runs`."""
+Here the entry point (every refused input one line, exit code 2; Ctrl-C one line, exit
+code 130), the key commands, the local deployment and the logging set-up; the run
+commands are :mod:`fl_lbbsp.cli_runs`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .cli_flags import values_of
 from .cli_parser import CKKS_FLAGS, build_parser
 from .cli_runs import (
     RunFailedError,
+    RunInterrupted,
     fail,
     run_cluster_command,
     run_command,
@@ -193,13 +195,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Every refused input (a bad flag, a file or folder that cannot be used, an invalid
     checkpoint, key or registry) ends with one line on stderr and exit code 2; a run that
-    produced no model with exit code 1; never with a Python traceback.
+    produced no model with exit code 1; Ctrl-C with one line (which run it stopped and,
+    with ``--checkpoint-dir``, how to resume it) and exit code 130; never with a Python
+    traceback. ``deploy-local`` handles its own Ctrl-C: it stops the federation and
+    returns its exit code.
     """
     try:
         with _logging_restored():
             return _main(argv)
     except OSError as err:  # a file or folder the system refused, wherever it surfaced
         fail(_os_message(err))
+    except KeyboardInterrupt as err:  # Ctrl-C (or SIGINT) in any command
+        what = str(err) if isinstance(err, RunInterrupted) else "interrupted"
+        print(f"fl-lbbsp: {' '.join(what.split())}", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def _os_message(err: OSError) -> str:

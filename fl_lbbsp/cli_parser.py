@@ -180,7 +180,7 @@ def _add_run_flags(
     parser.add_argument(
         "--quiet",
         action="store_true",
-        help="only print the summary (no progress display, no per-round lines)",
+        help="only print the summary and any warnings (no progress display, no per-round lines)",
     )
     parser.add_argument("--verbose", action="store_true", help="also show Flower's own log")
     narx = parser.add_argument_group(

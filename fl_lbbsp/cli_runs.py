@@ -18,11 +18,23 @@ from pydantic import BaseModel, ValidationError
 from .cli_flags import balancing_of, values_of
 from .cli_parser import NARX_FLAGS, run_flags
 
-__all__ = ["RunFailedError", "fail", "run_cluster_command", "run_command", "validation_message"]
+__all__ = [
+    "RunFailedError",
+    "RunInterrupted",
+    "fail",
+    "run_cluster_command",
+    "run_command",
+    "validation_message",
+]
 
 
 class RunFailedError(RuntimeError):
     """A run that produced no model (every round skipped): exit code 1, one line."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a scheme's run, its message the one line that says which run it
+    stopped and how to resume it (:func:`fl_lbbsp.cli.main` prints it, exit code 130)."""
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -94,12 +106,35 @@ def _run_all(
     _check_batch_size(next(iter(configs.values())))
     events: dict[str, Sequence[dict[str, Any]]] = {}
     for scheme, config in configs.items():
-        with _progress(args, config.telemetry_path(), total, scheme, unit):
-            events[scheme] = _events(scheme, config, run)
+        try:
+            with _progress(args, config.telemetry_path(), total, scheme, unit):
+                events[scheme] = _events(scheme, config, run)
+        except KeyboardInterrupt:
+            raise RunInterrupted(_interrupted(args, scheme, config, total, unit)) from None
         failure = run_failure(events[scheme])
         if failure is not None:
             raise RunFailedError(f"{scheme}: {failure}")
     return events
+
+
+def _interrupted(args: argparse.Namespace, scheme: str, config: Any, total: int, unit: str) -> str:
+    """The line for Ctrl-C during ``scheme``'s run: which run, and with
+    ``--checkpoint-dir`` the last round (``unit``) of it checkpointed and how to resume."""
+    what = f"{args.command} {scheme}"
+    if args.checkpoint_dir is None:
+        return f"interrupted: {what}"
+    from .strategies.checkpoint import CheckpointStore
+
+    folder = config.checkpoint_path()
+    try:
+        done = CheckpointStore(folder).rounds() if folder is not None else []
+    except OSError:  # the folder cannot be listed: say nothing of what it holds
+        done = []
+    saved = f"{unit} {done[-1]} of {total} checkpointed" if done else f"no {unit} checkpointed"
+    return (
+        f"interrupted: {what} ({saved}); resume with the same command and "
+        f"--checkpoint-dir {args.checkpoint_dir}"
+    )
 
 
 def _write_report(path: Path, config: Any, report: dict[str, Any]) -> None:

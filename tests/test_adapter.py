@@ -202,8 +202,9 @@ def test_quickstart_style_app_runs_under_flwr_run_in_simulation(tmp_path: Path) 
         supernodes=3,
     )  # fmt: skip
 
-    # Assert: three rounds, every silo's reply accepted, batch sizes ordered by speed; the
-    # app's pyproject.toml left as it was (Flower migrates a legacy federation in place)
+    # Assert: three rounds, every silo's reply accepted and its cost model's time kept,
+    # batch sizes ordered by the emulated slowdowns; the app's pyproject.toml left as it
+    # was (Flower migrates a legacy federation in place)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     copied = (tmp_path / APP.name / "pyproject.toml").read_text()
     assert copied == (APP / "pyproject.toml").read_text()
@@ -211,9 +212,10 @@ def test_quickstart_style_app_runs_under_flwr_run_in_simulation(tmp_path: Path) 
     assert len(rounds) == 3 and all(e["rejected"] == [] for e in rounds)
     last = rounds[-1]["silos"]
     assert len(last) == 3
-    by_slowdown = sorted(last.values(), key=lambda r: r[KEYS.train_time] / r[KEYS.batch_size])
+    assert not [r for e in rounds for r in e["silos"].values() if "claimed-train-time" in r]
+    by_slowdown = sorted(last.values(), key=lambda r: r["slowdown"])
     sizes = [r[KEYS.batch_size] for r in by_slowdown]
-    assert sizes == sorted(sizes, reverse=True) and sum(sizes) == 48
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1] and sum(sizes) == 48
 
 
 # ------------------------------------------------- decorator and plan mistakes

@@ -402,6 +402,37 @@ def test_a_resumed_run_keeps_its_telemetry(tmp_path) -> None:  # type: ignore[no
     assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["config"]
 
 
+def _telemetry(path: Path, rounds: range) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"event": "train", "round": r}) + "\n" for r in rounds))
+    return path
+
+
+def test_a_resume_into_an_output_folder_behind_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    # Prepare: a run recorded with folder a (rounds 1-10), resumed into folder b, where
+    # its telemetry was copied and went on to round 12
+    from fl_lbbsp.runs.resume import RunRecord
+
+    a = _telemetry(tmp_path / "a" / "lbbsp.jsonl", range(1, 11))
+    ckpt, settings = tmp_path / "ckpt", {"seed": 0}
+    ckpt.mkdir()
+    RunRecord(directory=ckpt, settings=settings, telemetry=a).write()
+    second = RunRecord(directory=ckpt, settings=settings, telemetry=tmp_path / "b" / "lbbsp.jsonl")
+    second.keep(second.check_same(), after_round=10)
+    _telemetry(second.telemetry, range(1, 13))
+
+    # Execute: the next resume, after round 12, back into folder a
+    third = RunRecord(directory=ckpt, settings=settings, telemetry=a)
+    with pytest.raises(CheckpointError) as refused:
+        third.keep(third.check_same(), after_round=12)
+
+    # Assert: refused, naming the folder that holds rounds 11-12 (the report would have
+    # had a gap); resuming there is accepted
+    assert "ends at round 10" in str(refused.value) and str(tmp_path / "b") in str(refused.value)
+    fourth = RunRecord(directory=ckpt, settings=settings, telemetry=second.telemetry)
+    fourth.keep(fourth.check_same(), after_round=12)
+
+
 def test_a_checkpoint_of_an_older_format_is_refused_with_one_line(tmp_path: Path) -> None:
     # Prepare: the round-2 checkpoint a parameter server wrote with fl_lbbsp ae7511b
     # (format 1: Flower's protobuf of a RecordDict; tests/checkpoint_fixture.py)

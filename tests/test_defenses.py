@@ -112,6 +112,21 @@ def test_a_silo_sending_1e30_weights_cannot_move_the_global_model(
     assert rejected and "median distance" in rejected[0]
 
 
+def test_three_rejected_updates_in_a_row_name_the_silo_and_the_setting_that_keeps_it_in(
+    fl_log: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: silo 3 sends updates far from the others' from round 1
+    app = _app({0: 1.0, 1: 1.1, 2: 0.9, 3: math.inf}, poison_from=1)
+
+    # Execute
+    _run(app, rounds=3, max_update_ratio=10.0)
+
+    # Assert: one error at the third, naming the silo and what keeps an honest one in
+    errors = [r.getMessage() for r in fl_log.records if r.levelname == "ERROR"]
+    [streak] = {e for e in errors if "3 rejected updates in a row" in e}
+    assert streak.startswith("silo 3 ") and "raise max_update_ratio (now 10)" in streak
+
+
 def test_an_undeclared_huge_dataset_claim_cannot_take_most_of_the_aggregate() -> None:
     # Prepare: silo 3 claims 9.9 million examples (under any absolute cap), the others 100
     app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 3.0}, sizes={3: 9_900_000})

@@ -118,6 +118,28 @@ def test_encrypted_three_round_run_ends_with_the_plaintext_model(
     assert len(he_times) == 9 and all(t > 0 for t in he_times)
 
 
+def test_an_encrypted_silos_interval_spans_its_train_and_he_time(key_files) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: emulated silos 1x, 2x, 3x slower (their encryption too): the claim check
+    # judges train-time + he-time against each reply's own compute interval
+    setup = SiloSetup(num_silos=3, secret_context=str(key_files.secret), slowdowns=("1", "2", "3"))
+    grid = InProcessGrid(make_client_app(setup), num_nodes=3)
+    data = silo_data(setup, 0)
+    model = build_model("lenet5", input_shape=data.input_shape, num_classes=data.num_classes)
+    strategy = EncryptedLBBSPFedAvg(public_context=key_files.public, **SETTINGS)
+    messages = strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(), grid)
+
+    # Execute
+    replies = list(grid.send_and_receive(messages))
+
+    # Assert: each interval is at least what the silo claims (an honest claim is not
+    # above what the server can observe of it), encryption included
+    for reply in replies:
+        metrics = reply.content.metric_records["metrics"]
+        claimed = float(metrics["train-time"]) + float(metrics["he-time"])  # type: ignore[arg-type]
+        interval = float(metrics["compute-end"]) - float(metrics["compute-start"])  # type: ignore[arg-type]
+        assert float(metrics["he-time"]) > 0 and interval >= claimed  # type: ignore[arg-type]
+
+
 def test_silo_refuses_nan_update_and_replies_with_an_error(key_files) -> None:  # type: ignore[no-untyped-def]
     # Prepare: a global model full of NaN (refused on receipt since the silos check the
     # model they are sent; with no earlier model to keep, each replies with an error)

@@ -28,6 +28,8 @@ from flwr.clientapp import ClientApp
 from ..contract import (
     ACCEPTED_NORMS,
     BUSY_TIME,
+    COMPUTE_END,
+    COMPUTE_START,
     EVAL_ACCURACY,
     EVAL_LOSS,
     HE_CHECK,
@@ -356,6 +358,13 @@ class SiloApp:
             extra[keys.he_time] = emulate_slowdown(
                 he_time + seconds + checking, factor, wait=setup.emulate_wait
             )
+            # the reply's interval spans the encryption too, as its claim does: the server
+            # checks train-time + he-time against it (at least the time claimed, as an
+            # emulated round's: decryption ran before any queue for the compute slot)
+            end = max(time.time(), report.metrics[COMPUTE_END])
+            claimed = report.reported_time + extra[keys.he_time]
+            extra[COMPUTE_START] = min(report.metrics[COMPUTE_START], end - claimed)
+            extra[COMPUTE_END] = end
         metrics = MetricRecord(
             {**report.metrics, BUSY_TIME: time.perf_counter() - started, **extra}
         )

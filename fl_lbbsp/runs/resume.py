@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord
 
 from ..strategies.checkpoint import Checkpoint, CheckpointError
 from ..strategies.checkpointing import Checkpointable, resume_from, store_of
+from ..telemetry import read_telemetry
 from .config import RunSettings
 
 __all__ = ["RUN_FILE", "RunRecord", "resume_run", "run_record"]
@@ -83,12 +84,13 @@ class RunRecord:
     def keep(self, earlier: Path | None, *, after_round: int) -> None:
         """A run resumed after ``after_round`` keeps the telemetry of its earlier rounds
         (copied from ``earlier``, the recorded run's, when the output folder changed), and
-        is recorded if the folder had no record.
+        is recorded as the run whose telemetry the next resume continues.
 
         Raises
         ------
         CheckpointError
-            Neither this run's telemetry nor the recorded run's is there.
+            Neither this run's telemetry nor the recorded run's is there, or this run's
+            ends before ``after_round`` (another output folder holds the rounds since).
         """
         telemetry = self.telemetry
         if not telemetry.exists() and earlier is not None and earlier.is_file():
@@ -99,8 +101,18 @@ class RunRecord:
                 f"resuming after round {after_round} needs the telemetry of the earlier "
                 f"rounds, {telemetry}: rerun with the first run's output folder"
             )
-        if not self.path.is_file():
-            self.write()
+        if (last := _last_round(telemetry)) < after_round:
+            where = (
+                f"the last run's output folder ({earlier.parent})"
+                if earlier is not None and earlier.resolve() != telemetry.resolve()
+                else "the output folder of the run that wrote them"
+            )
+            raise CheckpointError(
+                f"the telemetry in {telemetry} ends at round {last}, the checkpoint after "
+                f"round {after_round}: rerun with {where}, so that the report covers every "
+                "round"
+            )
+        self.write()
 
     def write(self) -> None:
         """Record this run (atomically)."""
@@ -108,6 +120,13 @@ class RunRecord:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
         os.replace(tmp, self.path)
+
+
+def _last_round(telemetry: Path) -> int:
+    """The last training round the telemetry file records (0: none)."""
+    events = read_telemetry(telemetry)
+    rounds = [e.get("round") for e in events if e.get("event") in ("train", "skipped")]
+    return max((r for r in rounds if isinstance(r, int)), default=0)
 
 
 def _flat(settings: dict[str, Any]) -> dict[str, Any]:

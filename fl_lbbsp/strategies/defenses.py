@@ -118,8 +118,12 @@ class Defenses:
             if streak == 3:
                 log.error(
                     "silo %s sent 3 rejected updates in a row (its update is far from every "
-                    "other silo's): check that silo",
+                    "other silo's): check that silo. If it is honest, its data may differ "
+                    "from the others' more than the bound allows (the model then drifts from "
+                    "its data and its updates grow, so it stays out): raise max_update_ratio "
+                    "(now %g) to keep it in",
                     silo,
+                    self.screen.max_update_ratio,
                 )
         return rejected
 

@@ -266,16 +266,26 @@ class LBBSPFedAvg(EngineView, FedAvg):
         return "lbbsp" if rewriter is None else f"lbbsp-{rewriter.name}"
 
     def summary(self) -> None:
-        """Log FedAvg's settings (Flower's tree), then the LB-BSP settings on their own
-        line, once a run (not in the middle of Flower's tree)."""
+        """Log FedAvg's settings (Flower's tree), then how this strategy splits the batch
+        on its own line (:meth:`split_summary`), once a run (not in the middle of
+        Flower's tree)."""
         super().summary()
-        c = self.config
-        log.info(
-            "LB-BSP (%s): batch size %d per silo in round 1, then by speed | %d local steps, "
-            "lr %g for every silo | speed estimate %s (alpha %g), allocator %s",
-            self.scheme, c.initial_batch_size, c.local_steps, c.lr, c.tuning.estimator,
-            c.tuning.alpha, c.tuning.allocator,
-        )  # fmt: skip
+        log.info("%s", self.split_summary())
+
+    def split_summary(self) -> str:
+        """What the rounds will send each silo, in one line: B_init every round without
+        balancing (FedAvg's split); with it, B_init until the silos' speeds are known
+        (round 1 of a fresh run), then batch sizes by speed."""
+        c, b_init = self.config, self.config.initial_batch_size
+        steps = f"{c.local_steps} local steps, lr {c.lr:g} for every silo"
+        if not c.balance:
+            named = "" if self.scheme == "fedavg" else f" ({self.scheme})"
+            return f"FedAvg split{named}: batch size {b_init} per silo every round | {steps}"
+        return (
+            f"LB-BSP ({self.scheme}): batch size {b_init} per silo until the silos' speeds "
+            f"are known, then by speed | {steps} | speed estimate {c.tuning.estimator} "
+            f"(alpha {c.tuning.alpha:g}), allocator {c.tuning.allocator}"
+        )
 
     def record_evaluation(
         self, server_round: int, *, loss: float, accuracy: float, federated: bool

@@ -21,11 +21,13 @@ from ..contract import COMPUTE_END, COMPUTE_START
 __all__ = ["POOL_FIX", "max_overlap", "observed_time", "queued", "reply_interval"]
 
 POOL_FIX = (
-    "Flower's Simulation Engine runs one ClientApp per Ray actor and its pool holds fewer "
-    "actors than sampled silos, so the silos queue and round times add up; size the pool "
-    "in the federation's config (pyproject.toml [tool.flwr.federations.<name>]): "
-    "options.num-supernodes = <silos> and "
-    "options.backend.client-resources.num-cpus = <cores / silos> (fractions allowed)"
+    "round times add up and LB-BSP's gain shrinks. On Flower's Simulation Engine the Ray "
+    "pool holds fewer actors than sampled silos: give each silo one with the federation's "
+    "options num-supernodes = <silos> and backend.client-resources.num-cpus = "
+    "<cores / silos> (fractions allowed; Flower 1.42 keeps them with the SuperLink "
+    "connection in $FLWR_HOME/config.toml, 1.41 in pyproject.toml's "
+    "[tool.flwr.federations.<name>]). Under deploy-local's compute lock the silos take "
+    "turns by design"
 )
 """How to give every sampled silo an actor, named by the warning :func:`queued` feeds."""
 

@@ -2,10 +2,11 @@
 
 :class:`LBBSPStrategy` is ``flwr.server.strategy.FedAvg`` with one change per round: each
 sampled client gets its own ``FitIns`` whose config carries its batch size B_i (from the
-same :class:`~fl_lbbsp.core.BatchSizeBalancer` as :class:`~fl_lbbsp.strategies.LBBSPFedAvg`),
-tau and eta; ``aggregate_fit`` reports every ``FitRes``' metrics to the balancer, then
-averages the parameters as FedAvg does, weighted by ``FitRes.num_examples`` (the local
-dataset size, which must not depend on B_i) under the weight cap, in the model's dtypes. Under Flower's ``SecAggPlusWorkflow`` the server sees
+same :class:`~fl_lbbsp.core.BatchSizeBalancer` as
+:class:`~fl_lbbsp.strategies.LBBSPFedAvg`), tau and eta; ``aggregate_fit`` reports every
+``FitRes``' metrics to the balancer, then averages the parameters as FedAvg does, weighted
+by ``FitRes.num_examples`` (the local dataset size, which must not depend on B_i) under the
+weight cap, in the model's dtypes. Under Flower's ``SecAggPlusWorkflow`` the server sees
 only the securely aggregated parameters and each client's own metrics, which is all the
 balancer needs.
 

@@ -158,7 +158,7 @@ class TrainRound:
             if counts:
                 weight = read_float(metrics, self.weight_key)
                 accepted[verdict.silo] = (verdict, msg.content, weight)
-        self._queued(state, intervals)
+        self._queued(state, intervals, warn=observe)
         kept, dropped = self._sum(state, accepted, updates, scheme)
         contents = [accepted[silo][1] for silo in accepted if silo in kept]
         arrays, skipped = self._result(state, len(contents), updates, scheme)
@@ -262,14 +262,17 @@ class TrainRound:
                     return False
         return True
 
-    def _queued(self, state: RoundState, intervals: list[tuple[float, float]]) -> None:
+    def _queued(
+        self, state: RoundState, intervals: list[tuple[float, float]], *, warn: bool
+    ) -> None:
         """Warn, once a run, when the replies' intervals show the silos queued (a pool of
-        fewer actors than silos); DEBUG after."""
+        fewer actors than silos); DEBUG after, and always where the wall time is not the
+        silos' (``warn`` off: an in-process grid runs them in turn by design)."""
         most = queued(intervals)
         if most is None:
             return
         state.queued = True  # its waits hold the queue, not the links
-        first = self.outcomes.first_time("", "silos queued")
+        first = self.outcomes.first_time("", "silos queued") and warn
         log.log(
             logging.WARNING if first else logging.DEBUG,
             "round %d: at most %d of the %d silos computed at a time: %s",

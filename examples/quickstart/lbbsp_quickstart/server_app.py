@@ -51,6 +51,8 @@ def main(grid: Grid, context: Context) -> None:
         else None,
         alpha=float(config["alpha"]),
         telemetry_path=str(config["telemetry"]) or None,
+        # a cost model's times (run config cost-model) are no wall time: not checked against it
+        check_times=False if str(config.get("cost-model", "")) else None,
         deadline_margin=_positive_or_none(config["deadline-margin"]),
         deadline_floor=float(config["deadline-floor"]),
         deadline_ceiling=float(config["deadline-ceiling"]),

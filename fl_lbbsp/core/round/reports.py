@@ -218,16 +218,15 @@ class RoundReporting:
         )
         if checked.note is None:
             return metrics
-        unwaited = SLOWDOWN in metrics and checked.train_time < train  # emulated, not waited
         log.warning(
             "round %d: claimed times of silo %s replaced: %s%s",
             state.server_round,
             silo,
             checked.note,
-            " (the silo emulates a slowdown: an emulation that reports its time without "
-            "waiting it out, @lbbsp_train(emulate_wait=False), needs check_times=False on "
-            "the strategy)"
-            if unwaited
+            " (the silo emulates its times: a cost model's, or a slowdown's not waited out, "
+            "@lbbsp_train(emulate_wait=False), are not wall time; give the strategy "
+            "check_times=False for such an emulation)"
+            if SLOWDOWN in metrics
             else "",
         )
         bounded = dict(metrics)
