@@ -15,10 +15,10 @@ everything else translates.
     ``state_dict`` / ``load_state_dict`` is the engine's whole checkpoint. The baselines
     are pieces of it: ``TauRewriter`` / ``EtaRewriter`` rewrite instructions,
     ``FastestReplies`` keeps the fastest replies.
-``core/aggregation.py``
+``core/aggregation.py``, ``core/optim.py``
     The aggregators, accumulating each accepted update in place: ``WeightedMean`` (FL: by
-    dataset size) and ``GradientStep`` (cluster mode: SGD on the batch-size-weighted
-    gradient). The encrypted sum and the encrypted replica log are in
+    dataset size) and, beside the server's ``SGD``, ``GradientStep`` (cluster mode: SGD on
+    the batch-size-weighted gradient). The encrypted sum and the encrypted replica log are in
     ``strategies/encrypted.py`` and ``strategies/encrypted_cluster.py``.
 ``core/settings.py``
     ``BalancingKnobs`` (what users set), ``Tuning`` (the rest), ``BalancingConfig`` (with the

@@ -3,7 +3,6 @@ and weighted aggregation. No Flower, no torch."""
 
 from .aggregation import (
     Aggregator,
-    GradientStep,
     WeightedMean,
     normalised_weights,
     weighted_average,
@@ -19,6 +18,7 @@ from .allocation.allocators import (
 from .allocation.pipeline import ALLOCATORS, Allocator, Iterative, Linear, Proportional
 from .allocation.rounding import integer_bounds, round_to_total
 from .balancer import BALANCER_DEFAULTS, BatchSizeBalancer, InvalidReportError, SiloReport
+from .optim import GradientStep
 from .silo.costfit import CostFit, fit_linear_cost, fit_robust_cost
 from .silo.estimators import (
     EMA,

@@ -17,9 +17,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from ..contract import InvalidReplyError
-from ..core.aggregation import GradientStep, WeightedMean
+from ..core.aggregation import WeightedMean
 from ..core.centered_clip import CenteredClip
-from ..core.optim import SGD
+from ..core.optim import SGD, GradientStep
 from ..core.round.state import RoundState
 from ..core.trusted_clip import TrustedClip
 from ..security.screening import Layout
