@@ -175,6 +175,9 @@ def test_balancing_flags_reach_the_runs_knobs(command: str) -> None:
         (["simulate", "--fit", "median"], "--fit"),
         (["simulate", "--allocator", "iterative"], "iterative"),
         (["compare", "--max-batch-size", "4", "--min-batch-size", "8"], "max_batch_size"),
+        (["simulate", "--min-batch-size", "40"], "--batch-size (32) is below --min-batch-size"),
+        (["simulate", "--max-batch-size", "10"], "--batch-size (32) is above --max-batch-size"),
+        (["cluster", "--max-batch-size", "10"], "--batch-size (64) is above --max-batch-size"),
         (["cluster", "--change-confirm", "0"], "--change-confirm"),
     ],
 )

@@ -111,6 +111,9 @@ CASES: list[Any] = [
     (cluster, "aggregation", "median", None),
     (cluster, "lr", -0.1, None),
     (legacy, "alpha", 0.0, None),
+    (fedavg, "max_batch_size", 4, "4"),  # below the fedavg helper's B_init
+    (legacy, "max_batch_size", 4, "4"),
+    (legacy, "max_weight_ratio", 0.5, None),
     (fedavg, "min_train_silos", 0, None),
     (fedavg, "max_num_examples", -5, None),
     (fedavg, "max_reply_bytes", 0, None),

@@ -270,6 +270,22 @@ class BalancingKnobs(BaseModel):
             )
         return self
 
+    def bounds_problem(self, initial_batch_size: int) -> str | None:
+        """Why B_init cannot be every silo's batch size under these bounds (``None``: it
+        can): below ``min_batch_size``, or above ``max_batch_size``, where X = n * B_init
+        could never be handed out."""
+        if initial_batch_size < self.min_batch_size:
+            return (
+                f"initial_batch_size ({initial_batch_size}) is below min_batch_size "
+                f"({self.min_batch_size})"
+            )
+        if self.max_batch_size is not None and initial_batch_size > self.max_batch_size:
+            return (
+                f"initial_batch_size ({initial_batch_size}) is above max_batch_size "
+                f"({self.max_batch_size}): X = n * B_init could never be handed out"
+            )
+        return None
+
     def floor(self, initial_batch_size: int) -> int:
         """The hard floor of every batch size: ``max(min_batch_size, ceil(
         min_batch_fraction * B_init))``, at most ``max_batch_size``."""
@@ -292,11 +308,8 @@ class BalancingConfig(BalancingKnobs):
 
     @model_validator(mode="after")
     def _round_bounds(self) -> BalancingConfig:
-        if self.initial_batch_size < self.min_batch_size:
-            raise ValueError(
-                f"initial_batch_size ({self.initial_batch_size}) is below min_batch_size "
-                f"({self.min_batch_size})"
-            )
+        if (problem := self.bounds_problem(self.initial_batch_size)) is not None:
+            raise ValueError(problem)
         return self
 
     def claim_bounds(self) -> dict[str, Any]:

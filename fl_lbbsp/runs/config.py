@@ -162,6 +162,14 @@ def writable_dir_problem(path: Path) -> str | None:
     return None
 
 
+_BOUND_FLAGS = {
+    "initial_batch_size": "--batch-size",
+    "min_batch_size": "--min-batch-size",
+    "max_batch_size": "--max-batch-size",
+}
+"""The batch-size settings by the flags that set them."""
+
+
 class RunSettings(BaseModel):
     """What every simulated run is set by: its machines, data, model, training and
     balancer settings, and where its output goes. A run's config subclasses it and adds
@@ -251,6 +259,10 @@ class RunSettings(BaseModel):
                 f"--speeds lists {len(self.speeds)} values but there are {self.size} {self.unit}"
             )
         check_speed_ratio(self.speeds)
+        if (problem := self.balancing.bounds_problem(self.batch_size)) is not None:
+            for name, flag in _BOUND_FLAGS.items():  # said in the command line's words
+                problem = problem.replace(name, flag)
+            raise ValueError(problem)
         return self
 
     @property
