@@ -421,8 +421,9 @@ round's telemetry record, and what the silo's transfer time is learned from."""
 
 
 WALL_CLOCK_TIME = "wall-clock-time"
-"""Seconds of round wall time a run's train rounds took: a field of the last round's train
-metrics in Flower's Result."""
+"""Seconds a run's train rounds took (each its wall time, or its slowest silo's reported
+round where that is longer: emulated times not waited out): a field of the last round's
+train metrics in Flower's Result."""
 
 EQUAL_SPLIT_TIME = "equal-split-time"
 """Seconds the equal split (FedAvg) would have needed for the same rounds, predicted from the

@@ -521,8 +521,9 @@ class LBBSPFedAvg(EngineView, FedAvg):
         return merge_results(result, later)
 
     def report_gain(self, result: Result) -> None:
-        """Log the train rounds' wall time beside what the equal split (FedAvg) would have
-        needed for them, predicted from the silos' cost curves
+        """Log the train rounds' time (their wall time, or their slowest silo's reported
+        round where that is longer: emulated times not waited out) beside what the equal
+        split (FedAvg) would have needed for them, predicted from the silos' cost curves
         (:func:`~fl_lbbsp.core.round.equal_split.equal_split_time`), and put both in the
         last round's train metrics of ``result`` (``wall-clock-time``,
         ``equal-split-time``)."""
@@ -532,7 +533,7 @@ class LBBSPFedAvg(EngineView, FedAvg):
         spent = sum(wall for wall, _ in taken)
         equal = equal_split_time(taken, self.engine.balancer.cost_line)
         log.info(
-            "%d rounds took %.1f s of round wall time; the equal split (FedAvg) would have "
+            "%d rounds took %.1f s of round time; the equal split (FedAvg) would have "
             "needed about %s s for the same rounds (predicted from the silos' cost curves)",
             len(taken),
             spent,

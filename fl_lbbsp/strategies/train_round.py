@@ -12,7 +12,9 @@ logged (:func:`~fl_lbbsp.strategies.outcomes.log_decision`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 
 from ..contract import DISTRUSTED, STALE_SUPERLINK, TRAIN_LOSS, RecordKeys, read_float
 from ..core.round.engine import RoundEngine
-from ..core.round.state import RoundState, Verdict
+from ..core.round.state import RoundState, Verdict, silo_round_time
 from ..telemetry import TelemetryWriter
 from .deadline import DeadlineGrid
 from .defenses import Defenses, noise_scales
@@ -93,7 +95,9 @@ class TrainRound:
         self.poll_interval = poll_interval
         self.clock = clock
         self.taken: list[tuple[float, dict[str, int]]] = []
-        """Each closed round's wall time and the batch size sent to each silo."""
+        """Each closed round's time and the batch size sent to each silo: its wall time, or
+        its slowest silo's reported round where that is longer (times emulated and not
+        waited out, which the run stands for)."""
 
     def aggregate(
         self,
@@ -175,7 +179,7 @@ class TrainRound:
         extra["poll_interval"] = self.poll_interval
         if isinstance(updates, PlainMean) and updates.distrusted:
             extra[DISTRUSTED] = updates.distrusted  # named in the log by the clip
-        self.taken.append((wall, dict(state.shares)))
+        self.taken.append((max(wall, self._slowest(state)), dict(state.shares)))
         # last reply created (its silo's clock) -> here: reply transfer and polling
         created = [r["replied-at"] for r in [*state.reports.values(), *dropped.values()]]
         extra["reply_delay"] = received_at - max(created) if created else None
@@ -261,6 +265,15 @@ class TrainRound:
                 if self.keys.train_time in metrics or self.keys.batch_size in metrics:
                     return False
         return True
+
+    def _slowest(self, state: RoundState) -> float:
+        """The longest round a silo of ``state`` reported (``train-time`` plus ``he-time``,
+        as the claim check left them); 0 without one."""
+        times = []
+        for record in state.reports.values():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                times.append(silo_round_time(record, self.keys))
+        return max((t for t in times if math.isfinite(t)), default=0.0)
 
     def _queued(
         self, state: RoundState, intervals: list[tuple[float, float]], *, warn: bool
