@@ -25,11 +25,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from pydantic import ValidationError
 
-from ..contract import EQUAL_SPLIT_TIME, WALL_CLOCK_TIME, RecordKeys
+from ..contract import RecordKeys
 from ..core.centered_clip import CenteredClip
 from ..core.round.deadline import DeadlinePolicy
 from ..core.round.engine import RoundEngine
-from ..core.round.equal_split import equal_split_time, rounds_saved
 from ..core.round.rewriters import FastestReplies, InstructionRewriter
 from ..core.round.state import Node, RoundState
 from ..core.settings import CLAIM_SETTINGS, ReplyLimits, balancing_config
@@ -50,7 +49,8 @@ from .config import (
 )
 from .deadline import DeadlineGrid
 from .defenses import Defenses
-from .later_rounds import EvaluateFn, LaterRounds, merge_results
+from .gain import report_gain, spend_saved
+from .later_rounds import EvaluateFn, LaterRounds
 from .outcomes import (
     NoUpdateError,
     RoundOutcomes,
@@ -467,10 +467,11 @@ class LBBSPFedAvg(EngineView, FedAvg):
         (:func:`~fl_lbbsp.strategies.checkpointing.resume_from`).
 
         With ``spend_saved_time``, rounds ``num_rounds + 1 ..`` follow, as many as fit in
-        the time the rounds run saved (:meth:`spend_saved`), in the same ``Result`` and
-        ``evaluate_fn`` round numbers; with ``checkpoint_dir`` they are checkpointed too.
-        A resumed run spends only what its own rounds saved (those before the restart
-        were not timed here); one resumed after round ``num_rounds`` runs none.
+        the time the rounds run saved (:func:`~fl_lbbsp.strategies.gain.spend_saved`), in
+        the same ``Result`` and ``evaluate_fn`` round numbers; with ``checkpoint_dir``
+        they are checkpointed too. A resumed run spends only what its own rounds saved
+        (those before the restart were not timed here); one resumed after round
+        ``num_rounds`` runs none.
         """
         store = store_of(self)
         loop = LaterRounds(self) if store is None else Checkpointing(self, store=store)
@@ -486,65 +487,14 @@ class LBBSPFedAvg(EngineView, FedAvg):
                                 resume=resume, **options)  # fmt: skip
         else:  # Flower's own loop, this strategy's name in its log
             result = super().start(initial_arrays=initial_arrays, num_rounds=num_rounds, **options)
+        taken, cost_line = self.rounds.taken, self.engine.balancer.cost_line
         if self.server_config.spend_saved_time:
-            result = self.spend_saved(loop, result, after=num_rounds, **options)
-        self.report_gain(result)
+            result = spend_saved(
+                loop, result, taken=taken, cost_line=cost_line, scheme=self.scheme,
+                after=num_rounds, **options,
+            )  # fmt: skip
+        report_gain(result, taken=taken, cost_line=cost_line)
         return result
-
-    def spend_saved(
-        self, loop: LaterRounds, result: Result, *, after: int, **options: Any
-    ) -> Result:
-        """``result`` followed by the rounds ``after + 1 ..`` that the rounds run so far
-        saved on the equal split (FedAvg), as many as fit at their mean wall time
-        (:func:`~fl_lbbsp.core.round.equal_split.rounds_saved`), run by ``loop``; one INFO
-        line says how many and why. ``options``: ``run``'s other keywords."""
-        taken = self.rounds.taken
-        more, saved, equal = rounds_saved(taken, self.engine.balancer.cost_line)
-        if more == 0:
-            why = (
-                "the equal split's time is unknown (no round timed in this run)"
-                if equal is None
-                else f"the {len(taken)} rounds run took {equal - saved:.1f} s against the "
-                f"equal split's predicted {equal:.1f} s, under half a round saved"
-            )
-            log.info("[%s] spend_saved_time: no extra round: %s", self.scheme, why)
-            return result
-        log.info(
-            "[%s] spending the %.1f s saved on %d more round%s (the equal split's predicted "
-            "time for the %d rounds run: %.1f s)",
-            self.scheme, saved, more, "s" * (more > 1), len(taken), equal,
-        )  # fmt: skip
-        loop.round_offset = after
-        later = loop.run(
-            initial_arrays=result.arrays, num_rounds=more, evaluate_first=False, **options
-        )
-        return merge_results(result, later)
-
-    def report_gain(self, result: Result) -> None:
-        """Log the train rounds' time (their wall time, or their slowest silo's reported
-        round where that is longer: emulated times not waited out) beside what the equal
-        split (FedAvg) would have needed for them, predicted from the silos' cost curves
-        (:func:`~fl_lbbsp.core.round.equal_split.equal_split_time`), and put both in the
-        last round's train metrics of ``result`` (``wall-clock-time``,
-        ``equal-split-time``)."""
-        taken = self.rounds.taken
-        if not taken:
-            return
-        spent = sum(wall for wall, _ in taken)
-        equal = equal_split_time(taken, self.engine.balancer.cost_line)
-        log.info(
-            "%d rounds took %.1f s of round time; the equal split (FedAvg) would have "
-            "needed about %s s for the same rounds (predicted from the silos' cost curves)",
-            len(taken),
-            spent,
-            "n/a" if equal is None else f"{equal:.1f}",
-        )
-        metrics = result.train_metrics_clientapp
-        if metrics:
-            last = metrics[max(metrics)]
-            last[WALL_CLOCK_TIME] = spent
-            if equal is not None:
-                last[EQUAL_SPLIT_TIME] = equal
 
     def deadline_grid(self, grid: Grid, *, timeout: float) -> DeadlineGrid:
         """``grid`` behind this strategy's round deadlines and reply polling, as
