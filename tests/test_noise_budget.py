@@ -20,7 +20,6 @@ from fl_lbbsp.core.allocation.budget import (
     budgeted_minmax,
     budgeted_minmax_continuous,
     hinge_times,
-    noise_budget,
     noise_ratio,
 )
 from fl_lbbsp.core.allocation.pipeline import ALLOCATION_REASONS
@@ -477,48 +476,3 @@ def test_cost_model_four_number_form_still_parses() -> None:
 
     # Assert
     assert (model.floor, model.max_batch_size, model.knee) == (0.05, 256, 0)
-
-
-def _exact_integer_optimum(
-    a: np.ndarray, b: np.ndarray, total: int, c: np.ndarray, budget: float
-) -> float | None:
-    """The shortest round of any integer split (each >= 1, summing to ``total``) whose noise
-    ``sum c_i / B_i`` is within ``budget``: for each achievable round time T, the least noisy
-    split under the caps T allows (greedy by marginal noise, exact for this convex separable
-    sum); the smallest T it fits."""
-    for t in sorted({float(a[i] * x + b[i]) for i in range(len(a)) for x in range(1, total + 1)}):
-        caps = np.floor((t - b) / a + 1e-9).astype(np.int64)
-        if (caps < 1).any() or caps.sum() < total:
-            continue
-        sizes = np.ones(len(a), dtype=np.int64)
-        for _ in range(total - len(a)):
-            gain = np.where(sizes < caps, c / sizes - c / (sizes + 1), -np.inf)
-            sizes[int(np.argmax(gain))] += 1
-        if float((c / sizes).sum()) <= budget * (1 + 1e-9):
-            return t
-    return None
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    speeds=st.lists(st.floats(1.0, 30.0), min_size=3, max_size=6),
-    b_init=st.integers(3, 12),
-    weights=st.lists(st.integers(50, 300), min_size=6, max_size=6),
-)
-def test_the_integer_split_under_the_budget_is_the_shortest_any_integer_split_meets(
-    speeds: list[float], b_init: int, weights: list[int]
-) -> None:
-    # Prepare: lines slower in proportion to 1 / speed, unequal dataset-size weights
-    n = len(speeds)
-    k = max(speeds) / np.asarray(speeds)
-    a, b, w, total = 0.002 * k, 0.01 * k, np.asarray(weights[:n], dtype=float), n * b_init
-    c, budget = noise_budget(n, total, weights=w, rho=2**0.5)
-
-    # Execute
-    found = budgeted_minmax(a, b, total, lower=np.ones(n), weights=w, rho=2**0.5)
-
-    # Assert: within the budget, and no slower than the best integer split that is
-    best = _exact_integer_optimum(a, b, total, c, budget)
-    assert best is not None
-    assert float((c / found.sizes).sum()) <= budget * (1 + 1e-9)
-    assert found.round_time <= best * (1 + 1e-9)
