@@ -3,9 +3,7 @@
 ``tests/data/balancer_pinned.json`` holds, for each scenario below, the batch sizes the
 balancer handed out each round (those of the per-silo balancer before the columnar silo
 table, commit 5eae4d4; 27 rounds of scenarios 62 and 174 regenerated when a deviation of
-zero was given no side in the change detector; regenerated when the noise budget, enforced
-after rounding, stopped lengthening the round where a silo had room: 201 of 4,802 rounds
-differed, 180 of them predicted faster) and the round time it predicted for them.
+zero was given no side in the change detector) and the round time it predicted for them.
 Each round is fed the reports of the pinned sizes, and its decision compared up to the
 last bits of a float sum (numpy's SIMD paths differ between CPUs): the predicted round
 time to a relative 1e-9, the sizes within 1 (an exact tie). Regenerate (only when a

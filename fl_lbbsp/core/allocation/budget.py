@@ -392,11 +392,7 @@ def budgeted_minmax(
     feasible = True
     if rho is not None:
         lo_hard, _ = integer_bounds(n, lower=lower, upper=upper)
-        feasible = enforce_budget(
-            sizes, c, budget, lower=np.maximum(lo_hard, 1), upper=hi,
-            costs=(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64),
-                   None if knee is None else np.asarray(knee, dtype=np.float64)),
-        )  # fmt: skip
+        feasible = enforce_budget(sizes, c, budget, lower=np.maximum(lo_hard, 1), upper=hi)
     times = hinge_times(a, b, knee, sizes)
     ratio = math.inf if np.any(sizes <= 0) else _ratio(c, np.asarray(sizes, dtype=np.float64))
     return Allocation(
@@ -410,23 +406,11 @@ def budgeted_minmax(
 
 
 def enforce_budget(
-    sizes: IntArray,
-    c: FloatArray,
-    budget: float,
-    *,
-    lower: IntArray,
-    upper: IntArray,
-    costs: tuple[FloatArray, FloatArray, FloatArray | None] | None = None,
+    sizes: IntArray, c: FloatArray, budget: float, *, lower: IntArray, upper: IntArray
 ) -> bool:
     """Move units (in place) until ``sum c_i / sizes_i <= budget``: each from the silo
     whose loss adds least variance to the one whose gain removes most, within the
-    bounds, while a move reduces the variance. With the silos' cost curves (``costs``:
-    ``a``, ``b`` and the knees of :func:`hinge_times`) a unit goes to the silo whose gain
-    removes most variance among those it leaves within the round's time, and only when
-    none can take it so to the one it slows least: a donor's time only shrinks, so the
-    round is lengthened only where no silo has room (the smallest batch, which removes
-    most variance, is often the slowest silo's, the one that sets the round). Returns
-    whether the budget holds."""
+    bounds, while a move reduces the variance. Returns whether the budget holds."""
     x = sizes.astype(np.float64)
     if np.any(x < 1):
         return False
@@ -438,16 +422,6 @@ def enforce_budget(
         donor, taker = int(np.argmin(take)), int(np.argmax(give))
         if donor == taker or not give[taker] > take[donor]:
             return False
-        if costs is not None:
-            useful = give > take[donor]  # a move that removes more variance than it adds
-            useful[donor] = False
-            a, b, knee = costs
-            after = hinge_times(a, b, knee, x + 1.0)
-            room = useful & (after <= float(np.max(hinge_times(a, b, knee, x))) * (1 + _TOL))
-            if room.any():
-                taker = int(np.argmax(np.where(room, give, -np.inf)))
-            else:  # every useful taker lengthens the round: the one it lengthens least
-                taker = int(np.argmin(np.where(useful, after, np.inf)))
         x[donor] -= 1.0
         x[taker] += 1.0
         sizes[donor] -= 1
