@@ -472,3 +472,30 @@ def test_a_client_that_raised_is_named_in_the_rounds_line(caplog: pytest.LogCapt
     assert parameters is not None
     line = next(r.getMessage() for r in caplog.records if "[lbbsp] round 1" in r.getMessage())
     assert "left out: ? (rejected: failed: ValueError: boom)" in line
+
+
+def test_under_secagg_the_shared_mean_is_returned_as_the_protocol_weighted_it(
+    fl_log: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: two clients of 600 and 100 examples whose FitRes hold one and the same
+    # Parameters, the unmasked mean SecAgg+ hands over (weighted by num_examples already)
+    from flwr.common import ndarrays_to_parameters
+
+    manager = _Manager(["1", "2"])
+    strategy = LBBSPStrategy(initial_batch_size=8, local_steps=2, lr=0.1, min_fit_clients=2,
+                             min_available_clients=2)  # fmt: skip
+    strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(3, np.float32)]), manager)  # type: ignore[arg-type]
+    shared = ndarrays_to_parameters([np.full(3, 0.25, np.float32)])
+    results = []
+    for k, (client, size) in enumerate(zip(manager.clients, (600, 100), strict=True)):
+        metrics = {"train-time": 1.0, "batch-size": 8, "samples-processed": 16,
+                   "silo-id": f"s{k}"}  # fmt: skip
+        results.append((client, FitRes(Status(Code.OK, ""), shared, size, metrics)))
+
+    # Execute
+    parameters, _ = strategy.aggregate_fit(1, results, [])  # type: ignore[arg-type]
+
+    # Assert: that mean, and no weight cap said of a weighting the server did not do
+    assert parameters is not None
+    assert parameters_to_ndarrays(parameters)[0] == pytest.approx(np.full(3, 0.25))
+    assert not [r for r in fl_log.records if "weighs as" in r.getMessage()]

@@ -280,7 +280,16 @@ class LBBSPStrategy(EngineView, FedAvg):
         ``aggregate_inplace`` multiplies an integer layer such as BatchNorm's
         ``num_batches_tracked`` by its weight cast to an integer, 0; ``inplace=False``
         returns it as float64); then ``fit_metrics_aggregation_fn``, as FedAvg calls it.
-        Under SecAgg+ every result holds the same unmasked mean, which this returns."""
+        Under SecAgg+ every result holds the same unmasked mean, which the protocol
+        weighted already: it is returned as it is, nothing capped or decoded again."""
+        metrics: dict[str, Scalar] = {}
+        if self.fit_metrics_aggregation_fn is not None:
+            metrics = self.fit_metrics_aggregation_fn(
+                [(res.num_examples, res.metrics) for _, _, res in valid]
+            )
+        shared = valid[0][2].parameters
+        if len(valid) > 1 and all(res.parameters is shared for _, _, res in valid):
+            return shared, metrics
         weights = self.engine.weights({silo: res.num_examples for silo, _, res in valid})
         for silo, (weight, capped) in weights.items():
             if capped is not None:
@@ -291,11 +300,6 @@ class LBBSPStrategy(EngineView, FedAvg):
             [parameters_to_ndarrays(res.parameters) for _, _, res in valid],
             [weights[silo][0] for silo, _, _ in valid],
         )
-        metrics: dict[str, Scalar] = {}
-        if self.fit_metrics_aggregation_fn is not None:
-            metrics = self.fit_metrics_aggregation_fn(
-                [(res.num_examples, res.metrics) for _, _, res in valid]
-            )
         return ndarrays_to_parameters(arrays), metrics
 
     def _check_arrays(self, res: FitRes) -> None:
