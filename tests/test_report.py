@@ -30,6 +30,20 @@ def test_every_scheme_of_a_comparison_shares_one_cost_line() -> None:
     assert not fit_cost_line(fedavg).fitted
 
 
+def test_a_cold_first_report_does_not_move_the_cost_line() -> None:
+    # Prepare: round 1's first silo paid its process's start-up (1.6 s); later rounds lie on
+    # t = 0.01 B + 0.1
+    cold = _round([32, 32, 32, 32], a=0.01, b=0.1)
+    cold["silos"]["0"]["compute-time"] = 1.6 + 0.42  # type: ignore[index]
+    run = [cold, _round([16, 37, 38, 37], a=0.01, b=0.1), _round([23, 34, 35, 36], a=0.01, b=0.1)]
+
+    # Execute
+    line = fit_cost_line(run)
+
+    # Assert: the line of the later rounds, hence T* of the machine, not of its start-up
+    assert (line.a, line.b) == pytest.approx((0.01, 0.1))
+
+
 def test_cost_modelled_runs_get_the_model_line_whatever_was_measured() -> None:
     # Prepare: silos reported t = tau * k * (m B + b) from a cost model; compute was noise
     config = {"event": "config", "local_steps": 10, "cost_model": "0.002,0.01"}

@@ -552,6 +552,54 @@ def test_the_interval_opens_at_the_compute_not_at_the_loading() -> None:
     assert report.metrics["compute-start"] >= marks[0] - 1e-3
 
 
+class _Clock:
+    """An injected ``time`` module: ``perf_counter`` and ``time`` advance by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return 1_000.0 + self.now
+
+
+@pytest.mark.parametrize(
+    ("through_plan", "expected"),
+    [(True, TAU * 0.1), (False, 1.6 + TAU * 0.1)],
+    ids=["plan-sampler", "own-loader"],
+)
+def test_a_timed_block_counts_the_steps_not_the_set_up_before_them(
+    monkeypatch: pytest.MonkeyPatch, through_plan: bool, expected: float
+) -> None:
+    # Prepare: injected clock; the block builds its optimiser first (torch's first SGD in a
+    # process imports its compiler: 1.6 s), then runs tau steps of 0.1 s each
+    from fl_lbbsp.clients import round as round_module
+    from fl_lbbsp.clients import sampler as sampler_module
+
+    clock = _Clock()
+    monkeypatch.setattr(round_module, "time", clock)
+    monkeypatch.setattr(sampler_module, "time", clock)
+    batches = [list(range(B))] * TAU
+
+    def work(plan: LocalTraining) -> WorkDone[None]:
+        sampler = plan.batch_sampler(40)
+        with plan.timed():
+            clock.now += 1.6
+            for _ in sampler if through_plan else batches:
+                clock.now += 0.1
+        return WorkDone(output=None)
+
+    # Execute
+    report = run_round(INSTRUCTION, work, silo_id="s", check_draws=False)
+
+    # Assert: with the plan's sampler the compute and its interval begin at the first batch
+    assert report.metrics[KEYS.train_time] == pytest.approx(expected)
+    interval = report.metrics["compute-end"] - report.metrics["compute-start"]
+    assert interval == pytest.approx(expected)
+
+
 @pytest.mark.parametrize(("threads", "inside"), [(1, 1), (None, 3)], ids=["one", "as-set"])
 def test_the_emulated_compute_runs_on_the_emulations_threads_and_restores_them(
     threads: int | None, inside: int

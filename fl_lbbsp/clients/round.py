@@ -172,20 +172,29 @@ class LocalTraining:
 
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
-        """Time the block as the round's compute (several blocks add up); without it
-        the compute is timed from the batches drawn (:meth:`drawn_time`), or the
-        whole work when nothing is drawn through the plan."""
+        """Time the block as the round's compute (several blocks add up): from the first
+        batch drawn in it through the plan's samplers (else from its start) to its end,
+        so that what comes before the steps (building the optimiser, whose first
+        construction in a process imports torch's compiler, about 1.6 s; moving the
+        model) is not counted as compute. Without it the compute is timed from the
+        batches drawn (:meth:`drawn_time`), or the whole work when nothing is drawn
+        through the plan."""
         start = time.perf_counter()
         if self._timed_from is None:
             self._timed_from = start
         try:
             yield
         finally:
-            self._compute_time = (self._compute_time or 0.0) + time.perf_counter() - start
+            end = time.perf_counter()
+            firsts = (s.drawn_at[0] for s in self._samplers if s.drawn_at)
+            steps_from = min((t for t in firsts if t >= start), default=start)
+            if self._compute_time is None:
+                self._timed_from = steps_from  # the interval opens at the steps too
+            self._compute_time = (self._compute_time or 0.0) + end - steps_from
 
     def compute_began(self, default: float) -> float:
-        """``time.perf_counter()`` when the compute began: the first :meth:`timed` block,
-        else the first batch drawn, else ``default`` (the work's start). Loading the data
+        """``time.perf_counter()`` when the compute began: the first :meth:`timed` block
+        (its first batch drawn, if any), else the first batch drawn, else ``default`` (the work's start). Loading the data
         and building the model before it are not compute."""
         if self._timed_from is not None:
             return self._timed_from

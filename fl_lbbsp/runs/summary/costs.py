@@ -67,13 +67,20 @@ def fit_cost_line(*runs: Events) -> CostLine:
     ``samples-processed / step-batch-size`` steps) counts at ``tau / steps`` times its
     time, so that the line is the cost of tau steps at every batch size. Runs where every
     silo used one batch size give ``b = 0`` through the origin (nothing tells the fixed
-    cost apart).
+    cost apart). Each silo's first report is left out where it has later ones: it holds
+    its process's one-off start-up (the server takes it as provisional too), not its cost.
     """
     xs, ts = [], []
     for events in runs:
         tau = _local_steps(events)
-        for event in train_events(events):
-            for silo in event["silos"].values():
+        rounds = train_events(events)
+        seen: set[str] = set()
+        for event in rounds:
+            for name, silo in event["silos"].items():
+                first = name not in seen
+                seen.add(name)
+                if first and len(rounds) > 1:
+                    continue
                 if "compute-time" in silo and "batch-size" in silo:
                     x = float(silo.get(STEP_BATCH_SIZE, silo["batch-size"]))
                     steps = float(silo.get("samples-processed") or x * (tau or 1)) / x
