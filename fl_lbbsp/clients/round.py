@@ -194,8 +194,8 @@ class LocalTraining:
 
     def compute_began(self, default: float) -> float:
         """``time.perf_counter()`` when the compute began: the first :meth:`timed` block
-        (its first batch drawn, if any), else the first batch drawn, else ``default`` (the work's start). Loading the data
-        and building the model before it are not compute."""
+        (its first batch drawn, if any), else the first batch drawn, else ``default`` (the
+        work's start). Loading the data and building the model before it are not compute."""
         if self._timed_from is not None:
             return self._timed_from
         draws = [t for sampler in self._samplers for t in sampler.drawn_at]
