@@ -110,9 +110,15 @@ class Tuning(BaseModel):
     """Order guard tolerance (a faster silo never gets a smaller batch beyond it); none: no
     order guard."""
     equal_split_guard: bool = True
-    """Never ship an allocation predicted no faster than the equal split."""
+    """Never ship an allocation predicted no faster than the equal split, like with like:
+    the equal split's predicted round is the largest of the silos' noisy estimates, so the
+    allocation's is taken as the expected largest of its silos' noisy times (each silo's
+    standard error of its fitted time)."""
     equal_split_margin: float = Field(default=0.05, ge=0, lt=1, allow_inf_nan=False)
-    """Predicted gain over the equal split an allocation must show to be shipped."""
+    """Predicted gain over the equal split an allocation must show to be shipped, as a
+    fraction of the equal split's round: twice the largest standard error of a silo's
+    fitted time, at most this (all of it while a silo has no noise estimate yet; 0 with
+    noise-free reports)."""
     estimator_options: dict[str, Any] = Field(default_factory=dict)
     """Settings of the estimator named by ``estimator`` (NARX ``warmup``, ``train_every``,
     ...), ``alpha`` where it has one and they do not set it."""
