@@ -72,6 +72,7 @@ __all__ = [
     "cost_curves",
     "equal_split_guard",
     "expected_max",
+    "expected_max_bound",
     "guard_margin",
     "hard_bounds",
     "hold",
@@ -349,11 +350,15 @@ def guard_margin(errors: np.ndarray, largest: float) -> float:
 
 def expected_max(means: np.ndarray, sds: np.ndarray) -> float:
     """E[max_i X_i] of independent normals X_i ~ N(``means_i``, ``sds_i``^2) (an sd of 0: the
-    constant ``means_i``), by quadrature of the maximum's distribution function
-    F(y) = prod_i Phi((y - means_i) / sds_i): with c = max_i means_i,
-    E[max] = c + int_c^inf (1 - F) dy - int_-inf^c F dy (``scipy.integrate.quad``, Phi
-    ``scipy.special.ndtr``); n equal sds s and means 0 give s times the expected largest of n
-    standard normals (1.163 for 5, 1.867 for 20, 2.249 for 50).
+    constant ``means_i``), from the maximum's distribution function
+    F(y) = prod_i Phi((y - means_i) / sds_i): with c = max_i means_i and s = max_i sds_i,
+    E[max] = c + s (L + int_L^R (1 - F) du) in u = (y - c) / s, where below L = -9 (or the
+    largest constant) F is nil; F is taken on a fixed grid of :data:`MAX_GRID` points
+    (``scipy.special.log_ndtr``, summed over the silos: one vectorised pass, no Python per
+    silo), integrated by Simpson's rule (``scipy.integrate.simpson``): to many digits on the
+    smooth F of comparable sds, within a grid step's share (1/14 of ``s``) where one silo's
+    sd is far narrower than ``s``. n equal sds s and means 0 give s times the
+    expected largest of n standard normals (1.163 for 5, 1.867 for 20, 2.249 for 50).
 
     Reference: C. E. Clark, "The greatest of a finite set of random variables", Operations
     Research 9(2), 1961 (moments of the maximum of normals); H. A. David and H. N. Nagaraja,
@@ -366,19 +371,25 @@ def expected_max(means: np.ndarray, sds: np.ndarray) -> float:
     if not scale > 0:
         return top
     noisy = sds > 0
-    # in units of the largest sd, from the largest mean; a constant silo's F is 0 below it
     z, w = (means[noisy] - top) / scale, sds[noisy] / scale
-    floor = float((means[~noisy].max() - top) / scale) if not noisy.all() else -math.inf
-    reach = 12.0  # Phi(-12) ~ 2e-33: the tails beyond are nothing
+    lowest = -_REACH if noisy.all() else max(-_REACH, float(means[~noisy].max() - top) / scale)
+    u = np.linspace(lowest, _REACH, MAX_GRID)
+    live = z + _REACH * w > lowest  # a silo whose Phi is 1 on the whole grid drops out
+    f = np.exp(special.log_ndtr((u[:, None] - z[live]) / w[live]).sum(axis=1))
+    return top + scale * (lowest + float(integrate.simpson(1.0 - f, x=u)))
 
-    def cdf(u: float) -> float:
-        return 0.0 if u < floor else float(np.prod(special.ndtr((u - z) / w)))
 
-    kinks = sorted({float(v) for v in (*z.tolist(), floor) if -reach < v < 0.0})
-    limit = 50 + 2 * len(kinks)
-    above = integrate.quad(lambda u: 1.0 - cdf(u), 0.0, reach, limit=limit)[0]
-    below = integrate.quad(cdf, -reach, 0.0, points=kinks or None, limit=limit)[0]
-    return top + scale * (float(above) - float(below))
+MAX_GRID = 257
+"""Points of :func:`expected_max`'s grid over [-9, 9] largest sds around the largest mean."""
+_REACH = 9.0  # Phi(-9) ~ 1e-19: beyond it the maximum's distribution is 0 or 1
+
+
+def expected_max_bound(means: np.ndarray, sds: np.ndarray) -> float:
+    """An upper bound of :func:`expected_max` at no cost: max_i means_i + max_i sds_i
+    sqrt(2 ln n) (the expected largest of n normals of sd at most s exceeds the largest
+    mean by at most s sqrt(2 ln n))."""
+    n = max(int(np.size(means)), 1)
+    return float(np.max(means)) + float(np.max(sds)) * math.sqrt(2.0 * math.log(n))
 
 
 def equal_split_guard(
@@ -415,7 +426,12 @@ def equal_split_guard(
         return equal
     if errors is not None:
         relative = np.nan_to_num(np.asarray(errors, dtype=np.float64), nan=0.0)
-        if relative.any() and expected_max(times, times * relative) >= baseline:
+        spread = times * relative
+        if (
+            relative.any()
+            and expected_max_bound(times, spread) >= baseline
+            and expected_max(times, spread) >= baseline
+        ):
             return equal
     return sizes
 
