@@ -292,3 +292,39 @@ def test_the_strategies_import_only_flowers_public_api() -> None:
 
     # Assert
     assert bad == []
+
+
+def test_the_round_aggregates_with_numpys_blas_on_one_thread(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: BLAS allowed 2 threads in this process (a busy machine's threads spin: the
+    # server's reductions are memory-bound); record what the round's aggregation sees
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from fl_lbbsp.strategies.train_round import TrainRound
+
+    if not [lib for lib in threadpool_info() if lib["user_api"] == "blas"]:
+        pytest.skip("numpy has no BLAS library that threadpoolctl can hold")
+    strategy = _strategy(tmp_path, robust_aggregation="mean")
+    strategy.configure_train(1, _zeros(), ConfigRecord(), FakeGrid([11, 12, 13]))
+    seen: list[int] = []
+    aggregate = TrainRound.aggregate
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.extend(blas_threads())
+        return aggregate(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrainRound, "aggregate", spy)
+
+    def blas_threads() -> set[int]:
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    # Execute
+    with threadpool_limits(limits=2, user_api="blas"):
+        if blas_threads() != {2}:
+            pytest.skip("this BLAS cannot run 2 threads")
+        aggregated, _ = strategy.aggregate_train(1, _round((1.0, 1.0, 1.0)))
+        after = blas_threads()
+
+    # Assert: one thread inside the round, the process's setting restored after it
+    assert aggregated is not None
+    assert seen and set(seen) == {1}
+    assert after == {2}

@@ -59,7 +59,7 @@ from .outcomes import (
     warn_overridden_lr,
 )
 from .rounds import EngineView
-from .train_round import TrainRound
+from .train_round import TrainRound, one_blas_thread
 from .updates import PlainMean, Updates
 from .validation import log_rejected, screen_evaluations
 
@@ -398,14 +398,15 @@ class LBBSPFedAvg(EngineView, FedAvg):
         state = self.round
         if state is None:
             raise RuntimeError("aggregate_train called before configure_train")
-        result = self.rounds.aggregate(
-            state,
-            replies,
-            updates=self.updates,
-            scheme=self.scheme,
-            grid=self._grid,
-            observe=self._observe,
-        )
+        with one_blas_thread():  # the replies' reductions are memory-bound
+            result = self.rounds.aggregate(
+                state,
+                replies,
+                updates=self.updates,
+                scheme=self.scheme,
+                grid=self._grid,
+                observe=self._observe,
+            )
         if self._grid is not None:  # rounds driven by start(): stop a run that learns nothing
             self.outcomes.close(state, aggregated=result.arrays is not None, skipped=result.skipped)
         if result.arrays is None:

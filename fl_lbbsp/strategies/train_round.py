@@ -13,6 +13,7 @@ logged (:func:`~fl_lbbsp.strategies.outcomes.log_decision`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -22,6 +23,7 @@ from functools import partial
 from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
+from threadpoolctl import ThreadpoolController
 
 from ..contract import DISTRUSTED, STALE_SUPERLINK, TRAIN_LOSS, RecordKeys, read_float
 from ..core.round.engine import RoundEngine
@@ -34,9 +36,27 @@ from .outcomes import RoundOutcomes, log_decision
 from .updates import PlainMean, Updates
 from .validation import config_record, log_rejected, log_skipped, reply_of
 
-__all__ = ["RoundResult", "TrainRound"]
+__all__ = ["RoundResult", "TrainRound", "one_blas_thread"]
 
 log = logging.getLogger("fl_lbbsp")
+
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    return ThreadpoolController()  # scans the loaded BLAS libraries once
+
+
+def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
+    """Hold numpy's BLAS (OpenBLAS) to one thread in the block (``threadpoolctl``).
+
+    The server's reductions over the replies (each update's distance, the mean, the
+    clipping) are memory-bound: BLAS threads gain nothing on them, and on a busy machine
+    they spin for a core that is not free. Measured on this 2-core machine beside other
+    work: ``np.vdot`` of a LeNet-5 update took 0.16 ms or, at random, 3-13 ms, which made a
+    1,000-silo round's screening 13 s instead of 0.2 s; on one thread it stays at 0.2 ms.
+    """
+    limit: contextlib.AbstractContextManager[Any] = _blas().limit(limits=1, user_api="blas")
+    return limit
 
 
 @dataclass
