@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from fl_lbbsp.core import BatchSizeBalancer, SiloReport, fit_robust_cost
 from fl_lbbsp.core.allocation.allocators import Bounds
 from fl_lbbsp.core.allocation.budget import budgeted_minmax
-from fl_lbbsp.core.allocation.pipeline import (
+from fl_lbbsp.core.allocation.guards import (
     equal_split_guard,
     expected_max,
     guard_margin,
