@@ -129,3 +129,41 @@ def test_a_strategy_without_checkpoint_state_is_refused(strategy: Any, tmp_path:
     # Execute / Assert: refused when wrapped, before any round
     with pytest.raises(TypeError, match="offers no checkpoint state"):
         Checkpointing(strategy, store=CheckpointStore(tmp_path))
+
+
+def test_a_resume_checks_the_checkpoints_model_with_numpys_blas_on_one_thread(
+    grid: InProcessGrid, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a checkpointed run of 1 round; BLAS allowed 2 threads in this process (under
+    # Flower's simulation a resume hung for good in OpenBLAS, in the model's norm); record
+    # what the check of the checkpoint's arrays sees
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from fl_lbbsp.strategies import checkpointing
+
+    def blas_threads() -> set[int]:
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    if not blas_threads():
+        pytest.skip("numpy has no BLAS library that threadpoolctl can hold")
+    folder, telemetry = tmp_path / "ckpt", tmp_path / "telemetry.jsonl"
+    _run(folder, grid, 1, telemetry, [])
+    seen: list[int] = []
+    check = checkpointing.check_arrays
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        seen.extend(blas_threads())
+        check(*args, **kwargs)
+
+    monkeypatch.setattr(checkpointing, "check_arrays", spy)
+
+    # Execute: the resume
+    with threadpool_limits(limits=2, user_api="blas"):
+        if blas_threads() != {2}:
+            pytest.skip("this BLAS cannot run 2 threads")
+        _run(folder, grid, 2, telemetry, [])
+        after = blas_threads()
+
+    # Assert: one thread in the check, the process's setting restored after it
+    assert seen and set(seen) == {1}
+    assert after == {2}

@@ -33,6 +33,7 @@ from .checkpoint import (
 )
 from .config import ServerConfig
 from .later_rounds import EvaluateFn, LaterRounds
+from .train_round import one_blas_thread
 
 __all__ = ["Checkpointable", "Checkpointing", "resume_from", "save_checkpoint", "store_of"]
 
@@ -135,7 +136,8 @@ def resume_from(
             "with the same strategy and settings, or use another checkpoint_dir"
         )
     if initial_arrays is not None:
-        check_arrays(checkpoint, initial_arrays, encrypted="fingerprint" in expected)
+        with one_blas_thread():  # its norms are memory-bound; a busy machine's BLAS hangs
+            check_arrays(checkpoint, initial_arrays, encrypted="fingerprint" in expected)
     try:
         strategy.load_checkpoint_state(checkpoint.state, checkpoint.records)
     except Exception as err:  # noqa: BLE001 - whatever the strategy cannot restore is refused
