@@ -4,10 +4,11 @@ design, not by a misprediction), once per change, and never without a budget."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
-from fl_lbbsp.contract import RecordKeys, few
+from fl_lbbsp.contract import RecordKeys
 from fl_lbbsp.core.round.deadline import DeadlinePolicy
 from fl_lbbsp.core.round.engine import RoundEngine
 from fl_lbbsp.core.round.state import Verdict
@@ -53,7 +54,7 @@ def _rounds(engine: RoundEngine, count: int) -> None:
         engine.close(state, replied=list(SPEEDS), wall=1.0)
 
 
-def test_a_binding_budget_is_said_once_naming_the_silos_it_holds_down(
+def test_a_binding_budget_is_said_once_naming_the_silos_it_holds_below_the_round_time(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Prepare
@@ -63,13 +64,20 @@ def test_a_binding_budget_is_said_once_naming_the_silos_it_holds_down(
     with caplog.at_level(logging.INFO, logger="fl_lbbsp"):
         _rounds(engine, 6)
 
-    # Assert
+    # Assert: named are the silos held below the round time, each with its batch and the
+    # batch the predicted round time allows it, at least one sample more
     said = [r.getMessage() for r in caplog.records if "noise budget" in r.getMessage()]
-    why = engine.balancer.last_allocation
-    held = sorted(silo for silo, (_, reason) in why.items() if reason == "noise-budget")
-    assert len(said) == 1
-    assert held and f"silo(s) {few(held)} get smaller batches" in said[0]
-    assert "slow" not in held and "'slow'" not in said[0]
+    balancer = engine.balancer
+    sizes = {silo: size for silo, (size, _) in balancer.last_allocation.items()}
+    slowest = balancer.predicted_round_time(sizes)
+    assert slowest is not None and len(said) == 1
+    named = re.findall(r"'([\w-]+)' (\d+) of (\d+)", said[0])
+    assert named
+    for silo, size, allowed in named:
+        a, b = balancer.cost_line(silo) or (0.0, 0.0)
+        assert int(size) == sizes[silo] < int(allowed)
+        assert a * int(allowed) + b <= slowest * (1 + 1e-9) < a * (int(allowed) + 1) + b
+    assert "slow" not in {silo for silo, _, _ in named}
 
 
 def test_no_line_without_a_budget(caplog: pytest.LogCaptureFixture) -> None:

@@ -43,7 +43,6 @@ from ...contract import (
     InvalidReplyError,
     RecordKeys,
     error_summary,
-    few,
     out_of_memory_batch_size,
 )
 from ..balancer import BatchSizeBalancer, SiloReport
@@ -226,21 +225,33 @@ class RoundEngine(RoundTiming, RoundReporting):
         return {node: sizes[silo] for node, silo in silos.items()}
 
     def _say_budget_binds(self) -> None:
-        """One line whenever the silos the noise budget holds down change: they finish
-        early by design (``noise_budget``), which a user would otherwise read as idle time
-        the balancer missed."""
-        why = self.balancer.last_allocation
-        held = tuple(sorted(s for s, (_, reason) in why.items() if reason == "noise-budget"))
-        if held and held != self._budget_held:
+        """One line whenever the silos the noise budget holds below the round time change:
+        they finish early by design (``noise_budget``), which a user would otherwise read as
+        idle time the balancer missed. Each is named with its batch size and the one the
+        predicted round time allows it, where that is at least one sample more (the rest
+        finish with the round)."""
+        balancer = self.balancer
+        sizes = {silo: size for silo, (size, _) in balancer.last_allocation.items()}
+        slowest, held = balancer.predicted_round_time(sizes), {}
+        for silo, (size, reason) in balancer.last_allocation.items():
+            line = balancer.cost_line(silo)
+            if reason != "noise-budget" or line is None or slowest is None:
+                continue
+            if (allowed := int((slowest - line[1]) / line[0] + 1e-9)) > size:
+                held[silo] = f"{silo!r} {size} of {allowed}"
+        names = tuple(sorted(held))
+        if names and names != self._budget_held:
+            more = f" (and {len(names) - 5} more silos)" if len(names) > 5 else ""
             log.info(
-                "noise budget (rho %.3g) binds: silo(s) %s get smaller batches than their "
-                "speed allows and finish early, so that the slower silos keep batches large "
-                "enough for the update's noise; a larger noise_budget (--noise-budget) "
-                "trades noise for time",
-                self.balancer.noise_budget,
-                few(list(held)),
+                "noise budget (rho %.3g) binds: these silos get fewer samples than the "
+                "predicted round time allows them and finish early (silo: batch size of "
+                "allowed): %s%s, so that the slower silos keep batches large enough for the "
+                "update's noise; a larger noise_budget (--noise-budget) trades noise for time",
+                balancer.noise_budget,
+                ", ".join(held[s] for s in names[:5]),
+                more,
             )
-        self._budget_held = held
+        self._budget_held = names
 
     def weights(self, claimed: Mapping[str, float]) -> dict[str, tuple[float, str | None]]:
         """Silo -> (its aggregation weight, why it differs from ``claimed`` or ``None``): in
