@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -499,3 +500,25 @@ def test_under_secagg_the_shared_mean_is_returned_as_the_protocol_weighted_it(
     assert parameters is not None
     assert parameters_to_ndarrays(parameters)[0] == pytest.approx(np.full(3, 0.25))
     assert not [r for r in fl_log.records if "weighs as" in r.getMessage()]
+
+
+def test_the_legacy_strategy_warns_once_when_on_fit_config_fn_sets_another_lr(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: the app's on_fit_config_fn sends its own learning rate, as Flower's
+    # templates do; every silo trains with the strategy's eta instead
+    manager = _Manager(["1", "2"])
+    strategy = LBBSPStrategy(initial_batch_size=8, local_steps=2, lr=0.1, min_fit_clients=2,
+                             min_available_clients=2,
+                             on_fit_config_fn=lambda rnd: {"lr": 0.01})  # fmt: skip
+    params = ndarrays_to_parameters([np.zeros(3, np.float32)])
+
+    # Execute: two rounds' instructions
+    with caplog.at_level(logging.WARNING, logger="fl_lbbsp"):
+        fit = [strategy.configure_fit(rnd, params, manager) for rnd in (1, 2)]  # type: ignore[arg-type]
+
+    # Assert: the strategy's eta is sent, and one warning names both values
+    assert {ins.config["lr"] for round_fit in fit for _, ins in round_fit} == {0.1}
+    warnings = [r.getMessage() for r in caplog.records if "is overridden" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "lr=0.01" in warnings[0] and "lr=0.1" in warnings[0]

@@ -45,7 +45,13 @@ from ..security.guard import guard
 from ..security.screening import Layout, check_npy_list, layout_of_npy
 from ..telemetry import TelemetryWriter
 from .config import ServerConfig
-from .outcomes import RoundOutcomes, batch_size_metrics, log_decision, route_to_flower
+from .outcomes import (
+    RoundOutcomes,
+    batch_size_metrics,
+    log_decision,
+    route_to_flower,
+    warn_overridden_lr,
+)
 from .rounds import EngineView
 from .validation import log_rejected, log_skipped
 
@@ -142,6 +148,7 @@ class LBBSPStrategy(EngineView, FedAvg):
         self.telemetry = TelemetryWriter(telemetry_path)
         self.round: RoundState | None = None
         self._layout: Layout | None = None
+        self._config_checked = False  # the app's fit config held against eta and tau once
         self.outcomes = RoundOutcomes(max_empty_rounds=max_empty_rounds)
         route_to_flower()
 
@@ -165,6 +172,15 @@ class LBBSPStrategy(EngineView, FedAvg):
             expected_bytes=sum(len(t) for t in parameters.tensors),
         )
         self.round = state
+        if sampled and not self._config_checked:  # on_fit_config_fn's, once
+            self._config_checked = True
+            warn_overridden_lr(
+                sampled[0][1].config,
+                keys=self.keys,
+                lr=self.engine.config.lr,
+                owner=self,
+                local_steps=self.engine.config.local_steps,
+            )
         fit = []
         for client, ins in sampled:
             sent = state.instructions[client.cid]
