@@ -75,8 +75,10 @@ def report_gain(result: Result, *, taken: Rounds, cost_line: CostLine) -> None:
     spent = sum(wall for wall, _ in taken)
     equal = equal_split_time(taken, cost_line)
     log.info(
-        "%d rounds took %.1f s of round time; the equal split (FedAvg) would have "
-        "needed about %s s for the same rounds (predicted from the silos' cost curves)",
+        "%d rounds took %.1f s (wall time, start-up included); the equal split (FedAvg) "
+        "would have needed about %s s for the same rounds (a prediction: each round's wall "
+        "time with its slowest compute swapped for the equal split's on the silos' cost "
+        "curves, as good as those curves)",
         len(taken),
         spent,
         "n/a" if equal is None else f"{equal:.1f}",
