@@ -23,8 +23,9 @@ update (and, for the size-claim liar, its ``num-examples``) before replying:
 
 Aggregations compared: FedAvg's mean, ``centered-clip`` (the default) and
 ``trusted-clip`` (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`: the same clip over the
-silos whose history of agreement with the others' centre is not negative while the
-federation's is positive). A held-out check (:data:`HELD_OUT`: partitions and a seed that
+silos whose history of agreement with the others' centre is not a negative outlier of the
+federation's, by the Hampel identifier, while the federation's median is positive). A
+held-out check (:data:`HELD_OUT`: partitions and a seed that
 were not looked at while the trusted clip's rule was chosen) has its own table.
 
 The attackers are omniscient where the attack needs it (ALIE and IPM read the honest
@@ -643,8 +644,9 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
             "is their data's contribution, which no defence recovers.",
             "`clipped`: updates clipped by the robust aggregation over the run (0 for mean). "
             "`distrusted`: silo-rounds the trusted clip left out (their history of "
-            "agreement with the others' centre negative while the federation's median is "
-            "positive). `rejected`: replies the update screen or the reply checks left out.",
+            "agreement with the others' centre a negative outlier of the federation's, "
+            "by the Hampel identifier, while the federation's median is positive). "
+            "`rejected`: replies the update screen or the reply checks left out.",
             "Held-out cells (their own table) are not in the goal figures.",
             f"The honest cost is judged at FedAvg's plateau ({PLATEAU_ROUNDS}-round runs, the "
             "mean run's plateau round by `accuracy_study.plateau`: 5 rounds gaining under 0.5 "

@@ -403,7 +403,7 @@ the round's telemetry record and, per silo, of the round's metrics in Flower's R
 
 DISTRUSTED = "distrusted"
 """The silos whose updates the trusted clip left out of a round's aggregate, their history
-of agreement with the others' centre being negative
+of agreement with the others' centre being a negative outlier of the federation's
 (:class:`fl_lbbsp.core.trusted_clip.TrustedClip`): a field of the round's telemetry
 record."""
 

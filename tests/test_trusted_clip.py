@@ -195,6 +195,62 @@ def test_the_aggregate_does_not_depend_on_the_order_of_the_replies(
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
 
 
+def _spread(a: tuple[float, ...], *, flip: bool = False) -> dict[str, np.ndarray]:
+    """Silo k sends ``a_k`` times a shared direction plus its own block (as near a
+    stationary point of a non-IID federation: agreements spread around a small positive
+    median, one slightly negative); ``flip``: silo 4 sends silo 0's update negated."""
+    common = np.zeros(DIM)
+    common[:20] = 1.0
+    out = {}
+    for k, ak in enumerate(a):
+        own = np.zeros(DIM)
+        own[20 + 16 * k : 36 + 16 * k] = 1.0
+        out[f"s{k}"] = ak * common + own
+    if flip:
+        out["s4"] = -out["s0"]
+    return out
+
+
+def _rounds(clip: TrustedClip, updates: dict[str, np.ndarray], n: int = 6) -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(n):
+        _round(clip, {s: u + rng.normal(0.0, 0.05, DIM) for s, u in updates.items()})
+
+
+SPREAD = (0.9, 0.15, 0.6, 0.3, -0.05)
+"""Shared-direction coefficients: decayed agreements about 0.34, 0.13, 0.31, 0.21, -0.06
+(median 0.21, scaled MAD 0.16: the Hampel bound about -0.26)."""
+
+
+def test_an_honest_silo_whose_score_is_within_the_federations_spread_of_zero_is_kept() -> None:
+    # Prepare: 5 honest silos whose agreements spread from 0.34 down to one of -0.06 (the
+    # median 0.21 positive: the gate is open)
+    clip = TrustedClip()
+
+    # Execute
+    _rounds(clip, _spread(SPREAD))
+
+    # Assert: the slightly negative silo is no outlier of the federation's agreements
+    # (median minus 3 scaled MADs is about -0.26): kept (the first rule, which dropped
+    # every negative score, left it out)
+    scores = {s: a.score for s, a in clip.history.items()}
+    assert -0.15 < scores["s4"] < 0.0 < float(np.median(list(scores.values())))
+    assert clip.distrusted == []
+
+
+def test_a_sign_flipper_among_spread_honest_silos_is_still_dropped() -> None:
+    # Prepare: the same spread honest silos, silo 4 replaced by silo 0's update negated
+    clip = TrustedClip()
+
+    # Execute
+    _rounds(clip, _spread(SPREAD, flip=True))
+
+    # Assert: its agreement (about -0.76) lies below median minus 3 scaled MADs (about
+    # -0.35): dropped
+    assert clip.history["s4"].score < -0.5
+    assert clip.distrusted == ["s4"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -90,7 +90,8 @@ class ServerConfig(BaseModel):
         (:class:`~fl_lbbsp.core.centered_clip.CenteredClip`: no minority of silos can steer
         the model, and with no update clipped it is FedAvg's mean); ``"trusted-clip"``,
         the same over the silos whose history of agreement with the others' centre is
-        not negative, a persistent opponent left out and named
+        not a negative outlier of the federation's (the Hampel identifier), a persistent
+        opponent left out and named
         (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`); ``"mean"``: FedAvg's
         weighted mean alone. Encrypted updates cannot be read, so this applies to
         plaintext only.
