@@ -23,8 +23,8 @@ __all__ = ["POOL_FIX", "max_overlap", "observed_time", "queued", "reply_interval
 POOL_FIX = (
     "round times add up and LB-BSP's gain shrinks. On Flower's Simulation Engine the Ray "
     "pool holds fewer actors than sampled silos: give each silo one. Flower 1.42 takes "
-    "whole CPUs: flwr run --federation-config \"num-supernodes=<silos> "
-    "client-resources-num-cpus=1 init-args-num-cpus=<silos>\"; 1.41 takes fractions in "
+    'whole CPUs: flwr run --federation-config "num-supernodes=<silos> '
+    'client-resources-num-cpus=1 init-args-num-cpus=<silos>"; 1.41 takes fractions in '
     "pyproject.toml's [tool.flwr.federations.<name>]: options.num-supernodes = <silos>, "
     "options.backend.client-resources.num-cpus = <cores / silos>. Under deploy-local's "
     "compute lock the silos take turns by design"
