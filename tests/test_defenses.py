@@ -462,7 +462,7 @@ def test_a_sign_flipping_silo_cannot_steer_the_default_aggregation(flip: float) 
     # -flip (within the update screen's 10x bound: it is not rejected)
     app = _app({0: 1.0, 1: 1.1, 2: 0.9, 3: -flip})
 
-    # Execute: the default (centered-clip) and FedAvg's mean
+    # Execute: the default (trusted-clip) and FedAvg's mean
     _, robust = _run(app, rounds=3)
     _, mean = _run(app, rounds=3, robust_aggregation="mean")
 

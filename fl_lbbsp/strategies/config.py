@@ -84,17 +84,18 @@ class ServerConfig(BaseModel):
         the mean unweighted (neither counts more than the other). ``None``: every size
         counts whole, as Flower's FedAvg weighs them, for an operator who trusts the
         silos' sizes; declaring them in the silo registry keeps the cap for the others.
-    robust_aggregation : {"trusted-clip", "centered-clip", "mean"} (default: "centered-clip")
+    robust_aggregation : {"trusted-clip", "centered-clip", "mean"} (default: "trusted-clip")
         How plaintext updates are combined: ``"centered-clip"``, each update clipped
         around a robust centre before the dataset-size-weighted mean
         (:class:`~fl_lbbsp.core.centered_clip.CenteredClip`: no minority of silos can steer
         the model, and with no update clipped it is FedAvg's mean); ``"trusted-clip"``,
         the same over the silos whose history of agreement with the others' centre is
         not a negative outlier of the federation's (the Hampel identifier), a persistent
-        opponent left out and named
-        (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`); ``"mean"``: FedAvg's
-        weighted mean alone. Encrypted updates cannot be read, so this applies to
-        plaintext only.
+        opponent left out and named (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`;
+        the default, chosen on section ``robustness``: it holds every iid attack where
+        centred clipping alone loses up to 19 points, at the same honest cost);
+        ``"mean"``: FedAvg's weighted mean alone. Encrypted updates cannot be read, so
+        this applies to plaintext only.
     clip_factor : float (default: 1.0)
         The clipping radius of ``"centered-clip"`` in medians of the updates' distances
         to the robust centre (each widened by ``sqrt(B_eq / B_i)`` for a silo sent less
@@ -137,7 +138,7 @@ class ServerConfig(BaseModel):
     max_update_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     update_spread_sigmas: float = Field(default=3.0, gt=0, allow_inf_nan=False)
     max_weight_ratio: float | None = Field(default=2.0, ge=1, allow_inf_nan=False)
-    robust_aggregation: Literal["trusted-clip", "centered-clip", "mean"] = "centered-clip"
+    robust_aggregation: Literal["trusted-clip", "centered-clip", "mean"] = "trusted-clip"
     clip_factor: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     bound_claimed_pull: bool = Field(default=False, strict=True)
     max_loss_ratio: float = Field(default=10.0, gt=1, allow_inf_nan=False)

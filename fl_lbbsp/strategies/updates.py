@@ -89,7 +89,8 @@ class PlainMean:
     ----------
     robust : CenteredClip | None (default: None)
         Combine the updates by weighted centred clipping (the strategies' default,
-        ``robust_aggregation``); ``None``: FedAvg's weighted mean, summed in place.
+        ``robust_aggregation``, is its :class:`~fl_lbbsp.core.trusted_clip.TrustedClip`);
+        ``None``: FedAvg's weighted mean, summed in place.
     """
 
     def __init__(self, *, robust: CenteredClip | None = None) -> None:
