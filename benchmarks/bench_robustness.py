@@ -21,8 +21,8 @@ update (and, for the size-claim liar, its ``num-examples``) before replying:
   reply): the best any defence could do, since none can recover what their data would
   have added. Each cell is also read against it.
 
-Aggregations compared: FedAvg's mean, ``centered-clip`` (the default) and
-``trusted-clip`` (:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`: the same clip over the
+Aggregations compared: FedAvg's mean, ``centered-clip`` and ``trusted-clip`` (the default;
+:class:`~fl_lbbsp.core.trusted_clip.TrustedClip`: the same clip over the
 silos whose history of agreement with the others' centre is not a negative outlier of the
 federation's, by the Hampel identifier, while the federation's median is positive). A
 held-out check (:data:`HELD_OUT`: partitions and a seed that
@@ -622,7 +622,7 @@ def section(rows: Sequence[dict[str, Any]], *, complete: bool, seconds: float,
             f"{load}; {sum(float(r.get('seconds') or 0.0) for r in every_run) / 60:.1f} min of "
             "runs in all): "
             "LBBSPFedAvg with its defaults "
-            f"(max_weight_ratio 2, centered-clip radius 1 median) on the embedded digits, MLP, "
+            f"(max_weight_ratio 2, clip radius 1 median) on the embedded digits, MLP, "
             f"{FEDERATION['rounds']} rounds,"
             f" tau {FEDERATION['local_steps']}, B_init {FEDERATION['batch_size']}, eta "
             f"{FEDERATION['lr']}; speeds 5:1 emulated by a cost model, the hostile silos the "
