@@ -272,11 +272,15 @@ class TrustedClip(CenteredClip):
         self.distrusted = sorted(
             s for k, s in enumerate(self._silos) if not final[k] and s is not None
         )
+        known = [history[s].score for s in self._silos if s is not None and s in history]
+        median = float(np.median(known)) if known else 0.0
         for silo in self.distrusted:
             log.warning(
                 "silo %s left out of the aggregate: its updates oppose the others' "
-                "(decayed agreement %.2f over %d rounds)",
-                silo, history[silo].score, history[silo].rounds,
+                "(decayed agreement %.2f over %d rounds, the round's median %.2f; an "
+                "honest silo with unusual data can be left out for a few rounds, "
+                "robust_aggregation='centered-clip' never leaves one out)",
+                silo, history[silo].score, history[silo].rounds, median,
             )  # fmt: skip
         return passes.centre
 
