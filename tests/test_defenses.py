@@ -472,6 +472,23 @@ def test_a_sign_flipping_silo_cannot_steer_the_default_aggregation(flip: float) 
     assert mean.arrays["w"].numpy() == pytest.approx(np.full(4, 3 * (3.0 - flip) / 4), abs=0.05)
 
 
+def test_two_colluders_of_five_are_left_out_by_the_default_aggregation() -> None:
+    # Prepare: three honest silos move every weight by about +1 a round; silos 3 and 4
+    # both by -3 (inside the update screen's bound), the iid case where centred clipping
+    # alone still lets them pull (section robustness: -19.3 points at sign-flip 3x)
+    app = _app({0: 1.0, 1: 1.1, 2: 0.9, 3: -3.0, 4: -3.0})
+
+    # Execute: the default (trusted-clip) and the clip alone
+    strategy, default = _run(app, rounds=6, nodes=5)
+    _, clip = _run(app, rounds=6, nodes=5, robust_aggregation="centered-clip")
+
+    # Assert: both colluders are named and left out, so the model moves by the honest
+    # silos' steps (about 6 in 6 rounds, the first rounds clipped); the clip alone, less
+    assert strategy.updates.distrusted == ["3", "4"]
+    assert default.arrays["w"].numpy() == pytest.approx(np.full(4, 6.0), abs=0.5)
+    assert float(clip.arrays["w"].numpy()[0]) < float(default.arrays["w"].numpy()[0]) - 0.5
+
+
 def test_a_diverged_model_is_rolled_back_and_reported(fl_log: pytest.LogCaptureFixture) -> None:
     # Prepare: the silos report a train-loss of 2 in the first rounds and of 1e4 in
     # round 3 (the model they were sent in round 3 exploded)
