@@ -90,3 +90,25 @@ def test_no_line_without_a_budget(caplog: pytest.LogCaptureFixture) -> None:
 
     # Assert
     assert not [r for r in caplog.records if "noise budget" in r.getMessage()]
+
+
+def test_a_silo_whose_cost_line_is_flat_is_not_named_and_stops_nothing(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a fit that found no per-sample cost for one silo (a = 0: its time does not
+    # depend on its batch size), the others as measured
+    engine = _engine()
+    fitted = engine.balancer.cost_line
+    monkeypatch.setattr(
+        engine.balancer,
+        "cost_line",
+        lambda silo: (0.0, 0.5) if silo == "fast-a" else fitted(silo),
+    )
+
+    # Execute: the rounds plan, report and close as before
+    with caplog.at_level(logging.INFO, logger="fl_lbbsp"):
+        _rounds(engine, 6)
+
+    # Assert: the flat silo is never named (no batch size is "allowed" by a flat line)
+    said = " ".join(r.getMessage() for r in caplog.records if "noise budget" in r.getMessage())
+    assert "'fast-a'" not in said

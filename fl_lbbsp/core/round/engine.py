@@ -33,6 +33,7 @@ every silo; the tau and eta variants rejected in Fig. 13).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -235,9 +236,10 @@ class RoundEngine(RoundTiming, RoundReporting):
         slowest, held = balancer.predicted_round_time(sizes), {}
         for silo, (size, reason) in balancer.last_allocation.items():
             line = balancer.cost_line(silo)
-            if reason != "noise-budget" or line is None or slowest is None:
+            if reason != "noise-budget" or line is None or slowest is None or line[0] <= 0:
                 continue
-            if (allowed := int((slowest - line[1]) / line[0] + 1e-9)) > size:
+            room = (slowest - line[1]) / line[0]  # the samples its round time allows
+            if math.isfinite(room) and (allowed := int(room + 1e-9)) > size:
                 held[silo] = f"{silo!r} {size} of {allowed}"
         names = tuple(sorted(held))
         if names and names != self._budget_held:
