@@ -231,10 +231,13 @@ class RoundEngine(RoundTiming, RoundReporting):
         idle time the balancer missed. Each is named with its batch size and the one the
         predicted round time allows it, where that is at least one sample more (the rest
         finish with the round)."""
-        balancer = self.balancer
-        sizes = {silo: size for silo, (size, _) in balancer.last_allocation.items()}
-        slowest, held = balancer.predicted_round_time(sizes), {}
-        for silo, (size, reason) in balancer.last_allocation.items():
+        balancer, held = self.balancer, {}
+        why = balancer.last_allocation
+        if not any(reason == "noise-budget" for _, reason in why.values()):
+            self._budget_held = ()
+            return  # the budget does not bind: no round time to predict
+        slowest = balancer.predicted_round_time({silo: size for silo, (size, _) in why.items()})
+        for silo, (size, reason) in why.items():
             line = balancer.cost_line(silo)
             if reason != "noise-budget" or line is None or slowest is None or line[0] <= 0:
                 continue
