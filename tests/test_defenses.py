@@ -36,6 +36,7 @@ def _app(
     refuse_from: int = 1,
     poison_from: int = 0,
     losses: dict[int, float] | None = None,
+    silo_losses: dict[int, float] | None = None,
 ) -> ClientApp:
     """Silo p moves every weight by ``step[p]`` (by 1e30 from round ``poison_from`` on
     for a silo whose step is ``inf``), claims ``sizes[p]`` examples (default 100), and
@@ -61,6 +62,8 @@ def _app(
         }
         if losses is not None:
             metrics[TRAIN_LOSS] = losses.get(server_round, 1.0)
+        if silo_losses is not None:
+            metrics[TRAIN_LOSS] = silo_losses[p]
         silo = {KEYS.silo_id: str(p)}
         if refuse and p in refuse and server_round >= refuse_from:
             silo[MODEL_REFUSED] = "its norm is not within 100x of the last model's"
@@ -137,6 +140,23 @@ def test_an_undeclared_huge_dataset_claim_cannot_take_most_of_the_aggregate() ->
     # Assert: its weight is at most max_weight_ratio (2) times the federation's median
     # (100): the mean moves by (3 * 100 * 1 + 200 * 3) / 500 = 1.8, not by about 3
     assert result.arrays["w"].numpy() == pytest.approx(np.full(4, 1.8))
+
+
+def test_an_undeclared_huge_claim_weighs_in_the_averaged_metrics_as_in_the_model() -> None:
+    # Prepare: silo 3 claims 9.9 million examples and a train loss of 10, the others 100
+    # examples and a loss of 1
+    app = _app(
+        {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0},
+        sizes={3: 9_900_000},
+        silo_losses={0: 1.0, 1: 1.0, 2: 1.0, 3: 10.0},
+    )
+
+    # Execute
+    _, result = _run(app, rounds=1)
+
+    # Assert: Flower's metric average weighs silo 3 at its capped 200, as the model did:
+    # (3 * 100 * 1 + 200 * 10) / 500 = 4.6, not about 10
+    assert result.train_metrics_clientapp[1][TRAIN_LOSS] == pytest.approx(4.6)
 
 
 def test_a_declared_size_counts_whole() -> None:

@@ -522,3 +522,32 @@ def test_the_legacy_strategy_warns_once_when_on_fit_config_fn_sets_another_lr(
     warnings = [r.getMessage() for r in caplog.records if "is overridden" in r.getMessage()]
     assert len(warnings) == 1
     assert "lr=0.01" in warnings[0] and "lr=0.1" in warnings[0]
+
+
+def test_the_legacy_metric_average_weighs_an_undeclared_huge_claim_at_its_capped_weight() -> None:
+    # Prepare: three clients of 100 examples and a loss of 1; a fourth claims 9.9 million
+    # examples and a loss of 10; the app averages metrics by num_examples, as Flower's do
+    def mean_loss(results: list[tuple[int, dict]]) -> dict:  # type: ignore[type-arg]
+        total = sum(n for n, _ in results)
+        return {"train-loss": sum(n * float(m["train-loss"]) for n, m in results) / total}
+
+    manager = _Manager(["1", "2", "3", "4"])
+    strategy = LBBSPStrategy(initial_batch_size=8, local_steps=2, lr=0.1, min_fit_clients=4,
+                             min_available_clients=4,
+                             fit_metrics_aggregation_fn=mean_loss)  # fmt: skip
+    strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(3, np.float32)]), manager)  # type: ignore[arg-type]
+    results = []
+    for k, client in enumerate(manager.clients):
+        size, loss = (9_900_000, 10.0) if k == 3 else (100, 1.0)
+        metrics = {"train-time": 1.0, "batch-size": 8, "samples-processed": 16,
+                   "silo-id": f"s{k}", "train-loss": loss}  # fmt: skip
+        update = ndarrays_to_parameters([np.full(3, float(k == 3), np.float32)])
+        results.append((client, FitRes(Status(Code.OK, ""), update, size, metrics)))
+
+    # Execute
+    parameters, metrics = strategy.aggregate_fit(1, results, [])  # type: ignore[arg-type]
+
+    # Assert: the claim weighs 200 (2x the median) in the model and in the metrics alike
+    assert parameters is not None
+    assert parameters_to_ndarrays(parameters)[0] == pytest.approx(np.full(3, 200 / 500))
+    assert metrics["train-loss"] == pytest.approx((300 * 1.0 + 200 * 10.0) / 500)

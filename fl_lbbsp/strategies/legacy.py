@@ -295,23 +295,28 @@ class LBBSPStrategy(EngineView, FedAvg):
         layer in the global model's dtype, an integer one rounded (Flower's
         ``aggregate_inplace`` multiplies an integer layer such as BatchNorm's
         ``num_batches_tracked`` by its weight cast to an integer, 0; ``inplace=False``
-        returns it as float64); then ``fit_metrics_aggregation_fn``, as FedAvg calls it.
-        Under SecAgg+ every result holds the same unmasked mean, which the protocol
-        weighted already: it is returned as it is, nothing capped or decoded again."""
-        metrics: dict[str, Scalar] = {}
-        if self.fit_metrics_aggregation_fn is not None:
-            metrics = self.fit_metrics_aggregation_fn(
-                [(res.num_examples, res.metrics) for _, _, res in valid]
-            )
+        returns it as float64); then ``fit_metrics_aggregation_fn``, as FedAvg calls it,
+        each result at that weight (rounded). Under SecAgg+ every result holds the same
+        unmasked mean, which the protocol weighted already: it is returned as it is,
+        nothing capped or decoded again."""
         shared = valid[0][2].parameters
-        if len(valid) > 1 and all(res.parameters is shared for _, _, res in valid):
-            return shared, metrics
-        weights = self.engine.weights({silo: res.num_examples for silo, _, res in valid})
+        secure = len(valid) > 1 and all(res.parameters is shared for _, _, res in valid)
+        claimed = {silo: res.num_examples for silo, _, res in valid}
+        weights = (
+            {s: (n, None) for s, n in claimed.items()} if secure else self.engine.weights(claimed)
+        )
         for silo, (weight, capped) in weights.items():
             if capped is not None:
                 state.reports.setdefault(silo, {})["capped-weight"] = weight
                 if self.outcomes.first_time(silo, "capped weight"):
                     log.warning("round %d: silo %s: %s", state.server_round, silo, capped)
+        metrics: dict[str, Scalar] = {}
+        if self.fit_metrics_aggregation_fn is not None:
+            metrics = self.fit_metrics_aggregation_fn(
+                [(max(1, round(weights[silo][0])), res.metrics) for silo, _, res in valid]
+            )
+        if secure:
+            return shared, metrics
         arrays = weighted_average(
             [parameters_to_ndarrays(res.parameters) for _, _, res in valid],
             [weights[silo][0] for silo, _, _ in valid],

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from threadpoolctl import ThreadpoolController
 
 from ..contract import DISTRUSTED, STALE_SUPERLINK, TRAIN_LOSS, RecordKeys, read_float
@@ -36,7 +36,7 @@ from .outcomes import RoundOutcomes, log_decision
 from .updates import PlainMean, Updates
 from .validation import config_record, log_rejected, log_skipped, reply_of
 
-__all__ = ["RoundResult", "TrainRound", "one_blas_thread"]
+__all__ = ["RoundResult", "TrainRound", "at_weight", "one_blas_thread"]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -68,7 +68,8 @@ class RoundResult:
     arrays : ArrayRecord | None
         The new global model (``None``: the round is skipped).
     contents : list[RecordDict]
-        The replies whose updates entered it (for the app's metric aggregation).
+        The replies whose updates entered it, each at the weight its update had (for the
+        app's metric aggregation).
     skipped : str | None
         Why there is no new model (``None``: there is one).
     """
@@ -184,7 +185,11 @@ class TrainRound:
                 accepted[verdict.silo] = (verdict, msg.content, weight)
         self._queued(state, intervals, warn=observe)
         kept, dropped = self._sum(state, accepted, updates, scheme)
-        contents = [accepted[silo][1] for silo in accepted if silo in kept]
+        contents = [
+            at_weight(accepted[silo][1], self.weight_key, state.reports[silo].get("capped-weight"))
+            for silo in accepted
+            if silo in kept
+        ]
         arrays, skipped = self._result(state, len(contents), updates, scheme)
         refused = self.defenses.refusals(state, answered, self.keys)
         diverged = self.defenses.diverged(losses)
@@ -349,3 +354,20 @@ class TrainRound:
                 first=self.outcomes.first_time(silo, reason),
             )
         )
+
+
+def at_weight(content: RecordDict, key: str, weight: float | None) -> RecordDict:
+    """``content`` for the app's metric aggregation, its ``key`` (the aggregation weight)
+    replaced by the ``weight`` the model gave it (``None``: as it is), so that an inflated
+    claim steers the round's averaged metrics no more than the model; the reply itself is
+    left untouched."""
+    if weight is None:
+        return content
+    return RecordDict(
+        {
+            name: MetricRecord({**record, key: weight})
+            if isinstance(record, MetricRecord) and key in record
+            else record
+            for name, record in content.items()
+        }
+    )
