@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from fl_lbbsp.contract import MODEL_REFUSED, TRAIN_LOSS, RecordKeys
 from fl_lbbsp.runs.inprocess import InProcessGrid
+from fl_lbbsp.security.reply_screen import _say_unverified
 from fl_lbbsp.security.update_screen import (
     UpdateScreen,
     cap_weights,
@@ -157,6 +158,22 @@ def test_an_undeclared_huge_claim_weighs_in_the_averaged_metrics_as_in_the_model
     # Assert: Flower's metric average weighs silo 3 at its capped 200, as the model did:
     # (3 * 100 * 1 + 200 * 10) / 500 = 4.6, not about 10
     assert result.train_metrics_clientapp[1][TRAIN_LOSS] == pytest.approx(4.6)
+
+
+def test_two_strategies_in_one_process_say_once_that_identities_are_unverified(
+    fl_log: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: unsigned replies, as `fl-lbbsp compare` runs FedAvg and then LB-BSP
+    _say_unverified.cache_clear()
+    app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0})
+
+    # Execute
+    _run(app, rounds=2)
+    _run(app, rounds=2)
+
+    # Assert: one record (the handler may see it twice, on our logger and on the root)
+    said = {r for r in fl_log.records if "identities are unverified" in r.getMessage()}
+    assert len(said) == 1
 
 
 def test_a_declared_size_counts_whole() -> None:

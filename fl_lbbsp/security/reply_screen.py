@@ -7,6 +7,7 @@ itself checks that the reply answers this round's instruction to its node, in ti
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Iterable, Mapping
@@ -75,7 +76,6 @@ class ReplyScreen(ReplyGate):
         self.extra = None if extra is None else frozenset(extra)
         self.max_num_examples = limits.max_num_examples or _EXACT_INT
         self.registry = registry
-        self._unverified_warned = False
 
     def admit(self, state: RoundState, reply: Reply, silo: str) -> None:
         """Check a reply's signature against the silo registry (before the duplicate
@@ -84,13 +84,7 @@ class ReplyScreen(ReplyGate):
         missing signature, or one not the claimed silo's over this run, round, metrics and
         arrays."""
         if self.registry is None:
-            if not self._unverified_warned:  # once, when the federation first replies
-                self._unverified_warned = True
-                log.warning(
-                    "silo identities are unverified: any node may reply as any silo (give "
-                    "the strategy a silo_registry from `fl-lbbsp keys silos` to check "
-                    "signatures)"
-                )
+            _say_unverified()  # once a process, when a federation first replies
             return
         if reply.problem is not None:
             raise InvalidReplyError(reply.problem)
@@ -228,3 +222,12 @@ def _count(key: str, value: object, *, high: int, low: int = 1) -> int:
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+@functools.cache
+def _say_unverified() -> None:
+    """Warn, once in a process (``compare`` runs two strategies), that replies are unsigned."""
+    log.warning(
+        "silo identities are unverified: any node may reply as any silo (give the strategy "
+        "a silo_registry from `fl-lbbsp keys silos` to check signatures)"
+    )
