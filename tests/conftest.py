@@ -30,11 +30,15 @@ def pytest_report_header() -> str:
 def _loggers_restored() -> Iterator[None]:
     """Put fl_lbbsp's and Flower's loggers back as each test found them: a benchmark's
     smoke run raises their levels, a ServerApp routes ours to Flower's console, and a
-    test's log assertions must not depend on which tests ran before it."""
+    test's log assertions must not depend on which tests ran before it (nor on a warning
+    said once a process having been said by an earlier test)."""
     loggers = [logging.getLogger(name) for name in ("fl_lbbsp", "flwr")]
     saved = [
         (list(lg.handlers), lg.level, lg.propagate, list(lg.filters), lg.disabled) for lg in loggers
     ]
+    from fl_lbbsp.security.reply_screen import _say_unverified
+
+    _say_unverified.cache_clear()  # said once a process: once a test here
     yield
     for logger, (handlers, level, propagate, filters, disabled) in zip(loggers, saved, strict=True):
         logger.handlers[:] = handlers

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from fl_lbbsp.contract import MODEL_REFUSED, TRAIN_LOSS, RecordKeys
 from fl_lbbsp.runs.inprocess import InProcessGrid
-from fl_lbbsp.security.reply_screen import _say_unverified
 from fl_lbbsp.security.update_screen import (
     UpdateScreen,
     cap_weights,
@@ -164,7 +163,6 @@ def test_two_strategies_in_one_process_say_once_that_identities_are_unverified(
     fl_log: pytest.LogCaptureFixture,
 ) -> None:
     # Prepare: unsigned replies, as `fl-lbbsp compare` runs FedAvg and then LB-BSP
-    _say_unverified.cache_clear()
     app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0})
 
     # Execute
