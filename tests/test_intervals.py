@@ -90,12 +90,13 @@ class _Clock:
 
 
 class _QueuedGrid(Grid):
-    """Three silos claiming 1 s each. In ``parallel`` rounds they reply together after
-    1.1 s; otherwise one actor runs them one after the other, replies coming 1.1, 2.1 and
-    3.1 s after the push. Each reply reports its own interval when ``intervals``."""
+    """Three silos claiming 1 s each. In ``parallel`` rounds each starts ``startup`` s after
+    the push (its ClientApp's start-up) and they reply together (after 1.1 s by default);
+    otherwise one actor runs them one after the other, replies coming 1.1, 2.1 and 3.1 s
+    after the push. Each reply reports its own interval when ``intervals``."""
 
-    def __init__(self, clock: _Clock, *, intervals: bool) -> None:
-        self.clock, self.intervals = clock, intervals
+    def __init__(self, clock: _Clock, *, intervals: bool, startup: float = 0.05) -> None:
+        self.clock, self.intervals, self.startup = clock, intervals, startup
         self.parallel = True
         self.queue: list[tuple[float, Message]] = []
 
@@ -125,7 +126,7 @@ class _QueuedGrid(Grid):
             msg.metadata.__dict__["_message_id"] = f"m{i}"
             node = msg.metadata.dst_node_id
             b = int(msg.content["config"]["batch-size"])
-            start = pushed + (0.05 if self.parallel else node - 1.0)
+            start = pushed + (self.startup if self.parallel else node - 1.0)
             values: dict[str, int | float | list[int] | list[float]] = {
                 "num-examples": 100,
                 "train-time": 1.0,
@@ -154,8 +155,17 @@ class _QueuedGrid(Grid):
         return [reply]
 
 
-def _run(grid: _QueuedGrid, clock: _Clock, rounds: int, *, check_times: bool = True) -> list[float]:
-    """Each round's train-time of silo s3, the round run through the strategy."""
+def _run(
+    grid: _QueuedGrid,
+    clock: _Clock,
+    rounds: int,
+    *,
+    check_times: bool = True,
+    queue_from: int = 3,
+    deadlines: list[float | None] | None = None,
+) -> list[float]:
+    """Each round's train-time of silo s3, the round run through the strategy (queued
+    from round ``queue_from``; each round's deadline appended to ``deadlines``)."""
     from fl_lbbsp.strategies import LBBSPFedAvg
 
     strategy = LBBSPFedAvg(
@@ -170,10 +180,12 @@ def _run(grid: _QueuedGrid, clock: _Clock, rounds: int, *, check_times: bool = T
     arrays = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
     times = []
     for server_round in range(1, rounds + 1):
-        grid.parallel = server_round <= 2
+        grid.parallel = server_round < queue_from
         sent = list(strategy.configure_train(server_round, arrays, ConfigRecord(), deadline))
         strategy.aggregate_train(server_round, list(deadline.send_and_receive(sent)))
         assert strategy.round is not None
+        if deadlines is not None:
+            deadlines.append(strategy.round.deadline)
         times.append(float(strategy.round.reports["s3"]["train-time"]))
     return times
 
@@ -221,3 +233,20 @@ def test_silos_queued_where_wall_time_is_not_theirs_give_no_warning(
 
     # Assert: no advice to size a Ray pool there is none of
     assert not [r for r in fl_log.records if "computed at a time" in r.getMessage()]
+
+
+@pytest.mark.usefixtures("flower_task")
+def test_a_clientapp_that_starts_slowly_is_not_cut_off_by_a_deadline_of_its_compute() -> None:
+    # Prepare: every silo's ClientApp takes 35 s to start (torch imported, data loaded),
+    # then computes its claimed 1 s and reports that interval; replies 36.05 s after the
+    # push, every round
+    clock = _Clock()
+    grid = _QueuedGrid(clock, intervals=True, startup=35.0)
+    deadlines: list[float | None] = []
+
+    # Execute
+    _run(grid, clock, rounds=5, queue_from=99, deadlines=deadlines)
+
+    # Assert: every deadline leaves the replies in time (3x their 36.05 s, held to the run's
+    # 60 s timeout; it was 3x the 1 s compute, raised to the 30 s floor, from round 3 on)
+    assert deadlines == [60.0] * 5

@@ -295,12 +295,20 @@ class RoundReporting:
             state.held.clear()
         if wall is not None and state.cold and not missed:
             self._unlearned_wall = wall  # a round that waited on its deadline says nothing
-        if gaps and not state.cold:
+        # the deadline's overhead: what each timed reply took beyond its claimed compute
+        # from the send on (``waited-time``, where ``observed-time`` is only the reply's
+        # own compute interval: a ClientApp's start-up and its messaging count too)
+        waits = [
+            r.get(WAITED_TIME, r["observed-time"]) - r["claimed-time"]
+            for silo, r in state.reports.items()
+            if "observed-time" in r and silo not in state.cold
+        ]
+        if waits and not state.cold:
             # the round's overhead as its silos saw it, at most twice what its honest ones
             # did (:func:`honest_gap`): room for the spread between honest silos, none for
             # a silo late for its own reasons, which would stretch every later deadline
-            honest = honest_gap(gaps) or 0.0
-            self.overhead.observe(min(max(gaps), 2.0 * honest), 0.0)
+            honest = honest_gap(waits) or 0.0
+            self.overhead.observe(min(max(waits), 2.0 * honest), 0.0)
         elif not missed and not state.cold and not state.slow and wall is not None and times:
             self.overhead.observe(wall, max(times))
         self.claims.learn_overhead(gaps)
