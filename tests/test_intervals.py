@@ -52,8 +52,19 @@ def test_the_observed_time_is_the_replys_own_interval_within_the_wait(
         ([(0.0, 1.0), (0.1, 2.0), (0.0, 4.0)], None),  # side by side
         ([(0.0, 1.0), (1.0, 1.2)], None),  # a small lag is no queue (span 1.2 < 1.5)
         ([(0.0, 1.0)], None),
+        # 50 ms computes between ClientApp start-ups seconds apart: the gaps make the round
+        ([(0.0, 0.05), (2.0, 2.05), (5.0, 5.05)], None),
+        ([(0.0, 1.0), (1.5, 2.5), (3.0, 4.0)], 1),  # one actor, half-second hand-overs
     ],
-    ids=["one-actor", "two-actors", "side-by-side", "small-lag", "one-silo"],
+    ids=[
+        "one-actor",
+        "two-actors",
+        "side-by-side",
+        "small-lag",
+        "one-silo",
+        "start-ups",
+        "hand-overs",
+    ],  # fmt: skip
 )
 def test_a_queued_round_is_told_from_its_intervals(
     intervals: list[tuple[float, float]], expected: int | None

@@ -34,6 +34,11 @@ POOL_FIX = (
 SPAN_FACTOR = 1.5
 """The round's span must exceed the longest interval by this factor to count as queued
 (a silo starting late by a little is messaging, not a queue)."""
+MIN_COVER = 0.5
+"""The share of the round's span the intervals must cover to count as queued: computes
+that follow each other fill the span, computes of a few milliseconds between ClientApp
+start-ups of seconds do not (that round's time is the start-ups', which a pool does not
+change)."""
 
 
 def reply_interval(metrics: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -72,13 +77,20 @@ def max_overlap(intervals: Sequence[tuple[float, float]]) -> int:
 
 def queued(intervals: Sequence[tuple[float, float]]) -> int | None:
     """The most silos that ran at a time when the round's silos queued: fewer of them
-    overlapped than there are, and the round spanned over :data:`SPAN_FACTOR` times its
-    longest interval. ``None``: they ran side by side (or fewer than two intervals)."""
+    overlapped than there are, the round spanned over :data:`SPAN_FACTOR` times its
+    longest interval, and the intervals cover :data:`MIN_COVER` of that span at least.
+    ``None``: they ran side by side, or apart but the gaps between them, not the
+    computes, made the round (or fewer than two intervals)."""
     if len(intervals) < 2:
         return None
     longest = max(e - s for s, e in intervals)
     span = max(e for _, e in intervals) - min(s for s, _ in intervals)
     most = max_overlap(intervals)
     if most < len(intervals) and span > SPAN_FACTOR * longest:
-        return most
+        covered, reach = 0.0, -math.inf  # the union's length: intervals sorted by start
+        for start, end in sorted(intervals):
+            covered += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        if covered >= MIN_COVER * span:
+            return most
     return None
