@@ -158,6 +158,27 @@ def test_slowdown_schedule_rejects_bad_values(bad: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("partition", "slowdowns", "message"),
+    [
+        (1, "1,4,1", "lists 1 entries for 3 partitions"),  # commas, as --speeds takes them
+        (0, "1;4", "lists 2 entries for 3 partitions"),
+        (0, "1;x;1", "invalid slowdown 'x'"),  # another silo's entry: every silo refuses
+    ],
+)
+def test_run_config_slowdowns_of_the_wrong_shape_are_refused_by_every_silo(
+    partition: int, slowdowns: str, message: str
+) -> None:
+    # Prepare: a simulation's node config (3 partitions)
+    from fl_lbbsp.clients.emulated import slowdown_schedule
+
+    node_config = {"partition-id": partition, "num-partitions": 3}
+
+    # Execute / Assert
+    with pytest.raises(ValueError, match=message):
+        slowdown_schedule(node_config, run_config={"slowdowns": slowdowns})
+
+
+@pytest.mark.parametrize(
     ("node_config", "run_config", "setup_slowdowns", "expected"),
     [
         ({"partition-id": 1, "slowdown": "3"}, {}, ("1", "2"), 3.0),

@@ -183,13 +183,25 @@ def slowdown_schedule(
     Raises
     ------
     ValueError
-        A slowdown that does not parse (:meth:`SlowdownSchedule.parse`).
+        A slowdown that does not parse (:meth:`SlowdownSchedule.parse`); run_config
+        ``slowdowns`` with fewer entries than node_config ``num-partitions``, or with an
+        entry that does not parse (every silo of the run refuses it alike).
     """
     value = node_config.get(SLOWDOWN_KEY)
     if value is None:
         entries = list(listed)
         if not entries and run_config is not None:
-            entries = [s for s in str(run_config.get(SLOWDOWNS_KEY, "") or "").split(";") if s]
+            text = str(run_config.get(SLOWDOWNS_KEY, "") or "")
+            entries = [s for s in text.split(";") if s]
+            count = node_config.get("num-partitions")
+            if entries and count is not None and len(entries) < int(count):
+                raise ValueError(
+                    f"run config slowdowns {text!r} lists {len(entries)} entries for "
+                    f"{count} partitions: give one per partition, separated by ';' "
+                    "(such as '1;4;1')"
+                )
+            for entry in entries:
+                SlowdownSchedule.parse(entry)
         partition = int(node_config.get(PARTITION_ID, 0))
         value = entries[partition] if partition < len(entries) else 1.0
     return SlowdownSchedule.parse(value)

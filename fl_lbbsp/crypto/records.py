@@ -66,7 +66,10 @@ def update_from_record(record: ArrayRecord) -> EncryptedUpdate:
         the chunk names are not ``0..k-1``.
     """
     if HEADER_KEY not in record:
-        raise InvalidUpdateError("no encrypted update in the reply (plaintext arrays?)")
+        raise InvalidUpdateError(
+            "no encrypted update in the record: plaintext arrays (a silo's first model is "
+            "plaintext: tell the two apart with fl_lbbsp.contract.is_encrypted)"
+        )
     header = record[HEADER_KEY]
     if header.stype != HEADER_STYPE:
         raise InvalidUpdateError(f"header has stype {header.stype!r}, expected {HEADER_STYPE!r}")
