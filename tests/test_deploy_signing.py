@@ -93,6 +93,18 @@ def test_without_a_registry_nodes_and_app_get_no_signing_entries(tmp_path) -> No
     assert "--run-config" not in describe(fed)
 
 
+def test_a_federation_running_your_app_does_not_tell_you_to_run_the_quickstart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    fed = LocalFederation(tmp_path, num_silos=2, insecure=True)
+
+    # Execute
+    yours, bare = describe(fed, app=tmp_path / "bankapp"), describe(fed)
+
+    # Assert: the command to run the quickstart only where no app is run
+    assert "quickstart" not in yours and "examples/quickstart" in bare
+    assert yours.splitlines()[-1].startswith("logs: ")
+
+
 def test_auto_generates_the_keys_in_the_workdir_at_start(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Prepare: a federation whose processes are `sleep`s that count as started
     fed = LocalFederation(tmp_path, num_silos=2, insecure=True, silo_registry="auto")

@@ -38,9 +38,9 @@ def exit_code_for(status: str | None) -> int:
     return 0 if status == "finished:completed" else 1
 
 
-def describe(federation: LocalFederation) -> str:
+def describe(federation: LocalFederation, *, app: str | Path | None = None) -> str:
     """What runs where in ``federation``, and the command to run the quickstart app
-    against it."""
+    against it (none when it runs ``app``)."""
     fed = federation
     tls = "INSECURE (no TLS)" if fed.tls is None else f"TLS, CA {fed.tls.ca_cert}"
     auth = (
@@ -60,6 +60,11 @@ def describe(federation: LocalFederation) -> str:
     for silo, proc in zip(fed.silos, fed.workers, strict=False):
         folder = fed.warm_folder(silo.silo_id)
         lines.append(f"warm worker  silo-id={silo.silo_id}  {folder}  pid {proc.pid}")
+    if fed.workers and app is not None:
+        lines.append(
+            "(the warm workers serve fl_lbbsp's bundled ClientApp only: --no-warm-worker "
+            "spares their cores for an app of your own)"
+        )
     if fed.cpu_groups is not None:
         lines.append(f"CPU groups: {fed.cpu_groups.parent} (removed at exit)")
     for silo_id, proc in fed.links.items():
@@ -71,16 +76,17 @@ def describe(federation: LocalFederation) -> str:
         )
     else:
         lines.append("unsigned replies: silo identities are unverified")
-    command = " ".join(fed.run_command("examples/quickstart", "--stream"))
-    overrides = " ".join(f"{k}={toml_value(v)}" for k, v in fed.app_run_config().items())
-    if overrides:
-        command += f" --run-config {shlex.quote(overrides)}"
-    lines += [
-        f"logs: {fed.workdir / 'logs'}",
-        "",
-        "Run the quickstart app against it (from the repository root):",
-        f"  FLWR_HOME={fed.flwr_home} {command}",
-    ]
+    lines.append(f"logs: {fed.workdir / 'logs'}")
+    if app is None:
+        command = " ".join(fed.run_command("examples/quickstart", "--stream"))
+        overrides = " ".join(f"{k}={toml_value(v)}" for k, v in fed.app_run_config().items())
+        if overrides:
+            command += f" --run-config {shlex.quote(overrides)}"
+        lines += [
+            "",
+            "Run the quickstart app against it (from the repository root):",
+            f"  FLWR_HOME={fed.flwr_home} {command}",
+        ]
     return "\n".join(lines)
 
 
@@ -133,7 +139,7 @@ def serve(
     previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with federation:
-            print(describe(federation), flush=True)
+            print(describe(federation, app=app), flush=True)
             if app is not None:
                 overrides = None if run_config is None else read_run_config(run_config)
                 print(f"\nrunning {app}; Ctrl-C stops it and the federation.", flush=True)
