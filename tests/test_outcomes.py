@@ -306,6 +306,21 @@ def test_from_run_config_reads_the_learning_rate_of_flowers_templates() -> None:
     assert strategy.config.lr == 0.01
 
 
+def test_from_run_config_says_which_rate_it_takes_when_lr_and_learning_rate_differ(
+    fl_log: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: both names, two values
+    run_config = {"batch-size": 32, "local-steps": 10, "lr": 0.05, "learning-rate": 0.01}
+
+    # Execute
+    strategy = LBBSPFedAvg.from_run_config(run_config)
+
+    # Assert: lr, said once
+    assert strategy.config.lr == 0.05
+    said = {r for r in fl_log.records if "learning-rate = 0.01" in r.getMessage()}
+    assert len(said) == 1 and "sends every silo lr" in said.pop().getMessage()
+
+
 def test_from_run_config_shows_how_to_pass_a_missing_key_and_the_keywords_given() -> None:
     # Prepare: a misspelt keyword instead of the missing lr
     run_config = {"batch-size": 32, "local-steps": 10}

@@ -395,6 +395,11 @@ def settings_of_run_config(
     for key, alias in RUN_CONFIG_ALIASES.items():
         if key not in config and alias in config:
             config[key] = config[alias]
+        elif alias in config and config[alias] != config[key]:
+            log.warning(
+                "the run config has %s = %s and %s = %s: the strategy sends every silo %s",
+                key, config[key], alias, config[alias], key,
+            )  # fmt: skip
     epochs = config.get(EPOCHS_KEY)
     if "local-steps" not in config and "local_steps" not in given and epochs is not None:
         batch = given.get("initial_batch_size", config.get("batch-size"))
@@ -414,9 +419,10 @@ def settings_of_run_config(
                 f"{owner}.from_run_config: the run config has local-epochs = {epochs} but "
                 "no 'local-steps': LB-BSP trains every silo tau local steps, which replace "
                 "the app's epochs; declare local-steps = local-epochs x ceil(n / batch-size) "
-                "for the median silo's n samples (one epoch of 2,688 samples at batch-size "
-                "32 is local-steps = 84) under [tool.flwr.app.config], or pass "
-                "num_examples=n (or every silo's sizes) to from_run_config to derive it"
+                "for the median silo's n samples (for example, one epoch of 2,688 samples "
+                "at batch-size 32 would be local-steps = 84) under [tool.flwr.app.config], "
+                "or pass num_examples=n (or every silo's sizes) to from_run_config to "
+                "derive it"
             )
     elif sizes is not None:
         raise InvalidSettingError(
