@@ -408,6 +408,12 @@ of agreement with the others' centre being a negative outlier of the federation'
 record."""
 
 
+CLIPPED = "clipped"
+"""How many of a round's updates the robust aggregation shortened to its radius (0: the
+round's result is FedAvg's mean of the updates it kept): a field of the round's telemetry
+record."""
+
+
 TRANSFER_TIME = "transfer-time"
 """A silo's learned per-round transfer time beyond the smallest silo's (seconds; waited
 minus claimed time, robustly: :class:`fl_lbbsp.core.silo.transfer.TransferTimes`), the fixed

@@ -174,6 +174,23 @@ def test_two_strategies_in_one_process_say_once_that_identities_are_unverified(
     assert len(said) == 1
 
 
+@pytest.mark.parametrize(("robust", "clipped"), [("trusted-clip", [1, 1]), ("mean", None)])
+def test_the_telemetry_says_how_many_updates_the_robust_mean_clipped(
+    tmp_path: Any, robust: str, clipped: list[int] | None
+) -> None:
+    # Prepare: three silos move every weight by 1, a fourth by 3: beyond the clip radius
+    from fl_lbbsp.telemetry import read_telemetry
+
+    app = _app({0: 1.0, 1: 1.0, 2: 1.0, 3: 3.0})
+
+    # Execute
+    _run(app, rounds=2, robust_aggregation=robust, telemetry_path=tmp_path / "t.jsonl")
+
+    # Assert: one update clipped each round; no such field where nothing clips
+    events = [e for e in read_telemetry(tmp_path / "t.jsonl") if e["event"] == "train"]
+    assert [e.get("clipped") for e in events] == (clipped or [None, None])
+
+
 def test_a_declared_size_counts_whole() -> None:
     # Prepare / Execute: the registry's declaration is the only way to weigh most
     weights = cap_weights(

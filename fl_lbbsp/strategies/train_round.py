@@ -25,7 +25,7 @@ from typing import Any
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from threadpoolctl import ThreadpoolController
 
-from ..contract import DISTRUSTED, STALE_SUPERLINK, TRAIN_LOSS, RecordKeys, read_float
+from ..contract import CLIPPED, DISTRUSTED, STALE_SUPERLINK, TRAIN_LOSS, RecordKeys, read_float
 from ..core.round.engine import RoundEngine
 from ..core.round.state import RoundState, Verdict, silo_round_time
 from ..telemetry import TelemetryWriter
@@ -202,8 +202,10 @@ class TrainRound:
             state, replied=(m.metadata.src_node_id for m in replies), wall=wall
         )
         extra["poll_interval"] = self.poll_interval
-        if isinstance(updates, PlainMean) and updates.distrusted:
-            extra[DISTRUSTED] = updates.distrusted  # named in the log by the clip
+        if isinstance(updates, PlainMean) and updates.robust is not None:
+            extra[CLIPPED] = updates.robust.clipped
+            if updates.distrusted:
+                extra[DISTRUSTED] = updates.distrusted  # named in the log by the clip
         self.taken.append((max(wall, self._slowest(state)), dict(state.shares)))
         # last reply created (its silo's clock) -> here: reply transfer and polling
         created = [r["replied-at"] for r in [*state.reports.values(), *dropped.values()]]
