@@ -261,3 +261,21 @@ def test_a_clientapp_that_starts_slowly_is_not_cut_off_by_a_deadline_of_its_comp
     # Assert: every deadline leaves the replies in time (3x their 36.05 s, held to the run's
     # 60 s timeout; it was 3x the 1 s compute, raised to the 30 s floor, from round 3 on)
     assert deadlines == [60.0] * 5
+
+
+@pytest.mark.usefixtures("flower_task")
+def test_a_first_round_whose_silos_start_apart_is_no_queue(
+    fl_log: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: the silos run one after the other from round 1 on: in round 1 that is their
+    # ClientApps' start-up skew, from round 2 on a pool too small
+    clock = _Clock()
+    grid = _QueuedGrid(clock, intervals=True)
+
+    # Execute
+    _run(grid, clock, rounds=2, queue_from=1)
+
+    # Assert: the warning comes with the first warm round, not the cold one
+    records = {id(r): r for r in fl_log.records if "computed at a time" in r.getMessage()}
+    warned = [r.getMessage() for r in records.values() if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith("round 2:")

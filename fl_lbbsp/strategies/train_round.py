@@ -155,7 +155,7 @@ class TrainRound:
         accepted: dict[str, tuple[Verdict[Any], RecordDict, float]] = {}
         answered: dict[str, Message] = {}
         losses: list[Any] = []
-        intervals: list[tuple[float, float]] = []
+        intervals: dict[str, tuple[float, float]] = {}
         stale = self._undecorated(replies)
         for msg in replies:
             late = None if grid is None else grid.seconds_late(msg)
@@ -174,7 +174,7 @@ class TrainRound:
             wall_time = grid.observed(msg) if grid is not None else None
             observed = observed_time(metrics, wall_time) if observe else None
             if (interval := reply_interval(metrics)) is not None:
-                intervals.append(interval)
+                intervals[verdict.silo] = interval
             misuse = self.misuse(state, verdict.silo, msg)
             counts = self.engine.report(
                 state, verdict, metrics, observed=observed, waited=wall_time, misuse=misuse
@@ -183,7 +183,9 @@ class TrainRound:
             if counts:
                 weight = read_float(metrics, self.weight_key)
                 accepted[verdict.silo] = (verdict, msg.content, weight)
-        self._queued(state, intervals, warn=observe)
+        # a silo's first round holds its start-up, whose skew is no queue
+        warm = [interval for silo, interval in intervals.items() if silo not in state.cold]
+        self._queued(state, warm, warn=observe)
         kept, dropped = self._sum(state, accepted, updates, scheme)
         contents = [
             at_weight(accepted[silo][1], self.weight_key, state.reports[silo].get("capped-weight"))
