@@ -36,7 +36,7 @@ from .outcomes import RoundOutcomes, log_decision
 from .updates import PlainMean, Updates
 from .validation import config_record, log_rejected, log_skipped, reply_of
 
-__all__ = ["RoundResult", "TrainRound", "at_weight", "one_blas_thread"]
+__all__ = ["RoundResult", "TrainRound", "one_blas_thread"]
 
 log = logging.getLogger("fl_lbbsp")
 
@@ -188,7 +188,7 @@ class TrainRound:
         self._queued(state, warm, warn=observe)
         kept, dropped = self._sum(state, accepted, updates, scheme)
         contents = [
-            at_weight(accepted[silo][1], self.weight_key, state.reports[silo].get("capped-weight"))
+            _at_weight(accepted[silo][1], self.weight_key, state.reports[silo].get("capped-weight"))
             for silo in accepted
             if silo in kept
         ]
@@ -360,7 +360,7 @@ class TrainRound:
         )
 
 
-def at_weight(content: RecordDict, key: str, weight: float | None) -> RecordDict:
+def _at_weight(content: RecordDict, key: str, weight: float | None) -> RecordDict:
     """``content`` for the app's metric aggregation, its ``key`` (the aggregation weight)
     replaced by the ``weight`` the model gave it (``None``: as it is), so that an inflated
     claim steers the round's averaged metrics no more than the model; the reply itself is
