@@ -4,6 +4,7 @@ a whole app as a user would)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -92,6 +93,9 @@ def run_app(
     finally:  # stop the SuperLink flwr started in the background for this home, by pid
         for proc in psutil.process_iter(["pid", "cmdline"]):
             if any(str(home) in part for part in proc.info["cmdline"] or ()):
-                for child in proc.children(recursive=True):
-                    child.send_signal(signal.SIGTERM)
-                proc.send_signal(signal.SIGTERM)
+                # a process may end between being listed and being signalled
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    for child in proc.children(recursive=True):
+                        with contextlib.suppress(psutil.NoSuchProcess):
+                            child.send_signal(signal.SIGTERM)
+                    proc.send_signal(signal.SIGTERM)
