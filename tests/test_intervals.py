@@ -201,6 +201,13 @@ def _run(
     return times
 
 
+def _queue_warnings(fl_log: pytest.LogCaptureFixture) -> list[str]:
+    """The queue warnings logged at WARNING, each record once (the handler may see it on
+    our logger and on the root)."""
+    records = {id(r): r for r in fl_log.records if "computed at a time" in r.getMessage()}
+    return [r.getMessage() for r in records.values() if r.levelno == logging.WARNING]
+
+
 @pytest.mark.usefixtures("flower_task")
 @pytest.mark.parametrize(("intervals", "replaced"), [(True, False), (False, True)])
 def test_an_honest_claim_queued_behind_others_is_believed(
@@ -221,8 +228,7 @@ def test_an_honest_claim_queued_behind_others_is_believed(
     assert (times[2] != 1.0) is replaced
     if not replaced:
         assert times == [1.0] * 4
-    records = {id(r): r for r in fl_log.records if "computed at a time" in r.getMessage()}
-    warned = [r.getMessage() for r in records.values() if r.levelno == logging.WARNING]
+    warned = _queue_warnings(fl_log)
     assert len(warned) == (1 if intervals else 0)
     if intervals:
         assert "at most 1 of the 3 silos" in warned[0]
@@ -276,6 +282,5 @@ def test_a_first_round_whose_silos_start_apart_is_no_queue(
     _run(grid, clock, rounds=2, queue_from=1)
 
     # Assert: the warning comes with the first warm round, not the cold one
-    records = {id(r): r for r in fl_log.records if "computed at a time" in r.getMessage()}
-    warned = [r.getMessage() for r in records.values() if r.levelno == logging.WARNING]
+    warned = _queue_warnings(fl_log)
     assert len(warned) == 1 and warned[0].startswith("round 2:")
